@@ -1,0 +1,50 @@
+"""specdec: lossless speculative decoding (assisted generation).
+
+A cheap drafter proposes several tokens; the target model checks them all in
+one forward pass; every accepted token is a decode step saved, and the output
+is the target's own (Leviathan et al. 2023; Chen et al. 2023).
+
+    >>> import specdec
+    >>> out = specdec.generate("def fibonacci(n):", max_new_tokens=64)
+    >>> out.text, out.stats.acceptance_rate
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specdec.defaults import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdec.engine import Engine, ModelSpec, Result
+from specdec.errors import SpecdecError
+from specdec.sampling import SamplingParams
+
+__all__ = ["Engine", "Result", "SamplingParams", "SpecdecError", "generate"]
+__version__ = "0.1.0"
+
+
+
+def generate(
+    prompt: str,
+    target: ModelSpec = DEFAULT_TARGET,
+    draft: ModelSpec | None = DEFAULT_DRAFT,
+    *,
+    dtype: str = "fp32",
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    **options: Any,
+) -> Result:
+    """Generate a continuation of `prompt` with speculative decoding.
+
+    target / draft: a zoo name (``specdec models``), a .gguf path, a model
+    directory, a Hugging Face hub id, or an already-loaded ``(model, tokenizer)``
+    pair.  draft=None (or "none") decodes plainly with the target alone.
+    options: max_new_tokens, num_speculative_tokens, stop, chat (see Engine.stream).
+    Returns a Result with text, token_ids, finish_reason and stats.
+    """
+    if isinstance(draft, str) and draft.lower() == "none":
+        draft = None
+    engine = Engine.load(target, draft, dtype=dtype)
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    return engine.generate(prompt, sampling=sampling, **options)

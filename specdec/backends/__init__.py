@@ -1,0 +1,1 @@
+"""Model backends: each wraps one model as a :class:`~specdec.backends.base.ModelRunner`."""

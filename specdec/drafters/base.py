@@ -1,0 +1,49 @@
+"""The drafter protocol: anything that proposes the next few tokens.
+
+A drafter proposes k tokens in the *target's* vocabulary, optionally with the
+distribution q it sampled them from.  The decode loop verifies the proposal
+with the target (see specdec.verify) and reports back how many tokens were
+accepted, which a drafter may use (e.g. to adapt k).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A proposal of k tokens.
+
+    tokens: k token ids in the target's vocabulary.
+    q: [k, V_target] probabilities the tokens were sampled from, or None for a
+       deterministic proposal (greedy drafting, n-grams, re-tokenised text);
+       such a draft is verified as if q were one-hot on each token.
+    """
+
+    tokens: list[int]
+    q: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.q is not None and self.q.shape[0] != len(self.tokens):
+            raise ValueError(f"q has {self.q.shape[0]} rows for {len(self.tokens)} draft tokens")
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """Proposes tokens to continue a context."""
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        """Propose up to k tokens that continue `context` (prompt + generated so far)."""
+        ...
+
+    def observe(self, context: Sequence[int], num_accepted: int) -> None:
+        """Feedback after verification: `num_accepted` of the last proposal's tokens were kept."""
+        ...
+
+    def reset(self) -> None:
+        """Forget all state from an earlier generation."""
+        ...

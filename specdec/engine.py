@@ -1,0 +1,194 @@
+"""The Engine: a loaded target (and optional draft) ready to generate text.
+
+It turns text into token ids (optionally through the target's chat template),
+builds the strategy objects for a request — a drafter, a verifier, a stop
+condition — and runs the one decode loop of :mod:`specdec.loop`.  The CLI,
+the Python API and the benchmark all go through here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from specdec.backends.hf import HFRunner
+from specdec.drafters.model import ModelDrafter
+from specdec.errors import IncompatibleDraftError, SpecdecError
+from specdec.loop import Stats, Step, StopCondition, collect, decode
+from specdec.sampling import SamplingParams
+from specdec.verify import make_verifier
+from specdec.vocab import same_vocabulary
+
+ModelSpec = str | tuple[PreTrainedModel, PreTrainedTokenizerBase]
+
+
+@dataclass
+class Result:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    stats: Stats
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "stats": self.stats.to_dict(),
+        }
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """End-of-sequence ids: the model's generation config and the tokenizer's, together."""
+    ids: set[int] = set()
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif gen_eos:
+        ids.update(int(i) for i in gen_eos)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
+
+
+def cut_at_stop(text: str, stop_strings: Sequence[str]) -> str:
+    """Text up to (not including) the first stop string, as OpenAI-style APIs return it."""
+    cut = min((i for i in (text.find(s) for s in stop_strings) if i >= 0), default=len(text))
+    return text[:cut]
+
+
+class TextStream:
+    """Turns a growing list of token ids into text deltas that are safe to print.
+
+    Holds back a trailing partial UTF-8 character, and the last few characters
+    that might be the start of a stop string, until they are known.
+    """
+
+    def __init__(self, decode_fn: Callable[[Sequence[int]], str], stop_strings: Sequence[str] = ()) -> None:
+        self.decode_fn = decode_fn
+        self.stop_strings = tuple(stop_strings)
+        self.hold = max((len(s) for s in self.stop_strings), default=1) - 1
+        self.token_ids: list[int] = []
+        self.printed = 0
+
+    def push(self, tokens: Sequence[int], final: bool = False) -> str:
+        self.token_ids.extend(tokens)
+        text = cut_at_stop(self.decode_fn(self.token_ids), self.stop_strings)
+        if not final:
+            text = text.rstrip("\ufffd")  # an incomplete multi-byte character
+            text = text[: max(self.printed, len(text) - self.hold)]
+        delta = text[self.printed :]
+        self.printed = len(text)
+        return delta
+
+
+class Engine:
+    """A target model and an optional same-vocabulary draft model, ready for requests."""
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        draft: PreTrainedModel | None = None,
+        draft_tokenizer: PreTrainedTokenizerBase | None = None,
+        target_name: str = "target",
+        draft_name: str = "draft",
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.target_runner = HFRunner(target)
+        self.draft_runner = HFRunner(draft) if draft is not None else None
+        self.target_name, self.draft_name = target_name, draft_name
+        if draft is not None and not same_vocabulary(tokenizer, draft_tokenizer or tokenizer):
+            raise IncompatibleDraftError(
+                f"draft '{draft_name}' has a different vocabulary from target '{target_name}'; "
+                "drafting across tokenizers (universal assisted generation) is not supported yet: "
+                "pick a draft with the target's tokenizer"
+            )
+        self.eos_token_ids = eos_token_ids(target, tokenizer)
+
+    @classmethod
+    def load(
+        cls,
+        target: ModelSpec,
+        draft: ModelSpec | None = None,
+        dtype: str = "fp32",
+        progress: Callable[[str, int, int], None] | None = None,
+    ) -> "Engine":
+        """Load models by name (zoo name, .gguf path, model directory, hub id) or take loaded ones."""
+        from specdec.loading import load_hf
+
+        def get(spec: ModelSpec) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+            if isinstance(spec, tuple):
+                model, tok = spec
+                return model, tok, getattr(model.config, "_name_or_path", "") or type(model).__name__
+            model, tok = load_hf(spec, dtype=dtype, progress=progress)
+            return model, tok, spec
+
+        t_model, t_tok, t_name = get(target)
+        if draft is None:
+            return cls(t_model, t_tok, target_name=t_name)
+        d_model, d_tok, d_name = get(draft)
+        return cls(t_model, t_tok, d_model, d_tok, target_name=t_name, draft_name=d_name)
+
+    def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
+        """Prompt text (or ids) -> token ids, through the chat template when chat=True."""
+        if not isinstance(prompt, str):
+            return list(prompt)
+        if not prompt:
+            raise SpecdecError("the prompt is empty: give some text to continue")
+        if chat:
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise SpecdecError(f"target '{self.target_name}' has no chat template; drop --chat")
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            )
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            return list(ids)
+        return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+    def decode_text(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        max_new_tokens: int = 128,
+        num_speculative_tokens: int = 5,
+        use_draft: bool = True,
+        stop: Sequence[str] = (),
+        chat: bool = False,
+        sampling: SamplingParams | None = None,
+    ) -> Iterator[Step]:
+        """Decode steps for one request (see :func:`specdec.loop.decode`)."""
+        sampling = sampling or SamplingParams()
+        prompt_ids = self.encode(prompt, chat=chat)
+        condition = StopCondition(
+            max_new_tokens=max_new_tokens,
+            eos_token_ids=self.eos_token_ids,
+            stop_strings=tuple(stop),
+            decode=self.decode_text,
+        )
+        drafter = None
+        if use_draft and self.draft_runner is not None:
+            drafter = ModelDrafter(self.draft_runner, sampling, target_vocab_size=self.target_runner.vocab_size)
+        return decode(
+            self.target_runner,
+            prompt_ids,
+            condition,
+            drafter=drafter,
+            num_speculative_tokens=num_speculative_tokens,
+            verifier=make_verifier(sampling),
+        )
+
+    def generate(self, prompt: str | Sequence[int], **options: Any) -> Result:
+        """Run a request to the end; options as for :meth:`stream`."""
+        return self.generate_from(self.stream(prompt, **options), options.get("stop", ()))
+
+    def generate_from(self, steps: Iterable[Step], stop: Sequence[str] = ()) -> Result:
+        """Run already-created decode steps to the end and build the Result."""
+        out = collect(steps)
+        text = cut_at_stop(self.decode_text(out.token_ids), stop)
+        return Result(text, out.token_ids, out.finish_reason, out.stats)

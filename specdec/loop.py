@@ -1,0 +1,239 @@
+"""The decode loop: speculative decoding, and plain decoding as its reference.
+
+One step of speculative decoding (Leviathan et al. 2023; Chen et al. 2023):
+propose k tokens with the drafter -> one target forward over
+[last, *draft] -> verify -> roll back the rejected tokens -> emit
+``accepted + 1`` tokens -> tell the drafter how it did.  With no drafter every
+step is a plain one-token forward, which is the autoregressive reference the
+speculative loop must reproduce.
+
+Invariant at the top of every step: the target's cache holds the context but
+its last token ("pending"), which the next forward feeds.  The CLI, the server,
+the Python API and the benchmark all consume :func:`decode`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable, Iterator, Sequence
+
+from specdec.backends.base import ModelRunner
+from specdec.drafters.base import Drafter
+from specdec.errors import SpecdecError
+from specdec.verify import GreedyVerifier, Verifier
+
+
+@dataclass
+class Stats:
+    """What one generation did.  Counts of drafts are before stop truncation."""
+
+    new_tokens: int = 0
+    target_forwards: int = 0  # including the prompt's prefill
+    drafted: int = 0  # draft tokens proposed
+    accepted: int = 0  # draft tokens accepted
+    draft_steps: int = 0  # steps that verified a draft
+    proposed_at: list[int] = field(default_factory=list)  # [i]: steps that proposed a draft token i
+    accepted_at: list[int] = field(default_factory=list)  # [i]: steps whose draft token i was accepted
+    wall_s: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_per_step(self) -> float:
+        """Mean draft tokens accepted per verified draft."""
+        return self.accepted / self.draft_steps if self.draft_steps else 0.0
+
+    @property
+    def tokens_per_target_forward(self) -> float:
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        """[i] = fraction of steps whose draft token i was accepted, given it was proposed."""
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def record_draft(self, num_drafted: int, num_accepted: int) -> None:
+        self.draft_steps += 1
+        self.drafted += num_drafted
+        self.accepted += num_accepted
+        while len(self.proposed_at) < num_drafted:
+            self.proposed_at.append(0)
+            self.accepted_at.append(0)
+        for i in range(num_drafted):
+            self.proposed_at[i] += 1
+            self.accepted_at[i] += i < num_accepted
+
+    def to_dict(self) -> dict:
+        out = {k: v for k, v in asdict(self).items() if k not in ("proposed_at", "accepted_at", "draft_steps")}
+        out.update(
+            acceptance_rate=self.acceptance_rate,
+            mean_accepted_per_step=self.mean_accepted_per_step,
+            tokens_per_target_forward=self.tokens_per_target_forward,
+            per_position_acceptance=self.per_position_acceptance,
+            tokens_per_s=self.tokens_per_s,
+        )
+        return out
+
+
+@dataclass(frozen=True)
+class StopCondition:
+    """When generation ends.
+
+    eos_token_ids: end-of-sequence tokens (kept as the last token, like transformers' generate).
+    stop_strings: generation ends at the token that completes one of them.
+    decode: token ids -> text, needed for stop strings.
+    """
+
+    max_new_tokens: int
+    eos_token_ids: frozenset[int] = frozenset()
+    stop_strings: tuple[str, ...] = ()
+    decode: Callable[[Sequence[int]], str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens <= 0:
+            raise SpecdecError(f"max_new_tokens must be > 0, got {self.max_new_tokens}")
+        if any(not s for s in self.stop_strings):
+            raise SpecdecError("stop strings must not be empty")
+        if self.stop_strings and self.decode is None:
+            raise ValueError("stop strings need a decode function")
+
+    def check(self, generated: Sequence[int]) -> str | None:
+        """Finish reason after the last token of `generated` was appended, or None to go on."""
+        if generated[-1] in self.eos_token_ids:
+            return "stop"
+        if self.stop_strings:
+            # A stop string completed by the last token lies in a short tail; a
+            # token may be a fraction of a character, hence the generous window.
+            window = 4 * max(len(s) for s in self.stop_strings) + 4
+            tail = self.decode(generated[-window:])
+            if any(s in tail for s in self.stop_strings):
+                return "stop"
+        if len(generated) >= self.max_new_tokens:
+            return "length"
+        return None
+
+
+@dataclass
+class Step:
+    """Tokens emitted by one decode step; finish_reason is set on the last step."""
+
+    tokens: list[int]
+    finish_reason: str | None
+    stats: Stats
+
+
+@dataclass
+class Output:
+    token_ids: list[int]
+    finish_reason: str
+    stats: Stats
+
+
+def decode(
+    target: ModelRunner,
+    prompt_ids: Sequence[int],
+    stop: StopCondition,
+    drafter: Drafter | None = None,
+    num_speculative_tokens: int = 5,
+    verifier: Verifier | None = None,
+) -> Iterator[Step]:
+    """Generate after `prompt_ids`, yielding the tokens of each step.
+
+    drafter None -> plain autoregressive decoding (the reference).
+    verifier: how target logits become tokens (default greedy).
+    """
+    prompt_ids = list(prompt_ids)
+    verifier = verifier or GreedyVerifier()
+    if not prompt_ids:
+        raise SpecdecError("the prompt is empty: give at least one token of input")
+    if len(prompt_ids) >= target.max_context:
+        raise SpecdecError(
+            f"the prompt has {len(prompt_ids)} tokens, which does not fit the target's "
+            f"context window of {target.max_context} tokens"
+        )
+    if num_speculative_tokens < 1 and drafter is not None:
+        raise SpecdecError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+    if drafter is not None and not target.capabilities.rollback:
+        raise SpecdecError("speculative decoding needs a target backend that can roll back its cache")
+
+    stats = Stats()
+    start = time.perf_counter()
+    target.reset()
+    if drafter is not None:
+        drafter.reset()
+
+    # Prefill: the prompt in one forward; its last logits give the first token.
+    first = verifier.choose(target.forward(prompt_ids, last_n=1)[-1])
+    stats.target_forwards += 1
+    context = list(prompt_ids)  # prompt + generated; the target caches all of it but the last token
+    generated: list[int] = []
+
+    def append(new: list[int]) -> tuple[list[int], str | None]:
+        """Append tokens one by one, stopping at the first one that ends generation."""
+        for i, token in enumerate(new):
+            generated.append(token)
+            context.append(token)
+            reason = stop.check(generated)
+            if reason is None and len(context) >= target.max_context:
+                reason = "length"  # the context window is full
+            if reason is not None:
+                return new[: i + 1], reason
+        return new, None
+
+    emitted, reason = append([first])
+    while True:
+        stats.new_tokens = len(generated)
+        stats.wall_s = time.perf_counter() - start
+        yield Step(emitted, reason, stats)
+        if reason is not None:
+            return
+
+        # Draft no more than can be used: k accepted + 1 bonus must not pass
+        # max_new_tokens, and the verification forward must fit the window.
+        k = min(
+            num_speculative_tokens,
+            stop.max_new_tokens - len(generated) - 1,
+            target.max_context - len(context),
+        )
+        draft = drafter.propose(context, k) if drafter is not None and k > 0 else None
+
+        if draft is None or not draft.tokens:
+            logits = target.forward([context[-1]])  # [1, V]
+            new = [verifier.choose(logits[-1])]
+        else:
+            if len(draft.tokens) > k:
+                raise ValueError(f"the drafter proposed {len(draft.tokens)} tokens where {k} were asked for")
+            k = len(draft.tokens)
+            cached = len(target.tokens)
+            logits = target.forward([context[-1], *draft.tokens])  # [k+1, V]
+            verdict = verifier.verify(draft, logits)
+            n = verdict.num_accepted
+            target.rollback(cached + 1 + n)  # keep pending + the accepted draft tokens
+            stats.record_draft(k, n)
+            drafter.observe(context, n)
+            new = draft.tokens[:n] + [verdict.next_token]
+        stats.target_forwards += 1
+        emitted, reason = append(new)
+
+
+def collect(steps: Iterable[Step]) -> Output:
+    """Run a stream of steps to the end and gather its tokens."""
+    tokens: list[int] = []
+    step = None
+    for step in steps:
+        tokens.extend(step.tokens)
+    if step is None or step.finish_reason is None:
+        raise RuntimeError("the decode loop ended without a finish reason")
+    return Output(tokens, step.finish_reason, step.stats)
+
+
+def run(*args, **kwargs) -> Output:
+    """:func:`decode` to the end; same arguments."""
+    return collect(decode(*args, **kwargs))

@@ -1,0 +1,167 @@
+"""The decode loop: speculative greedy == plain greedy, token for token (fp32 tiny models).
+
+Drafts: the target itself (all accepted), an unrelated random model (mostly
+rejected), and a constant-token drafter (adversarial).  γ = 1..8, llama and
+qwen2 architectures, hypothesis-generated prompts.  Also the stop rules.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from specdec.backends.hf import HFRunner
+from specdec.drafters.base import Draft
+from specdec.drafters.model import ModelDrafter
+from specdec.errors import SpecdecError
+from specdec.loop import StopCondition, run
+from tests.tiny import VOCAB, tiny_model
+
+ARCHS = ("llama", "qwen2")
+MODELS = {(arch, seed): tiny_model(arch, seed) for arch in ARCHS for seed in (0, 1)}
+
+
+class ConstantDrafter:
+    """Always proposes the same token: the adversarial draft."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        return Draft([self.token] * k)
+
+    def observe(self, context: Sequence[int], num_accepted: int) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+def make_drafter(kind: str, arch: str):
+    if kind == "self":
+        return ModelDrafter(HFRunner(MODELS[(arch, 0)]))
+    if kind == "random":
+        return ModelDrafter(HFRunner(MODELS[(arch, 1)]))
+    return ConstantDrafter(7)
+
+
+def plain(arch: str, prompt: list[int], max_new: int, eos: frozenset[int] = frozenset()):
+    return run(HFRunner(MODELS[(arch, 0)]), prompt, StopCondition(max_new, eos_token_ids=eos))
+
+
+prompts = st.lists(st.integers(3, VOCAB - 1), min_size=1, max_size=24)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kind", ["self", "random", "constant"])
+@pytest.mark.parametrize("gamma", range(1, 9))
+def test_speculative_greedy_equals_plain_greedy(arch, kind, gamma):
+    prompt = [5, 9, 13, 2 + gamma]
+    reference = plain(arch, prompt, 48)
+    out = run(HFRunner(MODELS[(arch, 0)]), prompt, StopCondition(48), drafter=make_drafter(kind, arch),
+              num_speculative_tokens=gamma)
+    assert out.token_ids == reference.token_ids
+    assert out.stats.new_tokens == 48
+    if kind == "self":
+        assert out.stats.acceptance_rate == 1.0
+        # every step but the last emits gamma + 1 tokens
+        assert out.stats.target_forwards <= 1 + -(-47 // (gamma + 1)) + 1
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prompt=prompts, gamma=st.integers(1, 8), arch=st.sampled_from(ARCHS),
+       kind=st.sampled_from(["self", "random", "constant"]), max_new=st.integers(1, 40))
+def test_speculative_equals_plain_hypothesis(prompt, gamma, arch, kind, max_new):
+    reference = plain(arch, prompt, max_new)
+    out = run(HFRunner(MODELS[(arch, 0)]), prompt, StopCondition(max_new), drafter=make_drafter(kind, arch),
+              num_speculative_tokens=gamma)
+    assert out.token_ids == reference.token_ids
+    assert len(out.token_ids) == max_new
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_plain_equals_transformers_generate(arch):
+    model = MODELS[(arch, 0)]
+    prompt = [4, 8, 15, 16, 23, 42]
+    ours = plain(arch, prompt, 30).token_ids
+    theirs = model.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False,
+                            eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    assert ours == theirs
+
+
+def test_eos_stops_and_is_kept():
+    prompt = [5, 9, 13]
+    reference = plain("llama", prompt, 40).token_ids
+    eos = reference[10]  # pretend this token is EOS: generation must end at its first occurrence
+    first = reference.index(eos)
+    for drafter in (None, make_drafter("self", "llama"), make_drafter("random", "llama")):
+        out = run(HFRunner(MODELS[("llama", 0)]), prompt, StopCondition(40, eos_token_ids=frozenset({eos})),
+                  drafter=drafter, num_speculative_tokens=5)
+        assert out.token_ids == reference[: first + 1]
+        assert out.finish_reason == "stop"
+
+
+def test_stop_string_never_emits_past_it():
+    prompt = [5, 9, 13]
+    reference = plain("llama", prompt, 40).token_ids
+    decode = lambda ids: "".join(f"<{i}>" for i in ids)  # noqa: E731 - a toy detokenizer
+    stop_text = f"<{reference[12]}><{reference[13]}>"
+    expected_end = next(i for i in range(1, 41) if stop_text in decode(reference[:i]))
+    out = run(HFRunner(MODELS[("llama", 0)]), prompt,
+              StopCondition(40, stop_strings=(stop_text,), decode=decode),
+              drafter=make_drafter("self", "llama"), num_speculative_tokens=8)
+    assert out.token_ids == reference[:expected_end]
+    assert out.finish_reason == "stop"
+
+
+def test_max_new_tokens_exact_with_full_acceptance():
+    # All drafts accepted: the last step must still land exactly on max_new_tokens.
+    for max_new in range(1, 20):
+        out = run(HFRunner(MODELS[("llama", 0)]), [3, 4], StopCondition(max_new),
+                  drafter=make_drafter("self", "llama"), num_speculative_tokens=4)
+        assert len(out.token_ids) == max_new
+        assert out.finish_reason == "length"
+
+
+def test_context_window_ends_generation():
+    target = HFRunner(MODELS[("llama", 0)], max_context=20)
+    prompt = [5] * 15
+    out = run(target, prompt, StopCondition(100), drafter=ModelDrafter(HFRunner(MODELS[("llama", 0)])),
+              num_speculative_tokens=8)
+    assert out.finish_reason == "length"
+    assert len(prompt) + len(out.token_ids) == 20
+    reference = run(HFRunner(MODELS[("llama", 0)], max_context=20), prompt, StopCondition(100))
+    assert out.token_ids == reference.token_ids
+
+
+def test_stats_per_position_acceptance():
+    out = run(HFRunner(MODELS[("llama", 0)]), [3, 4], StopCondition(30),
+              drafter=ConstantDrafter(7), num_speculative_tokens=3)
+    stats = out.stats
+    assert stats.drafted == sum(stats.proposed_at)
+    assert stats.proposed_at[0] == stats.draft_steps
+    assert len(stats.per_position_acceptance) == 3
+    # acceptance is a prefix: position i+1 can be accepted only if position i was
+    assert stats.accepted_at[0] >= stats.accepted_at[1] >= stats.accepted_at[2]
+    d = stats.to_dict()
+    for key in ("new_tokens", "target_forwards", "drafted", "accepted", "acceptance_rate",
+                "mean_accepted_per_step", "per_position_acceptance", "wall_s", "tokens_per_s"):
+        assert key in d
+
+
+@pytest.mark.parametrize("bad", [
+    dict(prompt=[], stop=StopCondition(5)),
+    dict(prompt=[3] * 300, stop=StopCondition(5)),
+])
+def test_bad_requests_raise_user_errors(bad):
+    with pytest.raises(SpecdecError):
+        run(HFRunner(MODELS[("llama", 0)]), bad["prompt"], bad["stop"])
+
+
+def test_max_new_tokens_must_be_positive():
+    for n in (0, -3):
+        with pytest.raises(SpecdecError):
+            StopCondition(n)
