@@ -165,3 +165,11 @@ def test_max_new_tokens_must_be_positive():
     for n in (0, -3):
         with pytest.raises(SpecdecError):
             StopCondition(n)
+
+
+@pytest.mark.parametrize("draft_vocab", [VOCAB - 8, VOCAB + 32])
+def test_draft_with_padded_vocabulary(draft_vocab):
+    # Same tokens, different embedding widths (as 151936 vs 152064 rows).
+    draft = ModelDrafter(HFRunner(tiny_model("llama", 2, vocab_size=draft_vocab)), target_vocab_size=VOCAB)
+    out = run(HFRunner(MODELS[("llama", 0)]), [5, 6, 7], StopCondition(40), drafter=draft, num_speculative_tokens=4)
+    assert out.token_ids == plain("llama", [5, 6, 7], 40).token_ids

@@ -33,3 +33,44 @@ def tiny_model(arch: str = "llama", seed: int = 0, vocab_size: int = VOCAB, laye
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return model.eval()
+
+
+CORPUS = [
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "The quick brown fox jumps over the lazy dog. Speculative decoding drafts tokens cheaply.",
+    "for i in range(10):\n    print(i * i)\n",
+    "Once upon a time, a small model helped a large one write faster.",
+]
+
+
+def tiny_tokenizer(variant: int = 0, vocab_size: int = 300):
+    """A byte-level BPE tokenizer trained here on a few lines (no download).
+
+    Different variants train on a differently ordered corpus with another
+    size, giving different vocabularies.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size + 40 * variant,
+        special_tokens=["<pad>", "<bos>", "<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = CORPUS if variant == 0 else list(reversed(CORPUS)) * 2
+    tok.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>")
+
+
+def save_tiny(directory, arch: str = "llama", seed: int = 0, variant: int = 0) -> str:
+    """Save a tiny model with a tiny tokenizer as a transformers directory; returns its path."""
+    tokenizer = tiny_tokenizer(variant)
+    model = tiny_model(arch, seed, vocab_size=len(tokenizer))
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)

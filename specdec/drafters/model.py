@@ -46,18 +46,18 @@ class ModelDrafter:
         pad = logits.new_full((*logits.shape[:-1], width - logits.shape[-1]), float("-inf"))
         return torch.cat([logits, pad], dim=-1)
 
-    def _sync(self, context: Sequence[int]) -> torch.Tensor:
-        """Bring the cache to `context` and return the draft's logits [V] after it."""
-        # Keep at least one token to feed, since we need logits after the context.
-        keep = min(common_prefix_length(self.runner.tokens, context), len(context) - 1)
-        self.runner.rollback(keep)
-        return self.runner.forward(context[keep:], last_n=1)[-1]  # [V_draft]
-
     def propose(self, context: Sequence[int], k: int) -> Draft:
         k = min(k, self.runner.max_context - len(context))  # room left in the draft's window
-        if k <= 0:
+        # Sync the cache with the context: keep the common prefix, but at least
+        # one token to feed, since we need the logits after the context.
+        keep = min(common_prefix_length(self.runner.tokens, context), len(context) - 1)
+        fresh = context[keep:]
+        if k <= 0 or max(fresh) >= self.runner.vocab_size:
+            # Out of room, or the target emitted an id the (narrower) draft
+            # cannot embed: no draft this step; the loop decodes plainly.
             return Draft([])
-        logits = self._sync(context)
+        self.runner.rollback(keep)
+        logits = self.runner.forward(fresh, last_n=1)[-1]  # [V_draft]
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         for i in range(k):

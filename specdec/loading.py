@@ -1,0 +1,119 @@
+"""Turn a model "spec" string into a loaded transformers model and tokenizer.
+
+A spec is one of: a zoo name (see ``specdec.zoo.ZOO``), a path to a ``.gguf``
+file, a path to a transformers model directory, or a Hugging Face hub id
+("owner/name").  GGUF files (zoo or not) are converted once into an fp32
+transformers directory under ``home()/hf/`` so later loads are fast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from specdec import zoo
+from specdec.errors import SpecdecError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+DTYPES = ("fp32", "bf16")
+# "owner/name" with the characters the hub allows in each part.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _unknown(spec: str, why: str = "") -> SpecdecError:
+    return SpecdecError(
+        f"unknown model '{spec}'{why}: expected one of {', '.join(zoo.ZOO)}, "
+        "a .gguf file, a model directory or a Hugging Face hub id"
+    )
+
+
+def resolve(spec: str) -> tuple[str, str]:
+    """Classify `spec`: ("zoo", name), ("gguf", path), ("dir", path) or ("hub", id)."""
+    if spec in zoo.ZOO:
+        return "zoo", spec
+    if not spec.strip():  # Path("") would mean the current directory
+        raise _unknown(spec)
+    path = Path(spec).expanduser()
+    if spec.lower().endswith(".gguf"):
+        if path.is_file():
+            return "gguf", str(path)
+        raise _unknown(spec, " (no such .gguf file)")
+    if path.is_dir():
+        return "dir", str(path)
+    if _HUB_ID.match(spec) and not path.exists():
+        return "hub", spec
+    raise _unknown(spec)
+
+
+def _torch_dtype(dtype: str):
+    import torch
+
+    if dtype not in DTYPES:
+        raise SpecdecError(f"unknown dtype '{dtype}': expected one of {', '.join(DTYPES)}")
+    return torch.float32 if dtype == "fp32" else torch.bfloat16
+
+
+def gguf_cache_dir(path: str | Path) -> Path:
+    """Where the converted directory of an arbitrary GGUF file is cached (keyed by path, size and mtime)."""
+    path = Path(path).resolve()
+    stat = path.stat()
+    key = hashlib.sha256(f"{path}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return zoo.home() / "hf" / f"gguf-{key}"
+
+
+def _gguf_dir(path: str, progress: zoo.Progress | None) -> Path:
+    out = gguf_cache_dir(path)
+    if (out / "config.json").is_file():
+        return out
+    return zoo.convert_gguf(Path(path).resolve(), out, progress=progress)
+
+
+def _from_pretrained(location: str | Path, torch_dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype)
+    tokenizer = AutoTokenizer.from_pretrained(location)
+    return model, tokenizer
+
+
+def load_hf(
+    spec: str, dtype: str = "fp32", progress: zoo.Progress | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load `spec` as an eval-mode transformers causal LM (no grads) plus its tokenizer.
+
+    `dtype` is "fp32" or "bf16".  Zoo models are pulled and converted on first use.
+    """
+    torch_dtype = _torch_dtype(dtype)
+    kind, location = resolve(spec)
+    if kind == "zoo":
+        folder = zoo.hf_dir(location, progress=progress)
+    elif kind == "gguf":
+        folder = _gguf_dir(location, progress)
+    elif kind == "dir":
+        folder = Path(location)
+        if not (folder / "config.json").is_file():
+            raise SpecdecError(f"{folder} is not a transformers model directory (no config.json)")
+    else:
+        folder = None
+
+    if folder is not None:
+        try:
+            model, tokenizer = _from_pretrained(folder, torch_dtype)
+        except (OSError, ValueError, KeyError) as e:
+            raise SpecdecError(f"cannot load model from {folder}: {str(e).strip().splitlines()[0]}") from e
+    else:
+        try:
+            model, tokenizer = _from_pretrained(location, torch_dtype)
+        except Exception as e:  # offline, unknown repo, gated repo, ...: all fixable by the user
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise SpecdecError(
+                f"could not load '{location}' from the Hugging Face hub ({first}); "
+                f"if offline, use an offline zoo model: {', '.join(zoo.ZOO)}"
+            ) from e
+    model.eval()
+    model.requires_grad_(False)
+    return model, tokenizer

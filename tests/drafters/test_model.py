@@ -1,0 +1,54 @@
+"""The draft-model drafter: cache synchronisation and vocabulary padding."""
+
+import torch
+
+from specdec.backends.hf import HFRunner
+from specdec.drafters.model import ModelDrafter
+from tests.tiny import VOCAB, tiny_model
+
+MODEL = tiny_model("llama", 5)
+
+
+def greedy_continuation(context, k):
+    runner = HFRunner(MODEL)
+    out = []
+    logits = runner.forward(context)[-1]
+    for _ in range(k):
+        out.append(int(logits.argmax()))
+        logits = runner.forward([out[-1]])[-1]
+    return out
+
+
+def test_proposes_the_draft_models_greedy_continuation():
+    drafter = ModelDrafter(HFRunner(MODEL))
+    draft = drafter.propose([3, 4, 5], 4)
+    assert draft.tokens == greedy_continuation([3, 4, 5], 4)
+    assert draft.q is None
+
+
+def test_cache_resyncs_after_rejection():
+    drafter = ModelDrafter(HFRunner(MODEL))
+    first = drafter.propose([3, 4, 5], 4)
+    # The target kept one draft token and then chose something else.
+    context = [3, 4, 5, first.tokens[0], (first.tokens[1] + 1) % VOCAB]
+    second = drafter.propose(context, 3)
+    assert second.tokens == greedy_continuation(context, 3)
+    # The cache holds the context and all but the last draft token, nothing stale.
+    assert drafter.runner.tokens == context + second.tokens[:-1]
+
+
+def test_context_shorter_than_cache_rolls_back():
+    drafter = ModelDrafter(HFRunner(MODEL))
+    drafter.propose([3, 4, 5, 6, 7, 8], 3)
+    assert drafter.propose([3, 4], 2).tokens == greedy_continuation([3, 4], 2)
+
+
+def test_padded_vocabularies_line_up():
+    # A draft with fewer rows than the target: its logits are padded with -inf.
+    drafter = ModelDrafter(HFRunner(MODEL), target_vocab_size=VOCAB + 32)
+    padded = drafter._to_target_width(torch.zeros(VOCAB))
+    assert padded.shape == (VOCAB + 32,) and torch.isinf(padded[VOCAB:]).all()
+    # A draft with more rows than the target: cut to the target's width.
+    drafter = ModelDrafter(HFRunner(MODEL), target_vocab_size=VOCAB - 16)
+    assert drafter._to_target_width(torch.zeros(VOCAB)).shape == (VOCAB - 16,)
+    assert all(t < VOCAB - 16 for t in drafter.propose([3, 4], 5).tokens)

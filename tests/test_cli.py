@@ -1,0 +1,99 @@
+"""The CLI: JSON output, streaming, and one-line errors with exit status 2 for user mistakes."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from specdec.cli import app
+from tests.tiny import save_tiny
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    return {
+        "target": save_tiny(root / "target", "llama", seed=0),
+        "draft": save_tiny(root / "draft", "llama", seed=1),
+        "other_vocab": save_tiny(root / "other", "qwen2", seed=2, variant=1),
+    }
+
+
+def generate(*args):
+    return runner.invoke(app, ["generate", *args])
+
+
+def assert_user_error(result, fragment):
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert fragment in result.output
+
+
+def test_json_output(tiny_dirs):
+    result = generate("def fibonacci(n):", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"],
+                      "--max-new-tokens", "20", "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert set(out) >= {"text", "token_ids", "stats"}
+    assert len(out["token_ids"]) <= 20
+    for key in ("new_tokens", "target_forwards", "drafted", "accepted", "acceptance_rate",
+                "mean_accepted_per_step", "per_position_acceptance", "wall_s", "tokens_per_s"):
+        assert key in out["stats"]
+
+
+def test_speculative_and_plain_print_the_same_text(tiny_dirs):
+    common = ["Once upon a time", "--target", tiny_dirs["target"], "--max-new-tokens", "25", "--json"]
+    spec = json.loads(generate(*common, "--draft", tiny_dirs["draft"], "-k", "3").stdout)
+    plain = json.loads(generate(*common, "--draft", "none").stdout)
+    assert spec["token_ids"] == plain["token_ids"]
+    assert spec["text"] == plain["text"]
+
+
+def test_streaming_prints_text_and_summary(tiny_dirs):
+    result = generate("for i in range", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"],
+                      "--max-new-tokens", "10")
+    assert result.exit_code == 0, result.output
+    assert "tokens in" in result.output
+
+
+def test_empty_prompt(tiny_dirs):
+    assert_user_error(generate("", "--target", tiny_dirs["target"]), "empty")
+
+
+@pytest.mark.parametrize("n", ["0", "-5"])
+def test_max_new_tokens_not_positive(tiny_dirs, n):
+    assert_user_error(generate("hi", "--target", tiny_dirs["target"], "--max-new-tokens", n), "max-new-tokens")
+
+
+def test_unknown_model():
+    assert_user_error(generate("hi", "--target", "no-such-model-anywhere"), "unknown model")
+
+
+def test_draft_with_other_vocabulary(tiny_dirs):
+    result = generate("hi", "--target", tiny_dirs["target"], "--draft", tiny_dirs["other_vocab"])
+    assert_user_error(result, "different vocabulary")
+
+
+def test_prompt_longer_than_context_window(tiny_dirs):
+    # The tiny models have a 256-token window.
+    result = generate("fox " * 400, "--target", tiny_dirs["target"], "--draft", "none")
+    assert_user_error(result, "context window")
+
+
+def test_bad_sampling_option(tiny_dirs):
+    assert_user_error(generate("hi", "--target", tiny_dirs["target"], "--top-p", "1.5"), "top_p")
+
+
+def test_models_json():
+    result = runner.invoke(app, ["models", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert {r["name"] for r in rows} >= {"smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"}
+    for r in rows:
+        assert set(r) == {"name", "installed", "path", "arch", "vocab_size", "params"}
+
+
+def test_models_pull_unknown():
+    assert_user_error(runner.invoke(app, ["models", "pull", "nope"]), "nope")

