@@ -134,6 +134,50 @@ def generate(
         fail(str(e))
 
 
+
+
+@app.command()
+def bench(
+    target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
+    draft: str = typer.Option(DEFAULT_DRAFT, "--draft", "-d", help="Draft model, or 'none' (then only plain, hf-plain, hf-pld)."),
+    prompts: str = typer.Option("builtin", "--prompts", help="Spec-Bench .jsonl, or a text file with one prompt per line (\\n escapes allowed), or 'builtin'."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most tokens to generate per prompt."),
+    methods: str = typer.Option("plain,specdec,hf,hf-plain,hf-pld", "--methods", help="Comma-separated: plain, specdec, hf, hf-auto, hf-plain, hf-pld (plain always runs: it is the reference)."),
+    gammas: str = typer.Option("5", "--gammas", help="Draft tokens per step γ; a list (1,3,5) sweeps specdec, hf and hf-pld."),
+    repeats: int = typer.Option(1, "--repeats", help="Runs per prompt and method; the median is reported."),
+    limit_per_category: Optional[int] = typer.Option(None, "--limit-per-category", help="Take only the first M prompts of each category."),
+    chat: bool = typer.Option(False, "--chat", help="Apply the target's chat template to each prompt."),
+    dtype: DType = typer.Option(DType.fp32, "--dtype", help="Weights' dtype, for every method."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's choice)."),
+    out: str = typer.Option("bench-out", "--out", help="Output directory: results.jsonl, summary.md, summary.json, PNG plots."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object on stdout."),
+) -> None:
+    """Benchmark plain, speculative and transformers' decoding side by side on a prompt set."""
+    from specdec.bench.report import console_table
+    from specdec.bench.runner import BenchOptions, run_bench
+
+    quiet_libraries()
+    progress = PullProgress()
+    options = BenchOptions(
+        target=target, draft=None if draft.lower() == "none" else draft, prompts=prompts,
+        max_new_tokens=max_new_tokens, methods=methods, gammas=gammas, repeats=repeats,
+        limit_per_category=limit_per_category, chat=chat, dtype=dtype.value, out=out, threads=threads,
+    )
+    try:
+        data = run_bench(options, console=err, load_progress=progress)
+    except SpecdecError as e:
+        progress.close()
+        fail(str(e))
+    progress.close()
+    if as_json:
+        print(json.dumps(data, ensure_ascii=False))
+    else:
+        err.print(console_table(data))
+        err.print(f"results in {out}/ (summary.md, results.jsonl, plots)")
+
+
+
+
 @models_app.callback(invoke_without_command=True)
 def models(
     ctx: typer.Context,

@@ -13,13 +13,52 @@ temperature / top-k / top-p as the target and returns q for verification.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from specdec.backends.base import ModelRunner, common_prefix_length
 from specdec.drafters.base import Draft
 from specdec.sampling import SamplingParams, make_generator, sample_from, warp_probs
+
+
+# What a drafter does with the draft model's logits [V_draft] at one position:
+# (draft id to feed back to the draft model, proposed id in the target's
+# vocabulary, q row [V_target] the proposal was sampled from or None).
+Choice = tuple[int, int, "torch.Tensor | None"]
+
+
+def run_draft_model(
+    runner: ModelRunner,
+    context: Sequence[int],
+    k: int,
+    choose: Callable[[torch.Tensor], Choice],
+) -> tuple[list[int], torch.Tensor | None]:
+    """Sync the draft model's cache with `context` (draft ids), then draft up to k tokens.
+
+    The cache keeps the longest common prefix with the context (at least one
+    token is fed, for the logits after the context); rejected tokens of the
+    last step are dropped there.  Returns the proposed ids and q [k, V] (None
+    when the choices carry no q).  No proposal when the window is full or the
+    context holds an id the draft cannot embed.
+    """
+    k = min(k, runner.max_context - len(context))  # room left in the draft's window
+    keep = min(common_prefix_length(runner.tokens, context), len(context) - 1)
+    fresh = list(context[keep:])
+    if k <= 0 or not fresh or max(fresh) >= runner.vocab_size or min(fresh) < 0:
+        return [], None
+    runner.rollback(keep)
+    logits = runner.forward(fresh, last_n=1)[-1]  # [V_draft]
+    proposed: list[int] = []
+    qs: list[torch.Tensor] = []
+    for i in range(k):
+        feed, token, q = choose(logits)
+        proposed.append(token)
+        if q is not None:
+            qs.append(q)
+        if i < k - 1:  # the last draft token need not be fed: nobody reads logits after it yet
+            logits = runner.forward([feed])[-1]
+    return proposed, torch.stack(qs) if qs else None  # q: [k, V_target]
 
 
 class ModelDrafter:
@@ -46,32 +85,18 @@ class ModelDrafter:
         pad = logits.new_full((*logits.shape[:-1], width - logits.shape[-1]), float("-inf"))
         return torch.cat([logits, pad], dim=-1)
 
+    def _choose(self, logits: torch.Tensor) -> Choice:
+        logits = self._to_target_width(logits)  # [V_target]
+        if self.params.greedy:
+            token = int(logits.argmax())
+            return token, token, None
+        q = warp_probs(logits, self.params)  # [V_target]
+        token = sample_from(q, self.generator)
+        return token, token, q
+
     def propose(self, context: Sequence[int], k: int) -> Draft:
-        k = min(k, self.runner.max_context - len(context))  # room left in the draft's window
-        # Sync the cache with the context: keep the common prefix, but at least
-        # one token to feed, since we need the logits after the context.
-        keep = min(common_prefix_length(self.runner.tokens, context), len(context) - 1)
-        fresh = context[keep:]
-        if k <= 0 or max(fresh) >= self.runner.vocab_size:
-            # Out of room, or the target emitted an id the (narrower) draft
-            # cannot embed: no draft this step; the loop decodes plainly.
-            return Draft([])
-        self.runner.rollback(keep)
-        logits = self.runner.forward(fresh, last_n=1)[-1]  # [V_draft]
-        tokens: list[int] = []
-        qs: list[torch.Tensor] = []
-        for i in range(k):
-            logits = self._to_target_width(logits)  # [V]
-            if self.params.greedy:
-                token = int(logits.argmax())
-            else:
-                q = warp_probs(logits, self.params)  # [V]
-                token = sample_from(q, self.generator)
-                qs.append(q)
-            tokens.append(token)
-            if i < k - 1:  # the last draft token need not be fed: nobody reads logits after it yet
-                logits = self.runner.forward([token])[-1]
-        return Draft(tokens, torch.stack(qs) if qs else None)  # q: [k, V] or None
+        tokens, q = run_draft_model(self.runner, context, k, self._choose)
+        return Draft(tokens, q)
 
     def observe(self, context: Sequence[int], num_accepted: int) -> None:
         """Nothing to learn; the cache is re-synchronised at the next proposal."""

@@ -1,0 +1,438 @@
+"""The decoding methods the benchmark compares, each an object with ``name`` and ``run(prompt_ids)``.
+
+All methods share one loaded :class:`~specdec.engine.Engine` — the same target
+and draft weights in the same dtype — so they differ only in the decoding
+algorithm:
+
+========== ===================================================================
+plain      our loop with no drafter (autoregressive greedy: the reference)
+specdec    our loop with the draft model, γ draft tokens per step
+hf         transformers' assisted generation with the same draft model, a
+           constant γ (``num_assistant_tokens=γ``, schedule ``"constant"``,
+           confidence-based early stop off), greedy
+hf-auto    transformers' assisted generation as it comes out of the box: the
+           draft model's own generation config, i.e. transformers' defaults
+           (20 tokens, constant schedule, confidence threshold 0.4)
+hf-plain   transformers' ``generate`` without an assistant, greedy
+hf-pld     transformers' prompt lookup decoding (``prompt_lookup_num_tokens=γ``)
+========== ===================================================================
+
+Every run is timed by the harness around the whole call (``time.perf_counter``),
+for our methods and transformers' alike.  Token ids are those generated after
+the prompt (an end-of-sequence token that ends generation included, as
+transformers' ``generate`` returns it).
+
+transformers 5.24 reads ``num_assistant_tokens``,
+``num_assistant_tokens_schedule`` and ``assistant_confidence_threshold`` from
+the **assistant model's** ``generation_config``, not from ``generate()``'s
+keyword arguments (those are accepted and silently ignored for a draft model).
+:class:`HFAssisted` therefore sets them on the draft model's generation config
+for the duration of each call, then restores them.  Draft statistics for the hf
+methods are observed through the candidate generator's
+``update_candidate_strategy(input_ids, scores, num_matches)`` hook (private
+transformers API; when it is missing they are reported as unavailable).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+from specdec.errors import SpecdecError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from specdec.engine import Engine
+
+DEFAULT_GAMMA = 5
+
+
+@dataclass
+class Measurement:
+    """One timed generation.  Draft counts are None where a method cannot report them."""
+
+    token_ids: list[int]  # generated after the prompt
+    wall_s: float = 0.0  # seconds, the whole call
+    target_forwards: int | None = None  # target forward passes, prefill included
+    drafted: int | None = None  # draft tokens proposed
+    accepted: int | None = None  # draft tokens accepted
+    draft_steps: int | None = None  # steps that verified at least one draft token
+    proposed_at: list[int] | None = None  # [i]: steps that proposed a draft token at position i
+    accepted_at: list[int] | None = None  # [i]: steps whose draft token at position i was accepted
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_accepted_per_step(self) -> float | None:
+        """Mean draft tokens accepted per verified draft."""
+        if self.accepted is None or not self.draft_steps:
+            return None
+        return self.accepted / self.draft_steps
+
+    @property
+    def tokens_per_target_forward(self) -> float | None:
+        return self.new_tokens / self.target_forwards if self.target_forwards else None
+
+    @property
+    def per_position_acceptance(self) -> list[float] | None:
+        if self.proposed_at is None or self.accepted_at is None:
+            return None
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "new_tokens": self.new_tokens,
+            "wall_s": self.wall_s,
+            "tokens_per_s": self.tokens_per_s,
+            "target_forwards": self.target_forwards,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "draft_steps": self.draft_steps,
+            "proposed_at": self.proposed_at,
+            "accepted_at": self.accepted_at,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_per_step": self.mean_accepted_per_step,
+            "tokens_per_target_forward": self.tokens_per_target_forward,
+            "per_position_acceptance": self.per_position_acceptance,
+            "token_ids": self.token_ids,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Measurement":
+        keys = ("wall_s", "target_forwards", "drafted", "accepted", "draft_steps", "proposed_at", "accepted_at")
+        return cls(token_ids=list(d["token_ids"]), **{k: d.get(k) for k in keys})
+
+
+@dataclass
+class DraftCounter:
+    """Per-step draft outcomes, accumulated like :class:`specdec.loop.Stats` does."""
+
+    steps: int = 0  # target forwards observed
+    drafted: int = 0
+    accepted: int = 0
+    draft_steps: int = 0
+    proposed_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+
+    def record(self, num_drafted: int, num_accepted: int) -> None:
+        """One verification forward that checked `num_drafted` candidates and kept `num_accepted`."""
+        self.steps += 1
+        if num_drafted <= 0:
+            return  # a plain step (e.g. prompt lookup found no match)
+        self.draft_steps += 1
+        self.drafted += num_drafted
+        self.accepted += num_accepted
+        while len(self.proposed_at) < num_drafted:
+            self.proposed_at.append(0)
+            self.accepted_at.append(0)
+        for i in range(num_drafted):
+            self.proposed_at[i] += 1
+            self.accepted_at[i] += i < num_accepted
+
+
+class Method(ABC):
+    """A decoding strategy under test.  ``run`` generates after `prompt_ids` and times it."""
+
+    family: str = ""  # the method's name without its γ ("specdec", "hf", ...)
+    uses_gamma: bool = False  # whether it takes a draft length γ (and is swept over --gammas)
+    needs_draft: bool = False  # whether it needs the draft model
+
+    def __init__(self, engine: "Engine", max_new_tokens: int, gamma: int | None = None, name: str | None = None) -> None:
+        if self.needs_draft and engine.draft_runner is None:
+            raise SpecdecError(f"method '{self.family}' needs a draft model: give --draft")
+        self.engine = engine
+        self.max_new_tokens = max_new_tokens
+        self.gamma = gamma if self.uses_gamma else None
+        self.name = name or self.family
+
+    def run(self, prompt_ids: Sequence[int]) -> Measurement:
+        """Generate greedily after `prompt_ids`; the Measurement's wall_s covers the whole call."""
+        start = time.perf_counter()
+        measurement = self.generate(list(prompt_ids))
+        measurement.wall_s = time.perf_counter() - start
+        return measurement
+
+    @abstractmethod
+    def generate(self, prompt_ids: list[int]) -> Measurement:
+        """The untimed generation (``run`` times it)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, gamma={self.gamma})"
+
+
+# --- our loop -----------------------------------------------------------------------------------
+
+
+class Plain(Method):
+    """Our decode loop without a drafter: one target forward per token."""
+
+    family = "plain"
+
+    def generate(self, prompt_ids: list[int]) -> Measurement:
+        result = self.engine.generate(prompt_ids, max_new_tokens=self.max_new_tokens, use_draft=False)
+        return Measurement(result.token_ids, target_forwards=result.stats.target_forwards)
+
+
+class Specdec(Method):
+    """Our decode loop with the draft model proposing γ tokens per step."""
+
+    family = "specdec"
+    uses_gamma = True
+    needs_draft = True
+
+    def generate(self, prompt_ids: list[int]) -> Measurement:
+        result = self.engine.generate(
+            prompt_ids, max_new_tokens=self.max_new_tokens, num_speculative_tokens=self.gamma, use_draft=True
+        )
+        s = result.stats
+        return Measurement(
+            result.token_ids,
+            target_forwards=s.target_forwards,
+            drafted=s.drafted,
+            accepted=s.accepted,
+            draft_steps=s.draft_steps,
+            proposed_at=list(s.proposed_at),
+            accepted_at=list(s.accepted_at),
+        )
+
+
+# --- transformers' generate ---------------------------------------------------------------------
+
+
+@contextmanager
+def observe_candidates(model: "PreTrainedModel", counter: DraftCounter) -> Iterator[bool]:
+    """Count draft outcomes of transformers' assisted generation on `model` while the block runs.
+
+    Wraps the candidate generator that ``generate`` builds so that every
+    ``update_candidate_strategy(input_ids, scores, num_matches)`` call — one
+    per target forward, `scores` [1, candidates + 1, V] — is also recorded.
+    Yields False (and counts nothing) if this transformers has no such hook.
+    """
+    original = getattr(type(model), "_get_candidate_generator", None)
+    if original is None:
+        yield False
+        return
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        generator = original(model, *args, **kwargs)
+        update = generator.update_candidate_strategy
+
+        def observed(input_ids: Any, scores: Any, num_matches: Any) -> Any:
+            counter.record(int(scores.shape[1]) - 1, int(num_matches))
+            return update(input_ids, scores, num_matches)
+
+        generator.update_candidate_strategy = observed
+        return generator
+
+    model.__dict__["_get_candidate_generator"] = wrapped  # shadows the class method on this instance only
+    try:
+        yield True
+    finally:
+        model.__dict__.pop("_get_candidate_generator", None)
+
+
+@contextmanager
+def generation_settings(model: "PreTrainedModel", **settings: Any) -> Iterator[None]:
+    """Set attributes of ``model.generation_config`` for the block, then restore them."""
+    config = model.generation_config
+    missing = object()
+    saved = {k: getattr(config, k, missing) for k in settings}
+    for k, v in settings.items():
+        setattr(config, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is missing:
+                delattr(config, k)
+            else:
+                setattr(config, k, v)
+
+
+class HFGenerate(Method):
+    """Base of the methods that call transformers' ``model.generate`` on the engine's target."""
+
+    observes_drafts = False  # whether draft outcomes are counted through the candidate generator
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        """Method-specific keyword arguments for ``generate``."""
+        return {}
+
+    @contextmanager
+    def settings(self) -> Iterator[None]:
+        """Context the call runs in (e.g. the assistant's generation config)."""
+        yield
+
+    def generate(self, prompt_ids: list[int]) -> Measurement:
+        import torch
+
+        model = self.engine.target_runner.model
+        eos = sorted(self.engine.eos_token_ids)
+        input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=model.device)  # [1, prompt]
+        kwargs: dict[str, Any] = dict(
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=self.max_new_tokens,
+            do_sample=False,
+            num_beams=1,
+            # Neutralise anything a model's generation_config.json may carry
+            # (transformers fills unset options from it): plain greedy only.
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            min_new_tokens=0,
+            eos_token_id=eos or None,
+            pad_token_id=eos[0] if eos else None,
+            **self.generate_kwargs(),
+        )
+        counter = DraftCounter()
+        with self.settings(), observe_candidates(model, counter) as observed, torch.inference_mode():
+            out = model.generate(input_ids, **kwargs)  # [1, prompt + new]
+        token_ids = out[0, len(prompt_ids) :].tolist()
+        if not self.observes_drafts:
+            return Measurement(token_ids, target_forwards=len(token_ids))  # one forward per token
+        if not observed or counter.steps == 0:
+            return Measurement(token_ids)
+        return Measurement(
+            token_ids,
+            target_forwards=counter.steps,
+            drafted=counter.drafted,
+            accepted=counter.accepted,
+            draft_steps=counter.draft_steps,
+            proposed_at=counter.proposed_at,
+            accepted_at=counter.accepted_at,
+        )
+
+
+class HFPlain(HFGenerate):
+    """transformers' greedy ``generate`` without an assistant."""
+
+    family = "hf-plain"
+
+
+class HFAssisted(HFGenerate):
+    """transformers' assisted generation with the engine's draft model and a constant γ.
+
+    The peer of ``specdec``: same models, same γ, greedy.  The confidence
+    threshold (which would stop drafting early) is switched off so that every
+    step drafts γ tokens, as ours does.
+    """
+
+    family = "hf"
+    uses_gamma = True
+    needs_draft = True
+    observes_drafts = True
+
+    def assistant_settings(self) -> dict[str, Any]:
+        return dict(
+            num_assistant_tokens=self.gamma,
+            num_assistant_tokens_schedule="constant",
+            assistant_confidence_threshold=0.0,  # 0 = no confidence-based early stop
+        )
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        draft = self.engine.draft_runner.model
+        kwargs: dict[str, Any] = {"assistant_model": draft}
+        target_vocab = self.engine.target_runner.model.config.get_text_config().vocab_size
+        if draft.config.get_text_config().vocab_size != target_vocab:
+            # Same tokens but a padded embedding: transformers then insists on
+            # tokenizers (and takes its universal, re-tokenising path).
+            kwargs.update(tokenizer=self.engine.tokenizer, assistant_tokenizer=self.engine.tokenizer)
+        return kwargs
+
+    @contextmanager
+    def settings(self) -> Iterator[None]:
+        with generation_settings(self.engine.draft_runner.model, **self.assistant_settings()):
+            yield
+
+
+class HFAuto(HFAssisted):
+    """transformers' assisted generation with its own defaults (no γ: the draft's generation config)."""
+
+    family = "hf-auto"
+    uses_gamma = False
+
+    def assistant_settings(self) -> dict[str, Any]:
+        return {}
+
+
+class HFPromptLookup(HFGenerate):
+    """transformers' prompt lookup decoding: candidates are copied from earlier n-grams of the context."""
+
+    family = "hf-pld"
+    uses_gamma = True
+    observes_drafts = True
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        return {"prompt_lookup_num_tokens": self.gamma}
+
+
+METHODS: dict[str, type[Method]] = {
+    cls.family: cls for cls in (Plain, Specdec, HFAssisted, HFAuto, HFPlain, HFPromptLookup)
+}
+REFERENCE = "plain"  # speedups and identical outputs are measured against it
+DEFAULT_METHODS = ("plain", "specdec", "hf", "hf-plain", "hf-pld")
+
+
+def parse_methods(text: str) -> list[str]:
+    """"plain,specdec,hf" -> method families, validated, duplicates dropped; plain is always included (first)."""
+    names = [n.strip().lower() for n in text.split(",")]
+    if not any(names):
+        raise SpecdecError(f"--methods is empty: expected a comma-separated list of {', '.join(METHODS)}")
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        raise SpecdecError(f"unknown method '{unknown[0]}': expected a comma-separated list of {', '.join(METHODS)}")
+    families = list(dict.fromkeys(n for n in names if n))
+    if REFERENCE not in families:
+        families.insert(0, REFERENCE)
+    return families
+
+
+def parse_gammas(text: str) -> list[int]:
+    """"1,3,5" -> [1, 3, 5] (sorted, duplicates dropped); each γ an integer >= 1."""
+    parts = [p.strip() for p in text.split(",")]
+    if not any(parts):
+        raise SpecdecError("--gammas is empty: expected comma-separated integers >= 1, e.g. 1,3,5")
+    gammas: list[int] = []
+    for p in parts:
+        try:
+            g = int(p)
+        except ValueError:
+            raise SpecdecError(f"--gammas: '{p}' is not an integer (expected e.g. 1,3,5)") from None
+        if g < 1:
+            raise SpecdecError(f"--gammas: γ must be >= 1, got {g}")
+        gammas.append(g)
+    return sorted(set(gammas))
+
+
+def needs_draft(families: Sequence[str]) -> list[str]:
+    """The families in `families` that need a draft model."""
+    return [f for f in families if METHODS[f].needs_draft]
+
+
+def build_methods(
+    engine: "Engine", families: Sequence[str], gammas: Sequence[int], max_new_tokens: int
+) -> list[Method]:
+    """One Method per family, and per γ for families that take one (named ``family-g<γ>`` in a sweep)."""
+    methods: list[Method] = []
+    for family in families:
+        cls = METHODS[family]
+        if cls.uses_gamma:
+            for g in gammas:
+                name = family if len(gammas) == 1 else f"{family}-g{g}"
+                methods.append(cls(engine, max_new_tokens, gamma=g, name=name))
+        else:
+            methods.append(cls(engine, max_new_tokens))
+    return methods

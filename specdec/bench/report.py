@@ -1,0 +1,291 @@
+"""Reporting a benchmark run: summary.md, summary.json, the ``--json`` object, PNG plots, a terminal table.
+
+Files written in the output directory (results.jsonl is written by the runner):
+
+* ``summary.md`` — markdown tables: per method overall, speedup per method ×
+  category, full numbers per category, acceptance by draft position;
+* ``summary.json`` — the same object ``--json`` prints;
+* ``speedup_by_category.png`` — grouped bars, one group per category (and all);
+* ``acceptance_by_position.png`` — one line per specdec method (solid) and per hf method (dashed);
+* ``speedup_vs_gamma.png`` — only when several γ were swept.
+
+Plots need matplotlib (Agg backend, no display); without it they are skipped
+and the summary says so.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from specdec.bench.runner import ALL, Aggregate, MethodSummary, Summary
+
+SUMMARY_KEYS = (
+    "speedup_vs_plain", "tokens_per_s", "acceptance_rate", "mean_accepted_per_step", "identical_rate",
+)
+
+
+def _method_row(m: MethodSummary, agg: Aggregate) -> dict[str, Any]:
+    d = agg.to_dict()
+    head = {"name": m.name, "family": m.family, "gamma": m.gamma}
+    return {**head, **{k: d[k] for k in SUMMARY_KEYS}, **{k: v for k, v in d.items() if k not in SUMMARY_KEYS}}
+
+
+def summary_json(summary: Summary, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``--json`` object: {"methods": [...], "by_category": {category: [...]}, "config": {...}}."""
+    return {
+        "methods": [_method_row(m, m.overall) for m in summary.methods],
+        "by_category": {
+            c: [_method_row(m, m.by_category[c]) for m in summary.methods if c in m.by_category]
+            for c in summary.categories
+        },
+        "reference": summary.reference,
+        "config": meta or {},
+    }
+
+
+# --- markdown ---------------------------------------------------------------------------------------
+
+
+def fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+def pct(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0%}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A markdown table; the first column left-aligned, the others right-aligned."""
+    lines = ["| " + " | ".join(header) + " |"]
+    lines.append("|" + "|".join(":---" if i == 0 else "---:" for i in range(len(header))) + "|")
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines
+
+
+METRIC_HEADER = ("method", "γ", "prompts", "tokens", "wall s", "tok/s", "speedup vs plain", "range",
+                 "acceptance", "accepted/step", "tokens/target fwd", "identical")
+
+
+def _metric_row(m: MethodSummary, a: Aggregate) -> list[str]:
+    span = "–" if a.speedup_min is None else f"{a.speedup_min:.2f}–{a.speedup_max:.2f}"
+    return [
+        f"`{m.name}`", fmt(m.gamma, "d"), str(a.prompts), fmt(a.new_tokens, ".0f"), fmt(a.wall_s, ".2f"),
+        fmt(a.tokens_per_s, ".1f"), fmt(a.speedup_vs_plain, ".2f", "×"), span, pct(a.acceptance_rate),
+        fmt(a.mean_accepted_per_step), fmt(a.tokens_per_target_forward), pct(a.identical_rate),
+    ]
+
+
+def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str] = (), plot_note: str = "") -> str:
+    """summary.md: configuration, then the tables."""
+    m = meta
+    lines = ["# specdec benchmark", ""]
+    lines += [
+        f"- target `{m.get('target')}`, draft `{m.get('draft')}`, dtype {m.get('dtype')}, "
+        f"greedy, max {m.get('max_new_tokens')} new tokens, γ {', '.join(map(str, m.get('gammas', [])))}",
+        f"- prompts `{m.get('prompts')}`: {m.get('num_prompts')} "
+        f"({', '.join(f'{c} {n}' for c, n in m.get('prompts_per_category', {}).items())}), "
+        f"{'chat template' if m.get('chat') else 'raw text'}, {m.get('repeats')} repeat(s) (median), "
+        f"{'one warm-up generation per method' if m.get('warmup', True) else 'no warm-up'}, methods interleaved per prompt",
+        f"- {m.get('device', 'cpu')} ({m.get('processor')}, {m.get('cpu_count')} CPUs, {m.get('torch_threads')} torch threads), "
+        f"torch {m.get('torch')}, transformers {m.get('transformers')}, {m.get('date_utc')} UTC",
+        "",
+        "Speedup: per prompt tokens/s ÷ plain's tokens/s, geometric mean over prompts (range: min–max). "
+        "tok/s: all new tokens ÷ all wall time. Acceptance: accepted ÷ drafted draft tokens; accepted/step: "
+        "accepted draft tokens per verification; identical: share of prompts whose token ids equal `plain`'s. "
+        "– : not applicable or not reported.",
+        "",
+        "## Overall",
+        "",
+    ]
+    lines += _table(METRIC_HEADER, [_metric_row(s, s.overall) for s in summary.methods])
+
+    cats = summary.categories
+    lines += ["", "## Speedup vs plain by category", ""]
+    rows = [
+        [f"`{s.name}`"] + [fmt(s.by_category[c].speedup_vs_plain if c in s.by_category else None, ".2f", "×") for c in cats]
+        + [fmt(s.overall.speedup_vs_plain, ".2f", "×")]
+        for s in summary.methods
+    ]
+    lines += _table(["method", *cats, ALL], rows)
+
+    lines += ["", "## Acceptance rate by category", ""]
+    rows = [
+        [f"`{s.name}`"] + [pct(s.by_category[c].acceptance_rate if c in s.by_category else None) for c in cats]
+        + [pct(s.overall.acceptance_rate)]
+        for s in summary.methods if s.overall.acceptance_rate is not None
+    ]
+    lines += _table(["method", *cats, ALL], rows) if rows else ["(no method reported draft statistics)"]
+
+    drafting = [s for s in summary.methods if s.overall.per_position_acceptance]
+    if drafting:
+        width = max(len(s.overall.per_position_acceptance or []) for s in drafting)
+        lines += ["", "## Acceptance by draft position", "",
+                  "Share of steps whose i-th draft token was accepted, given it was proposed.", ""]
+        rows = [
+            [f"`{s.name}`"] + [pct(v) for v in s.overall.per_position_acceptance or []]
+            + ["–"] * (width - len(s.overall.per_position_acceptance or []))
+            for s in drafting
+        ]
+        lines += _table(["method", *(str(i + 1) for i in range(width))], rows)
+
+    lines += ["", "## Per category", ""]
+    for c in cats:
+        lines += [f"### {c}", ""]
+        lines += _table(METRIC_HEADER, [_metric_row(s, s.by_category[c]) for s in summary.methods if c in s.by_category])
+        lines.append("")
+
+    if plots or plot_note:
+        lines += ["## Plots", ""]
+        lines += [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
+        if plot_note:
+            lines.append(plot_note)
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# --- plots ------------------------------------------------------------------------------------------
+
+
+FAMILY_COLORMAPS = {"specdec": "Blues", "hf": "Oranges", "hf-pld": "Greens", "hf-auto": "Purples",
+                    "hf-plain": "Greys", "plain": "Greys"}
+
+
+def method_colors(methods: Sequence[MethodSummary]) -> dict[str, Any]:
+    """A colour per method: one hue per family, darker for larger γ within a sweep."""
+    import matplotlib
+
+    by_family: dict[str, list[str]] = {}
+    for m in methods:
+        by_family.setdefault(m.family, []).append(m.name)
+    colors: dict[str, Any] = {}
+    for family, names in by_family.items():
+        cmap = matplotlib.colormaps[FAMILY_COLORMAPS.get(family, "Reds")]
+        for i, name in enumerate(names):
+            colors[name] = cmap(0.75 if len(names) == 1 else 0.4 + 0.5 * i / (len(names) - 1))
+    return colors
+
+
+def plot_all(summary: Summary, out: Path) -> list[Path]:
+    """Write the PNG plots into `out`; returns their paths.  Raises ImportError without matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths: list[Path] = []
+    others = [s for s in summary.methods if s.name != summary.reference]
+    colors = method_colors(summary.methods)
+
+    # 1. Speedup by method and category: grouped bars, one group per category (and all).
+    if others:
+        groups = [*summary.categories, ALL]
+        width = 0.8 / len(others)
+        fig_width = min(18.0, max(7.0, 2.5 + 0.2 * len(groups) * len(others)))
+        fig, ax = plt.subplots(figsize=(fig_width, 4.8))
+        for j, s in enumerate(others):
+            values = [s.overall if g == ALL else s.by_category.get(g) for g in groups]
+            ys = [v.speedup_vs_plain if v is not None and v.speedup_vs_plain is not None else 0.0 for v in values]
+            xs = [i + (j - (len(others) - 1) / 2) * width for i in range(len(groups))]
+            bars = ax.bar(xs, ys, width * 0.95, label=s.name, color=colors[s.name], edgecolor="white", linewidth=0.3)
+            if len(others) * len(groups) <= 60:
+                ax.bar_label(bars, labels=[f"{y:.2f}" if y else "" for y in ys], fontsize=6, padding=1, rotation=90)
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label=f"{summary.reference} = 1")
+        ax.set_xticks(range(len(groups)), groups)
+        ax.set_ylabel("speedup vs plain (geometric mean, ×)")
+        ax.set_title("Speedup vs plain decoding, by method and category")
+        ax.margins(y=0.12)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        fig.tight_layout()
+        paths.append(out / "speedup_by_category.png")
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
+
+    # 2. Acceptance by draft position: our loop (solid) and transformers' assisted generation
+    #    with the same draft and γ (dashed).  Prompt lookup and hf-auto are in summary.md.
+    drafting = [s for s in summary.methods if s.overall.per_position_acceptance and s.family in ("specdec", "hf")]
+    if drafting:
+        fig, ax = plt.subplots(figsize=(7.0, 4.5))
+        for s in drafting:
+            ys = s.overall.per_position_acceptance or []
+            style = "-" if s.family == "specdec" else "--"
+            marker = "o" if s.family == "specdec" else "x"
+            ax.plot(range(1, len(ys) + 1), ys, style, marker=marker, label=s.name, color=colors[s.name])
+        ax.set_xlabel("draft position i")
+        ax.set_ylabel("P(draft token i accepted | proposed)")
+        ax.set_ylim(0, 1.05)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_title("Acceptance by draft position")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(out / "acceptance_by_position.png")
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
+
+    # 3. Speedup vs γ, when a sweep ran: one line per family that takes γ; methods without γ as levels.
+    swept: dict[str, list[MethodSummary]] = {}
+    for s in summary.methods:
+        if s.gamma is not None:
+            swept.setdefault(s.family, []).append(s)
+    if any(len(v) > 1 for v in swept.values()):
+        fig, ax = plt.subplots(figsize=(7.0, 4.5))
+        for family, ms in swept.items():
+            ms = sorted(ms, key=lambda s: s.gamma or 0)
+            ax.plot([s.gamma for s in ms], [s.overall.speedup_vs_plain or 0.0 for s in ms], marker="o",
+                    label=family, color=colors[ms[-1].name])
+        for s in others:
+            if s.gamma is None and s.overall.speedup_vs_plain is not None:
+                ax.axhline(s.overall.speedup_vs_plain, linestyle=":", linewidth=1.2, color=colors[s.name],
+                           label=f"{s.name} (no γ)")
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label=f"{summary.reference} = 1")
+        ax.set_xlabel("γ (draft tokens per step)")
+        ax.set_ylabel("speedup vs plain (geometric mean, ×)")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_title("Speedup vs γ")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+        fig.tight_layout()
+        paths.append(out / "speedup_vs_gamma.png")
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
+    return paths
+
+
+def write_all(summary: Summary, meta: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Write summary.md, summary.json and the plots into `out`; returns the JSON summary (with file paths)."""
+    note = ""
+    try:
+        plots = plot_all(summary, out)
+    except ImportError:
+        plots, note = [], "(plots skipped: matplotlib is not installed)"
+    data = summary_json(summary, meta)
+    data["files"] = {
+        "results": str(out / "results.jsonl"),
+        "summary_md": str(out / "summary.md"),
+        "summary_json": str(out / "summary.json"),
+        "plots": [str(p) for p in plots],
+    }
+    if note:
+        data["files"]["note"] = note
+    (out / "summary.md").write_text(summary_markdown(summary, meta, [str(p) for p in plots], note), encoding="utf-8")
+    (out / "summary.json").write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return data
+
+
+def console_table(data: dict[str, Any]) -> Any:
+    """A rich Table of the per-method overall numbers, from the JSON summary."""
+    from rich.table import Table
+
+    table = Table(title="specdec bench (speedup: geometric mean vs plain)")
+    table.add_column("method", no_wrap=True)
+    for header in ("γ", "tok/s", "speedup", "accept", "acc/step", "tok/fwd", "identical"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for m in data["methods"]:
+        table.add_row(
+            m["name"], fmt(m["gamma"], "d"), fmt(m["tokens_per_s"], ".1f"), fmt(m["speedup_vs_plain"], ".2f", "×"),
+            pct(m["acceptance_rate"]), fmt(m["mean_accepted_per_step"]), fmt(m["tokens_per_target_forward"]),
+            pct(m["identical_rate"]),
+        )
+    return table

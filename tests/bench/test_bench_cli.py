@@ -1,0 +1,98 @@
+"""`specdec bench` end to end on tiny fp32 models, and its one-line errors (exit status 2)."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from specdec.cli import app
+from tests.tiny import save_tiny
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny-bench")
+    prompts = root / "prompts.txt"
+    prompts.write_text("def fibonacci(n):\\n    if n < 2:\nOnce upon a time\n", encoding="utf-8")
+    return {
+        "target": save_tiny(root / "target", "llama", seed=0),
+        "draft": save_tiny(root / "draft", "llama", seed=1),
+        "prompts": str(prompts),
+    }
+
+
+def bench(*args):
+    return runner.invoke(app, ["bench", *args])
+
+
+def test_bench_smoke(tiny_dirs, tmp_path):
+    out = tmp_path / "out"
+    result = bench("--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--prompts", tiny_dirs["prompts"],
+                   "--max-new-tokens", "12", "--methods", "plain,specdec,hf", "--gammas", "3", "--out", str(out),
+                   "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    methods = {m["name"]: m for m in data["methods"]}
+    assert list(methods) == ["plain", "specdec", "hf"]
+    assert methods["plain"]["identical_rate"] == 1.0
+    assert methods["specdec"]["identical_rate"] == 1.0  # greedy is lossless (fp32)
+    assert methods["hf"]["identical_rate"] == 1.0
+    assert methods["plain"]["speedup_vs_plain"] == pytest.approx(1.0)
+    assert methods["specdec"]["acceptance_rate"] is not None and methods["plain"]["acceptance_rate"] is None
+    for m in methods.values():
+        assert m["tokens_per_s"] > 0 and m["speedup_vs_plain"] > 0
+
+    for name in ("results.jsonl", "summary.md", "summary.json"):
+        assert (out / name).is_file(), name
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * 3  # prompts x methods x repeats
+    assert all(0 < len(r["token_ids"]) <= 12 and r["new_tokens"] == len(r["token_ids"]) for r in rows)
+    assert "| `specdec` | 3 |" in (out / "summary.md").read_text()
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert (out / "speedup_by_category.png").stat().st_size > 0
+    assert (out / "acceptance_by_position.png").stat().st_size > 0
+    assert not (out / "speedup_vs_gamma.png").exists()  # no sweep
+
+
+def assert_user_error(result, fragment):
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert "error:" in result.output and fragment in result.output
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--methods", "plain,turbo"], "unknown method 'turbo'"),
+        (["--gammas", "3,zero"], "is not an integer"),
+        (["--gammas", "0"], ">= 1"),
+        (["--repeats", "0"], "--repeats"),
+        (["--max-new-tokens", "0"], "--max-new-tokens"),
+        (["--limit-per-category", "0"], "--limit-per-category"),
+        (["--prompts", "/no/such/prompts.jsonl"], "not found"),
+        (["--draft", "none", "--methods", "plain,specdec"], "need a draft model"),
+    ],
+)
+def test_user_errors(tiny_dirs, tmp_path, args, fragment):
+    base = ["--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--prompts", tiny_dirs["prompts"],
+            "--out", str(tmp_path / "out")]
+    assert_user_error(bench(*base, *args), fragment)
+
+
+def test_empty_prompt_file(tiny_dirs, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n", encoding="utf-8")
+    assert_user_error(bench("--target", tiny_dirs["target"], "--prompts", str(empty)), "no prompts")
+
+
+def test_prompt_that_does_not_fit_the_window(tiny_dirs, tmp_path):
+    long = tmp_path / "long.txt"
+    long.write_text("fox " * 200 + "\n", encoding="utf-8")  # tiny models: 256-token window
+    result = bench("--target", tiny_dirs["target"], "--draft", "none", "--methods", "plain", "--prompts", str(long),
+                   "--max-new-tokens", "100", "--out", str(tmp_path / "out"))
+    assert_user_error(result, "context window")

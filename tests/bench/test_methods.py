@@ -1,0 +1,103 @@
+"""Methods: option parsing, draft counting, and every method on tiny fp32 models (same greedy output)."""
+
+import pytest
+
+from specdec.bench.methods import (
+    DraftCounter, HFAssisted, Measurement, build_methods, generation_settings, parse_gammas, parse_methods,
+)
+from specdec.engine import Engine
+from specdec.errors import SpecdecError
+from tests.tiny import tiny_model, tiny_tokenizer
+
+
+def test_parse_methods_adds_plain_and_drops_duplicates():
+    assert parse_methods("specdec, HF,specdec") == ["plain", "specdec", "hf"]
+    assert parse_methods("hf-plain,plain") == ["hf-plain", "plain"]
+
+
+@pytest.mark.parametrize("text, fragment", [("", "empty"), (" , ", "empty"), ("plain,fast", "unknown method 'fast'")])
+def test_parse_methods_errors(text, fragment):
+    with pytest.raises(SpecdecError, match=fragment):
+        parse_methods(text)
+
+
+def test_parse_gammas():
+    assert parse_gammas("5,1, 3,3") == [1, 3, 5]
+
+
+@pytest.mark.parametrize("text, fragment", [("", "empty"), ("1,x", "'x' is not an integer"), ("0", ">= 1"), ("2,-1", ">= 1")])
+def test_parse_gammas_errors(text, fragment):
+    with pytest.raises(SpecdecError, match=fragment):
+        parse_gammas(text)
+
+
+def test_draft_counter_matches_stats_semantics():
+    c = DraftCounter()
+    c.record(3, 1)
+    c.record(0, 0)  # a step without candidates: a target forward, not a draft
+    c.record(2, 2)
+    assert (c.steps, c.draft_steps, c.drafted, c.accepted) == (3, 2, 5, 3)
+    assert c.proposed_at == [2, 2, 1] and c.accepted_at == [2, 1, 0]
+
+
+def test_measurement_rates():
+    m = Measurement([1, 2, 3, 4], wall_s=2.0, target_forwards=2, drafted=6, accepted=3, draft_steps=2,
+                    proposed_at=[2, 2, 2], accepted_at=[2, 1, 0])
+    assert m.tokens_per_s == 2.0 and m.acceptance_rate == 0.5 and m.mean_accepted_per_step == 1.5
+    assert m.tokens_per_target_forward == 2.0 and m.per_position_acceptance == [1.0, 0.5, 0.0]
+    assert Measurement.from_dict(m.to_dict()) == m
+    plain = Measurement([1], wall_s=1.0)
+    assert plain.acceptance_rate is None and plain.per_position_acceptance is None
+
+
+def test_generation_settings_are_restored():
+    model = tiny_model("llama", seed=3)
+    model.generation_config.num_assistant_tokens = 7
+    with generation_settings(model, num_assistant_tokens=2, assistant_confidence_threshold=0.0):
+        assert model.generation_config.num_assistant_tokens == 2
+    assert model.generation_config.num_assistant_tokens == 7
+    assert model.generation_config.assistant_confidence_threshold is None
+
+
+@pytest.fixture(scope="module")
+def engine():
+    tok = tiny_tokenizer()
+    target = tiny_model("llama", seed=0, vocab_size=len(tok))
+    target.generation_config.eos_token_id = tok.eos_token_id
+    draft = tiny_model("llama", seed=0, vocab_size=len(tok))  # a perfect draft: every token accepted
+    return Engine(target, tok, draft, tok)
+
+
+def test_every_method_gives_plain_greedy_output(engine):
+    ids = engine.encode("def fibonacci(n):")
+    families = ["plain", "specdec", "hf", "hf-auto", "hf-plain", "hf-pld"]
+    methods = build_methods(engine, families, [3], max_new_tokens=12)
+    assert [m.name for m in methods] == families
+    runs = {m.name: m.run(ids) for m in methods}
+    for name, m in runs.items():
+        assert m.token_ids == runs["plain"].token_ids, name
+        assert m.wall_s > 0 and m.target_forwards
+    # A perfect draft: everything accepted, by our loop and by transformers'.
+    assert runs["specdec"].acceptance_rate == 1.0 and runs["hf"].acceptance_rate == 1.0
+    assert runs["plain"].drafted is None and runs["hf-plain"].drafted is None
+
+
+def test_hf_drafts_gamma_tokens_per_step(engine):
+    # transformers reads γ from the draft's generation_config, not from generate()'s kwargs:
+    # the method must set it there (and switch the confidence early stop off).
+    ids = engine.encode("Once upon a time")
+    for gamma in (1, 4):
+        [method] = build_methods(engine, ["hf"], [gamma], max_new_tokens=21)
+        m = method.run(ids)
+        assert isinstance(method, HFAssisted)
+        assert m.proposed_at[0] == m.draft_steps and len(m.proposed_at) == gamma
+        assert m.drafted >= gamma * (m.draft_steps - 1)  # only the last step may be cut by max_new_tokens
+    assert engine.draft_runner.model.generation_config.num_assistant_tokens is None  # restored
+
+
+def test_sweep_names_and_draft_requirement(engine):
+    names = [m.name for m in build_methods(engine, ["plain", "specdec", "hf-plain"], [1, 3], 8)]
+    assert names == ["plain", "specdec-g1", "specdec-g3", "hf-plain"]
+    no_draft = Engine(engine.target_runner.model, engine.tokenizer)
+    with pytest.raises(SpecdecError, match="needs a draft"):
+        build_methods(no_draft, ["specdec"], [3], 8)

@@ -1,0 +1,55 @@
+"""Report: the JSON summary's shape, the markdown tables, the plots."""
+
+import json
+
+import pytest
+
+from specdec.bench import report
+from specdec.bench.methods import Measurement
+from specdec.bench.runner import Record, aggregate
+
+
+def records():
+    out = []
+    for pid, cat in (("1", "code"), ("2", "chat")):
+        out.append(Record(pid, cat, "plain", "plain", None, 0, 4, Measurement([1] * 8, wall_s=1.0, target_forwards=8)))
+        for g in (1, 3):
+            m = Measurement([1] * 8, wall_s=0.5 + 0.1 * g, target_forwards=4, drafted=2 * g, accepted=g, draft_steps=2,
+                            proposed_at=[2] * g, accepted_at=[2] + [0] * (g - 1))
+            out.append(Record(pid, cat, f"specdec-g{g}", "specdec", g, 0, 4, m))
+        out.append(Record(pid, cat, "hf-plain", "hf-plain", None, 0, 4, Measurement([1] * 8, wall_s=1.2)))
+    return out
+
+
+META = {"target": "t", "draft": "d", "dtype": "fp32", "max_new_tokens": 8, "gammas": [1, 3], "repeats": 1,
+        "prompts": "builtin", "num_prompts": 2, "prompts_per_category": {"code": 1, "chat": 1}}
+
+
+def test_summary_json_shape():
+    data = report.summary_json(aggregate(records()), META)
+    json.dumps(data)  # serialisable
+    names = [m["name"] for m in data["methods"]]
+    assert names == ["plain", "specdec-g1", "specdec-g3", "hf-plain"]
+    for m in data["methods"]:
+        assert set(m) >= {"name", "speedup_vs_plain", "tokens_per_s", "acceptance_rate", "mean_accepted_per_step",
+                          "identical_rate"}
+    assert set(data["by_category"]) == {"code", "chat"}
+    assert data["methods"][3]["acceptance_rate"] is None
+
+
+def test_markdown_tables():
+    md = report.summary_markdown(aggregate(records()), META)
+    assert "## Overall" in md and "## Speedup vs plain by category" in md and "### code" in md
+    assert "| `specdec-g3` | 3 |" in md
+    assert "| method | code | chat | all |" in md
+    assert "## Acceptance by draft position" in md
+
+
+def test_write_all_with_plots(tmp_path):
+    pytest.importorskip("matplotlib")
+    data = report.write_all(aggregate(records()), META, tmp_path)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["acceptance_by_position.png", "speedup_by_category.png", "speedup_vs_gamma.png",
+                     "summary.json", "summary.md"]
+    assert json.loads((tmp_path / "summary.json").read_text()) == data
+    assert "![speedup_vs_gamma](speedup_vs_gamma.png)" in (tmp_path / "summary.md").read_text()
