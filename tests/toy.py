@@ -1,0 +1,109 @@
+"""A toy ModelRunner with a known next-token distribution, and its exact chain probabilities.
+
+The toy "model" is a second-order Markov chain: the logits after a position
+are ``table[previous token, token]`` (the previous token of the first cached
+position is a start symbol, row ``V`` of the table).  It has a rollback-able
+"cache" (just the token list), costs a tensor index per forward, and its
+target distribution over any continuation can be computed exactly — which is
+what the statistical tests of speculative sampling compare against.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Sequence
+
+import torch
+
+from specdec.backends.base import Capabilities
+from specdec.drafters.base import Draft
+from specdec.sampling import SamplingParams, warp_probs
+
+
+def random_table(vocab: int, seed: int, scale: float = 1.5) -> torch.Tensor:
+    """Seeded logits table [V+1, V, V]: row [a, b] is the next-token logits after tokens a, b
+    (a = V: no token before b)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(vocab + 1, vocab, vocab, generator=gen, dtype=torch.float32) * scale
+
+
+class ToyRunner:
+    """A ModelRunner whose logits are a fixed function of the last two tokens."""
+
+    capabilities = Capabilities(rollback=True, logits_all_positions=True, batching=False)
+
+    def __init__(self, table: torch.Tensor, max_context: int = 256) -> None:
+        self.table = table  # [V+1, V, V]
+        self.vocab_size = int(table.shape[-1])
+        # rows[a][b]: logits [1, V] after (a, b); python lists index far faster than a tensor
+        self.rows = [[table[a, b].unsqueeze(0) for b in range(table.shape[1])] for a in range(table.shape[0])]
+        self.max_context = max_context
+        self.tokens: list[int] = []
+        self.forwards = 0
+
+    def forward(self, new_tokens: Sequence[int], last_n: int | None = None) -> torch.Tensor:
+        new_tokens = list(new_tokens)
+        if not new_tokens:
+            raise ValueError("forward needs at least one token")
+        if len(self.tokens) + len(new_tokens) > self.max_context:
+            raise ValueError("toy context overflow")
+        self.tokens.extend(new_tokens)
+        self.forwards += 1
+        n = len(new_tokens) if last_n is None else min(last_n, len(new_tokens))
+        tokens, rows, start = self.tokens, self.rows, self.vocab_size
+        out = [rows[tokens[j - 1] if j >= 1 else start][tokens[j]] for j in range(len(tokens) - n, len(tokens))]
+        return out[0].clone() if n == 1 else torch.cat(out)  # [n, V]
+
+    def rollback(self, n: int) -> None:
+        if n < 0:
+            raise ValueError(f"rollback to a negative length {n}")
+        del self.tokens[n:]
+
+    def reset(self) -> None:
+        self.tokens = []
+
+
+class FixedDrafter:
+    """Deterministic proposals (Draft with q=None): token after (a, b) is proposal[a, b]."""
+
+    def __init__(self, proposal: torch.Tensor) -> None:
+        self.proposal = proposal.tolist()  # [V+1][V] ints
+        self.vocab_size = len(self.proposal[0])
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        seq = list(context[-2:]) if len(context) >= 2 else [self.vocab_size, *context]
+        for _ in range(k):
+            seq.append(self.proposal[seq[-2]][seq[-1]])
+        return Draft(seq[-k:] if k else [])
+
+    def observe(self, context: Sequence[int], num_accepted: int) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+def random_proposal(vocab: int, seed: int) -> torch.Tensor:
+    """Seeded deterministic proposal table [V+1, V] of token ids."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (vocab + 1, vocab), generator=gen)
+
+
+def chain_distribution(
+    table: torch.Tensor, params: SamplingParams, prompt: Sequence[int], length: int
+) -> dict[tuple[int, ...], float]:
+    """Exact probability of every continuation of `prompt` of `length` tokens under
+    plain sampling with `params` from the toy model `table` (float64)."""
+    vocab = int(table.shape[-1])
+    probs = warp_probs(table, params).double()  # [V+1, V, V]
+    out: dict[tuple[int, ...], float] = {}
+    for seq in itertools.product(range(vocab), repeat=length):
+        full = [vocab, *prompt, *seq] if len(prompt) < 2 else list(prompt) + list(seq)
+        offset = len(full) - length
+        prob = 1.0
+        for j in range(offset, len(full)):
+            prob *= float(probs[full[j - 2], full[j - 1], full[j]])
+            if prob == 0.0:
+                break
+        out[seq] = prob
+    return out
