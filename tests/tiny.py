@@ -8,13 +8,13 @@ one-token evaluation cannot flip them.
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config
 
 VOCAB = 96
 
 
 def tiny_model(arch: str = "llama", seed: int = 0, vocab_size: int = VOCAB, layers: int = 2):
-    """A small fp32 causal LM of the given architecture ("llama" or "qwen2")."""
+    """A small fp32 causal LM of the given architecture ("llama", "qwen2" or "gemma3")."""
     common = dict(
         vocab_size=vocab_size,
         hidden_size=32,
@@ -29,7 +29,10 @@ def tiny_model(arch: str = "llama", seed: int = 0, vocab_size: int = VOCAB, laye
         eos_token_id=2,
         pad_token_id=0,
     )
-    config = LlamaConfig(**common) if arch == "llama" else Qwen2Config(**common)
+    if arch == "gemma3":  # sliding-window layers (window 6) between full-attention ones
+        config = Gemma3TextConfig(**common, head_dim=8, sliding_window=6, layer_types=["sliding_attention", "full_attention"] * (layers // 2) + ["sliding_attention"] * (layers % 2))
+    else:
+        config = LlamaConfig(**common) if arch == "llama" else Qwen2Config(**common)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return model.eval()

@@ -3,6 +3,12 @@
 Rollback crops the DynamicCache (transformers 5: ``DynamicCache.crop(-n)``
 removes the last n tokens).  Logits come back as fp32 on the CPU whatever the
 model's dtype (fp32 or bf16), so verification never depends on the backend.
+
+The cache is built without the model's config on purpose: every layer is then
+a full `DynamicLayer`, even in models with sliding-window attention (Gemma 3).
+A sliding-window layer keeps only the last window of states and cannot be
+rolled back past it; a full layer can, and the sliding-window attention mask
+still hides what lies outside the window, so the logits are the same.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ class HFRunner:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.max_context = max_context or model_max_context(model)
         self.tokens: list[int] = []
-        self.cache = DynamicCache(config=model.config)
+        self.cache = DynamicCache()
 
     @torch.inference_mode()
     def forward(self, new_tokens: Sequence[int], last_n: int | None = None) -> torch.Tensor:
@@ -70,5 +76,5 @@ class HFRunner:
         del self.tokens[n:]
 
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = DynamicCache()
         self.tokens = []
