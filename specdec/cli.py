@@ -32,6 +32,13 @@ class DType(str, Enum):
     bf16 = "bf16"
 
 
+class DraftMode(str, Enum):
+    auto = "auto"
+    same = "same"
+    text = "text"
+    intersection = "intersection"
+
+
 def fail(message: str) -> None:
     """Print a one-line error and exit with status 2."""
     err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
@@ -78,6 +85,10 @@ def generate(
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most tokens to generate."),
     num_speculative_tokens: int = typer.Option(5, "--num-speculative-tokens", "-k", help="Draft tokens per step (γ)."),
     dtype: DType = typer.Option(DType.fp32, "--dtype", help="Weights' dtype (greedy equality is guaranteed in fp32)."),
+    draft_mode: DraftMode = typer.Option(
+        DraftMode.auto, "--draft-mode",
+        help="same: shared tokenizer; text / intersection: another tokenizer (via text / shared tokens); auto picks.",
+    ),
     stop: Optional[list[str]] = typer.Option(None, "--stop", help="Stop string (repeatable); not included in the text."),
     chat: bool = typer.Option(False, "--chat", help="Apply the target's chat template to the prompt."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
@@ -108,7 +119,7 @@ def generate(
         stops = tuple(stop or ())
         steps = engine.stream(
             prompt, max_new_tokens=max_new_tokens, num_speculative_tokens=num_speculative_tokens,
-            stop=stops, chat=chat, sampling=sampling,
+            stop=stops, chat=chat, sampling=sampling, draft_mode=draft_mode.value,
         )
         if as_json:
             result = engine.generate_from(steps, stops)

@@ -14,7 +14,10 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.backends.hf import HFRunner
+from specdec.bridge import TextBridge, VocabularyMap
+from specdec.drafters.base import Drafter
 from specdec.drafters.model import ModelDrafter
+from specdec.drafters.universal import UniversalDrafter
 from specdec.errors import IncompatibleDraftError, SpecdecError
 from specdec.loop import Stats, Step, StopCondition, collect, decode
 from specdec.sampling import SamplingParams
@@ -22,6 +25,13 @@ from specdec.verify import make_verifier
 from specdec.vocab import same_vocabulary
 
 ModelSpec = str | tuple[PreTrainedModel, PreTrainedTokenizerBase]
+
+# How the draft model drafts: "same" (shared tokenizer: ids are used as they
+# are), "text" (another tokenizer: proposals cross over as text, verified
+# without q), "intersection" (another tokenizer: the draft is restricted to the
+# shared tokens and its q is used).  "auto" = "same" when the vocabularies are
+# identical, else "text".
+DRAFT_MODES = ("auto", "same", "text", "intersection")
 
 
 @dataclass
@@ -85,7 +95,7 @@ class TextStream:
 
 
 class Engine:
-    """A target model and an optional same-vocabulary draft model, ready for requests."""
+    """A target model and an optional draft model (any tokenizer), ready for requests."""
 
     def __init__(
         self,
@@ -99,14 +109,41 @@ class Engine:
         self.tokenizer = tokenizer
         self.target_runner = HFRunner(target)
         self.draft_runner = HFRunner(draft) if draft is not None else None
+        self.draft_tokenizer = draft_tokenizer or tokenizer
         self.target_name, self.draft_name = target_name, draft_name
-        if draft is not None and not same_vocabulary(tokenizer, draft_tokenizer or tokenizer):
-            raise IncompatibleDraftError(
-                f"draft '{draft_name}' has a different vocabulary from target '{target_name}'; "
-                "drafting across tokenizers (universal assisted generation) is not supported yet: "
-                "pick a draft with the target's tokenizer"
-            )
+        self.same_vocabulary = draft is not None and same_vocabulary(tokenizer, self.draft_tokenizer)
         self.eos_token_ids = eos_token_ids(target, tokenizer)
+        self._bridge: TextBridge | None = None
+        self._vocab_map: VocabularyMap | None = None
+
+    def resolve_draft_mode(self, mode: str = "auto") -> str:
+        """The concrete drafting mode for `mode` with this pair of models."""
+        if mode not in DRAFT_MODES:
+            raise SpecdecError(f"unknown draft mode '{mode}': expected one of {', '.join(DRAFT_MODES)}")
+        if mode == "auto":
+            return "same" if self.same_vocabulary else "text"
+        if mode == "same" and not self.same_vocabulary:
+            raise IncompatibleDraftError(
+                f"draft '{self.draft_name}' has a different vocabulary from target '{self.target_name}', "
+                "so its token ids cannot be used as they are: use draft mode 'text' or 'intersection'"
+            )
+        return mode
+
+    def make_drafter(self, sampling: SamplingParams, mode: str = "auto") -> Drafter | None:
+        """The drafter for one request, or None without a draft model."""
+        if self.draft_runner is None:
+            return None
+        mode = self.resolve_draft_mode(mode)
+        if mode == "same":
+            return ModelDrafter(self.draft_runner, sampling, target_vocab_size=self.target_runner.vocab_size)
+        if self._bridge is None:
+            self._bridge = TextBridge(self.tokenizer, self.draft_tokenizer)
+        if mode == "intersection" and self._vocab_map is None:
+            self._vocab_map = VocabularyMap.from_tokenizers(
+                self.tokenizer, self.draft_tokenizer, self.target_runner.vocab_size, self.draft_runner.vocab_size
+            )
+        vocab_map = self._vocab_map if mode == "intersection" else None
+        return UniversalDrafter(self.draft_runner, self._bridge, sampling, vocab_map)
 
     @classmethod
     def load(
@@ -161,6 +198,7 @@ class Engine:
         stop: Sequence[str] = (),
         chat: bool = False,
         sampling: SamplingParams | None = None,
+        draft_mode: str = "auto",
     ) -> Iterator[Step]:
         """Decode steps for one request (see :func:`specdec.loop.decode`)."""
         sampling = sampling or SamplingParams()
@@ -171,9 +209,7 @@ class Engine:
             stop_strings=tuple(stop),
             decode=self.decode_text,
         )
-        drafter = None
-        if use_draft and self.draft_runner is not None:
-            drafter = ModelDrafter(self.draft_runner, sampling, target_vocab_size=self.target_runner.vocab_size)
+        drafter = self.make_drafter(sampling, draft_mode) if use_draft else None
         return decode(
             self.target_runner,
             prompt_ids,

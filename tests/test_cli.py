@@ -71,9 +71,18 @@ def test_unknown_model():
     assert_user_error(generate("hi", "--target", "no-such-model-anywhere"), "unknown model")
 
 
-def test_draft_with_other_vocabulary(tiny_dirs):
-    result = generate("hi", "--target", tiny_dirs["target"], "--draft", tiny_dirs["other_vocab"])
+def test_draft_with_other_vocabulary_forced_same(tiny_dirs):
+    result = generate("hi", "--target", tiny_dirs["target"], "--draft", tiny_dirs["other_vocab"], "--draft-mode", "same")
     assert_user_error(result, "different vocabulary")
+
+
+@pytest.mark.parametrize("mode", [[], ["--draft-mode", "text"], ["--draft-mode", "intersection"]])
+def test_draft_with_other_vocabulary_needs_no_flag(tiny_dirs, mode):
+    common = ["def fibonacci(n):", "--target", tiny_dirs["target"], "--max-new-tokens", "20", "--json"]
+    universal = generate(*common, "--draft", tiny_dirs["other_vocab"], *mode)
+    assert universal.exit_code == 0, universal.output
+    plain = json.loads(generate(*common, "--draft", "none").stdout)
+    assert json.loads(universal.stdout)["token_ids"] == plain["token_ids"]
 
 
 def test_prompt_longer_than_context_window(tiny_dirs):

@@ -33,6 +33,7 @@ import pytest
 import torch
 
 import specdec.verify as verify_module
+from specdec.bridge import VocabularyMap
 from specdec.drafters.base import Draft
 from specdec.sampling import SamplingParams, make_generator, warp_probs
 from specdec.verify import SamplingVerifier, Verdict, verify_greedy, verify_speculative
@@ -283,12 +284,27 @@ def make_chain(seed: int, vocab: int, gamma: int, target_kind: str, draft_kind: 
         return Chain(vocab, gamma, target, None, proposal)
     if draft_kind == "same":
         return Chain(vocab, gamma, target, {pre: target[pre] for pre in draft_prefixes})
+    if draft_kind.startswith("shared:"):  # universal drafting over the shared vocabulary
+        return Chain(vocab, gamma, target, dict(zip(draft_prefixes, shared_rows(draft_kind[7:], vocab, len(draft_prefixes), gen))))
     if draft_kind.startswith("near:"):
         draft_logits = logits[: len(draft_prefixes)] + torch.randn(len(draft_prefixes), vocab, generator=gen)
         draft_kind = draft_kind[5:]
     else:
         draft_logits = torch.randn(len(draft_prefixes), vocab, generator=gen) * 1.5
     return Chain(vocab, gamma, target, dict(zip(draft_prefixes, make_rows(draft_kind, draft_logits, gen))))
+
+
+def shared_rows(kind: str, vocab: int, count: int, gen: torch.Generator) -> list[torch.Tensor]:
+    """q rows as the intersection drafter builds them: a draft with a larger vocabulary
+    (V + 3 ids, in another order) of which V - 2 tokens exist in the target's; its logits are
+    restricted to those, warped, and mapped onto the target's ids (zero elsewhere)."""
+    draft_vocab = vocab + 3
+    shared_target = torch.randperm(vocab, generator=gen)[: vocab - 2].tolist()
+    shared_draft = torch.randperm(draft_vocab, generator=gen)[: vocab - 2].tolist()
+    vocab_map = VocabularyMap(dict(zip(shared_draft, shared_target)), vocab)
+    logits = torch.randn(count, draft_vocab, generator=gen) * 1.5  # [count, V_draft]
+    shared = make_rows(kind, torch.stack([vocab_map.restrict(row) for row in logits]), gen)  # [S] each
+    return [vocab_map.to_target(row) for row in shared]  # [V] each
 
 
 TOPK_TOPP = "warp:0.8,3,0.85"
@@ -318,6 +334,9 @@ CASES = [
     (18, 6, 3, "dense", "none:argmax"),
     (19, 6, 3, "peaked", "none:argmax"),
     (23, 8, 3, TOPK_TOPP, "none:second"),
+    (24, 6, 3, "dense", "shared:dense"),  # universal drafting, intersection mode
+    (25, 8, 2, TOPK_TOPP, "shared:" + TOPK_TOPP),
+    (26, 5, 3, "zeros", "shared:warp:0.9,3,1.0"),
 ]
 
 

@@ -1,0 +1,87 @@
+"""Universal drafter: a draft model with a different tokenizer (universal assisted generation).
+
+Each proposal re-expresses the target's context in the draft's tokens (through
+text, see specdec.bridge.TextBridge), lets the draft model continue it, and
+hands the target candidates in the target's own tokens.  Two modes:
+
+- "text": the draft's continuation is carried over as text and re-tokenised
+  for the target.  The candidates carry no q: verification is exact match
+  under greedy decoding and the one-hot rule under sampling (accept x with
+  probability p(x), else sample from p without x), which is lossless for any
+  proposal.
+- "intersection": the draft is restricted to the tokens both vocabularies
+  share (specdec.bridge.VocabularyMap); each draft token *is* a target token,
+  and its sampling distribution q maps onto the target's vocabulary, so the
+  standard speculative-sampling rule applies with a real q (Timor et al. 2025).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from specdec.backends.base import ModelRunner
+from specdec.bridge import TextBridge, VocabularyMap
+from specdec.drafters.base import Draft
+from specdec.drafters.model import Choice, run_draft_model
+from specdec.sampling import SamplingParams, make_generator, sample_from, warp_probs
+
+class UniversalDrafter:
+    """Drafts with a model whose tokenizer differs from the target's.
+
+    bridge: moves sequences between the two tokenizers through text.
+    vocab_map: the shared vocabulary; given -> "intersection" mode, else "text".
+    Build both once per model pair (the map takes seconds for large vocabularies).
+    """
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        bridge: TextBridge,
+        params: SamplingParams | None = None,
+        vocab_map: VocabularyMap | None = None,
+    ) -> None:
+        self.runner = runner
+        self.bridge = bridge
+        self.params = params or SamplingParams()
+        self.vocab_map = vocab_map
+        self.mode = "intersection" if vocab_map is not None else "text"
+        self.generator = make_generator(self.params.seed, stream=1)
+
+    def _choose_text(self, logits: torch.Tensor) -> Choice:
+        """Any draft token; the proposal is carried over as text (q is not used)."""
+        if self.params.greedy:
+            token = int(logits.argmax())
+        else:
+            token = sample_from(warp_probs(logits, self.params), self.generator)
+        return token, token, None
+
+    def _choose_shared(self, logits: torch.Tensor) -> Choice:
+        """A shared token, proposed as its target id with q mapped to the target's vocabulary."""
+        vocab_map = self.vocab_map
+        shared = vocab_map.restrict(logits)  # [S]
+        if self.params.greedy:
+            j = int(shared.argmax())
+            q = None
+        else:
+            q_shared = warp_probs(shared, self.params)  # [S]
+            j = sample_from(q_shared, self.generator)
+            q = vocab_map.to_target(q_shared)  # [V_target]
+        return int(vocab_map.draft_ids[j]), int(vocab_map.target_ids[j]), q
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        draft_context = self.bridge.to_draft(context)
+        if draft_context is None:  # the target is inside a multi-byte character
+            return Draft([])
+        if self.vocab_map is not None:
+            tokens, q = run_draft_model(self.runner, draft_context, k, self._choose_shared)
+            return Draft(tokens, q)
+        proposal, _ = run_draft_model(self.runner, draft_context, k, self._choose_text)
+        text = self.bridge.proposal_text(draft_context, proposal)
+        return Draft(self.bridge.to_target(context, text)[:k])
+
+    def observe(self, context: Sequence[int], num_accepted: int) -> None:
+        """Nothing to learn; the cache is re-synchronised at the next proposal."""
+
+    def reset(self) -> None:
+        self.runner.reset()
