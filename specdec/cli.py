@@ -32,6 +32,11 @@ class DType(str, Enum):
     bf16 = "bf16"
 
 
+class Backend(str, Enum):
+    hf = "hf"
+    llamacpp = "llamacpp"
+
+
 class DraftMode(str, Enum):
     auto = "auto"
     same = "same"
@@ -85,6 +90,9 @@ def generate(
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most tokens to generate."),
     num_speculative_tokens: int = typer.Option(5, "--num-speculative-tokens", "-k", help="Draft tokens per step (γ)."),
     dtype: DType = typer.Option(DType.fp32, "--dtype", help="Weights' dtype (greedy equality is guaranteed in fp32)."),
+    backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend: hf (transformers) or llamacpp (GGUF via llama.cpp)."),
+    draft_backend: Optional[Backend] = typer.Option(None, "--draft-backend", help="Draft's backend (default: the target's)."),
+    n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
     draft_mode: DraftMode = typer.Option(
         DraftMode.auto, "--draft-mode",
         help="same: shared tokenizer; text / intersection: another tokenizer (via text / shared tokens); auto picks.",
@@ -108,13 +116,18 @@ def generate(
         fail(f"--num-speculative-tokens must be >= 1, got {num_speculative_tokens}")
     if not prompt:
         fail("the prompt is empty: give some text to continue")
+    if n_ctx is not None and n_ctx < 1:
+        fail(f"--n-ctx must be >= 1, got {n_ctx}")
     quiet_libraries()
     progress = PullProgress()
     try:
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         draft_spec = None if draft.lower() == "none" else draft
         with err.status(f"loading {target}" + (f" and {draft_spec}" if draft_spec else "")):
-            engine = Engine.load(target, draft_spec, dtype=dtype.value, progress=progress)
+            engine = Engine.load(
+                target, draft_spec, dtype=dtype.value, progress=progress, backend=backend.value,
+                draft_backend=draft_backend.value if draft_backend else None, n_ctx=n_ctx,
+            )
         progress.close()
         stops = tuple(stop or ())
         steps = engine.stream(
@@ -160,6 +173,10 @@ def bench(
     chat: bool = typer.Option(False, "--chat", help="Apply the target's chat template to each prompt."),
     dtype: DType = typer.Option(DType.fp32, "--dtype", help="Weights' dtype, for every method."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's choice)."),
+    temperature: float = typer.Option(0.0, "--temperature", help="> 0: every method samples (then identical_rate means nothing)."),
+    top_k: int = typer.Option(0, "--top-k", help="0 = off."),
+    top_p: float = typer.Option(1.0, "--top-p", help="1.0 = off."),
+    seed: int = typer.Option(0, "--seed", help="Seed for sampling."),
     out: str = typer.Option("bench-out", "--out", help="Output directory: results.jsonl, summary.md, summary.json, PNG plots."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object on stdout."),
 ) -> None:
@@ -173,6 +190,7 @@ def bench(
         target=target, draft=None if draft.lower() == "none" else draft, prompts=prompts,
         max_new_tokens=max_new_tokens, methods=methods, gammas=gammas, repeats=repeats,
         limit_per_category=limit_per_category, chat=chat, dtype=dtype.value, out=out, threads=threads,
+        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
     )
     try:
         data = run_bench(options, console=err, load_progress=progress)

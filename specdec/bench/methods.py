@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from specdec.errors import SpecdecError
+from specdec.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -151,10 +152,12 @@ class Method(ABC):
     uses_gamma: bool = False  # whether it takes a draft length γ (and is swept over --gammas)
     needs_draft: bool = False  # whether it needs the draft model
 
-    def __init__(self, engine: "Engine", max_new_tokens: int, gamma: int | None = None, name: str | None = None) -> None:
+    def __init__(self, engine: "Engine", max_new_tokens: int, gamma: int | None = None, name: str | None = None,
+                 sampling: SamplingParams | None = None) -> None:
         if self.needs_draft and engine.draft_runner is None:
             raise SpecdecError(f"method '{self.family}' needs a draft model: give --draft")
         self.engine = engine
+        self.sampling = sampling or SamplingParams()  # greedy unless a temperature is given
         self.max_new_tokens = max_new_tokens
         self.gamma = gamma if self.uses_gamma else None
         self.name = name or self.family
@@ -183,20 +186,23 @@ class Plain(Method):
     family = "plain"
 
     def generate(self, prompt_ids: list[int]) -> Measurement:
-        result = self.engine.generate(prompt_ids, max_new_tokens=self.max_new_tokens, use_draft=False)
+        result = self.engine.generate(prompt_ids, max_new_tokens=self.max_new_tokens, use_draft=False,
+                                      sampling=self.sampling)
         return Measurement(result.token_ids, target_forwards=result.stats.target_forwards)
 
 
 class Specdec(Method):
-    """Our decode loop with the draft model proposing γ tokens per step."""
+    """Our decode loop with the draft model proposing γ tokens per step (draft mode chosen automatically)."""
 
     family = "specdec"
     uses_gamma = True
     needs_draft = True
+    draft_mode = "auto"
 
     def generate(self, prompt_ids: list[int]) -> Measurement:
         result = self.engine.generate(
-            prompt_ids, max_new_tokens=self.max_new_tokens, num_speculative_tokens=self.gamma, use_draft=True
+            prompt_ids, max_new_tokens=self.max_new_tokens, num_speculative_tokens=self.gamma, use_draft=True,
+            draft_mode=self.draft_mode, sampling=self.sampling,
         )
         s = result.stats
         return Measurement(
@@ -208,6 +214,13 @@ class Specdec(Method):
             proposed_at=list(s.proposed_at),
             accepted_at=list(s.accepted_at),
         )
+
+
+class SpecdecIntersection(Specdec):
+    """Universal drafting restricted to the tokens both vocabularies share (another tokenizer only)."""
+
+    family = "specdec-intersection"
+    draft_mode = "intersection"
 
 
 # --- transformers' generate ---------------------------------------------------------------------
@@ -286,7 +299,7 @@ class HFGenerate(Method):
         kwargs: dict[str, Any] = dict(
             attention_mask=torch.ones_like(input_ids),
             max_new_tokens=self.max_new_tokens,
-            do_sample=False,
+            do_sample=not self.sampling.greedy,
             num_beams=1,
             # Neutralise anything a model's generation_config.json may carry
             # (transformers fills unset options from it): plain greedy only.
@@ -297,9 +310,16 @@ class HFGenerate(Method):
             pad_token_id=eos[0] if eos else None,
             **self.generate_kwargs(),
         )
+        if not self.sampling.greedy:
+            kwargs.update(temperature=self.sampling.temperature, top_k=self.sampling.top_k, top_p=self.sampling.top_p)
+            torch.manual_seed(self.sampling.seed or 0)
         counter = DraftCounter()
         with self.settings(), observe_candidates(model, counter) as observed, torch.inference_mode():
-            out = model.generate(input_ids, **kwargs)  # [1, prompt + new]
+            try:
+                out = model.generate(input_ids, **kwargs)  # [1, prompt + new]
+            except (AttributeError, ValueError, TypeError) as e:  # a combination transformers cannot run
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise SpecdecError(f"method {self.name}: transformers' generate failed here ({first})") from e
         token_ids = out[0, len(prompt_ids) :].tolist()
         if not self.observes_drafts:
             return Measurement(token_ids, target_forwards=len(token_ids))  # one forward per token
@@ -380,7 +400,7 @@ class HFPromptLookup(HFGenerate):
 
 
 METHODS: dict[str, type[Method]] = {
-    cls.family: cls for cls in (Plain, Specdec, HFAssisted, HFAuto, HFPlain, HFPromptLookup)
+    cls.family: cls for cls in (Plain, Specdec, SpecdecIntersection, HFAssisted, HFAuto, HFPlain, HFPromptLookup)
 }
 REFERENCE = "plain"  # speedups and identical outputs are measured against it
 DEFAULT_METHODS = ("plain", "specdec", "hf", "hf-plain", "hf-pld")
@@ -423,7 +443,8 @@ def needs_draft(families: Sequence[str]) -> list[str]:
 
 
 def build_methods(
-    engine: "Engine", families: Sequence[str], gammas: Sequence[int], max_new_tokens: int
+    engine: "Engine", families: Sequence[str], gammas: Sequence[int], max_new_tokens: int,
+    sampling: SamplingParams | None = None,
 ) -> list[Method]:
     """One Method per family, and per γ for families that take one (named ``family-g<γ>`` in a sweep)."""
     methods: list[Method] = []
@@ -432,7 +453,7 @@ def build_methods(
         if cls.uses_gamma:
             for g in gammas:
                 name = family if len(gammas) == 1 else f"{family}-g{g}"
-                methods.append(cls(engine, max_new_tokens, gamma=g, name=name))
+                methods.append(cls(engine, max_new_tokens, gamma=g, name=name, sampling=sampling))
         else:
-            methods.append(cls(engine, max_new_tokens))
+            methods.append(cls(engine, max_new_tokens, sampling=sampling))
     return methods

@@ -148,7 +148,7 @@ def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str
 # --- plots ------------------------------------------------------------------------------------------
 
 
-FAMILY_COLORMAPS = {"specdec": "Blues", "hf": "Oranges", "hf-pld": "Greens", "hf-auto": "Purples",
+FAMILY_COLORMAPS = {"specdec": "Blues", "specdec-intersection": "Reds", "hf": "Oranges", "hf-pld": "Greens", "hf-auto": "Purples",
                     "hf-plain": "Greys", "plain": "Greys"}
 
 
@@ -204,13 +204,13 @@ def plot_all(summary: Summary, out: Path) -> list[Path]:
 
     # 2. Acceptance by draft position: our loop (solid) and transformers' assisted generation
     #    with the same draft and γ (dashed).  Prompt lookup and hf-auto are in summary.md.
-    drafting = [s for s in summary.methods if s.overall.per_position_acceptance and s.family in ("specdec", "hf")]
+    drafting = [s for s in summary.methods if s.overall.per_position_acceptance and s.family in ("specdec", "specdec-intersection", "hf")]
     if drafting:
         fig, ax = plt.subplots(figsize=(7.0, 4.5))
         for s in drafting:
             ys = s.overall.per_position_acceptance or []
-            style = "-" if s.family == "specdec" else "--"
-            marker = "o" if s.family == "specdec" else "x"
+            style = "-" if s.family.startswith("specdec") else "--"
+            marker = "o" if s.family.startswith("specdec") else "x"
             ax.plot(range(1, len(ys) + 1), ys, style, marker=marker, label=s.name, color=colors[s.name])
         ax.set_xlabel("draft position i")
         ax.set_ylabel("P(draft token i accepted | proposed)")

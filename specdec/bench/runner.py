@@ -313,6 +313,10 @@ class BenchOptions:
     out: str = "bench-out"
     threads: int | None = None
     warmup: bool = True
+    temperature: float = 0.0  # > 0: every method samples (identical_rate is then not meaningful)
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
 
 
 def _encode_all(engine: Any, prompts: Sequence[Prompt], chat: bool, max_new_tokens: int) -> list[tuple[Prompt, list[int]]]:
@@ -364,8 +368,11 @@ def run_bench(
     from specdec.bench import report
     from specdec.bench.methods import build_methods, needs_draft, parse_gammas, parse_methods
     from specdec.bench.prompts import load_prompts
+    from specdec.sampling import SamplingParams
 
     # Every user mistake is caught before any model is loaded.
+    sampling = SamplingParams(temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
+                              seed=options.seed)
     if options.max_new_tokens <= 0:
         raise SpecdecError(f"--max-new-tokens must be > 0, got {options.max_new_tokens}")
     if options.repeats < 1:
@@ -392,7 +399,7 @@ def run_bench(
     with status:
         engine = Engine.load(options.target, options.draft, dtype=options.dtype, progress=load_progress)
     encoded = _encode_all(engine, prompts, options.chat, options.max_new_tokens)
-    methods = build_methods(engine, families, gammas, options.max_new_tokens)
+    methods = build_methods(engine, families, gammas, options.max_new_tokens, sampling)
 
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
