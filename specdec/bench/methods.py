@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from specdec.errors import SpecdecError
+from specdec.loop import Stats
 from specdec.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -118,31 +119,19 @@ class Measurement:
         return cls(token_ids=list(d["token_ids"]), **{k: d.get(k) for k in keys})
 
 
-@dataclass
-class DraftCounter:
-    """Per-step draft outcomes, accumulated like :class:`specdec.loop.Stats` does."""
+class DraftCounter(Stats):
+    """Per-step draft outcomes of transformers' assisted generation, counted as our loop's Stats."""
 
-    steps: int = 0  # target forwards observed
-    drafted: int = 0
-    accepted: int = 0
-    draft_steps: int = 0
-    proposed_at: list[int] = field(default_factory=list)
-    accepted_at: list[int] = field(default_factory=list)
+    @property
+    def steps(self) -> int:
+        """Target forwards observed."""
+        return self.target_forwards
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
         """One verification forward that checked `num_drafted` candidates and kept `num_accepted`."""
-        self.steps += 1
-        if num_drafted <= 0:
-            return  # a plain step (e.g. prompt lookup found no match)
-        self.draft_steps += 1
-        self.drafted += num_drafted
-        self.accepted += num_accepted
-        while len(self.proposed_at) < num_drafted:
-            self.proposed_at.append(0)
-            self.accepted_at.append(0)
-        for i in range(num_drafted):
-            self.proposed_at[i] += 1
-            self.accepted_at[i] += i < num_accepted
+        self.target_forwards += 1
+        if num_drafted > 0:  # else a plain step (e.g. prompt lookup found no match)
+            self.record_draft(num_drafted, num_accepted)
 
 
 class Method(ABC):
