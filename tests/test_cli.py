@@ -106,3 +106,18 @@ def test_models_json():
 
 def test_models_pull_unknown():
     assert_user_error(runner.invoke(app, ["models", "pull", "nope"]), "nope")
+
+
+def test_chat_without_template_is_a_user_error(tiny_dirs):
+    assert_user_error(generate("hi", "--target", tiny_dirs["target"], "--chat"), "chat template")
+
+
+def test_chat_applies_the_template(tmp_path):
+    from specdec.engine import Engine
+    from tests.tiny import tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer(0)
+    tok.chat_template = "{% for m in messages %}<bos>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+    engine = Engine(tiny_model("llama", 0, vocab_size=len(tok)), tok)
+    ids = engine.encode("def f", chat=True)
+    assert tok.decode(ids) == "<bos>user: def f\nassistant:"
