@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from specdec.backends.base import ModelRunner
 from specdec.backends.hf import HFRunner
 from specdec.bridge import TextBridge, VocabularyMap
 from specdec.drafters.base import Drafter
@@ -24,7 +25,9 @@ from specdec.sampling import SamplingParams
 from specdec.verify import make_verifier
 from specdec.vocab import same_vocabulary
 
-ModelSpec = str | tuple[PreTrainedModel, PreTrainedTokenizerBase]
+# A name, or a loaded (transformers model or ModelRunner, tokenizer) pair.
+ModelSpec = str | tuple[Any, PreTrainedTokenizerBase]
+BACKENDS = ("hf", "llamacpp")
 
 # How the draft model drafts: "same" (shared tokenizer: ids are used as they
 # are), "text" (another tokenizer: proposals cross over as text, verified
@@ -48,6 +51,26 @@ class Result:
             "finish_reason": self.finish_reason,
             "stats": self.stats.to_dict(),
         }
+
+
+def as_runner(model: PreTrainedModel | ModelRunner) -> ModelRunner:
+    """A ModelRunner for `model`: an HFRunner around a transformers model, a runner as it is."""
+    if isinstance(model, PreTrainedModel):
+        return HFRunner(model)
+    if isinstance(model, ModelRunner):
+        return model
+    raise TypeError(f"expected a transformers model or a ModelRunner, got {type(model).__name__}")
+
+
+def runner_eos_token_ids(runner: ModelRunner, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """End-of-sequence ids for a runner: its model's (see eos_token_ids) and the tokenizer's."""
+    model = getattr(runner, "model", None)
+    if isinstance(model, PreTrainedModel):
+        return eos_token_ids(model, tokenizer)
+    ids = set(getattr(runner, "eos_token_ids", ()))
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
 
 
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
@@ -95,24 +118,28 @@ class TextStream:
 
 
 class Engine:
-    """A target model and an optional draft model (any tokenizer), ready for requests."""
+    """A target model and an optional draft model (any tokenizer, any backend), ready for requests.
+
+    `target` and `draft` are each a transformers model (run by an HFRunner) or
+    a ready ModelRunner (e.g. a LlamaCppRunner), each with its own tokenizer.
+    """
 
     def __init__(
         self,
-        target: PreTrainedModel,
+        target: PreTrainedModel | ModelRunner,
         tokenizer: PreTrainedTokenizerBase,
-        draft: PreTrainedModel | None = None,
+        draft: PreTrainedModel | ModelRunner | None = None,
         draft_tokenizer: PreTrainedTokenizerBase | None = None,
         target_name: str = "target",
         draft_name: str = "draft",
     ) -> None:
         self.tokenizer = tokenizer
-        self.target_runner = HFRunner(target)
-        self.draft_runner = HFRunner(draft) if draft is not None else None
+        self.target_runner = as_runner(target)
+        self.draft_runner = as_runner(draft) if draft is not None else None
         self.draft_tokenizer = draft_tokenizer or tokenizer
         self.target_name, self.draft_name = target_name, draft_name
         self.same_vocabulary = draft is not None and same_vocabulary(tokenizer, self.draft_tokenizer)
-        self.eos_token_ids = eos_token_ids(target, tokenizer)
+        self.eos_token_ids = runner_eos_token_ids(self.target_runner, tokenizer)
         self._bridge: TextBridge | None = None
         self._vocab_map: VocabularyMap | None = None
 
@@ -152,21 +179,40 @@ class Engine:
         draft: ModelSpec | None = None,
         dtype: str = "fp32",
         progress: Callable[[str, int, int], None] | None = None,
+        backend: str = "hf",
+        draft_backend: str | None = None,
+        n_ctx: int | None = None,
     ) -> "Engine":
-        """Load models by name (zoo name, .gguf path, model directory, hub id) or take loaded ones."""
-        from specdec.loading import load_hf
+        """Load models by name (zoo name, .gguf path, model directory, hub id) or take loaded ones.
 
-        def get(spec: ModelSpec) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+        backend / draft_backend: "hf" (transformers, in `dtype`) or "llamacpp" (the GGUF
+        through llama.cpp; zoo names and .gguf files only); the draft's defaults to the
+        target's.  n_ctx: llama.cpp's context size (default DEFAULT_N_CTX).  A llama.cpp
+        target is loaded in exact mode (batch-invariant logits), a llama.cpp draft in
+        llama.cpp's fastest mode (a draft's numerics never change the output).
+        """
+        from specdec.loading import load_hf, load_llamacpp
+
+        draft_backend = draft_backend or backend
+        for b in (backend, draft_backend):
+            if b not in BACKENDS:
+                raise SpecdecError(f"unknown backend '{b}': expected one of {', '.join(BACKENDS)}")
+
+        def get(spec: ModelSpec, which: str, exact: bool) -> tuple[Any, PreTrainedTokenizerBase, str]:
             if isinstance(spec, tuple):
                 model, tok = spec
-                return model, tok, getattr(model.config, "_name_or_path", "") or type(model).__name__
+                config = getattr(model, "config", None)
+                return model, tok, getattr(config, "_name_or_path", "") or type(model).__name__
+            if which == "llamacpp":
+                runner, tok = load_llamacpp(spec, n_ctx=n_ctx, exact=exact, progress=progress)
+                return runner, tok, spec
             model, tok = load_hf(spec, dtype=dtype, progress=progress)
             return model, tok, spec
 
-        t_model, t_tok, t_name = get(target)
+        t_model, t_tok, t_name = get(target, backend, exact=True)
         if draft is None:
             return cls(t_model, t_tok, target_name=t_name)
-        d_model, d_tok, d_name = get(draft)
+        d_model, d_tok, d_name = get(draft, draft_backend, exact=False)
         return cls(t_model, t_tok, d_model, d_tok, target_name=t_name, draft_name=d_name)
 
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:

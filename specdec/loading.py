@@ -9,7 +9,9 @@ transformers directory under ``home()/hf/`` so later loads are fast.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -70,6 +72,85 @@ def _gguf_dir(path: str, progress: zoo.Progress | None) -> Path:
     if (out / "config.json").is_file():
         return out
     return zoo.convert_gguf(Path(path).resolve(), out, progress=progress)
+
+
+def gguf_file(spec: str, progress: zoo.Progress | None = None) -> Path:
+    """The GGUF file behind `spec` (a zoo name, pulled on first use, or a .gguf path), for llama.cpp."""
+    kind, location = resolve(spec)
+    if kind == "zoo":
+        return zoo.pull(location, progress=progress)
+    if kind == "gguf":
+        return Path(location)
+    raise SpecdecError(f"the llama.cpp backend needs a GGUF model (a zoo name or a .gguf file), not '{spec}'")
+
+
+def _tokenizer_dir(gguf: Path, out: Path) -> Path:
+    """A saved transformers tokenizer built from a GGUF's tokenizer metadata (cached at `out`)."""
+    if (out / "tokenizer_config.json").is_file():
+        return out
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except (ValueError, OSError, KeyError) as e:
+        raise SpecdecError(f"cannot build a tokenizer from {gguf}: {str(e).strip().splitlines()[0]}") from e
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}-", dir=out.parent) as scratch:
+        tmp = Path(scratch) / "out"
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            if not (out / "tokenizer_config.json").is_file():  # not a concurrent save that finished first
+                raise
+    return out
+
+
+def load_tokenizer(spec: str, progress: zoo.Progress | None = None) -> PreTrainedTokenizerBase:
+    """The transformers tokenizer of `spec`, without loading (or converting) any weights.
+
+    For a GGUF (zoo or file) it is transformers' tokenizer built from the GGUF's
+    metadata -- the one load_hf uses -- taken from the converted directory when
+    there is one, else built once and cached under home()/tokenizers/.
+    """
+    from transformers import AutoTokenizer
+
+    kind, location = resolve(spec)
+    if kind == "zoo":
+        converted = zoo.home() / "hf" / location
+        if (zoo._converted_from(converted) or {}).get("sha256") == zoo.get(location).sha256:
+            folder = converted
+        else:
+            folder = _tokenizer_dir(zoo.pull(location, progress=progress), zoo.home() / "tokenizers" / location)
+    elif kind == "gguf":
+        converted = gguf_cache_dir(location)
+        if (converted / "config.json").is_file():
+            folder = converted
+        else:
+            folder = _tokenizer_dir(Path(location).resolve(), zoo.home() / "tokenizers" / converted.name)
+    else:
+        folder = Path(location) if kind == "dir" else location
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except Exception as e:  # offline hub id, broken directory: fixable by the user
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SpecdecError(f"cannot load the tokenizer of '{spec}' ({first})") from e
+
+
+def load_llamacpp(
+    spec: str,
+    n_ctx: int | None = None,
+    exact: bool = True,
+    progress: zoo.Progress | None = None,
+):
+    """Load `spec` (zoo name or .gguf path) as a LlamaCppRunner plus its transformers tokenizer."""
+    from specdec.backends.llamacpp import DEFAULT_N_CTX, LlamaCppRunner, import_llama_cpp
+
+    import_llama_cpp()  # fail early, before a download, if llama-cpp-python is missing
+    path = gguf_file(spec, progress=progress)
+    tokenizer = load_tokenizer(spec, progress=progress)
+    runner = LlamaCppRunner.from_gguf(path, n_ctx=n_ctx or DEFAULT_N_CTX, exact=exact)
+    return runner, tokenizer
 
 
 def _from_pretrained(location: str | Path, torch_dtype):

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Build and install llama-cpp-python (specdec's optional llama.cpp backend) so that
+# it runs on *this* CPU.
+#
+#   scripts/install-llamacpp.sh [--force] [--python PATH]
+#
+# llama-cpp-python compiles llama.cpp from source on install (5-10 minutes on two
+# cores). Its default build uses -march=native; on some x86-64 machines (VMs whose
+# CPUs report AMX, hypervisors that hide features from the OS) that produces a
+# library that dies with "Illegal instruction". On x86-64 Linux this script
+# therefore turns GGML_NATIVE off and enables exactly the instruction-set
+# extensions that /proc/cpuinfo lists (never AMX). On ARM and on macOS the
+# default build is used.
+#
+# On every platform it builds without llamafile's tinyBLAS (-DGGML_LLAMAFILE=OFF):
+# tinyBLAS multiplies batches of 2+ tokens with other kernels than single tokens,
+# so a batched verification would not give the target's exact one-token logits
+# (see specdec/backends/llamacpp.py). Without it, specdec verifies a whole draft
+# in one batch and stays exact; with it (LLAMACPP_LLAMAFILE=ON), specdec stays
+# exact by verifying one token at a time, which is slower. The multimodal
+# library (llava/mtmd), which specdec does not use, is not built.
+#
+# Environment: PYTHON (default: .venv/bin/python if present, else python3),
+# LLAMACPP_VERSION (default 0.3.36), CMAKE_BUILD_PARALLEL_LEVEL (default: nproc),
+# LLAMACPP_LLAMAFILE (default OFF), CMAKE_ARGS (appended to the flags chosen here).
+set -euo pipefail
+
+version="${LLAMACPP_VERSION:-0.3.36}"
+force=0
+python="${PYTHON:-}"
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --force) force=1 ;;
+        --python) python="$2"; shift ;;
+        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+        *) echo "install-llamacpp: unknown argument $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+if [[ -z "$python" ]]; then
+    here="$(cd "$(dirname "$0")/.." && pwd)"
+    if [[ -x "$here/.venv/bin/python" ]]; then python="$here/.venv/bin/python"; else python=python3; fi
+fi
+
+# Already installed, importable, and built the way we want (llamafile off unless asked)?
+state="$("$python" - <<'EOF' 2>/dev/null || true
+import importlib.metadata as m
+try:
+    version = m.version("llama_cpp_python")
+    import llama_cpp
+    info = llama_cpp.llama_print_system_info().decode()
+    print(version, "llamafile-on" if "LLAMAFILE = 1" in info else "llamafile-off")
+except Exception:
+    pass
+EOF
+)"
+want_llamafile="llamafile-off"
+if [[ "${LLAMACPP_LLAMAFILE:-OFF}" == ON ]]; then want_llamafile="llamafile-on"; fi
+if [[ "$force" == 0 && "$state" == "$version $want_llamafile" ]]; then
+    echo "install-llamacpp: llama-cpp-python $version ($want_llamafile) is already installed (use --force to rebuild)"
+    exit 0
+fi
+
+arch="$(uname -m)"
+os="$(uname -s)"
+args=(-DGGML_LLAMAFILE="${LLAMACPP_LLAMAFILE:-OFF}" -DLLAVA_BUILD=OFF)
+if [[ "$os" == Linux && ( "$arch" == x86_64 || "$arch" == amd64 || "$arch" == i686 ) && -r /proc/cpuinfo ]]; then
+    flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+    has() { [[ "$flags" == *" $1 "* ]]; }
+    onoff() { if has "$1"; then echo ON; else echo OFF; fi; }
+    avx512=OFF
+    # ggml's AVX512 option means F + CD + VL + DQ + BW (its -mavx512* set).
+    if has avx512f && has avx512cd && has avx512vl && has avx512dq && has avx512bw; then avx512=ON; fi
+    args+=(
+        -DGGML_NATIVE=OFF
+        -DGGML_SSE42="$(onoff sse4_2)"
+        -DGGML_AVX="$(onoff avx)"
+        -DGGML_AVX2="$(onoff avx2)"
+        -DGGML_FMA="$(onoff fma)"
+        -DGGML_F16C="$(onoff f16c)"
+        -DGGML_BMI2="$(onoff bmi2)"
+        -DGGML_AVX_VNNI="$(onoff avx_vnni)"
+        -DGGML_AVX512="$avx512"
+        -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+    )
+    if [[ "$avx512" == ON ]]; then
+        args+=(
+            -DGGML_AVX512_VBMI="$(onoff avx512vbmi)"
+            -DGGML_AVX512_VNNI="$(onoff avx512_vnni)"
+            -DGGML_AVX512_BF16="$(onoff avx512_bf16)"
+        )
+    else
+        args+=(-DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF)
+    fi
+fi
+
+export CMAKE_ARGS="${args[*]:-} ${CMAKE_ARGS:-}"
+if [[ -z "${CMAKE_BUILD_PARALLEL_LEVEL:-}" ]]; then
+    CMAKE_BUILD_PARALLEL_LEVEL="$(getconf _NPROCESSORS_ONLN 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 2)"
+fi
+export CMAKE_BUILD_PARALLEL_LEVEL
+echo "install-llamacpp: building llama-cpp-python $version for $os/$arch" \
+     "with $CMAKE_BUILD_PARALLEL_LEVEL jobs; CMAKE_ARGS=$CMAKE_ARGS"
+# pip would keep an installed copy of the same version: remove it first.
+"$python" -m pip uninstall --yes --quiet llama-cpp-python >/dev/null 2>&1 || true
+# --no-binary: a prebuilt wheel from another index would not be built for this CPU.
+"$python" -m pip install --no-cache-dir --no-binary llama-cpp-python "llama-cpp-python==$version"
+
+# Smoke test: the native library loads and initialises (tests/backends/test_llamacpp.py runs real models).
+"$python" -c "import llama_cpp; llama_cpp.llama_backend_init(); print('install-llamacpp: llama_cpp', llama_cpp.__version__, 'loads;', llama_cpp.llama_print_system_info().decode().strip())"
