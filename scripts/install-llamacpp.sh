@@ -101,10 +101,15 @@ fi
 export CMAKE_BUILD_PARALLEL_LEVEL
 echo "install-llamacpp: building llama-cpp-python $version for $os/$arch" \
      "with $CMAKE_BUILD_PARALLEL_LEVEL jobs; CMAKE_ARGS=$CMAKE_ARGS"
-# pip would keep an installed copy of the same version: remove it first.
-"$python" -m pip uninstall --yes --quiet llama-cpp-python >/dev/null 2>&1 || true
-# --no-binary: a prebuilt wheel from another index would not be built for this CPU.
-"$python" -m pip install --no-cache-dir --no-binary llama-cpp-python "llama-cpp-python==$version"
+# Build the wheel first (the installed copy, if any, keeps working meanwhile), then
+# install it over any copy of the same version, then let pip add its dependencies.
+# --no-binary: a prebuilt wheel from some index would not be built for this CPU.
+wheels="$(mktemp -d)"
+trap 'rm -rf "$wheels"' EXIT
+"$python" -m pip wheel --no-cache-dir --no-deps --no-binary llama-cpp-python -w "$wheels" "llama-cpp-python==$version"
+wheel="$(ls "$wheels"/llama_cpp_python-*.whl)"
+"$python" -m pip install --no-cache-dir --no-deps --force-reinstall "$wheel"
+"$python" -m pip install --no-cache-dir "$wheel"
 
 # Smoke test: the native library loads and initialises (tests/backends/test_llamacpp.py runs real models).
 "$python" -c "import llama_cpp; llama_cpp.llama_backend_init(); print('install-llamacpp: llama_cpp', llama_cpp.__version__, 'loads;', llama_cpp.llama_print_system_info().decode().strip())"

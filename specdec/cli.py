@@ -93,6 +93,7 @@ def generate(
     backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend: hf (transformers) or llamacpp (GGUF via llama.cpp)."),
     draft_backend: Optional[Backend] = typer.Option(None, "--draft-backend", help="Draft's backend (default: the target's)."),
     n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for llama.cpp and torch (default: llama.cpp all CPUs, torch its own choice)."),
     draft_mode: DraftMode = typer.Option(
         DraftMode.auto, "--draft-mode",
         help="same: shared tokenizer; text / intersection: another tokenizer (via text / shared tokens); auto picks.",
@@ -118,15 +119,21 @@ def generate(
         fail("the prompt is empty: give some text to continue")
     if n_ctx is not None and n_ctx < 1:
         fail(f"--n-ctx must be >= 1, got {n_ctx}")
+    if threads is not None and threads < 1:
+        fail(f"--threads must be >= 1, got {threads}")
     quiet_libraries()
     progress = PullProgress()
     try:
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         draft_spec = None if draft.lower() == "none" else draft
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
         with err.status(f"loading {target}" + (f" and {draft_spec}" if draft_spec else "")):
             engine = Engine.load(
                 target, draft_spec, dtype=dtype.value, progress=progress, backend=backend.value,
-                draft_backend=draft_backend.value if draft_backend else None, n_ctx=n_ctx,
+                draft_backend=draft_backend.value if draft_backend else None, n_ctx=n_ctx, threads=threads,
             )
         progress.close()
         stops = tuple(stop or ())

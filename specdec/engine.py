@@ -182,12 +182,14 @@ class Engine:
         backend: str = "hf",
         draft_backend: str | None = None,
         n_ctx: int | None = None,
+        threads: int | None = None,
     ) -> "Engine":
         """Load models by name (zoo name, .gguf path, model directory, hub id) or take loaded ones.
 
         backend / draft_backend: "hf" (transformers, in `dtype`) or "llamacpp" (the GGUF
         through llama.cpp; zoo names and .gguf files only); the draft's defaults to the
-        target's.  n_ctx: llama.cpp's context size (default DEFAULT_N_CTX).  A llama.cpp
+        target's.  n_ctx / threads: llama.cpp's context size (default DEFAULT_N_CTX) and CPU
+        threads (default: all the process may use).  A llama.cpp
         target is loaded in exact mode (batch-invariant logits), a llama.cpp draft in
         llama.cpp's fastest mode (a draft's numerics never change the output).
         """
@@ -204,7 +206,7 @@ class Engine:
                 config = getattr(model, "config", None)
                 return model, tok, getattr(config, "_name_or_path", "") or type(model).__name__
             if which == "llamacpp":
-                runner, tok = load_llamacpp(spec, n_ctx=n_ctx, exact=exact, progress=progress)
+                runner, tok = load_llamacpp(spec, n_ctx=n_ctx, exact=exact, progress=progress, n_threads=threads)
                 return runner, tok, spec
             model, tok = load_hf(spec, dtype=dtype, progress=progress)
             return model, tok, spec

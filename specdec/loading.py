@@ -142,14 +142,19 @@ def load_llamacpp(
     n_ctx: int | None = None,
     exact: bool = True,
     progress: zoo.Progress | None = None,
+    n_threads: int | None = None,
 ):
-    """Load `spec` (zoo name or .gguf path) as a LlamaCppRunner plus its transformers tokenizer."""
+    """Load `spec` (zoo name or .gguf path) as a LlamaCppRunner plus its transformers tokenizer.
+
+    exact: batch-invariant kernels, for a target (see specdec.backends.llamacpp);
+    n_threads: llama.cpp's CPU threads (default: every CPU this process may use).
+    """
     from specdec.backends.llamacpp import DEFAULT_N_CTX, LlamaCppRunner, import_llama_cpp
 
     import_llama_cpp()  # fail early, before a download, if llama-cpp-python is missing
     path = gguf_file(spec, progress=progress)
     tokenizer = load_tokenizer(spec, progress=progress)
-    runner = LlamaCppRunner.from_gguf(path, n_ctx=n_ctx or DEFAULT_N_CTX, exact=exact)
+    runner = LlamaCppRunner.from_gguf(path, n_ctx=n_ctx or DEFAULT_N_CTX, exact=exact, n_threads=n_threads)
     return runner, tokenizer
 
 
