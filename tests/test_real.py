@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from specdec.engine import Engine
+from tests.conftest import real_model_threads
 
 pytestmark = pytest.mark.real
 
@@ -38,11 +39,8 @@ MAX_NEW = 64
 
 @pytest.fixture(scope="module")
 def engine():
-    torch.set_num_threads(2)
-    try:
+    with real_model_threads():
         yield Engine.load("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", dtype="fp32")
-    finally:
-        torch.set_num_threads(1)
 
 
 @pytest.mark.parametrize("prompt", CODE_PROMPTS + PROSE_PROMPTS)

@@ -8,9 +8,9 @@ universal modes, on prompts with indented code, numbers, CJK and emoji.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from specdec.engine import Engine
+from tests.conftest import real_model_threads
 from specdec.loading import load_hf
 
 pytestmark = pytest.mark.real
@@ -32,11 +32,8 @@ MAX_NEW = 40
 
 @pytest.fixture(scope="module")
 def models():
-    torch.set_num_threads(2)
-    try:
+    with real_model_threads():
         yield {name: load_hf(name) for name in ("qwen2.5-coder-1.5b", "smollm2-135m", "gemma3-270m")}
-    finally:
-        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
