@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from specdec.engine import Engine
-from tests.conftest import real_model_threads
 from specdec.loading import load_hf
+from tests.conftest import real_model_threads
 
 pytestmark = pytest.mark.real
 
