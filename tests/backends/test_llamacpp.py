@@ -329,3 +329,24 @@ def test_cli_generate_on_llama_cpp():
     out = json.loads(proc.stdout)
     assert out["text"] and len(out["token_ids"]) == out["stats"]["new_tokens"] <= 16
     assert out["stats"]["acceptance_rate"] > 0
+
+
+@pytest.mark.real
+def test_tokenizer_of_an_unconverted_gguf_matches_the_converted_one(tmp_path, monkeypatch):
+    # A .gguf file with no transformers conversion: its tokenizer is built from the GGUF alone
+    # (no weights loaded) and cached; it must equal the tokenizer of the zoo's converted copy.
+    from specdec import zoo
+    from specdec.loading import gguf_file, load_tokenizer
+
+    reference = load_tokenizer("smollm2-135m")
+    gguf = tmp_path / "model.gguf"
+    gguf.symlink_to(gguf_file("smollm2-135m"))
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    tok = load_tokenizer(str(gguf))
+    assert list((tmp_path / "home" / "tokenizers").iterdir())  # cached, and no model was converted
+    assert not (tmp_path / "home" / "hf").exists()
+    assert tok.get_vocab() == reference.get_vocab() and tok.eos_token_id == reference.eos_token_id
+    for text in TOKENIZER_STRINGS:
+        assert tok(text)["input_ids"] == reference(text)["input_ids"]
+    assert load_tokenizer(str(gguf)).get_vocab() == tok.get_vocab()  # from the cache
+    assert zoo.home() == tmp_path / "home"
