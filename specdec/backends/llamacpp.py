@@ -8,26 +8,37 @@ cells from the KV cache (``llama_memory_seq_rm``) and truncates ``tokens``.
 
 Exactness.  Speculative greedy decoding equals plain greedy decoding only if
 the target's logits for a token do not depend on how many tokens were
-evaluated with it.  Stock llama.cpp breaks that on CPUs: for batches of 2 or
-more it switches matrix-multiplication kernels — llamafile's tinyBLAS for
-F16/Q8_0/Q5_0/Q4_0 weights and for attention scores (n >= 2), "repacked"
-Q4_0/Q4_K/IQ4_NL weights with a separate GEMM kernel (n >= 2 ... 4), a tiled
-K-quant GEMM (n >= 8), and a split-KV / tiled flash attention — each summing
-in another order, so batched logits differ from one-token logits by rounding,
-which grows through the layers and flips near-ties.  The per-row vec_dot
-kernels used for one token give the same numbers whatever the batch size.
-``exact=True`` (the default) therefore:
+evaluated with it.  Stock llama.cpp (0.3.36's ggml) breaks that on CPUs: for
+a batch it switches to other kernels, which sum in another order; the
+rounding grows through the layers (measured up to 0.6-0.75 in the logits of
+the Qwen models) and flips near-ties.  Measured on Qwen2.5-Coder-1.5B
+(Q4_K_M) and 0.5B (Q5_0/Q8_0), batched vs one-token logits after a prompt:
+
+- repacked Q4_0/Q4_K/IQ4_NL weights: a GEMM for n >= 4 (a GEMV below);
+- the tiled K-quant GEMM (Q4_K/Q5_K/Q6_K...): n >= 8;
+- llamafile's tinyBLAS, the attention products (F16 K/V): n >= 2;
+- flash attention: a split-KV path for n == 1 once the cache holds >= 512
+  tokens (with more than one thread), a tiled path for n >= 64.
+
+With all four out of the way every row goes through the same vec_dot
+kernels at any batch size, and batched logits are bitwise equal to one-token
+logits (checked for k = 2..16 up to 640 tokens of context; smollm2's Q4_1
+has none of these paths).  ``exact=True`` (the default) therefore:
 
 - loads weights without repacking (``use_extra_bufts = false``),
 - turns the tiled K-quant GEMM off (``GGML_CPU_TILED_MM=0``, read once per
   process, so it is set when this module is imported unless already set),
 - disables flash attention and op offload, and keeps all layers on the CPU,
 - and, when the library was built with llamafile's tinyBLAS (``LLAMAFILE = 1``
-  in ``llama_print_system_info()``; stock builds) or with ARM int8 matmul
+  in ``llama_print_system_info()``: stock builds) or with ARM int8 matmul
   kernels, which cannot be switched off at run time, evaluates every forward
-  on a non-empty cache one token at a time ("sequential"), so the output is
-  still exact, only verification is no longer batched.  ``scripts/install-llamacpp.sh``
-  builds without llamafile, so batched verification stays exact.
+  on a non-empty cache one token at a time ("sequential"): the output is
+  still exact, only verification is no longer batched.
+  ``scripts/install-llamacpp.sh`` builds without llamafile, so verification
+  stays batched and exact.
+
+The price: no repacking and no tiled GEMM make single-token decoding and
+prompt processing slower (1.5B, one thread: 60 vs 46 ms per token).
 
 ``exact=False`` keeps llama.cpp's fastest kernels (repacking on); use it for
 draft models, whose numerics never affect the output.

@@ -165,6 +165,18 @@ def test_engine_takes_runners_from_any_backend():
     assert spec.token_ids == plain.token_ids and spec.stats.drafted > 0
 
 
+def test_engine_load_refuses_what_llama_cpp_cannot_load(tmp_path):
+    from specdec.engine import Engine
+
+    with pytest.raises(SpecdecError, match="unknown backend"):
+        Engine.load("smollm2-135m", backend="vllm")
+    # A transformers directory has no GGUF (or llama-cpp-python is missing): a clear error either way.
+    with pytest.raises(SpecdecError, match="GGUF|llama-cpp-python"):
+        Engine.load(str(tmp_path), backend="llamacpp")
+    with pytest.raises(SpecdecError, match="GGUF|llama-cpp-python"):
+        Engine.load("smollm2-135m", str(tmp_path), backend="hf", draft_backend="llamacpp")
+
+
 # --- real models through llama.cpp (pytest -m real) ---------------------------------------------
 #
 # Contract tolerance: 0.  In exact mode on a batch-invariant build (what
