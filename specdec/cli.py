@@ -173,13 +173,16 @@ def bench(
     draft: str = typer.Option(DEFAULT_DRAFT, "--draft", "-d", help="Draft model, or 'none' (then only plain, hf-plain, hf-pld)."),
     prompts: str = typer.Option("builtin", "--prompts", help="Spec-Bench .jsonl, or a text file with one prompt per line (\\n escapes allowed), or 'builtin'."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most tokens to generate per prompt."),
-    methods: str = typer.Option("plain,specdec,hf,hf-plain,hf-pld", "--methods", help="Comma-separated: plain, specdec, hf, hf-auto, hf-plain, hf-pld (plain always runs: it is the reference)."),
+    methods: str = typer.Option("plain,specdec,hf,hf-plain,hf-pld", "--methods", help="Comma-separated: plain, specdec, specdec-intersection, hf, hf-auto, hf-plain, hf-pld (plain always runs: it is the reference)."),
     gammas: str = typer.Option("5", "--gammas", help="Draft tokens per step γ; a list (1,3,5) sweeps specdec, hf and hf-pld."),
     repeats: int = typer.Option(1, "--repeats", help="Runs per prompt and method; the median is reported."),
     limit_per_category: Optional[int] = typer.Option(None, "--limit-per-category", help="Take only the first M prompts of each category."),
     chat: bool = typer.Option(False, "--chat", help="Apply the target's chat template to each prompt."),
     dtype: DType = typer.Option(DType.fp32, "--dtype", help="Weights' dtype, for every method."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's choice)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch and llama.cpp (default: torch's choice, llama.cpp all CPUs)."),
+    backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend for plain and specdec: hf or llamacpp (the hf* methods need hf)."),
+    draft_backend: Optional[Backend] = typer.Option(None, "--draft-backend", help="Draft's backend (default: the target's)."),
+    n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
     temperature: float = typer.Option(0.0, "--temperature", help="> 0: every method samples (then identical_rate means nothing)."),
     top_k: int = typer.Option(0, "--top-k", help="0 = off."),
     top_p: float = typer.Option(1.0, "--top-p", help="1.0 = off."),
@@ -197,7 +200,8 @@ def bench(
         target=target, draft=None if draft.lower() == "none" else draft, prompts=prompts,
         max_new_tokens=max_new_tokens, methods=methods, gammas=gammas, repeats=repeats,
         limit_per_category=limit_per_category, chat=chat, dtype=dtype.value, out=out, threads=threads,
-        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, backend=backend.value,
+        draft_backend=draft_backend.value if draft_backend else None, n_ctx=n_ctx,
     )
     try:
         data = run_bench(options, console=err, load_progress=progress)

@@ -140,6 +140,7 @@ class Method(ABC):
     family: str = ""  # the method's name without its γ ("specdec", "hf", ...)
     uses_gamma: bool = False  # whether it takes a draft length γ (and is swept over --gammas)
     needs_draft: bool = False  # whether it needs the draft model
+    needs_hf: tuple[str, ...] = ()  # models ("target", "draft") that must be loaded with transformers
 
     def __init__(self, engine: "Engine", max_new_tokens: int, gamma: int | None = None, name: str | None = None,
                  sampling: SamplingParams | None = None) -> None:
@@ -269,6 +270,7 @@ class HFGenerate(Method):
     """Base of the methods that call transformers' ``model.generate`` on the engine's target."""
 
     observes_drafts = False  # whether draft outcomes are counted through the candidate generator
+    needs_hf = ("target",)
 
     def generate_kwargs(self) -> dict[str, Any]:
         """Method-specific keyword arguments for ``generate``."""
@@ -342,6 +344,7 @@ class HFAssisted(HFGenerate):
     family = "hf"
     uses_gamma = True
     needs_draft = True
+    needs_hf = ("target", "draft")
     observes_drafts = True
 
     def assistant_settings(self) -> dict[str, Any]:
@@ -355,10 +358,10 @@ class HFAssisted(HFGenerate):
         draft = self.engine.draft_runner.model
         kwargs: dict[str, Any] = {"assistant_model": draft}
         target_vocab = self.engine.target_runner.model.config.get_text_config().vocab_size
-        if draft.config.get_text_config().vocab_size != target_vocab:
-            # Same tokens but a padded embedding: transformers then insists on
-            # tokenizers (and takes its universal, re-tokenising path).
-            kwargs.update(tokenizer=self.engine.tokenizer, assistant_tokenizer=self.engine.tokenizer)
+        if draft.config.get_text_config().vocab_size != target_vocab or not self.engine.same_vocabulary:
+            # Another tokenizer — or the same tokens in a padded embedding, where
+            # transformers insists on tokenizers too: its universal, re-tokenising path.
+            kwargs.update(tokenizer=self.engine.tokenizer, assistant_tokenizer=self.engine.draft_tokenizer)
         return kwargs
 
     @contextmanager
@@ -429,6 +432,19 @@ def parse_gammas(text: str) -> list[int]:
 def needs_draft(families: Sequence[str]) -> list[str]:
     """The families in `families` that need a draft model."""
     return [f for f in families if METHODS[f].needs_draft]
+
+
+def check_backends(families: Sequence[str], backend: str, draft_backend: str) -> None:
+    """Raise a one-line SpecdecError if a family calls transformers on a model loaded with llama.cpp."""
+    backends = {"target": backend, "draft": draft_backend}
+    for family in families:
+        for which in METHODS[family].needs_hf:
+            if backends[which] != "hf":
+                flag = "--backend" if which == "target" else "--draft-backend"
+                raise SpecdecError(
+                    f"method {family} runs transformers' generate, so it needs the {which} on transformers "
+                    f"({flag} hf); drop it from --methods or load the {which} with transformers"
+                )
 
 
 def build_methods(

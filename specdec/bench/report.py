@@ -77,13 +77,31 @@ def _metric_row(m: MethodSummary, a: Aggregate) -> list[str]:
     ]
 
 
+def backend_note(backend: str | None) -> str:
+    """" (llama.cpp)" for a model run through llama.cpp; nothing for transformers (the default)."""
+    return " (llama.cpp)" if backend == "llamacpp" else ""
+
+
+def decoding_note(sampling: dict[str, Any] | None) -> str:
+    """"greedy", or the sampling parameters that every method used."""
+    if not sampling or not sampling.get("temperature"):
+        return "greedy"
+    parts = [f"temperature {sampling['temperature']}"]
+    if sampling.get("top_k"):
+        parts.append(f"top-k {sampling['top_k']}")
+    if sampling.get("top_p", 1.0) < 1.0:
+        parts.append(f"top-p {sampling['top_p']}")
+    return "sampling (" + ", ".join(parts) + f", seed {sampling.get('seed')})"
+
+
 def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str] = (), plot_note: str = "") -> str:
     """summary.md: configuration, then the tables."""
     m = meta
     lines = ["# specdec benchmark", ""]
     lines += [
-        f"- target `{m.get('target')}`, draft `{m.get('draft')}`, dtype {m.get('dtype')}, "
-        f"greedy, max {m.get('max_new_tokens')} new tokens, γ {', '.join(map(str, m.get('gammas', [])))}",
+        f"- target `{m.get('target')}`{backend_note(m.get('backend'))}, draft `{m.get('draft')}`"
+        f"{backend_note(m.get('draft_backend'))}, dtype {m.get('dtype')}, {decoding_note(m.get('sampling'))}, "
+        f"max {m.get('max_new_tokens')} new tokens, γ {', '.join(map(str, m.get('gammas', [])))}",
         f"- prompts `{m.get('prompts')}`: {m.get('num_prompts')} "
         f"({', '.join(f'{c} {n}' for c, n in m.get('prompts_per_category', {}).items())}), "
         f"{'chat template' if m.get('chat') else 'raw text'}, {m.get('repeats')} repeat(s) (median), "

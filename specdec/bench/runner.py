@@ -317,6 +317,9 @@ class BenchOptions:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    backend: str = "hf"  # the target's: "hf" or "llamacpp"
+    draft_backend: str | None = None  # the draft's (default: the target's)
+    n_ctx: int | None = None  # llama.cpp's context size
 
 
 def _encode_all(engine: Any, prompts: Sequence[Prompt], chat: bool, max_new_tokens: int) -> list[tuple[Prompt, list[int]]]:
@@ -366,7 +369,8 @@ def run_bench(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from specdec.bench import report
-    from specdec.bench.methods import build_methods, needs_draft, parse_gammas, parse_methods
+    from specdec.bench.methods import build_methods, check_backends, needs_draft, parse_gammas, parse_methods
+    from specdec.engine import BACKENDS
     from specdec.bench.prompts import load_prompts
     from specdec.sampling import SamplingParams
 
@@ -380,6 +384,13 @@ def run_bench(
     if options.threads is not None and options.threads < 1:
         raise SpecdecError(f"--threads must be >= 1, got {options.threads}")
     families = parse_methods(options.methods)
+    draft_backend = options.draft_backend or options.backend
+    for b in (options.backend, draft_backend):
+        if b not in BACKENDS:
+            raise SpecdecError(f"unknown backend '{b}': expected one of {', '.join(BACKENDS)}")
+    check_backends(families, options.backend, draft_backend)
+    if options.n_ctx is not None and options.n_ctx < 1:
+        raise SpecdecError(f"--n-ctx must be >= 1, got {options.n_ctx}")
     gammas = parse_gammas(options.gammas)
     prompts = load_prompts(options.prompts, options.limit_per_category)
     wanting = needs_draft(families)
@@ -397,7 +408,9 @@ def run_bench(
         torch.set_num_threads(options.threads)
     status = console.status(f"loading {options.target}" + (f" and {options.draft}" if options.draft else "")) if console else nullcontext()
     with status:
-        engine = Engine.load(options.target, options.draft, dtype=options.dtype, progress=load_progress)
+        engine = Engine.load(options.target, options.draft, dtype=options.dtype, progress=load_progress,
+                             backend=options.backend, draft_backend=draft_backend, n_ctx=options.n_ctx,
+                             threads=options.threads)
     encoded = _encode_all(engine, prompts, options.chat, options.max_new_tokens)
     methods = build_methods(engine, families, gammas, options.max_new_tokens, sampling)
 
@@ -426,6 +439,10 @@ def run_bench(
         "target": options.target,
         "draft": options.draft,
         "dtype": options.dtype,
+        "backend": options.backend,
+        "draft_backend": draft_backend if options.draft else None,
+        "sampling": {"temperature": options.temperature, "top_k": options.top_k, "top_p": options.top_p,
+                     "seed": options.seed},
         "max_new_tokens": options.max_new_tokens,
         "gammas": gammas,
         "methods": [m.name for m in methods],

@@ -76,6 +76,9 @@ def assert_user_error(result, fragment):
         (["--limit-per-category", "0"], "--limit-per-category"),
         (["--prompts", "/no/such/prompts.jsonl"], "not found"),
         (["--draft", "none", "--methods", "plain,specdec"], "need a draft model"),
+        (["--backend", "llamacpp", "--methods", "plain,hf-plain"], "needs the target on transformers"),
+        (["--draft-backend", "llamacpp", "--methods", "plain,specdec,hf"], "needs the draft on transformers"),
+        (["--n-ctx", "0", "--methods", "plain"], "--n-ctx"),
     ],
 )
 def test_user_errors(tiny_dirs, tmp_path, args, fragment):

@@ -101,3 +101,18 @@ def test_sweep_names_and_draft_requirement(engine):
     no_draft = Engine(engine.target_runner.model, engine.tokenizer)
     with pytest.raises(SpecdecError, match="needs a draft"):
         build_methods(no_draft, ["specdec"], [3], 8)
+
+
+def test_hf_peer_gets_the_drafts_own_tokenizer_for_another_vocabulary():
+    # transformers' universal assisted generation needs the assistant's tokenizer, not the target's.
+    tok, other = tiny_tokenizer(0), tiny_tokenizer(1)
+    target = tiny_model("llama", seed=0, vocab_size=len(tok))
+    target.generation_config.eos_token_id = tok.eos_token_id
+    draft = tiny_model("llama", seed=1, vocab_size=len(other))
+    engine = Engine(target, tok, draft, other)
+    [method] = build_methods(engine, ["hf"], [3], max_new_tokens=10)
+    kwargs = method.generate_kwargs()
+    assert kwargs["tokenizer"] is tok and kwargs["assistant_tokenizer"] is other
+    ids = engine.encode("def fibonacci(n):")
+    [plain] = build_methods(engine, ["plain"], [3], max_new_tokens=10)
+    assert method.run(ids).token_ids == plain.run(ids).token_ids
