@@ -88,12 +88,14 @@ def run_interleaved(
     warmup: bool = True,
     advance: Callable[[str], None] | None = None,
     on_prompt_done: Callable[[list[Record]], None] | None = None,
+    compare_outputs: bool = True,
 ) -> list[Record]:
     """Run every method on every (prompt, token ids) `repeats` times, interleaved; returns the records.
 
     advance(description) is called after each generation (warm-ups included);
     on_prompt_done(records) after each prompt, with its records marked
-    identical or not to plain.
+    identical or not to plain (left None with compare_outputs=False: sampled
+    outputs are not expected to match).
     """
     if repeats < 1:
         raise SpecdecError(f"--repeats must be >= 1, got {repeats}")
@@ -110,7 +112,8 @@ def run_interleaved(
                 measurement = m.run(ids)
                 done.append(Record(prompt.id, prompt.category, m.name, m.family, m.gamma, r, len(ids), measurement))
                 advance(f"{prompt.category} #{prompt.id} {m.name}")
-        mark_identical(done)
+        if compare_outputs:
+            mark_identical(done)
         records.extend(done)
         if on_prompt_done is not None:
             on_prompt_done(done)
@@ -209,8 +212,11 @@ def _sum_lists(lists: Sequence[list[int] | None]) -> list[int] | None:
     return out
 
 
-def per_prompt(records: Sequence[Record], reference: str = REFERENCE) -> list[PromptResult]:
-    """Collapse repeats: one PromptResult per (prompt, method), with its speedup over the reference."""
+def per_prompt(records: Sequence[Record], reference: str = REFERENCE, compare_outputs: bool = True) -> list[PromptResult]:
+    """Collapse repeats: one PromptResult per (prompt, method), with its speedup over the reference.
+
+    compare_outputs=False (sampling) leaves ``identical`` None.
+    """
     groups: dict[tuple[str, str], list[Record]] = {}
     for r in records:
         groups.setdefault((r.prompt_id, r.method), []).append(r)
@@ -234,7 +240,7 @@ def per_prompt(records: Sequence[Record], reference: str = REFERENCE) -> list[Pr
                 proposed_at=_sum_lists([m.proposed_at for m in ms]),
                 accepted_at=_sum_lists([m.accepted_at for m in ms]),
                 generated=sum(m.new_tokens for m in ms),
-                identical=None if pid not in ref_ids else all(m.token_ids == ref_ids[pid] for m in ms),
+                identical=None if not compare_outputs or pid not in ref_ids else all(m.token_ids == ref_ids[pid] for m in ms),
             )
         )
     ref_tps = {p.prompt_id: p.tokens_per_s for p in results if p.method == reference}
@@ -279,9 +285,12 @@ def combine(results: Sequence[PromptResult]) -> Aggregate:
     )
 
 
-def aggregate(records: Sequence[Record], reference: str = REFERENCE) -> Summary:
-    """Records of a run -> per-method summaries, overall and per category (methods in first-run order)."""
-    results = per_prompt(records, reference)
+def aggregate(records: Sequence[Record], reference: str = REFERENCE, compare_outputs: bool = True) -> Summary:
+    """Records of a run -> per-method summaries, overall and per category (methods in first-run order).
+
+    compare_outputs=False (sampling): no identical-output rates.
+    """
+    results = per_prompt(records, reference, compare_outputs)
     methods: dict[str, Record] = {}
     categories: dict[str, None] = {}
     for r in records:
@@ -313,7 +322,7 @@ class BenchOptions:
     out: str = "bench-out"
     threads: int | None = None
     warmup: bool = True
-    temperature: float = 0.0  # > 0: every method samples (identical_rate is then not meaningful)
+    temperature: float = 0.0  # > 0: every method samples (then no identical_rate: sampled outputs differ)
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
@@ -432,9 +441,10 @@ def run_bench(
                 sink.write(json.dumps(row.to_dict(), ensure_ascii=False) + "\n")
             sink.flush()
 
-        records = run_interleaved(methods, encoded, options.repeats, options.warmup, advance, write)
+        records = run_interleaved(methods, encoded, options.repeats, options.warmup, advance, write,
+                                  compare_outputs=sampling.greedy)
 
-    summary = aggregate(records)
+    summary = aggregate(records, compare_outputs=sampling.greedy)
     meta = {
         "target": options.target,
         "draft": options.draft,

@@ -43,6 +43,15 @@ def test_markdown_tables():
     assert "| `specdec-g3` | 3 |" in md
     assert "| method | code | chat | all |" in md
     assert "## Acceptance by draft position" in md
+    assert "dtype fp32, greedy," in md
+
+
+def test_markdown_header_names_sampling_and_backends():
+    meta = {**META, "backend": "llamacpp", "draft_backend": "hf",
+            "sampling": {"temperature": 0.7, "top_k": 0, "top_p": 0.9, "seed": 1}}
+    md = report.summary_markdown(aggregate(records(), compare_outputs=False), meta)
+    assert "target `t` (llama.cpp), draft `d`, dtype fp32, sampling (temperature 0.7, top-p 0.9, seed 1)" in md
+    assert "greedy" not in md.split("\n")[2]
 
 
 def test_write_all_with_plots(tmp_path):

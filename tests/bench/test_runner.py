@@ -87,6 +87,17 @@ def test_identical_rate():
     summary = aggregate(records)
     assert summary.method("plain").overall.identical_rate == 1.0
     assert summary.method("spec").overall.identical_rate == 0.5
+    # Sampling: outputs are not expected to match, so no rate at all (not 0%).
+    sampled = aggregate(records, compare_outputs=False)
+    assert sampled.method("spec").overall.identical_rate is None
+    assert sampled.method("spec").overall.speedup_vs_plain is not None
+
+
+def test_sampled_runs_are_not_marked_identical_or_not():
+    log = []
+    records = run_interleaved([Fake("plain", log), Fake("b", log)], [(Prompt("p", "x", "t"), [1])], warmup=False,
+                              compare_outputs=False)
+    assert [r.identical_to_plain for r in records] == [None, None]
 
 
 def test_repeats_take_the_median_and_must_all_be_identical():
