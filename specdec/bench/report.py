@@ -200,7 +200,8 @@ def plot_all(summary: Summary, out: Path) -> list[Path]:
     if others:
         groups = [*summary.categories, ALL]
         width = 0.8 / len(others)
-        fig_width = min(18.0, max(7.0, 2.5 + 0.2 * len(groups) * len(others)))
+        # Room per group for its bars and its (rotated) category name; the legend sits outside.
+        fig_width = min(18.0, max(7.0, 3.0 + len(groups) * max(0.9, 0.2 * len(others))))
         fig, ax = plt.subplots(figsize=(fig_width, 4.8))
         for j, s in enumerate(others):
             values = [s.overall if g == ALL else s.by_category.get(g) for g in groups]
@@ -210,7 +211,7 @@ def plot_all(summary: Summary, out: Path) -> list[Path]:
             if len(others) * len(groups) <= 60:
                 ax.bar_label(bars, labels=[f"{y:.2f}" if y else "" for y in ys], fontsize=6, padding=1, rotation=90)
         ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label=f"{summary.reference} = 1")
-        ax.set_xticks(range(len(groups)), groups)
+        ax.set_xticks(range(len(groups)), groups, rotation=20, ha="right", rotation_mode="anchor")
         ax.set_ylabel("speedup vs plain (geometric mean, ×)")
         ax.set_title("Speedup vs plain decoding, by method and category")
         ax.margins(y=0.12)
