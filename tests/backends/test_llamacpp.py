@@ -296,6 +296,27 @@ def test_speculative_equals_plain_on_llama_cpp_universal(lcpp):
         assert spec.stats.accepted > 0
 
 
+@pytest.mark.real
+def test_intersection_mode_and_sampling_on_llama_cpp(lcpp):
+    # Every drafter on either backend: the intersection drafter (its vocabulary map
+    # sized from the GGUF's vocabulary) is exact under greedy decoding, and sampling
+    # through llama.cpp logits is seeded-reproducible, with top-k = 1 equal to greedy.
+    from specdec.engine import Engine
+    from specdec.sampling import SamplingParams
+
+    engine = Engine(*lcpp("qwen2.5-coder-1.5b"), *lcpp("smollm2-135m", exact=False))
+    prompt = PROMPTS[0]
+    plain = engine.generate(prompt, max_new_tokens=MAX_NEW, use_draft=False)
+    inter = engine.generate(prompt, max_new_tokens=MAX_NEW, num_speculative_tokens=4, draft_mode="intersection")
+    assert inter.token_ids == plain.token_ids and inter.stats.drafted > 0
+    top1 = SamplingParams(temperature=0.8, top_k=1, seed=3)
+    for mode in ("text", "intersection"):
+        assert engine.generate(prompt, max_new_tokens=MAX_NEW, sampling=top1, draft_mode=mode).token_ids == plain.token_ids
+        warm = SamplingParams(temperature=0.7, top_p=0.9, seed=5)
+        first, again = (engine.generate(prompt, max_new_tokens=MAX_NEW, sampling=warm, draft_mode=mode) for _ in range(2))
+        assert first.token_ids == again.token_ids and first.stats.drafted > 0
+
+
 @pytest.fixture(scope="module")
 def hf_target():
     # fp32, on the one torch thread conftest sets: on a shared 2-core machine a
