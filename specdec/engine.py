@@ -183,6 +183,7 @@ class Engine:
         draft_backend: str | None = None,
         n_ctx: int | None = None,
         threads: int | None = None,
+        draft_dtype: str | None = None,
     ) -> "Engine":
         """Load models by name (zoo name, .gguf path, model directory, hub id) or take loaded ones.
 
@@ -192,6 +193,8 @@ class Engine:
         threads (default: all the process may use).  A llama.cpp
         target is loaded in exact mode (batch-invariant logits), a llama.cpp draft in
         llama.cpp's fastest mode (a draft's numerics never change the output).
+        draft_dtype: a transformers draft's dtype (default: `dtype`); a bf16 draft for an
+        fp32 target halves the draft's cost and leaves the output as it is.
         """
         from specdec.loading import load_hf, load_llamacpp
 
@@ -200,7 +203,7 @@ class Engine:
             if b not in BACKENDS:
                 raise SpecdecError(f"unknown backend '{b}': expected one of {', '.join(BACKENDS)}")
 
-        def get(spec: ModelSpec, which: str, exact: bool) -> tuple[Any, PreTrainedTokenizerBase, str]:
+        def get(spec: ModelSpec, which: str, exact: bool, dtype: str) -> tuple[Any, PreTrainedTokenizerBase, str]:
             if isinstance(spec, tuple):
                 model, tok = spec
                 config = getattr(model, "config", None)
@@ -211,10 +214,10 @@ class Engine:
             model, tok = load_hf(spec, dtype=dtype, progress=progress)
             return model, tok, spec
 
-        t_model, t_tok, t_name = get(target, backend, exact=True)
+        t_model, t_tok, t_name = get(target, backend, exact=True, dtype=dtype)
         if draft is None:
             return cls(t_model, t_tok, target_name=t_name)
-        d_model, d_tok, d_name = get(draft, draft_backend, exact=False)
+        d_model, d_tok, d_name = get(draft, draft_backend, exact=False, dtype=draft_dtype or dtype)
         return cls(t_model, t_tok, d_model, d_tok, target_name=t_name, draft_name=d_name)
 
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:

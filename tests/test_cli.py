@@ -51,6 +51,22 @@ def test_speculative_and_plain_print_the_same_text(tiny_dirs):
     assert spec["text"] == plain["text"]
 
 
+def test_bf16_draft_for_an_fp32_target_keeps_the_output(tiny_dirs):
+    # The draft's numerics never change the output: a bf16 copy of the target as its draft
+    # is nearly perfect, and the text is the fp32 target's own greedy text.
+    import torch
+
+    from specdec.engine import Engine
+
+    common = ["Once upon a time", "--target", tiny_dirs["target"], "--max-new-tokens", "25", "--json"]
+    spec = json.loads(generate(*common, "--draft", tiny_dirs["target"], "--draft-dtype", "bf16", "-k", "4").stdout)
+    plain = json.loads(generate(*common, "--draft", "none").stdout)
+    assert spec["token_ids"] == plain["token_ids"]
+    assert spec["stats"]["acceptance_rate"] > 0.5
+    engine = Engine.load(tiny_dirs["target"], tiny_dirs["draft"], draft_dtype="bf16")
+    assert engine.target_runner.model.dtype == torch.float32 and engine.draft_runner.model.dtype == torch.bfloat16
+
+
 def test_streaming_prints_text_and_summary(tiny_dirs):
     result = generate("for i in range", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"],
                       "--max-new-tokens", "10")

@@ -82,6 +82,14 @@ def backend_note(backend: str | None) -> str:
     return " (llama.cpp)" if backend == "llamacpp" else ""
 
 
+def draft_dtype_note(meta: dict[str, Any]) -> str:
+    """" (draft bf16)" when a transformers draft ran in another dtype than the target."""
+    dd = meta.get("draft_dtype")
+    if not dd or dd == meta.get("dtype") or meta.get("draft_backend") == "llamacpp":
+        return ""
+    return f" (draft {dd})"
+
+
 def decoding_note(sampling: dict[str, Any] | None) -> str:
     """"greedy", or the sampling parameters that every method used."""
     if not sampling or not sampling.get("temperature"):
@@ -100,7 +108,7 @@ def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str
     lines = ["# specdec benchmark", ""]
     lines += [
         f"- target `{m.get('target')}`{backend_note(m.get('backend'))}, draft `{m.get('draft')}`"
-        f"{backend_note(m.get('draft_backend'))}, dtype {m.get('dtype')}, {decoding_note(m.get('sampling'))}, "
+        f"{backend_note(m.get('draft_backend'))}, dtype {m.get('dtype')}{draft_dtype_note(m)}, {decoding_note(m.get('sampling'))}, "
         f"max {m.get('max_new_tokens')} new tokens, γ {', '.join(map(str, m.get('gammas', [])))}",
         f"- prompts `{m.get('prompts')}`: {m.get('num_prompts')} "
         f"({', '.join(f'{c} {n}' for c, n in m.get('prompts_per_category', {}).items())}), "

@@ -319,6 +319,7 @@ class BenchOptions:
     limit_per_category: int | None = None
     chat: bool = False
     dtype: str = "fp32"
+    draft_dtype: str | None = None  # a transformers draft's dtype (default: dtype)
     out: str = "bench-out"
     threads: int | None = None
     warmup: bool = True
@@ -419,7 +420,7 @@ def run_bench(
     with status:
         engine = Engine.load(options.target, options.draft, dtype=options.dtype, progress=load_progress,
                              backend=options.backend, draft_backend=draft_backend, n_ctx=options.n_ctx,
-                             threads=options.threads)
+                             threads=options.threads, draft_dtype=options.draft_dtype)
     encoded = _encode_all(engine, prompts, options.chat, options.max_new_tokens)
     methods = build_methods(engine, families, gammas, options.max_new_tokens, sampling)
 
@@ -449,6 +450,7 @@ def run_bench(
         "target": options.target,
         "draft": options.draft,
         "dtype": options.dtype,
+        "draft_dtype": (options.draft_dtype or options.dtype) if options.draft else None,
         "backend": options.backend,
         "draft_backend": draft_backend if options.draft else None,
         "sampling": {"temperature": options.temperature, "top_k": options.top_k, "top_p": options.top_p,

@@ -52,6 +52,8 @@ def test_markdown_header_names_sampling_and_backends():
     md = report.summary_markdown(aggregate(records(), compare_outputs=False), meta)
     assert "target `t` (llama.cpp), draft `d`, dtype fp32, sampling (temperature 0.7, top-p 0.9, seed 1)" in md
     assert "greedy" not in md.split("\n")[2]
+    bf16_draft = report.summary_markdown(aggregate(records()), {**META, "draft_dtype": "bf16"})
+    assert "draft `d`, dtype fp32 (draft bf16), greedy" in bf16_draft
 
 
 def test_write_all_with_plots(tmp_path):
