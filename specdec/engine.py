@@ -29,6 +29,16 @@ from specdec.vocab import same_vocabulary
 ModelSpec = str | tuple[Any, PreTrainedTokenizerBase]
 BACKENDS = ("hf", "llamacpp")
 
+
+def resolve_backends(backend: str, draft_backend: str | None) -> tuple[str, str]:
+    """(target's, draft's) backend, the draft's defaulting to the target's; a SpecdecError names an unknown one."""
+    draft_backend = draft_backend or backend
+    for b in (backend, draft_backend):
+        if b not in BACKENDS:
+            raise SpecdecError(f"unknown backend '{b}': expected one of {', '.join(BACKENDS)}")
+    return backend, draft_backend
+
+
 # How the draft model drafts: "same" (shared tokenizer: ids are used as they
 # are), "text" (another tokenizer: proposals cross over as text, verified
 # without q), "intersection" (another tokenizer: the draft is restricted to the
@@ -198,10 +208,7 @@ class Engine:
         """
         from specdec.loading import load_hf, load_llamacpp
 
-        draft_backend = draft_backend or backend
-        for b in (backend, draft_backend):
-            if b not in BACKENDS:
-                raise SpecdecError(f"unknown backend '{b}': expected one of {', '.join(BACKENDS)}")
+        backend, draft_backend = resolve_backends(backend, draft_backend)
 
         def get(spec: ModelSpec, which: str, exact: bool, dtype: str) -> tuple[Any, PreTrainedTokenizerBase, str]:
             if isinstance(spec, tuple):

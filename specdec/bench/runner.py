@@ -380,7 +380,7 @@ def run_bench(
 
     from specdec.bench import report
     from specdec.bench.methods import build_methods, check_backends, needs_draft, parse_gammas, parse_methods
-    from specdec.engine import BACKENDS
+    from specdec.engine import resolve_backends
     from specdec.bench.prompts import load_prompts
     from specdec.sampling import SamplingParams
 
@@ -394,10 +394,7 @@ def run_bench(
     if options.threads is not None and options.threads < 1:
         raise SpecdecError(f"--threads must be >= 1, got {options.threads}")
     families = parse_methods(options.methods)
-    draft_backend = options.draft_backend or options.backend
-    for b in (options.backend, draft_backend):
-        if b not in BACKENDS:
-            raise SpecdecError(f"unknown backend '{b}': expected one of {', '.join(BACKENDS)}")
+    _, draft_backend = resolve_backends(options.backend, options.draft_backend)
     check_backends(families, options.backend, draft_backend)
     if options.n_ctx is not None and options.n_ctx < 1:
         raise SpecdecError(f"--n-ctx must be >= 1, got {options.n_ctx}")
