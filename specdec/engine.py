@@ -206,9 +206,12 @@ class Engine:
         draft_dtype: a transformers draft's dtype (default: `dtype`); a bf16 draft for an
         fp32 target halves the draft's cost and leaves the output as it is.
         """
-        from specdec.loading import load_hf, load_llamacpp
+        from specdec.loading import check_spec, load_hf, load_llamacpp
 
         backend, draft_backend = resolve_backends(backend, draft_backend)
+        for spec, which in ((target, backend), (draft, draft_backend)):
+            if isinstance(spec, str):
+                check_spec(spec, which)  # every name checked before anything is loaded
 
         def get(spec: ModelSpec, which: str, exact: bool, dtype: str) -> tuple[Any, PreTrainedTokenizerBase, str]:
             if isinstance(spec, tuple):

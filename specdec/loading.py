@@ -3,7 +3,9 @@
 A spec is one of: a zoo name (see ``specdec.zoo.ZOO``), a path to a ``.gguf``
 file, a path to a transformers model directory, or a Hugging Face hub id
 ("owner/name").  GGUF files (zoo or not) are converted once into an fp32
-transformers directory under ``home()/hf/`` so later loads are fast.
+transformers directory under ``home()/hf/`` so later loads are fast.  An int8
+model (``dtype="int8"``, see specdec.backends.quant) is quantized once from the
+fp32 one and cached under ``home()/int8/``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,7 +24,7 @@ from specdec.errors import SpecdecError
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-DTYPES = ("fp32", "bf16")
+DTYPES = ("fp32", "bf16", "int8")
 # "owner/name" with the characters the hub allows in each part.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -51,12 +54,20 @@ def resolve(spec: str) -> tuple[str, str]:
     raise _unknown(spec)
 
 
+def _check_dtype(dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise SpecdecError(f"unknown dtype '{dtype}': expected one of {', '.join(DTYPES)}")
+
+
 def _torch_dtype(dtype: str):
     import torch
 
-    if dtype not in DTYPES:
-        raise SpecdecError(f"unknown dtype '{dtype}': expected one of {', '.join(DTYPES)}")
-    return torch.float32 if dtype == "fp32" else torch.bfloat16
+    _check_dtype(dtype)
+    return torch.bfloat16 if dtype == "bf16" else torch.float32
+
+
+def _not_gguf(spec: str) -> SpecdecError:
+    return SpecdecError(f"the llama.cpp backend needs a GGUF model (a zoo name or a .gguf file), not '{spec}'")
 
 
 def gguf_cache_dir(path: str | Path) -> Path:
@@ -81,7 +92,7 @@ def gguf_file(spec: str, progress: zoo.Progress | None = None) -> Path:
         return zoo.pull(location, progress=progress)
     if kind == "gguf":
         return Path(location)
-    raise SpecdecError(f"the llama.cpp backend needs a GGUF model (a zoo name or a .gguf file), not '{spec}'")
+    raise _not_gguf(spec)
 
 
 def _tokenizer_dir(gguf: Path, out: Path) -> Path:
@@ -137,6 +148,22 @@ def load_tokenizer(spec: str, progress: zoo.Progress | None = None) -> PreTraine
         raise SpecdecError(f"cannot load the tokenizer of '{spec}' ({first})") from e
 
 
+def check_spec(spec: str, backend: str = "hf") -> None:
+    """Raise the SpecdecError that loading `spec` on `backend` would raise for a bad name or
+    a backend that cannot take it, without loading (or downloading) anything.
+
+    Engine.load checks target and draft first, so a mistake in the draft's name costs no
+    target load.
+    """
+    kind, _ = resolve(spec)
+    if backend == "llamacpp":
+        from specdec.backends.llamacpp import import_llama_cpp
+
+        import_llama_cpp()
+        if kind not in ("zoo", "gguf"):
+            raise _not_gguf(spec)
+
+
 def load_llamacpp(
     spec: str,
     n_ctx: int | None = None,
@@ -166,40 +193,97 @@ def _from_pretrained(location: str | Path, torch_dtype):
     return model, tokenizer
 
 
+def _fp32_folder(kind: str, location: str, progress: zoo.Progress | None) -> Path | None:
+    """The local fp32 transformers folder behind a resolved spec (None for a hub id)."""
+    if kind == "zoo":
+        return zoo.hf_dir(location, progress=progress)
+    if kind == "gguf":
+        return _gguf_dir(location, progress)
+    if kind == "dir":
+        folder = Path(location)
+        if not (folder / "config.json").is_file():
+            raise SpecdecError(f"{folder} is not a transformers model directory (no config.json)")
+        return folder
+    return None
+
+
+def _load_float(kind: str, location: str, torch_dtype, progress: zoo.Progress | None):
+    folder = _fp32_folder(kind, location, progress)
+    if folder is not None:
+        try:
+            return _from_pretrained(folder, torch_dtype)
+        except (OSError, ValueError, KeyError) as e:
+            raise SpecdecError(f"cannot load model from {folder}: {str(e).strip().splitlines()[0]}") from e
+    try:
+        return _from_pretrained(location, torch_dtype)
+    except Exception as e:  # offline, unknown repo, gated repo, ...: all fixable by the user
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SpecdecError(
+            f"could not load '{location}' from the Hugging Face hub ({first}); "
+            f"if offline, use an offline zoo model: {', '.join(zoo.ZOO)}"
+        ) from e
+
+
+def int8_cache(kind: str, location: str) -> tuple[Path, dict]:
+    """Where the int8 copy of a resolved spec is cached, and the source record that must match."""
+    if kind == "zoo":
+        return zoo.home() / "int8" / location, {"zoo": location, "sha256": zoo.get(location).sha256}
+    if kind == "gguf":
+        folder = gguf_cache_dir(location)
+        return zoo.home() / "int8" / folder.name, {"gguf": str(Path(location).resolve())}
+    if kind == "dir":
+        config = Path(location).resolve() / "config.json"
+        stamp = f"{config.parent}|{config.stat().st_mtime_ns if config.exists() else 0}"
+        key = hashlib.sha256(stamp.encode()).hexdigest()[:16]
+        return zoo.home() / "int8" / f"dir-{key}", {"dir": stamp}
+    return zoo.home() / "int8" / ("hub-" + location.replace("/", "--")), {"hub": location}
+
+
+def _load_int8(kind: str, location: str, progress: zoo.Progress | None):
+    """The int8 model of a resolved spec: from its cache, else quantized from fp32 and cached."""
+    from specdec.backends import quant
+
+    folder, source = int8_cache(kind, location)
+    index = quant.saved_index(folder)
+    if index is not None and all(index.get(k) == v for k, v in source.items()):
+        try:
+            return quant.load_int8(folder)
+        except (OSError, ValueError, KeyError):
+            pass  # a damaged cache: quantize again
+    model, tokenizer = _load_float(kind, location, _torch_dtype("fp32"), progress)
+    if progress:
+        progress("quantize", 0, 1)
+    quant.quantize_model(model)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{folder.name}-", dir=folder.parent) as scratch:
+        tmp = Path(scratch) / "out"
+        quant.save_int8(model, tokenizer, tmp, source)
+        shutil.rmtree(folder, ignore_errors=True)  # a stale copy (other source or format)
+        try:
+            os.replace(tmp, folder)
+        except OSError:
+            if quant.saved_index(folder) is None:  # not a concurrent save that finished first
+                raise
+    if progress:
+        progress("quantize", 1, 1)
+    return model, tokenizer
+
+
 def load_hf(
     spec: str, dtype: str = "fp32", progress: zoo.Progress | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load `spec` as an eval-mode transformers causal LM (no grads) plus its tokenizer.
 
-    `dtype` is "fp32" or "bf16".  Zoo models are pulled and converted on first use.
+    `dtype` is "fp32", "bf16" or "int8" (int8 weights and per-token int8 activations,
+    batch-invariant: specdec.backends.quant).  Zoo models are pulled and converted on
+    first use; an int8 model is quantized once and cached.
     """
-    torch_dtype = _torch_dtype(dtype)
+    _check_dtype(dtype)
     kind, location = resolve(spec)
-    if kind == "zoo":
-        folder = zoo.hf_dir(location, progress=progress)
-    elif kind == "gguf":
-        folder = _gguf_dir(location, progress)
-    elif kind == "dir":
-        folder = Path(location)
-        if not (folder / "config.json").is_file():
-            raise SpecdecError(f"{folder} is not a transformers model directory (no config.json)")
+    if dtype == "int8":
+        model, tokenizer = _load_int8(kind, location, progress)
     else:
-        folder = None
-
-    if folder is not None:
-        try:
-            model, tokenizer = _from_pretrained(folder, torch_dtype)
-        except (OSError, ValueError, KeyError) as e:
-            raise SpecdecError(f"cannot load model from {folder}: {str(e).strip().splitlines()[0]}") from e
-    else:
-        try:
-            model, tokenizer = _from_pretrained(location, torch_dtype)
-        except Exception as e:  # offline, unknown repo, gated repo, ...: all fixable by the user
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise SpecdecError(
-                f"could not load '{location}' from the Hugging Face hub ({first}); "
-                f"if offline, use an offline zoo model: {', '.join(zoo.ZOO)}"
-            ) from e
+        model, tokenizer = _load_float(kind, location, _torch_dtype(dtype), progress)
     model.eval()
     model.requires_grad_(False)
     return model, tokenizer

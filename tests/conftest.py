@@ -1,23 +1,138 @@
-"""Test configuration.
+"""Test configuration, and the real models shared by every test that needs one.
 
 Tiny models run far faster on one thread (no thread hand-off per tiny matmul),
 so the suite uses one; tests of real models raise it for their own duration
 with :func:`real_model_threads`.
+
+Real zoo models are loaded once per session, per backend and dtype, by the
+``real_hf`` and ``real_lcpp`` fixtures, and handed to every test that asks:
+loading the 1.5B target takes longer than most tests that use it.  They come
+from the user's model cache ($SPECDEC_HOME, default ~/.cache/specdec), which
+persists across runs, as it does for a user after the first run.
+
+In CI (``CI`` set in the environment, as .ci/run does) the llama.cpp backend is
+required: a missing llama-cpp-python, or a build that cannot verify a draft in
+one batch exactly, fails the run instead of skipping tests.
 """
 
-from contextlib import contextmanager
-from typing import Iterator
+from __future__ import annotations
 
+import os
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import pytest
 import torch
 
+from specdec import zoo
+
 torch.set_num_threads(1)
+
+# The user's model cache, read before any test points $SPECDEC_HOME elsewhere.
+USER_HOME = zoo.home()
+
+
+@contextmanager
+def user_home() -> Iterator[None]:
+    """$SPECDEC_HOME = the user's cache for a while (real models load from there, never a test's temporary home)."""
+    before = os.environ.get(zoo.HOME_ENV)
+    os.environ[zoo.HOME_ENV] = str(USER_HOME)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[zoo.HOME_ENV]
+        else:
+            os.environ[zoo.HOME_ENV] = before
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 @contextmanager
 def real_model_threads() -> Iterator[None]:
-    """Both cores while real models run, then back to one."""
+    """Both cores while real models run, then back to what it was."""
+    before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         yield
     finally:
-        torch.set_num_threads(1)
+        torch.set_num_threads(before)
+
+
+def require_llama_cpp():
+    """llama_cpp, or a skip where it is not installed -- except in CI, where it must be."""
+    if in_ci():
+        import llama_cpp
+
+        return llama_cpp
+    return pytest.importorskip("llama_cpp")
+
+
+@pytest.fixture(scope="session")
+def real_hf() -> Callable:
+    """get(name, dtype="fp32") -> (model, tokenizer) of a real zoo model, loaded once per session."""
+    from specdec.loading import load_hf
+
+    loaded: dict = {}
+
+    def get(name: str, dtype: str = "fp32"):
+        if (name, dtype) not in loaded:
+            with real_model_threads(), user_home():
+                loaded[(name, dtype)] = load_hf(name, dtype=dtype)
+        return loaded[(name, dtype)]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def real_lcpp() -> Iterator[Callable]:
+    """get(name, exact=True) -> (LlamaCppRunner, tokenizer), loaded once per session.
+
+    One thread, a 1024-token context: on a shared 2-core machine a second
+    llama.cpp thread mostly waits.  Callers must leave the runner reusable
+    (any cache state is fine: the decode loop resets the target).
+    """
+    require_llama_cpp()
+    from specdec.loading import load_llamacpp
+
+    loaded: dict = {}
+
+    def get(name: str, exact: bool = True):
+        if (name, exact) not in loaded:
+            with user_home():
+                loaded[(name, exact)] = load_llamacpp(name, exact=exact, n_ctx=1024, n_threads=1)
+        return loaded[(name, exact)]
+
+    yield get
+    for runner, _ in loaded.values():
+        runner.close()
+
+
+@pytest.fixture
+def cached_loaders(monkeypatch, real_hf, real_lcpp_optional) -> None:
+    """Make Engine.load (and so the CLI, in-process) take the session's loaded models.
+
+    Everything but reading weights from disk runs as for a user: name checks,
+    backend choice, engine construction, generation and output.
+    """
+    import specdec.loading
+
+    monkeypatch.setattr(specdec.loading, "load_hf", lambda spec, dtype="fp32", progress=None: real_hf(spec, dtype))
+    if real_lcpp_optional is not None:
+        monkeypatch.setattr(
+            specdec.loading, "load_llamacpp",
+            lambda spec, n_ctx=None, exact=True, progress=None, n_threads=None: real_lcpp_optional(spec, exact),
+        )
+
+
+@pytest.fixture
+def real_lcpp_optional(request) -> Callable | None:
+    """real_lcpp where llama-cpp-python is installed (always in CI), else None."""
+    try:
+        if not in_ci():
+            import llama_cpp  # noqa: F401
+    except ImportError:
+        return None
+    return request.getfixturevalue("real_lcpp")

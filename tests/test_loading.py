@@ -116,12 +116,11 @@ def test_load_hf_hub_unreachable(monkeypatch):
 
 
 @pytest.mark.real
-def test_real_load_zoo_model(monkeypatch):
+def test_real_load_zoo_model(real_hf):
     """load_hf on a zoo name gives an eval-mode model whose greedy output is sane (uses the real cache)."""
     import torch
 
-    monkeypatch.delenv("SPECDEC_HOME")
-    model, tokenizer = loading.load_hf("smollm2-135m", dtype="bf16")
+    model, tokenizer = real_hf("smollm2-135m", "bf16")
     assert model.dtype == torch.bfloat16 and not model.training
     ids = tokenizer("The capital of France is", return_tensors="pt")["input_ids"]
     with torch.no_grad():

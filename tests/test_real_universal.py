@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 
 from specdec.engine import Engine
-from specdec.loading import load_hf
 from tests.conftest import real_model_threads
 
 pytestmark = pytest.mark.real
@@ -31,9 +30,9 @@ MAX_NEW = 40
 
 
 @pytest.fixture(scope="module")
-def models():
+def models(real_hf):
     with real_model_threads():
-        yield {name: load_hf(name) for name in ("qwen2.5-coder-1.5b", "smollm2-135m", "gemma3-270m")}
+        yield {name: real_hf(name) for name in ("qwen2.5-coder-1.5b", "smollm2-135m", "gemma3-270m")}
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +57,10 @@ def test_universal_greedy_equals_plain(models, plain_outputs, draft):
 @pytest.mark.parametrize("draft", ["smollm2-135m", "gemma3-270m"])
 def test_intersection_greedy_equals_plain(models, plain_outputs, draft):
     engine = Engine(*models["qwen2.5-coder-1.5b"], *models[draft])
+    accepted = 0
     for prompt in PROMPTS[::5]:
         out = engine.generate(prompt, max_new_tokens=MAX_NEW, num_speculative_tokens=4, draft_mode="intersection")
         assert out.token_ids == plain_outputs[prompt], prompt
+        assert out.stats.drafted > 0, prompt  # the draft really drafted through the shared vocabulary
+        accepted += out.stats.accepted
+    assert accepted > 0

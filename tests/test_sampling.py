@@ -2,36 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams, make_generator, sample_from, warp_probs
-
-
-def reference_warp(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """float64 warp of one row [V], written from the definitions (no ties expected)."""
-    scores = logits.double() / temperature
-    vocab = scores.shape[-1]
-    if 0 < top_k < vocab:
-        kth = scores.sort(descending=True).values[top_k - 1]
-        scores = scores.masked_fill(scores < kth, -math.inf)
-    probs = torch.softmax(scores, -1)
-    if top_p < 1.0:
-        order = probs.argsort(descending=True).tolist()
-        mass, kept = 0.0, []
-        for token in order:  # the smallest prefix of the most likely tokens whose mass reaches top_p
-            kept.append(token)
-            mass += float(probs[token])
-            if mass >= top_p:
-                break
-        mask = torch.ones(vocab, dtype=torch.bool)
-        mask[kept] = False
-        probs = probs.masked_fill(mask, 0.0)
-        probs = probs / probs.sum()
-    return probs
+from tests.toy import reference_warp
 
 
 def near_top_p_boundary(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> bool:
@@ -199,6 +175,31 @@ def test_top_k_then_top_p():
         torch.testing.assert_close(probs.double(), expected, rtol=1e-5, atol=1e-7)
         assert 1 <= int((probs > 0).sum()) <= top_k
     assert checked > 250
+
+
+def tied_logits(gen: torch.Generator, vocab: int) -> torch.Tensor:
+    """Logits on a coarse grid, so that many tokens tie exactly (also at the top-k / top-p cut)."""
+    return (torch.randn(vocab, generator=gen) * 1.5).round()
+
+
+def test_ties_at_the_cut_agree_with_the_reference():
+    # Exactly tied tokens at the top-k or top-p cut are all kept, by the sampler and by the
+    # independent float64 reference alike; only cases rounding could decide are skipped.
+    gen = torch.Generator().manual_seed(9)
+    checked = tied_cut = 0
+    for trial in range(400):
+        logits = tied_logits(gen, 4 + trial % 9)
+        top_k, top_p = trial % 5, (0.35, 0.6, 0.8, 0.95, 1.0)[trial % 5 - 1]
+        if near_top_p_boundary(logits, 1.0, top_k, top_p):
+            continue
+        checked += 1
+        probs = warp_probs(logits, SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p))
+        expected = reference_warp(logits, 1.0, top_k, top_p)
+        assert torch.equal(probs > 0, expected > 0), (logits, top_k, top_p)
+        torch.testing.assert_close(probs.double(), expected, rtol=1e-5, atol=1e-7)
+        kept = logits[probs > 0]
+        tied_cut += int((logits == kept.min()).sum() > 1)  # the least likely kept token has a tie
+    assert checked > 300 and tied_cut > 50
 
 
 # --------------------------------------------------------------------------- every warp

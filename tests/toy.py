@@ -11,13 +11,14 @@ what the statistical tests of speculative sampling compare against.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Sequence
 
 import torch
 
 from specdec.backends.base import Capabilities
 from specdec.drafters.base import Draft
-from specdec.sampling import SamplingParams, warp_probs
+from specdec.sampling import SamplingParams
 
 
 def random_table(vocab: int, seed: int, scale: float = 1.5) -> torch.Tensor:
@@ -89,13 +90,51 @@ def random_proposal(vocab: int, seed: int) -> torch.Tensor:
     return torch.randint(0, vocab, (vocab + 1, vocab), generator=gen)
 
 
+def reference_warp(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """The sampling distribution of one row of logits [V], written from the definitions in
+    float64 with Python floats, independently of specdec.sampling.warp_probs: [V] float64.
+
+    Temperature divides the logits (in float32, as the logits are float32); top-k keeps the
+    k most likely tokens and every token tied with the k-th; top-p keeps the smallest set of
+    most likely tokens whose mass reaches top_p, and every token tied with the least likely
+    of them.
+    """
+    scores = [float(x) for x in (logits.float() / temperature).tolist()]
+    kept = list(range(len(scores)))
+    if 0 < top_k < len(scores):
+        kth = sorted(scores, reverse=True)[top_k - 1]
+        kept = [i for i in kept if scores[i] >= kth]
+    top = max(scores[i] for i in kept)
+    weights = {i: math.exp(scores[i] - top) for i in kept}
+    total = sum(weights.values())
+    probs = {i: w / total for i, w in weights.items()}
+    if top_p < 1.0:
+        mass, threshold = 0.0, 0.0
+        for i in sorted(probs, key=lambda i: -probs[i]):
+            mass += probs[i]
+            threshold = probs[i]
+            if mass >= top_p:
+                break
+        probs = {i: pr for i, pr in probs.items() if pr >= threshold}
+        total = sum(probs.values())
+        probs = {i: pr / total for i, pr in probs.items()}
+    out = torch.zeros(len(scores), dtype=torch.float64)
+    for i, pr in probs.items():
+        out[i] = pr
+    return out
+
+
 def chain_distribution(
     table: torch.Tensor, params: SamplingParams, prompt: Sequence[int], length: int
 ) -> dict[tuple[int, ...], float]:
     """Exact probability of every continuation of `prompt` of `length` tokens under
-    plain sampling with `params` from the toy model `table` (float64)."""
+    plain sampling with `params` from the toy model `table` (float64, through
+    :func:`reference_warp`, not the sampler's own warp)."""
     vocab = int(table.shape[-1])
-    probs = warp_probs(table, params).double()  # [V+1, V, V]
+    probs = torch.stack([
+        torch.stack([reference_warp(table[a, b], params.temperature, params.top_k, params.top_p) for b in range(vocab)])
+        for a in range(vocab + 1)
+    ])  # [V+1, V, V]
     out: dict[tuple[int, ...], float] = {}
     for seq in itertools.product(range(vocab), repeat=length):
         full = [vocab, *prompt, *seq] if len(prompt) < 2 else list(prompt) + list(seq)

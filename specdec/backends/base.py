@@ -21,6 +21,9 @@ class Capabilities:
     rollback: bool = True  # can drop cached tokens from the end
     logits_all_positions: bool = True  # forward returns logits for every new token
     batching: bool = False  # several sequences per forward
+    # A token's logits are bitwise the same whether it is evaluated alone or inside a
+    # forward of several tokens, so verifying a draft in one forward is exact.
+    batch_invariant: bool = False
 
 
 @runtime_checkable

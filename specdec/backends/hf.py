@@ -1,5 +1,7 @@
 """Transformers / PyTorch backend: a ModelRunner over a causal LM and a DynamicCache.
 
+The model may be fp32, bf16, or int8 (specdec.backends.quant: batch-invariant).
+
 Rollback crops the DynamicCache (transformers 5: ``DynamicCache.crop(-n)``
 removes the last n tokens).  Logits come back as fp32 on the CPU whatever the
 model's dtype (fp32 or bf16), so verification never depends on the backend.
@@ -21,8 +23,6 @@ from transformers import DynamicCache, PreTrainedModel
 from specdec.backends.base import Capabilities
 from specdec.errors import SpecdecError
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
 
 def model_max_context(model: PreTrainedModel) -> int:
     """The longest context the model was built for (max_position_embeddings)."""
@@ -36,9 +36,15 @@ class HFRunner:
     capabilities = Capabilities(rollback=True, logits_all_positions=True, batching=False)
 
     def __init__(self, model: PreTrainedModel, max_context: int | None = None) -> None:
+        from specdec.backends.quant import is_int8
+
         self.model = model.eval()
+        # int8 models (specdec.backends.quant) are batch-invariant; float models are not.
+        self.capabilities = Capabilities(rollback=True, logits_all_positions=True, batching=False,
+                                         batch_invariant=is_int8(model))
         self.device = next(model.parameters()).device
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        head = model.get_output_embeddings()  # an nn.Linear, or an int8 linear without .weight
+        self.vocab_size = int(head.out_features if hasattr(head, "out_features") else head.weight.shape[0])
         self.max_context = max_context or model_max_context(model)
         self.tokens: list[int] = []
         self.cache = DynamicCache()

@@ -8,8 +8,9 @@ position == cache length) and truncated by remove().  So any mistake in
 positions, rollback, chunking or output selection shows up as different
 logits from a fresh runner fed the same tokens.
 
-Real-model tests (marked `real`; skipped only where llama-cpp-python is not
-installed -- CI installs it with scripts/install-llamacpp.sh): llama.cpp and
+Real-model tests (marked `real`; skipped where llama-cpp-python is not
+installed, except in CI, which installs it with scripts/install-llamacpp.sh and
+fails without it or with a build that is not batch-invariant): llama.cpp and
 transformers tokenize alike; the runner contract, bitwise; speculative greedy
 == plain greedy on llama.cpp (same tokenizer and universal); a torch target
 with llama.cpp drafts; the CLI with --backend llamacpp.
@@ -19,8 +20,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 import zlib
 
 import numpy as np
@@ -28,8 +27,9 @@ import pytest
 import torch
 
 from specdec.backends.base import ModelRunner
-from specdec.backends.llamacpp import LlamaCppRunner, batch_invariant_build
+from specdec.backends.llamacpp import LlamaCppRunner, batch_invariant_build, build_features
 from specdec.errors import SpecdecError
+from tests.conftest import in_ci, require_llama_cpp
 
 VOCAB = 50
 
@@ -201,21 +201,10 @@ TOKENIZER_STRINGS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def lcpp():
-    pytest.importorskip("llama_cpp")
-    from specdec.loading import load_llamacpp
-
-    loaded: dict = {}
-
-    def get(name: str, exact: bool = True):
-        if (name, exact) not in loaded:
-            loaded[(name, exact)] = load_llamacpp(name, exact=exact, n_ctx=1024, n_threads=1)
-        return loaded[(name, exact)]
-
-    yield get
-    for runner, _ in loaded.values():
-        runner.close()
+@pytest.fixture
+def lcpp(real_lcpp):
+    """The session's llama.cpp runners (tests/conftest.py): get(name, exact=True)."""
+    return real_lcpp
 
 
 def plain_and_speculative(engine, prompts, k=4):
@@ -244,8 +233,9 @@ def test_random_forward_rollback_matches_fresh_runner_bitwise(lcpp, name):
 
     runner, tok = lcpp(name)
     if runner.eval_mode != "batched":
-        pytest.skip("this llama-cpp-python build is not batch-invariant (built with llamafile); "
-                    "exact mode verifies one token at a time instead")
+        why = ("this llama-cpp-python build is not batch-invariant (built with llamafile?); "
+               "exact mode verifies one token at a time instead")
+        pytest.fail(why) if in_ci() else pytest.skip(why)
     fresh = LlamaCppRunner(runner.session.__class__(runner.session.path, n_ctx=1024, n_threads=1), "batched")
     base = list(tok("class Stack:\n    def __init__(self):\n        self.items = []\n", add_special_tokens=True)["input_ids"])
     rng = random.Random(0)
@@ -266,23 +256,49 @@ def test_random_forward_rollback_matches_fresh_runner_bitwise(lcpp, name):
         runner.reset()
 
 
+def test_the_installed_build_verifies_a_draft_in_one_batch():
+    # CI builds llama.cpp with scripts/install-llamacpp.sh, which must give a batch-invariant
+    # build; elsewhere (a user's own build with llamafile) exact mode falls back to one token
+    # at a time, which stays exact but slower.
+    require_llama_cpp()
+    if not batch_invariant_build():
+        why = f"llama.cpp build is not batch-invariant: {build_features()}"
+        pytest.fail(why) if in_ci() else pytest.skip(why)
+
+
+class DecodeSizes:
+    """Wraps a session's decode and records (cached tokens, tokens evaluated) per call."""
+
+    def __init__(self, session) -> None:
+        self.session, self.calls = session, []
+        self.inner = session.decode
+
+    def __call__(self, tokens, start, outputs):
+        self.calls.append((start, len(tokens)))
+        return self.inner(tokens, start, outputs)
+
+
 @pytest.mark.real
-def test_speculative_equals_plain_on_llama_cpp_same_tokenizer():
-    pytest.importorskip("llama_cpp")
+def test_speculative_equals_plain_on_llama_cpp_same_tokenizer(lcpp, monkeypatch):
     from specdec.engine import Engine
 
-    engine = Engine.load("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", backend="llamacpp", n_ctx=1024, threads=1)
-    try:
-        assert engine.target_runner.eval_mode == "batched" or not batch_invariant_build()
-        drafted = accepted = 0
-        for prompt, plain, spec in plain_and_speculative(engine, PROMPTS):
-            assert spec.token_ids == plain.token_ids, prompt
-            assert spec.stats.target_forwards < plain.stats.target_forwards
-            drafted, accepted = drafted + spec.stats.drafted, accepted + spec.stats.accepted
-        assert accepted > 0.3 * drafted
-    finally:
-        engine.target_runner.close()
-        engine.draft_runner.close()
+    engine = Engine(*lcpp("qwen2.5-coder-1.5b"), *lcpp("qwen2.5-coder-0.5b", exact=False))
+    session = engine.target_runner.session
+    sizes = DecodeSizes(session)
+    monkeypatch.setattr(session, "decode", sizes)
+    drafted = accepted = 0
+    for prompt, plain, spec in plain_and_speculative(engine, PROMPTS):
+        assert spec.token_ids == plain.token_ids, prompt
+        assert spec.stats.target_forwards < plain.stats.target_forwards
+        drafted, accepted = drafted + spec.stats.drafted, accepted + spec.stats.accepted
+    assert accepted > 0.3 * drafted
+    # Drafts were verified: several tokens in one llama_decode call on a non-empty cache
+    # (batched), or one token per call (sequential, a build that is not batch-invariant).
+    verify_calls = [n for start, n in sizes.calls if start > 0]
+    if engine.target_runner.eval_mode == "batched":
+        assert max(verify_calls) == 5  # pending token + a full draft of 4
+    else:
+        assert max(verify_calls) == 1
 
 
 @pytest.mark.real
@@ -317,21 +333,18 @@ def test_intersection_mode_and_sampling_on_llama_cpp(lcpp):
         assert first.token_ids == again.token_ids and first.stats.drafted > 0
 
 
-@pytest.fixture(scope="module")
-def hf_target():
+@pytest.fixture
+def hf_target(real_hf):
     # fp32, on the one torch thread conftest sets: on a shared 2-core machine a
     # second thread mostly waits (measured 2.3 tok/s with 1 thread, 1.1 with 2).
-    pytest.importorskip("llama_cpp")
-    from specdec.loading import load_hf
-
-    return load_hf("qwen2.5-coder-1.5b")
+    return real_hf("qwen2.5-coder-1.5b")
 
 
 @pytest.fixture(scope="module")
-def hf_plain(hf_target):
+def hf_plain(real_hf):
     from specdec.engine import Engine
 
-    engine = Engine(*hf_target)
+    engine = Engine(*real_hf("qwen2.5-coder-1.5b"))
     return {p: engine.generate(p, max_new_tokens=MAX_NEW).token_ids for p in PROMPTS[:2]}
 
 
@@ -349,17 +362,21 @@ def test_torch_target_with_llama_cpp_draft(lcpp, hf_target, hf_plain, draft):
 
 
 @pytest.mark.real
-def test_cli_generate_on_llama_cpp():
-    pytest.importorskip("llama_cpp")
-    proc = subprocess.run(
-        [sys.executable, "-m", "specdec.cli", "generate", "def fibonacci(n):", "--json", "-n", "16",
-         "--backend", "llamacpp", "--threads", "1"],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout)
-    assert out["text"] and len(out["token_ids"]) == out["stats"]["new_tokens"] <= 16
-    assert out["stats"]["acceptance_rate"] > 0
+def test_cli_generate_on_llama_cpp(lcpp, cached_loaders):
+    # `specdec generate --backend llamacpp` in-process, on the session's llama.cpp models
+    # (default pair): the tokens are plain llama.cpp greedy decoding's.
+    from typer.testing import CliRunner
+
+    from specdec.cli import app
+    from specdec.engine import Engine
+
+    result = CliRunner().invoke(app, ["generate", "def fibonacci(n):", "--json", "-n", "16",
+                                      "--backend", "llamacpp", "--threads", "1"])
+    assert result.exit_code == 0, result.output[-2000:]
+    out = json.loads(result.stdout)
+    plain = Engine(*lcpp("qwen2.5-coder-1.5b")).generate("def fibonacci(n):", max_new_tokens=16)
+    assert out["token_ids"] == plain.token_ids and out["text"] == plain.text
+    assert out["stats"]["accepted"] > 0
 
 
 @pytest.mark.real

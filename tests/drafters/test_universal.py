@@ -24,7 +24,7 @@ from specdec.drafters.universal import UniversalDrafter
 from specdec.loop import StopCondition, run
 from specdec.sampling import SamplingParams
 from specdec.verify import make_verifier
-from tests.test_sampling_loop import chi_square
+from tests.chisq import chi_square
 from tests.tiny import tiny_model, tiny_tokenizer
 from tests.toy import ToyRunner, chain_distribution, random_table
 
