@@ -223,6 +223,103 @@ def bench(
 
 
 
+def _parse_ks(text: str) -> list[int]:
+    """"1-16" or "1,2,4,8" -> [1, ..]; a SpecdecError for anything else."""
+    ks: set[int] = set()
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        try:
+            a, b = int(lo), int(hi) if dash else int(lo)
+        except ValueError:
+            raise SpecdecError(f"--ks: '{part.strip()}' is not a number or a range like 1-16") from None
+        if a < 1 or b < a:
+            raise SpecdecError(f"--ks: '{part.strip()}' must be positive and increasing")
+        ks.update(range(a, b + 1))
+    return sorted(ks)
+
+
+@app.command()
+def profile(
+    target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
+    draft: str = typer.Option("none", "--draft", "-d", help="Draft model to time per drafted token, or 'none'."),
+    dtype: DType = typer.Option(DType.fp32, "--dtype", help="The target's dtype (transformers)."),
+    draft_dtype: Optional[DType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype)."),
+    backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend: hf or llamacpp."),
+    draft_backend: Optional[Backend] = typer.Option(None, "--draft-backend", help="Draft's backend (default: the target's)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch and llama.cpp."),
+    n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
+    ks: str = typer.Option("1-16", "--ks", help="Numbers of new tokens per target forward to time: a range (1-16) or a list (1,2,4,8)."),
+    prefix: int = typer.Option(128, "--prefix", help="Tokens in the cache before each timed forward."),
+    repeats: int = typer.Option(3, "--repeats", help="Timings per k; the median is reported."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object {target: {...}, draft: {...}}."),
+) -> None:
+    """Measure forward costs: the target's t(k) for k new tokens, the draft's cost per drafted token."""
+    from specdec.engine import Engine
+    from specdec.machine import cpu_description
+    from specdec.profile import measure_drafting, measure_forwards
+
+    quiet_libraries()
+    progress = PullProgress()
+    try:
+        k_values = _parse_ks(ks)
+        if prefix < 1 or repeats < 1:
+            raise SpecdecError("--prefix and --repeats must be >= 1")
+        if threads is not None and threads < 1:
+            raise SpecdecError(f"--threads must be >= 1, got {threads}")
+        import torch
+
+        if threads:
+            torch.set_num_threads(threads)
+        draft_spec = None if draft.lower() == "none" else draft
+        with err.status(f"loading {target}" + (f" and {draft_spec}" if draft_spec else "")):
+            engine = Engine.load(
+                target, draft_spec, dtype=dtype.value, progress=progress, backend=backend.value,
+                draft_dtype=draft_dtype.value if draft_dtype else None,
+                draft_backend=draft_backend.value if draft_backend else None, n_ctx=n_ctx, threads=threads,
+            )
+        progress.close()
+        cpu = cpu_description()
+
+        def describe(runner, name: str, backend_name: str, dtype_name: str) -> dict:
+            return {"model": name, "backend": backend_name, "dtype": dtype_name if backend_name == "hf" else "gguf",
+                    "threads": getattr(getattr(runner, "session", None), "n_threads", None) or torch.get_num_threads(),
+                    "cpu": cpu,
+                    "batch_invariant": runner.capabilities.batch_invariant}
+
+        with err.status(f"timing {target}: k = {k_values[0]}..{k_values[-1]}, {repeats} repeats"):
+            table = measure_forwards(engine.target_runner, k_values, prefix=prefix, repeats=repeats)
+        table.info = describe(engine.target_runner, target, backend.value, dtype.value)
+        out: dict = {"target": table.to_dict()}
+        draft_ms = None
+        if engine.draft_runner is not None:
+            d_backend = (draft_backend or backend).value
+            with err.status(f"timing {draft_spec} per drafted token"):
+                draft_ms = measure_drafting(engine.draft_runner, prefix=prefix, repeats=repeats)
+            out["draft"] = {**describe(engine.draft_runner, draft_spec, d_backend, (draft_dtype or dtype).value),
+                            "prefix": prefix, "repeats": repeats, "ms_per_token": round(draft_ms, 3)}
+    except (SpecdecError, ValueError) as e:
+        progress.close()
+        fail(str(e))
+    if as_json:
+        print(json.dumps(out))
+        return
+    from rich.table import Table
+
+    t1 = table.ms[min(table.ms)]
+    title = f"{target} ({table.info['backend']}, {table.info['dtype']}, {table.info['threads']} threads) on {cpu}"
+    grid = Table("k", "ms per forward", "t(k) / t(1)", *(["break-even tokens/step"] if draft_ms is not None else []),
+                 title=title)
+    for k, ms in sorted(table.ms.items()):
+        row = [str(k), f"{ms:.1f}", f"{ms / t1:.2f}"]
+        if draft_ms is not None:
+            # a step drafting k-1 tokens and verifying k must emit this many tokens to match plain decoding
+            row.append(f"{((k - 1) * draft_ms + ms) / t1:.2f}" if k > 1 else "-")
+        grid.add_row(*row)
+    Console().print(grid)
+    if draft_ms is not None:
+        Console().print(f"draft {draft_spec}: {draft_ms:.1f} ms per drafted token ({draft_ms / t1:.2f} target steps)")
+
+
 @models_app.callback(invoke_without_command=True)
 def models(
     ctx: typer.Context,

@@ -137,3 +137,39 @@ def test_chat_applies_the_template(tmp_path):
     engine = Engine(tiny_model("llama", 0, vocab_size=len(tok)), tok)
     ids = engine.encode("def f", chat=True)
     assert tok.decode(ids) == "<bos>user: def f\nassistant:"
+
+
+def test_int8_speculative_prints_int8_plain_output(tiny_dirs, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))  # the int8 copies are cached there
+    common = ["def fibonacci(n):", "--target", tiny_dirs["target"], "--dtype", "int8", "--max-new-tokens", "24", "--json"]
+    plain = json.loads(generate(*common, "--draft", "none").stdout)
+    for draft in (["--draft", tiny_dirs["draft"]], ["--draft", tiny_dirs["target"], "-k", "6"],
+                  ["--draft", tiny_dirs["draft"], "--draft-dtype", "fp32"]):
+        result = generate(*common, *draft)
+        assert result.exit_code == 0, result.output
+        spec = json.loads(result.stdout)
+        assert spec["token_ids"] == plain["token_ids"] and spec["stats"]["drafted"] > 0
+    fp32 = json.loads(generate(*common[:3], "--max-new-tokens", "24", "--json", "--draft", "none").stdout)
+    assert len(fp32["token_ids"]) == len(plain["token_ids"])  # a different model's numbers, same length
+    assert len(list((tmp_path / "home" / "int8").iterdir())) == 2  # target and draft, each quantized once
+
+
+def test_profile_json(tiny_dirs, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    result = runner.invoke(app, ["profile", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"],
+                                 "--dtype", "int8", "--ks", "1-3,5", "--prefix", "8", "--repeats", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert set(out["target"]["ms"]) == {"1", "2", "3", "5"} and all(v > 0 for v in out["target"]["ms"].values())
+    assert out["target"]["dtype"] == "int8" and out["target"]["batch_invariant"] is True
+    assert out["draft"]["ms_per_token"] > 0 and out["draft"]["batch_invariant"] is True
+    assert out["target"]["cpu"] and out["target"]["threads"] >= 1
+    table = runner.invoke(app, ["profile", "--target", tiny_dirs["target"], "--ks", "1,2", "--prefix", "8",
+                                "--repeats", "1"])
+    assert table.exit_code == 0 and "t(k) / t(1)" in table.output
+
+
+@pytest.mark.parametrize("args, fragment", [(["--ks", "0-3"], "--ks"), (["--ks", "x"], "--ks"),
+                                            (["--prefix", "0"], "--prefix"), (["--prefix", "300"], "window")])
+def test_profile_user_errors(tiny_dirs, args, fragment):
+    assert_user_error(runner.invoke(app, ["profile", "--target", tiny_dirs["target"], *args]), fragment)
