@@ -14,7 +14,9 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.backends.base import ModelRunner
+from specdec.backends import lean
 from specdec.backends.hf import HFRunner
+from specdec.backends.lean import LeanRunner
 from specdec.bridge import TextBridge, VocabularyMap
 from specdec.drafters.base import Drafter
 from specdec.drafters.model import ModelDrafter
@@ -64,9 +66,10 @@ class Result:
 
 
 def as_runner(model: PreTrainedModel | ModelRunner) -> ModelRunner:
-    """A ModelRunner for `model`: an HFRunner around a transformers model, a runner as it is."""
+    """A ModelRunner for `model`: a runner as it is; for a transformers model, a LeanRunner when it is
+    an int8 llama-family model (the same numbers, less overhead), else an HFRunner."""
     if isinstance(model, PreTrainedModel):
-        return HFRunner(model)
+        return LeanRunner(model) if lean.supports(model) else HFRunner(model)
     if isinstance(model, ModelRunner):
         return model
     raise TypeError(f"expected a transformers model or a ModelRunner, got {type(model).__name__}")

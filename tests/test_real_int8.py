@@ -1,0 +1,111 @@
+"""Real models in int8 (specdec.backends.quant): batch-invariant bitwise, so speculative == plain, always.
+
+For every zoo model: on random forward / rollback sequences with 1..16 new
+tokens per forward and contexts up to 1k tokens (about 400 for the 1.5B, to
+bound the time), every token's logits are bitwise the ones a runner that
+evaluates one token at a time computes.  Then the int8 qwen2.5-coder-1.5b
+target's speculative greedy output equals its own plain greedy output token
+for token, with drafts of the same tokenizer (int8 and llama.cpp), and of
+another tokenizer.  Marked `real`; the int8 copies are quantized once and
+cached in the user's model cache.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specdec.backends.hf import HFRunner
+from specdec.engine import Engine
+from tests.conftest import real_model_threads
+
+pytestmark = pytest.mark.real
+
+CODE = "import json\n\ndef load_config(path):\n    with open(path) as f:\n        return json.load(f)\n\n"
+PROMPTS = [
+    "def fibonacci(n):",
+    "class Stack:\n    \"\"\"A simple LIFO stack.\"\"\"\n",
+    "The three most important ideas in thermodynamics are",
+    "Once upon a time, in a village at the edge of a great forest,",
+]
+MAX_NEW = 40
+
+
+@pytest.mark.parametrize("name, context", [("smollm2-135m", 1024), ("gemma3-270m", 1024),
+                                           ("qwen2.5-coder-0.5b", 1024), ("qwen2.5-coder-1.5b", 400)])
+def test_int8_logits_are_bitwise_one_token_at_a_time(real_hf, name, context):
+    # `runner` takes forwards of k = 1..16 random tokens (each k twice, shuffled) between random
+    # rollbacks while the context grows to `context`; `mirror` holds the same cache but evaluates
+    # those tokens one at a time.  (Fillers that grow the context go to both in one same call.)
+    model, tok = real_hf(name, "int8")
+    runner, mirror = HFRunner(model), HFRunner(model)
+    rng = random.Random(name)
+    specials = set(tok.all_special_ids)
+    vocab = [i for i in range(min(len(tok), runner.vocab_size)) if i not in specials]
+    base = list(tok(CODE, add_special_tokens=True)["input_ids"])
+    filler = list(tok(CODE * 40, add_special_tokens=False)["input_ids"])
+    ks = list(range(1, 17)) * 2
+    rng.shuffle(ks)
+    with real_model_threads():
+        assert torch.equal(runner.forward(base), mirror.forward(base))
+        for i, k in enumerate(ks):
+            if i % 3 == 2:
+                keep = rng.randrange(len(base), len(runner.tokens) + 1)
+                runner.rollback(keep)
+                mirror.rollback(keep)
+            goal = len(base) + (context - 16 - len(base)) * (i + 1) // len(ks)
+            if len(runner.tokens) < goal:
+                grow = filler[: goal - len(runner.tokens)]
+                assert torch.equal(runner.forward(grow, last_n=1), mirror.forward(grow, last_n=1))
+            new = [rng.choice(vocab) for _ in range(k)]
+            logits = runner.forward(new)  # [k, V]
+            expected = torch.cat([mirror.forward([t]) for t in new])  # k x [1, V]
+            assert torch.equal(logits, expected), (name, len(runner.tokens), k)
+    assert len(runner.tokens) >= context - 32 and runner.tokens == mirror.tokens
+
+
+@pytest.fixture(scope="module")
+def int8_target(real_hf):
+    return real_hf("qwen2.5-coder-1.5b", "int8")
+
+
+@pytest.fixture(scope="module")
+def int8_plain(int8_target):
+    engine = Engine(*int8_target)
+    with real_model_threads():
+        return {p: engine.generate(p, max_new_tokens=MAX_NEW).token_ids for p in PROMPTS}
+
+
+def speculative_outputs(engine: Engine, prompts: list[str], k: int = 5) -> tuple[dict[str, list[int]], int, int]:
+    out, drafted, accepted = {}, 0, 0
+    with real_model_threads():
+        for prompt in prompts:
+            result = engine.generate(prompt, max_new_tokens=MAX_NEW, num_speculative_tokens=k)
+            out[prompt] = result.token_ids
+            drafted += result.stats.drafted
+            accepted += result.stats.accepted
+    return out, drafted, accepted
+
+
+def test_int8_speculative_equals_int8_plain_same_tokenizer(real_hf, int8_target, int8_plain):
+    engine = Engine(*int8_target, *real_hf("qwen2.5-coder-0.5b", "int8"))
+    outputs, drafted, accepted = speculative_outputs(engine, PROMPTS)
+    assert outputs == int8_plain
+    assert accepted > 0.3 * drafted
+
+
+def test_int8_speculative_equals_int8_plain_llama_cpp_draft(real_lcpp, int8_target, int8_plain):
+    engine = Engine(*int8_target, *real_lcpp("qwen2.5-coder-0.5b", exact=False))
+    outputs, drafted, accepted = speculative_outputs(engine, PROMPTS[::2], k=6)
+    assert outputs == {p: int8_plain[p] for p in PROMPTS[::2]}
+    assert accepted > 0.3 * drafted
+
+
+def test_int8_speculative_equals_int8_plain_other_tokenizer(real_hf, int8_target, int8_plain):
+    engine = Engine(*int8_target, *real_hf("smollm2-135m", "int8"))
+    assert engine.resolve_draft_mode("auto") == "text"
+    outputs, drafted, accepted = speculative_outputs(engine, PROMPTS[:2], k=4)
+    assert outputs == {p: int8_plain[p] for p in PROMPTS[:2]}
+    assert drafted > 0 and accepted > 0
