@@ -38,6 +38,15 @@ class Backend(str, Enum):
     llamacpp = "llamacpp"
 
 
+class Device(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+    auto = "auto"
+
+
+DEVICE_HELP = "Where transformers models run: cpu, cuda, or auto (cuda when available). int8 is CPU-only."
+
+
 class DraftMode(str, Enum):
     auto = "auto"
     same = "same"
@@ -93,6 +102,7 @@ def generate(
     dtype: DType = typer.Option(DType.fp32, "--dtype", help="Weights' dtype for transformers models: fp32, bf16, or int8 (int8 weights and activations, batch-invariant: the fastest on CPUs, and speculative output is exactly int8 plain output)."),
     draft_dtype: Optional[DType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype); bf16 makes a transformers draft cheaper without changing the output."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend: hf (transformers) or llamacpp (GGUF via llama.cpp)."),
+    device: Device = typer.Option(Device.cpu, "--device", help=DEVICE_HELP),
     draft_backend: Optional[Backend] = typer.Option(None, "--draft-backend", help="Draft's backend (default: the target's)."),
     n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for llama.cpp and torch (default: llama.cpp all CPUs, torch its own choice)."),
@@ -137,6 +147,7 @@ def generate(
                 target, draft_spec, dtype=dtype.value, progress=progress, backend=backend.value,
                 draft_dtype=draft_dtype.value if draft_dtype else None,
                 draft_backend=draft_backend.value if draft_backend else None, n_ctx=n_ctx, threads=threads,
+                device=device.value,
             )
         progress.close()
         stops = tuple(stop or ())
@@ -185,6 +196,7 @@ def bench(
     draft_dtype: Optional[DType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype), for every method that drafts."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch and llama.cpp (default: torch's choice, llama.cpp all CPUs)."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend for plain and specdec: hf or llamacpp (the hf* methods need hf)."),
+    device: Device = typer.Option(Device.cpu, "--device", help=DEVICE_HELP),
     draft_backend: Optional[Backend] = typer.Option(None, "--draft-backend", help="Draft's backend (default: the target's)."),
     n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
     temperature: float = typer.Option(0.0, "--temperature", help="> 0: every method samples (then no identical-output rate is reported)."),
@@ -206,7 +218,7 @@ def bench(
         limit_per_category=limit_per_category, chat=chat, dtype=dtype.value, out=out, threads=threads,
         draft_dtype=draft_dtype.value if draft_dtype else None,
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, backend=backend.value,
-        draft_backend=draft_backend.value if draft_backend else None, n_ctx=n_ctx,
+        draft_backend=draft_backend.value if draft_backend else None, n_ctx=n_ctx, device=device.value,
     )
     try:
         data = run_bench(options, console=err, load_progress=progress)
@@ -245,6 +257,7 @@ def profile(
     dtype: DType = typer.Option(DType.fp32, "--dtype", help="The target's dtype (transformers)."),
     draft_dtype: Optional[DType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype)."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend: hf or llamacpp."),
+    device: Device = typer.Option(Device.cpu, "--device", help=DEVICE_HELP),
     draft_backend: Optional[Backend] = typer.Option(None, "--draft-backend", help="Draft's backend (default: the target's)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch and llama.cpp."),
     n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
@@ -276,6 +289,7 @@ def profile(
                 target, draft_spec, dtype=dtype.value, progress=progress, backend=backend.value,
                 draft_dtype=draft_dtype.value if draft_dtype else None,
                 draft_backend=draft_backend.value if draft_backend else None, n_ctx=n_ctx, threads=threads,
+                device=device.value,
             )
         progress.close()
         cpu = cpu_description()

@@ -197,6 +197,7 @@ class Engine:
         n_ctx: int | None = None,
         threads: int | None = None,
         draft_dtype: str | None = None,
+        device: str = "cpu",
     ) -> "Engine":
         """Load models by name (zoo name, .gguf path, model directory, hub id) or take loaded ones.
 
@@ -208,10 +209,14 @@ class Engine:
         llama.cpp's fastest mode (a draft's numerics never change the output).
         draft_dtype: a transformers draft's dtype (default: `dtype`); a bf16 draft for an
         fp32 target halves the draft's cost and leaves the output as it is.
+        device: where transformers models run: "cpu", "cuda" or "auto" (cuda when available).
         """
-        from specdec.loading import check_spec, load_hf, load_llamacpp
+        from specdec.loading import check_spec, load_hf, load_llamacpp, resolve_device
 
         backend, draft_backend = resolve_backends(backend, draft_backend)
+        for which, d, spec in ((backend, dtype, target), (draft_backend, draft_dtype or dtype, draft)):
+            if which == "hf" and spec is not None:
+                resolve_device(device, d)  # a bad device / dtype pair is refused before any load
         for spec, which in ((target, backend), (draft, draft_backend)):
             if isinstance(spec, str):
                 check_spec(spec, which)  # every name checked before anything is loaded
@@ -224,7 +229,7 @@ class Engine:
             if which == "llamacpp":
                 runner, tok = load_llamacpp(spec, n_ctx=n_ctx, exact=exact, progress=progress, n_threads=threads)
                 return runner, tok, spec
-            model, tok = load_hf(spec, dtype=dtype, progress=progress)
+            model, tok = load_hf(spec, dtype=dtype, progress=progress, device=device)
             return model, tok, spec
 
         t_model, t_tok, t_name = get(target, backend, exact=True, dtype=dtype)

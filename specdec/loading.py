@@ -269,21 +269,43 @@ def _load_int8(kind: str, location: str, progress: zoo.Progress | None):
     return model, tokenizer
 
 
+DEVICES = ("cpu", "cuda", "auto")
+
+
+def resolve_device(device: str, dtype: str = "fp32") -> str:
+    """"cpu" or "cuda" for a --device value ("auto": cuda when available); a SpecdecError for what cannot run."""
+    import torch
+
+    if device not in DEVICES:
+        raise SpecdecError(f"unknown device '{device}': expected one of {', '.join(DEVICES)}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SpecdecError("--device cuda: no CUDA GPU is available to this torch build; use --device cpu")
+    if device == "cuda" and dtype == "int8":
+        raise SpecdecError("int8 models run on the CPU only (fbgemm kernels); on CUDA use --dtype bf16")
+    return device
+
+
 def load_hf(
-    spec: str, dtype: str = "fp32", progress: zoo.Progress | None = None
+    spec: str, dtype: str = "fp32", progress: zoo.Progress | None = None, device: str = "cpu"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load `spec` as an eval-mode transformers causal LM (no grads) plus its tokenizer.
 
     `dtype` is "fp32", "bf16" or "int8" (int8 weights and per-token int8 activations,
     batch-invariant: specdec.backends.quant).  Zoo models are pulled and converted on
-    first use; an int8 model is quantized once and cached.
+    first use; an int8 model is quantized once and cached.  `device`: "cpu", "cuda" or
+    "auto" (cuda when available); int8 runs on the CPU only.
     """
     _check_dtype(dtype)
+    device = resolve_device(device, dtype)
     kind, location = resolve(spec)
     if dtype == "int8":
         model, tokenizer = _load_int8(kind, location, progress)
     else:
         model, tokenizer = _load_float(kind, location, _torch_dtype(dtype), progress)
+    if device != "cpu":
+        model.to(device)
     model.eval()
     model.requires_grad_(False)
     return model, tokenizer

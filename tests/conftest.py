@@ -119,7 +119,8 @@ def cached_loaders(monkeypatch, real_hf, real_lcpp_optional) -> None:
     """
     import specdec.loading
 
-    monkeypatch.setattr(specdec.loading, "load_hf", lambda spec, dtype="fp32", progress=None: real_hf(spec, dtype))
+    monkeypatch.setattr(specdec.loading, "load_hf",
+                        lambda spec, dtype="fp32", progress=None, device="cpu": real_hf(spec, dtype))
     if real_lcpp_optional is not None:
         monkeypatch.setattr(
             specdec.loading, "load_llamacpp",

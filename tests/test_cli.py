@@ -173,3 +173,31 @@ def test_profile_json(tiny_dirs, tmp_path, monkeypatch):
                                             (["--prefix", "0"], "--prefix"), (["--prefix", "300"], "window")])
 def test_profile_user_errors(tiny_dirs, args, fragment):
     assert_user_error(runner.invoke(app, ["profile", "--target", tiny_dirs["target"], *args]), fragment)
+
+
+def test_device_errors(tiny_dirs, monkeypatch):
+    import torch
+
+    from specdec.loading import resolve_device
+
+    assert_user_error(generate("hi", "--target", tiny_dirs["target"], "--device", "gpu"), "--device")
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        assert_user_error(generate("hi", "--target", tiny_dirs["target"], "--device", "cuda"), "no CUDA GPU")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert_user_error(generate("hi", "--target", tiny_dirs["target"], "--device", "cuda", "--dtype", "int8"),
+                      "CPU only")
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_cuda_speculative_equals_plain(tiny_dirs, dtype):
+    # The loop keeps its bookkeeping on the CPU; models, caches and forwards run on the GPU.
+    from specdec.engine import Engine
+
+    engine = Engine.load(tiny_dirs["target"], tiny_dirs["draft"], dtype=dtype, device="cuda")
+    assert engine.target_runner.model.device.type == "cuda"
+    plain = engine.generate("def fibonacci(n):", max_new_tokens=24, use_draft=False)
+    spec = engine.generate("def fibonacci(n):", max_new_tokens=24, num_speculative_tokens=4)
+    assert spec.token_ids == plain.token_ids and spec.stats.drafted > 0

@@ -114,7 +114,7 @@ def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str
         f"({', '.join(f'{c} {n}' for c, n in m.get('prompts_per_category', {}).items())}), "
         f"{'chat template' if m.get('chat') else 'raw text'}, {m.get('repeats')} repeat(s) (median), "
         f"{'one warm-up generation per method' if m.get('warmup', True) else 'no warm-up'}, methods interleaved per prompt",
-        f"- {m.get('device', 'cpu')} ({m.get('processor')}, {m.get('cpu_count')} CPUs, {m.get('torch_threads')} torch threads), "
+        f"- {m.get('device', 'cpu')} ({m.get('cpu') or m.get('processor')}, {m.get('torch_threads')} torch threads), "
         f"torch {m.get('torch')}, transformers {m.get('transformers')}, {m.get('date_utc')} UTC",
         "",
         "Speedup: per prompt tokens/s ÷ plain's tokens/s, geometric mean over prompts (range: min–max). "

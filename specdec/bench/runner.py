@@ -320,6 +320,7 @@ class BenchOptions:
     chat: bool = False
     dtype: str = "fp32"
     draft_dtype: str | None = None  # a transformers draft's dtype (default: dtype)
+    device: str = "cpu"  # where transformers models run: cpu, cuda, auto
     out: str = "bench-out"
     threads: int | None = None
     warmup: bool = True
@@ -351,6 +352,8 @@ def environment() -> dict[str, Any]:
     import torch
     import transformers
 
+    from specdec.machine import cpu_description
+
     return {
         "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "torch": torch.__version__,
@@ -359,6 +362,7 @@ def environment() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "machine": platform.machine(),
         "processor": platform.processor() or platform.machine(),
+        "cpu": cpu_description(),
         "python": platform.python_version(),
         "device": "cpu" if not torch.cuda.is_available() else torch.cuda.get_device_name(0),
     }
@@ -417,7 +421,7 @@ def run_bench(
     with status:
         engine = Engine.load(options.target, options.draft, dtype=options.dtype, progress=load_progress,
                              backend=options.backend, draft_backend=draft_backend, n_ctx=options.n_ctx,
-                             threads=options.threads, draft_dtype=options.draft_dtype)
+                             threads=options.threads, draft_dtype=options.draft_dtype, device=options.device)
     encoded = _encode_all(engine, prompts, options.chat, options.max_new_tokens)
     methods = build_methods(engine, families, gammas, options.max_new_tokens, sampling)
 
@@ -463,4 +467,6 @@ def run_bench(
         "warmup": options.warmup,
         **environment(),
     }
+    if options.device != "cpu":
+        meta["device"] = f"{options.device}: {meta['device']}"
     return report.write_all(summary, meta, out)
