@@ -187,7 +187,7 @@ def bench(
     draft: str = typer.Option(DEFAULT_DRAFT, "--draft", "-d", help="Draft model, or 'none' (then only plain, hf-plain, hf-pld)."),
     prompts: str = typer.Option("builtin", "--prompts", help="Spec-Bench .jsonl, or a text file with one prompt per line (\\n escapes allowed), or 'builtin'."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most tokens to generate per prompt."),
-    methods: str = typer.Option("plain,specdec,hf,hf-plain,hf-pld", "--methods", help="Comma-separated: plain, specdec, specdec-intersection, hf, hf-auto, hf-plain, hf-pld (plain always runs: it is the reference)."),
+    methods: str = typer.Option("plain,specdec,hf,hf-plain,hf-pld", "--methods", help="Comma-separated: plain, specdec, specdec-intersection, hf, hf-auto, hf-plain, hf-pld, llamacpp (plain llama.cpp on the target's GGUF); plain always runs: it is the reference."),
     gammas: str = typer.Option("5", "--gammas", help="Draft tokens per step γ; a list (1,3,5) sweeps specdec, hf and hf-pld."),
     repeats: int = typer.Option(1, "--repeats", help="Runs per prompt and method; the median is reported."),
     limit_per_category: Optional[int] = typer.Option(None, "--limit-per-category", help="Take only the first M prompts of each category."),

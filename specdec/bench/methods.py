@@ -15,6 +15,10 @@ hf-auto    transformers' assisted generation as it comes out of the box: the
            (20 tokens, constant schedule, confidence threshold 0.4)
 hf-plain   transformers' ``generate`` without an assistant, greedy
 hf-pld     transformers' prompt lookup decoding (``prompt_lookup_num_tokens=γ``)
+llamacpp   plain greedy decoding of the target's GGUF through llama.cpp in its
+           fastest mode (weight repacking, tiled GEMMs): what a CPU user would
+           otherwise run.  Its own numerics, so its output may differ from
+           ``plain``'s on near-ties.
 ========== ===================================================================
 
 Every run is timed by the harness around the whole call (``time.perf_counter``),
@@ -391,8 +395,32 @@ class HFPromptLookup(HFGenerate):
         return {"prompt_lookup_num_tokens": self.gamma}
 
 
+# --- llama.cpp ----------------------------------------------------------------------------------
+
+
+class LlamaCppPlain(Method):
+    """Plain greedy decoding of the target's GGUF through llama.cpp (fastest kernels), a peer to beat."""
+
+    family = "llamacpp"
+
+    def __init__(self, engine: "Engine", max_new_tokens: int, gamma: int | None = None, name: str | None = None,
+                 sampling: SamplingParams | None = None, llamacpp_target: Any = None) -> None:
+        super().__init__(engine, max_new_tokens, gamma, name, sampling)
+        if llamacpp_target is None:
+            raise SpecdecError("method llamacpp needs the target as a GGUF model (a zoo name or a .gguf file)")
+        from specdec.engine import Engine
+
+        self.peer = Engine(*llamacpp_target)
+
+    def generate(self, prompt_ids: list[int]) -> Measurement:
+        result = self.peer.generate(prompt_ids, max_new_tokens=self.max_new_tokens, use_draft=False,
+                                    sampling=self.sampling)
+        return Measurement(result.token_ids, target_forwards=result.stats.target_forwards)
+
+
 METHODS: dict[str, type[Method]] = {
-    cls.family: cls for cls in (Plain, Specdec, SpecdecIntersection, HFAssisted, HFAuto, HFPlain, HFPromptLookup)
+    cls.family: cls
+    for cls in (Plain, Specdec, SpecdecIntersection, HFAssisted, HFAuto, HFPlain, HFPromptLookup, LlamaCppPlain)
 }
 REFERENCE = "plain"  # speedups and identical outputs are measured against it
 DEFAULT_METHODS = ("plain", "specdec", "hf", "hf-plain", "hf-pld")
@@ -449,9 +477,11 @@ def check_backends(families: Sequence[str], backend: str, draft_backend: str) ->
 
 def build_methods(
     engine: "Engine", families: Sequence[str], gammas: Sequence[int], max_new_tokens: int,
-    sampling: SamplingParams | None = None,
+    sampling: SamplingParams | None = None, llamacpp_target: Any = None,
 ) -> list[Method]:
-    """One Method per family, and per γ for families that take one (named ``family-g<γ>`` in a sweep)."""
+    """One Method per family, and per γ for families that take one (named ``family-g<γ>`` in a sweep).
+
+    llamacpp_target: (LlamaCppRunner, tokenizer) of the target's GGUF, for the llamacpp peer."""
     methods: list[Method] = []
     for family in families:
         cls = METHODS[family]
@@ -459,6 +489,8 @@ def build_methods(
             for g in gammas:
                 name = family if len(gammas) == 1 else f"{family}-g{g}"
                 methods.append(cls(engine, max_new_tokens, gamma=g, name=name, sampling=sampling))
+        elif cls is LlamaCppPlain:
+            methods.append(cls(engine, max_new_tokens, sampling=sampling, llamacpp_target=llamacpp_target))
         else:
             methods.append(cls(engine, max_new_tokens, sampling=sampling))
     return methods

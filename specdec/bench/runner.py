@@ -400,6 +400,10 @@ def run_bench(
     families = parse_methods(options.methods)
     _, draft_backend = resolve_backends(options.backend, options.draft_backend)
     check_backends(families, options.backend, draft_backend)
+    if "llamacpp" in families:
+        from specdec.loading import check_spec
+
+        check_spec(options.target, "llamacpp")  # the peer needs the target as a GGUF, and llama-cpp-python
     if options.n_ctx is not None and options.n_ctx < 1:
         raise SpecdecError(f"--n-ctx must be >= 1, got {options.n_ctx}")
     gammas = parse_gammas(options.gammas)
@@ -422,8 +426,14 @@ def run_bench(
         engine = Engine.load(options.target, options.draft, dtype=options.dtype, progress=load_progress,
                              backend=options.backend, draft_backend=draft_backend, n_ctx=options.n_ctx,
                              threads=options.threads, draft_dtype=options.draft_dtype, device=options.device)
+        peer = None
+        if "llamacpp" in families:  # plain llama.cpp on the target's GGUF, its fastest kernels
+            from specdec.loading import load_llamacpp
+
+            peer = load_llamacpp(options.target, n_ctx=options.n_ctx, exact=False, progress=load_progress,
+                                 n_threads=options.threads)
     encoded = _encode_all(engine, prompts, options.chat, options.max_new_tokens)
-    methods = build_methods(engine, families, gammas, options.max_new_tokens, sampling)
+    methods = build_methods(engine, families, gammas, options.max_new_tokens, sampling, llamacpp_target=peer)
 
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"

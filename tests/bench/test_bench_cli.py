@@ -75,6 +75,7 @@ def assert_user_error(result, fragment):
         (["--backend", "llamacpp", "--methods", "plain,hf-plain"], "needs the target on transformers"),
         (["--draft-backend", "llamacpp", "--methods", "plain,specdec,hf"], "needs the draft on transformers"),
         (["--n-ctx", "0", "--methods", "plain"], "--n-ctx"),
+        (["--methods", "plain,llamacpp"], "llama"),  # the peer needs a GGUF target (and llama-cpp-python)
     ],
 )
 def test_user_errors(tiny_dirs, tmp_path, args, fragment):

@@ -116,3 +116,22 @@ def test_hf_peer_gets_the_drafts_own_tokenizer_for_another_vocabulary():
     ids = engine.encode("def fibonacci(n):")
     [plain] = build_methods(engine, ["plain"], [3], max_new_tokens=10)
     assert method.run(ids).token_ids == plain.run(ids).token_ids
+
+
+def test_llamacpp_peer_decodes_the_gguf_plainly():
+    # A fake llama.cpp session stands in for the target's GGUF (tests/backends/test_llamacpp.py).
+    from specdec.backends.llamacpp import LlamaCppRunner
+    from tests.backends.test_llamacpp import VOCAB, FakeSession
+
+    tok = tiny_tokenizer(0, vocab_size=VOCAB + 100)
+    engine = Engine(tiny_model("llama", 0, vocab_size=VOCAB), tok)
+    peer_runner = LlamaCppRunner(FakeSession(n_ctx=128))
+    (plain, peer) = build_methods(engine, ["plain", "llamacpp"], [5], 16, llamacpp_target=(peer_runner, tok))
+    prompt = [3, 4, 5]
+    measured = peer.run(prompt)
+    assert peer.name == "llamacpp" and measured.wall_s > 0
+    assert measured.token_ids == Engine(LlamaCppRunner(FakeSession(n_ctx=128)), tok).generate(
+        prompt, max_new_tokens=16).token_ids
+    assert plain.run(prompt).token_ids == engine.generate(prompt, max_new_tokens=16).token_ids
+    with pytest.raises(SpecdecError, match="GGUF"):
+        build_methods(engine, ["llamacpp"], [5], 16)
