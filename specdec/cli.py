@@ -334,6 +334,73 @@ def profile(
         Console().print(f"draft {draft_spec}: {draft_ms:.1f} ms per drafted token ({draft_ms / t1:.2f} target steps)")
 
 
+@app.command()
+def quality(
+    target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Model: zoo name, .gguf, directory or hub id."),
+    dtype: DType = typer.Option(DType.int8, "--dtype", help="The candidate's dtype (transformers backend)."),
+    backend: Backend = typer.Option(Backend.hf, "--backend", help="The candidate's backend: hf or llamacpp."),
+    prompts: str = typer.Option("builtin", "--prompts", help="Prompts for greedy agreement (as for bench)."),
+    limit_per_category: Optional[int] = typer.Option(2, "--limit-per-category", help="First M prompts of each category."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="Tokens decoded per prompt."),
+    chat: bool = typer.Option(True, "--chat/--no-chat", help="Apply the chat template to each prompt."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch and llama.cpp."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Compare a cheaper target (int8, bf16, llama.cpp) with the fp32 model: greedy agreement and perplexity."""
+    from specdec.bench.prompts import load_prompts
+    from specdec.bench.quality import agreement, perplexity, reference_texts
+    from specdec.engine import Engine
+    from specdec.machine import cpu_description
+
+    quiet_libraries()
+    progress = PullProgress()
+    try:
+        if max_new_tokens <= 0:
+            raise SpecdecError(f"--max-new-tokens must be > 0, got {max_new_tokens}")
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        prompt_set = load_prompts(prompts, limit_per_category)
+        with err.status(f"loading {target} (fp32 and {backend.value} {dtype.value})"):
+            reference = Engine.load(target, dtype="fp32", progress=progress)
+            candidate = Engine.load(target, dtype=dtype.value, backend=backend.value, progress=progress,
+                                    threads=threads)
+        progress.close()
+        label = f"{backend.value} {dtype.value}" if backend == Backend.hf else "llamacpp (exact)"
+        outputs: dict[str, list[list[int]]] = {"fp32": [], label: []}
+        with err.status(f"greedy decoding {len(prompt_set)} prompts with both"):
+            for p in prompt_set:
+                ids = reference.encode(p.text, chat=chat)
+                for name, engine in (("fp32", reference), (label, candidate)):
+                    outputs[name].append(engine.generate(ids, max_new_tokens=max_new_tokens, use_draft=False).token_ids)
+        agree = agreement(outputs["fp32"], outputs[label])
+        ppl: dict[str, dict[str, float]] = {}
+        with err.status("perplexity on the reference texts"):
+            for text_name, text in reference_texts().items():
+                ids = reference.encode(text)[: min(1024, reference.target_runner.max_context)]
+                ppl[text_name] = {name: perplexity(engine.target_runner, ids)
+                                  for name, engine in (("fp32", reference), (label, candidate))}
+    except SpecdecError as e:
+        progress.close()
+        fail(str(e))
+    result = {
+        "target": target, "candidate": label, "cpu": cpu_description(), "prompts": len(prompt_set),
+        "max_new_tokens": max_new_tokens, "mean_first_divergence": agree.mean_first_divergence,
+        "identical_rate": agree.identical_rate, "first_divergence": agree.divergences, "perplexity": ppl,
+    }
+    if as_json:
+        print(json.dumps(result))
+        return
+    Console().print(
+        f"{target}: {label} vs fp32 on {len(prompt_set)} prompts, {max_new_tokens} greedy tokens each: "
+        f"first divergence at token {agree.mean_first_divergence:.1f} on average, "
+        f"{agree.identical_rate:.0%} of outputs identical"
+    )
+    for text_name, values in ppl.items():
+        Console().print(f"perplexity on the {text_name} text: " + ", ".join(f"{k} {v:.3f}" for k, v in values.items()))
+
+
 @models_app.callback(invoke_without_command=True)
 def models(
     ctx: typer.Context,
