@@ -85,6 +85,25 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values, scale
 
 
+_BUFFERS: dict[tuple[int, int], torch.Tensor] = {}
+_BUFFER_ROWS = 64  # inputs of more rows get a fresh buffer (a prompt), fewer reuse one (decoding)
+
+
+def _pinned_buffer(rows: int, k: int) -> torch.Tensor:
+    """An [rows, k + 2] fp32 buffer whose last two columns hold +1 and -1.  Small ones are reused:
+    linear_dynamic has read the buffer by the time it returns, and only the first k columns change."""
+    key = (rows, k)
+    buffer = _BUFFERS.get(key)
+    if buffer is None:
+        with torch.inference_mode(False):  # a normal tensor: writable in and out of inference mode
+            buffer = torch.empty(rows, k + _PINS)
+            buffer[:, k] = 1.0
+            buffer[:, k + 1] = -1.0
+        if rows <= _BUFFER_ROWS:
+            _BUFFERS[key] = buffer
+    return buffer
+
+
 class Int8Linear(nn.Module):
     """y = x W^T + b with int8 W (per output channel) and per-token int8 x, batch-invariant (see module doc)."""
 
@@ -94,9 +113,6 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale.float().contiguous(), persistent=False)  # [N]
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone(), persistent=False)
         self._packed = _quantized_weight(qweight.to(torch.int8), self.scale)  # fbgemm's layout; the only copy
-        pins = torch.zeros(_PINS)
-        pins[0], pins[1] = 1.0, -1.0
-        self.register_buffer("pins", pins, persistent=False)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
@@ -110,10 +126,12 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        rows = x.reshape(-1, self.in_features).float()  # [M, K]
-        s = rows.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30)  # [M, 1]: each row's own range
-        pinned = torch.empty(rows.shape[0], self.in_features + _PINS)  # [M, K + 2]
-        pinned[:, self.in_features :] = self.pins
+        rows = x.reshape(-1, self.in_features)  # [M, K]
+        if rows.dtype != torch.float32:
+            rows = rows.float()
+        s = torch.linalg.vector_norm(rows, ord=float("inf"), dim=-1, keepdim=True)  # [M, 1]: max |x| per row
+        s.clamp_min_(1e-30)  # an all-zero row stays zero
+        pinned = _pinned_buffer(rows.shape[0], self.in_features)  # [M, K + 2], pins already in place
         torch.div(rows, s, out=pinned[:, : self.in_features])  # each row now spans at most [-1, 1]
         y = torch.ops.quantized.linear_dynamic(pinned, self._packed, True)  # [M, N]; 7-bit activations
         y = torch.addcmul(self.bias, y, s) if self.bias is not None else y.mul_(s)
