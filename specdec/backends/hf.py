@@ -36,9 +36,10 @@ class HFRunner:
     capabilities = Capabilities(rollback=True, logits_all_positions=True, batching=False)
 
     def __init__(self, model: PreTrainedModel, max_context: int | None = None) -> None:
-        from specdec.backends.quant import is_int8
+        from specdec.backends.quant import Int8Linear, is_int8, pack_all
 
         self.model = model.eval()
+        pack_all(m for m in model.modules() if isinstance(m, Int8Linear))  # now, not at the first token
         # int8 models (specdec.backends.quant) are batch-invariant; float models are not.
         self.capabilities = Capabilities(rollback=True, logits_all_positions=True, batching=False,
                                          batch_invariant=is_int8(model))

@@ -13,6 +13,10 @@ directly from the quantized model's tensors, gpt-fast style:
   for every position;
 - a preallocated KV cache per layer ([H_kv, capacity, D], grown by doubling):
   rollback moves a length, nothing is copied;
+- the fused weights are packed for fbgemm when the runner is built; the
+  transformers model's own q/k/v and gate/up linears stay unpacked int8
+  values (packed only if that model is itself run, e.g. by transformers'
+  generate in the benchmark);
 - the same elementwise and reduction operations in the same order as the
   transformers model, and attention through the same
   :func:`specdec.backends.quant.rowwise_attention` rows.
@@ -33,7 +37,7 @@ import torch.nn.functional as F
 
 from specdec.backends.base import Capabilities
 from specdec.backends.hf import model_max_context
-from specdec.backends.quant import Int8Linear, is_int8
+from specdec.backends.quant import Int8Linear, is_int8, pack_all
 from specdec.errors import SpecdecError
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")
@@ -121,6 +125,7 @@ class LeanRunner:
             )
             for layer in inner.layers
         ]
+        pack_all([self.head, *(lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))])
         self.intermediate = self.layers[0].gate_up.out_features // 2
         self._rotary = inner.rotary_emb
         self._cos = self._sin = torch.empty(0, self.head_dim)  # [positions, D], grown with the cache

@@ -51,8 +51,9 @@ from __future__ import annotations
 
 import json
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -112,7 +113,20 @@ class Int8Linear(nn.Module):
         self.out_features, self.in_features = (int(d) for d in qweight.shape)
         self.register_buffer("scale", scale.float().contiguous(), persistent=False)  # [N]
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone(), persistent=False)
-        self._packed = _quantized_weight(qweight.to(torch.int8), self.scale)  # fbgemm's layout; the only copy
+        # The int8 values until fbgemm packs them (at the first forward, or pack_all): packing a
+        # 1.5B model takes seconds, and a linear that is fused into another is never packed.
+        self._qweight: torch.Tensor | None = qweight.to(torch.int8).contiguous()  # [N, K]
+        self._packed: Any = None
+
+    def pack(self) -> None:
+        """Hand the weights to fbgemm (its packed copy replaces the int8 values)."""
+        if self._packed is None:
+            self._packed = _quantized_weight(self._qweight, self.scale)
+            self._qweight = None
+
+    @property
+    def packed(self) -> bool:
+        return self._packed is not None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
@@ -120,7 +134,9 @@ class Int8Linear(nn.Module):
         return cls(values, scale, linear.bias)
 
     def int8_weight(self) -> torch.Tensor:
-        """The int8 weight values [N, K], unpacked from fbgemm's copy."""
+        """The int8 weight values [N, K] (unpacked from fbgemm's copy once packed)."""
+        if self._qweight is not None:
+            return self._qweight
         qweight, _ = torch.ops.quantized.linear_unpack(self._packed)
         return qweight.int_repr()[:, : self.in_features].contiguous()
 
@@ -129,6 +145,8 @@ class Int8Linear(nn.Module):
         rows = x.reshape(-1, self.in_features)  # [M, K]
         if rows.dtype != torch.float32:
             rows = rows.float()
+        if self._packed is None:
+            self.pack()
         s = torch.linalg.vector_norm(rows, ord=float("inf"), dim=-1, keepdim=True)  # [M, 1]: max |x| per row
         s.clamp_min_(1e-30)  # an all-zero row stays zero
         pinned = _pinned_buffer(rows.shape[0], self.in_features)  # [M, K + 2], pins already in place
@@ -139,6 +157,18 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def pack_all(linears: Iterable[Int8Linear], threads: int = 2) -> None:
+    """Pack many Int8Linears at once, on `threads` threads (fbgemm's packing is single-threaded)."""
+    # Largest first, so that the longest packing (an lm_head: seconds) overlaps the others.
+    todo = sorted((lin for lin in linears if not lin.packed), key=lambda lin: -lin.out_features * lin.in_features)
+    if threads <= 1 or len(todo) < 2:
+        for lin in todo:
+            lin.pack()
+        return
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(Int8Linear.pack, todo))
 
 
 def rowwise_attention(
