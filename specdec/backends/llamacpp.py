@@ -261,11 +261,16 @@ class LlamaCppRunner:
 
     capabilities = Capabilities(rollback=True, logits_all_positions=True, batching=False)
 
-    def __init__(self, session: Session, eval_mode: str = "batched", eos_token_ids: frozenset[int] = frozenset()) -> None:
+    def __init__(self, session: Session, eval_mode: str = "batched", eos_token_ids: frozenset[int] = frozenset(),
+                 exact: bool = False) -> None:
         if eval_mode not in ("batched", "sequential"):
             raise ValueError(f"eval_mode must be 'batched' or 'sequential', got {eval_mode!r}")
         self.session = session
         self.eval_mode = eval_mode
+        # exact: loaded with the batch-invariant settings (from_gguf(exact=True)); one token at a
+        # time ("sequential") is trivially invariant too.
+        self.capabilities = Capabilities(rollback=True, logits_all_positions=True, batching=False,
+                                         batch_invariant=exact or eval_mode == "sequential")
         self.vocab_size = int(session.n_vocab)
         self.max_context = int(session.n_ctx)
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -287,7 +292,7 @@ class LlamaCppRunner:
         session = LlamaCppSession(path, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, exact=exact)
         if eval_mode == "auto":
             eval_mode = "sequential" if exact and not batch_invariant_build() else "batched"
-        return cls(session, eval_mode, session.eos_token_ids())
+        return cls(session, eval_mode, session.eos_token_ids(), exact=exact)
 
     def forward(self, new_tokens: Sequence[int], last_n: int | None = None) -> torch.Tensor:
         new_tokens = [int(t) for t in new_tokens]
