@@ -20,6 +20,9 @@
 # exact by verifying one token at a time, which is slower. The multimodal
 # library (llava/mtmd), which specdec does not use, is not built.
 #
+# Built wheels are cached under $SPECDEC_HOME/wheels (default ~/.cache/specdec/wheels), keyed by
+# version, flags, CPU and Python; --force rebuilds.
+#
 # Environment: PYTHON (default: .venv/bin/python if present, else python3),
 # LLAMACPP_VERSION (default 0.3.36), CMAKE_BUILD_PARALLEL_LEVEL (default: nproc),
 # LLAMACPP_LLAMAFILE (default OFF), CMAKE_ARGS (appended to the flags chosen here).
@@ -32,7 +35,7 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
         --force) force=1 ;;
         --python) python="$2"; shift ;;
-        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
         *) echo "install-llamacpp: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
@@ -104,9 +107,20 @@ echo "install-llamacpp: building llama-cpp-python $version for $os/$arch" \
 # Build the wheel first (the installed copy, if any, keeps working meanwhile), then
 # install it over any copy of the same version, then let pip add its dependencies.
 # --no-binary: a prebuilt wheel from some index would not be built for this CPU.
+# A wheel built here is kept in specdec's cache, keyed by everything that went into it
+# (version, flags, CPU flags, Python), so a second install on this machine takes seconds.
+cache="${SPECDEC_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/specdec}/wheels"
+key="$( { echo "$version $CMAKE_ARGS $arch $os"; "$python" -c 'import sys; print(sys.version)';
+          grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true; } | { sha256sum 2>/dev/null || shasum -a 256; } | cut -c1-16)"
 wheels="$(mktemp -d)"
 trap 'rm -rf "$wheels"' EXIT
-"$python" -m pip wheel --no-cache-dir --no-deps --no-binary llama-cpp-python -w "$wheels" "llama-cpp-python==$version"
+if [[ "$force" == 0 && -d "$cache/$key" ]] && ls "$cache/$key"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+    echo "install-llamacpp: using the wheel built earlier on this machine ($cache/$key)"
+    cp "$cache/$key"/llama_cpp_python-*.whl "$wheels/"
+else
+    "$python" -m pip wheel --no-cache-dir --no-deps --no-binary llama-cpp-python -w "$wheels" "llama-cpp-python==$version"
+    mkdir -p "$cache/$key" && cp "$wheels"/llama_cpp_python-*.whl "$cache/$key/" || true
+fi
 wheel="$(ls "$wheels"/llama_cpp_python-*.whl)"
 "$python" -m pip install --no-cache-dir --no-deps --force-reinstall "$wheel"
 "$python" -m pip install --no-cache-dir "$wheel"
