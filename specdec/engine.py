@@ -19,6 +19,7 @@ from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner
 from specdec.bridge import TextBridge, VocabularyMap
 from specdec.drafters.base import Drafter
+from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.universal import UniversalDrafter
 from specdec.errors import IncompatibleDraftError, SpecdecError
@@ -30,6 +31,7 @@ from specdec.vocab import same_vocabulary
 # A name, or a loaded (transformers model or ModelRunner, tokenizer) pair.
 ModelSpec = str | tuple[Any, PreTrainedTokenizerBase]
 BACKENDS = ("hf", "llamacpp")
+LOOKUP = "lookup"  # the draft name for prompt lookup (no draft model)
 
 
 def resolve_backends(backend: str, draft_backend: str | None) -> tuple[str, str]:
@@ -145,7 +147,11 @@ class Engine:
         draft_tokenizer: PreTrainedTokenizerBase | None = None,
         target_name: str = "target",
         draft_name: str = "draft",
+        lookup: bool = False,
     ) -> None:
+        if lookup and draft is not None:
+            raise SpecdecError("prompt lookup drafts without a draft model: give one or the other")
+        self.lookup = lookup  # draft by prompt lookup (specdec.drafters.lookup), no draft model
         self.tokenizer = tokenizer
         self.target_runner = as_runner(target)
         self.draft_runner = as_runner(draft) if draft is not None else None
@@ -169,8 +175,15 @@ class Engine:
             )
         return mode
 
+    @property
+    def can_draft(self) -> bool:
+        """Whether requests can be speculative: a draft model, or prompt lookup."""
+        return self.lookup or self.draft_runner is not None
+
     def make_drafter(self, sampling: SamplingParams, mode: str = "auto") -> Drafter | None:
-        """The drafter for one request, or None without a draft model."""
+        """The drafter for one request, or None without a draft model or lookup."""
+        if self.lookup:
+            return LookupDrafter()
         if self.draft_runner is None:
             return None
         mode = self.resolve_draft_mode(mode)
@@ -201,6 +214,7 @@ class Engine:
     ) -> "Engine":
         """Load models by name (zoo name, .gguf path, model directory, hub id) or take loaded ones.
 
+        draft: a model, or "lookup" for prompt lookup drafting (no draft model).
         backend / draft_backend: "hf" (transformers, in `dtype`) or "llamacpp" (the GGUF
         through llama.cpp; zoo names and .gguf files only); the draft's defaults to the
         target's.  n_ctx / threads: llama.cpp's context size (default DEFAULT_N_CTX) and CPU
@@ -217,6 +231,9 @@ class Engine:
         for which, d, spec in ((backend, dtype, target), (draft_backend, draft_dtype or dtype, draft)):
             if which == "hf" and spec is not None:
                 resolve_device(device, d)  # a bad device / dtype pair is refused before any load
+        lookup = isinstance(draft, str) and draft.lower() == LOOKUP
+        if lookup:
+            draft = None
         for spec, which in ((target, backend), (draft, draft_backend)):
             if isinstance(spec, str):
                 check_spec(spec, which)  # every name checked before anything is loaded
@@ -234,7 +251,7 @@ class Engine:
 
         t_model, t_tok, t_name = get(target, backend, exact=True, dtype=dtype)
         if draft is None:
-            return cls(t_model, t_tok, target_name=t_name)
+            return cls(t_model, t_tok, target_name=t_name, draft_name=LOOKUP if lookup else "draft", lookup=lookup)
         d_model, d_tok, d_name = get(draft, draft_backend, exact=False, dtype=draft_dtype or dtype)
         return cls(t_model, t_tok, d_model, d_tok, target_name=t_name, draft_name=d_name)
 

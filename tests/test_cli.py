@@ -201,3 +201,12 @@ def test_cuda_speculative_equals_plain(tiny_dirs, dtype):
     plain = engine.generate("def fibonacci(n):", max_new_tokens=24, use_draft=False)
     spec = engine.generate("def fibonacci(n):", max_new_tokens=24, num_speculative_tokens=4)
     assert spec.token_ids == plain.token_ids and spec.stats.drafted > 0
+
+
+def test_prompt_lookup_draft_prints_plain_output(tiny_dirs):
+    common = ["def f(x): return x\ndef f(x): return", "--target", tiny_dirs["target"], "--max-new-tokens", "20", "--json"]
+    plain = json.loads(generate(*common, "--draft", "none").stdout)
+    result = generate(*common, "--draft", "lookup", "-k", "4")
+    assert result.exit_code == 0, result.output
+    spec = json.loads(result.stdout)
+    assert spec["token_ids"] == plain["token_ids"] and spec["stats"]["drafted"] > 0

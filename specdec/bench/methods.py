@@ -143,13 +143,16 @@ class Method(ABC):
 
     family: str = ""  # the method's name without its γ ("specdec", "hf", ...)
     uses_gamma: bool = False  # whether it takes a draft length γ (and is swept over --gammas)
-    needs_draft: bool = False  # whether it needs the draft model
+    needs_draft: bool = False  # whether it needs a drafter (a draft model or prompt lookup)
+    needs_draft_model: bool = False  # whether it needs a draft model itself
     needs_hf: tuple[str, ...] = ()  # models ("target", "draft") that must be loaded with transformers
 
     def __init__(self, engine: "Engine", max_new_tokens: int, gamma: int | None = None, name: str | None = None,
                  sampling: SamplingParams | None = None) -> None:
-        if self.needs_draft and engine.draft_runner is None:
+        if self.needs_draft and not engine.can_draft:
             raise SpecdecError(f"method '{self.family}' needs a draft model: give --draft")
+        if self.needs_draft_model and engine.draft_runner is None:
+            raise SpecdecError(f"method '{self.family}' needs a draft model (not prompt lookup): give --draft")
         self.engine = engine
         self.sampling = sampling or SamplingParams()  # greedy unless a temperature is given
         self.max_new_tokens = max_new_tokens
@@ -215,6 +218,7 @@ class SpecdecIntersection(Specdec):
 
     family = "specdec-intersection"
     draft_mode = "intersection"
+    needs_draft_model = True
 
 
 # --- transformers' generate ---------------------------------------------------------------------
@@ -348,6 +352,7 @@ class HFAssisted(HFGenerate):
     family = "hf"
     uses_gamma = True
     needs_draft = True
+    needs_draft_model = True
     needs_hf = ("target", "draft")
     observes_drafts = True
 

@@ -76,6 +76,7 @@ def assert_user_error(result, fragment):
         (["--draft-backend", "llamacpp", "--methods", "plain,specdec,hf"], "needs the draft on transformers"),
         (["--n-ctx", "0", "--methods", "plain"], "--n-ctx"),
         (["--methods", "plain,llamacpp"], "llama"),  # the peer needs a GGUF target (and llama-cpp-python)
+        (["--draft", "lookup", "--methods", "plain,specdec,hf"], "not prompt lookup"),
     ],
 )
 def test_user_errors(tiny_dirs, tmp_path, args, fragment):

@@ -1,0 +1,73 @@
+"""Prompt lookup: a model-free drafter that copies what followed the last n tokens earlier in the context.
+
+Prompt lookup decoding (Saxena 2023; transformers' ``prompt_lookup_num_tokens``,
+vLLM's n-gram proposer, llama.cpp's lookup decoding): outputs often repeat
+spans of their input — code being edited, a document being summarised, names,
+numbers, boilerplate.  So the drafter takes the last n tokens of the context
+(prompt + generated), finds their most recent earlier occurrence, and proposes
+the tokens that followed it.  It tries the longest n first (``max_ngram`` down
+to ``min_ngram``) and proposes nothing when no n matches.
+
+Worked example, ``max_ngram=3``, k = 3::
+
+    context:  The cat sat on the mat . The cat sat on
+                                        ^^^^^^^^^^^^^^ last 3 tokens: "cat sat on"
+    earlier occurrence at positions 1..3, followed by: "the mat ."
+    proposal: ["the", "mat", "."]
+
+The proposal carries no probabilities (``q = None``), so it is verified as a
+deterministic draft: exact under greedy decoding, distribution-preserving
+under sampling.  Finding a match costs a dictionary lookup: the drafter keeps
+an index from every n-gram (n in min..max) to the latest position where it was
+followed by a token, and extends it as the context grows.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from specdec.drafters.base import Draft
+
+
+class LookupDrafter:
+    """Proposes the continuation of the latest earlier occurrence of the context's last n tokens."""
+
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.reset()
+
+    def reset(self) -> None:
+        self._tokens: list[int] = []  # the context indexed so far
+        # n-gram -> start of its latest occurrence that is followed by at least one token
+        self._index: dict[tuple[int, ...], int] = {}
+
+    def _sync(self, context: Sequence[int]) -> None:
+        """Index `context`, extending the index when it continues the last one, else rebuilding it."""
+        known = len(self._tokens)
+        if len(context) < known or list(context[:known]) != self._tokens:
+            self.reset()
+            known = 0
+        for p in range(max(known, 1), len(context)):
+            # token p now follows every n-gram that ends at p - 1: remember where each starts
+            for n in range(self.min_ngram, self.max_ngram + 1):
+                start = p - n
+                if start < 0:
+                    break
+                self._index[tuple(context[start:p])] = start
+        self._tokens = list(context)
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        self._sync(context)
+        if k <= 0:
+            return Draft([])
+        for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
+            start = self._index.get(tuple(context[-n:]))
+            if start is not None:
+                follow = start + n
+                return Draft(list(context[follow : follow + k]))
+        return Draft([])
+
+    def observe(self, context: Sequence[int], num_accepted: int) -> None:
+        """Nothing to learn: the index grows with the context at the next proposal."""
