@@ -70,18 +70,37 @@ def require_llama_cpp():
     return pytest.importorskip("llama_cpp")
 
 
+# Real transformers models kept at once, in bytes of weights: an fp32 1.5B model and the int8 one
+# fit; beyond that the least recently used is dropped (tests still holding it keep it alive).
+REAL_HF_BUDGET = 10 * 2**30
+
+
+def model_bytes(model) -> int:
+    """Weights held by a transformers model (fp32/bf16 parameters, int8 linears at a byte a weight)."""
+    from specdec.backends.quant import Int8Linear
+
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    return params + sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, Int8Linear))
+
+
 @pytest.fixture(scope="session")
 def real_hf() -> Callable:
-    """get(name, dtype="fp32") -> (model, tokenizer) of a real zoo model, loaded once per session."""
+    """get(name, dtype="fp32") -> (model, tokenizer) of a real zoo model, loaded once per session
+    (within REAL_HF_BUDGET: the least recently used model is reloaded if it was dropped)."""
     from specdec.loading import load_hf
 
-    loaded: dict = {}
+    loaded: dict = {}  # (name, dtype) -> (model, tokenizer), least recently used first
 
     def get(name: str, dtype: str = "fp32"):
-        if (name, dtype) not in loaded:
-            with real_model_threads(), user_home():
-                loaded[(name, dtype)] = load_hf(name, dtype=dtype)
-        return loaded[(name, dtype)]
+        key = (name, dtype)
+        if key in loaded:
+            loaded[key] = loaded.pop(key)  # now the most recently used
+            return loaded[key]
+        with real_model_threads(), user_home():
+            loaded[key] = load_hf(name, dtype=dtype)
+        while len(loaded) > 1 and sum(model_bytes(m) for m, _ in loaded.values()) > REAL_HF_BUDGET:
+            del loaded[next(iter(loaded))]
+        return loaded[key]
 
     return get
 

@@ -18,8 +18,7 @@ import random
 import pytest
 import torch
 
-from specdec.backends.hf import HFRunner
-from specdec.engine import Engine
+from specdec.engine import Engine, as_runner
 from tests.conftest import real_model_threads
 
 pytestmark = pytest.mark.real
@@ -41,7 +40,7 @@ def test_int8_logits_are_bitwise_one_token_at_a_time(real_hf, name, context):
     # rollbacks while the context grows to `context`; `mirror` holds the same cache but evaluates
     # those tokens one at a time.  (Fillers that grow the context go to both in one same call.)
     model, tok = real_hf(name, "int8")
-    runner, mirror = HFRunner(model), HFRunner(model)
+    runner, mirror = as_runner(model), as_runner(model)  # what the Engine uses: lean for qwen2 / llama
     rng = random.Random(name)
     specials = set(tok.all_special_ids)
     vocab = [i for i in range(min(len(tok), runner.vocab_size)) if i not in specials]
@@ -65,6 +64,22 @@ def test_int8_logits_are_bitwise_one_token_at_a_time(real_hf, name, context):
             expected = torch.cat([mirror.forward([t]) for t in new])  # k x [1, V]
             assert torch.equal(logits, expected), (name, len(runner.tokens), k)
     assert len(runner.tokens) >= context - 32 and runner.tokens == mirror.tokens
+
+
+def test_lean_runner_is_bitwise_the_quantized_transformers_model(real_hf):
+    # Real shapes (qwen2: q/k/v biases, grouped queries): the lean runner's fused projections and
+    # own cache compute exactly what the quantized transformers modules compute.
+    from specdec.backends.hf import HFRunner
+    from specdec.backends.lean import LeanRunner
+
+    model, tok = real_hf("qwen2.5-coder-0.5b", "int8")
+    lean, reference = LeanRunner(model), HFRunner(model)
+    ids = list(tok(CODE, add_special_tokens=True)["input_ids"])
+    with real_model_threads():
+        assert torch.equal(lean.forward(ids), reference.forward(ids))
+        for k in (1, 5, 16):
+            new = ids[-k:]
+            assert torch.equal(lean.forward(new), reference.forward(new)), k
 
 
 @pytest.fixture(scope="module")

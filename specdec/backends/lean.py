@@ -29,6 +29,7 @@ quantized transformers model through :class:`specdec.backends.hf.HFRunner`.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -90,6 +91,33 @@ class _Layer:
     sliding_window: int | None
 
 
+_FUSED: "weakref.WeakKeyDictionary[Any, list[_Layer]]" = weakref.WeakKeyDictionary()
+
+
+def _fused_layers(model: Any) -> list[_Layer]:
+    """The model's layers with fused, packed projections, built once per model (packing takes seconds)
+    and shared by all its runners: a runner owns only its KV cache."""
+    layers = _FUSED.get(model)
+    if layers is None:
+        config = model.config
+        layers = [
+            _Layer(
+                input_norm=layer.input_layernorm.weight.detach(),
+                qkv=fuse([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
+                o=layer.self_attn.o_proj,
+                post_norm=layer.post_attention_layernorm.weight.detach(),
+                gate_up=fuse([layer.mlp.gate_proj, layer.mlp.up_proj]),
+                down=layer.mlp.down_proj,
+                scaling=float(layer.self_attn.scaling),
+                sliding_window=_sliding_window(config, layer.self_attn),
+            )
+            for layer in model.model.layers
+        ]
+        pack_all([model.lm_head, *(lin for layer in layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))])
+        _FUSED[model] = layers
+    return layers
+
+
 class LeanRunner:
     """A ModelRunner over an int8 llama / qwen2 / mistral model (see the module doc)."""
 
@@ -110,22 +138,8 @@ class LeanRunner:
         self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.num_heads)
         self.max_context = max_context or model_max_context(model)
-        first = inner.layers[0]
-        self.act: Callable[[torch.Tensor], torch.Tensor] = first.mlp.act_fn
-        self.layers = [
-            _Layer(
-                input_norm=layer.input_layernorm.weight.detach(),
-                qkv=fuse([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
-                o=layer.self_attn.o_proj,
-                post_norm=layer.post_attention_layernorm.weight.detach(),
-                gate_up=fuse([layer.mlp.gate_proj, layer.mlp.up_proj]),
-                down=layer.mlp.down_proj,
-                scaling=float(layer.self_attn.scaling),
-                sliding_window=_sliding_window(config, layer.self_attn),
-            )
-            for layer in inner.layers
-        ]
-        pack_all([self.head, *(lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))])
+        self.act: Callable[[torch.Tensor], torch.Tensor] = inner.layers[0].mlp.act_fn
+        self.layers = _fused_layers(model)  # shared by every runner over this model
         self.intermediate = self.layers[0].gate_up.out_features // 2
         self._rotary = inner.rotary_emb
         self._cos = self._sin = torch.empty(0, self.head_dim)  # [positions, D], grown with the cache

@@ -107,3 +107,14 @@ def test_lean_refuses_what_it_cannot_do():
         runner.forward([1] * (runner.max_context + 1))
     with pytest.raises(ValueError):
         runner.rollback(-1)
+
+
+def test_runners_over_one_model_share_weights_not_caches():
+    model = int8("qwen2")
+    a, b = LeanRunner(model), LeanRunner(model)
+    assert a.layers is b.layers  # fused and packed once per model
+    first = a.forward([3, 4, 5])
+    b.forward([9, 9])
+    assert a.tokens == [3, 4, 5] and b.tokens == [9, 9]
+    a.reset()
+    assert torch.equal(a.forward([3, 4, 5]), first)
