@@ -186,10 +186,10 @@ class LeanRunner:
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, self.eps)
             qkv = layer.qkv(h)  # [n, (H + 2 H_kv) D]
-            q = qkv[:, : h_q * d].view(n, h_q, d).transpose(0, 1)  # [H, n, D]
-            k = qkv[:, h_q * d : (h_q + h_kv) * d].view(n, h_kv, d).transpose(0, 1)  # [H_kv, n, D]
+            # q and k rotated in one go: the same elementwise operations on every element
+            qk = rotate(qkv[:, : (h_q + h_kv) * d].view(n, h_q + h_kv, d).transpose(0, 1), cos, sin)  # [H + H_kv, n, D]
+            q, k = qk[:h_q], qk[h_q:]  # [H, n, D], [H_kv, n, D]
             v = qkv[:, (h_q + h_kv) * d :].view(n, h_kv, d).transpose(0, 1)  # [H_kv, n, D]
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
             keys, values = self.keys[i], self.values[i]
             keys[:, start:end] = k
             values[:, start:end] = v
