@@ -54,7 +54,7 @@ class DraftMode(str, Enum):
     intersection = "intersection"
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     """Print a one-line error and exit with status 2."""
     err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
     raise typer.Exit(2)
@@ -98,7 +98,7 @@ def generate(
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
     draft: str = typer.Option(DEFAULT_DRAFT, "--draft", "-d", help="Draft model, 'lookup' (prompt lookup: no draft model), or 'none' for plain decoding."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most tokens to generate."),
-    num_speculative_tokens: int = typer.Option(5, "--num-speculative-tokens", "-k", help="Draft tokens per step (γ)."),
+    num_speculative_tokens: str = typer.Option("auto", "--num-speculative-tokens", "-k", help="Draft tokens per step: 'auto' (a cost model picks 0..8 each step from measured speeds and acceptance; 0 = a plain step) or a fixed γ."),
     dtype: DType = typer.Option(DType.fp32, "--dtype", help="Weights' dtype for transformers models: fp32, bf16, or int8 (int8 weights and activations, batch-invariant: the fastest on CPUs, and speculative output is exactly int8 plain output)."),
     draft_dtype: Optional[DType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype); bf16 makes a transformers draft cheaper without changing the output."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend: hf (transformers) or llamacpp (GGUF via llama.cpp)."),
@@ -125,8 +125,7 @@ def generate(
 
     if max_new_tokens <= 0:
         fail(f"--max-new-tokens must be > 0, got {max_new_tokens}")
-    if num_speculative_tokens < 1:
-        fail(f"--num-speculative-tokens must be >= 1, got {num_speculative_tokens}")
+    k = parse_k(num_speculative_tokens)
     if not prompt:
         fail("the prompt is empty: give some text to continue")
     if n_ctx is not None and n_ctx < 1:
@@ -152,7 +151,7 @@ def generate(
         progress.close()
         stops = tuple(stop or ())
         steps = engine.stream(
-            prompt, max_new_tokens=max_new_tokens, num_speculative_tokens=num_speculative_tokens,
+            prompt, max_new_tokens=max_new_tokens, num_speculative_tokens=k,
             stop=stops, chat=chat, sampling=sampling, draft_mode=draft_mode.value,
         )
         if as_json:
@@ -170,8 +169,9 @@ def generate(
         summary = f"{s.new_tokens} tokens in {s.wall_s:.2f} s ({s.tokens_per_s:.1f} tok/s), finish: {step.finish_reason}"
         if draft_spec:
             summary += (
-                f" · acceptance {s.acceptance_rate:.0%} · {s.tokens_per_target_forward:.2f} tokens/target forward"
-                f" · {s.target_forwards} target forwards"
+                f" · draft {engine.draft_name} (k {'auto' if k == 'auto' else k}: mean {s.mean_k:.1f},"
+                f" {s.plain_fraction:.0%} plain steps) · acceptance {s.acceptance_rate:.0%}"
+                f" · {s.tokens_per_target_forward:.2f} tokens/target forward"
             )
         err.print(summary)
     except SpecdecError as e:
@@ -187,7 +187,7 @@ def bench(
     draft: str = typer.Option(DEFAULT_DRAFT, "--draft", "-d", help="Draft model, 'lookup' (prompt lookup), or 'none' (then only plain, hf-plain, hf-pld, llamacpp)."),
     prompts: str = typer.Option("builtin", "--prompts", help="Spec-Bench .jsonl, or a text file with one prompt per line (\\n escapes allowed), or 'builtin'."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most tokens to generate per prompt."),
-    methods: str = typer.Option("plain,specdec,hf,hf-plain,hf-pld", "--methods", help="Comma-separated: plain, specdec, specdec-intersection, hf, hf-auto, hf-plain, hf-pld, llamacpp (plain llama.cpp on the target's GGUF); plain always runs: it is the reference."),
+    methods: str = typer.Option("plain,specdec,hf,hf-plain,hf-pld", "--methods", help="Comma-separated: plain, specdec, specdec-auto (k chosen by the cost-model controller), specdec-intersection, hf, hf-auto, hf-plain, hf-pld, llamacpp (plain llama.cpp on the target's GGUF); plain always runs: it is the reference."),
     gammas: str = typer.Option("5", "--gammas", help="Draft tokens per step γ; a list (1,3,5) sweeps specdec, hf and hf-pld."),
     repeats: int = typer.Option(1, "--repeats", help="Runs per prompt and method; the median is reported."),
     limit_per_category: Optional[int] = typer.Option(None, "--limit-per-category", help="Take only the first M prompts of each category."),
@@ -233,6 +233,19 @@ def bench(
         err.print(f"results in {out}/ (summary.md, results.jsonl, plots)")
 
 
+
+
+def parse_k(text: str) -> int | str:
+    """--num-speculative-tokens: 'auto' or an int >= 1; a one-line failure for anything else."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        k = int(text)
+    except ValueError:
+        fail(f"--num-speculative-tokens must be 'auto' or a number >= 1, got '{text}'")
+    if k < 1:
+        fail(f"--num-speculative-tokens must be >= 1 (or 'auto'), got {k}")
+    return k
 
 
 def _parse_ks(text: str) -> list[int]:

@@ -18,6 +18,7 @@ from specdec.backends import lean
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner
 from specdec.bridge import TextBridge, VocabularyMap
+from specdec.control import AutoK, Controller
 from specdec.drafters.base import Drafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import ModelDrafter
@@ -32,6 +33,8 @@ from specdec.vocab import same_vocabulary
 ModelSpec = str | tuple[Any, PreTrainedTokenizerBase]
 BACKENDS = ("hf", "llamacpp")
 LOOKUP = "lookup"  # the draft name for prompt lookup (no draft model)
+AUTO = "auto"  # num_speculative_tokens: the cost-model controller chooses k each step
+MAX_AUTO_K = 8  # the most tokens the controller drafts in one step
 
 
 def resolve_backends(backend: str, draft_backend: str | None) -> tuple[str, str]:
@@ -161,6 +164,33 @@ class Engine:
         self.eos_token_ids = runner_eos_token_ids(self.target_runner, tokenizer)
         self._bridge: TextBridge | None = None
         self._vocab_map: VocabularyMap | None = None
+        self._auto: AutoK | None = None
+
+    def speculation(self, k: int | str | Controller) -> int | Controller:
+        """A draft length for the loop: an int γ as it is, a Controller as it is, or "auto": this
+        engine's cost-model controller (specdec.control.AutoK; its costs measured on first use and
+        cached on disk, see specdec.profile.step_costs; what it learns carries over between requests)."""
+        if isinstance(k, str):
+            if k.strip().lower() == AUTO:
+                return self.auto_controller()
+            try:
+                k = int(k)
+            except ValueError:
+                raise SpecdecError(f"the number of speculative tokens must be 'auto' or a number >= 1, got '{k}'") from None
+        if isinstance(k, int) and k < 1:
+            raise SpecdecError(f"the number of speculative tokens must be >= 1 (or 'auto'), got {k}")
+        return k
+
+    def auto_controller(self) -> AutoK:
+        """The engine's controller for `-k auto` (measures the step costs the first time, seconds)."""
+        if self._auto is None:
+            from specdec.profile import step_costs
+            from specdec.zoo import home
+
+            costs = step_costs(self.target_runner, self.draft_runner, MAX_AUTO_K, lookup=self.lookup,
+                               cache_dir=home() / "profiles")
+            self._auto = AutoK(costs, max_k=MAX_AUTO_K)
+        return self._auto
 
     def resolve_draft_mode(self, mode: str = "auto") -> str:
         """The concrete drafting mode for `mode` with this pair of models."""
@@ -279,14 +309,17 @@ class Engine:
         self,
         prompt: str | Sequence[int],
         max_new_tokens: int = 128,
-        num_speculative_tokens: int = 5,
+        num_speculative_tokens: int | str | Controller = 5,
         use_draft: bool = True,
         stop: Sequence[str] = (),
         chat: bool = False,
         sampling: SamplingParams | None = None,
         draft_mode: str = "auto",
     ) -> Iterator[Step]:
-        """Decode steps for one request (see :func:`specdec.loop.decode`)."""
+        """Decode steps for one request (see :func:`specdec.loop.decode`).
+
+        num_speculative_tokens: a fixed γ, "auto" (the cost-model controller), or a Controller.
+        """
         sampling = sampling or SamplingParams()
         prompt_ids = self.encode(prompt, chat=chat)
         condition = StopCondition(
@@ -301,7 +334,7 @@ class Engine:
             prompt_ids,
             condition,
             drafter=drafter,
-            num_speculative_tokens=num_speculative_tokens,
+            num_speculative_tokens=self.speculation(num_speculative_tokens) if drafter is not None else 1,
             verifier=make_verifier(sampling),
         )
 

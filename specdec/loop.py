@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
 from specdec.backends.base import ModelRunner
+from specdec.control import Controller, FixedK
 from specdec.drafters.base import Drafter
 from specdec.errors import SpecdecError
 from specdec.verify import GreedyVerifier, Verifier
@@ -33,9 +34,12 @@ class Stats:
     drafted: int = 0  # draft tokens proposed
     accepted: int = 0  # draft tokens accepted
     draft_steps: int = 0  # steps that verified a draft
+    plain_steps: int = 0  # one-token steps after the prefill (nothing drafted)
     proposed_at: list[int] = field(default_factory=list)  # [i]: steps that proposed a draft token i
     accepted_at: list[int] = field(default_factory=list)  # [i]: steps whose draft token i was accepted
     wall_s: float = 0.0
+    draft_s: float = 0.0  # in the drafter (proposals)
+    target_s: float = 0.0  # in target forwards and verification, the prefill included
 
     @property
     def acceptance_rate(self) -> float:
@@ -54,6 +58,23 @@ class Stats:
     def per_position_acceptance(self) -> list[float]:
         """[i] = fraction of steps whose draft token i was accepted, given it was proposed."""
         return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
+
+    @property
+    def mean_k(self) -> float:
+        """Mean draft tokens proposed per step after the prefill (plain steps count as 0)."""
+        steps = self.draft_steps + self.plain_steps
+        return self.drafted / steps if steps else 0.0
+
+    @property
+    def plain_fraction(self) -> float:
+        """Fraction of the steps after the prefill that drafted nothing."""
+        steps = self.draft_steps + self.plain_steps
+        return self.plain_steps / steps if steps else 0.0
+
+    @property
+    def other_s(self) -> float:
+        """Wall time outside the drafter and the target (stop checks, bookkeeping, the caller)."""
+        return max(self.wall_s - self.draft_s - self.target_s, 0.0)
 
     @property
     def tokens_per_s(self) -> float:
@@ -78,6 +99,9 @@ class Stats:
             tokens_per_target_forward=self.tokens_per_target_forward,
             per_position_acceptance=self.per_position_acceptance,
             tokens_per_s=self.tokens_per_s,
+            mean_k=self.mean_k,
+            plain_fraction=self.plain_fraction,
+            other_s=self.other_s,
         )
         return out
 
@@ -141,12 +165,14 @@ def decode(
     prompt_ids: Sequence[int],
     stop: StopCondition,
     drafter: Drafter | None = None,
-    num_speculative_tokens: int = 5,
+    num_speculative_tokens: int | Controller = 5,
     verifier: Verifier | None = None,
 ) -> Iterator[Step]:
     """Generate after `prompt_ids`, yielding the tokens of each step.
 
     drafter None -> plain autoregressive decoding (the reference).
+    num_speculative_tokens: a fixed draft length γ, or a Controller (specdec.control) that
+    chooses k each step (0 = a plain step) from measured costs and acceptance.
     verifier: how target logits become tokens (default greedy).
     """
     prompt_ids = list(prompt_ids)
@@ -158,8 +184,12 @@ def decode(
             f"the prompt has {len(prompt_ids)} tokens, which does not fit the target's "
             f"context window of {target.max_context} tokens"
         )
-    if num_speculative_tokens < 1 and drafter is not None:
-        raise SpecdecError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+    if isinstance(num_speculative_tokens, int):
+        if num_speculative_tokens < 1 and drafter is not None:
+            raise SpecdecError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+        controller: Controller = FixedK(max(num_speculative_tokens, 1))
+    else:
+        controller = num_speculative_tokens
     if drafter is not None and not target.capabilities.rollback:
         raise SpecdecError("speculative decoding needs a target backend that can roll back its cache")
 
@@ -168,10 +198,12 @@ def decode(
     target.reset()
     if drafter is not None:
         drafter.reset()
+        controller.reset()
 
     # Prefill: the prompt in one forward; its last logits give the first token.
     first = verifier.choose(target.forward(prompt_ids, last_n=1)[-1])
     stats.target_forwards += 1
+    stats.target_s = time.perf_counter() - start
     context = list(prompt_ids)  # prompt + generated; the target caches all of it but the last token
     generated: list[int] = []
 
@@ -197,16 +229,17 @@ def decode(
 
         # Draft no more than can be used: k accepted + 1 bonus must not pass
         # max_new_tokens, and the verification forward must fit the window.
-        k = min(
-            num_speculative_tokens,
-            stop.max_new_tokens - len(generated) - 1,
-            target.max_context - len(context),
-        )
+        limit = min(stop.max_new_tokens - len(generated) - 1, target.max_context - len(context))
+        k = controller.choose(limit) if drafter is not None and limit > 0 else 0
+        t0 = time.perf_counter()
         draft = drafter.propose(context, k) if drafter is not None and k > 0 else None
+        t1 = time.perf_counter()
 
         if draft is None or not draft.tokens:
             logits = target.forward([context[-1]])  # [1, V]
             new = [verifier.choose(logits[-1])]
+            k = n = 0
+            stats.plain_steps += 1
         else:
             if len(draft.tokens) > k:
                 raise ValueError(f"the drafter proposed {len(draft.tokens)} tokens where {k} were asked for")
@@ -217,8 +250,14 @@ def decode(
             n = verdict.num_accepted
             target.rollback(cached + 1 + n)  # keep pending + the accepted draft tokens
             stats.record_draft(k, n)
-            drafter.observe(context, n)
             new = draft.tokens[:n] + [verdict.next_token]
+        t2 = time.perf_counter()
+        if drafter is not None:
+            if k:
+                drafter.observe(context, n)
+            controller.observe(k, n, t1 - t0, t2 - t1)
+        stats.draft_s += t1 - t0
+        stats.target_s += t2 - t1
         stats.target_forwards += 1
         emitted, reason = append(new)
 

@@ -18,9 +18,13 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from specdec.backends.base import ModelRunner
+
+if TYPE_CHECKING:
+    from specdec.control import Costs
 
 DEFAULT_KS = tuple(range(1, 17))
 
@@ -103,3 +107,100 @@ def measure_drafting(
         runner.rollback(prefix)
     runner.reset()
     return 1000 * statistics.median(per_token)
+
+
+# What a step of the speculation controller (specdec.control) costs, measured once per
+# model / backend / dtype / threads / CPU and kept on disk: a few timed forwards, seconds.
+CONTROL_PREFIX = 64
+CONTROL_REPEATS = 2
+LOOKUP_MS_PER_TOKEN = 0.01  # prompt lookup: a suffix search in Python, microseconds
+
+
+def runner_identity(runner: ModelRunner) -> dict[str, object] | None:
+    """What a runner's timings depend on (model, backend, dtype, threads, CPU), or None when the
+    model has no name to key a cache with (e.g. a model built in memory)."""
+    import torch
+
+    from specdec.machine import cpu_description
+
+    session = getattr(runner, "session", None)
+    if session is not None:  # llama.cpp
+        who = {"backend": "llamacpp", "model": str(getattr(session, "path", "")), "exact": bool(session.exact),
+               "mode": str(getattr(runner, "eval_mode", "")), "threads": int(session.n_threads or 0)}
+    else:
+        model = getattr(runner, "model", None)
+        name = getattr(getattr(model, "config", None), "_name_or_path", "") if model is not None else ""
+        if not name:
+            return None
+        from specdec.backends.quant import is_int8
+
+        param = next(model.parameters())
+        who = {"backend": type(runner).__name__, "model": str(name), "dtype": "int8" if is_int8(model) else str(param.dtype),
+               "device": str(param.device), "threads": torch.get_num_threads()}
+    if not who["model"]:
+        return None
+    return {**who, "cpu": cpu_description()}
+
+
+def _cached(kind: str, runner: ModelRunner, params: dict, measure: Callable[[], object],
+            cache_dir: Path | None) -> object:
+    """measure(), or what it returned before for this runner's identity and these params (JSON on disk)."""
+    import hashlib
+    import json
+
+    identity = runner_identity(runner)
+    if cache_dir is None or identity is None:
+        return measure()
+    key = json.dumps({"kind": kind, **identity, **params}, sort_keys=True)
+    path = Path(cache_dir) / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    try:
+        record = json.loads(path.read_text())
+        if record.get("key") == key:
+            return record["value"]
+    except (OSError, ValueError, KeyError):
+        pass
+    value = measure()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": key, "value": value}))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only cache costs a re-measurement next time, nothing else
+    return value
+
+
+def control_ks(max_k: int) -> list[int]:
+    """Forward sizes timed for the controller: every n up to 4, then every other, and max_k + 1."""
+    return sorted({n for n in (1, 2, 3, 4, 6, 8, 12, 16) if n <= max_k + 1} | {max_k + 1})
+
+
+def step_costs(
+    target: ModelRunner,
+    draft: ModelRunner | None = None,
+    max_k: int = 8,
+    lookup: bool = False,
+    cache_dir: Path | None = None,
+) -> "Costs":
+    """The controller's Costs: the target's t(n) for n = 1..max_k + 1 (a few points, interpolated) and
+    the draft's ms per proposed token (a draft model's one-token forwards; prompt lookup ~0).
+    Measured once and cached in `cache_dir` per runner identity (see runner_identity)."""
+    from specdec.control import Costs
+
+    def room(runner: ModelRunner, extra: int) -> int:
+        return max(1, min(CONTROL_PREFIX, runner.max_context - extra - 1))
+
+    ks = control_ks(max_k)
+    prefix = room(target, ks[-1])
+    ms = _cached("target", target, {"ks": ks, "prefix": prefix, "repeats": CONTROL_REPEATS},
+                 lambda: {str(k): v for k, v in
+                          measure_forwards(target, ks, prefix=prefix, repeats=CONTROL_REPEATS).ms.items()},
+                 cache_dir)
+    if draft is not None:
+        d_prefix = room(draft, max_k)
+        draft_ms = _cached("draft", draft, {"tokens": max_k, "prefix": d_prefix, "repeats": CONTROL_REPEATS},
+                           lambda: measure_drafting(draft, tokens=max_k, prefix=d_prefix, repeats=CONTROL_REPEATS),
+                           cache_dir)
+    else:
+        draft_ms = LOOKUP_MS_PER_TOKEN if lookup else 0.0
+    return Costs({int(k): float(v) for k, v in ms.items()}, float(draft_ms))

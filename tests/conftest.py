@@ -46,6 +46,20 @@ def user_home() -> Iterator[None]:
             os.environ[zoo.HOME_ENV] = before
 
 
+@pytest.fixture(autouse=True, scope="session")
+def isolated_home(tmp_path_factory) -> Iterator[None]:
+    """$SPECDEC_HOME = a temporary folder for the whole session: tests write nothing into the
+    user's cache (measured step costs, converted models, ...) unless they ask for it through
+    user_home (as the real-model fixtures do)."""
+    before = os.environ.get(zoo.HOME_ENV)
+    os.environ[zoo.HOME_ENV] = str(tmp_path_factory.mktemp("specdec-home"))
+    yield
+    if before is None:
+        del os.environ[zoo.HOME_ENV]
+    else:
+        os.environ[zoo.HOME_ENV] = before
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

@@ -102,9 +102,11 @@ def real_tokenizers():
     from transformers import AutoTokenizer
 
     from specdec import zoo
+    from tests.conftest import user_home
 
-    return {name: AutoTokenizer.from_pretrained(zoo.hf_dir(name))
-            for name in ("qwen2.5-coder-1.5b", "smollm2-135m", "gemma3-270m")}
+    with user_home():
+        return {name: AutoTokenizer.from_pretrained(zoo.hf_dir(name))
+                for name in ("qwen2.5-coder-1.5b", "smollm2-135m", "gemma3-270m")}
 
 
 PAIRS = [("qwen2.5-coder-1.5b", "smollm2-135m"), ("qwen2.5-coder-1.5b", "gemma3-270m"),

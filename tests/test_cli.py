@@ -210,3 +210,24 @@ def test_prompt_lookup_draft_prints_plain_output(tiny_dirs):
     assert result.exit_code == 0, result.output
     spec = json.loads(result.stdout)
     assert spec["token_ids"] == plain["token_ids"] and spec["stats"]["drafted"] > 0
+
+
+def test_k_auto_is_the_default_and_keeps_the_output(tiny_dirs):
+    common = ["Once upon a time", "--target", tiny_dirs["target"], "--max-new-tokens", "25", "--json"]
+    plain = json.loads(generate(*common, "--draft", "none").stdout)
+    for draft in (tiny_dirs["draft"], tiny_dirs["target"], "lookup"):
+        result = generate(*common, "--draft", draft)
+        assert result.exit_code == 0, result.output
+        out = json.loads(result.stdout)
+        assert out["token_ids"] == plain["token_ids"], draft
+        stats = out["stats"]
+        assert 0 <= stats["plain_fraction"] <= 1 and 0 <= stats["mean_k"] <= 8
+        assert stats["draft_s"] >= 0 and stats["target_s"] > 0 and stats["other_s"] >= 0
+    summary = generate("Once upon a time", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "-n", "8")
+    assert summary.exit_code == 0 and "k auto: mean" in summary.output and "plain steps" in summary.output
+
+
+@pytest.mark.parametrize("k", ["0", "-3", "many", "2.5"])
+def test_bad_num_speculative_tokens(tiny_dirs, k):
+    result = generate("Hi", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "-k", k)
+    assert_user_error(result, "--num-speculative-tokens")

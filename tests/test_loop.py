@@ -1,8 +1,9 @@
 """The decode loop: speculative greedy == plain greedy, token for token (fp32 tiny models).
 
 Drafts: the target itself (all accepted), an unrelated random model (mostly
-rejected), and a constant-token drafter (adversarial).  γ = 1..8, llama and
-qwen2 architectures, hypothesis-generated prompts.  Also the stop rules.
+rejected), and a constant-token drafter (adversarial).  γ = 1..8 and k chosen per
+step (a random controller, the cost-model controller), llama and qwen2
+architectures, hypothesis-generated prompts.  Also the stop rules.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from specdec.backends.hf import HFRunner
+from specdec.control import AutoK
 from specdec.drafters.base import Draft
 from specdec.drafters.model import ModelDrafter
 from specdec.errors import SpecdecError
 from specdec.loop import StopCondition, run
+from specdec.profile import step_costs
 from tests.tiny import VOCAB, tiny_model
+from tests.toy import RandomK
 
 ARCHS = ("llama", "qwen2")
 MODELS = {(arch, seed): tiny_model(arch, seed) for arch in ARCHS for seed in (0, 1)}
@@ -69,6 +73,32 @@ def test_speculative_greedy_equals_plain_greedy(arch, kind, gamma):
         assert out.stats.acceptance_rate == 1.0
         # every step but the last emits gamma + 1 tokens
         assert out.stats.target_forwards <= 1 + -(-47 // (gamma + 1)) + 1
+
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kind", ["self", "random", "constant"])
+@pytest.mark.parametrize("seed", range(3))
+def test_k_chosen_per_step_equals_plain_greedy(arch, kind, seed):
+    # A controller may switch between plain steps (k = 0) and drafts of any length at any step.
+    prompt = [5, 9, 13, 2 + seed]
+    reference = plain(arch, prompt, 48)
+    out = run(HFRunner(MODELS[(arch, 0)]), prompt, StopCondition(48), drafter=make_drafter(kind, arch),
+              num_speculative_tokens=RandomK(seed))
+    assert out.token_ids == reference.token_ids
+    assert out.stats.plain_steps > 0 and out.stats.draft_steps > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kind", ["self", "random"])
+def test_cost_model_controller_equals_plain_greedy(arch, kind):
+    # The controller with costs measured on these runners (specdec.profile.step_costs).
+    target, drafter = HFRunner(MODELS[(arch, 0)]), make_drafter(kind, arch)
+    controller = AutoK(step_costs(target, drafter.runner, max_k=8), max_k=8)
+    prompt = [5, 9, 13, 2]
+    for max_new in (1, 17, 48):
+        out = run(target, prompt, StopCondition(max_new), drafter=drafter, num_speculative_tokens=controller)
+        assert out.token_ids == plain(arch, prompt, max_new).token_ids
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -65,10 +65,10 @@ def test_plain_equals_transformers_generate(engine, prompt):
 
 
 def test_cli_generate_json_on_the_default_pair(engine, cached_loaders):
-    # The README's first command, as a new user runs it (defaults: 1.5B <- 0.5B), in-process
+    # The README's first command (defaults: 1.5B <- 0.5B; a fixed k, so it drafts), in-process
     # with the session's loaded models; its tokens must be plain greedy decoding's.
     with real_model_threads():
-        result = CliRunner().invoke(app, ["generate", "def fibonacci(n):", "--json", "--max-new-tokens", "32"])
+        result = CliRunner().invoke(app, ["generate", "def fibonacci(n):", "--json", "--max-new-tokens", "32", "-k", "4"])
         plain = engine.generate("def fibonacci(n):", max_new_tokens=32, use_draft=False)
     assert result.exit_code == 0, result.output[-2000:]
     out = json.loads(result.stdout)

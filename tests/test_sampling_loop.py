@@ -12,7 +12,8 @@ draft is verified and, when all three are accepted, followed by its bonus
 token; after a rejection shorter drafts follow.  Drafts: the target itself, an
 unrelated toy model, and deterministic proposals (q = None); temperature 0.8,
 with top-k and top-p, and on a table of tied logits where ties fall at the
-top-k / top-p cut.  Seeds are fixed, so every p-value is a fixed number
+top-k / top-p cut; and with the cost-model controller choosing k from the
+acceptance history (specdec.control: k = 3, then plain steps and probes).  Seeds are fixed, so every p-value is a fixed number
 (recorded below); the test passes when p > 0.001.  The runs are split over two
 processes (tests/chisq.py); the histogram does not depend on the split.
 
@@ -31,6 +32,7 @@ import pytest
 import torch
 
 from specdec.backends.hf import HFRunner
+from specdec.control import AutoK, Costs
 from specdec.drafters.base import Draft
 from specdec.drafters.model import ModelDrafter
 from specdec.loop import StopCondition, run
@@ -89,7 +91,18 @@ CASES = {
     "q=None-draft": (TARGET, T08, fixed_drafter),
     "unrelated-draft-top-k-top-p": (TARGET, TOPK_TOPP, lambda: model_drafter(OTHER)),
     "ties-at-the-top-k-top-p-cut": (TIED, TIED_CUT, lambda: model_drafter(NEAR_TIED)),
+    "auto-k-controller": (TARGET, T08, lambda: model_drafter(OTHER)),
 }
+
+
+def history_controller() -> AutoK:
+    """The cost-model controller with fixed synthetic costs (no online timing: the choices, and so
+    the p-value, depend on the acceptance history alone): it starts at k = γ, drops to plain steps
+    after a rejection and probes back with k = 1, so k varies with the tokens sampled so far."""
+    return AutoK(Costs({1: 10.0, 4: 10.5}, draft_ms=0.5), max_k=GAMMA, weight=0.5, cost_ewma=0.0, probe_every=1)
+
+
+CONTROLLERS = {"auto-k-controller": history_controller}
 
 
 def sample_runs(case: str, seeds: range) -> dict:
@@ -100,17 +113,19 @@ def sample_runs(case: str, seeds: range) -> dict:
     target = ToyRunner(table)
     stop = StopCondition(MAX_NEW)
     counts: Counter = Counter()
-    drafted = accepted = full = 0
+    drafted = accepted = full = plain = 0
     for seed in seeds:
         params = SamplingParams(seed=seed, **params_kwargs)
-        out = run(target, PROMPT, stop, drafter=make_drafter(params), num_speculative_tokens=GAMMA,
+        k = CONTROLLERS[case]() if case in CONTROLLERS else GAMMA
+        out = run(target, PROMPT, stop, drafter=make_drafter(params), num_speculative_tokens=k,
                   verifier=make_verifier(params))
         assert len(out.token_ids) == MAX_NEW and out.finish_reason == "length"
         counts[tuple(out.token_ids)] += 1
         drafted += out.stats.drafted
         accepted += out.stats.accepted
         full += out.stats.accepted_at[GAMMA - 1] if len(out.stats.accepted_at) >= GAMMA else 0
-    return {"counts": counts, "drafted": drafted, "accepted": accepted, "full": full}
+        plain += out.stats.plain_steps
+    return {"counts": counts, "drafted": drafted, "accepted": accepted, "full": full, "plain": plain}
 
 
 def test_tied_case_has_ties_at_the_cut_and_no_rounding_decisions():
@@ -135,9 +150,11 @@ def test_speculative_sampling_matches_the_target_distribution(case):
     exact = chain_distribution(table, SamplingParams(**params_kwargs), PROMPT, MAX_NEW)
     stat, dof, p_value = chi_square(totals["counts"], exact)
     print(f"{case}: chi2={stat:.1f} dof={dof} p={p_value:.4f} acceptance={accepted / drafted:.3f} "
-          f"full drafts={totals['full']}")
+          f"full drafts={totals['full']} plain steps={totals['plain']}")
     assert drafted >= RUNS * GAMMA  # every run verified at least one full γ-token draft
     assert totals["full"] > 0  # ... and some were accepted whole, with their bonus token
+    if case in CONTROLLERS:
+        assert totals["plain"] > 0  # the controller also chose k = 0 (and probed back: k varied)
     if case == "draft=target":
         assert accepted == drafted  # q == p exactly: always accepted
     else:

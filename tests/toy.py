@@ -146,3 +146,24 @@ def chain_distribution(
                 break
         out[seq] = prob
     return out
+
+
+class RandomK:
+    """A controller (specdec.control.Controller) that picks k in 0..limit at random, so a generation
+    switches between plain and drafted steps of every length: drafters must follow the context
+    through steps they did not draft."""
+
+    def __init__(self, seed: int, max_k: int = 8) -> None:
+        import random
+
+        self.rng = random.Random(seed)
+        self.max_k = max_k
+
+    def choose(self, limit: int) -> int:
+        return self.rng.randint(0, min(limit, self.max_k))
+
+    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass

@@ -4,22 +4,24 @@ All methods share one loaded :class:`~specdec.engine.Engine` — the same target
 and draft weights in the same dtype — so they differ only in the decoding
 algorithm:
 
-========== ===================================================================
-plain      our loop with no drafter (autoregressive greedy: the reference)
-specdec    our loop with the draft model, γ draft tokens per step
-hf         transformers' assisted generation with the same draft model, a
-           constant γ (``num_assistant_tokens=γ``, schedule ``"constant"``,
-           confidence-based early stop off), greedy
-hf-auto    transformers' assisted generation as it comes out of the box: the
-           draft model's own generation config, i.e. transformers' defaults
-           (20 tokens, constant schedule, confidence threshold 0.4)
-hf-plain   transformers' ``generate`` without an assistant, greedy
-hf-pld     transformers' prompt lookup decoding (``prompt_lookup_num_tokens=γ``)
-llamacpp   plain greedy decoding of the target's GGUF through llama.cpp in its
-           fastest mode (weight repacking, tiled GEMMs): what a CPU user would
-           otherwise run.  Its own numerics, so its output may differ from
-           ``plain``'s on near-ties.
-========== ===================================================================
+============= ===================================================================
+plain         our loop with no drafter (autoregressive greedy: the reference)
+specdec       our loop with the draft model, γ draft tokens per step
+specdec-auto  our loop with the draft model, k chosen each step by the cost-model
+              controller (specdec.control; 0 = a plain step)
+hf            transformers' assisted generation with the same draft model, a
+              constant γ (``num_assistant_tokens=γ``, schedule ``"constant"``,
+              confidence-based early stop off), greedy
+hf-auto       transformers' assisted generation as it comes out of the box: the
+              draft model's own generation config, i.e. transformers' defaults
+              (20 tokens, constant schedule, confidence threshold 0.4)
+hf-plain      transformers' ``generate`` without an assistant, greedy
+hf-pld        transformers' prompt lookup decoding (``prompt_lookup_num_tokens=γ``)
+llamacpp      plain greedy decoding of the target's GGUF through llama.cpp in its
+              fastest mode (weight repacking, tiled GEMMs): what a CPU user would
+              otherwise run.  Its own numerics, so its output may differ from
+              ``plain``'s on near-ties.
+============= ===================================================================
 
 Every run is timed by the harness around the whole call (``time.perf_counter``),
 for our methods and transformers' alike.  Token ids are those generated after
@@ -198,7 +200,7 @@ class Specdec(Method):
 
     def generate(self, prompt_ids: list[int]) -> Measurement:
         result = self.engine.generate(
-            prompt_ids, max_new_tokens=self.max_new_tokens, num_speculative_tokens=self.gamma, use_draft=True,
+            prompt_ids, max_new_tokens=self.max_new_tokens, num_speculative_tokens=self.k(), use_draft=True,
             draft_mode=self.draft_mode, sampling=self.sampling,
         )
         s = result.stats
@@ -211,6 +213,25 @@ class Specdec(Method):
             proposed_at=list(s.proposed_at),
             accepted_at=list(s.accepted_at),
         )
+
+
+    def k(self) -> int | str:
+        assert self.gamma is not None
+        return self.gamma
+
+
+class SpecdecAuto(Specdec):
+    """Our decode loop with the cost-model controller choosing k (0..8) each step (`-k auto`)."""
+
+    family = "specdec-auto"
+    uses_gamma = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.engine.auto_controller()  # its step costs are measured (or read from disk) now, not in a timed run
+
+    def k(self) -> int | str:
+        return "auto"
 
 
 class SpecdecIntersection(Specdec):
@@ -425,7 +446,7 @@ class LlamaCppPlain(Method):
 
 METHODS: dict[str, type[Method]] = {
     cls.family: cls
-    for cls in (Plain, Specdec, SpecdecIntersection, HFAssisted, HFAuto, HFPlain, HFPromptLookup, LlamaCppPlain)
+    for cls in (Plain, Specdec, SpecdecAuto, SpecdecIntersection, HFAssisted, HFAuto, HFPlain, HFPromptLookup, LlamaCppPlain)
 }
 REFERENCE = "plain"  # speedups and identical outputs are measured against it
 DEFAULT_METHODS = ("plain", "specdec", "hf", "hf-plain", "hf-pld")

@@ -371,7 +371,7 @@ def test_cli_generate_on_llama_cpp(lcpp, cached_loaders):
     from specdec.engine import Engine
 
     result = CliRunner().invoke(app, ["generate", "def fibonacci(n):", "--json", "-n", "16",
-                                      "--backend", "llamacpp", "--threads", "1"])
+                                      "--backend", "llamacpp", "--threads", "1", "-k", "4"])
     assert result.exit_code == 0, result.output[-2000:]
     out = json.loads(result.stdout)
     plain = Engine(*lcpp("qwen2.5-coder-1.5b")).generate("def fibonacci(n):", max_new_tokens=16)

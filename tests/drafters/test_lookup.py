@@ -10,6 +10,7 @@ from specdec.backends.hf import HFRunner
 from specdec.drafters.lookup import LookupDrafter
 from specdec.loop import StopCondition, run
 from tests.tiny import VOCAB, tiny_model
+from tests.toy import RandomK
 
 
 def naive(context: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
@@ -88,3 +89,5 @@ def test_lookup_speculative_equals_plain_greedy(gamma):
     spec = run(HFRunner(model), prompt, StopCondition(40), drafter=LookupDrafter(), num_speculative_tokens=gamma)
     assert spec.token_ids == plain.token_ids
     assert spec.stats.drafted > 0
+    spec = run(HFRunner(model), prompt, StopCondition(40), drafter=LookupDrafter(), num_speculative_tokens=RandomK(gamma))
+    assert spec.token_ids == plain.token_ids  # k chosen per step, plain steps between lookups

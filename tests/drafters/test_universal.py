@@ -26,7 +26,7 @@ from specdec.sampling import SamplingParams
 from specdec.verify import make_verifier
 from tests.chisq import chi_square, seeded_runs
 from tests.tiny import tiny_model, tiny_tokenizer
-from tests.toy import ToyRunner, chain_distribution, random_table
+from tests.toy import RandomK, ToyRunner, chain_distribution, random_table
 
 
 def letter_tokenizer(tokens: list[str], merges: list[tuple[str, str]]) -> PreTrainedTokenizerFast:
@@ -110,6 +110,9 @@ def test_universal_greedy_equals_plain_on_tiny_models(mode, gamma):
         out = run(HFRunner(target), prompt, StopCondition(30), drafter=drafter, num_speculative_tokens=gamma)
         assert out.token_ids == reference.token_ids
         assert out.stats.drafted > 0
+        # k chosen per step, plain steps between drafts: the bridge follows text it did not draft
+        out = run(HFRunner(target), prompt, StopCondition(30), drafter=drafter, num_speculative_tokens=RandomK(gamma))
+        assert out.token_ids == reference.token_ids
 
 
 def test_same_model_through_the_text_bridge():

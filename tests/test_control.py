@@ -1,0 +1,114 @@
+"""The speculation controller's choices on synthetic costs and acceptances (specdec.control)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.control import AutoK, Costs, FixedK, expected_tokens
+
+FLAT = {1: 100.0, 16: 100.0}  # verifying 16 tokens costs one step (a GPU-like target)
+CPU = {1: 100.0, 2: 115.0, 4: 170.0, 6: 230.0, 8: 290.0, 16: 600.0}  # grows with k (int8 on AVX2)
+
+
+def trained(controller: AutoK, accept_prob: float, steps: int = 60, k: int = 4) -> AutoK:
+    """Feed `steps` draft steps of k tokens whose tokens are each accepted with a deterministic rate."""
+    credit = 0.0
+    for _ in range(steps):
+        accepted = 0
+        while accepted < k:
+            credit += accept_prob
+            if credit < 1:
+                break
+            credit -= 1
+            accepted += 1
+        controller.observe(k, accepted, 0.0, 0.0)
+    return controller
+
+
+def test_expected_tokens():
+    assert expected_tokens([0.5, 0.5], 0) == 1
+    assert expected_tokens([0.5, 0.5], 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens([1.0] * 5, 5) == 6
+
+
+def test_interpolated_costs():
+    costs = Costs(CPU, draft_ms=10)
+    assert costs.target(1) == 100 and costs.target(3) == pytest.approx(142.5)
+    assert costs.target(20) == pytest.approx(600 + 4 * (600 - 290) / 8)  # extrapolated
+    assert Costs({1: 50.0}, 0).target(4) == 200  # only t(1): no batching assumed
+    assert costs.draft(3) == 30
+    with pytest.raises(ValueError):
+        Costs({2: 10.0}, 1)
+
+
+def test_a_useless_draft_means_plain_steps():
+    controller = trained(AutoK(Costs(CPU, draft_ms=10), max_k=8), accept_prob=0.0)
+    assert controller.choose(8) == 0
+
+
+def test_a_perfect_draft_with_flat_costs_drafts_the_most():
+    controller = trained(AutoK(Costs(FLAT, draft_ms=1), max_k=8), accept_prob=1.0)
+    assert controller.choose(8) == 8
+    assert controller.choose(3) == 3  # never past the loop's limit
+    assert controller.choose(0) == 0
+
+
+def test_growing_costs_pick_a_middle_k():
+    controller = trained(AutoK(Costs(CPU, draft_ms=15), max_k=8), accept_prob=0.8)
+    k = controller.choose(8)
+    assert 1 <= k < 8
+    rates = [controller.rate(j) for j in range(9)]
+    assert rates[k] == max(rates)
+
+
+def test_an_expensive_draft_is_not_used_even_when_it_is_right():
+    # Drafting a token costs as much as a target step and verification grows: plain is faster.
+    controller = trained(AutoK(Costs(CPU, draft_ms=100), max_k=8), accept_prob=0.9)
+    assert controller.choose(8) == 0
+
+
+def test_plain_steps_probe_now_and_then_and_come_back():
+    controller = trained(AutoK(Costs(CPU, draft_ms=10), max_k=8, probe_every=4), accept_prob=0.0)
+    choices = []
+    for _ in range(10):
+        k = controller.choose(8)
+        choices.append(k)
+        controller.observe(k, 0, 0.0, 0.0)
+    assert choices == [0, 0, 0, 0, 1, 0, 0, 0, 0, 1]
+    trained(controller, accept_prob=1.0, steps=30)  # the text turned predictable
+    assert controller.choose(8) >= 4
+
+
+def test_online_costs_follow_the_measured_times():
+    controller = AutoK(Costs(CPU, draft_ms=10), max_k=8, cost_ewma=0.5)
+    for _ in range(20):
+        controller.observe(0, 0, 0.0, 0.2)  # one-token steps take 200 ms, twice the table's
+    assert controller.costs.target_scale == pytest.approx(2.0, rel=1e-3)
+    for _ in range(20):
+        controller.observe(4, 4, 0.08, 0.34)  # 20 ms per draft token, twice the table's
+    assert controller.costs.draft_scale == pytest.approx(2.0, rel=1e-3)
+
+
+def test_acceptance_is_estimated_per_position():
+    controller = AutoK(Costs(CPU, draft_ms=10), max_k=4, forget=1.0)
+    for _ in range(50):
+        controller.observe(4, 1, 0.0, 0.0)  # the first token always kept, the second never
+    a = controller.alphas()
+    assert a[0] > 0.95 and a[1] < 0.05
+    assert controller.choose(4) == 1
+
+
+def test_reset_keeps_a_weaker_prior():
+    controller = trained(AutoK(Costs(CPU, draft_ms=10)), accept_prob=0.0)
+    before = sum(controller.trials)
+    controller.reset()
+    assert sum(controller.trials) == pytest.approx(before / 2)
+    assert controller.choose(8) == 0  # still believes the draft useless
+
+
+def test_fixed_k():
+    assert FixedK(5).choose(8) == 5 and FixedK(5).choose(2) == 2
+    with pytest.raises(ValueError):
+        FixedK(0)
+    with pytest.raises(ValueError):
+        AutoK(Costs(CPU, 1), max_k=0)
