@@ -102,7 +102,8 @@ def _tokenizer_dir(gguf: Path, out: Path) -> Path:
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        with zoo.shared_gguf_reader():
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     except (ValueError, OSError, KeyError) as e:
         raise SpecdecError(f"cannot build a tokenizer from {gguf}: {str(e).strip().splitlines()[0]}") from e
     out.parent.mkdir(parents=True, exist_ok=True)

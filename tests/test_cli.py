@@ -125,7 +125,7 @@ def test_models_pull_unknown():
 
 
 def test_chat_without_template_is_a_user_error(tiny_dirs):
-    assert_user_error(generate("hi", "--target", tiny_dirs["target"], "--chat"), "chat template")
+    assert_user_error(generate("hi", "--target", tiny_dirs["target"], "--draft", "none", "--chat"), "chat template")
 
 
 def test_chat_applies_the_template(tmp_path):

@@ -18,18 +18,14 @@ from tests.conftest import real_model_threads
 pytestmark = pytest.mark.real
 
 PROMPTS = [
-    "def is_prime(n):\n    if n < 2:\n        return False\n",
     "class Matrix:\n    def __init__(self, rows):\n        self.rows = rows\n\n    def transpose(self):\n",
     "if __name__ == \"__main__\":\n\tfor line in open(\"data.txt\"):\n\t\t",
-    "The first ten prime numbers are 2, 3, 5, 7,",
     "In 1969, 3 astronauts flew 384,400 km to the Moon; the mission lasted",
     "日本の首都は東京です。東京の人口は",
-    "中文：我们今天学习",
     "Emoji check 🙂🚀: the rocket 🚀 means",
     "# Поиск в ширину\ndef bfs(graph, start):",
-    "Q: What is 17 * 23?\nA:",
 ]
-MAX_NEW = 40
+MAX_NEW = 24
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +60,7 @@ def test_intersection_greedy_equals_plain(models, plain_outputs, draft):
     engine = Engine(*models["qwen2.5-coder-1.5b"], *models[draft])
     accepted = 0
     with real_model_threads():
-        for prompt in PROMPTS[::5]:
+        for prompt in PROMPTS[::3]:
             out = engine.generate(prompt, max_new_tokens=MAX_NEW, num_speculative_tokens=4, draft_mode="intersection")
             assert out.token_ids == plain_outputs[prompt], prompt
             assert out.stats.drafted > 0, prompt  # the draft really drafted through the shared vocabulary
@@ -72,14 +68,22 @@ def test_intersection_greedy_equals_plain(models, plain_outputs, draft):
     assert accepted > 0
 
 
+FP32_PROMPTS = (PROMPTS[0], PROMPTS[4])  # code, emoji
+
+
+@pytest.fixture(scope="module")
+def fp32_plain(real_hf):
+    engine = Engine(*real_hf("qwen2.5-coder-1.5b"))
+    with real_model_threads():
+        return {p: engine.generate(p, max_new_tokens=16).token_ids for p in FP32_PROMPTS}
+
+
 @pytest.mark.parametrize("draft", ["smollm2-135m", "gemma3-270m"])
-def test_universal_greedy_equals_plain_fp32_target(real_hf, models, draft):
-    # The fp32 target (README: exact up to near-ties closer than ~1e-5; none seen) on code, CJK and emoji.
-    target = Engine(*real_hf("qwen2.5-coder-1.5b"))
+def test_universal_greedy_equals_plain_fp32_target(real_hf, models, fp32_plain, draft):
+    # The fp32 target (README: exact up to near-ties closer than ~1e-5; none seen) on code and emoji.
     engine = Engine(*real_hf("qwen2.5-coder-1.5b"), *models[draft])
     with real_model_threads():
-        for prompt in (PROMPTS[0], PROMPTS[5], PROMPTS[7]):
-            plain = target.generate(prompt, max_new_tokens=24)
-            out = engine.generate(prompt, max_new_tokens=24, num_speculative_tokens=4)
-            assert out.token_ids == plain.token_ids, prompt
+        for prompt in FP32_PROMPTS:
+            out = engine.generate(prompt, max_new_tokens=16, num_speculative_tokens=4)
+            assert out.token_ids == fp32_plain[prompt], prompt
             assert out.stats.drafted > 0
