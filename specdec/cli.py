@@ -96,7 +96,7 @@ def quiet_libraries() -> None:
 def generate(
     prompt: str = typer.Argument(..., help="Text to continue (or the user message with --chat)."),
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
-    draft: str = typer.Option(DEFAULT_DRAFT, "--draft", "-d", help="Draft model, 'lookup' (prompt lookup: no draft model), or 'none' for plain decoding."),
+    draft: str = typer.Option(DEFAULT_DRAFT, "--draft", "-d", help="Draft model, 'lookup' (prompt lookup: no draft model), 'lookup+<model>' (lookup where it matches, the model elsewhere), or 'none' for plain decoding."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most tokens to generate."),
     num_speculative_tokens: str = typer.Option("auto", "--num-speculative-tokens", "-k", help="Draft tokens per step: 'auto' (a cost model picks 0..8 each step from measured speeds and acceptance; 0 = a plain step) or a fixed γ."),
     dtype: DType = typer.Option(DType.fp32, "--dtype", help="Weights' dtype for transformers models: fp32, bf16, or int8 (int8 weights and activations, batch-invariant: the fastest on CPUs, and speculative output is exactly int8 plain output)."),
@@ -184,7 +184,7 @@ def generate(
 @app.command()
 def bench(
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
-    draft: str = typer.Option(DEFAULT_DRAFT, "--draft", "-d", help="Draft model, 'lookup' (prompt lookup), or 'none' (then only plain, hf-plain, hf-pld, llamacpp)."),
+    draft: str = typer.Option(DEFAULT_DRAFT, "--draft", "-d", help="Draft model, 'lookup' (prompt lookup), 'lookup+<model>' (hybrid), or 'none' (then only plain, hf-plain, hf-pld, llamacpp)."),
     prompts: str = typer.Option("builtin", "--prompts", help="Spec-Bench .jsonl, or a text file with one prompt per line (\\n escapes allowed), or 'builtin'."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most tokens to generate per prompt."),
     methods: str = typer.Option("plain,specdec,hf,hf-plain,hf-pld", "--methods", help="Comma-separated: plain, specdec, specdec-auto (k chosen by the cost-model controller), specdec-intersection, hf, hf-auto, hf-plain, hf-pld, llamacpp (plain llama.cpp on the target's GGUF); plain always runs: it is the reference."),

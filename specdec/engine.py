@@ -20,6 +20,7 @@ from specdec.backends.lean import LeanRunner
 from specdec.bridge import TextBridge, VocabularyMap
 from specdec.control import AutoK, Controller
 from specdec.drafters.base import Drafter
+from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.universal import UniversalDrafter
@@ -152,9 +153,9 @@ class Engine:
         draft_name: str = "draft",
         lookup: bool = False,
     ) -> None:
-        if lookup and draft is not None:
-            raise SpecdecError("prompt lookup drafts without a draft model: give one or the other")
-        self.lookup = lookup  # draft by prompt lookup (specdec.drafters.lookup), no draft model
+        # lookup: draft by prompt lookup (specdec.drafters.lookup); with a draft model too, by
+        # lookup where it matches and the draft model elsewhere (specdec.drafters.hybrid)
+        self.lookup = lookup
         self.tokenizer = tokenizer
         self.target_runner = as_runner(target)
         self.draft_runner = as_runner(draft) if draft is not None else None
@@ -212,10 +213,12 @@ class Engine:
 
     def make_drafter(self, sampling: SamplingParams, mode: str = "auto") -> Drafter | None:
         """The drafter for one request, or None without a draft model or lookup."""
-        if self.lookup:
-            return LookupDrafter()
         if self.draft_runner is None:
-            return None
+            return LookupDrafter() if self.lookup else None
+        model = self._model_drafter(sampling, mode)
+        return HybridDrafter(model) if self.lookup else model
+
+    def _model_drafter(self, sampling: SamplingParams, mode: str) -> Drafter:
         mode = self.resolve_draft_mode(mode)
         if mode == "same":
             return ModelDrafter(self.draft_runner, sampling, target_vocab_size=self.target_runner.vocab_size)
@@ -244,7 +247,8 @@ class Engine:
     ) -> "Engine":
         """Load models by name (zoo name, .gguf path, model directory, hub id) or take loaded ones.
 
-        draft: a model, or "lookup" for prompt lookup drafting (no draft model).
+        draft: a model, "lookup" for prompt lookup drafting (no draft model), or "lookup+<model>":
+        prompt lookup where it matches and the draft model elsewhere.
         backend / draft_backend: "hf" (transformers, in `dtype`) or "llamacpp" (the GGUF
         through llama.cpp; zoo names and .gguf files only); the draft's defaults to the
         target's.  n_ctx / threads: llama.cpp's context size (default DEFAULT_N_CTX) and CPU
@@ -261,9 +265,12 @@ class Engine:
         for which, d, spec in ((backend, dtype, target), (draft_backend, draft_dtype or dtype, draft)):
             if which == "hf" and spec is not None:
                 resolve_device(device, d)  # a bad device / dtype pair is refused before any load
-        lookup = isinstance(draft, str) and draft.lower() == LOOKUP
+        lookup = isinstance(draft, str) and (draft.lower() == LOOKUP or draft.lower().startswith(LOOKUP + "+"))
         if lookup:
-            draft = None
+            rest = draft[len(LOOKUP) + 1:].strip()  # "lookup+<model>": a hybrid with that draft model
+            if draft.lower() != LOOKUP and not rest:
+                raise SpecdecError("'lookup+' needs a draft model after the '+', e.g. lookup+qwen2.5-coder-0.5b")
+            draft = rest or None
         for spec, which in ((target, backend), (draft, draft_backend)):
             if isinstance(spec, str):
                 check_spec(spec, which)  # every name checked before anything is loaded
@@ -283,7 +290,8 @@ class Engine:
         if draft is None:
             return cls(t_model, t_tok, target_name=t_name, draft_name=LOOKUP if lookup else "draft", lookup=lookup)
         d_model, d_tok, d_name = get(draft, draft_backend, exact=False, dtype=draft_dtype or dtype)
-        return cls(t_model, t_tok, d_model, d_tok, target_name=t_name, draft_name=d_name)
+        return cls(t_model, t_tok, d_model, d_tok, target_name=t_name,
+                   draft_name=f"{LOOKUP}+{d_name}" if lookup else d_name, lookup=lookup)
 
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
         """Prompt text (or ids) -> token ids, through the chat template when chat=True."""

@@ -231,3 +231,13 @@ def test_k_auto_is_the_default_and_keeps_the_output(tiny_dirs):
 def test_bad_num_speculative_tokens(tiny_dirs, k):
     result = generate("Hi", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "-k", k)
     assert_user_error(result, "--num-speculative-tokens")
+
+
+def test_hybrid_lookup_and_draft_model_prints_plain_output(tiny_dirs):
+    common = ["def f(x): return x\ndef f(x): return", "--target", tiny_dirs["target"], "--max-new-tokens", "20", "--json"]
+    plain = json.loads(generate(*common, "--draft", "none").stdout)
+    for k in ("4", "auto"):
+        result = generate(*common, "--draft", "lookup+" + tiny_dirs["draft"], "-k", k)
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["token_ids"] == plain["token_ids"]
+    assert_user_error(generate(*common, "--draft", "lookup+"), "needs a draft model")

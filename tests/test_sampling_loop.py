@@ -13,7 +13,9 @@ token; after a rejection shorter drafts follow.  Drafts: the target itself, an
 unrelated toy model, and deterministic proposals (q = None); temperature 0.8,
 with top-k and top-p, and on a table of tied logits where ties fall at the
 top-k / top-p cut; and with the cost-model controller choosing k from the
-acceptance history (specdec.control: k = 3, then plain steps and probes).  Seeds are fixed, so every p-value is a fixed number
+acceptance history (specdec.control: k = 3, then plain steps and probes); and with
+the hybrid drafter (prompt lookup's q = None proposals and a draft model's q
+proposals in the same runs).  Seeds are fixed, so every p-value is a fixed number
 (recorded below); the test passes when p > 0.001.  The runs are split over two
 processes (tests/chisq.py); the histogram does not depend on the split.
 
@@ -34,6 +36,8 @@ import torch
 from specdec.backends.hf import HFRunner
 from specdec.control import AutoK, Costs
 from specdec.drafters.base import Draft
+from specdec.drafters.hybrid import HybridDrafter
+from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.loop import StopCondition, run
 from specdec.sampling import SamplingParams
@@ -75,6 +79,13 @@ def model_drafter(table: torch.Tensor) -> Callable[[SamplingParams], ModelDrafte
     return lambda params: ModelDrafter(runner, params)
 
 
+def hybrid_drafter(table: torch.Tensor) -> Callable[[SamplingParams], HybridDrafter]:
+    """Prompt lookup (one-token matches allowed, so both sources propose in a 7-token context:
+    q = None proposals and the draft model's q proposals in one run) in front of a draft model."""
+    make_model = model_drafter(table)
+    return lambda params: HybridDrafter(make_model(params), LookupDrafter(max_ngram=2, min_ngram=1))
+
+
 def fixed_drafter() -> Callable[[SamplingParams], FixedDrafter]:
     drafter = FixedDrafter(PROPOSAL)  # stateless
     return lambda params: drafter
@@ -83,7 +94,7 @@ def fixed_drafter() -> Callable[[SamplingParams], FixedDrafter]:
 # case -> (target table, sampling params, a factory of drafter factories: params -> drafter).
 # With seeds 0..19,999 (torch 2.13 CPU) the p-values are 0.237 (draft=target), 0.185
 # (unrelated-draft), 0.687 (q=None-draft), 0.544 (unrelated-draft-top-k-top-p), 0.313
-# (ties-at-the-top-k-top-p-cut) and 0.297 (auto-k-controller).  The bugs tried against this
+# (ties-at-the-top-k-top-p-cut), 0.297 (auto-k-controller) and 0.327 (hybrid-lookup-then-draft).  The bugs tried against this
 # test (residual = p, bonus from the wrong row, q ignored, target rolled back one token short,
 # q = None residual keeping x, the drafter's q not warped like its samples) gave p < 1e-30
 # with 50,000 runs in the cases they affect; at 20,000, residual = p still gives chi2 > 7,600
@@ -95,6 +106,7 @@ CASES = {
     "unrelated-draft-top-k-top-p": (TARGET, TOPK_TOPP, lambda: model_drafter(OTHER)),
     "ties-at-the-top-k-top-p-cut": (TIED, TIED_CUT, lambda: model_drafter(NEAR_TIED)),
     "auto-k-controller": (TARGET, T08, lambda: model_drafter(OTHER)),
+    "hybrid-lookup-then-draft": (TARGET, T08, lambda: hybrid_drafter(OTHER)),
 }
 
 
@@ -137,19 +149,23 @@ def sample_runs(case: str, seeds: range) -> dict:
     counts: Counter = Counter()
     drafted = accepted = full = 0
     chosen: Counter = Counter()  # k chosen by the controller where a draft was allowed
+    sources: Counter = Counter()  # proposals of the hybrid drafter per source
     for seed in seeds:
         params = SamplingParams(seed=seed, **params_kwargs)
         k = Recorded(CONTROLLERS[case]()) if case in CONTROLLERS else GAMMA
-        out = run(target, PROMPT, stop, drafter=make_drafter(params), num_speculative_tokens=k,
-                  verifier=make_verifier(params))
+        drafter = make_drafter(params)
+        out = run(target, PROMPT, stop, drafter=drafter, num_speculative_tokens=k, verifier=make_verifier(params))
         if isinstance(k, Recorded):
             chosen.update(k.chosen)
+        if isinstance(drafter, HybridDrafter):
+            sources.update(drafter.proposals)
         assert len(out.token_ids) == MAX_NEW and out.finish_reason == "length"
         counts[tuple(out.token_ids)] += 1
         drafted += out.stats.drafted
         accepted += out.stats.accepted
         full += out.stats.accepted_at[GAMMA - 1] if len(out.stats.accepted_at) >= GAMMA else 0
-    return {"counts": counts, "drafted": drafted, "accepted": accepted, "full": full, "chosen": chosen}
+    return {"counts": counts, "drafted": drafted, "accepted": accepted, "full": full, "chosen": chosen,
+            "sources": sources}
 
 
 def test_tied_case_has_ties_at_the_cut_and_no_rounding_decisions():
@@ -177,6 +193,8 @@ def test_speculative_sampling_matches_the_target_distribution(case):
           f"full drafts={totals['full']} chosen k={dict(totals['chosen'])}")
     assert drafted >= RUNS * GAMMA  # every run verified at least one full γ-token draft
     assert totals["full"] > 0  # ... and some were accepted whole, with their bonus token
+    if case == "hybrid-lookup-then-draft":
+        assert totals["sources"]["lookup"] > 0 and totals["sources"]["model"] > 0
     if case in CONTROLLERS:
         assert {0, 1, GAMMA} <= set(totals["chosen"])  # k followed the history: plain steps, probes, full drafts
     if case == "draft=target":

@@ -1,0 +1,58 @@
+"""Hybrid drafting (specdec.drafters.hybrid): lookup where it matches, the draft model elsewhere; exact through the loop."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.backends.hf import HFRunner
+from specdec.drafters.base import Draft
+from specdec.drafters.hybrid import HybridDrafter
+from specdec.drafters.lookup import LookupDrafter
+from specdec.drafters.model import ModelDrafter
+from specdec.loop import StopCondition, run
+from tests.tiny import VOCAB, tiny_model
+from tests.toy import RandomK
+
+
+class Scripted:
+    """A stand-in draft model: proposes k copies of `token` and records what it was told."""
+
+    def __init__(self, token: int) -> None:
+        self.token, self.observed, self.resets = token, [], 0
+
+    def propose(self, context, k):
+        return Draft([self.token] * k)
+
+    def observe(self, context, num_accepted):
+        self.observed.append(num_accepted)
+
+    def reset(self):
+        self.resets += 1
+
+
+def test_lookup_first_then_the_model():
+    model = Scripted(99)
+    hybrid = HybridDrafter(model, LookupDrafter(max_ngram=3, min_ngram=2))
+    assert hybrid.propose([1, 2, 3, 1, 2], 2).tokens == [3, 1]  # "1 2" occurred before, followed by "3 1"
+    assert hybrid.last_source == "lookup"
+    hybrid.observe([1, 2, 3, 1, 2], 1)
+    assert model.observed == []  # the lookup's feedback is not the model's
+    assert hybrid.propose([1, 2, 3, 4], 3).tokens == [99, 99, 99]  # only one-token matches: the model
+    assert hybrid.last_source == "model"
+    hybrid.observe([1, 2, 3, 4], 2)
+    assert model.observed == [2]
+    assert hybrid.proposals == {"lookup": 1, "model": 1}
+    hybrid.reset()
+    assert model.resets == 1 and hybrid.proposals == {"lookup": 0, "model": 0}
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5, 8])
+def test_hybrid_speculative_equals_plain_greedy(gamma):
+    target, draft = tiny_model("llama", 0), tiny_model("llama", 1)
+    prompt = [5, 9, 13, 21, 34, 55, 89 % VOCAB, 5, 9, 13, 21, 34, 7, 8, 5, 9]  # repeats: lookups match
+    plain = run(HFRunner(target), prompt, StopCondition(40))
+    for k in (gamma, RandomK(gamma)):
+        hybrid = HybridDrafter(ModelDrafter(HFRunner(draft)))
+        spec = run(HFRunner(target), prompt, StopCondition(40), drafter=hybrid, num_speculative_tokens=k)
+        assert spec.token_ids == plain.token_ids
+        assert hybrid.proposals["lookup"] > 0 and hybrid.proposals["model"] > 0
