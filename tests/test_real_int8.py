@@ -1,7 +1,7 @@
 """Real models in int8 (specdec.backends.quant): batch-invariant bitwise, so speculative == plain, always.
 
 For every zoo model: on random forward / rollback sequences with 1..16 new
-tokens per forward and contexts up to 1k tokens (256 for the 1.5B, to
+tokens per forward and contexts up to 1k tokens (512 for the 0.5B, 256 for the 1.5B, to
 bound the time), every token's logits are bitwise the ones a runner that
 evaluates one token at a time computes.  Then the int8 qwen2.5-coder-1.5b
 target's speculative greedy output equals its own plain greedy output token
@@ -34,7 +34,7 @@ MAX_NEW = 40
 
 
 @pytest.mark.parametrize("name, context", [("smollm2-135m", 1024), ("gemma3-270m", 1024),
-                                           ("qwen2.5-coder-0.5b", 1024), ("qwen2.5-coder-1.5b", 256)])
+                                           ("qwen2.5-coder-0.5b", 512), ("qwen2.5-coder-1.5b", 256)])
 def test_int8_logits_are_bitwise_one_token_at_a_time(real_hf, name, context):
     # `runner` takes forwards of k = 1..16 random tokens (each k once, shuffled) between random
     # rollbacks while the context grows to `context`; `mirror` holds the same cache but evaluates

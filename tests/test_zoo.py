@@ -227,8 +227,9 @@ def test_real_smollm2_conversion_is_exact():
         assert zoo.hf_dir("smollm2-135m") == folder  # cached now
         gguf = zoo.gguf_path("smollm2-135m")
 
-    direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    direct_tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with zoo.shared_gguf_reader():  # the file parsed once for both (the conversion does the same)
+        direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        direct_tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     cached = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     cached_tok = AutoTokenizer.from_pretrained(folder)
 
