@@ -181,8 +181,10 @@ class AutoK:
         if drafted == 0:
             self.plain_run += 1
             return
-        self.plain_run = 0
-        if self.costs.draft_ms > 0 and draft_s > 0:
+        after_plain, self.plain_run = self.plain_run > 0, 0
+        # After plain steps a draft model first catches up on the tokens it did not see (one batched
+        # forward): that is no per-token drafting cost, so such a step leaves the draft's scale alone.
+        if self.costs.draft_ms > 0 and draft_s > 0 and not after_plain:
             measured = 1000 * draft_s / drafted / self.costs.draft_ms
             self.costs.draft_scale += w * (measured - self.costs.draft_scale)
         # Position j was tried if every earlier token was accepted: j = 0..min(accepted, drafted - 1).

@@ -112,3 +112,12 @@ def test_fixed_k():
         FixedK(0)
     with pytest.raises(ValueError):
         AutoK(Costs(CPU, 1), max_k=0)
+
+
+def test_a_draft_after_plain_steps_does_not_count_its_catch_up_as_drafting_cost():
+    controller = AutoK(Costs(CPU, draft_ms=10), max_k=8, cost_ewma=0.5)
+    controller.observe(0, 0, 0.0, 0.1)
+    controller.observe(1, 1, 0.2, 0.115)  # 200 ms: the draft model caught up on the plain steps first
+    assert controller.costs.draft_scale == 1.0
+    controller.observe(2, 2, 0.04, 0.14)  # the next draft step: 20 ms per token, twice the table's
+    assert controller.costs.draft_scale == pytest.approx(1.5)
