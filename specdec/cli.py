@@ -237,15 +237,12 @@ def bench(
 
 def parse_k(text: str) -> int | str:
     """--num-speculative-tokens: 'auto' or an int >= 1; a one-line failure for anything else."""
-    if text.strip().lower() == "auto":
-        return "auto"
+    from specdec.control import parse_speculation
+
     try:
-        k = int(text)
-    except ValueError:
-        fail(f"--num-speculative-tokens must be 'auto' or a number >= 1, got '{text}'")
-    if k < 1:
-        fail(f"--num-speculative-tokens must be >= 1 (or 'auto'), got {k}")
-    return k
+        return parse_speculation(text)
+    except SpecdecError as e:
+        fail(f"--num-speculative-tokens {e}")
 
 
 def _parse_ks(text: str) -> list[int]:

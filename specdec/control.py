@@ -30,6 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, runtime_checkable
 
+from specdec.errors import SpecdecError
+
+AUTO = "auto"  # num_speculative_tokens: the cost-model controller chooses k each step
+
 
 @runtime_checkable
 class Controller(Protocol):
@@ -47,6 +51,20 @@ class Controller(Protocol):
     def reset(self) -> None:
         """A new generation starts (estimates may carry over as its prior)."""
         ...
+
+
+def parse_speculation(k: int | str) -> int | str:
+    """A number of speculative tokens as a user gives it -> an int >= 1 or AUTO; a SpecdecError else."""
+    if isinstance(k, str):
+        if k.strip().lower() == AUTO:
+            return AUTO
+        try:
+            k = int(k)
+        except ValueError:
+            raise SpecdecError(f"must be 'auto' or a number >= 1, got '{k}'") from None
+    if k < 1:
+        raise SpecdecError(f"must be >= 1 (or 'auto'), got {k}")
+    return k
 
 
 @dataclass

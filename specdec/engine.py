@@ -18,7 +18,7 @@ from specdec.backends import lean
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner
 from specdec.bridge import TextBridge, VocabularyMap
-from specdec.control import AutoK, Controller
+from specdec.control import AUTO, AutoK, Controller, parse_speculation
 from specdec.drafters.base import Drafter
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
@@ -34,7 +34,6 @@ from specdec.vocab import same_vocabulary
 ModelSpec = str | tuple[Any, PreTrainedTokenizerBase]
 BACKENDS = ("hf", "llamacpp")
 LOOKUP = "lookup"  # the draft name for prompt lookup (no draft model)
-AUTO = "auto"  # num_speculative_tokens: the cost-model controller chooses k each step
 MAX_AUTO_K = 8  # the most tokens the controller drafts in one step
 
 
@@ -171,16 +170,13 @@ class Engine:
         """A draft length for the loop: an int γ as it is, a Controller as it is, or "auto": this
         engine's cost-model controller (specdec.control.AutoK; its costs measured on first use and
         cached on disk, see specdec.profile.step_costs; what it learns carries over between requests)."""
-        if isinstance(k, str):
-            if k.strip().lower() == AUTO:
-                return self.auto_controller()
-            try:
-                k = int(k)
-            except ValueError:
-                raise SpecdecError(f"the number of speculative tokens must be 'auto' or a number >= 1, got '{k}'") from None
-        if isinstance(k, int) and k < 1:
-            raise SpecdecError(f"the number of speculative tokens must be >= 1 (or 'auto'), got {k}")
-        return k
+        if isinstance(k, Controller):
+            return k
+        try:
+            parsed = parse_speculation(k)
+        except SpecdecError as e:
+            raise SpecdecError(f"the number of speculative tokens {e}") from None
+        return self.auto_controller() if parsed == AUTO else parsed
 
     def auto_controller(self) -> AutoK:
         """The engine's controller for `-k auto` (measures the step costs the first time, seconds)."""
