@@ -91,9 +91,23 @@ class TextBridge:
             return None
         return self.draft.prefix + self.draft.encode(text)
 
+    def window(self, side: TokenizerSide, ids: Sequence[int]) -> list[int]:
+        """The last `lookbehind` tokens of ids, moved back (by at most 3 tokens) to start on a character.
+
+        A window that starts inside a multi-byte character decodes its first bytes as U+FFFD, and a
+        byte-fallback decoder (SentencePiece's) then replaces the whole run of byte tokens, the
+        proposal's included.
+        """
+        body = list(side.body(ids))
+        for extra in range(4):  # a UTF-8 character is at most 4 bytes
+            window = body[-(self.lookbehind + extra) :]
+            if len(window) == len(body) or not side.decode(window).startswith(REPLACEMENT):
+                break
+        return window
+
     def proposal_text(self, draft_ids: Sequence[int], proposal: Sequence[int]) -> str:
         """The text that `proposal` (draft ids) adds after `draft_ids`; a trailing partial character is cut."""
-        window = list(self.draft.body(draft_ids))[-self.lookbehind :]
+        window = self.window(self.draft, draft_ids)
         before = self.draft.decode(window)
         after = self.draft.decode(window + list(proposal))
         if not after.startswith(before):  # decoding is not prefix-stable here: propose nothing
@@ -104,7 +118,7 @@ class TextBridge:
         """Target ids that continue `target_ids` with `text` (tokenised as the target would, in context)."""
         if not text:
             return []
-        tail = list(self.target.body(target_ids))[-self.lookbehind :]
+        tail = self.window(self.target, target_ids)
         ids = self.target.encode(self.target.decode(tail) + text)
         if ids[: len(tail)] == tail:
             return ids[len(tail) :]
