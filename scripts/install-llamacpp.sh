@@ -18,7 +18,9 @@
 # (see specdec/backends/llamacpp.py). Without it, specdec verifies a whole draft
 # in one batch and stays exact; with it (LLAMACPP_LLAMAFILE=ON), specdec stays
 # exact by verifying one token at a time, which is slower. The multimodal
-# library (llava/mtmd), which specdec does not use, is not built.
+# library (llava/mtmd) and llama.cpp's `common` library (with its HTTP client),
+# which specdec does not use, are not built (scripts/llamacpp-no-common.cmake):
+# that is about a third less C++ to compile.
 #
 # Built wheels are cached under $SPECDEC_HOME/wheels (default ~/.cache/specdec/wheels), keyed by
 # version, flags, CPU and Python; --force rebuilds.
@@ -67,6 +69,10 @@ fi
 arch="$(uname -m)"
 os="$(uname -s)"
 args=(-DGGML_LLAMAFILE="${LLAMACPP_LLAMAFILE:-OFF}" -DLLAVA_BUILD=OFF)
+no_common="$(cd "$(dirname "$0")" && pwd)/llamacpp-no-common.cmake"
+if [[ "$no_common" != *" "* ]]; then  # CMAKE_ARGS is split on spaces
+    args+=(-DCMAKE_PROJECT_INCLUDE="$no_common")
+fi
 if [[ "$os" == Linux && ( "$arch" == x86_64 || "$arch" == amd64 || "$arch" == i686 ) && -r /proc/cpuinfo ]]; then
     flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
     has() { [[ "$flags" == *" $1 "* ]]; }

@@ -1,8 +1,15 @@
 """Test configuration, and the real models shared by every test that needs one.
 
 Tiny models run far faster on one thread (no thread hand-off per tiny matmul),
-so the suite uses one; tests of real models raise it for their own duration
-with :func:`real_model_threads`.
+so the suite uses one; tests of real models raise it to two for their own
+duration with :func:`real_model_threads`, unless the suite runs in parallel
+(``pytest -n 2``, the README's command), where each worker keeps one core.
+
+In a parallel run the real tests go to two fixed groups (``--dist loadgroup``),
+so that each real model is loaded by one worker only: the fp32 target and what
+compares with it (test_real.py, test_real_universal.py) in one, the int8 and
+llama.cpp tests and the tokenizer/zoo tests in the other.  The tiny tests fill
+in around them.
 
 Real zoo models are loaded once per session, per backend and dtype, by the
 ``real_hf`` and ``real_lcpp`` fixtures, and handed to every test that asks:
@@ -64,11 +71,61 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+def parallel_workers() -> int:
+    """How many pytest-xdist workers share the machine (1 in a plain run)."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
+
+# In a parallel run, the modules that load real models run in two fixed groups, a group per worker:
+# each real model is then loaded by one worker only (within the 24 GiB of a CI machine), and no
+# two workers load the same one.  Every other test is a work unit of its own.
+REAL_MODEL_GROUPS = {
+    "tests/test_real.py": "fp32-target",  # the fp32 1.5B and 0.5B
+    "tests/test_real_universal.py": "fp32-target",  # the fp32 1.5B, int8 drafts of other tokenizers
+    "tests/test_real_int8.py": "int8-and-llama.cpp",  # the int8 zoo
+    "tests/backends/test_llamacpp.py": "int8-and-llama.cpp",  # the llama.cpp 1.5B / 0.5B, the int8 1.5B
+    "tests/test_bridge.py": "int8-and-llama.cpp",  # the real tokenizers
+    "tests/test_zoo.py": "int8-and-llama.cpp",
+    "tests/test_loading.py": "int8-and-llama.cpp",
+}
+GROUP_ORDER = ["int8-and-llama.cpp", "fp32-target"]  # the longest first
+
+
+def real_model_group(nodeid: str) -> str | None:
+    return REAL_MODEL_GROUPS.get(nodeid.split("::", 1)[0])
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """In a parallel run's workers: the real-model groups first, longest first (so that no worker
+    starts one late and runs alone at the end); the order within a module is kept.  A real-model
+    test in a module outside the groups is a usage error: it would load its models in every worker."""
+    ungrouped = sorted({item.nodeid.split("::", 1)[0] for item in items
+                        if item.get_closest_marker("real") is not None and real_model_group(item.nodeid) is None})
+    if ungrouped:
+        raise pytest.UsageError(f"tests marked `real` outside REAL_MODEL_GROUPS (tests/conftest.py): {ungrouped}")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {g: i for i, g in enumerate(GROUP_ORDER)}
+        items.sort(key=lambda item: rank.get(real_model_group(item.nodeid), len(rank)))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`pytest -n N`: the load scheduler, with each real-model group as one work unit."""
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RealModelGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return real_model_group(nodeid) or nodeid
+
+    return RealModelGroups(config, log)
+
+
 @contextmanager
 def real_model_threads() -> Iterator[None]:
-    """Both cores while real models run, then back to what it was."""
+    """Both cores while real models run (one per worker in a parallel run), then back to what it was."""
     before = torch.get_num_threads()
-    torch.set_num_threads(2)
+    torch.set_num_threads(1 if parallel_workers() > 1 else 2)
     try:
         yield
     finally:
