@@ -16,8 +16,12 @@ cost per proposed token, and α_j the probability that draft token j is
 accepted given that token j - 1 was (estimated online, per position, with
 exponential forgetting).  Each step takes the k in 0..K with the highest rate;
 **k = 0 is a plain one-token step**, so a drafter that does not pay costs
-nothing but the occasional probe (a one-token draft every `probe_every` plain
-steps), which lets the controller come back when the text turns predictable.
+nothing but the occasional probe (a one-token draft after `probe_every` plain
+steps, then after twice as many each time a probe is rejected, up to
+`max_probe_gap`), which lets the controller come back when the text turns
+predictable.  A draft model's catch-up (the prompt at the first draft, the
+tokens of the plain steps it did not see) is kept out of the per-token drafting
+cost: it is paid once per switch, not per drafted token.
 
 The controller only chooses how many tokens to propose; verification is
 unchanged, so greedy output stays identical to plain decoding and sampling
@@ -33,6 +37,9 @@ from typing import Mapping, Protocol, runtime_checkable
 from specdec.errors import SpecdecError
 
 AUTO = "auto"  # num_speculative_tokens: the cost-model controller chooses k each step
+# Tokens a draft model feeds to catch up between two consecutive draft steps: the bonus token, and
+# the last draft token when every token was accepted (it was proposed, never fed).
+STEADY_SYNC = 2
 
 
 @runtime_checkable
@@ -43,9 +50,10 @@ class Controller(Protocol):
         """Draft tokens to propose now, in 0..limit (0: a plain step)."""
         ...
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float) -> None:
+    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float, synced: int = 0) -> None:
         """What the step did: `drafted` tokens proposed (0 for a plain step), `accepted` of them kept,
-        the drafter's and the target's wall time in seconds."""
+        the drafter's and the target's wall time in seconds, and how many context tokens the drafter
+        fed its model to catch up before drafting (Draft.synced; part of draft_s)."""
         ...
 
     def reset(self) -> None:
@@ -80,7 +88,7 @@ class FixedK:
     def choose(self, limit: int) -> int:
         return min(self.k, limit)
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float) -> None:
+    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float, synced: int = 0) -> None:
         pass
 
     def reset(self) -> None:
@@ -145,7 +153,9 @@ class AutoK:
     prior: acceptance assumed before anything was seen; weight: how many observations the prior is
     worth.  forget: per-observation decay of old acceptance evidence (0.9 ~ the last ten steps).
     cost_ewma: weight of each new timing in the online cost scales.  probe_every: after this many
-    plain steps in a row, one 1-token draft is tried so a drafter that starts paying is noticed.
+    plain steps in a row, one 1-token draft is tried so a drafter that starts paying is noticed; each
+    rejected probe doubles the wait, up to max_probe_gap (a probe costs the
+    draft model's catch-up on the plain steps' tokens).
     """
 
     costs: Costs
@@ -155,10 +165,12 @@ class AutoK:
     forget: float = 0.9
     cost_ewma: float = 0.2
     probe_every: int = 8
+    max_probe_gap: int = 64
     # per position j (0-based): decayed counts of acceptances and of trials
     hits: list[float] = field(default_factory=list)
     trials: list[float] = field(default_factory=list)
     plain_run: int = 0
+    probe_gap: int = 0  # plain steps before the next probe (probe_every .. max_probe_gap)
 
     def __post_init__(self) -> None:
         if self.max_k < 1:
@@ -167,6 +179,7 @@ class AutoK:
             raise ValueError(f"prior must be in (0, 1), got {self.prior}")
         self.hits = self.hits or [0.0] * self.max_k
         self.trials = self.trials or [0.0] * self.max_k
+        self.probe_gap = self.probe_gap or self.probe_every
 
     def alphas(self) -> list[float]:
         """α_j for j = 1..max_k: each position's evidence, shrunk toward the pooled rate (and that to the prior)."""
@@ -187,11 +200,14 @@ class AutoK:
         if limit <= 0:
             return 0
         k = self.best(limit)
-        if k == 0 and self.plain_run >= self.probe_every:
+        if k > 0:
+            self.probe_gap = self.probe_every  # drafting pays: after the next plain run, probe soon
+        elif self.plain_run >= self.probe_gap:
+            self.probe_gap = min(2 * self.probe_gap, self.max_probe_gap)  # back to probe_every if accepted
             return 1
         return k
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float) -> None:
+    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float, synced: int = 0) -> None:
         w = self.cost_ewma  # times <= 0 mean "not measured" and leave the scales alone
         if target_s > 0:
             table_ms = self.costs.base_target(drafted + 1)
@@ -199,22 +215,30 @@ class AutoK:
         if drafted == 0:
             self.plain_run += 1
             return
-        after_plain, self.plain_run = self.plain_run > 0, 0
-        # After plain steps a draft model first catches up on the tokens it did not see (one batched
-        # forward): that is no per-token drafting cost, so such a step leaves the draft's scale alone.
-        if self.costs.draft_ms > 0 and draft_s > 0 and not after_plain:
+        self.plain_run = 0
+        if accepted:
+            self.probe_gap = self.probe_every  # the draft is right again: probe at the usual pace
+        # A draft model that first caught up on more than the last step's bonus token (the prompt, or
+        # plain steps' tokens, in one batched forward) paid no per-token drafting cost: such a step
+        # leaves the draft's scale alone.
+        if self.costs.draft_ms > 0 and draft_s > 0 and synced <= STEADY_SYNC:
             measured = 1000 * draft_s / drafted / self.costs.draft_ms
             self.costs.draft_scale += w * (measured - self.costs.draft_scale)
-        # Position j was tried if every earlier token was accepted: j = 0..min(accepted, drafted - 1).
+        # Every position's evidence fades with each draft step, tried or not (a position no longer
+        # drafted drifts to the pooled rate instead of keeping a stale one); position j was tried if
+        # every earlier token was accepted: j = 0..min(accepted, drafted - 1).
+        self.hits = [self.forget * h for h in self.hits]
+        self.trials = [self.forget * t for t in self.trials]
         for j in range(min(accepted + 1, drafted)):
-            self.hits[j] = self.forget * self.hits[j] + (j < accepted)
-            self.trials[j] = self.forget * self.trials[j] + 1.0
+            self.hits[j] += j < accepted
+            self.trials[j] += 1.0
 
     def reset(self) -> None:
         """Keep what the last generation learnt, at half weight, as the next one's prior."""
         self.hits = [h / 2 for h in self.hits]
         self.trials = [t / 2 for t in self.trials]
         self.plain_run = 0
+        self.probe_gap = self.probe_every
 
     def describe(self) -> str:
         return f"auto (<= {self.max_k})"

@@ -255,7 +255,7 @@ def decode(
         if drafter is not None:
             if k:
                 drafter.observe(context, n)
-            controller.observe(k, n, t1 - t0, t2 - t1)
+            controller.observe(k, n, t1 - t0, t2 - t1, synced=draft.synced if draft is not None else 0)
         stats.draft_s += t1 - t0
         stats.target_s += t2 - t1
         stats.target_forwards += 1

@@ -67,16 +67,35 @@ def test_an_expensive_draft_is_not_used_even_when_it_is_right():
     assert controller.choose(8) == 0
 
 
-def test_plain_steps_probe_now_and_then_and_come_back():
-    controller = trained(AutoK(Costs(CPU, draft_ms=10), max_k=8, probe_every=4), accept_prob=0.0)
+def test_plain_steps_probe_ever_less_often_and_come_back():
+    controller = trained(AutoK(Costs(CPU, draft_ms=10), max_k=8, probe_every=4, max_probe_gap=16),
+                         accept_prob=0.0)
     choices = []
-    for _ in range(10):
+    for _ in range(4 + 1 + 8 + 1 + 16 + 1 + 16 + 1):
         k = controller.choose(8)
         choices.append(k)
         controller.observe(k, 0, 0.0, 0.0)
-    assert choices == [0, 0, 0, 0, 1, 0, 0, 0, 0, 1]
+    probes = [i for i, k in enumerate(choices) if k]
+    assert all(choices[i] == 1 for i in probes)
+    assert probes == [4, 4 + 1 + 8, 4 + 1 + 8 + 1 + 16, 4 + 1 + 8 + 1 + 16 + 1 + 16]  # gaps 4, 8, 16, 16
     trained(controller, accept_prob=1.0, steps=30)  # the text turned predictable
     assert controller.choose(8) >= 4
+    assert controller.probe_gap == 4  # drafting again: the next plain run is probed soon
+
+
+def test_a_successful_probe_brings_drafting_back():
+    controller = trained(AutoK(Costs(CPU, draft_ms=10), max_k=8, probe_every=4), accept_prob=0.1)
+    assert controller.choose(8) == 0
+    for _ in range(4):
+        controller.observe(controller.choose(8), 0, 0.0, 0.0)
+    choices = []
+    for _ in range(40):  # every probe, and every draft after them, is accepted: the estimate climbs back
+        k = controller.choose(8)
+        choices.append(k)
+        controller.observe(k, k, 0.0, 0.0)
+    assert choices[:5] == [1, 0, 0, 0, 0]  # an accepted probe keeps the probing pace at probe_every
+    assert choices[5] == 1 and all(k >= 1 for k in choices[5:])  # drafting every step again
+    assert choices[-1] >= 4  # positions not drafted for a while drift to the pooled rate: k climbs back
 
 
 def test_online_costs_follow_the_measured_times():
@@ -114,10 +133,14 @@ def test_fixed_k():
         AutoK(Costs(CPU, 1), max_k=0)
 
 
-def test_a_draft_after_plain_steps_does_not_count_its_catch_up_as_drafting_cost():
+def test_a_draft_models_catch_up_is_no_drafting_cost():
     controller = AutoK(Costs(CPU, draft_ms=10), max_k=8, cost_ewma=0.5)
-    controller.observe(0, 0, 0.0, 0.1)
-    controller.observe(1, 1, 0.2, 0.115)  # 200 ms: the draft model caught up on the plain steps first
+    controller.observe(2, 2, 0.5, 0.115, synced=40)  # 500 ms: the draft model read the prompt first
     assert controller.costs.draft_scale == 1.0
-    controller.observe(2, 2, 0.04, 0.14)  # the next draft step: 20 ms per token, twice the table's
+    controller.observe(0, 0, 0.0, 0.1)
+    controller.observe(1, 1, 0.2, 0.115, synced=2)  # 200 ms: the draft model caught up on the plain step
+    controller.observe(1, 1, 0.2, 0.115, synced=9)  # ... on eight plain steps
+    assert controller.costs.draft_scale == pytest.approx(0.5 * (1 + 20))  # only the first counts
+    controller = AutoK(Costs(CPU, draft_ms=10), max_k=8, cost_ewma=0.5)
+    controller.observe(2, 2, 0.04, 0.14, synced=1)  # steady state: 20 ms per token, twice the table's
     assert controller.costs.draft_scale == pytest.approx(1.5)

@@ -132,8 +132,8 @@ class Recorded:
             self.chosen[k] += 1
         return k
 
-    def observe(self, *args) -> None:
-        self.inner.observe(*args)
+    def observe(self, *args, **kwargs) -> None:
+        self.inner.observe(*args, **kwargs)
 
     def reset(self) -> None:
         self.inner.reset()

@@ -162,7 +162,7 @@ class RandomK:
     def choose(self, limit: int) -> int:
         return self.rng.randint(0, min(limit, self.max_k))
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float) -> None:
+    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float, synced: int = 0) -> None:
         pass
 
     def reset(self) -> None:

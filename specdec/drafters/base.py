@@ -22,10 +22,16 @@ class Draft:
     q: [k, V_target] probabilities the tokens were sampled from, or None for a
        deterministic proposal (greedy drafting, n-grams, re-tokenised text);
        such a draft is verified as if q were one-hot on each token.
+    synced: context tokens the drafter fed its own model before drafting, to catch
+       up with the context: 1-2 in steady state (the last step's bonus token), the
+       prompt at a generation's first draft, the plain steps' tokens after plain
+       steps; 0 for a drafter without a model.  The speculation controller keeps
+       this catch-up out of its per-token drafting cost.
     """
 
     tokens: list[int]
     q: torch.Tensor | None = None
+    synced: int = 0
 
     def __post_init__(self) -> None:
         if self.q is not None and self.q.shape[0] != len(self.tokens):

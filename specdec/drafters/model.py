@@ -33,20 +33,21 @@ def run_draft_model(
     context: Sequence[int],
     k: int,
     choose: Callable[[torch.Tensor], Choice],
-) -> tuple[list[int], torch.Tensor | None]:
+) -> tuple[list[int], torch.Tensor | None, int]:
     """Sync the draft model's cache with `context` (draft ids), then draft up to k tokens.
 
     The cache keeps the longest common prefix with the context (at least one
     token is fed, for the logits after the context); rejected tokens of the
-    last step are dropped there.  Returns the proposed ids and q [k, V] (None
-    when the choices carry no q).  No proposal when the window is full or the
-    context holds an id the draft cannot embed.
+    last step are dropped there.  Returns the proposed ids, q [k, V] (None
+    when the choices carry no q) and how many context tokens were fed to
+    catch up.  No proposal when the window is full or the context holds an id
+    the draft cannot embed.
     """
     k = min(k, runner.max_context - len(context))  # room left in the draft's window
     keep = min(common_prefix_length(runner.tokens, context), len(context) - 1)
     fresh = list(context[keep:])
     if k <= 0 or not fresh or max(fresh) >= runner.vocab_size or min(fresh) < 0:
-        return [], None
+        return [], None, 0
     runner.rollback(keep)
     logits = runner.forward(fresh, last_n=1)[-1]  # [V_draft]
     proposed: list[int] = []
@@ -58,7 +59,7 @@ def run_draft_model(
             qs.append(q)
         if i < k - 1:  # the last draft token need not be fed: nobody reads logits after it yet
             logits = runner.forward([feed])[-1]
-    return proposed, torch.stack(qs) if qs else None  # q: [k, V_target]
+    return proposed, torch.stack(qs) if qs else None, len(fresh)  # q: [k, V_target]
 
 
 class ModelDrafter:
@@ -95,8 +96,8 @@ class ModelDrafter:
         return token, token, q
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
-        tokens, q = run_draft_model(self.runner, context, k, self._choose)
-        return Draft(tokens, q)
+        tokens, q, synced = run_draft_model(self.runner, context, k, self._choose)
+        return Draft(tokens, q, synced)
 
     def observe(self, context: Sequence[int], num_accepted: int) -> None:
         """Nothing to learn; the cache is re-synchronised at the next proposal."""

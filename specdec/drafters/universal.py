@@ -74,11 +74,11 @@ class UniversalDrafter:
         if draft_context is None:  # the target is inside a multi-byte character
             return Draft([])
         if self.vocab_map is not None:
-            tokens, q = run_draft_model(self.runner, draft_context, k, self._choose_shared)
-            return Draft(tokens, q)
-        proposal, _ = run_draft_model(self.runner, draft_context, k, self._choose_text)
+            tokens, q, synced = run_draft_model(self.runner, draft_context, k, self._choose_shared)
+            return Draft(tokens, q, synced)
+        proposal, _, synced = run_draft_model(self.runner, draft_context, k, self._choose_text)
         text = self.bridge.proposal_text(draft_context, proposal)
-        return Draft(self.bridge.to_target(context, text)[:k])
+        return Draft(self.bridge.to_target(context, text)[:k], synced=synced)
 
     def observe(self, context: Sequence[int], num_accepted: int) -> None:
         """Nothing to learn; the cache is re-synchronised at the next proposal."""
