@@ -7,12 +7,13 @@ rate α and a draft costing c target steps per token, γ tokens give
 verification of γ + 1 tokens costs one step; on a CPU it does not, so the
 controller here uses measured costs instead of that assumption:
 
-    rate(k) = E[tokens | k] / (k · d + t(k + 1)),
+    rate(k) = E[tokens | k] / (c + k · d + t(k + 1))  (k ≥ 1; rate(0) = 1 / t(1)),
     E[tokens | k] = 1 + Σ_{i=1..k} Π_{j≤i} α_j,
 
 where t(n) is the target's time for a forward of n new tokens (measured by
 specdec.profile, then kept current from the loop's own timings), d the draft's
-cost per proposed token, and α_j the probability that draft token j is
+cost per proposed token (measured), c what a proposal costs on top of its
+tokens (learnt from the loop's timings), and α_j the probability that draft token j is
 accepted given that token j - 1 was (estimated online, per position, with
 exponential forgetting).  Each step takes the k in 0..K with the highest rate;
 **k = 0 is a plain one-token step**, so a drafter that does not pay costs
@@ -112,15 +113,18 @@ class Costs:
     """What a step costs: the target's forward time per number of new tokens, the draft's per token.
 
     target_ms: {n: ms of a target forward over n new tokens}, measured at a few n (at least n = 1);
-    values between and beyond are interpolated linearly.  draft_ms: ms per proposed draft token.
-    Both are scaled online by the ratio of the loop's measured times to these tables, so a machine
-    that gets busier, or a context that grows, moves every estimate alike.
+    values between and beyond are interpolated linearly, and scaled online by the ratio of the
+    loop's measured times to the table (target_scale), so a machine that gets busier, or a context
+    that grows, moves every estimate alike.  draft_ms: ms per proposed draft token (the draft
+    model's one-token forward); draft_overhead_ms: what a proposal costs on top of that, learnt
+    online (synchronising the draft's cache, the first forward over the bonus token, the drafter's
+    own work): a draft of k tokens costs draft_overhead_ms + k · draft_ms.
     """
 
     target_ms: Mapping[int, float]
     draft_ms: float
     target_scale: float = 1.0
-    draft_scale: float = 1.0
+    draft_overhead_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if 1 not in self.target_ms or any(n < 1 or v <= 0 for n, v in self.target_ms.items()):
@@ -143,7 +147,8 @@ class Costs:
         return self.target_scale * self.base_target(n)
 
     def draft(self, k: int) -> float:
-        return self.draft_scale * self.draft_ms * k
+        """ms to propose k tokens (0 for none)."""
+        return max(self.draft_overhead_ms + self.draft_ms * k, 0.0) if k > 0 else 0.0
 
 
 @dataclass
@@ -219,11 +224,11 @@ class AutoK:
         if accepted:
             self.probe_gap = self.probe_every  # the draft is right again: probe at the usual pace
         # A draft model that first caught up on more than the last step's bonus token (the prompt, or
-        # plain steps' tokens, in one batched forward) paid no per-token drafting cost: such a step
-        # leaves the draft's scale alone.
-        if self.costs.draft_ms > 0 and draft_s > 0 and synced <= STEADY_SYNC:
-            measured = 1000 * draft_s / drafted / self.costs.draft_ms
-            self.costs.draft_scale += w * (measured - self.costs.draft_scale)
+        # plain steps' tokens, in one batched forward) paid a one-time cost, not the steady one:
+        # such a step leaves the draft's overhead estimate alone.
+        if draft_s > 0 and synced <= STEADY_SYNC:
+            overhead = 1000 * draft_s - self.costs.draft_ms * drafted
+            self.costs.draft_overhead_ms += w * (overhead - self.costs.draft_overhead_ms)
         # Every position's evidence fades with each draft step, tried or not (a position no longer
         # drafted drifts to the pooled rate instead of keeping a stale one); position j was tried if
         # every earlier token was accepted: j = 0..min(accepted, drafted - 1).

@@ -104,8 +104,10 @@ def test_online_costs_follow_the_measured_times():
         controller.observe(0, 0, 0.0, 0.2)  # one-token steps take 200 ms, twice the table's
     assert controller.costs.target_scale == pytest.approx(2.0, rel=1e-3)
     for _ in range(20):
-        controller.observe(4, 4, 0.08, 0.34)  # 20 ms per draft token, twice the table's
-    assert controller.costs.draft_scale == pytest.approx(2.0, rel=1e-3)
+        controller.observe(4, 4, 0.08, 0.34)  # 80 ms for 4 draft tokens: 40 ms on top of the table's 4 x 10
+    assert controller.costs.draft_overhead_ms == pytest.approx(40, rel=1e-3)
+    assert controller.costs.draft(4) == pytest.approx(80, rel=1e-3)
+    assert controller.costs.draft(1) == pytest.approx(50, rel=1e-3) and controller.costs.draft(0) == 0
 
 
 def test_acceptance_is_estimated_per_position():
@@ -136,11 +138,11 @@ def test_fixed_k():
 def test_a_draft_models_catch_up_is_no_drafting_cost():
     controller = AutoK(Costs(CPU, draft_ms=10), max_k=8, cost_ewma=0.5)
     controller.observe(2, 2, 0.5, 0.115, synced=40)  # 500 ms: the draft model read the prompt first
-    assert controller.costs.draft_scale == 1.0
+    assert controller.costs.draft_overhead_ms == 0
     controller.observe(0, 0, 0.0, 0.1)
-    controller.observe(1, 1, 0.2, 0.115, synced=2)  # 200 ms: the draft model caught up on the plain step
-    controller.observe(1, 1, 0.2, 0.115, synced=9)  # ... on eight plain steps
-    assert controller.costs.draft_scale == pytest.approx(0.5 * (1 + 20))  # only the first counts
+    controller.observe(1, 1, 0.03, 0.115, synced=2)  # 30 ms: the draft model caught up on the plain step
+    controller.observe(1, 1, 0.2, 0.115, synced=9)  # 200 ms: ... on eight plain steps
+    assert controller.costs.draft_overhead_ms == pytest.approx(0.5 * (30 - 10))  # only the first counts
     controller = AutoK(Costs(CPU, draft_ms=10), max_k=8, cost_ewma=0.5)
-    controller.observe(2, 2, 0.04, 0.14, synced=1)  # steady state: 20 ms per token, twice the table's
-    assert controller.costs.draft_scale == pytest.approx(1.5)
+    controller.observe(2, 2, 0.04, 0.14, synced=1)  # steady state: 40 ms, 20 more than the table's 2 x 10
+    assert controller.costs.draft_overhead_ms == pytest.approx(10)

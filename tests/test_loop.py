@@ -12,7 +12,7 @@ from typing import Sequence
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from specdec.backends.hf import HFRunner
 from specdec.control import AutoK
@@ -101,15 +101,45 @@ def test_cost_model_controller_equals_plain_greedy(arch, kind):
         assert out.token_ids == plain(arch, prompt, max_new).token_ids
 
 
+# fp32's guarantee, as README states it: a batched verification forward computes a token's logits
+# with other kernels than a one-token step, so they differ by rounding (~1e-6 on these models), and
+# the output can differ only where the two best tokens are closer than that.
+NEAR_TIE = 1e-4
+
+
+def assert_equal_up_to_a_near_tie(arch: str, prompt: list[int], out: list[int], reference: list[int]) -> None:
+    """out == reference, or they part at a token where the target's two best logits are within NEAR_TIE."""
+    if out == reference:
+        return
+    i = next((i for i, (a, b) in enumerate(zip(out, reference)) if a != b), min(len(out), len(reference)))
+    assert i < min(len(out), len(reference)), "one output is a prefix of the other"
+    logits = HFRunner(MODELS[(arch, 0)]).forward(prompt + reference[:i])[-1].double()  # [V]
+    (first, second), best = torch.topk(logits, 2)
+    gap = float(first - second)
+    assert gap < NEAR_TIE and {out[i], reference[i]} <= set(best.tolist()), (
+        f"speculative output parts from plain at token {i} ({out[i]} vs {reference[i]}), "
+        f"where the best logit leads by {gap:.3g}: not a near-tie")
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prompt=prompts, gamma=st.integers(1, 8), arch=st.sampled_from(ARCHS),
        kind=st.sampled_from(["self", "random", "constant"]), max_new=st.integers(1, 40))
+@example(prompt=[70, 69, 7], gamma=1, arch="llama", kind="self", max_new=31)  # a near-tie (1.4e-6) at token 29
 def test_speculative_equals_plain_hypothesis(prompt, gamma, arch, kind, max_new):
     reference = plain(arch, prompt, max_new)
     out = run(HFRunner(MODELS[(arch, 0)]), prompt, StopCondition(max_new), drafter=make_drafter(kind, arch),
               num_speculative_tokens=gamma)
-    assert out.token_ids == reference.token_ids
+    assert_equal_up_to_a_near_tie(arch, prompt, out.token_ids, reference.token_ids)
     assert len(out.token_ids) == max_new
+
+
+def test_a_parting_away_from_a_near_tie_fails():
+    prompt = [5, 9, 13, 2]
+    reference = plain("llama", prompt, 12).token_ids
+    assert_equal_up_to_a_near_tie("llama", prompt, list(reference), reference)
+    with pytest.raises(AssertionError, match="not a near-tie"):
+        assert_equal_up_to_a_near_tie("llama", prompt, reference[:5] + [(reference[5] + 1) % VOCAB] + reference[6:],
+                                      reference)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
