@@ -5,8 +5,9 @@ so the suite uses one; tests of real models raise it to two for their own
 duration with :func:`real_model_threads`, unless the suite runs in parallel
 (``pytest -n 2``, the README's command), where each worker keeps one core.
 
-In a parallel run the real tests go to two fixed groups (``--dist loadgroup``),
-so that each real model is loaded by one worker only: the fp32 target and what
+In a parallel run the real tests go to two fixed groups (a scheduler of ours,
+see ``pytest_xdist_make_scheduler``), so that each real model is loaded by one
+worker only: the fp32 target and what
 compares with it (test_real.py, test_real_universal.py) in one, the int8 and
 llama.cpp tests and the tokenizer/zoo tests in the other.  The tiny tests fill
 in around them.
@@ -35,12 +36,6 @@ from hypothesis import settings
 from specdec import zoo
 
 torch.set_num_threads(1)
-
-# CI replays the same hypothesis examples every run (a new edge case found there would block an
-# unrelated change, and would be gone on the rerun); elsewhere every run explores new ones.
-settings.register_profile("ci", derandomize=True)
-if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-    settings.load_profile("ci")
 
 # The user's model cache, read before any test points $SPECDEC_HOME elsewhere.
 USER_HOME = zoo.home()
@@ -76,6 +71,13 @@ def isolated_home(tmp_path_factory) -> Iterator[None]:
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+# CI replays the same hypothesis examples every run (a new edge case found there would block an
+# unrelated change, and would be gone on the rerun); elsewhere every run explores new ones.
+settings.register_profile("ci", derandomize=True)
+if in_ci():
+    settings.load_profile("ci")
 
 
 def parallel_workers() -> int:
