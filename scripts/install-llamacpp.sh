@@ -4,7 +4,7 @@
 #
 #   scripts/install-llamacpp.sh [--force] [--python PATH]
 #
-# llama-cpp-python compiles llama.cpp from source on install (5-10 minutes on two
+# llama-cpp-python compiles llama.cpp from source on install (about 5 minutes on two
 # cores). Its default build uses -march=native; on some x86-64 machines (VMs whose
 # CPUs report AMX, hypervisors that hide features from the OS) that produces a
 # library that dies with "Illegal instruction". On x86-64 Linux this script
