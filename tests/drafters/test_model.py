@@ -52,3 +52,16 @@ def test_padded_vocabularies_line_up():
     drafter = ModelDrafter(HFRunner(MODEL), target_vocab_size=VOCAB - 16)
     assert drafter._to_target_width(torch.zeros(VOCAB)).shape == (VOCAB - 16,)
     assert all(t < VOCAB - 16 for t in drafter.propose([3, 4], 5).tokens)
+
+
+def test_synced_counts_the_catch_up():
+    # What the controller keeps out of the per-token drafting cost (Draft.synced).
+    drafter = ModelDrafter(HFRunner(MODEL))
+    prompt = [3, 4, 5, 6, 7]
+    first = drafter.propose(prompt, 3)
+    assert first.synced == len(prompt)  # the first draft reads the prompt
+    context = prompt + first.tokens + [9]  # all accepted, then the bonus token
+    second = drafter.propose(context, 3)
+    assert second.synced == 2  # the last draft token (proposed, never fed) + the bonus
+    context = context + [(second.tokens[0] + 1) % VOCAB, 2, 3, 4]  # rejected, then three plain steps
+    assert drafter.propose(context, 2).synced == 4  # their four tokens
