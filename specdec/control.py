@@ -224,9 +224,10 @@ class AutoK:
         if accepted:
             self.probe_gap = self.probe_every  # the draft is right again: probe at the usual pace
         # A draft model that first caught up on more than the last step's bonus token (the prompt, or
-        # plain steps' tokens, in one batched forward) paid a one-time cost, not the steady one:
-        # such a step leaves the draft's overhead estimate alone.
-        if draft_s > 0 and synced <= STEADY_SYNC:
+        # plain steps' tokens, in one batched forward) paid a one-time cost, not the steady one; a
+        # proposal that fed no model (prompt lookup, also inside the hybrid drafter) says nothing
+        # of the model's cost.  Such steps leave the draft's overhead estimate alone.
+        if draft_s > 0 and 0 < synced <= STEADY_SYNC:
             overhead = 1000 * draft_s - self.costs.draft_ms * drafted
             self.costs.draft_overhead_ms += w * (overhead - self.costs.draft_overhead_ms)
         # Every position's evidence fades with each draft step, tried or not (a position no longer

@@ -104,7 +104,7 @@ def test_online_costs_follow_the_measured_times():
         controller.observe(0, 0, 0.0, 0.2)  # one-token steps take 200 ms, twice the table's
     assert controller.costs.target_scale == pytest.approx(2.0, rel=1e-3)
     for _ in range(20):
-        controller.observe(4, 4, 0.08, 0.34)  # 80 ms for 4 draft tokens: 40 ms on top of the table's 4 x 10
+        controller.observe(4, 4, 0.08, 0.34, synced=1)  # 80 ms for 4 draft tokens: 40 ms on top of 4 x 10
     assert controller.costs.draft_overhead_ms == pytest.approx(40, rel=1e-3)
     assert controller.costs.draft(4) == pytest.approx(80, rel=1e-3)
     assert controller.costs.draft(1) == pytest.approx(50, rel=1e-3) and controller.costs.draft(0) == 0
@@ -144,5 +144,7 @@ def test_a_draft_models_catch_up_is_no_drafting_cost():
     controller.observe(1, 1, 0.2, 0.115, synced=9)  # 200 ms: ... on eight plain steps
     assert controller.costs.draft_overhead_ms == pytest.approx(0.5 * (30 - 10))  # only the first counts
     controller = AutoK(Costs(CPU, draft_ms=10), max_k=8, cost_ewma=0.5)
+    controller.observe(2, 2, 0.0001, 0.14, synced=0)  # a prompt-lookup proposal (hybrid drafter): no model ran
+    assert controller.costs.draft_overhead_ms == 0
     controller.observe(2, 2, 0.04, 0.14, synced=1)  # steady state: 40 ms, 20 more than the table's 2 x 10
     assert controller.costs.draft_overhead_ms == pytest.approx(10)
