@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import weakref
 from pathlib import Path
 from typing import Any, Protocol, Sequence
@@ -106,11 +107,33 @@ def import_llama_cpp() -> Any:
             "the llama.cpp backend needs llama-cpp-python: run scripts/install-llamacpp.sh "
             f"(or pip install 'specdec[llamacpp]') ({e})"
         ) from None
-    # llama-cpp-python prints all of llama.cpp's logging unless its logger says otherwise.
+    # llama-cpp-python prints all of llama.cpp's logging unless its logger says otherwise, and its
+    # level table predates ggml's DEBUG level (it prints warnings as errors and drops errors): unless
+    # the user configured that logger, llama.cpp's errors alone reach stderr, through our callback.
     logger = logging.getLogger("llama-cpp-python")
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.ERROR)
+        global _log_callback
+        if _log_callback is None:
+            _log_callback = llama_cpp.llama_log_callback(
+                lambda level, text, user_data: print_llama_log(level, text))
+            llama_cpp.llama_log_set(_log_callback, None)
     return llama_cpp
+
+
+GGML_LOG_LEVEL_ERROR, GGML_LOG_LEVEL_CONT = 4, 5  # ggml.h's enum ggml_log_level
+_log_callback: Any = None  # the ctypes callback llama.cpp holds (kept alive here)
+_last_log_level = 0
+
+
+def print_llama_log(level: int, text: bytes) -> None:
+    """llama.cpp's log messages -> stderr, errors only (a CONT piece continues the previous message)."""
+    global _last_log_level
+    if level != GGML_LOG_LEVEL_CONT:
+        _last_log_level = level
+    if _last_log_level == GGML_LOG_LEVEL_ERROR:
+        sys.stderr.write(text.decode("utf-8", errors="replace"))
+        sys.stderr.flush()
 
 
 def build_features() -> dict[str, str]:

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from specdec.backends.base import ModelRunner
-from specdec.backends.llamacpp import LlamaCppRunner, batch_invariant_build, build_features
+from specdec.backends.llamacpp import LlamaCppRunner, batch_invariant_build, build_features, print_llama_log
 from specdec.errors import SpecdecError
 from tests.conftest import in_ci, require_llama_cpp
 
@@ -62,6 +62,14 @@ class FakeSession:
 
 def fresh_logits(tokens: list[int]) -> torch.Tensor:
     return torch.from_numpy(np.stack([prefix_logits(tokens[: i + 1]) for i in range(len(tokens))]))
+
+
+def test_llama_cpp_logs_only_its_errors(capsys):
+    # ggml levels: 1 debug, 2 info, 3 warn, 4 error, 5 continues the previous message.
+    for level, text in [(2, b"info "), (3, b"load: control-looking token ... "), (5, b"warn tail "),
+                        (4, b"error "), (5, b"error tail\n"), (1, b"debug ")]:
+        print_llama_log(level, text)
+    assert capsys.readouterr().err == "error error tail\n"
 
 
 def test_is_a_model_runner():
