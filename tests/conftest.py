@@ -117,6 +117,7 @@ def pytest_collection_modifyitems(config, items) -> None:
         items.sort(key=lambda item: rank.get(real_model_group(item.nodeid), len(rank)))
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: the suite also runs without it
 def pytest_xdist_make_scheduler(config, log):
     """`pytest -n N`: the load scheduler, with each real-model group as one work unit."""
     if config.getvalue("dist") not in ("load", "loadgroup"):
