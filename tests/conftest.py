@@ -100,15 +100,20 @@ REAL_MODEL_GROUPS = {
 GROUP_ORDER = ["int8-and-llama.cpp", "fp32-target"]  # the longest first
 
 
+def module_of(nodeid: str) -> str:
+    """tests/x.py::test_y[z] -> tests/x.py"""
+    return nodeid.split("::", 1)[0]
+
+
 def real_model_group(nodeid: str) -> str | None:
-    return REAL_MODEL_GROUPS.get(nodeid.split("::", 1)[0])
+    return REAL_MODEL_GROUPS.get(module_of(nodeid))
 
 
 def pytest_collection_modifyitems(config, items) -> None:
     """In a parallel run's workers: the real-model groups first, longest first (so that no worker
     starts one late and runs alone at the end); the order within a module is kept.  A real-model
     test in a module outside the groups is a usage error: it would load its models in every worker."""
-    ungrouped = sorted({item.nodeid.split("::", 1)[0] for item in items
+    ungrouped = sorted({module_of(item.nodeid) for item in items
                         if item.get_closest_marker("real") is not None and real_model_group(item.nodeid) is None})
     if ungrouped:
         raise pytest.UsageError(f"tests marked `real` outside REAL_MODEL_GROUPS (tests/conftest.py): {ungrouped}")
