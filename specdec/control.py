@@ -22,7 +22,14 @@ steps, then after twice as many each time a probe is rejected, up to
 `max_probe_gap`), which lets the controller come back when the text turns
 predictable.  A draft model's catch-up (the prompt at the first draft, the
 tokens of the plain steps it did not see) is kept out of the per-token drafting
-cost: it is paid once per switch, not per drafted token.
+cost: it is paid once per switch, not per drafted token, so it is priced as
+one: with the drafter `lag` tokens behind, drafting starts only when the time
+it is expected to save over the next `horizon` tokens exceeds the catch-up
+(lag · s, s measured per token), and a probe is made only when its cost stays
+within `probe_budget` of the plain time spent since the last one.  On a CPU a
+catch-up is expensive (a 0.5B draft on a 2-core AMD EPYC: 27 ms per token, a
+sixth of a target step), so without this a controller that falls back to plain
+decoding pays for the draft model's whole context anyway, at every probe.
 
 The controller only chooses how many tokens to propose; verification is
 unchanged, so greedy output stays identical to plain decoding and sampling
@@ -35,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, runtime_checkable
 
+from specdec.drafters.base import LOOKUP, MODEL
 from specdec.errors import SpecdecError
 
 AUTO = "auto"  # num_speculative_tokens: the cost-model controller chooses k each step
@@ -47,14 +55,18 @@ STEADY_SYNC = 2
 class Controller(Protocol):
     """Asked by the decode loop, each step, how many tokens to draft."""
 
-    def choose(self, limit: int) -> int:
-        """Draft tokens to propose now, in 0..limit (0: a plain step)."""
+    def choose(self, limit: int, lag: int = 0, source: str = MODEL) -> int:
+        """Draft tokens to propose now, in 0..limit (0: a plain step).  `source`, `lag`: where the
+        proposal would come from and how many context tokens the drafter would first feed its model
+        to catch up (specdec.drafters.base.outlook)."""
         ...
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float, synced: int = 0) -> None:
+    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float, synced: int = 0,
+                source: str = MODEL) -> None:
         """What the step did: `drafted` tokens proposed (0 for a plain step), `accepted` of them kept,
-        the drafter's and the target's wall time in seconds, and how many context tokens the drafter
-        fed its model to catch up before drafting (Draft.synced; part of draft_s)."""
+        the drafter's and the target's wall time in seconds, how many context tokens the drafter
+        fed its model to catch up before drafting (Draft.synced; part of draft_s), and the source
+        choose() was told."""
         ...
 
     def reset(self) -> None:
@@ -86,10 +98,11 @@ class FixedK:
         if self.k < 1:
             raise ValueError(f"a fixed draft length must be >= 1, got {self.k}")
 
-    def choose(self, limit: int) -> int:
+    def choose(self, limit: int, lag: int = 0, source: str = MODEL) -> int:
         return min(self.k, limit)
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float, synced: int = 0) -> None:
+    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float, synced: int = 0,
+                source: str = MODEL) -> None:
         pass
 
     def reset(self) -> None:
@@ -118,19 +131,22 @@ class Costs:
     that grows, moves every estimate alike.  draft_ms: ms per proposed draft token (the draft
     model's one-token forward); draft_overhead_ms: what a proposal costs on top of that, learnt
     online (synchronising the draft's cache, the first forward over the bonus token, the drafter's
-    own work): a draft of k tokens costs draft_overhead_ms + k · draft_ms.
+    own work): a draft of k tokens costs draft_overhead_ms + k · draft_ms.  sync_ms: what the draft
+    model spends per token when it catches up on context it has not seen (measured, then learnt
+    online): a switch from plain steps to drafting costs lag · sync_ms once.
     """
 
     target_ms: Mapping[int, float]
     draft_ms: float
     target_scale: float = 1.0
     draft_overhead_ms: float = 0.0
+    sync_ms: float = 0.0  # ms per context token a draft model catches up on (a batched forward)
 
     def __post_init__(self) -> None:
         if 1 not in self.target_ms or any(n < 1 or v <= 0 for n, v in self.target_ms.items()):
             raise ValueError(f"target costs need n = 1 and positive times, got {dict(self.target_ms)}")
-        if self.draft_ms < 0:
-            raise ValueError(f"the draft cost must be >= 0, got {self.draft_ms}")
+        if self.draft_ms < 0 or self.sync_ms < 0:
+            raise ValueError(f"draft costs must be >= 0, got {self.draft_ms}, {self.sync_ms}")
         self._points = sorted(self.target_ms.items())
 
     def base_target(self, n: int) -> float:
@@ -150,6 +166,10 @@ class Costs:
         """ms to propose k tokens (0 for none)."""
         return max(self.draft_overhead_ms + self.draft_ms * k, 0.0) if k > 0 else 0.0
 
+    def catch_up(self, lag: int) -> float:
+        """ms a drafter `lag` tokens behind spends catching up beyond a steady step (0 when steady)."""
+        return self.sync_ms * lag if lag > STEADY_SYNC else 0.0
+
 
 @dataclass
 class AutoK:
@@ -159,8 +179,9 @@ class AutoK:
     worth.  forget: per-observation decay of old acceptance evidence (0.9 ~ the last ten steps).
     cost_ewma: weight of each new timing in the online cost scales.  probe_every: after this many
     plain steps in a row, one 1-token draft is tried so a drafter that starts paying is noticed; each
-    rejected probe doubles the wait, up to max_probe_gap (a probe costs the
-    draft model's catch-up on the plain steps' tokens).
+    rejected probe doubles the wait, up to max_probe_gap.  A drafter that must first catch up
+    (lag > STEADY_SYNC) starts drafting only if the time saved over the next `horizon` tokens beats the
+    catch-up, and probes only while probes cost at most `probe_budget` of the plain steps' time.
     """
 
     costs: Costs
@@ -171,56 +192,86 @@ class AutoK:
     cost_ewma: float = 0.2
     probe_every: int = 8
     max_probe_gap: int = 64
-    # per position j (0-based): decayed counts of acceptances and of trials
-    hits: list[float] = field(default_factory=list)
-    trials: list[float] = field(default_factory=list)
+    horizon: int = 256
+    probe_budget: float = 0.03
+    # per source (specdec.drafters.base: a draft model, prompt lookup), per position j (0-based):
+    # decayed counts of acceptances and of trials
+    hits: dict[str, list[float]] = field(default_factory=dict)
+    trials: dict[str, list[float]] = field(default_factory=dict)
     plain_run: int = 0
     probe_gap: int = 0  # plain steps before the next probe (probe_every .. max_probe_gap)
+    plain_ms: float = 0.0  # estimated time of the plain steps since the last draft: what a probe may spend from
 
     def __post_init__(self) -> None:
         if self.max_k < 1:
             raise ValueError(f"max_k must be >= 1, got {self.max_k}")
         if not 0 < self.prior < 1:
             raise ValueError(f"prior must be in (0, 1), got {self.prior}")
-        self.hits = self.hits or [0.0] * self.max_k
-        self.trials = self.trials or [0.0] * self.max_k
         self.probe_gap = self.probe_gap or self.probe_every
 
-    def alphas(self) -> list[float]:
-        """α_j for j = 1..max_k: each position's evidence, shrunk toward the pooled rate (and that to the prior)."""
-        pooled = (sum(self.hits) + self.weight * self.prior) / (sum(self.trials) + self.weight)
-        return [(h + self.weight * pooled) / (t + self.weight) for h, t in zip(self.hits, self.trials)]
+    def _evidence(self, source: str) -> tuple[list[float], list[float]]:
+        if source not in self.hits:
+            self.hits[source] = [0.0] * self.max_k
+            self.trials[source] = [0.0] * self.max_k
+        return self.hits[source], self.trials[source]
 
-    def rate(self, k: int, alphas: list[float] | None = None) -> float:
-        """Expected tokens per ms when drafting k tokens."""
-        alphas = self.alphas() if alphas is None else alphas
-        return expected_tokens(alphas, k) / (self.costs.draft(k) + self.costs.target(k + 1))
+    def alphas(self, source: str = MODEL) -> list[float]:
+        """α_j for j = 1..max_k of `source`'s proposals: each position's evidence, shrunk toward the
+        pooled rate (and that to the prior)."""
+        hits, trials = self._evidence(source)
+        pooled = (sum(hits) + self.weight * self.prior) / (sum(trials) + self.weight)
+        return [(h + self.weight * pooled) / (t + self.weight) for h, t in zip(hits, trials)]
 
-    def best(self, limit: int) -> int:
-        alphas = self.alphas()
+    def draft_cost(self, k: int, source: str = MODEL) -> float:
+        """ms to propose k tokens: a lookup's cost nothing, a model's are the measured ones."""
+        return 0.0 if source == LOOKUP else self.costs.draft(k)
+
+    def rate(self, k: int, alphas: list[float] | None = None, source: str = MODEL) -> float:
+        """Expected tokens per ms when drafting k tokens from `source`."""
+        alphas = self.alphas(source) if alphas is None else alphas
+        return expected_tokens(alphas, k) / (self.draft_cost(k, source) + self.costs.target(k + 1))
+
+    def best(self, limit: int, alphas: list[float] | None = None, source: str = MODEL) -> int:
+        """The k in 0..min(max_k, limit) with the highest steady-state rate (ties: the smaller k)."""
+        alphas = self.alphas(source) if alphas is None else alphas
         top = min(self.max_k, limit)
-        return max(range(top + 1), key=lambda k: (self.rate(k, alphas), -k))
+        return max(range(top + 1), key=lambda k: (self.rate(k, alphas, source), -k))
 
-    def choose(self, limit: int) -> int:
+    def saving(self, k: int, limit: int, alphas: list[float] | None = None, source: str = MODEL) -> float:
+        """ms that drafting k tokens a step is expected to save over plain steps, over the next
+        min(limit + 1, horizon) tokens."""
+        tokens = min(limit + 1, self.horizon)
+        return tokens * (self.costs.target(1) - 1.0 / self.rate(k, alphas, source))
+
+    def probe_cost(self, lag: int, source: str = MODEL) -> float:
+        """ms a one-token probe costs over a plain step: the catch-up, the draft, the longer verification."""
+        return self.costs.catch_up(lag) + self.draft_cost(1, source) + self.costs.target(2) - self.costs.target(1)
+
+    def choose(self, limit: int, lag: int = 0, source: str = MODEL) -> int:
         if limit <= 0:
             return 0
-        k = self.best(limit)
-        if k > 0:
+        alphas = self.alphas(source)
+        k = self.best(limit, alphas, source)
+        if k > 0 and self.saving(k, limit, alphas, source) > self.costs.catch_up(lag):
             self.probe_gap = self.probe_every  # drafting pays: after the next plain run, probe soon
-        elif self.plain_run >= self.probe_gap:
+            return k
+        if self.plain_run >= self.probe_gap and self.probe_cost(lag, source) <= self.probe_budget * self.plain_ms:
             self.probe_gap = min(2 * self.probe_gap, self.max_probe_gap)  # back to probe_every if accepted
             return 1
-        return k
+        return 0
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float, synced: int = 0) -> None:
+    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float, synced: int = 0,
+                source: str = MODEL) -> None:
         w = self.cost_ewma  # times <= 0 mean "not measured" and leave the scales alone
         if target_s > 0:
             table_ms = self.costs.base_target(drafted + 1)
             self.costs.target_scale += w * (1000 * target_s / table_ms - self.costs.target_scale)
         if drafted == 0:
             self.plain_run += 1
+            self.plain_ms += self.costs.target(1)  # the estimate, not the timing: frozen costs stay deterministic
             return
         self.plain_run = 0
+        self.plain_ms = 0.0
         if accepted:
             self.probe_gap = self.probe_every  # the draft is right again: probe at the usual pace
         # A draft model that first caught up on more than the last step's bonus token (the prompt, or
@@ -230,20 +281,26 @@ class AutoK:
         if draft_s > 0 and 0 < synced <= STEADY_SYNC:
             overhead = 1000 * draft_s - self.costs.draft_ms * drafted
             self.costs.draft_overhead_ms += w * (overhead - self.costs.draft_overhead_ms)
+        elif draft_s > 0 and synced > STEADY_SYNC:  # a catch-up: what it cost per token
+            per_token = (1000 * draft_s - self.costs.draft(drafted)) / synced
+            self.costs.sync_ms = max(self.costs.sync_ms + w * (per_token - self.costs.sync_ms), 0.0)
         # Every position's evidence fades with each draft step, tried or not (a position no longer
         # drafted drifts to the pooled rate instead of keeping a stale one); position j was tried if
         # every earlier token was accepted: j = 0..min(accepted, drafted - 1).
-        self.hits = [self.forget * h for h in self.hits]
-        self.trials = [self.forget * t for t in self.trials]
+        hits, trials = self._evidence(source)
+        for j in range(self.max_k):
+            hits[j] *= self.forget
+            trials[j] *= self.forget
         for j in range(min(accepted + 1, drafted)):
-            self.hits[j] += j < accepted
-            self.trials[j] += 1.0
+            hits[j] += j < accepted
+            trials[j] += 1.0
 
     def reset(self) -> None:
         """Keep what the last generation learnt, at half weight, as the next one's prior."""
-        self.hits = [h / 2 for h in self.hits]
-        self.trials = [t / 2 for t in self.trials]
+        for counts in (*self.hits.values(), *self.trials.values()):
+            counts[:] = [c / 2 for c in counts]
         self.plain_run = 0
+        self.plain_ms = 0.0
         self.probe_gap = self.probe_every
 
     def describe(self) -> str:

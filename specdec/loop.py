@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from specdec.backends.base import ModelRunner
 from specdec.control import Controller, FixedK
-from specdec.drafters.base import Drafter
+from specdec.drafters.base import Drafter, outlook
 from specdec.errors import SpecdecError
 from specdec.verify import GreedyVerifier, Verifier
 
@@ -230,7 +230,10 @@ def decode(
         # Draft no more than can be used: k accepted + 1 bonus must not pass
         # max_new_tokens, and the verification forward must fit the window.
         limit = min(stop.max_new_tokens - len(generated) - 1, target.max_context - len(context))
-        k = controller.choose(limit) if drafter is not None and limit > 0 else 0
+        k, source = 0, ""
+        if drafter is not None and limit > 0:
+            source, behind = outlook(drafter, context)
+            k = controller.choose(limit, behind, source)
         t0 = time.perf_counter()
         draft = drafter.propose(context, k) if drafter is not None and k > 0 else None
         t1 = time.perf_counter()
@@ -255,7 +258,7 @@ def decode(
         if drafter is not None:
             if k:
                 drafter.observe(context, n)
-            controller.observe(k, n, t1 - t0, t2 - t1, synced=draft.synced if draft is not None else 0)
+            controller.observe(k, n, t1 - t0, t2 - t1, draft.synced if draft is not None else 0, source)
         stats.draft_s += t1 - t0
         stats.target_s += t2 - t1
         stats.target_forwards += 1

@@ -114,6 +114,7 @@ def measure_drafting(
 CONTROL_PREFIX = 64
 CONTROL_REPEATS = 2
 LOOKUP_MS_PER_TOKEN = 0.01  # prompt lookup: a suffix search in Python, microseconds
+SYNC_TOKENS = 32  # a draft model's catch-up is timed as one forward of this many tokens
 
 
 def runner_identity(runner: ModelRunner) -> dict[str, object] | None:
@@ -182,8 +183,9 @@ def step_costs(
     lookup: bool = False,
     cache_dir: Path | None = None,
 ) -> "Costs":
-    """The controller's Costs: the target's t(n) for n = 1..max_k + 1 (a few points, interpolated) and
-    the draft's ms per proposed token (a draft model's one-token forwards; prompt lookup ~0).
+    """The controller's Costs: the target's t(n) for n = 1..max_k + 1 (a few points, interpolated),
+    the draft's ms per proposed token (a draft model's one-token forwards; prompt lookup ~0) and per
+    token of a catch-up (one forward of SYNC_TOKENS tokens).
     Measured once and cached in `cache_dir` per runner identity (see runner_identity)."""
     from specdec.control import Costs
 
@@ -201,6 +203,11 @@ def step_costs(
         draft_ms = _cached("draft", draft, {"tokens": max_k, "prefix": d_prefix, "repeats": CONTROL_REPEATS},
                            lambda: measure_drafting(draft, tokens=max_k, prefix=d_prefix, repeats=CONTROL_REPEATS),
                            cache_dir)
+        n = max(1, min(SYNC_TOKENS, draft.max_context - d_prefix - 1))
+        sync_ms = _cached("draft-sync", draft, {"tokens": n, "prefix": d_prefix, "repeats": CONTROL_REPEATS},
+                          lambda: measure_forwards(draft, [n], prefix=d_prefix, repeats=CONTROL_REPEATS).ms[n] / n,
+                          cache_dir)
     else:
         draft_ms = LOOKUP_MS_PER_TOKEN if lookup else 0.0
-    return Costs({int(k): float(v) for k, v in ms.items()}, float(draft_ms))
+        sync_ms = 0.0
+    return Costs({int(k): float(v) for k, v in ms.items()}, float(draft_ms), sync_ms=float(sync_ms))

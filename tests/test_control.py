@@ -67,14 +67,17 @@ def test_an_expensive_draft_is_not_used_even_when_it_is_right():
     assert controller.choose(8) == 0
 
 
+STEP_S = 0.1  # a plain step's time, as CPU's t(1)
+
+
 def test_plain_steps_probe_ever_less_often_and_come_back():
-    controller = trained(AutoK(Costs(CPU, draft_ms=10), max_k=8, probe_every=4, max_probe_gap=16),
-                         accept_prob=0.0)
+    controller = trained(AutoK(Costs(CPU, draft_ms=10), max_k=8, probe_every=4, max_probe_gap=16,
+                               probe_budget=1.0), accept_prob=0.0)
     choices = []
     for _ in range(4 + 1 + 8 + 1 + 16 + 1 + 16 + 1):
         k = controller.choose(8)
         choices.append(k)
-        controller.observe(k, 0, 0.0, 0.0)
+        controller.observe(k, 0, 0.0, STEP_S)
     probes = [i for i, k in enumerate(choices) if k]
     assert all(choices[i] == 1 for i in probes)
     assert probes == [4, 4 + 1 + 8, 4 + 1 + 8 + 1 + 16, 4 + 1 + 8 + 1 + 16 + 1 + 16]  # gaps 4, 8, 16, 16
@@ -84,15 +87,15 @@ def test_plain_steps_probe_ever_less_often_and_come_back():
 
 
 def test_a_successful_probe_brings_drafting_back():
-    controller = trained(AutoK(Costs(CPU, draft_ms=10), max_k=8, probe_every=4), accept_prob=0.1)
+    controller = trained(AutoK(Costs(CPU, draft_ms=10), max_k=8, probe_every=4, probe_budget=1.0), accept_prob=0.1)
     assert controller.choose(8) == 0
     for _ in range(4):
-        controller.observe(controller.choose(8), 0, 0.0, 0.0)
+        controller.observe(controller.choose(8), 0, 0.0, STEP_S)
     choices = []
     for _ in range(40):  # every probe, and every draft after them, is accepted: the estimate climbs back
         k = controller.choose(8)
         choices.append(k)
-        controller.observe(k, k, 0.0, 0.0)
+        controller.observe(k, k, 0.0, STEP_S)
     assert choices[:5] == [1, 0, 0, 0, 0]  # an accepted probe keeps the probing pace at probe_every
     assert choices[5] == 1 and all(k >= 1 for k in choices[5:])  # drafting every step again
     assert choices[-1] >= 4  # positions not drafted for a while drift to the pooled rate: k climbs back
@@ -121,9 +124,9 @@ def test_acceptance_is_estimated_per_position():
 
 def test_reset_keeps_a_weaker_prior():
     controller = trained(AutoK(Costs(CPU, draft_ms=10)), accept_prob=0.0)
-    before = sum(controller.trials)
+    before = sum(controller.trials["model"])
     controller.reset()
-    assert sum(controller.trials) == pytest.approx(before / 2)
+    assert sum(controller.trials["model"]) == pytest.approx(before / 2)
     assert controller.choose(8) == 0  # still believes the draft useless
 
 
@@ -148,3 +151,61 @@ def test_a_draft_models_catch_up_is_no_drafting_cost():
     assert controller.costs.draft_overhead_ms == 0
     controller.observe(2, 2, 0.04, 0.14, synced=1)  # steady state: 40 ms, 20 more than the table's 2 x 10
     assert controller.costs.draft_overhead_ms == pytest.approx(10)
+
+
+def test_probes_stay_within_their_budget():
+    # A probe costs 25 ms over a plain step (a 10 ms draft, t(2) - t(1) = 15): with 3% of the plain
+    # time to spend, the first probe waits for 25 / 0.03 = 833 ms of plain steps, not probe_every.
+    controller = trained(AutoK(Costs(CPU, draft_ms=10), max_k=8, probe_every=4, probe_budget=0.03), accept_prob=0.0)
+    choices = []
+    for _ in range(30):
+        k = controller.choose(8)
+        choices.append(k)
+        controller.observe(k, 0, 0.0, STEP_S)
+    probes = [i for i, k in enumerate(choices) if k]
+    assert probes and probes[0] == 9  # after 9 plain steps (900 ms >= 833)
+    spent = sum(controller.probe_cost(0) for _ in probes)
+    assert spent <= 0.03 * STEP_S * 1000 * (len(choices) - len(probes))
+
+
+def test_a_catch_up_is_paid_only_when_drafting_wins_it_back():
+    costs = Costs(CPU, draft_ms=10, sync_ms=5)
+    controller = trained(AutoK(costs, max_k=8), accept_prob=0.9)
+    k = controller.choose(200)
+    assert k > 0 and controller.choose(200, lag=2) == k  # steady state: no catch-up to pay
+    saving = controller.saving(k, 200)
+    assert 0 < saving < costs.catch_up(2000)
+    assert controller.choose(200, lag=40) == k  # a 200 ms catch-up, won back over 200 tokens
+    assert controller.choose(200, lag=2000) == 0  # 10 s of catch-up: not worth it
+    assert controller.choose(3, lag=40) == 0  # only 4 tokens left to win it back
+    # A probe with a long catch-up waits for enough plain time: 40 tokens behind cost 200 ms
+    controller = trained(AutoK(costs, max_k=8, probe_every=1), accept_prob=0.0)
+    steps = 0
+    while controller.choose(8, lag=40) == 0:
+        controller.observe(0, 0, 0.0, STEP_S)
+        steps += 1
+    assert steps * STEP_S * 1000 * controller.probe_budget >= controller.probe_cost(40) > 200
+    assert (steps - 1) * STEP_S * 1000 * controller.probe_budget < controller.probe_cost(40)
+
+
+def test_catch_up_costs_are_learnt_online():
+    controller = AutoK(Costs(CPU, draft_ms=10, sync_ms=5), max_k=8, cost_ewma=0.5)
+    for _ in range(20):
+        controller.observe(2, 2, 0.02 + 0.4, 0.115, synced=40)  # 40 tokens caught up in 400 ms: 10 ms each
+    assert controller.costs.sync_ms == pytest.approx(10, rel=1e-3)
+    assert controller.costs.catch_up(40) == pytest.approx(400, rel=1e-3) and controller.costs.catch_up(2) == 0
+
+
+def test_sources_keep_their_own_acceptance_and_costs():
+    # The hybrid drafter's two sources: a lookup that is right and costs nothing, a model that is
+    # as right but costs a target step per token.  Evidence of one never moves the other's estimate.
+    controller = AutoK(Costs(CPU, draft_ms=100), max_k=8)
+    for _ in range(40):
+        controller.observe(4, 4, 0.0, 0.17, source="lookup")
+    assert controller.alphas("lookup")[0] > 0.95 and controller.alphas("model")[0] == pytest.approx(controller.prior)
+    assert controller.choose(8, source="lookup") >= 4
+    for _ in range(40):
+        controller.observe(4, 4, 0.4, 0.17, synced=1, source="model")
+    assert controller.alphas("model")[0] > 0.95
+    assert controller.choose(8, source="model") == 0  # right, but drafting costs more than it saves
+    assert controller.choose(8, lag=40, source="lookup") >= 4  # a lookup never catches up

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 from specdec.backends.hf import HFRunner
 from specdec.control import AutoK
 from specdec.drafters.base import Draft
-from specdec.drafters.model import ModelDrafter
+from specdec.drafters.model import DEFAULT_WINDOW, ModelDrafter
 from specdec.errors import SpecdecError
 from specdec.loop import StopCondition, run
 from specdec.profile import step_costs
@@ -44,11 +44,11 @@ class ConstantDrafter:
         pass
 
 
-def make_drafter(kind: str, arch: str):
+def make_drafter(kind: str, arch: str, window: int | None = DEFAULT_WINDOW):
     if kind == "self":
-        return ModelDrafter(HFRunner(MODELS[(arch, 0)]))
+        return ModelDrafter(HFRunner(MODELS[(arch, 0)]), window=window)
     if kind == "random":
-        return ModelDrafter(HFRunner(MODELS[(arch, 1)]))
+        return ModelDrafter(HFRunner(MODELS[(arch, 1)]), window=window)
     return ConstantDrafter(7)
 
 
@@ -79,14 +79,23 @@ def test_speculative_greedy_equals_plain_greedy(arch, kind, gamma):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("kind", ["self", "random", "constant"])
 @pytest.mark.parametrize("seed", range(3))
-def test_k_chosen_per_step_equals_plain_greedy(arch, kind, seed):
-    # A controller may switch between plain steps (k = 0) and drafts of any length at any step.
+@pytest.mark.parametrize("window", [DEFAULT_WINDOW, 2])
+def test_k_chosen_per_step_equals_plain_greedy(arch, kind, seed, window):
+    # A controller may switch between plain steps (k = 0) and drafts of any length at any step; with a
+    # catch-up window of 2 the draft model starts over from the last two tokens after plain runs.
     prompt = [5, 9, 13, 2 + seed]
     reference = plain(arch, prompt, 48)
-    out = run(HFRunner(MODELS[(arch, 0)]), prompt, StopCondition(48), drafter=make_drafter(kind, arch),
+    drafter = make_drafter(kind, arch, window)
+    offsets = []
+    if isinstance(drafter, ModelDrafter):
+        propose = drafter.propose
+        drafter.propose = lambda context, k: (draft := propose(context, k), offsets.append(drafter.cache.offset))[0]
+    out = run(HFRunner(MODELS[(arch, 0)]), prompt, StopCondition(48), drafter=drafter,
               num_speculative_tokens=RandomK(seed))
     assert out.token_ids == reference.token_ids
     assert out.stats.plain_steps > 0 and out.stats.draft_steps > 0
+    if offsets and window == 2:
+        assert max(offsets) > 0  # the window was used
 
 
 @pytest.mark.parametrize("arch", ARCHS)

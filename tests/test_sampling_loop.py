@@ -126,8 +126,8 @@ class Recorded:
     def __init__(self, inner) -> None:
         self.inner, self.chosen = inner, Counter()
 
-    def choose(self, limit: int) -> int:
-        k = self.inner.choose(limit)
+    def choose(self, limit: int, lag: int = 0, source: str = "model") -> int:
+        k = self.inner.choose(limit, lag, source)
         if limit > 0:
             self.chosen[k] += 1
         return k

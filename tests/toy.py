@@ -159,10 +159,11 @@ class RandomK:
         self.rng = random.Random(seed)
         self.max_k = max_k
 
-    def choose(self, limit: int) -> int:
+    def choose(self, limit: int, lag: int = 0, source: str = "model") -> int:
         return self.rng.randint(0, min(limit, self.max_k))
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float, synced: int = 0) -> None:
+    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float, synced: int = 0,
+                source: str = "model") -> None:
         pass
 
     def reset(self) -> None:

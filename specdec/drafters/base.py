@@ -53,3 +53,22 @@ class Drafter(Protocol):
     def reset(self) -> None:
         """Forget all state from an earlier generation."""
         ...
+
+
+MODEL, LOOKUP = "model", "lookup"  # where a proposal comes from (a draft model costs time, a lookup ~none)
+
+
+def outlook(drafter: Drafter, context: Sequence[int]) -> tuple[str, int]:
+    """(source, lag) of `drafter`'s next proposal for `context`: where it will come from (MODEL or
+    LOOKUP) and how many context tokens the drafter will first feed its model to catch up (the bonus
+    token in steady state, more after plain steps or at a generation's start).
+
+    A drafter says so with an ``outlook(context)`` method, or a ``lag(context)`` method (a model);
+    one with neither is taken for a model that needs no catch-up.  The speculation controller
+    keeps acceptance per source and prices a catch-up before it drafts.
+    """
+    method = getattr(drafter, "outlook", None)
+    if method is not None:
+        return method(context)
+    lag = getattr(drafter, "lag", None)
+    return MODEL, int(lag(context)) if lag is not None else 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from specdec.drafters.base import Draft, Drafter
+from specdec.drafters.base import LOOKUP, Draft, Drafter, outlook
 from specdec.drafters.lookup import LookupDrafter
 
 
@@ -37,6 +37,12 @@ class HybridDrafter:
             self.last_source = "model"
         self.proposals[self.last_source] += 1
         return draft
+
+    def outlook(self, context: Sequence[int]) -> tuple[str, int]:
+        """The lookup's when it matches (nothing to catch up), else the model's."""
+        if self.lookup.propose(context, 1).tokens:
+            return LOOKUP, 0
+        return outlook(self.model, context)
 
     def observe(self, context: Sequence[int], num_accepted: int) -> None:
         source = self.model if self.last_source == "model" else self.lookup

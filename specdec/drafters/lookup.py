@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from specdec.drafters.base import Draft
+from specdec.drafters.base import LOOKUP, Draft
 
 
 class LookupDrafter:
@@ -71,3 +71,7 @@ class LookupDrafter:
 
     def observe(self, context: Sequence[int], num_accepted: int) -> None:
         """Nothing to learn: the index grows with the context at the next proposal."""
+
+    def outlook(self, context: Sequence[int]) -> tuple[str, int]:
+        """A lookup proposal: no model to catch up."""
+        return LOOKUP, 0

@@ -23,7 +23,7 @@ import torch
 from specdec.backends.base import ModelRunner
 from specdec.bridge import TextBridge, VocabularyMap
 from specdec.drafters.base import Draft
-from specdec.drafters.model import Choice, run_draft_model
+from specdec.drafters.model import DEFAULT_WINDOW, Choice, DraftCache, run_draft_model
 from specdec.sampling import SamplingParams, make_generator, sample_from, warp_probs
 
 class UniversalDrafter:
@@ -40,8 +40,11 @@ class UniversalDrafter:
         bridge: TextBridge,
         params: SamplingParams | None = None,
         vocab_map: VocabularyMap | None = None,
+        window: int | None = DEFAULT_WINDOW,
     ) -> None:
         self.runner = runner
+        self.cache = DraftCache(runner, window)  # in draft ids
+        self._seen = 0  # target tokens of the context the draft has seen (approximately)
         self.bridge = bridge
         self.params = params or SamplingParams()
         self.vocab_map = vocab_map
@@ -70,18 +73,29 @@ class UniversalDrafter:
         return int(vocab_map.draft_ids[j]), int(vocab_map.target_ids[j]), q
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
+        self._seen = len(context)
         draft_context = self.bridge.to_draft(context)
         if draft_context is None:  # the target is inside a multi-byte character
             return Draft([])
         if self.vocab_map is not None:
-            tokens, q, synced = run_draft_model(self.runner, draft_context, k, self._choose_shared)
+            tokens, q, synced = run_draft_model(self.cache, draft_context, k, self._choose_shared)
             return Draft(tokens, q, synced)
-        proposal, _, synced = run_draft_model(self.runner, draft_context, k, self._choose_text)
+        proposal, _, synced = run_draft_model(self.cache, draft_context, k, self._choose_text)
         text = self.bridge.proposal_text(draft_context, proposal)
         return Draft(self.bridge.to_target(context, text)[:k], synced=synced)
 
     def observe(self, context: Sequence[int], num_accepted: int) -> None:
-        """Nothing to learn; the cache is re-synchronised at the next proposal."""
+        """Nothing to learn (the cache is re-synchronised at the next proposal); the accepted
+        tokens are in the draft's cache already, which lag() counts."""
+        self._seen += num_accepted
+
+    def lag(self, context: Sequence[int]) -> int:
+        """About how many tokens the next proposal feeds the draft model to catch up: the target
+        tokens it has not seen (re-tokenising the context to count draft tokens exactly costs more
+        than the estimate is worth), at most the window."""
+        lag = max(len(context) - self._seen, 1)
+        return lag if self.cache.window is None else min(lag, self.cache.window)
 
     def reset(self) -> None:
-        self.runner.reset()
+        self.cache.reset()
+        self._seen = 0

@@ -56,3 +56,21 @@ def test_hybrid_speculative_equals_plain_greedy(gamma):
         spec = run(HFRunner(target), prompt, StopCondition(40), drafter=hybrid, num_speculative_tokens=k)
         assert spec.token_ids == plain.token_ids
         assert hybrid.proposals["lookup"] > 0 and hybrid.proposals["model"] > 0
+
+
+def test_outlook_names_the_source_and_its_catch_up():
+    from specdec.drafters.base import LOOKUP, MODEL, outlook
+    from specdec.drafters.model import ModelDrafter
+
+    hybrid = HybridDrafter(ModelDrafter(HFRunner(tiny_model("llama", 5))), LookupDrafter(max_ngram=3, min_ngram=2))
+    repeating = [3, 4, 5, 6, 3, 4]  # "3 4" occurred before: the lookup proposes "5 6"
+    assert outlook(hybrid, repeating) == (LOOKUP, 0)
+    assert hybrid.propose(repeating, 2).tokens == [5, 6] and hybrid.last_source == "lookup"
+    fresh = [3, 4, 5, 6, 7]
+    assert outlook(hybrid, fresh) == (MODEL, len(fresh))  # the model has read nothing yet
+    draft = hybrid.propose(fresh, 2).tokens
+    assert hybrid.last_source == "model"
+    for context, behind in ((fresh + draft + [1], 2), (fresh + [draft[0], 1], 1)):  # both kept / the second not
+        matches = bool(hybrid.lookup.propose(context, 1).tokens)
+        assert outlook(hybrid, context) == ((LOOKUP, 0) if matches else (MODEL, behind))
+    assert outlook(LookupDrafter(), fresh) == (LOOKUP, 0)

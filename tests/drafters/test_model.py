@@ -65,3 +65,25 @@ def test_synced_counts_the_catch_up():
     assert second.synced == 2  # the last draft token (proposed, never fed) + the bonus
     context = context + [(second.tokens[0] + 1) % VOCAB, 2, 3, 4]  # rejected, then three plain steps
     assert drafter.propose(context, 2).synced == 4  # their four tokens
+
+
+def test_lag_and_the_catch_up_window():
+    drafter = ModelDrafter(HFRunner(MODEL), window=4)
+    prompt = [3, 4, 5]
+    assert drafter.lag(prompt) == 3  # the prompt, read at the first proposal
+    first = drafter.propose(prompt, 2)
+    context = prompt + first.tokens + [6]  # both accepted, then the bonus token
+    assert drafter.lag(context) == 2  # steady state: the last draft token and the bonus
+    assert drafter.propose(context, 2).synced == 2
+    long = context + [7, 8, 9, 10, 11, 12]  # plain steps the draft did not see
+    assert drafter.lag(long) == 4  # more than the window behind: it starts over from the last 4
+    draft = drafter.propose(long, 3)
+    assert draft.synced == 4 and drafter.cache.offset == len(long) - 4
+    assert drafter.runner.tokens == long[-4:] + draft.tokens[:-1]
+    assert draft.tokens == greedy_continuation(long[-4:], 3)  # what the draft model says after the window
+    after = long + draft.tokens[:1] + [2]  # one accepted, then the target's token
+    assert drafter.lag(after) == 1 and drafter.propose(after, 2).synced == 1  # follows from the window on
+    drafter.reset()
+    assert drafter.cache.offset == 0 and drafter.lag(prompt) == 3
+    unlimited = ModelDrafter(HFRunner(MODEL), window=None)
+    assert unlimited.lag(long) == len(long)
