@@ -71,6 +71,8 @@ class Measurement:
     draft_steps: int | None = None  # steps that verified at least one draft token
     proposed_at: list[int] | None = None  # [i]: steps that proposed a draft token at position i
     accepted_at: list[int] | None = None  # [i]: steps whose draft token at position i was accepted
+    plain_steps: int | None = None  # one-token steps after the prefill (our loop: k = 0 chosen)
+    draft_s: float | None = None  # seconds in the drafter (our loop)
 
     @property
     def new_tokens(self) -> int:
@@ -116,12 +118,15 @@ class Measurement:
             "mean_accepted_per_step": self.mean_accepted_per_step,
             "tokens_per_target_forward": self.tokens_per_target_forward,
             "per_position_acceptance": self.per_position_acceptance,
+            "plain_steps": self.plain_steps,
+            "draft_s": self.draft_s,
             "token_ids": self.token_ids,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Measurement":
-        keys = ("wall_s", "target_forwards", "drafted", "accepted", "draft_steps", "proposed_at", "accepted_at")
+        keys = ("wall_s", "target_forwards", "drafted", "accepted", "draft_steps", "proposed_at", "accepted_at",
+                "plain_steps", "draft_s")
         return cls(token_ids=list(d["token_ids"]), **{k: d.get(k) for k in keys})
 
 
@@ -212,8 +217,9 @@ class Specdec(Method):
             draft_steps=s.draft_steps,
             proposed_at=list(s.proposed_at),
             accepted_at=list(s.accepted_at),
+            plain_steps=s.plain_steps,
+            draft_s=s.draft_s,
         )
-
 
     def k(self) -> int | str:
         assert self.gamma is not None

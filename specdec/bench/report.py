@@ -65,7 +65,8 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 METRIC_HEADER = ("method", "γ", "prompts", "tokens", "wall s", "tok/s", "speedup vs plain", "range",
-                 "acceptance", "accepted/step", "tokens/target fwd", "identical")
+                 "acceptance", "accepted/step", "tokens/target fwd", "mean k", "plain steps", "draft time",
+                 "identical")
 
 
 def _metric_row(m: MethodSummary, a: Aggregate) -> list[str]:
@@ -73,7 +74,8 @@ def _metric_row(m: MethodSummary, a: Aggregate) -> list[str]:
     return [
         f"`{m.name}`", fmt(m.gamma, "d"), str(a.prompts), fmt(a.new_tokens, ".0f"), fmt(a.wall_s, ".2f"),
         fmt(a.tokens_per_s, ".1f"), fmt(a.speedup_vs_plain, ".2f", "×"), span, pct(a.acceptance_rate),
-        fmt(a.mean_accepted_per_step), fmt(a.tokens_per_target_forward), pct(a.identical_rate),
+        fmt(a.mean_accepted_per_step), fmt(a.tokens_per_target_forward), fmt(a.mean_k),
+        pct(a.plain_fraction), pct(a.draft_time_share), pct(a.identical_rate),
     ]
 
 
@@ -119,7 +121,9 @@ def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str
         "",
         "Speedup: per prompt tokens/s ÷ plain's tokens/s, geometric mean over prompts (range: min–max). "
         "tok/s: all new tokens ÷ all wall time. Acceptance: accepted ÷ drafted draft tokens; accepted/step: "
-        "accepted draft tokens per verification; identical: share of prompts whose token ids equal `plain`'s. "
+        "accepted draft tokens per verification; mean k: draft tokens proposed per step (a plain step "
+        "counts 0); plain steps: share of steps that drafted nothing (`-k auto` chooses them); draft time: "
+        "share of the wall time in the drafter; identical: share of prompts whose token ids equal `plain`'s. "
         "– : not applicable or not reported.",
         "",
         "## Overall",
@@ -307,12 +311,12 @@ def console_table(data: dict[str, Any]) -> Any:
 
     table = Table(title="specdec bench (speedup: geometric mean vs plain)")
     table.add_column("method", no_wrap=True)
-    for header in ("γ", "tok/s", "speedup", "accept", "acc/step", "tok/fwd", "identical"):
+    for header in ("γ", "tok/s", "speedup", "accept", "acc/step", "tok/fwd", "mean k", "plain", "identical"):
         table.add_column(header, justify="right", no_wrap=True)
     for m in data["methods"]:
         table.add_row(
             m["name"], fmt(m["gamma"], "d"), fmt(m["tokens_per_s"], ".1f"), fmt(m["speedup_vs_plain"], ".2f", "×"),
             pct(m["acceptance_rate"]), fmt(m["mean_accepted_per_step"]), fmt(m["tokens_per_target_forward"]),
-            pct(m["identical_rate"]),
+            fmt(m.get("mean_k")), pct(m.get("plain_fraction")), pct(m["identical_rate"]),
         )
     return table

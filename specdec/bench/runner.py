@@ -142,6 +142,9 @@ class PromptResult:
     generated: int  # new tokens summed over repeats (pairs with target_forwards)
     identical: bool | None  # every repeat equals plain's repeat 0
     speedup: float | None = None  # tokens_per_s / plain's tokens_per_s
+    plain_steps: int | None = None  # summed over repeats
+    draft_s: float | None = None  # summed over repeats
+    wall_total_s: float = 0.0  # summed over repeats (pairs with draft_s)
 
 
 @dataclass
@@ -160,6 +163,9 @@ class Aggregate:
     tokens_per_target_forward: float | None
     per_position_acceptance: list[float] | None
     identical_rate: float | None
+    mean_k: float | None = None  # draft tokens proposed per step after the prefill (plain steps count 0)
+    plain_fraction: float | None = None  # share of those steps that drafted nothing
+    draft_time_share: float | None = None  # share of the wall time spent in the drafter
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -240,6 +246,9 @@ def per_prompt(records: Sequence[Record], reference: str = REFERENCE, compare_ou
                 proposed_at=_sum_lists([m.proposed_at for m in ms]),
                 accepted_at=_sum_lists([m.accepted_at for m in ms]),
                 generated=sum(m.new_tokens for m in ms),
+                plain_steps=_sum_optional([m.plain_steps for m in ms]),
+                draft_s=_sum_optional([m.draft_s for m in ms]),
+                wall_total_s=sum(m.wall_s for m in ms),
                 identical=None if not compare_outputs or pid not in ref_ids else all(m.token_ids == ref_ids[pid] for m in ms),
             )
         )
@@ -263,6 +272,10 @@ def combine(results: Sequence[PromptResult]) -> Aggregate:
     accepted_at = _sum_lists([p.accepted_at for p in results])
     identical = [p.identical for p in results if p.identical is not None]
     has_drafts = bool(drafted)  # None or 0: the method never drafted
+    plain_steps = _sum_optional([p.plain_steps for p in results])
+    draft_s = _sum_optional([p.draft_s for p in results])
+    wall_total = sum(p.wall_total_s for p in results)
+    loop_steps = (steps or 0) + plain_steps if plain_steps is not None and drafted is not None else None
     return Aggregate(
         prompts=len(results),
         new_tokens=new_tokens,
@@ -282,6 +295,9 @@ def combine(results: Sequence[PromptResult]) -> Aggregate:
             else None
         ),
         identical_rate=sum(identical) / len(identical) if identical else None,
+        mean_k=drafted / loop_steps if loop_steps else None,
+        plain_fraction=plain_steps / loop_steps if loop_steps and plain_steps is not None else None,
+        draft_time_share=draft_s / wall_total if draft_s is not None and wall_total > 0 else None,
     )
 
 

@@ -163,3 +163,19 @@ def test_record_round_trip():
     assert list(d)[-1] == "token_ids" and d["gamma"] == 3 and d["acceptance_rate"] == 0.5
     assert Record.from_dict(d) == r
     assert not math.isnan(d["tokens_per_s"])
+
+
+def test_controller_shares_mean_k_plain_steps_and_draft_time():
+    records = [
+        rec("a", "plain", [1] * 4, 1.0, target_forwards=4),
+        rec("a", "spec-auto", [1] * 8, 2.0, drafted=6, accepted=3, draft_steps=2, plain_steps=2, draft_s=0.5),
+        rec("b", "plain", [1] * 4, 1.0, target_forwards=4),
+        rec("b", "spec-auto", [1] * 8, 2.0, drafted=0, accepted=0, draft_steps=0, plain_steps=4, draft_s=0.0),
+    ]
+    s = aggregate(records)
+    auto, plain = s.method("spec-auto").overall, s.method("plain").overall
+    assert auto.mean_k == pytest.approx(6 / 8)  # 6 draft tokens over 2 drafted + 6 plain steps
+    assert auto.plain_fraction == pytest.approx(6 / 8)
+    assert auto.draft_time_share == pytest.approx(0.5 / 4.0)
+    assert s.method("spec-auto").by_category["c"].mean_k == pytest.approx(6 / 8)
+    assert plain.mean_k is None and plain.plain_fraction is None and plain.draft_time_share is None
