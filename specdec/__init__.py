@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdec.defaults import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdec.defaults import DEFAULT_DRAFTER, DEFAULT_TARGET
 from specdec.engine import Engine, ModelSpec, Result
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams
@@ -26,9 +26,10 @@ __version__ = "0.1.0"
 def generate(
     prompt: str,
     target: ModelSpec = DEFAULT_TARGET,
-    draft: ModelSpec | None = DEFAULT_DRAFT,
+    draft: ModelSpec | None = DEFAULT_DRAFTER,
     *,
     dtype: str = "fp32",
+    draft_backend: str = "auto",
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
@@ -39,12 +40,15 @@ def generate(
 
     target / draft: a zoo name (``specdec models``), a .gguf path, a model
     directory, a Hugging Face hub id, or an already-loaded ``(model, tokenizer)``
-    pair.  draft=None (or "none") decodes plainly with the target alone.
-    options: max_new_tokens, num_speculative_tokens, stop, chat (see Engine.stream).
+    pair, "lookup" (prompt lookup) or "lookup+<model>" (the default: lookup where it matches, the
+    0.5B draft elsewhere, on llama.cpp when it is installed: draft_backend "auto").  draft=None (or
+    "none") decodes plainly with the target alone.
+    options: max_new_tokens, num_speculative_tokens (default "auto": the cost-model controller),
+    stop, chat (see Engine.stream).
     Returns a Result with text, token_ids, finish_reason and stats.
     """
     if isinstance(draft, str) and draft.lower() == "none":
         draft = None
-    engine = Engine.load(target, draft, dtype=dtype)
+    engine = Engine.load(target, draft, dtype=dtype, draft_backend=draft_backend)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     return engine.generate(prompt, sampling=sampling, **options)

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from specdec.defaults import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdec.defaults import DEFAULT_DRAFT, DEFAULT_DRAFTER, DEFAULT_TARGET
 from specdec.errors import SpecdecError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Lossless speculative decoding.")
@@ -36,6 +36,12 @@ class DType(str, Enum):
 class Backend(str, Enum):
     hf = "hf"
     llamacpp = "llamacpp"
+
+
+class DraftBackend(str, Enum):
+    hf = "hf"
+    llamacpp = "llamacpp"
+    auto = "auto"
 
 
 class Device(str, Enum):
@@ -92,18 +98,25 @@ def quiet_libraries() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
+def draft_backend_note(engine) -> str:
+    """" on llama.cpp" / " on transformers" for the engine's draft model; nothing without one."""
+    if engine.draft_runner is None:
+        return ""
+    return " on llama.cpp" if getattr(engine.draft_runner, "session", None) is not None else " on transformers"
+
+
 @app.command()
 def generate(
     prompt: str = typer.Argument(..., help="Text to continue (or the user message with --chat)."),
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
-    draft: str = typer.Option(DEFAULT_DRAFT, "--draft", "-d", help="Draft model, 'lookup' (prompt lookup: no draft model), 'lookup+<model>' (lookup where it matches, the model elsewhere), or 'none' for plain decoding."),
+    draft: str = typer.Option(DEFAULT_DRAFTER, "--draft", "-d", help="Draft model, 'lookup' (prompt lookup: no draft model), 'lookup+<model>' (lookup where it matches, the model elsewhere), or 'none' for plain decoding."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most tokens to generate."),
     num_speculative_tokens: str = typer.Option("auto", "--num-speculative-tokens", "-k", help="Draft tokens per step: 'auto' (a cost model picks 0..8 each step from measured speeds and acceptance; 0 = a plain step) or a fixed γ."),
     dtype: DType = typer.Option(DType.fp32, "--dtype", help="Weights' dtype for transformers models: fp32, bf16, or int8 (int8 weights and activations, batch-invariant: the fastest on CPUs, and speculative output is exactly int8 plain output)."),
     draft_dtype: Optional[DType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype); bf16 makes a transformers draft cheaper without changing the output."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend: hf (transformers) or llamacpp (GGUF via llama.cpp)."),
     device: Device = typer.Option(Device.cpu, "--device", help=DEVICE_HELP),
-    draft_backend: Optional[Backend] = typer.Option(None, "--draft-backend", help="Draft's backend (default: the target's)."),
+    draft_backend: DraftBackend = typer.Option(DraftBackend.auto, "--draft-backend", help="Draft's backend: hf, llamacpp, or auto (llama.cpp when it is installed and the draft is a GGUF, else the target's)."),
     n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for llama.cpp and torch (default: llama.cpp all CPUs, torch its own choice)."),
     draft_mode: DraftMode = typer.Option(
@@ -145,7 +158,7 @@ def generate(
             engine = Engine.load(
                 target, draft_spec, dtype=dtype.value, progress=progress, backend=backend.value,
                 draft_dtype=draft_dtype.value if draft_dtype else None,
-                draft_backend=draft_backend.value if draft_backend else None, n_ctx=n_ctx, threads=threads,
+                draft_backend=draft_backend.value, n_ctx=n_ctx, threads=threads,
                 device=device.value,
             )
         progress.close()
@@ -169,7 +182,7 @@ def generate(
         summary = f"{s.new_tokens} tokens in {s.wall_s:.2f} s ({s.tokens_per_s:.1f} tok/s), finish: {step.finish_reason}"
         if draft_spec:
             summary += (
-                f" · draft {engine.draft_name} (k {'auto' if k == 'auto' else k}: mean {s.mean_k:.1f},"
+                f" · draft {engine.draft_name}{draft_backend_note(engine)} (k {'auto' if k == 'auto' else k}: mean {s.mean_k:.1f},"
                 f" {s.plain_fraction:.0%} plain steps) · acceptance {s.acceptance_rate:.0%}"
                 f" · {s.tokens_per_target_forward:.2f} tokens/target forward"
             )

@@ -143,8 +143,9 @@ def test_int8_speculative_prints_int8_plain_output(tiny_dirs, tmp_path, monkeypa
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))  # the int8 copies are cached there
     common = ["def fibonacci(n):", "--target", tiny_dirs["target"], "--dtype", "int8", "--max-new-tokens", "24", "--json"]
     plain = json.loads(generate(*common, "--draft", "none").stdout)
-    for draft in (["--draft", tiny_dirs["draft"]], ["--draft", tiny_dirs["target"], "-k", "6"],
-                  ["--draft", tiny_dirs["draft"], "--draft-dtype", "fp32"]):
+    # fixed γs: -k auto may rightly decline a random tiny draft that costs what the target costs
+    for draft in (["--draft", tiny_dirs["draft"], "-k", "3"], ["--draft", tiny_dirs["target"], "-k", "6"],
+                  ["--draft", tiny_dirs["draft"], "--draft-dtype", "fp32", "-k", "2"]):
         result = generate(*common, *draft)
         assert result.exit_code == 0, result.output
         spec = json.loads(result.stdout)
@@ -241,3 +242,25 @@ def test_hybrid_lookup_and_draft_model_prints_plain_output(tiny_dirs):
         assert result.exit_code == 0, result.output
         assert json.loads(result.stdout)["token_ids"] == plain["token_ids"]
     assert_user_error(generate(*common, "--draft", "lookup+"), "needs a draft model")
+
+
+def test_a_seeded_request_under_k_auto_gets_a_frozen_controller_of_its_own(tiny_dirs, tmp_path, monkeypatch):
+    # A seed's text depends on which tokens were drafted: k must not follow timings or earlier requests.
+    from specdec.control import AutoK
+    from specdec.engine import Engine
+    from specdec.sampling import SamplingParams
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))  # the step costs are cached there
+    engine = Engine.load(tiny_dirs["target"], tiny_dirs["draft"])
+    seeded = SamplingParams(temperature=0.9, seed=7)
+    first = engine.generate("Once upon a time", max_new_tokens=24, sampling=seeded)
+    shared = engine.auto_controller()
+    shared.costs.target_scale = 9.0  # a busy machine, as timings would say
+    shared.costs.draft_overhead_ms = 1e6
+    engine.generate("Once upon a time", max_new_tokens=24)  # a greedy request teaches the shared one more
+    own = engine.speculation("auto", seeded)
+    assert isinstance(own, AutoK) and own is not shared and own.cost_ewma == 0
+    assert own.costs.target_scale == 1.0 and own.costs.draft_overhead_ms == 0.0
+    assert engine.speculation("auto", SamplingParams()) is shared  # greedy requests share what was learnt
+    again = engine.generate("Once upon a time", max_new_tokens=24, sampling=seeded)
+    assert again.token_ids == first.token_ids

@@ -336,10 +336,11 @@ def test_intersection_mode_and_sampling_on_llama_cpp(lcpp):
     assert inter.token_ids == plain.token_ids and inter.stats.drafted > 0
     top1 = SamplingParams(temperature=0.8, top_k=1, seed=3)
     for mode in ("text", "intersection"):
-        out = engine.generate(prompt, max_new_tokens=short, sampling=top1, draft_mode=mode)
+        out = engine.generate(prompt, max_new_tokens=short, sampling=top1, draft_mode=mode, num_speculative_tokens=4)
         assert out.token_ids == plain.token_ids
         warm = SamplingParams(temperature=0.7, top_p=0.9, seed=5)
-        first, again = (engine.generate(prompt, max_new_tokens=short, sampling=warm, draft_mode=mode) for _ in range(2))
+        first, again = (engine.generate(prompt, max_new_tokens=short, sampling=warm, draft_mode=mode,
+                                        num_speculative_tokens=4) for _ in range(2))
         assert first.token_ids == again.token_ids and first.stats.drafted > 0
 
 
