@@ -123,6 +123,7 @@ def generate(
         DraftMode.auto, "--draft-mode",
         help="same: shared tokenizer; text / intersection: another tokenizer (via text / shared tokens); auto picks.",
     ),
+    draft_confidence: Optional[float] = typer.Option(None, "--draft-confidence", help="Stop drafting after a token the draft model gave less than this probability (0..1; off by default). Never changes the output."),
     stop: Optional[list[str]] = typer.Option(None, "--stop", help="Stop string (repeatable); not included in the text."),
     chat: bool = typer.Option(False, "--chat", help="Apply the target's chat template to the prompt."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
@@ -165,7 +166,7 @@ def generate(
         stops = tuple(stop or ())
         steps = engine.stream(
             prompt, max_new_tokens=max_new_tokens, num_speculative_tokens=k,
-            stop=stops, chat=chat, sampling=sampling, draft_mode=draft_mode.value,
+            stop=stops, chat=chat, sampling=sampling, draft_mode=draft_mode.value, draft_confidence=draft_confidence,
         )
         if as_json:
             result = engine.generate_from(steps, stops)

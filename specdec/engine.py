@@ -244,17 +244,22 @@ class Engine:
         """Whether requests can be speculative: a draft model, or prompt lookup."""
         return self.lookup or self.draft_runner is not None
 
-    def make_drafter(self, sampling: SamplingParams, mode: str = "auto") -> Drafter | None:
-        """The drafter for one request, or None without a draft model or lookup."""
+    def make_drafter(self, sampling: SamplingParams, mode: str = "auto",
+                     confidence: float | None = None) -> Drafter | None:
+        """The drafter for one request, or None without a draft model or lookup.  confidence: the
+        draft model stops after a token it gave less probability (None: it drafts all k)."""
+        if confidence is not None and not 0 < confidence < 1:
+            raise SpecdecError(f"the draft confidence must be between 0 and 1, got {confidence}")
         if self.draft_runner is None:
             return LookupDrafter() if self.lookup else None
-        model = self._model_drafter(sampling, mode)
+        model = self._model_drafter(sampling, mode, confidence)
         return HybridDrafter(model) if self.lookup else model
 
-    def _model_drafter(self, sampling: SamplingParams, mode: str) -> Drafter:
+    def _model_drafter(self, sampling: SamplingParams, mode: str, confidence: float | None = None) -> Drafter:
         mode = self.resolve_draft_mode(mode)
         if mode == "same":
-            return ModelDrafter(self.draft_runner, sampling, target_vocab_size=self.target_runner.vocab_size)
+            return ModelDrafter(self.draft_runner, sampling, target_vocab_size=self.target_runner.vocab_size,
+                                confidence=confidence)
         if self._bridge is None:
             self._bridge = TextBridge(self.tokenizer, self.draft_tokenizer)
         if mode == "intersection" and self._vocab_map is None:
@@ -262,7 +267,7 @@ class Engine:
                 self.tokenizer, self.draft_tokenizer, self.target_runner.vocab_size, self.draft_runner.vocab_size
             )
         vocab_map = self._vocab_map if mode == "intersection" else None
-        return UniversalDrafter(self.draft_runner, self._bridge, sampling, vocab_map)
+        return UniversalDrafter(self.draft_runner, self._bridge, sampling, vocab_map, confidence=confidence)
 
     @classmethod
     def load(
@@ -356,10 +361,13 @@ class Engine:
         chat: bool = False,
         sampling: SamplingParams | None = None,
         draft_mode: str = "auto",
+        draft_confidence: float | None = None,
     ) -> Iterator[Step]:
         """Decode steps for one request (see :func:`specdec.loop.decode`).
 
         num_speculative_tokens: a fixed γ, "auto" (the cost-model controller), or a Controller.
+        draft_confidence: the draft model stops drafting after a token it gave less probability
+        (an optional early stop; None: it drafts the k it is asked for).
         """
         sampling = sampling or SamplingParams()
         prompt_ids = self.encode(prompt, chat=chat)
@@ -369,7 +377,7 @@ class Engine:
             stop_strings=tuple(stop),
             decode=self.decode_text,
         )
-        drafter = self.make_drafter(sampling, draft_mode) if use_draft else None
+        drafter = self.make_drafter(sampling, draft_mode, draft_confidence) if use_draft else None
         return decode(
             self.target_runner,
             prompt_ids,

@@ -40,6 +40,8 @@ class Stats:
     wall_s: float = 0.0
     draft_s: float = 0.0  # in the drafter (proposals)
     target_s: float = 0.0  # in target forwards and verification, the prefill included
+    steps: list[tuple[int, int, float]] = field(default_factory=list)  # per step after the prefill:
+    # (draft tokens proposed, tokens emitted, seconds from drafting to the emitted tokens)
 
     @property
     def acceptance_rate(self) -> float:
@@ -92,8 +94,9 @@ class Stats:
             self.accepted_at[i] += i < num_accepted
 
     def to_dict(self) -> dict:
-        out = {k: v for k, v in asdict(self).items() if k not in ("proposed_at", "accepted_at", "draft_steps")}
+        out = {k: v for k, v in asdict(self).items() if k not in ("proposed_at", "accepted_at", "draft_steps", "steps")}
         out.update(
+            steps=[[k, n, round(sec, 6)] for k, n, sec in self.steps],
             acceptance_rate=self.acceptance_rate,
             mean_accepted_per_step=self.mean_accepted_per_step,
             tokens_per_target_forward=self.tokens_per_target_forward,
@@ -263,6 +266,7 @@ def decode(
         stats.target_s += t2 - t1
         stats.target_forwards += 1
         emitted, reason = append(new)
+        stats.steps.append((k, len(emitted), time.perf_counter() - t0))
 
 
 def collect(steps: Iterable[Step]) -> Output:

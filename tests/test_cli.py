@@ -264,3 +264,11 @@ def test_a_seeded_request_under_k_auto_gets_a_frozen_controller_of_its_own(tiny_
     assert engine.speculation("auto", SamplingParams()) is shared  # greedy requests share what was learnt
     again = engine.generate("Once upon a time", max_new_tokens=24, sampling=seeded)
     assert again.token_ids == first.token_ids
+
+
+def test_draft_confidence_keeps_the_output_and_refuses_a_bad_threshold(tiny_dirs):
+    common = ["Once upon a time", "--target", tiny_dirs["target"], "--max-new-tokens", "20", "--json"]
+    plain = json.loads(generate(*common, "--draft", "none").stdout)
+    out = json.loads(generate(*common, "--draft", tiny_dirs["draft"], "-k", "4", "--draft-confidence", "0.5").stdout)
+    assert out["token_ids"] == plain["token_ids"] and out["stats"]["drafted"] > 0
+    assert_user_error(generate(*common, "--draft", tiny_dirs["draft"], "--draft-confidence", "1.5"), "between 0 and 1")

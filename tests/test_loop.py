@@ -242,3 +242,14 @@ def test_draft_with_padded_vocabulary(draft_vocab):
     draft = ModelDrafter(HFRunner(tiny_model("llama", 2, vocab_size=draft_vocab)), target_vocab_size=VOCAB)
     out = run(HFRunner(MODELS[("llama", 0)]), [5, 6, 7], StopCondition(40), drafter=draft, num_speculative_tokens=4)
     assert out.token_ids == plain("llama", [5, 6, 7], 40).token_ids
+
+
+def test_stats_record_every_step():
+    prompt = [5, 9, 13, 2]
+    out = run(HFRunner(MODELS[("llama", 0)]), prompt, StopCondition(30), drafter=make_drafter("random", "llama"),
+              num_speculative_tokens=RandomK(1))
+    s = out.stats
+    assert len(s.steps) == s.draft_steps + s.plain_steps == s.target_forwards - 1  # the prefill is no step
+    assert sum(n for _, n, _ in s.steps) == s.new_tokens - 1  # the prefill's token is not a step's
+    assert sum(k for k, _, _ in s.steps) == s.drafted and all(sec > 0 for _, _, sec in s.steps)
+    assert s.to_dict()["steps"][0][:2] == list(s.steps[0][:2])

@@ -74,9 +74,9 @@ TOPK_TOPP = dict(temperature=0.8, top_k=4, top_p=0.9)
 TIED_CUT = dict(temperature=0.8, top_k=3, top_p=0.7)
 
 
-def model_drafter(table: torch.Tensor) -> Callable[[SamplingParams], ModelDrafter]:
+def model_drafter(table: torch.Tensor, confidence: float | None = None) -> Callable[[SamplingParams], ModelDrafter]:
     runner = ToyRunner(table.clone())  # its own "model" and cache; the drafter resets it every run
-    return lambda params: ModelDrafter(runner, params)
+    return lambda params: ModelDrafter(runner, params, confidence=confidence)
 
 
 def hybrid_drafter(table: torch.Tensor) -> Callable[[SamplingParams], HybridDrafter]:
@@ -107,6 +107,8 @@ CASES = {
     "ties-at-the-top-k-top-p-cut": (TIED, TIED_CUT, lambda: model_drafter(NEAR_TIED)),
     "auto-k-controller": (TARGET, T08, lambda: model_drafter(OTHER)),
     "hybrid-lookup-then-draft": (TARGET, T08, lambda: hybrid_drafter(OTHER)),
+    # the draft stops after a token its own softmax gave < 0.3: draft lengths vary with the draft's samples
+    "draft-confidence-stop": (TARGET, T08, lambda: model_drafter(OTHER, confidence=0.3)),
 }
 
 
@@ -150,10 +152,18 @@ def sample_runs(case: str, seeds: range) -> dict:
     drafted = accepted = full = 0
     chosen: Counter = Counter()  # k chosen by the controller where a draft was allowed
     sources: Counter = Counter()  # proposals of the hybrid drafter per source
+    short = [0]  # drafts a confidence threshold stopped before the k asked for
     for seed in seeds:
         params = SamplingParams(seed=seed, **params_kwargs)
         k = Recorded(CONTROLLERS[case]()) if case in CONTROLLERS else GAMMA
         drafter = make_drafter(params)
+        if getattr(drafter, "confidence", None) is not None:  # count the drafts it cut short
+            propose = drafter.propose
+            def counted(context, want, propose=propose):
+                draft = propose(context, want)
+                short[0] += 0 < len(draft.tokens) < want
+                return draft
+            drafter.propose = counted
         out = run(target, PROMPT, stop, drafter=drafter, num_speculative_tokens=k, verifier=make_verifier(params))
         if isinstance(k, Recorded):
             chosen.update(k.chosen)
@@ -165,7 +175,7 @@ def sample_runs(case: str, seeds: range) -> dict:
         accepted += out.stats.accepted
         full += out.stats.accepted_at[GAMMA - 1] if len(out.stats.accepted_at) >= GAMMA else 0
     return {"counts": counts, "drafted": drafted, "accepted": accepted, "full": full, "chosen": chosen,
-            "sources": sources}
+            "sources": sources, "short": short[0]}
 
 
 def test_tied_case_has_ties_at_the_cut_and_no_rounding_decisions():
@@ -191,7 +201,10 @@ def test_speculative_sampling_matches_the_target_distribution(case):
     stat, dof, p_value = chi_square(totals["counts"], exact)
     print(f"{case}: chi2={stat:.1f} dof={dof} p={p_value:.4f} acceptance={accepted / drafted:.3f} "
           f"full drafts={totals['full']} chosen k={dict(totals['chosen'])}")
-    assert drafted >= RUNS * GAMMA  # every run verified at least one full γ-token draft
+    if case == "draft-confidence-stop":
+        assert totals["short"] > RUNS // 4  # the threshold cut many drafts short
+    else:
+        assert drafted >= RUNS * GAMMA  # every run verified at least one full γ-token draft
     assert totals["full"] > 0  # ... and some were accepted whole, with their bonus token
     if case == "hybrid-lookup-then-draft":
         assert totals["sources"]["lookup"] > 0 and totals["sources"]["model"] > 0

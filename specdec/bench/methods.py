@@ -73,6 +73,7 @@ class Measurement:
     accepted_at: list[int] | None = None  # [i]: steps whose draft token at position i was accepted
     plain_steps: int | None = None  # one-token steps after the prefill (our loop: k = 0 chosen)
     draft_s: float | None = None  # seconds in the drafter (our loop)
+    steps: list[list[float]] | None = None  # our loop: [draft tokens, tokens emitted, seconds] per step
 
     @property
     def new_tokens(self) -> int:
@@ -120,13 +121,14 @@ class Measurement:
             "per_position_acceptance": self.per_position_acceptance,
             "plain_steps": self.plain_steps,
             "draft_s": self.draft_s,
+            "steps": self.steps,
             "token_ids": self.token_ids,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Measurement":
         keys = ("wall_s", "target_forwards", "drafted", "accepted", "draft_steps", "proposed_at", "accepted_at",
-                "plain_steps", "draft_s")
+                "plain_steps", "draft_s", "steps")
         return cls(token_ids=list(d["token_ids"]), **{k: d.get(k) for k in keys})
 
 
@@ -192,7 +194,13 @@ class Plain(Method):
     def generate(self, prompt_ids: list[int]) -> Measurement:
         result = self.engine.generate(prompt_ids, max_new_tokens=self.max_new_tokens, use_draft=False,
                                       sampling=self.sampling)
-        return Measurement(result.token_ids, target_forwards=result.stats.target_forwards)
+        return Measurement(result.token_ids, target_forwards=result.stats.target_forwards,
+                           steps=step_records(result.stats))
+
+
+def step_records(stats: Stats) -> list[list[float]]:
+    """The loop's per-step records as JSON-friendly lists: [draft tokens, tokens emitted, seconds]."""
+    return [[k, n, round(sec, 6)] for k, n, sec in stats.steps]
 
 
 class Specdec(Method):
@@ -219,6 +227,7 @@ class Specdec(Method):
             accepted_at=list(s.accepted_at),
             plain_steps=s.plain_steps,
             draft_s=s.draft_s,
+            steps=step_records(s),
         )
 
     def k(self) -> int | str:

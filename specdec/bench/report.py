@@ -8,6 +8,7 @@ Files written in the output directory (results.jsonl is written by the runner):
 * ``speedup_by_category.png`` — grouped bars, one group per category (and all);
 * ``acceptance_by_position.png`` — one line per specdec method (solid) and per hf method (dashed);
 * ``speedup_vs_gamma.png`` — only when several γ were swept.
+* ``steps.png`` — one generation of `specdec-auto`: the k chosen at each step, and every method's tokens/s so far.
 
 Plots need matplotlib (Agg backend, no display); without it they are skipped
 and the summary says so.
@@ -19,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from specdec.bench.runner import ALL, Aggregate, MethodSummary, Summary
+from specdec.bench.runner import ALL, Aggregate, MethodSummary, Record, Summary
 
 SUMMARY_KEYS = (
     "speedup_vs_plain", "tokens_per_s", "acceptance_rate", "mean_accepted_per_step", "identical_rate",
@@ -284,11 +285,68 @@ def plot_all(summary: Summary, out: Path) -> list[Path]:
     return paths
 
 
-def write_all(summary: Summary, meta: dict[str, Any], out: Path) -> dict[str, Any]:
-    """Write summary.md, summary.json and the plots into `out`; returns the JSON summary (with file paths)."""
+STEP_METHOD = "specdec-auto"  # whose chosen k the per-step plot shows
+
+
+def step_traces(records: Sequence[Record]) -> tuple[str, dict[str, list[list[float]]]] | None:
+    """(prompt id, {method: per-step records}) of the first prompt on which `specdec-auto` ran, the
+    first repeat of every method of our loop on it; None when there is no such prompt."""
+    first = next((r for r in records if r.method == STEP_METHOD and r.repeat == 0 and r.measurement.steps), None)
+    if first is None:
+        return None
+    traces = {r.method: r.measurement.steps for r in records
+              if r.prompt_id == first.prompt_id and r.repeat == 0 and r.measurement.steps}
+    return first.prompt_id, traces
+
+
+def plot_steps(records: Sequence[Record], summary: Summary, out: Path) -> Path | None:
+    """steps.png: over one generation, the k the controller chose at each step and each method's
+    decode tokens/s so far.  Raises ImportError without matplotlib."""
+    found = step_traces(records)
+    if found is None:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    prompt_id, traces = found
+    colors = method_colors(summary.methods)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8.0, 6.0), sharex=True)
+    auto = traces[STEP_METHOD]
+    xs = range(1, len(auto) + 1)
+    top.bar(xs, [k for k, _, _ in auto], color=colors.get(STEP_METHOD), label="k chosen (0 = plain step)")
+    top.plot(xs, [n for _, n, _ in auto], "k.", markersize=4, label="tokens emitted")
+    top.set_ylabel("tokens")
+    top.yaxis.get_major_locator().set_params(integer=True)
+    top.legend(fontsize=8, loc="upper right")
+    top.set_title(f"One generation (prompt {prompt_id}): the controller's k and tokens/s so far")
+    for method, steps in traces.items():
+        tokens = seconds = 0.0
+        rate = []
+        for _, n, sec in steps:
+            tokens, seconds = tokens + n, seconds + sec
+            rate.append(tokens / seconds if seconds > 0 else 0.0)
+        bottom.plot(range(1, len(steps) + 1), rate, label=method, color=colors.get(method))
+    bottom.set_xlabel("decode step (after the prefill)")
+    bottom.set_ylabel("tokens/s so far (prefill excluded)")
+    bottom.grid(alpha=0.3)
+    bottom.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "steps.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_all(summary: Summary, meta: dict[str, Any], out: Path, records: Sequence[Record] = ()) -> dict[str, Any]:
+    """Write summary.md, summary.json and the plots into `out` (steps.png from `records`); returns
+    the JSON summary (with file paths)."""
     note = ""
     try:
         plots = plot_all(summary, out)
+        step_plot = plot_steps(records, summary, out)
+        plots += [step_plot] if step_plot is not None else []
     except ImportError:
         plots, note = [], "(plots skipped: matplotlib is not installed)"
     data = summary_json(summary, meta)

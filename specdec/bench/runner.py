@@ -495,4 +495,4 @@ def run_bench(
     }
     if options.device != "cpu":
         meta["device"] = f"{options.device}: {meta['device']}"
-    return report.write_all(summary, meta, out)
+    return report.write_all(summary, meta, out, records)

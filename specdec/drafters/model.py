@@ -82,13 +82,17 @@ def run_draft_model(
     context: Sequence[int],
     k: int,
     choose: Callable[[torch.Tensor], Choice],
+    confidence: float | None = None,
 ) -> tuple[list[int], torch.Tensor | None, int]:
     """Sync the draft model's cache with `context` (draft ids), then draft up to k tokens.
 
     The cache keeps the longest common prefix with its view of the context (see DraftCache);
     rejected tokens of the last step are dropped there.  Returns the proposed ids, q [k, V] (None
     when the choices carry no q) and how many context tokens were fed to catch up.  No proposal
-    when the window is full or the context holds an id the draft cannot embed.
+    when the window is full or the context holds an id the draft cannot embed.  confidence: stop
+    drafting after a token the draft model gave less than this probability (the draft's own
+    softmax; the token is still proposed): an optional early stop, as transformers'
+    assistant_confidence_threshold.  Where to stop never changes what verification accepts.
     """
     runner = cache.runner
     if not context:
@@ -109,6 +113,8 @@ def run_draft_model(
         proposed.append(token)
         if q is not None:
             qs.append(q)
+        if confidence is not None and float(torch.softmax(logits.float(), dim=-1)[feed]) < confidence:
+            break  # the draft doubts this token: the ones after it would be likelier still to fail
         if i < k - 1:  # the last draft token need not be fed: nobody reads logits after it yet
             logits = runner.forward([feed])[-1]
     return proposed, torch.stack(qs) if qs else None, len(fresh)  # q: [k, V_target]
@@ -123,9 +129,13 @@ class ModelDrafter:
         params: SamplingParams | None = None,
         target_vocab_size: int | None = None,
         window: int | None = DEFAULT_WINDOW,
+        confidence: float | None = None,
     ) -> None:
+        if confidence is not None and not 0 < confidence < 1:
+            raise ValueError(f"a draft confidence threshold must be in (0, 1), got {confidence}")
         self.runner = runner
         self.cache = DraftCache(runner, window)
+        self.confidence = confidence  # stop drafting after a token the draft gave less (None: never)
         self.params = params or SamplingParams()
         self.generator = make_generator(self.params.seed, stream=1)
         # Vocabularies may differ only by padding rows (e.g. 151936 vs 152064):
@@ -150,7 +160,7 @@ class ModelDrafter:
         return token, token, q
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
-        tokens, q, synced = run_draft_model(self.cache, context, k, self._choose)
+        tokens, q, synced = run_draft_model(self.cache, context, k, self._choose, self.confidence)
         return Draft(tokens, q, synced)
 
     def lag(self, context: Sequence[int]) -> int:

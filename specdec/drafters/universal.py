@@ -41,7 +41,11 @@ class UniversalDrafter:
         params: SamplingParams | None = None,
         vocab_map: VocabularyMap | None = None,
         window: int | None = DEFAULT_WINDOW,
+        confidence: float | None = None,
     ) -> None:
+        if confidence is not None and not 0 < confidence < 1:
+            raise ValueError(f"a draft confidence threshold must be in (0, 1), got {confidence}")
+        self.confidence = confidence  # stop drafting after a token the draft gave less (None: never)
         self.runner = runner
         self.cache = DraftCache(runner, window)  # in draft ids
         self._seen = 0  # target tokens of the context the draft has seen (approximately)
@@ -78,9 +82,9 @@ class UniversalDrafter:
         if draft_context is None:  # the target is inside a multi-byte character
             return Draft([])
         if self.vocab_map is not None:
-            tokens, q, synced = run_draft_model(self.cache, draft_context, k, self._choose_shared)
+            tokens, q, synced = run_draft_model(self.cache, draft_context, k, self._choose_shared, self.confidence)
             return Draft(tokens, q, synced)
-        proposal, _, synced = run_draft_model(self.cache, draft_context, k, self._choose_text)
+        proposal, _, synced = run_draft_model(self.cache, draft_context, k, self._choose_text, self.confidence)
         text = self.bridge.proposal_text(draft_context, proposal)
         return Draft(self.bridge.to_target(context, text)[:k], synced=synced)
 

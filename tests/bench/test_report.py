@@ -64,3 +64,18 @@ def test_write_all_with_plots(tmp_path):
                      "summary.json", "summary.md"]
     assert json.loads((tmp_path / "summary.json").read_text()) == data
     assert "![speedup_vs_gamma](speedup_vs_gamma.png)" in (tmp_path / "summary.md").read_text()
+
+
+def test_the_step_plot_follows_one_generation_of_the_controller(tmp_path):
+    pytest.importorskip("matplotlib")
+    rs = records()
+    assert report.step_traces(rs) is None and report.plot_steps(rs, aggregate(rs), tmp_path) is None  # no auto run
+    auto = [[0, 1, 0.1], [2, 3, 0.15], [1, 1, 0.12]]
+    rs.append(Record("2", "chat", "specdec-auto", "specdec", None, 0, 4, Measurement([1] * 5, wall_s=0.4, steps=auto)))
+    rs.append(Record("2", "chat", "specdec-auto", "specdec", None, 1, 4, Measurement([1] * 5, wall_s=0.4, steps=[])))
+    rs[0].measurement.steps = [[0, 1, 0.1]] * 5  # plain on prompt 1: another prompt, not in the plot
+    rs[4].measurement.steps = [[0, 1, 0.1]] * 5  # plain on prompt 2
+    prompt, traces = report.step_traces(rs)
+    assert prompt == "2" and set(traces) == {"plain", "specdec-auto"} and traces["specdec-auto"] == auto
+    path = report.plot_steps(rs, aggregate(rs), tmp_path)
+    assert path == tmp_path / "steps.png" and path.stat().st_size > 0

@@ -87,3 +87,23 @@ def test_lag_and_the_catch_up_window():
     assert drafter.cache.offset == 0 and drafter.lag(prompt) == 3
     unlimited = ModelDrafter(HFRunner(MODEL), window=None)
     assert unlimited.lag(long) == len(long)
+
+
+def test_a_confidence_threshold_stops_the_draft_after_a_doubtful_token():
+    import pytest
+
+    context = [3, 4, 5]
+    runner = HFRunner(MODEL)
+    probs = []  # the draft model's probability of each of its greedy tokens
+    logits = runner.forward(context)[-1]
+    for token in greedy_continuation(context, 6):
+        probs.append(float(torch.softmax(logits, -1)[token]))
+        logits = runner.forward([token])[-1]
+    threshold = sorted(probs)[len(probs) // 2]  # some tokens fall below it, some not
+    first_doubt = next(i for i, p in enumerate(probs) if p < threshold)
+    drafter = ModelDrafter(HFRunner(MODEL), confidence=threshold)
+    draft = drafter.propose(context, 6)
+    assert draft.tokens == greedy_continuation(context, 6)[: first_doubt + 1]  # the doubtful token is still proposed
+    assert ModelDrafter(HFRunner(MODEL), confidence=1e-9).propose(context, 6).tokens == greedy_continuation(context, 6)
+    with pytest.raises(ValueError):
+        ModelDrafter(HFRunner(MODEL), confidence=1.5)
