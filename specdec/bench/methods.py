@@ -136,7 +136,7 @@ class DraftCounter(Stats):
     """Per-step draft outcomes of transformers' assisted generation, counted as our loop's Stats."""
 
     @property
-    def steps(self) -> int:
+    def forwards(self) -> int:
         """Target forwards observed."""
         return self.target_forwards
 
@@ -358,11 +358,11 @@ class HFGenerate(Method):
         token_ids = out[0, len(prompt_ids) :].tolist()
         if not self.observes_drafts:
             return Measurement(token_ids, target_forwards=len(token_ids))  # one forward per token
-        if not observed or counter.steps == 0:
+        if not observed or counter.forwards == 0:
             return Measurement(token_ids)
         return Measurement(
             token_ids,
-            target_forwards=counter.steps,
+            target_forwards=counter.forwards,
             drafted=counter.drafted,
             accepted=counter.accepted,
             draft_steps=counter.draft_steps,

@@ -36,7 +36,7 @@ def test_draft_counter_matches_stats_semantics():
     c.record(3, 1)
     c.record(0, 0)  # a step without candidates: a target forward, not a draft
     c.record(2, 2)
-    assert (c.steps, c.draft_steps, c.drafted, c.accepted) == (3, 2, 5, 3)
+    assert (c.forwards, c.draft_steps, c.drafted, c.accepted) == (3, 2, 5, 3)
     assert c.proposed_at == [2, 2, 1] and c.accepted_at == [2, 1, 0]
 
 
