@@ -94,7 +94,8 @@ def fixed_drafter() -> Callable[[SamplingParams], FixedDrafter]:
 # case -> (target table, sampling params, a factory of drafter factories: params -> drafter).
 # With seeds 0..19,999 (torch 2.13 CPU) the p-values are 0.237 (draft=target), 0.185
 # (unrelated-draft), 0.687 (q=None-draft), 0.544 (unrelated-draft-top-k-top-p), 0.313
-# (ties-at-the-top-k-top-p-cut), 0.297 (auto-k-controller) and 0.327 (hybrid-lookup-then-draft).  The bugs tried against this
+# (ties-at-the-top-k-top-p-cut), 0.606 (auto-k-controller), 0.327 (hybrid-lookup-then-draft) and 0.742
+# (draft-confidence-stop).  The bugs tried against this
 # test (residual = p, bonus from the wrong row, q ignored, target rolled back one token short,
 # q = None residual keeping x, the drafter's q not warped like its samples) gave p < 1e-30
 # with 50,000 runs in the cases they affect; at 20,000, residual = p still gives chi2 > 7,600
