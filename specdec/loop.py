@@ -93,10 +93,14 @@ class Stats:
             self.proposed_at[i] += 1
             self.accepted_at[i] += i < num_accepted
 
+    def step_records(self) -> list[list[float]]:
+        """The per-step records as JSON-friendly lists: [draft tokens, tokens emitted, seconds]."""
+        return [[k, n, round(sec, 6)] for k, n, sec in self.steps]
+
     def to_dict(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k not in ("proposed_at", "accepted_at", "draft_steps", "steps")}
         out.update(
-            steps=[[k, n, round(sec, 6)] for k, n, sec in self.steps],
+            steps=self.step_records(),
             acceptance_rate=self.acceptance_rate,
             mean_accepted_per_step=self.mean_accepted_per_step,
             tokens_per_target_forward=self.tokens_per_target_forward,

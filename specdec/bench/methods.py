@@ -195,12 +195,7 @@ class Plain(Method):
         result = self.engine.generate(prompt_ids, max_new_tokens=self.max_new_tokens, use_draft=False,
                                       sampling=self.sampling)
         return Measurement(result.token_ids, target_forwards=result.stats.target_forwards,
-                           steps=step_records(result.stats))
-
-
-def step_records(stats: Stats) -> list[list[float]]:
-    """The loop's per-step records as JSON-friendly lists: [draft tokens, tokens emitted, seconds]."""
-    return [[k, n, round(sec, 6)] for k, n, sec in stats.steps]
+                           steps=result.stats.step_records())
 
 
 class Specdec(Method):
@@ -227,7 +222,7 @@ class Specdec(Method):
             accepted_at=list(s.accepted_at),
             plain_steps=s.plain_steps,
             draft_s=s.draft_s,
-            steps=step_records(s),
+            steps=s.step_records(),
         )
 
     def k(self) -> int | str:
