@@ -38,7 +38,7 @@ from specdec.control import AutoK, Costs
 from specdec.drafters.base import Draft
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
-from specdec.drafters.model import ModelDrafter
+from specdec.drafters.model import DEFAULT_WINDOW, ModelDrafter
 from specdec.loop import StopCondition, run
 from specdec.sampling import SamplingParams
 from specdec.verify import make_verifier
@@ -74,9 +74,10 @@ TOPK_TOPP = dict(temperature=0.8, top_k=4, top_p=0.9)
 TIED_CUT = dict(temperature=0.8, top_k=3, top_p=0.7)
 
 
-def model_drafter(table: torch.Tensor, confidence: float | None = None) -> Callable[[SamplingParams], ModelDrafter]:
+def model_drafter(table: torch.Tensor, confidence: float | None = None,
+                  window: int | None = DEFAULT_WINDOW) -> Callable[[SamplingParams], ModelDrafter]:
     runner = ToyRunner(table.clone())  # its own "model" and cache; the drafter resets it every run
-    return lambda params: ModelDrafter(runner, params, confidence=confidence)
+    return lambda params: ModelDrafter(runner, params, confidence=confidence, window=window)
 
 
 def hybrid_drafter(table: torch.Tensor) -> Callable[[SamplingParams], HybridDrafter]:
@@ -94,8 +95,8 @@ def fixed_drafter() -> Callable[[SamplingParams], FixedDrafter]:
 # case -> (target table, sampling params, a factory of drafter factories: params -> drafter).
 # With seeds 0..19,999 (torch 2.13 CPU) the p-values are 0.237 (draft=target), 0.185
 # (unrelated-draft), 0.687 (q=None-draft), 0.544 (unrelated-draft-top-k-top-p), 0.313
-# (ties-at-the-top-k-top-p-cut), 0.606 (auto-k-controller), 0.327 (hybrid-lookup-then-draft) and 0.742
-# (draft-confidence-stop).  The bugs tried against this
+# (ties-at-the-top-k-top-p-cut), 0.606 (auto-k-controller), 0.327 (hybrid-lookup-then-draft), 0.742
+# (draft-confidence-stop) and 0.822 (draft-window-1).  The bugs tried against this
 # test (residual = p, bonus from the wrong row, q ignored, target rolled back one token short,
 # q = None residual keeping x, the drafter's q not warped like its samples) gave p < 1e-30
 # with 50,000 runs in the cases they affect; at 20,000, residual = p still gives chi2 > 7,600
@@ -110,6 +111,8 @@ CASES = {
     "hybrid-lookup-then-draft": (TARGET, T08, lambda: hybrid_drafter(OTHER)),
     # the draft stops after a token its own softmax gave < 0.3: draft lengths vary with the draft's samples
     "draft-confidence-stop": (TARGET, T08, lambda: model_drafter(OTHER, confidence=0.3)),
+    # a catch-up window of 1: the draft model starts over from the last token whenever it is further behind
+    "draft-window-1": (TARGET, T08, lambda: model_drafter(OTHER, window=1)),
 }
 
 
@@ -154,6 +157,7 @@ def sample_runs(case: str, seeds: range) -> dict:
     chosen: Counter = Counter()  # k chosen by the controller where a draft was allowed
     sources: Counter = Counter()  # proposals of the hybrid drafter per source
     short = [0]  # drafts a confidence threshold stopped before the k asked for
+    restarted = 0  # runs whose draft model started over from a window
     for seed in seeds:
         params = SamplingParams(seed=seed, **params_kwargs)
         k = Recorded(CONTROLLERS[case]()) if case in CONTROLLERS else GAMMA
@@ -172,11 +176,12 @@ def sample_runs(case: str, seeds: range) -> dict:
             sources.update(drafter.proposals)
         assert len(out.token_ids) == MAX_NEW and out.finish_reason == "length"
         counts[tuple(out.token_ids)] += 1
+        restarted += isinstance(drafter, ModelDrafter) and drafter.cache.offset > 0  # the window was used
         drafted += out.stats.drafted
         accepted += out.stats.accepted
         full += out.stats.accepted_at[GAMMA - 1] if len(out.stats.accepted_at) >= GAMMA else 0
     return {"counts": counts, "drafted": drafted, "accepted": accepted, "full": full, "chosen": chosen,
-            "sources": sources, "short": short[0]}
+            "sources": sources, "short": short[0], "restarted": restarted}
 
 
 def test_tied_case_has_ties_at_the_cut_and_no_rounding_decisions():
@@ -207,6 +212,8 @@ def test_speculative_sampling_matches_the_target_distribution(case):
     else:
         assert drafted >= RUNS * GAMMA  # every run verified at least one full γ-token draft
     assert totals["full"] > 0  # ... and some were accepted whole, with their bonus token
+    if case == "draft-window-1":
+        assert totals["restarted"] > RUNS // 4
     if case == "hybrid-lookup-then-draft":
         assert totals["sources"]["lookup"] > 0 and totals["sources"]["model"] > 0
     if case in CONTROLLERS:
