@@ -17,6 +17,7 @@ from specdec.backends.base import ModelRunner
 from specdec.backends import lean
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner
+from specdec.backends.seq2seq import Seq2SeqRunner, is_seq2seq
 from specdec.bridge import TextBridge, VocabularyMap
 from specdec.control import AUTO, AutoK, Controller, Costs, parse_speculation
 from specdec.drafters.base import Drafter
@@ -96,13 +97,39 @@ class Result:
 
 
 def as_runner(model: PreTrainedModel | ModelRunner) -> ModelRunner:
-    """A ModelRunner for `model`: a runner as it is; for a transformers model, a LeanRunner when it is
-    an int8 llama-family model (the same numbers, less overhead), else an HFRunner."""
+    """A ModelRunner for `model`: a runner as it is; for a transformers model, a Seq2SeqRunner when it
+    is an encoder-decoder model (T5, BART), a LeanRunner when it is an int8 llama-family model (the
+    same numbers, less overhead), else an HFRunner."""
     if isinstance(model, PreTrainedModel):
+        if is_seq2seq(model):
+            return Seq2SeqRunner(model)
         return LeanRunner(model) if lean.supports(model) else HFRunner(model)
     if isinstance(model, ModelRunner):
         return model
     raise TypeError(f"expected a transformers model or a ModelRunner, got {type(model).__name__}")
+
+
+def check_seq2seq_pair(target: ModelRunner, draft: ModelRunner | None, same_vocab: bool,
+                       target_name: str = "target", draft_name: str = "draft") -> None:
+    """Refuse a draft model across the encoder-decoder divide: an encoder-decoder target drafts with an
+    encoder-decoder draft of the same vocabulary (its decoder drafts over the same source), a
+    decoder-only target with a decoder-only draft.  Prompt lookup works with either."""
+    if draft is None:
+        return
+    target_s2s, draft_s2s = isinstance(target, Seq2SeqRunner), isinstance(draft, Seq2SeqRunner)
+    if target_s2s and not draft_s2s:
+        raise IncompatibleDraftError(
+            f"target '{target_name}' is an encoder-decoder model but draft '{draft_name}' is decoder-only: "
+            "draft with an encoder-decoder model of the same tokenizer (e.g. a small T5 for a large T5), "
+            "with 'lookup', or not at all (--draft none)")
+    if draft_s2s and not target_s2s:
+        raise IncompatibleDraftError(
+            f"draft '{draft_name}' is an encoder-decoder model but target '{target_name}' is decoder-only: "
+            "draft with a decoder-only model, with 'lookup', or not at all (--draft none)")
+    if target_s2s and not same_vocab:
+        raise IncompatibleDraftError(
+            f"encoder-decoder draft '{draft_name}' has another vocabulary than target '{target_name}': "
+            "an encoder-decoder pair must share its tokenizer (e.g. t5-small for t5-large)")
 
 
 def runner_eos_token_ids(runner: ModelRunner, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
@@ -165,6 +192,10 @@ class Engine:
 
     `target` and `draft` are each a transformers model (run by an HFRunner) or
     a ready ModelRunner (e.g. a LlamaCppRunner), each with its own tokenizer.
+
+    An encoder-decoder target (T5, BART: specdec.backends.seq2seq) reads the prompt with its encoder
+    and the loop runs its decoder; it drafts with an encoder-decoder draft of the same vocabulary,
+    or with prompt lookup, which looks up in the decoder's output so far (not in the prompt).
     """
 
     def __init__(
@@ -186,6 +217,7 @@ class Engine:
         self.draft_tokenizer = draft_tokenizer or tokenizer
         self.target_name, self.draft_name = target_name, draft_name
         self.same_vocabulary = draft is not None and same_vocabulary(tokenizer, self.draft_tokenizer)
+        check_seq2seq_pair(self.target_runner, self.draft_runner, self.same_vocabulary, target_name, draft_name)
         self.eos_token_ids = runner_eos_token_ids(self.target_runner, tokenizer)
         self._bridge: TextBridge | None = None
         self._vocab_map: VocabularyMap | None = None
@@ -220,6 +252,7 @@ class Engine:
             from specdec.profile import step_costs
             from specdec.zoo import home
 
+            self._set_sources()  # an encoder-decoder model is timed over a stand-in source
             costs = step_costs(self.target_runner, self.draft_runner, MAX_AUTO_K, lookup=self.lookup,
                                cache_dir=home() / "profiles")
             self._measured_costs = replace(costs)  # as measured, before any online update
@@ -230,6 +263,9 @@ class Engine:
         """The concrete drafting mode for `mode` with this pair of models."""
         if mode not in DRAFT_MODES:
             raise SpecdecError(f"unknown draft mode '{mode}': expected one of {', '.join(DRAFT_MODES)}")
+        if mode in ("text", "intersection") and isinstance(self.target_runner, Seq2SeqRunner):
+            raise SpecdecError(f"draft mode '{mode}' is for a draft with another tokenizer; an encoder-decoder "
+                               "pair shares one: use draft mode 'same' or 'auto'")
         if mode == "auto":
             return "same" if self.same_vocabulary else "text"
         if mode == "same" and not self.same_vocabulary:
@@ -378,7 +414,10 @@ class Engine:
             decode=self.decode_text,
         )
         drafter = self.make_drafter(sampling, draft_mode, draft_confidence) if use_draft else None
-        return decode(
+        source = None
+        if isinstance(self.target_runner, Seq2SeqRunner):  # the prompt is the encoder's input
+            source, prompt_ids = prompt_ids, self.target_runner.decoder_prompt()
+        steps = decode(
             self.target_runner,
             prompt_ids,
             condition,
@@ -386,6 +425,21 @@ class Engine:
             num_speculative_tokens=self.speculation(num_speculative_tokens, sampling) if drafter is not None else 1,
             verifier=make_verifier(sampling),
         )
+        return steps if source is None else self._encoded(source, steps)
+
+    def _encoded(self, source: list[int], steps: Iterator[Step]) -> Iterator[Step]:
+        """An encoder-decoder request's `steps`, its encoders run over `source` when the first step is
+        asked for (not before: the runners serve whichever request decodes now)."""
+        self._set_sources(source)
+        yield from steps
+
+    def _set_sources(self, source: Sequence[int] | None = None) -> None:
+        """Run the encoder of the target and of the draft, where they are encoder-decoder models, over
+        `source`; None: only where no source is set yet, over the decoder start token (a stand-in
+        for timing the decoder, see auto_controller)."""
+        for runner in (self.target_runner, self.draft_runner):
+            if isinstance(runner, Seq2SeqRunner) and (source is not None or runner.source is None):
+                runner.set_source(source if source is not None else runner.decoder_prompt())
 
     def generate(self, prompt: str | Sequence[int], **options: Any) -> Result:
         """Run a request to the end; options as for :meth:`stream`."""

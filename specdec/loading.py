@@ -187,11 +187,31 @@ def load_llamacpp(
 
 
 def _from_pretrained(location: str | Path, torch_dtype):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """A causal LM, or a seq2seq LM when the config says is_encoder_decoder (T5, BART), and its tokenizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype)
+    config = AutoConfig.from_pretrained(location)
+    auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
+    model = auto.from_pretrained(location, config=config, dtype=torch_dtype)
     tokenizer = AutoTokenizer.from_pretrained(location)
     return model, tokenizer
+
+
+def _refuse_int8_seq2seq(spec: str, kind: str, location: str) -> None:
+    """A SpecdecError when `spec` is an encoder-decoder model: int8 (specdec.backends.quant) is for
+    decoder-only models.  Zoo models and GGUF files are all decoder-only; an unreadable config
+    (offline hub id, broken directory) is left to the loader's own error."""
+    if kind not in ("dir", "hub"):
+        return
+    from transformers import AutoConfig
+
+    try:
+        seq2seq = bool(getattr(AutoConfig.from_pretrained(location), "is_encoder_decoder", False))
+    except Exception:  # reported where the model itself is loaded
+        return
+    if seq2seq:
+        raise SpecdecError(f"'{spec}' is an encoder-decoder model: --dtype int8 is for decoder-only models; "
+                           "use --dtype fp32 or bf16")
 
 
 def _fp32_folder(kind: str, location: str, progress: zoo.Progress | None) -> Path | None:
@@ -291,7 +311,8 @@ def resolve_device(device: str, dtype: str = "fp32") -> str:
 def load_hf(
     spec: str, dtype: str = "fp32", progress: zoo.Progress | None = None, device: str = "cpu"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load `spec` as an eval-mode transformers causal LM (no grads) plus its tokenizer.
+    """Load `spec` as an eval-mode transformers causal LM (no grads) plus its tokenizer; a model
+    whose config says is_encoder_decoder (T5, BART) as a seq2seq LM (fp32 or bf16, not int8).
 
     `dtype` is "fp32", "bf16" or "int8" (int8 weights and per-token int8 activations,
     batch-invariant: specdec.backends.quant).  Zoo models are pulled and converted on
@@ -302,6 +323,7 @@ def load_hf(
     device = resolve_device(device, dtype)
     kind, location = resolve(spec)
     if dtype == "int8":
+        _refuse_int8_seq2seq(spec, kind, location)
         model, tokenizer = _load_int8(kind, location, progress)
     else:
         model, tokenizer = _load_float(kind, location, _torch_dtype(dtype), progress)

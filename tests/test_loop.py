@@ -8,40 +8,21 @@ architectures, hypothesis-generated prompts.  Also the stop rules.
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from specdec.backends.hf import HFRunner
 from specdec.control import AutoK
-from specdec.drafters.base import Draft
 from specdec.drafters.model import DEFAULT_WINDOW, ModelDrafter
 from specdec.errors import SpecdecError
 from specdec.loop import StopCondition, run
 from specdec.profile import step_costs
 from tests.tiny import VOCAB, tiny_model
-from tests.toy import RandomK
+from tests.toy import ConstantDrafter, RandomK
 
 ARCHS = ("llama", "qwen2")
 MODELS = {(arch, seed): tiny_model(arch, seed) for arch in ARCHS for seed in (0, 1)}
-
-
-class ConstantDrafter:
-    """Always proposes the same token: the adversarial draft."""
-
-    def __init__(self, token: int) -> None:
-        self.token = token
-
-    def propose(self, context: Sequence[int], k: int) -> Draft:
-        return Draft([self.token] * k)
-
-    def observe(self, context: Sequence[int], num_accepted: int) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
 
 
 def make_drafter(kind: str, arch: str, window: int | None = DEFAULT_WINDOW):

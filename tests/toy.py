@@ -84,6 +84,22 @@ class FixedDrafter:
         pass
 
 
+class ConstantDrafter:
+    """Always proposes the same token (q = None): the adversarial draft."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        return Draft([self.token] * k)
+
+    def observe(self, context: Sequence[int], num_accepted: int) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
 def random_proposal(vocab: int, seed: int) -> torch.Tensor:
     """Seeded deterministic proposal table [V+1, V] of token ids."""
     gen = torch.Generator().manual_seed(seed)
