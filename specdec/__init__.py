@@ -44,7 +44,7 @@ def generate(
     0.5B draft elsewhere, on llama.cpp when it is installed: draft_backend "auto").  draft=None (or
     "none") decodes plainly with the target alone.
     options: max_new_tokens, num_speculative_tokens (default "auto": the cost-model controller),
-    stop, chat (see Engine.stream).
+    stop, chat, verify ("causal", or "stairs": next-token queries only, greedy; see Engine.stream).
     Returns a Result with text, token_ids, finish_reason and stats.
     """
     if isinstance(draft, str) and draft.lower() == "none":

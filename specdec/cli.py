@@ -60,6 +60,15 @@ class DraftMode(str, Enum):
     intersection = "intersection"
 
 
+class Verify(str, Enum):
+    causal = "causal"
+    stairs = "stairs"
+
+
+VERIFY_HELP = ("causal: the draft checked by one target forward over its tokens; stairs: the target asked only "
+               "for next-token predictions on a staircase of prefixes (greedy only; same output).")
+
+
 def fail(message: str) -> NoReturn:
     """Print a one-line error and exit with status 2."""
     err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
@@ -124,6 +133,7 @@ def generate(
         help="same: shared tokenizer; text / intersection: another tokenizer (via text / shared tokens); auto picks.",
     ),
     draft_confidence: Optional[float] = typer.Option(None, "--draft-confidence", help="Stop drafting after a token the draft model gave less than this probability (0..1; off by default). Never changes the output."),
+    verify: Verify = typer.Option(Verify.causal, "--verify", help=VERIFY_HELP),
     stop: Optional[list[str]] = typer.Option(None, "--stop", help="Stop string (repeatable); not included in the text."),
     chat: bool = typer.Option(False, "--chat", help="Apply the target's chat template to the prompt."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
@@ -150,6 +160,8 @@ def generate(
     progress = PullProgress()
     try:
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        if verify is Verify.stairs and not sampling.greedy:  # refused before any model is loaded
+            fail("stairs verification is greedy only: drop --temperature, or use --verify causal")
         draft_spec = None if draft.lower() == "none" else draft
         if threads:
             import torch
@@ -167,6 +179,7 @@ def generate(
         steps = engine.stream(
             prompt, max_new_tokens=max_new_tokens, num_speculative_tokens=k,
             stop=stops, chat=chat, sampling=sampling, draft_mode=draft_mode.value, draft_confidence=draft_confidence,
+            verify=verify.value,
         )
         if as_json:
             result = engine.generate_from(steps, stops)
@@ -187,6 +200,8 @@ def generate(
                 f" {s.plain_fraction:.0%} plain steps) · acceptance {s.acceptance_rate:.0%}"
                 f" · {s.tokens_per_target_forward:.2f} tokens/target forward"
             )
+            if verify is Verify.stairs:
+                summary += " · stairs verification"
         err.print(summary, soft_wrap=True)  # one line, whatever the width: logs stay greppable
     except SpecdecError as e:
         progress.close()

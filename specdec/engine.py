@@ -28,6 +28,7 @@ from specdec.drafters.universal import UniversalDrafter
 from specdec.errors import IncompatibleDraftError, SpecdecError
 from specdec.loop import Stats, Step, StopCondition, collect, decode
 from specdec.sampling import SamplingParams
+from specdec.stairs import StairsRunner, check_verify_mode, stairs_runner
 from specdec.verify import make_verifier
 from specdec.vocab import same_vocabulary
 
@@ -223,6 +224,7 @@ class Engine:
         self._vocab_map: VocabularyMap | None = None
         self._auto: AutoK | None = None
         self._measured_costs: Costs | None = None
+        self._stairs: StairsRunner | None = None
 
     def speculation(self, k: int | str | Controller, sampling: SamplingParams | None = None) -> int | Controller:
         """A draft length for the loop: an int γ as it is, a Controller as it is, or "auto": this
@@ -398,14 +400,19 @@ class Engine:
         sampling: SamplingParams | None = None,
         draft_mode: str = "auto",
         draft_confidence: float | None = None,
+        verify: str = "causal",
     ) -> Iterator[Step]:
         """Decode steps for one request (see :func:`specdec.loop.decode`).
 
         num_speculative_tokens: a fixed γ, "auto" (the cost-model controller), or a Controller.
         draft_confidence: the draft model stops drafting after a token it gave less probability
         (an optional early stop; None: it drafts the k it is asked for).
+        verify: "causal" (the draft checked by one target forward over its tokens) or "stairs"
+        (the target asked only for next-token predictions on a staircase of prefixes,
+        specdec.stairs; greedy only).
         """
         sampling = sampling or SamplingParams()
+        target = self.verification_target(verify, sampling)
         prompt_ids = self.encode(prompt, chat=chat)
         condition = StopCondition(
             max_new_tokens=max_new_tokens,
@@ -418,7 +425,7 @@ class Engine:
         if isinstance(self.target_runner, Seq2SeqRunner):  # the prompt is the encoder's input
             source, prompt_ids = prompt_ids, self.target_runner.decoder_prompt()
         steps = decode(
-            self.target_runner,
+            target,
             prompt_ids,
             condition,
             drafter=drafter,
@@ -440,6 +447,16 @@ class Engine:
         for runner in (self.target_runner, self.draft_runner):
             if isinstance(runner, Seq2SeqRunner) and (source is not None or runner.source is None):
                 runner.set_source(source if source is not None else runner.decoder_prompt())
+
+    def verification_target(self, verify: str, sampling: SamplingParams) -> ModelRunner:
+        """The runner the loop verifies with: the target itself, or its stairs view (specdec.stairs)."""
+        if check_verify_mode(verify) == "causal":
+            return self.target_runner
+        if not sampling.greedy:
+            raise SpecdecError("stairs verification is greedy only: drop --temperature, or use --verify causal")
+        if self._stairs is None:
+            self._stairs = stairs_runner(self.target_runner)
+        return self._stairs
 
     def generate(self, prompt: str | Sequence[int], **options: Any) -> Result:
         """Run a request to the end; options as for :meth:`stream`."""

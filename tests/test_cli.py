@@ -272,3 +272,22 @@ def test_draft_confidence_keeps_the_output_and_refuses_a_bad_threshold(tiny_dirs
     out = json.loads(generate(*common, "--draft", tiny_dirs["draft"], "-k", "4", "--draft-confidence", "0.5").stdout)
     assert out["token_ids"] == plain["token_ids"] and out["stats"]["drafted"] > 0
     assert_user_error(generate(*common, "--draft", tiny_dirs["draft"], "--draft-confidence", "1.5"), "between 0 and 1")
+
+
+def test_stairs_verification_prints_plain_output(tiny_dirs):
+    common = ["def fibonacci(n):", "--target", tiny_dirs["target"], "--max-new-tokens", "20"]
+    plain = json.loads(generate(*common, "--draft", "none", "--json").stdout)
+    stairs = json.loads(generate(*common, "--draft", tiny_dirs["draft"], "-k", "4", "--verify", "stairs",
+                                 "--json").stdout)
+    assert stairs["token_ids"] == plain["token_ids"] and stairs["stats"]["drafted"] > 0
+    result = generate(*common, "--draft", tiny_dirs["draft"], "--verify", "stairs")
+    assert result.exit_code == 0, result.output
+    assert "stairs verification" in result.stderr
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--verify", "stairs", "--temperature", "0.7"], "greedy only"),
+    (["--verify", "tree"], "--verify"),
+])
+def test_verify_user_errors(tiny_dirs, args, fragment):
+    assert_user_error(generate("x = 1", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], *args), fragment)

@@ -55,6 +55,15 @@ def test_speculative_equals_plain(engine, plain_outputs, prompt):
     assert spec.stats.target_forwards < plain.stats.target_forwards
 
 
+def test_stairs_equals_plain(engine, plain_outputs):
+    # Stairs verification: the target asked only for next-token predictions on the staircase of prefixes.
+    prompt = CODE_PROMPTS[0]
+    with real_model_threads():
+        out = engine.generate(engine.encode(prompt), max_new_tokens=MAX_NEW, num_speculative_tokens=5, verify="stairs")
+    assert out.token_ids == plain_outputs[prompt].token_ids
+    assert out.stats.accepted > 0
+
+
 @pytest.mark.parametrize("prompt", [CODE_PROMPTS[0], PROSE_PROMPTS[0]])
 def test_plain_equals_transformers_generate(engine, plain_outputs, prompt):
     # Our plain loop is the reference the speculative one is held to: it is transformers' own greedy search.

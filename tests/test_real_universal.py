@@ -87,3 +87,15 @@ def test_universal_greedy_equals_plain_fp32_target(real_hf, models, fp32_plain, 
             out = engine.generate(prompt, max_new_tokens=16, num_speculative_tokens=4)
             assert out.token_ids == fp32_plain[prompt], prompt
             assert out.stats.drafted > 0
+
+
+def test_stairs_through_the_bridge_equals_plain(models, plain_outputs):
+    # Stairs verification (next-token queries only) with a draft of another tokenizer (smollm2-135m).
+    engine = Engine(*models["qwen2.5-coder-1.5b"], *models["smollm2-135m"])
+    accepted = 0
+    with real_model_threads():
+        for prompt in PROMPTS[:3:2]:  # code, numbers
+            out = engine.generate(prompt, max_new_tokens=MAX_NEW, num_speculative_tokens=4, verify="stairs")
+            assert out.token_ids == plain_outputs[prompt], prompt
+            accepted += out.stats.accepted
+    assert accepted > 0

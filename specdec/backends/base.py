@@ -13,6 +13,8 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
+from specdec.errors import SpecdecError
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -45,6 +47,19 @@ class ModelRunner(Protocol):
     def reset(self) -> None:
         """Empty the cache."""
         ...
+
+
+def checked_new_tokens(new_tokens: Sequence[int], cached: int, max_context: int, what: str = "tokens") -> list[int]:
+    """`new_tokens` as a list, after the checks every forward makes: at least one token, and the
+    `cached` tokens plus the new ones within the model's window (a one-line SpecdecError)."""
+    new_tokens = list(new_tokens)
+    if not new_tokens:
+        raise ValueError("forward needs at least one token")
+    if cached + len(new_tokens) > max_context:
+        raise SpecdecError(
+            f"context of {cached + len(new_tokens)} {what} exceeds the model's window of {max_context}"
+        )
+    return new_tokens
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:

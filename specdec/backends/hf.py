@@ -20,8 +20,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specdec.backends.base import Capabilities
-from specdec.errors import SpecdecError
+from specdec.backends.base import Capabilities, checked_new_tokens
 
 
 def model_max_context(model: PreTrainedModel) -> int:
@@ -52,14 +51,7 @@ class HFRunner:
 
     @torch.inference_mode()
     def forward(self, new_tokens: Sequence[int], last_n: int | None = None) -> torch.Tensor:
-        new_tokens = list(new_tokens)
-        if not new_tokens:
-            raise ValueError("forward needs at least one token")
-        if len(self.tokens) + len(new_tokens) > self.max_context:
-            raise SpecdecError(
-                f"context of {len(self.tokens) + len(new_tokens)} tokens exceeds the model's "
-                f"window of {self.max_context}"
-            )
+        new_tokens = checked_new_tokens(new_tokens, len(self.tokens), self.max_context)
         input_ids = torch.tensor([new_tokens], dtype=torch.long, device=self.device)  # [1, n]
         out = self.model(
             input_ids=input_ids,

@@ -34,7 +34,7 @@ import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
-from specdec.backends.base import Capabilities
+from specdec.backends.base import Capabilities, checked_new_tokens
 from specdec.backends.hf import HFRunner, model_max_context
 from specdec.errors import SpecdecError
 
@@ -110,17 +110,10 @@ class Seq2SeqRunner:
     @torch.inference_mode()
     def forward(self, new_tokens: Sequence[int], last_n: int | None = None) -> torch.Tensor:
         """Append decoder tokens; fp32 logits [n, V] for the last n of them (all when last_n is None)."""
-        new_tokens = list(new_tokens)
-        if not new_tokens:
-            raise ValueError("forward needs at least one token")
         if self.encoder_outputs is None:
             raise SpecdecError("an encoder-decoder model needs its input first: call set_source(prompt ids) "
                                "before decoding")
-        if len(self.tokens) + len(new_tokens) > self.max_context:
-            raise SpecdecError(
-                f"context of {len(self.tokens) + len(new_tokens)} decoder tokens exceeds the model's "
-                f"window of {self.max_context}"
-            )
+        new_tokens = checked_new_tokens(new_tokens, len(self.tokens), self.max_context, "decoder tokens")
         decoder_ids = torch.tensor([new_tokens], dtype=torch.long, device=self.device)  # [1, n]
         extra = {"logits_to_keep": last_n or 0} if self._keeps_logits else {}  # 0 = every position
         out = self.model(

@@ -9,6 +9,8 @@ plain         our loop with no drafter (autoregressive greedy: the reference)
 specdec       our loop with the draft model, γ draft tokens per step
 specdec-auto  our loop with the draft model, k chosen each step by the cost-model
               controller (specdec.control; 0 = a plain step)
+specdec-stairs our loop with γ draft tokens per step verified by stairs
+              (specdec.stairs: next-token queries on a staircase of prefixes; greedy)
 hf            transformers' assisted generation with the same draft model, a
               constant γ (``num_assistant_tokens=γ``, schedule ``"constant"``,
               confidence-based early stop off), greedy
@@ -205,11 +207,12 @@ class Specdec(Method):
     uses_gamma = True
     needs_draft = True
     draft_mode = "auto"
+    verify = "causal"
 
     def generate(self, prompt_ids: list[int]) -> Measurement:
         result = self.engine.generate(
             prompt_ids, max_new_tokens=self.max_new_tokens, num_speculative_tokens=self.k(), use_draft=True,
-            draft_mode=self.draft_mode, sampling=self.sampling,
+            draft_mode=self.draft_mode, sampling=self.sampling, verify=self.verify,
         )
         s = result.stats
         return Measurement(
@@ -242,6 +245,19 @@ class SpecdecAuto(Specdec):
 
     def k(self) -> int | str:
         return "auto"
+
+
+class SpecdecStairs(Specdec):
+    """Our decode loop with γ draft tokens per step, verified by stairs (specdec.stairs): the target
+    asked only for next-token predictions on the staircase of prefixes (greedy only)."""
+
+    family = "specdec-stairs"
+    verify = "stairs"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.sampling.greedy:
+            raise SpecdecError("method 'specdec-stairs' is greedy only: drop it from --methods or drop --temperature")
 
 
 class SpecdecIntersection(Specdec):
@@ -456,7 +472,7 @@ class LlamaCppPlain(Method):
 
 METHODS: dict[str, type[Method]] = {
     cls.family: cls
-    for cls in (Plain, Specdec, SpecdecAuto, SpecdecIntersection, HFAssisted, HFAuto, HFPlain, HFPromptLookup, LlamaCppPlain)
+    for cls in (Plain, Specdec, SpecdecAuto, SpecdecStairs, SpecdecIntersection, HFAssisted, HFAuto, HFPlain, HFPromptLookup, LlamaCppPlain)
 }
 REFERENCE = "plain"  # speedups and identical outputs are measured against it
 DEFAULT_METHODS = ("plain", "specdec", "hf", "hf-plain", "hf-pld")

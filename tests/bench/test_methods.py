@@ -7,6 +7,7 @@ from specdec.bench.methods import (
 )
 from specdec.engine import Engine
 from specdec.errors import SpecdecError
+from specdec.sampling import SamplingParams
 from tests.tiny import tiny_model, tiny_tokenizer
 
 
@@ -70,7 +71,7 @@ def engine():
 
 def test_every_method_gives_plain_greedy_output(engine):
     ids = engine.encode("def fibonacci(n):")
-    families = ["plain", "specdec", "hf", "hf-auto", "hf-plain", "hf-pld"]
+    families = ["plain", "specdec", "specdec-stairs", "hf", "hf-auto", "hf-plain", "hf-pld"]
     methods = build_methods(engine, families, [3], max_new_tokens=12)
     assert [m.name for m in methods] == families
     runs = {m.name: m.run(ids) for m in methods}
@@ -79,6 +80,7 @@ def test_every_method_gives_plain_greedy_output(engine):
         assert m.wall_s > 0 and m.target_forwards
     # A perfect draft: everything accepted, by our loop and by transformers'.
     assert runs["specdec"].acceptance_rate == 1.0 and runs["hf"].acceptance_rate == 1.0
+    assert runs["specdec-stairs"].acceptance_rate == 1.0
     assert runs["plain"].drafted is None and runs["hf-plain"].drafted is None
 
 
@@ -93,6 +95,11 @@ def test_hf_drafts_gamma_tokens_per_step(engine):
         assert m.proposed_at[0] == m.draft_steps and len(m.proposed_at) == gamma
         assert m.drafted >= gamma * (m.draft_steps - 1)  # only the last step may be cut by max_new_tokens
     assert engine.draft_runner.model.generation_config.num_assistant_tokens is None  # restored
+
+
+def test_stairs_method_is_greedy_only(engine):
+    with pytest.raises(SpecdecError, match="greedy only"):
+        build_methods(engine, ["specdec-stairs"], [3], 8, SamplingParams(temperature=0.7))
 
 
 def test_sweep_names_and_draft_requirement(engine):
