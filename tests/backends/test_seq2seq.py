@@ -7,6 +7,9 @@ with the decoder starting from the pad id 0 (T5) or EOS (BART).  The weights
 are redrawn wider than T5's own init (see tiny_t5) so that greedy outputs vary
 along a generation and stay far from ties.
 
+Stairs verification (specdec.stairs) over the same pairs: identical to plain
+greedy too, with the same adversarial drafts.
+
 Backend contract: the runner's logits equal the model's own full forward (no
 cache) after any sequence of forwards and rollbacks; the cross-attention cache
 survives rollback and reset.  Loop: plain greedy == ``model.generate``;
@@ -35,6 +38,7 @@ from specdec.engine import Engine
 from specdec.errors import IncompatibleDraftError, SpecdecError
 from specdec.loop import StopCondition, run
 from specdec.sampling import SamplingParams
+from specdec.stairs import stairs_runner
 from specdec.verify import make_verifier
 from tests.chisq import chi_square
 from tests.tiny import save_tiny, tiny_model, tiny_tokenizer
@@ -232,9 +236,15 @@ def drafter(kind: str, source: Sequence[int], params: SamplingParams | None = No
     return ModelDrafter(runner(model, source), params)
 
 
-def speculative(source: Sequence[int], kind: str, gamma: int, max_new: int = MAX_NEW, eos: frozenset[int] = frozenset()):
+def speculative(source: Sequence[int], kind: str, gamma: int, max_new: int = MAX_NEW, eos: frozenset[int] = frozenset(),
+                verify: str = "causal"):
+    """Speculative greedy decoding of the T5 target; verify "stairs": through its staircase of
+    next-token queries (specdec.stairs) instead of one causal forward."""
     target = runner(TARGET, source)
-    return run(target, target.decoder_prompt(), StopCondition(max_new, eos_token_ids=eos),
+    prompt = target.decoder_prompt()
+    if verify == "stairs":
+        target = stairs_runner(target)
+    return run(target, prompt, StopCondition(max_new, eos_token_ids=eos),
                drafter=drafter(kind, source), num_speculative_tokens=gamma)
 
 
@@ -249,28 +259,40 @@ def test_speculative_greedy_equals_plain_greedy(kind, gamma):
             assert out.stats.target_forwards <= 1 + -(-(MAX_NEW - 1) // (gamma + 1)) + 1
 
 
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+@pytest.mark.parametrize("kind", ["self", "near", "other", "constant"])
+def test_stairs_greedy_equals_plain_greedy(kind, gamma):
+    for source in SOURCES[:2]:
+        out = speculative(source, kind, gamma, verify="stairs")
+        assert out.token_ids == list(plain("t5", tuple(source)))
+        if kind == "self":
+            assert out.stats.acceptance_rate == 1.0
+
+
 def test_the_near_draft_is_partly_accepted():
     rates = [speculative(source, "near", 4).stats.acceptance_rate for source in SOURCES[:2]]
     assert 0 < sum(rates) / len(rates) < 1  # some drafts are cut by a rejection: the rollback path runs
 
 
-def test_eos_inside_the_draft_stops_there():
+@pytest.mark.parametrize("verify", ["causal", "stairs"])
+def test_eos_inside_the_draft_stops_there(verify):
     source = SOURCES[1]
     reference = list(plain("t5", tuple(source), 40))
     eos = reference[9]  # pretend this token is EOS: generation ends at its first occurrence
     first = reference.index(eos)
     for kind in ("self", "near", "other"):
         for gamma in (3, 6):
-            out = speculative(source, kind, gamma, max_new=40, eos=frozenset({eos}))
+            out = speculative(source, kind, gamma, max_new=40, eos=frozenset({eos}), verify=verify)
             assert out.token_ids == reference[: first + 1] and out.finish_reason == "stop"
 
 
-def test_max_new_tokens_smaller_than_gamma():
+@pytest.mark.parametrize("verify", ["causal", "stairs"])
+def test_max_new_tokens_smaller_than_gamma(verify):
     source = SOURCES[2]
     reference = list(plain("t5", tuple(source)))
     for max_new in range(1, 6):
         for kind in ("self", "constant"):
-            out = speculative(source, kind, 6, max_new=max_new)
+            out = speculative(source, kind, 6, max_new=max_new, verify=verify)
             assert out.token_ids == reference[:max_new] and out.finish_reason == "length"
 
 
@@ -406,6 +428,8 @@ def test_engine_loads_seq2seq_directories_and_speculates_exactly(dirs):
             spec = engine.generate(text, max_new_tokens=MAX_NEW, num_speculative_tokens=k)
             assert spec.token_ids == reference.token_ids and spec.text == reference.text
             assert spec.stats.drafted > 0 or k == "auto"  # auto may find drafting too dear for these models
+        stairs = engine.generate(text, max_new_tokens=MAX_NEW, num_speculative_tokens=3, verify="stairs")
+        assert stairs.token_ids == reference.token_ids and stairs.stats.drafted > 0
 
 
 def test_engine_streams_are_encoded_when_they_start(dirs):
