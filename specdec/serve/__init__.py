@@ -1,0 +1,21 @@
+"""`specdec serve`: an OpenAI-compatible HTTP server with speculative decoding.
+
+app.py (routes, OpenAI shapes), worker.py (the one thread that owns the Engine: a bounded queue,
+cancellation between decode steps), metrics.py (Prometheus names and their vLLM / llama.cpp
+equivalents), protocol.py (request bodies, OpenAI-style errors), static/index.html (the
+playground page at /).
+
+Needs the optional `serve` extra (FastAPI, uvicorn, prometheus-client): see missing_extra().
+"""
+
+from __future__ import annotations
+
+INSTALL_HINT = "pip install 'specdec[serve]'"
+REQUIRED = ("fastapi", "uvicorn", "prometheus_client")
+
+
+def missing_extra() -> list[str]:
+    """The modules of the `serve` extra that are not installed."""
+    import importlib.util
+
+    return [name for name in REQUIRED if importlib.util.find_spec(name) is None]

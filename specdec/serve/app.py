@@ -1,0 +1,398 @@
+"""The HTTP side: FastAPI routes in OpenAI's shapes, between clients and the worker.
+
+A thin layer: parse and check a request (every limit before it is queued), tokenize it off the
+event loop, queue it for the worker, and turn the worker's per-step events into an OpenAI response
+or a stream of server-sent events.  Models are named on the command line only: a request's `model`
+must be one of the served names, and nothing in a request can load anything.
+
+Each streamed chunk carries, beside OpenAI's fields, ``"specdec": {"drafted", "accepted",
+"emitted", "accepted_text"}``: that decode step's draft tokens proposed, how many of its emitted
+tokens were accepted draft tokens (the rest came from the target itself), how many tokens it
+emitted, and which leading part of the chunk's text came from the accepted ones.  The chunk that
+finishes, the usage chunk (``stream_options.include_usage``) and every non-streamed response carry
+``"speculative_decoding"``: the request's drafted / accepted counts, acceptance_rate,
+mean_accepted_per_step and so on.  OpenAI clients ignore fields they do not know.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import socket
+import threading
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from specdec.engine import Engine
+from specdec.errors import SpecdecError
+from specdec.loop import Stats
+from specdec.sampling import SamplingParams
+from specdec.serve.metrics import Metrics
+from specdec.serve.protocol import APIError, ChatRequest, CompletionRequest, GenerationRequest, parse
+from specdec.serve.worker import ErrorEvent, Job, QueueFull, Request, StepEvent, Worker
+
+DISCONNECT_POLL_S = 0.1  # how often a waiting request checks that its client is still there
+CLIENT_GONE = 499  # the status logged for a request whose client left (nginx's convention)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What `specdec serve` fixes for every request."""
+
+    served_names: tuple[str, ...] = ("specdec",)
+    default_k: int | str = "auto"  # draft tokens per step when a request does not say
+    draft_mode: str = "auto"
+    draft_confidence: float | None = None
+    verify: str = "causal"
+    max_queue: int = 16  # requests waiting behind the running one; one more is answered 503
+    max_tokens_limit: int = 2048  # the most a request may ask for
+    max_body_bytes: int = 1 << 20  # a larger body is answered 413
+    default_max_tokens: int = 16  # /v1/completions without max_tokens (OpenAI's default)
+
+
+def create_app(engine: Engine, options: ServeOptions = ServeOptions()) -> FastAPI:
+    """An app serving `engine`; its worker thread runs while the app runs (its lifespan)."""
+    worker = Worker(engine, max_queue=options.max_queue, draft_mode=options.draft_mode,
+                    draft_confidence=options.draft_confidence, verify=options.verify)
+    metrics = worker.metrics
+    encode_lock = threading.Lock()  # one tokenization at a time, off the event loop
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        worker.start()
+        yield
+        await asyncio.to_thread(worker.stop)
+
+    app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.worker = worker
+
+    # Every refusal in OpenAI's shape, whatever raised it: ours, routing (404, 405), or a bug (500).
+    @app.exception_handler(APIError)
+    async def api_error(_: HTTPRequest, e: APIError) -> JSONResponse:
+        return error_response(e)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: HTTPRequest, e: StarletteHTTPException) -> JSONResponse:
+        return error_response(APIError(e.status_code, str(e.detail), None, "not_found" if e.status_code == 404 else None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: HTTPRequest, e: RequestValidationError) -> JSONResponse:
+        return error_response(APIError(400, str(e), None, "invalid_value"))
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: HTTPRequest, e: Exception) -> JSONResponse:
+        return error_response(APIError(500, f"internal error: {type(e).__name__}", None, "internal_error"))
+
+    @app.get("/", response_class=HTMLResponse)
+    async def playground() -> HTMLResponse:
+        return HTMLResponse(resources.files("specdec.serve").joinpath("static/index.html").read_text("utf-8"))
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if not worker.alive:
+            return JSONResponse({"status": "error", "message": "the worker thread has stopped"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics_page() -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "specdec",
+             "target": engine.target_name, "draft": engine.draft_name if engine.can_draft else None}
+            for name in options.served_names]})
+
+    @app.post("/v1/completions")
+    async def completions(http: HTTPRequest) -> Response:
+        return await generate(http, "/v1/completions", CompletionRequest)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(http: HTTPRequest) -> Response:
+        return await generate(http, "/v1/chat/completions", ChatRequest)
+
+    async def generate(http: HTTPRequest, endpoint: str, model: type[GenerationRequest]) -> Response:
+        code = 200
+        try:
+            body = await read_body(http, options.max_body_bytes)
+            req = parse(model, body)
+            req.refuse_unsupported()
+            if req.model not in options.served_names:
+                raise APIError(404, f"model '{req.model}' is not served here; this server serves "
+                                    f"{', '.join(repr(n) for n in options.served_names)}", "model", "model_not_found")
+            prompt_ids = await asyncio.to_thread(tokenize, req)
+            gen = generation(req, prompt_ids)
+            job = Job(gen, asyncio.get_running_loop())
+            try:
+                worker.submit(job)
+            except QueueFull:
+                raise APIError(503, f"the server is busy: {options.max_queue} requests are already waiting; "
+                                    "retry later", None, "queue_full", {"Retry-After": "1"}) from None
+            first = await next_event(job, http)
+            if first is None:
+                code = CLIENT_GONE
+                return Response(status_code=CLIENT_GONE)
+            if isinstance(first, ErrorEvent):
+                raise APIError(400 if first.user_error else 500, first.message, None,
+                               "invalid_value" if first.user_error else "internal_error")
+            reply = Reply(endpoint, req.model, gen, len(prompt_ids), req.stream_options is not None
+                          and req.stream_options.include_usage)
+            if req.stream:
+                return StreamingResponse(stream(reply, job, first, metrics), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            result = await collect(reply, job, first, http)
+            if result is None:
+                code = CLIENT_GONE
+                return Response(status_code=CLIENT_GONE)
+            return JSONResponse(result)
+        except APIError as e:
+            code = e.status
+            raise
+        finally:
+            metrics.requests.labels(endpoint=endpoint, code=str(code)).inc()
+            if code == CLIENT_GONE:
+                metrics.disconnects.inc()
+
+    def tokenize(req: GenerationRequest) -> list[int]:
+        """The prompt's token ids (through the chat template for a chat request), checked against
+        the context window."""
+        tokenizer = engine.tokenizer
+        with encode_lock:
+            try:
+                if isinstance(req, ChatRequest):
+                    ids = chat_prompt(tokenizer, [m.model_dump() for m in req.messages], engine.target_name)
+                elif isinstance(req.prompt, str):
+                    ids = engine.encode(req.prompt)
+                else:
+                    ids = list(req.prompt)
+                    vocab = engine.target_runner.vocab_size
+                    if not all(0 <= t < vocab for t in ids):
+                        raise APIError(400, f"prompt: token ids must be in 0..{vocab - 1}", "prompt", "invalid_value")
+            except SpecdecError as e:
+                raise APIError(400, str(e), None, "invalid_value") from None
+        param = "messages" if isinstance(req, ChatRequest) else "prompt"
+        if not ids:
+            raise APIError(400, "the prompt is empty: give some text to continue", param, "invalid_value")
+        window = engine.target_runner.max_context
+        if len(ids) >= window:
+            raise APIError(400, f"the prompt has {len(ids)} tokens, which does not fit the model's context "
+                                f"window of {window} tokens", param, "context_length_exceeded")
+        return ids
+
+    def generation(req: GenerationRequest, prompt_ids: list[int]) -> Request:
+        """The worker's request: sampling, limits and speculation settled."""
+        max_tokens, param = req.max_tokens, "max_tokens"
+        if isinstance(req, ChatRequest) and max_tokens is None:
+            max_tokens, param = req.max_completion_tokens, "max_completion_tokens"
+        if max_tokens is None:  # chat: as much as fits; completions: OpenAI's 16
+            max_tokens = (min(options.max_tokens_limit, engine.target_runner.max_context - len(prompt_ids))
+                          if isinstance(req, ChatRequest) else options.default_max_tokens)
+        if max_tokens <= 0:
+            raise APIError(400, f"{param} must be > 0, got {max_tokens}", param, "invalid_value")
+        if max_tokens > options.max_tokens_limit:
+            raise APIError(400, f"{param} must be at most {options.max_tokens_limit} on this server, "
+                                f"got {max_tokens}", param, "invalid_value")
+        try:
+            sampling = SamplingParams(
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_k=max(req.top_k or 0, 0), top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed)
+        except SpecdecError as e:
+            raise APIError(400, str(e), None, "invalid_value") from None
+        if options.verify == "stairs" and not sampling.greedy:
+            raise APIError(400, "this server verifies with stairs, which is greedy only: send temperature 0",
+                           "temperature", "invalid_value")
+        spec = req.speculative
+        enabled = engine.can_draft and (spec is None or spec.enabled)
+        k = spec.k if spec is not None and spec.k is not None else options.default_k
+        return Request(prompt_ids, max_tokens, sampling, req.stop, enabled, k)
+
+    return app
+
+
+def error_response(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def chat_prompt(tokenizer: Any, messages: list[dict[str, str]], model_name: str) -> list[int]:
+    """Token ids of `messages` through the tokenizer's chat template, ready for the assistant's turn."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise APIError(400, f"model '{model_name}' has no chat template: use /v1/completions", "messages",
+                       "no_chat_template")
+    try:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    except Exception as e:  # a template that refuses these messages (roles, order...)
+        raise APIError(400, f"the chat template refused these messages: {e}", "messages", "invalid_value") from None
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+async def read_body(http: HTTPRequest, limit: int) -> bytes:
+    """The request body; a 413 past `limit` bytes (announced or received)."""
+    declared = http.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"the request body is {declared} bytes; this server takes at most {limit}",
+                       None, "body_too_large")
+    chunks, size = [], 0
+    async for chunk in http.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError(413, f"the request body is over {limit} bytes, the most this server takes",
+                           None, "body_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def next_event(job: Job, http: HTTPRequest) -> StepEvent | ErrorEvent | None:
+    """The job's next event; None (and the job cancelled) when the client has gone meanwhile."""
+    while True:
+        try:
+            return await asyncio.wait_for(job.next_event(), DISCONNECT_POLL_S)
+        except asyncio.TimeoutError:
+            if await http.is_disconnected():
+                job.cancel()
+                return None
+
+
+class Reply:
+    """Builds one request's response objects in OpenAI's shapes."""
+
+    def __init__(self, endpoint: str, model: str, request: Request, prompt_tokens: int, include_usage: bool) -> None:
+        self.chat = endpoint.endswith("/chat/completions")
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.model, self.request, self.prompt_tokens = model, request, prompt_tokens
+        self.include_usage = include_usage
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+
+    def usage(self, stats: Stats) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": stats.new_tokens,
+                "total_tokens": self.prompt_tokens + stats.new_tokens}
+
+    def speculation(self, stats: Stats) -> dict[str, Any]:
+        return {
+            "enabled": self.request.speculative,
+            "k": self.request.k if self.request.speculative else None,
+            "drafted": stats.drafted,
+            "accepted": stats.accepted,
+            "acceptance_rate": round(stats.acceptance_rate, 6),
+            "mean_accepted_per_step": round(stats.mean_accepted_per_step, 6),
+            "draft_steps": stats.draft_steps,
+            "accepted_per_position": list(stats.accepted_at),
+            "target_forwards": stats.target_forwards,
+            "tokens_per_second": round(stats.tokens_per_s, 3),
+        }
+
+    def chunk(self, event: StepEvent, first: bool) -> dict[str, Any]:
+        """One streamed chunk: a decode step's text, with its speculative decoding details."""
+        if self.chat:
+            delta = {"role": "assistant", "content": event.text} if first else {"content": event.text}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": event.finish_reason}
+            out = self._envelope("chat.completion.chunk", [choice])
+        else:
+            choice = {"index": 0, "text": event.text, "logprobs": None, "finish_reason": event.finish_reason}
+            out = self._envelope("text_completion", [choice])
+        out["specdec"] = {"drafted": event.drafted, "accepted": event.accepted, "emitted": event.emitted,
+                          "accepted_text": event.accepted_text}
+        if event.stats is not None:
+            out["speculative_decoding"] = self.speculation(event.stats)
+        return out
+
+    def usage_chunk(self, stats: Stats) -> dict[str, Any]:
+        out = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
+        out.update(usage=self.usage(stats), speculative_decoding=self.speculation(stats))
+        return out
+
+    def whole(self, text: str, finish_reason: str, stats: Stats) -> dict[str, Any]:
+        """The non-streamed response."""
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": finish_reason}
+            out = self._envelope("chat.completion", [choice])
+        else:
+            out = self._envelope("text_completion", [{"index": 0, "text": text, "logprobs": None,
+                                                      "finish_reason": finish_reason}])
+        out.update(usage=self.usage(stats), speculative_decoding=self.speculation(stats))
+        return out
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+async def stream(reply: Reply, job: Job, event: StepEvent | ErrorEvent, metrics: Metrics) -> AsyncIterator[bytes]:
+    """Server-sent events: a chunk per decode step, the usage chunk if asked for, then [DONE].
+    A client that goes away closes this generator: its job is cancelled (the worker stops within a step)."""
+    finished = False
+    try:
+        first = True
+        while True:
+            if isinstance(event, ErrorEvent):  # a failure after the first token: reported in the stream
+                yield sse({"error": APIError(500, event.message, None, "internal_error").body()["error"]})
+                break
+            yield sse(reply.chunk(event, first))
+            first = False
+            if event.finish_reason is not None:
+                if reply.include_usage:
+                    yield sse(reply.usage_chunk(event.stats))
+                break
+            event = await job.next_event()
+        yield sse("[DONE]")
+        finished = True
+    finally:
+        if not finished:
+            job.cancel()
+            metrics.disconnects.inc()
+
+
+async def collect(reply: Reply, job: Job, event: StepEvent | ErrorEvent, http: HTTPRequest) -> dict[str, Any] | None:
+    """The whole response, from the job's events; None if the client left first."""
+    text: list[str] = []
+    while True:
+        if isinstance(event, ErrorEvent):
+            raise APIError(500, event.message, None, "internal_error")
+        text.append(event.text)
+        if event.finish_reason is not None:
+            return reply.whole("".join(text), event.finish_reason, event.stats)
+        event = await next_event(job, http)
+        if event is None:
+            return None
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port for the server; a SpecdecError when it cannot be had (in use...)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except (OSError, socket.gaierror) as e:
+        raise SpecdecError(f"cannot listen on {host}:{port}: {e}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        reason = "the address is already in use" if e.errno == errno.EADDRINUSE else e.strerror or str(e)
+        raise SpecdecError(f"cannot listen on {host}:{port}: {reason}") from None
+    return sock
+
+
+def run(app: FastAPI, sock: socket.socket, log_level: str = "info") -> None:
+    """Serve `app` on a bound socket until interrupted (uvicorn)."""
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])

@@ -1,0 +1,112 @@
+"""The server's Prometheus metrics, in a registry of their own per app (tests run several servers).
+
+Names take vLLM's and llama.cpp server's, under a ``specdec:`` prefix, so that dashboards built
+for either read ours with the prefix changed.  Counters are exposed with a ``_total`` suffix.
+
+=============================================================  ===========================================  ==========================================
+specdec                                                        vLLM                                         llama.cpp server
+=============================================================  ===========================================  ==========================================
+spec_decode_num_drafts_total (steps that verified a draft)     vllm:spec_decode_num_drafts_total            llamacpp:spec_decode_num_drafts_total
+spec_decode_num_draft_tokens_total (tokens drafted)            vllm:spec_decode_num_draft_tokens_total      llamacpp:spec_decode_num_draft_tokens_total
+spec_decode_num_accepted_tokens_total (drafted, accepted)      vllm:spec_decode_num_accepted_tokens_total   llamacpp:spec_decode_num_accepted_tokens_total
+spec_decode_num_accepted_tokens_per_pos_total{position}        vllm:..._per_pos_total{position}             llamacpp:..._per_pos_total{position}
+prompt_tokens_total                                            vllm:prompt_tokens_total                     llamacpp:prompt_tokens_total
+generation_tokens_total                                        vllm:generation_tokens_total                 llamacpp:tokens_predicted_total
+tokens_predicted_seconds_total (seconds spent decoding)        -                                            llamacpp:tokens_predicted_seconds_total
+predicted_tokens_seconds (mean tokens/s, from the two above)   -                                            llamacpp:predicted_tokens_seconds
+n_decode_total (target forwards, prefills included)            -                                            llamacpp:n_decode_total
+num_requests_running / num_requests_waiting                    vllm:num_requests_running / _waiting         llamacpp:requests_processing / _deferred
+request_success_total{finished_reason="stop"|"length"}         vllm:request_success_total{finished_reason}  -
+e2e_request_latency_seconds (histogram)                        vllm:e2e_request_latency_seconds             -
+time_to_first_token_seconds (histogram)                        vllm:time_to_first_token_seconds             -
+request_queue_time_seconds (histogram)                         vllm:request_queue_time_seconds              -
+requests_total{endpoint, code} (every /v1 answer, by status)   -                                            -
+request_disconnects_total (clients gone before the end)        -                                            -
+=============================================================  ===========================================  ==========================================
+
+Generation counters include requests cancelled by a disconnect (their drafts were really drafted);
+request_success_total and the latency histograms count only requests that ran to their end.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from specdec.loop import Stats
+
+PREFIX = "specdec:"
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+
+
+class Metrics:
+    """The counters, gauges and histograms of one server; `render()` is the /metrics body."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, running: Callable[[], float], waiting: Callable[[], float]) -> None:
+        import prometheus_client
+
+        prometheus_client.disable_created_metrics()  # no *_created series: noise on every scrape
+        self.registry = registry = CollectorRegistry(auto_describe=True)
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(PREFIX + name, doc, labels, registry=registry)
+
+        def histogram(name: str, doc: str) -> Histogram:
+            return Histogram(PREFIX + name, doc, buckets=LATENCY_BUCKETS, registry=registry)
+
+        self.drafts = counter("spec_decode_num_drafts", "Decode steps that verified a draft.")
+        self.draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens proposed.")
+        self.accepted_tokens = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted by the target.")
+        self.accepted_per_pos = counter("spec_decode_num_accepted_tokens_per_pos",
+                                        "Draft tokens accepted, by position in the draft (0 = first).", ("position",))
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed.")
+        self.generation_tokens = counter("generation_tokens", "Tokens generated.")
+        self.decode_seconds = counter("tokens_predicted_seconds", "Seconds spent generating (prefill included).")
+        self.forwards = counter("n_decode", "Target forward passes, each prompt's prefill included.")
+        self.success = counter("request_success", "Requests that ran to their end, by finish reason.",
+                               ("finished_reason",))
+        self.requests = counter("requests", "Answers to /v1 requests, by endpoint and HTTP status.", ("endpoint", "code"))
+        self.disconnects = counter("request_disconnects", "Requests whose client went away before the end.")
+        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to last token, for requests that finished.")
+        self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token.")
+        self.queue_time = histogram("request_queue_time_seconds", "Arrival to the start of generation, for requests that got a first token.")
+        Gauge(PREFIX + "num_requests_running", "Requests generating now (0 or 1).",
+              registry=registry).set_function(running)
+        Gauge(PREFIX + "num_requests_waiting", "Requests queued behind the running one.",
+              registry=registry).set_function(waiting)
+        Gauge(PREFIX + "predicted_tokens_seconds", "Mean generation speed since start, tokens/s.",
+              registry=registry).set_function(self._tokens_per_s)
+
+        self._tokens, self._seconds = 0, 0.0  # what the speed gauge divides (written by the worker only)
+
+    def _tokens_per_s(self) -> float:
+        return self._tokens / self._seconds if self._seconds > 0 else 0.0
+
+    def record_generation(self, prompt_tokens: int, stats: Stats) -> None:
+        """Count one generation's work (finished or cancelled)."""
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc(stats.new_tokens)
+        self.decode_seconds.inc(stats.wall_s)
+        self._tokens, self._seconds = self._tokens + stats.new_tokens, self._seconds + stats.wall_s
+        self.forwards.inc(stats.target_forwards)
+        self.drafts.inc(stats.draft_steps)
+        self.draft_tokens.inc(stats.drafted)
+        self.accepted_tokens.inc(stats.accepted)
+        for position, accepted in enumerate(stats.accepted_at):
+            self.accepted_per_pos.labels(position=str(position)).inc(accepted)
+
+    def record_first_token(self, queued_s: float, first_token_s: float) -> None:
+        """A request's first token came `first_token_s` after its arrival, `queued_s` of it in the queue."""
+        self.queue_time.observe(queued_s)
+        self.ttft.observe(first_token_s)
+
+    def record_finish(self, finish_reason: str, e2e_s: float) -> None:
+        """A request ran to its end, `e2e_s` after its arrival."""
+        self.success.labels(finished_reason=finish_reason).inc()
+        self.e2e.observe(e2e_s)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

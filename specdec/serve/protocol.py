@@ -1,0 +1,191 @@
+"""Request bodies of the OpenAI-compatible API, and the OpenAI-style error every refusal answers with.
+
+A body is parsed strictly (a string where a number belongs is an error, not a conversion); fields
+this server does not know are ignored, as OpenAI clients send some we have no use for; fields
+whose meaning it cannot honour (n > 1, logprobs, penalties, tools...) are refused with a 400 rather
+than silently dropped.
+
+The extension: ``"speculative": {"enabled": true, "k": 3 | "auto"}`` -- whether the request drafts at
+all, and how many tokens per step (default: the server's ``-k``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+MAX_K = 32  # the most draft tokens a request may ask for per step (a forward's size stays bounded)
+MAX_STOP_STRINGS = 8
+MAX_STOP_LENGTH = 256
+
+
+class APIError(Exception):
+    """A refusal: an HTTP status and the body {"error": {message, type, param, code}}."""
+
+    TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error",
+             422: "invalid_request_error", 503: "server_overloaded", 500: "internal_error"}
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "invalid_request_error"),
+                          "param": self.param, "code": self.code}}
+
+
+class Speculative(BaseModel):
+    """The request's own speculative decoding settings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    k: Any = None  # an int 1..MAX_K, "auto", or None (the server's default)
+
+    @field_validator("k")
+    @classmethod
+    def _k(cls, value: Any) -> int | str | None:
+        if value is None or value == "auto":
+            return value
+        if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_K:
+            return value
+        raise ValueError(f"must be 'auto' or an integer from 1 to {MAX_K}")
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
+class GenerationRequest(BaseModel):
+    """The fields shared by /v1/completions and /v1/chat/completions."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)  # -1 or 0 = off (vLLM's and llama.cpp's convention)
+    seed: int | None = None
+    stop: Any = Field(None, validate_default=True)  # a string or a list of strings (-> a tuple)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    speculative: Speculative | None = None
+    # OpenAI fields this server cannot honour: refused when set to anything but their neutral value.
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, Any] | None = None
+    logprobs: Any = None
+    best_of: int | None = None
+    echo: bool | None = None
+    tools: list[Any] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value: Any) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        stops = [value] if isinstance(value, str) else value
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+            raise ValueError("must be a string or a list of strings")
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
+        if any(not s or len(s) > MAX_STOP_LENGTH for s in stops):
+            raise ValueError(f"stop strings must be 1 to {MAX_STOP_LENGTH} characters long")
+        return tuple(stops)
+
+    def refuse_unsupported(self) -> None:
+        """A 400 for a field whose meaning this server would silently drop."""
+        if self.n is not None and self.n != 1:
+            raise APIError(400, f"n must be 1 (one choice per request), got {self.n}", "n", "invalid_value")
+        if self.best_of is not None and self.best_of != 1:
+            raise APIError(400, "best_of is not supported (it must be 1)", "best_of", "unsupported_value")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise APIError(400, f"{name} is not supported: speculative decoding here is lossless "
+                                    "against the plain model's distribution", name, "unsupported_value")
+        for name in ("logit_bias", "logprobs", "echo", "tools"):
+            if getattr(self, name):
+                raise APIError(400, f"{name} is not supported by this server", name, "unsupported_value")
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: Any  # a string, a list of one string, or a list of token ids
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, value: Any) -> str | list[int]:
+        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+            value = value[0]  # a batch of one
+        if isinstance(value, str):
+            if not value:
+                raise ValueError("the prompt is empty: give some text to continue")
+            return value
+        if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+            return value
+        if isinstance(value, list) and not value:
+            raise ValueError("the prompt is empty: give some text to continue")
+        raise ValueError("must be a string or a list of token ids (one prompt per request)")
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.suffix:
+            raise APIError(400, "suffix is not supported by this server", "suffix", "unsupported_value")
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Any = ""  # a string, a list of {"type": "text", "text": ...} parts, or null
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, value: Any) -> str:
+        if value is None:
+            return ""
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                           and isinstance(p.get("text"), str) for p in value):
+            return "".join(p["text"] for p in value)
+        raise ValueError("must be a string or a list of text parts ({'type': 'text', 'text': ...})")
+
+
+class ChatRequest(GenerationRequest):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
+
+
+def parse(model: type[BaseModel], body: bytes) -> Any:
+    """A request model from a JSON body; an APIError (400) naming the first bad field."""
+    import json
+
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise APIError(400, f"the body is not valid JSON: {e}", None, "invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "the body must be a JSON object", None, "invalid_json")
+    try:
+        return model.model_validate_json(body, strict=True)
+    except ValidationError as e:
+        error = e.errors()[0]
+        param = field_path(error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        raise APIError(400, f"{param}: {message}" if param else message, param or None, "invalid_value") from None
+
+
+def field_path(loc: tuple) -> str:
+    """("messages", 0, "content") -> "messages[0].content"."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path

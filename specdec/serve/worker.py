@@ -1,0 +1,198 @@
+"""The worker: one thread that owns the Engine and runs queued requests one at a time.
+
+Model work never runs on the event loop.  A request becomes a :class:`Job`; the HTTP side puts it
+in a bounded queue (full -> :class:`QueueFull`, a 503) and reads the job's events; the worker runs
+the decode loop and sends one :class:`StepEvent` per decode step, or an :class:`ErrorEvent`.
+A client that goes away sets the job's cancel flag; the worker checks it between decode steps,
+so a cancelled generation stops within one step, and a job cancelled while queued never starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from specdec.engine import Engine, TextStream
+from specdec.errors import SpecdecError
+from specdec.loop import Stats
+from specdec.sampling import SamplingParams
+from specdec.serve.metrics import Metrics
+
+log = logging.getLogger("specdec.serve")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation, validated and tokenized."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    stop: tuple[str, ...] = ()
+    speculative: bool = True  # False: plain decoding, nothing drafted
+    k: int | str = "auto"  # draft tokens per step, or "auto" (the engine's cost-model controller)
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """What one decode step added.
+
+    text: the new text since the previous event, decoded incrementally (engine.TextStream: never a
+    broken character, never a piece of a stop string); accepted_text is its first part, from the
+    draft tokens the target accepted, the rest came from the target's own token.  Text held back
+    at a boundary (a partial character, a possible stop string) comes with the part that completes it.
+    """
+
+    text: str
+    accepted_text: str
+    drafted: int  # draft tokens proposed this step
+    accepted: int  # of this step's emitted tokens, how many were accepted draft tokens
+    emitted: int  # tokens this step added
+    finish_reason: str | None  # set on the last step
+    stats: Stats | None = None  # on the last step: the whole generation's
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    message: str
+    user_error: bool  # a SpecdecError (the request's fault: a 400), else a bug (a 500)
+
+
+class Job:
+    """A request on its way through the queue; the event loop reads its events."""
+
+    def __init__(self, request: Request, loop: asyncio.AbstractEventLoop) -> None:
+        self.request = request
+        self.loop = loop
+        self.events: asyncio.Queue[StepEvent | ErrorEvent] = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self.arrived = time.perf_counter()
+
+    def emit(self, event: StepEvent | ErrorEvent) -> None:
+        """Hand an event to the event loop (called from the worker thread)."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self.cancelled.set()
+
+    async def next_event(self) -> StepEvent | ErrorEvent:
+        return await self.events.get()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class QueueFull(Exception):
+    """The queue holds its maximum of waiting requests."""
+
+
+class Worker:
+    """The thread that owns `engine`; requests run in arrival order, one at a time."""
+
+    def __init__(self, engine: Engine, max_queue: int = 16, draft_mode: str = "auto",
+                 draft_confidence: float | None = None, verify: str = "causal") -> None:
+        self.engine = engine
+        self.draft_mode, self.draft_confidence, self.verify = draft_mode, draft_confidence, verify
+        self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self.running: Job | None = None
+        self.metrics = Metrics(running=lambda: float(self.running is not None), waiting=self.jobs.qsize)
+        self._thread = threading.Thread(target=self._run, name="specdec-worker", daemon=True)
+        self._closing = False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, job: Job) -> None:
+        """Queue a job; QueueFull when max_queue jobs already wait."""
+        if self._closing:
+            raise QueueFull()
+        try:
+            self.jobs.put_nowait(job)
+        except queue.Full:
+            raise QueueFull() from None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel what runs and what waits, and end the thread."""
+        self._closing = True
+        if self.running is not None:
+            self.running.cancel()
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.cancel()
+        self.jobs.put(None)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            if job.cancelled.is_set():  # its client went away while it waited
+                continue
+            self.running = job
+            try:
+                self._generate(job)
+            finally:
+                self.running = None
+
+    def _generate(self, job: Job) -> None:
+        r, engine, metrics = job.request, self.engine, self.metrics
+        started = time.perf_counter()
+        stats: Stats | None = None
+        steps = None
+        try:
+            steps = engine.stream(
+                r.prompt_ids, max_new_tokens=r.max_tokens, num_speculative_tokens=r.k, use_draft=r.speculative,
+                stop=r.stop, sampling=r.sampling, draft_mode=self.draft_mode,
+                draft_confidence=self.draft_confidence, verify=self.verify,
+            )
+            text = TextStream(engine.decode_text, r.stop)
+            drafted = accepted = 0  # the running totals before this step
+            for step in steps:
+                if stats is None:  # the first step: the prefill and the first token
+                    metrics.record_first_token(started - job.arrived, time.perf_counter() - job.arrived)
+                stats = step.stats
+                final = step.finish_reason is not None
+                # The step emitted its accepted draft tokens, then the target's own token (unless a
+                # stop cut the step short inside the accepted ones).
+                n_accepted = min(stats.accepted - accepted, len(step.tokens))
+                if n_accepted == len(step.tokens):
+                    accepted_text, own_text = text.push(step.tokens, final=final), ""
+                else:
+                    accepted_text = text.push(step.tokens[:n_accepted])
+                    own_text = text.push(step.tokens[n_accepted:], final=final)
+                event = StepEvent(accepted_text + own_text, accepted_text, stats.drafted - drafted, n_accepted,
+                                  len(step.tokens), step.finish_reason, stats if final else None)
+                drafted, accepted = stats.drafted, stats.accepted
+                if final:  # counted before the client hears of it: /metrics is up to date once it has
+                    metrics.record_generation(len(r.prompt_ids), stats)
+                    metrics.record_finish(step.finish_reason, time.perf_counter() - job.arrived)
+                    stats = None
+                job.emit(event)
+                if final:
+                    break
+                if job.cancelled.is_set():  # checked between steps: at most one step after a cancel
+                    break
+        except SpecdecError as e:
+            job.emit(ErrorEvent(str(e), user_error=True))
+        except Exception as e:  # a bug: logged with its traceback, answered without one
+            log.exception("generation failed")
+            job.emit(ErrorEvent(f"internal error: {type(e).__name__}", user_error=False))
+        finally:
+            if steps is not None:
+                steps.close()
+            if stats is not None:  # a generation cancelled (or failed) part way
+                metrics.record_generation(len(r.prompt_ids), stats)
