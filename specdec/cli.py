@@ -8,6 +8,7 @@ stderr, so stdout can be piped.
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from enum import Enum
@@ -143,7 +144,7 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object {text, token_ids, stats}."),
 ) -> None:
     """Generate text with speculative decoding (or plainly with --draft none)."""
-    from specdec.engine import Engine, TextStream
+    from specdec.engine import TextStream
     from specdec.loop import collect
     from specdec.sampling import SamplingParams
 
@@ -152,10 +153,7 @@ def generate(
     k = parse_k(num_speculative_tokens)
     if not prompt:
         fail("the prompt is empty: give some text to continue")
-    if n_ctx is not None and n_ctx < 1:
-        fail(f"--n-ctx must be >= 1, got {n_ctx}")
-    if threads is not None and threads < 1:
-        fail(f"--threads must be >= 1, got {threads}")
+    check_n_ctx_and_threads(n_ctx, threads)
     quiet_libraries()
     progress = PullProgress()
     try:
@@ -163,18 +161,8 @@ def generate(
         if verify is Verify.stairs and not sampling.greedy:  # refused before any model is loaded
             fail("stairs verification is greedy only: drop --temperature, or use --verify causal")
         draft_spec = None if draft.lower() == "none" else draft
-        if threads:
-            import torch
-
-            torch.set_num_threads(threads)
-        with err.status(f"loading {target}" + (f" and {draft_spec}" if draft_spec else "")):
-            engine = Engine.load(
-                target, draft_spec, dtype=dtype.value, progress=progress, backend=backend.value,
-                draft_dtype=draft_dtype.value if draft_dtype else None,
-                draft_backend=draft_backend.value, n_ctx=n_ctx, threads=threads,
-                device=device.value,
-            )
-        progress.close()
+        engine = load_engine(target, draft_spec, dtype, draft_dtype, backend, draft_backend, device, n_ctx, threads,
+                             progress)
         stops = tuple(stop or ())
         steps = engine.stream(
             prompt, max_new_tokens=max_new_tokens, num_speculative_tokens=k,
@@ -208,6 +196,100 @@ def generate(
         fail(str(e))
 
 
+def check_n_ctx_and_threads(n_ctx: int | None, threads: int | None) -> None:
+    if n_ctx is not None and n_ctx < 1:
+        fail(f"--n-ctx must be >= 1, got {n_ctx}")
+    if threads is not None and threads < 1:
+        fail(f"--threads must be >= 1, got {threads}")
+
+
+def load_engine(target: str, draft_spec: str | None, dtype: DType, draft_dtype: DType | None, backend: Backend,
+                draft_backend: DraftBackend, device: Device, n_ctx: int | None, threads: int | None,
+                progress: PullProgress):
+    """The Engine for generate's and serve's model options, loaded under a status line."""
+    from specdec.engine import Engine
+
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    with err.status(f"loading {target}" + (f" and {draft_spec}" if draft_spec else "")):
+        engine = Engine.load(
+            target, draft_spec, dtype=dtype.value, progress=progress, backend=backend.value,
+            draft_dtype=draft_dtype.value if draft_dtype else None,
+            draft_backend=draft_backend.value, n_ctx=n_ctx, threads=threads,
+            device=device.value,
+        )
+    progress.close()
+    return engine
+
+
+def generate_option(name: str):
+    """generate's definition of option `name`: serve takes the same model options, defined once."""
+    return inspect.signature(generate).parameters[name].default
+
+
+@app.command()
+def serve(
+    target: str = generate_option("target"),
+    draft: str = generate_option("draft"),
+    num_speculative_tokens: str = generate_option("num_speculative_tokens"),
+    dtype: DType = generate_option("dtype"),
+    draft_dtype: Optional[DType] = generate_option("draft_dtype"),
+    backend: Backend = generate_option("backend"),
+    device: Device = generate_option("device"),
+    draft_backend: DraftBackend = generate_option("draft_backend"),
+    n_ctx: Optional[int] = generate_option("n_ctx"),
+    threads: Optional[int] = generate_option("threads"),
+    draft_mode: DraftMode = generate_option("draft_mode"),
+    draft_confidence: Optional[float] = generate_option("draft_confidence"),
+    verify: Verify = generate_option("verify"),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (127.0.0.1: this machine only)."),
+    port: int = typer.Option(8000, "--port", help="Port to listen on (0: a free one; the URL is printed)."),
+    served_model_name: Optional[list[str]] = typer.Option(None, "--served-model-name", help="The name requests give as `model` (repeatable; default: --target as given)."),
+    max_queue: int = typer.Option(16, "--max-queue", help="Requests that may wait behind the running one; more are answered 503."),
+    max_tokens_limit: int = typer.Option(2048, "--max-tokens-limit", help="The most tokens a request may ask for."),
+    max_body_bytes: int = typer.Option(1 << 20, "--max-body-bytes", help="The largest request body; larger ones are answered 413."),
+) -> None:
+    """Serve the models over an OpenAI-compatible HTTP API (completions, chat, streaming), with
+    Prometheus metrics at /metrics and a playground page at /. Requests run one at a time;
+    -k is their default draft length, and a request may set its own ("speculative": {"k": ...})."""
+    from specdec.serve import INSTALL_HINT, missing_extra
+
+    missing = missing_extra()
+    if missing:
+        from rich.markup import escape  # the hint's [serve] is not markup
+
+        fail(escape(f"specdec serve needs the serve extra ({', '.join(missing)} missing): {INSTALL_HINT}"))
+    from specdec.serve.app import ServeOptions, bind, create_app, run
+
+    k = parse_k(num_speculative_tokens)
+    check_n_ctx_and_threads(n_ctx, threads)
+    for name, value, least in (("--max-queue", max_queue, 1), ("--max-tokens-limit", max_tokens_limit, 1),
+                               ("--max-body-bytes", max_body_bytes, 1024)):
+        if value < least:
+            fail(f"{name} must be >= {least}, got {value}")
+    if not 0 <= port <= 65535:
+        fail(f"--port must be in 0..65535, got {port}")
+    quiet_libraries()
+    progress = PullProgress()
+    try:
+        sock = bind(host, port)  # before loading: a port in use fails at once
+        draft_spec = None if draft.lower() == "none" else draft
+        engine = load_engine(target, draft_spec, dtype, draft_dtype, backend, draft_backend, device, n_ctx, threads,
+                             progress)
+        names = tuple(served_model_name or (target,))
+        application = create_app(engine, ServeOptions(
+            served_names=names, default_k=k, draft_mode=draft_mode.value, draft_confidence=draft_confidence,
+            verify=verify.value, max_queue=max_queue, max_tokens_limit=max_tokens_limit,
+            max_body_bytes=max_body_bytes))
+    except SpecdecError as e:
+        progress.close()
+        fail(str(e))
+    bound_host, bound_port = sock.getsockname()[:2]
+    url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
+    err.print(f"serving {', '.join(names)} at {url}/v1 · playground {url}/ · metrics {url}/metrics", soft_wrap=True)
+    run(application, sock)
 
 
 @app.command()
