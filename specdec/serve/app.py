@@ -83,7 +83,8 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions()) -> FastAP
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: HTTPRequest, e: StarletteHTTPException) -> JSONResponse:
-        return error_response(APIError(e.status_code, str(e.detail), None, "not_found" if e.status_code == 404 else None))
+        code = "not_found" if e.status_code == 404 else None
+        return error_response(APIError(e.status_code, str(e.detail), None, code))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: HTTPRequest, e: RequestValidationError) -> JSONResponse:

@@ -3,29 +3,39 @@
 Names take vLLM's and llama.cpp server's, under a ``specdec:`` prefix, so that dashboards built
 for either read ours with the prefix changed.  Counters are exposed with a ``_total`` suffix.
 
-=============================================================  ===========================================  ==========================================
-specdec                                                        vLLM                                         llama.cpp server
-=============================================================  ===========================================  ==========================================
-spec_decode_num_drafts_total (steps that verified a draft)     vllm:spec_decode_num_drafts_total            llamacpp:spec_decode_num_drafts_total
-spec_decode_num_draft_tokens_total (tokens drafted)            vllm:spec_decode_num_draft_tokens_total      llamacpp:spec_decode_num_draft_tokens_total
-spec_decode_num_accepted_tokens_total (drafted, accepted)      vllm:spec_decode_num_accepted_tokens_total   llamacpp:spec_decode_num_accepted_tokens_total
-spec_decode_num_accepted_tokens_per_pos_total{position}        vllm:..._per_pos_total{position}             llamacpp:..._per_pos_total{position}
-prompt_tokens_total                                            vllm:prompt_tokens_total                     llamacpp:prompt_tokens_total
-generation_tokens_total                                        vllm:generation_tokens_total                 llamacpp:tokens_predicted_total
-tokens_predicted_seconds_total (seconds spent decoding)        -                                            llamacpp:tokens_predicted_seconds_total
-predicted_tokens_seconds (mean tokens/s, from the two above)   -                                            llamacpp:predicted_tokens_seconds
-n_decode_total (target forwards, prefills included)            -                                            llamacpp:n_decode_total
-num_requests_running / num_requests_waiting                    vllm:num_requests_running / _waiting         llamacpp:requests_processing / _deferred
-request_success_total{finished_reason="stop"|"length"}         vllm:request_success_total{finished_reason}  -
-e2e_request_latency_seconds (histogram)                        vllm:e2e_request_latency_seconds             -
-time_to_first_token_seconds (histogram)                        vllm:time_to_first_token_seconds             -
-request_queue_time_seconds (histogram)                         vllm:request_queue_time_seconds              -
-requests_total{endpoint, code} (every /v1 answer, by status)   -                                            -
-request_disconnects_total (clients gone before the end)        -                                            -
-=============================================================  ===========================================  ==========================================
+=============================================  =====================  ======================================
+specdec:<name>                                 vLLM: vllm:<name>      llama.cpp server: llamacpp:<name>
+=============================================  =====================  ======================================
+spec_decode_num_drafts_total                   the same               the same
+spec_decode_num_draft_tokens_total             the same               the same
+spec_decode_num_accepted_tokens_total          the same               the same
+spec_decode_num_accepted_tokens_per_pos_total  the same, {position}   the same, {position}
+prompt_tokens_total                            the same               the same
+generation_tokens_total                        the same               tokens_predicted_total
+tokens_predicted_seconds_total                 -                      the same
+predicted_tokens_seconds                       -                      the same
+n_decode_total                                 -                      the same
+num_requests_running, num_requests_waiting     the same               requests_processing, requests_deferred
+request_success_total{finished_reason}         the same               -
+e2e_request_latency_seconds                    the same               -
+time_to_first_token_seconds                    the same               -
+request_queue_time_seconds                     the same               -
+requests_total{endpoint, code}                 -                      -
+request_disconnects_total                      -                      -
+=============================================  =====================  ======================================
+
+What they count: drafts = decode steps that verified a draft; draft tokens = tokens proposed;
+accepted tokens = drafted tokens the target accepted, also by position in the draft (0 = first);
+tokens_predicted_seconds = seconds spent generating, prefills included, and predicted_tokens_seconds
+the mean tokens/s from it; n_decode = target forward passes, prefills included; the latencies are
+histograms from each request's arrival.
+
+requests_total counts the answers of /v1/completions and /v1/chat/completions by HTTP status; a
+client that left before its answer counts as code 499 (nginx's "client closed request").
 
 Generation counters include requests cancelled by a disconnect (their drafts were really drafted);
-request_success_total and the latency histograms count only requests that ran to their end.
+request_success_total and e2e_request_latency_seconds count the requests that ran to their end,
+time_to_first_token_seconds and request_queue_time_seconds every request that got a first token.
 """
 
 from __future__ import annotations
@@ -68,11 +78,13 @@ class Metrics:
         self.forwards = counter("n_decode", "Target forward passes, each prompt's prefill included.")
         self.success = counter("request_success", "Requests that ran to their end, by finish reason.",
                                ("finished_reason",))
-        self.requests = counter("requests", "Answers to /v1 requests, by endpoint and HTTP status.", ("endpoint", "code"))
+        self.requests = counter("requests", "Answers of the completion endpoints, by HTTP status "
+                                "(499: the client left first).", ("endpoint", "code"))
         self.disconnects = counter("request_disconnects", "Requests whose client went away before the end.")
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to last token, for requests that finished.")
         self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token.")
-        self.queue_time = histogram("request_queue_time_seconds", "Arrival to the start of generation, for requests that got a first token.")
+        self.queue_time = histogram("request_queue_time_seconds",
+                                    "Arrival to the start of generation, for requests that got a first token.")
         Gauge(PREFIX + "num_requests_running", "Requests generating now (0 or 1).",
               registry=registry).set_function(running)
         Gauge(PREFIX + "num_requests_waiting", "Requests queued behind the running one.",

@@ -121,7 +121,8 @@ def test_a_chunked_body_over_the_limit_is_413(limited):
         for _ in range(MAX_BODY // 512 + 2):
             yield b" " * 512  # no Content-Length: the server counts what arrives
 
-    response = httpx.post(limited.url + "/v1/completions", content=chunks(), headers={"Content-Type": "application/json"})
+    response = httpx.post(limited.url + "/v1/completions", content=chunks(),
+                          headers={"Content-Type": "application/json"})
     assert_openai_error(response, 413)
 
 
