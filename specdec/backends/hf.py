@@ -1,6 +1,9 @@
 """Transformers / PyTorch backend: a ModelRunner over a causal LM and a DynamicCache.
 
 The model may be fp32, bf16, or int8 (specdec.backends.quant: batch-invariant).
+An fp32 model's Linear layers get a faster CPU kernel for verification-sized
+forwards over a cache (specdec.backends.fastlinear); the prompt's prefill and
+one-token steps are bitwise unchanged.
 
 Rollback crops the DynamicCache (transformers 5: ``DynamicCache.crop(-n)``
 removes the last n tokens).  Logits come back as fp32 on the CPU whatever the
@@ -20,6 +23,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specdec.backends import fastlinear
 from specdec.backends.base import Capabilities, checked_new_tokens
 
 
@@ -39,6 +43,7 @@ class HFRunner:
 
         self.model = model.eval()
         pack_all(m for m in model.modules() if isinstance(m, Int8Linear))  # now, not at the first token
+        fastlinear.install(model)  # fp32 on CPU: k-token verification at about the cost of one token
         # int8 models (specdec.backends.quant) are batch-invariant; float models are not.
         self.capabilities = Capabilities(rollback=True, logits_all_positions=True, batching=False,
                                          batch_invariant=is_int8(model))
@@ -53,12 +58,15 @@ class HFRunner:
     def forward(self, new_tokens: Sequence[int], last_n: int | None = None) -> torch.Tensor:
         new_tokens = checked_new_tokens(new_tokens, len(self.tokens), self.max_context)
         input_ids = torch.tensor([new_tokens], dtype=torch.long, device=self.device)  # [1, n]
-        out = self.model(
-            input_ids=input_ids,
-            cache=self.cache,
-            use_cache=True,
-            logits_to_keep=last_n or 0,  # 0 = keep every position
-        )
+        # A few tokens over a cache (a verification): the fast fp32 product; a prompt's prefill keeps
+        # the model's own kernel, so plain decoding stays bitwise the model's (see fastlinear).
+        with fastlinear.enabled(bool(self.tokens) and len(new_tokens) <= fastlinear.MAX_ROWS):
+            out = self.model(
+                input_ids=input_ids,
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=last_n or 0,  # 0 = keep every position
+            )
         self.tokens.extend(new_tokens)
         return out.logits[0].float().cpu()  # [n, V]
 
