@@ -117,6 +117,11 @@ LOOKUP_MS_PER_TOKEN = 0.01  # prompt lookup: a suffix search in Python, microsec
 SYNC_TOKENS = 32  # a draft model's catch-up is timed as one forward of this many tokens
 
 
+# Part of every cached timing's key: bumped when a runner's kernels change, so that timings measured
+# with the old ones are measured again (2: the weight-major fp32 verification product, fastlinear).
+KERNELS_VERSION = 2
+
+
 def runner_identity(runner: ModelRunner) -> dict[str, object] | None:
     """What a runner's timings depend on (model, backend, dtype, threads, CPU), or None when the
     model has no name to key a cache with (e.g. a model built in memory)."""
@@ -152,7 +157,7 @@ def _cached(kind: str, runner: ModelRunner, params: dict, measure: Callable[[], 
     identity = runner_identity(runner)
     if cache_dir is None or identity is None:
         return measure()
-    key = json.dumps({"kind": kind, **identity, **params}, sort_keys=True)
+    key = json.dumps({"kind": kind, "kernels": KERNELS_VERSION, **identity, **params}, sort_keys=True)
     path = Path(cache_dir) / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     try:
         record = json.loads(path.read_text())
