@@ -5,7 +5,8 @@ A verification forward runs every Linear layer over k + 1 rows.  PyTorch's
 for a handful of rows is far from the one-row (matrix-vector) speed: on a
 2-core AMD EPYC (Zen 1, AVX2), 1.5B-model shapes, 6 rows cost 5.2x one row,
 while the same product taken weight-major, ``(W @ x.T).T``, costs 1.5x (and
-is faster at every row count measured, 1..128, so prefill gains too).  The
+is faster at every row count measured from 2 to 128; at one row both are a
+matrix-vector product and cost the same).  The
 whole 1.5B fp32 forward then costs about what one token costs for k up to ~8,
 which is what speculative decoding needs from its target.
 
