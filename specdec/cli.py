@@ -147,6 +147,7 @@ def generate(
     from specdec.engine import TextStream
     from specdec.loop import collect
     from specdec.sampling import SamplingParams
+    from specdec.stairs import check_verify_mode
 
     if max_new_tokens <= 0:
         fail(f"--max-new-tokens must be > 0, got {max_new_tokens}")
@@ -158,8 +159,7 @@ def generate(
     progress = PullProgress()
     try:
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        if verify is Verify.stairs and not sampling.greedy:  # refused before any model is loaded
-            fail("stairs verification is greedy only: drop --temperature, or use --verify causal")
+        check_verify_mode(verify.value, sampling.greedy)  # refused before any model is loaded
         draft_spec = None if draft.lower() == "none" else draft
         engine = load_engine(target, draft_spec, dtype, draft_dtype, backend, draft_backend, device, n_ctx, threads,
                              progress)

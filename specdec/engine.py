@@ -450,10 +450,8 @@ class Engine:
 
     def verification_target(self, verify: str, sampling: SamplingParams) -> ModelRunner:
         """The runner the loop verifies with: the target itself, or its stairs view (specdec.stairs)."""
-        if check_verify_mode(verify) == "causal":
+        if check_verify_mode(verify, sampling.greedy) == "causal":
             return self.target_runner
-        if not sampling.greedy:
-            raise SpecdecError("stairs verification is greedy only: drop --temperature, or use --verify causal")
         if self._stairs is None:
             self._stairs = stairs_runner(self.target_runner)
         return self._stairs

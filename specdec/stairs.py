@@ -123,13 +123,12 @@ class BlackBoxNextToken:
     """A transformers causal LM queried without any cache: every row recomputed from its start."""
 
     def __init__(self, model: Any, pad_token_id: int = 0) -> None:
-        from specdec.backends.hf import model_max_context
+        from specdec.backends.hf import model_max_context, model_vocab_size
 
         self.model = model.eval()
         self.pad_token_id = pad_token_id  # fills rows to the batch's width; never attended to
         self.device = next(model.parameters()).device
-        head = model.get_output_embeddings()
-        self.vocab_size = int(head.out_features if hasattr(head, "out_features") else head.weight.shape[0])
+        self.vocab_size = model_vocab_size(model)
         self.max_context = model_max_context(model)
         self.positions = 0  # token positions computed, padding included
 
@@ -194,8 +193,11 @@ def stairs_runner(target: ModelRunner | NextTokenModel, nested: bool = True) -> 
     return StairsRunner(target)
 
 
-def check_verify_mode(mode: str) -> str:
-    """The verification mode, or a one-line SpecdecError for an unknown one."""
+def check_verify_mode(mode: str, greedy: bool = True) -> str:
+    """The verification mode, or a one-line SpecdecError for an unknown one, or for stairs with
+    sampling (greedy=False): stairs is greedy only."""
     if mode not in VERIFY_MODES:
         raise SpecdecError(f"unknown verification '{mode}': expected one of {', '.join(VERIFY_MODES)}")
+    if mode == "stairs" and not greedy:
+        raise SpecdecError("stairs verification is greedy only: drop --temperature, or use --verify causal")
     return mode

@@ -33,6 +33,13 @@ def model_max_context(model: PreTrainedModel) -> int:
     return int(getattr(config, "max_position_embeddings", None) or 2**31 - 1)
 
 
+def model_vocab_size(model: PreTrainedModel) -> int:
+    """Width V of the model's logits: its output head's rows (an nn.Linear, or an int8 linear
+    without .weight)."""
+    head = model.get_output_embeddings()
+    return int(head.out_features if hasattr(head, "out_features") else head.weight.shape[0])
+
+
 class HFRunner:
     """A transformers causal LM with its own KV cache."""
 
@@ -48,8 +55,7 @@ class HFRunner:
         self.capabilities = Capabilities(rollback=True, logits_all_positions=True, batching=False,
                                          batch_invariant=is_int8(model))
         self.device = next(model.parameters()).device
-        head = model.get_output_embeddings()  # an nn.Linear, or an int8 linear without .weight
-        self.vocab_size = int(head.out_features if hasattr(head, "out_features") else head.weight.shape[0])
+        self.vocab_size = model_vocab_size(model)
         self.max_context = max_context or model_max_context(model)
         self.tokens: list[int] = []
         self.cache = DynamicCache()
