@@ -31,6 +31,18 @@ catch-up is expensive (a 0.5B draft on a 2-core AMD EPYC: 27 ms per token, a
 sixth of a target step), so without this a controller that falls back to plain
 decoding pays for the draft model's whole context anyway, at every probe.
 
+**In a batch** (specdec.batching) one target forward serves several requests,
+so a request's draft tokens lengthen everyone's step.  There each request's
+controller is given the load of the others in the step: their tokens n_o,
+their expected emitted tokens e_o and their drafting time d_o, and picks the k
+that maximises the batch's rate,
+(e_o + E[tokens | k]) / (d_o + draft(k) + t(n_o + k + 1)), with t measured over
+packed forwards of up to a whole batch.  With no others this is the rate
+above; as the batch grows, t(n_o + ...) climbs out of the flat region where a
+draft token is nearly free, and k falls towards 0 -- plain batched decoding
+(vLLM sets this by hand: num_speculative_tokens per batch size, "disable by
+batch size").
+
 The controller only chooses how many tokens to propose; verification is
 unchanged, so greedy output stays identical to plain decoding and sampling
 keeps the target's distribution (k depends on the history of acceptances,
@@ -40,7 +52,7 @@ never on the token being verified).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, runtime_checkable
+from typing import Callable, Mapping, NamedTuple, Protocol, runtime_checkable
 
 from specdec.drafters.base import LOOKUP, MODEL
 from specdec.errors import SpecdecError
@@ -171,6 +183,17 @@ class Costs:
         return self.sync_ms * lag if lag > STEADY_SYNC else 0.0
 
 
+class Load(NamedTuple):
+    """What the other requests of a batch put into the same step (specdec.batching)."""
+
+    tokens: int = 0  # tokens they feed the target forward
+    expected: float = 0.0  # tokens they are expected to emit
+    draft_ms: float = 0.0  # ms they spend drafting
+
+
+NO_LOAD = Load()
+
+
 @dataclass
 class AutoK:
     """The cost-model controller: each step the k in 0..max_k with the most expected tokens per second.
@@ -194,6 +217,10 @@ class AutoK:
     max_probe_gap: int = 64
     horizon: int = 256
     probe_budget: float = 0.03
+    # the other requests of a batch in this step (specdec.batching); None: decoding alone
+    load: Callable[[], Load] | None = None
+    # what the last choose() planned: (tokens fed to the target, expected tokens emitted, draft ms)
+    planned: Load = field(default_factory=lambda: Load(1, 1.0, 0.0))
     # per source (specdec.drafters.base: a draft model, prompt lookup), per position j (0-based):
     # decayed counts of acceptances and of trials
     hits: dict[str, list[float]] = field(default_factory=dict)
@@ -226,36 +253,48 @@ class AutoK:
         """ms to propose k tokens: a lookup's cost nothing, a model's are the measured ones."""
         return 0.0 if source == LOOKUP else self.costs.draft(k)
 
-    def rate(self, k: int, alphas: list[float] | None = None, source: str = MODEL) -> float:
-        """Expected tokens per ms when drafting k tokens from `source`."""
+    def rate(self, k: int, alphas: list[float] | None = None, source: str = MODEL, load: Load = NO_LOAD) -> float:
+        """Expected tokens per ms when drafting k tokens from `source` (with `load`: the whole batch's
+        tokens per ms of the step)."""
         alphas = self.alphas(source) if alphas is None else alphas
-        return expected_tokens(alphas, k) / (self.draft_cost(k, source) + self.costs.target(k + 1))
+        return ((load.expected + expected_tokens(alphas, k))
+                / (load.draft_ms + self.draft_cost(k, source) + self.costs.target(load.tokens + k + 1)))
 
-    def best(self, limit: int, alphas: list[float] | None = None, source: str = MODEL) -> int:
+    def best(self, limit: int, alphas: list[float] | None = None, source: str = MODEL, load: Load = NO_LOAD) -> int:
         """The k in 0..min(max_k, limit) with the highest steady-state rate (ties: the smaller k)."""
         alphas = self.alphas(source) if alphas is None else alphas
         top = min(self.max_k, limit)
-        return max(range(top + 1), key=lambda k: (self.rate(k, alphas, source), -k))
+        return max(range(top + 1), key=lambda k: (self.rate(k, alphas, source, load), -k))
 
-    def saving(self, k: int, limit: int, alphas: list[float] | None = None, source: str = MODEL) -> float:
+    def saving(self, k: int, limit: int, alphas: list[float] | None = None, source: str = MODEL,
+               load: Load = NO_LOAD) -> float:
         """ms that drafting k tokens a step is expected to save over plain steps, over the next
-        min(limit + 1, horizon) tokens."""
+        min(limit + 1, horizon) tokens (alone: 1 / rate(0) = t(1))."""
         tokens = min(limit + 1, self.horizon)
-        return tokens * (self.costs.target(1) - 1.0 / self.rate(k, alphas, source))
+        return tokens * (1.0 / self.rate(0, alphas, source, load) - 1.0 / self.rate(k, alphas, source, load))
 
-    def probe_cost(self, lag: int, source: str = MODEL) -> float:
+    def probe_cost(self, lag: int, source: str = MODEL, load: Load = NO_LOAD) -> float:
         """ms a one-token probe costs over a plain step: the catch-up, the draft, the longer verification."""
-        return self.costs.catch_up(lag) + self.draft_cost(1, source) + self.costs.target(2) - self.costs.target(1)
+        return (self.costs.catch_up(lag) + self.draft_cost(1, source)
+                + self.costs.target(load.tokens + 2) - self.costs.target(load.tokens + 1))
 
     def choose(self, limit: int, lag: int = 0, source: str = MODEL) -> int:
+        load = self.load() if self.load is not None else NO_LOAD
+        k = self._choose(limit, lag, source, load)
+        alphas = self.alphas(source)
+        self.planned = Load(k + 1, expected_tokens(alphas, k), self.draft_cost(k, source))
+        return k
+
+    def _choose(self, limit: int, lag: int, source: str, load: Load) -> int:
         if limit <= 0:
             return 0
         alphas = self.alphas(source)
-        k = self.best(limit, alphas, source)
-        if k > 0 and self.saving(k, limit, alphas, source) > self.costs.catch_up(lag):
+        k = self.best(limit, alphas, source, load)
+        if k > 0 and self.saving(k, limit, alphas, source, load) > self.costs.catch_up(lag):
             self.probe_gap = self.probe_every  # drafting pays: after the next plain run, probe soon
             return k
-        if self.plain_run >= self.probe_gap and self.probe_cost(lag, source) <= self.probe_budget * self.plain_ms:
+        if (self.plain_run >= self.probe_gap
+                and self.probe_cost(lag, source, load) <= self.probe_budget * self.plain_ms):
             self.probe_gap = min(2 * self.probe_gap, self.max_probe_gap)  # back to probe_every if accepted
             return 1
         return 0

@@ -25,6 +25,19 @@ So its logits are bitwise those of the quantized transformers model (tested on
 tiny and real models), and it inherits its batch invariance: speculative
 output equals plain output.  Other architectures (Gemma 3, ...) run the
 quantized transformers model through :class:`specdec.backends.hf.HFRunner`.
+
+**Several sequences in one forward** (:func:`forward_packed`, used by
+:mod:`specdec.batching`): the new tokens of several runners -- each with its
+own cache, its own length and its own draft -- are packed into one
+[total, hidden] matrix (no padding).  Every operation but attention is per
+token, so the matrix products read each weight once for the whole batch; each
+runner's rows attend to that runner's own cache, with the same calls as when
+it runs alone.  For an int8 model a token's logits are therefore bitwise the
+same whatever its neighbours (tested).  The same packed forward runs fp32
+llama-family models too (:func:`supports` with ``fp32=True``; their fused
+projections use the weight-major product of :mod:`specdec.backends.fastlinear`
+for 2..128 rows): fp32 rounding then depends on the batch, as it does on the
+draft length (see README), so fp32 batched output is exact up to near-ties.
 """
 
 from __future__ import annotations
@@ -36,7 +49,10 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from torch import nn
+
 from specdec.backends.base import Capabilities
+from specdec.backends.fastlinear import weight_major_linear
 from specdec.backends.hf import model_max_context
 from specdec.backends.quant import Int8Linear, is_int8, pack_all
 from specdec.errors import SpecdecError
@@ -46,24 +62,68 @@ STATIC_ROPE = ("default", "linear", "llama3")  # inv_freq does not change with t
 _INITIAL_CAPACITY = 256
 
 
-def supports(model: Any) -> bool:
-    """Whether `model` is an int8 transformers model this runner can compute exactly."""
+WEIGHT_MAJOR_ROWS = 128  # fp32: forwards of 2..this many tokens take the weight-major product
+
+
+def is_fp32_cpu(model: Any) -> bool:
+    """Whether every nn.Linear of `model` is an fp32 CPU layer (and there is at least one)."""
+    linears = [m for m in model.modules() if type(m) is nn.Linear]
+    return bool(linears) and all(m.weight.dtype == torch.float32 and m.weight.device.type == "cpu" for m in linears)
+
+
+def supports(model: Any, fp32: bool = False) -> bool:
+    """Whether this runner can compute `model`: an int8 transformers model of a llama-family
+    architecture (exactly: bitwise the quantized model), or with fp32=True also an fp32 one on the CPU
+    (for batching; see the module doc)."""
     config = getattr(model, "config", None)
-    if config is None or getattr(config, "model_type", None) not in ARCHITECTURES or not is_int8(model):
+    if config is None or getattr(config, "model_type", None) not in ARCHITECTURES:
+        return False
+    if not (is_int8(model) or (fp32 and is_fp32_cpu(model))):
         return False
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     return rope.get("rope_type", rope.get("type", "default")) in STATIC_ROPE
 
 
-def fuse(linears: Sequence[Int8Linear]) -> Int8Linear:
-    """One Int8Linear whose output is the concatenation of the given ones' outputs (bitwise)."""
+class FloatLinear:
+    """An fp32 linear for the packed forward: the model's own kernel for one row or a prompt, the
+    weight-major product (specdec.backends.fastlinear) for 2..WEIGHT_MAJOR_ROWS rows."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight = weight.detach()  # [N, K]
+        self.bias = None if bias is None else bias.detach()
+        self.out_features, self.in_features = (int(d) for d in weight.shape)
+
+    @classmethod
+    def of(cls, linear: nn.Linear) -> "FloatLinear":
+        return cls(linear.weight, linear.bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [M, K] -> [M, N]
+        if 2 <= x.shape[0] <= WEIGHT_MAJOR_ROWS:
+            return weight_major_linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+Linear = Int8Linear | FloatLinear
+
+
+def fuse(linears: Sequence[Any]) -> Linear:
+    """One linear whose output is the concatenation of the given ones' outputs: Int8Linears
+    (bitwise: every output channel keeps its weights, scale and per-token activation scale) or fp32
+    nn.Linears (a FloatLinear)."""
     biases = [lin.bias for lin in linears]
     if any(b is None for b in biases) and not all(b is None for b in biases):
         raise ValueError("cannot fuse linears where only some have a bias")
-    weight = torch.cat([lin.int8_weight() for lin in linears])  # [sum N, K]
-    scale = torch.cat([lin.scale for lin in linears])  # [sum N]
-    bias = None if biases[0] is None else torch.cat(biases)
-    return Int8Linear(weight, scale, bias)
+    bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+    if all(isinstance(lin, Int8Linear) for lin in linears):
+        weight = torch.cat([lin.int8_weight() for lin in linears])  # [sum N, K]
+        scale = torch.cat([lin.scale for lin in linears])  # [sum N]
+        return Int8Linear(weight, scale, bias)
+    return FloatLinear(torch.cat([lin.weight.detach() for lin in linears]), bias)
+
+
+def _own(linear: Any) -> Linear:
+    """A model's linear as the packed forward calls it (an Int8Linear as it is)."""
+    return linear if isinstance(linear, Int8Linear) else FloatLinear.of(linear)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -82,11 +142,11 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 @dataclass
 class _Layer:
     input_norm: torch.Tensor  # [hidden]
-    qkv: Int8Linear  # hidden -> (H + 2 H_kv) D
-    o: Int8Linear  # H D -> hidden
+    qkv: Linear  # hidden -> (H + 2 H_kv) D
+    o: Linear  # H D -> hidden
     post_norm: torch.Tensor  # [hidden]
-    gate_up: Int8Linear  # hidden -> 2 I
-    down: Int8Linear  # I -> hidden
+    gate_up: Linear  # hidden -> 2 I
+    down: Linear  # I -> hidden
     scaling: float
     sliding_window: int | None
 
@@ -104,35 +164,39 @@ def _fused_layers(model: Any) -> list[_Layer]:
             _Layer(
                 input_norm=layer.input_layernorm.weight.detach(),
                 qkv=fuse([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
-                o=layer.self_attn.o_proj,
+                o=_own(layer.self_attn.o_proj),
                 post_norm=layer.post_attention_layernorm.weight.detach(),
                 gate_up=fuse([layer.mlp.gate_proj, layer.mlp.up_proj]),
-                down=layer.mlp.down_proj,
+                down=_own(layer.mlp.down_proj),
                 scaling=float(layer.self_attn.scaling),
                 sliding_window=_sliding_window(config, layer.self_attn),
             )
             for layer in model.model.layers
         ]
-        pack_all([model.lm_head, *(lin for layer in layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))])
+        linears = [model.lm_head, *(lin for layer in layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))]
+        pack_all(lin for lin in linears if isinstance(lin, Int8Linear))
         _FUSED[model] = layers
     return layers
 
 
 class LeanRunner:
-    """A ModelRunner over an int8 llama / qwen2 / mistral model (see the module doc)."""
+    """A ModelRunner over an int8 llama / qwen2 / mistral model (see the module doc); with fp32=True
+    also over an fp32 one (the batched engine's; a single fp32 sequence runs on HFRunner)."""
 
-    capabilities = Capabilities(rollback=True, logits_all_positions=True, batching=False, batch_invariant=True)
-
-    def __init__(self, model: Any, max_context: int | None = None) -> None:
-        if not supports(model):
-            raise SpecdecError(f"the lean runner needs an int8 model of a {'/'.join(ARCHITECTURES)} architecture")
+    def __init__(self, model: Any, max_context: int | None = None, fp32: bool = False) -> None:
+        if not supports(model, fp32=fp32):
+            kinds = "an int8 or fp32" if fp32 else "an int8"
+            raise SpecdecError(f"the lean runner needs {kinds} model of a {'/'.join(ARCHITECTURES)} architecture")
         config = model.config
         self.model = model  # kept for its config, generation config and eos ids
+        # int8 models are batch-invariant (specdec.backends.quant); fp32 ones are not
+        self.capabilities = Capabilities(rollback=True, logits_all_positions=True, batching=True,
+                                         batch_invariant=is_int8(model))
         inner = model.model
         self.embed = inner.embed_tokens.weight.detach()  # [V, hidden]
         self.final_norm = inner.norm.weight.detach()
         self.eps = float(config.rms_norm_eps)
-        self.head: Int8Linear = model.lm_head
+        self.head: Linear = _own(model.lm_head)
         self.vocab_size = self.head.out_features
         self.num_heads = int(config.num_attention_heads)
         self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
@@ -168,40 +232,19 @@ class LeanRunner:
         self._cos, self._sin = cos[0], sin[0]
         self.capacity = capacity
 
-    @torch.inference_mode()
-    def forward(self, new_tokens: Sequence[int], last_n: int | None = None) -> torch.Tensor:
+    def _check(self, new_tokens: Sequence[int]) -> list[int]:
         new_tokens = list(new_tokens)
         if not new_tokens:
             raise ValueError("forward needs at least one token")
-        start, n = len(self.tokens), len(new_tokens)
-        if start + n > self.max_context:
-            raise SpecdecError(f"context of {start + n} tokens exceeds the model's window of {self.max_context}")
+        if len(self.tokens) + len(new_tokens) > self.max_context:
+            raise SpecdecError(f"context of {len(self.tokens) + len(new_tokens)} tokens exceeds the model's window "
+                               f"of {self.max_context}")
         if min(new_tokens) < 0 or max(new_tokens) >= self.embed.shape[0]:
             raise ValueError(f"token ids must be in [0, {self.embed.shape[0]})")
-        self._reserve(start + n)
-        end = start + n
-        cos, sin = self._cos[start:end], self._sin[start:end]  # [n, D]
-        h_q, h_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        x = F.embedding(torch.tensor(new_tokens), self.embed)  # [n, hidden]
-        for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.input_norm, self.eps)
-            qkv = layer.qkv(h)  # [n, (H + 2 H_kv) D]
-            # q and k rotated in one go: the same elementwise operations on every element
-            qk = rotate(qkv[:, : (h_q + h_kv) * d].view(n, h_q + h_kv, d).transpose(0, 1), cos, sin)  # [H + H_kv, n, D]
-            q, k = qk[:h_q], qk[h_q:]  # [H, n, D], [H_kv, n, D]
-            v = qkv[:, (h_q + h_kv) * d :].view(n, h_kv, d).transpose(0, 1)  # [H_kv, n, D]
-            keys, values = self.keys[i], self.values[i]
-            keys[:, start:end] = k
-            values[:, start:end] = v
-            attn = _rowwise(q, keys, values, start, layer.scaling, layer.sliding_window)  # [n, H D]
-            x = x + layer.o(attn)
-            h = rms_norm(x, layer.post_norm, self.eps)
-            gate_up = layer.gate_up(h)  # [n, 2 I]
-            x = x + layer.down(self.act(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :])
-        self.tokens.extend(new_tokens)
-        keep = n if last_n is None else min(last_n, n)
-        x = rms_norm(x[n - keep :], self.final_norm, self.eps)
-        return self.head(x)  # [keep, V]
+        return new_tokens
+
+    def forward(self, new_tokens: Sequence[int], last_n: int | None = None) -> torch.Tensor:
+        return forward_packed([self], [new_tokens], [last_n])[0]
 
     def rollback(self, n: int) -> None:
         if n < 0:
@@ -210,6 +253,62 @@ class LeanRunner:
 
     def reset(self) -> None:
         self.tokens = []
+
+
+@torch.inference_mode()
+def forward_packed(runners: Sequence[LeanRunner], chunks: Sequence[Sequence[int]],
+                   last_ns: Sequence[int | None]) -> list[torch.Tensor]:
+    """One forward for several runners over the same model: runner r appends chunks[r] to its cache
+    and gets fp32 logits [n_r, V] for the last last_ns[r] (None: all) of them.
+
+    The chunks are packed one after another into one [total, hidden] matrix: norms, projections,
+    rotary embeddings and the MLP are per token; each chunk attends to its own runner's cache.
+    """
+    if not runners or len(runners) != len(chunks) or len(chunks) != len(last_ns):
+        raise ValueError("forward_packed needs one chunk and one last_n per runner")
+    if len({id(r) for r in runners}) != len(runners):
+        raise ValueError("a runner appears twice in one packed forward")
+    lead = runners[0]
+    if any(r.layers is not lead.layers for r in runners):
+        raise ValueError("a packed forward needs runners over the same model")
+    chunks = [r._check(c) for r, c in zip(runners, chunks)]
+    starts = [len(r.tokens) for r in runners]
+    for r, start, c in zip(runners, starts, chunks):
+        r._reserve(start + len(c))
+    sizes = [len(c) for c in chunks]
+    offsets = [sum(sizes[:i]) for i in range(len(sizes) + 1)]  # chunk i is rows offsets[i]:offsets[i + 1]
+    total = offsets[-1]
+    cos = torch.cat([r._cos[s : s + n] for r, s, n in zip(runners, starts, sizes)])  # [total, D]
+    sin = torch.cat([r._sin[s : s + n] for r, s, n in zip(runners, starts, sizes)])
+    h_q, h_kv, d = lead.num_heads, lead.num_kv_heads, lead.head_dim
+    x = F.embedding(torch.tensor([t for c in chunks for t in c]), lead.embed)  # [total, hidden]
+    for i, layer in enumerate(lead.layers):
+        h = rms_norm(x, layer.input_norm, lead.eps)
+        qkv = layer.qkv(h)  # [total, (H + 2 H_kv) D]
+        # q and k rotated in one go: the same elementwise operations on every element
+        qk = rotate(qkv[:, : (h_q + h_kv) * d].view(total, h_q + h_kv, d).transpose(0, 1), cos, sin)  # [H + H_kv, total, D]
+        v = qkv[:, (h_q + h_kv) * d :].view(total, h_kv, d).transpose(0, 1)  # [H_kv, total, D]
+        rows = []
+        for r, start, lo, hi in zip(runners, starts, offsets, offsets[1:]):
+            end = start + hi - lo
+            r.keys[i][:, start:end] = qk[h_q:, lo:hi]
+            r.values[i][:, start:end] = v[:, lo:hi]
+            q = qk[:h_q, lo:hi].contiguous()  # [H, n, D]: the same layout whatever the neighbours
+            rows.append(_rowwise(q, r.keys[i], r.values[i], start, layer.scaling, layer.sliding_window))  # [n, H D]
+        attn = rows[0] if len(rows) == 1 else torch.cat(rows)  # [total, H D]
+        x = x + layer.o(attn)
+        h = rms_norm(x, layer.post_norm, lead.eps)
+        gate_up = layer.gate_up(h)  # [total, 2 I]
+        x = x + layer.down(lead.act(gate_up[:, : lead.intermediate]) * gate_up[:, lead.intermediate :])
+    keeps = [n if last_n is None else min(last_n, n) for n, last_n in zip(sizes, last_ns)]
+    if len(runners) == 1:
+        kept = x[total - keeps[0] :]
+    else:
+        kept = torch.cat([x[hi - keep : hi] for hi, keep in zip(offsets[1:], keeps)])  # [sum keeps, hidden]
+    logits = lead.head(rms_norm(kept, lead.final_norm, lead.eps))  # [sum keeps, V]
+    for r, c in zip(runners, chunks):
+        r.tokens.extend(c)
+    return list(logits.split(keeps)) if len(runners) > 1 else [logits]
 
 
 def _sliding_window(config: Any, attention: Any) -> int | None:

@@ -50,6 +50,7 @@ used here to hand fbgemm its packed weights.
 from __future__ import annotations
 
 import json
+import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -86,22 +87,24 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values, scale
 
 
-_BUFFERS: dict[tuple[int, int], torch.Tensor] = {}
+_BUFFERS = threading.local()  # per thread (a batched server drafts in several): {(rows, k): buffer}
 _BUFFER_ROWS = 64  # inputs of more rows get a fresh buffer (a prompt), fewer reuse one (decoding)
 
 
 def _pinned_buffer(rows: int, k: int) -> torch.Tensor:
-    """An [rows, k + 2] fp32 buffer whose last two columns hold +1 and -1.  Small ones are reused:
-    linear_dynamic has read the buffer by the time it returns, and only the first k columns change."""
+    """An [rows, k + 2] fp32 buffer whose last two columns hold +1 and -1.  Small ones are reused by
+    their thread: linear_dynamic has read the buffer by the time it returns, and only the first k
+    columns change."""
     key = (rows, k)
-    buffer = _BUFFERS.get(key)
+    buffers = _BUFFERS.__dict__.setdefault("by_shape", {})
+    buffer = buffers.get(key)
     if buffer is None:
         with torch.inference_mode(False):  # a normal tensor: writable in and out of inference mode
             buffer = torch.empty(rows, k + _PINS)
             buffer[:, k] = 1.0
             buffer[:, k + 1] = -1.0
         if rows <= _BUFFER_ROWS:
-            _BUFFERS[key] = buffer
+            buffers[key] = buffer
     return buffer
 
 
