@@ -282,21 +282,24 @@ class Engine:
         """Whether requests can be speculative: a draft model, or prompt lookup."""
         return self.lookup or self.draft_runner is not None
 
-    def make_drafter(self, sampling: SamplingParams, mode: str = "auto",
-                     confidence: float | None = None) -> Drafter | None:
+    def make_drafter(self, sampling: SamplingParams, mode: str = "auto", confidence: float | None = None,
+                     draft_runner: ModelRunner | None = None) -> Drafter | None:
         """The drafter for one request, or None without a draft model or lookup.  confidence: the
-        draft model stops after a token it gave less probability (None: it drafts all k)."""
+        draft model stops after a token it gave less probability (None: it drafts all k).
+        draft_runner: the draft model's runner to use (default: the engine's; a batch gives each
+        request its own cache over the same model)."""
         if confidence is not None and not 0 < confidence < 1:
             raise SpecdecError(f"the draft confidence must be between 0 and 1, got {confidence}")
         if self.draft_runner is None:
             return LookupDrafter() if self.lookup else None
-        model = self._model_drafter(sampling, mode, confidence)
+        model = self._model_drafter(sampling, mode, confidence, draft_runner or self.draft_runner)
         return HybridDrafter(model) if self.lookup else model
 
-    def _model_drafter(self, sampling: SamplingParams, mode: str, confidence: float | None = None) -> Drafter:
+    def _model_drafter(self, sampling: SamplingParams, mode: str, confidence: float | None,
+                       runner: ModelRunner) -> Drafter:
         mode = self.resolve_draft_mode(mode)
         if mode == "same":
-            return ModelDrafter(self.draft_runner, sampling, target_vocab_size=self.target_runner.vocab_size,
+            return ModelDrafter(runner, sampling, target_vocab_size=self.target_runner.vocab_size,
                                 confidence=confidence)
         if self._bridge is None:
             self._bridge = TextBridge(self.tokenizer, self.draft_tokenizer)
@@ -305,7 +308,7 @@ class Engine:
                 self.tokenizer, self.draft_tokenizer, self.target_runner.vocab_size, self.draft_runner.vocab_size
             )
         vocab_map = self._vocab_map if mode == "intersection" else None
-        return UniversalDrafter(self.draft_runner, self._bridge, sampling, vocab_map, confidence=confidence)
+        return UniversalDrafter(runner, self._bridge, sampling, vocab_map, confidence=confidence)
 
     @classmethod
     def load(
@@ -414,12 +417,7 @@ class Engine:
         sampling = sampling or SamplingParams()
         target = self.verification_target(verify, sampling)
         prompt_ids = self.encode(prompt, chat=chat)
-        condition = StopCondition(
-            max_new_tokens=max_new_tokens,
-            eos_token_ids=self.eos_token_ids,
-            stop_strings=tuple(stop),
-            decode=self.decode_text,
-        )
+        condition = self.stop_condition(max_new_tokens, stop)
         drafter = self.make_drafter(sampling, draft_mode, draft_confidence) if use_draft else None
         source = None
         if isinstance(self.target_runner, Seq2SeqRunner):  # the prompt is the encoder's input
@@ -433,6 +431,11 @@ class Engine:
             verifier=make_verifier(sampling),
         )
         return steps if source is None else self._encoded(source, steps)
+
+    def stop_condition(self, max_new_tokens: int, stop: Sequence[str] = ()) -> StopCondition:
+        """When a request ends: max_new_tokens, the target's end-of-sequence tokens, stop strings."""
+        return StopCondition(max_new_tokens=max_new_tokens, eos_token_ids=self.eos_token_ids,
+                             stop_strings=tuple(stop), decode=self.decode_text)
 
     def _encoded(self, source: list[int], steps: Iterator[Step]) -> Iterator[Step]:
         """An encoder-decoder request's `steps`, its encoders run over `source` when the first step is

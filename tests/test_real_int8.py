@@ -112,3 +112,30 @@ def test_int8_speculative_equals_int8_plain_same_tokenizer(real_hf, int8_target,
     outputs, drafted, accepted = speculative_outputs(engine, PROMPTS)
     assert outputs == int8_plain
     assert accepted > 0.3 * drafted
+
+
+def test_int8_batched_requests_equal_int8_plain(real_hf, int8_target, int8_plain):
+    # Continuous batching (specdec.batching) on the real 1.5B: four requests from four threads, three
+    # speculative with lookup + the int8 0.5B draft (k auto, or fixed), one plain, all in packed
+    # forwards with each other: each output equals its plain output alone (bitwise invariance).
+    import threading
+
+    from specdec.batching import BatchEngine
+
+    engine = Engine(*int8_target, *real_hf("qwen2.5-coder-0.5b", "int8"), lookup=True)
+    batch = BatchEngine(engine, max_batch=4)
+    ks = ["auto", 4, "auto", None]  # None: plain decoding inside the batch
+    outputs: dict = {}
+
+    def run(prompt, k):
+        outputs[prompt] = batch.generate(prompt, max_new_tokens=MAX_NEW, use_draft=k is not None,
+                                         num_speculative_tokens=k or 1).token_ids
+
+    with real_model_threads():
+        threads = [threading.Thread(target=run, args=(p, k)) for p, k in zip(PROMPTS, ks)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+    assert outputs == int8_plain
+    assert batch.target.batched > 2 * batch.target.forwards  # most forwards served several requests

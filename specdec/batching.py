@@ -1,0 +1,297 @@
+"""Batched decoding: the steps of several requests in one target forward, joining and leaving freely.
+
+A server with several clients should not decode them one after another: a
+decode step reads every weight of the target once whatever it computes, so B
+requests in one forward cost little more than one (the same reason a k-token
+verification is cheap).  This is continuous batching (Yu et al. 2022, Orca:
+requests join and leave the running batch between steps), combined with
+speculative decoding whose draft length backs off as the batch grows (the
+balance studied by Liu et al. 2024, "Optimizing speculative decoding for
+serving LLMs using goodput"; vLLM's num_speculative_tokens per batch size).
+
+How it works:
+
+- :class:`BatchedTarget` owns one :class:`~specdec.backends.lean.LeanRunner`
+  per slot over the same target model: each slot has its own KV cache, which
+  grows and rolls back on its own.  Layout: **packed, not padded**
+  (:func:`specdec.backends.lean.forward_packed`): the new tokens of every slot
+  -- a prompt, one plain token, or the pending token plus a draft of any length
+  -- are rows of one matrix, and each slot's rows attend to its own cache.  No
+  padding rows are computed and no attention mask is built; and for an int8
+  target every row is computed exactly as when it runs alone, so a request's
+  logits are bitwise independent of its neighbours.
+- Every request runs the one decode loop, :func:`specdec.loop.decode`, in the
+  thread that consumes it, over a :class:`SlotRunner` (a ModelRunner view of
+  its slot).  A slot's forward waits until every other active slot has
+  submitted its forward too (or left); the last one to arrive runs the packed
+  forward for all and hands each its logits.  Drafting, verification and
+  rollback stay per request.
+- Each speculative request gets its own cost-model controller
+  (:class:`specdec.control.AutoK`) that sees the load of the others (their
+  tokens in the step, their expected tokens, their drafting time) and prices
+  its k against t(total tokens) measured over packed forwards: k shrinks as
+  the batch grows and goes to 0 when plain batched decoding is faster.
+
+Output: greedy output of every request equals its plain output alone, and a
+seeded sampled request its own seed's output alone, bitwise for int8 targets
+(the neighbours change nothing, k changes nothing).  fp32 targets: the batch
+changes fp32 rounding, so identical up to near-ties (see README).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+import torch
+
+from specdec.backends import lean
+from specdec.backends.base import ModelRunner
+from specdec.backends.hf import HFRunner
+from specdec.backends.lean import LeanRunner, forward_packed
+from specdec.control import AUTO, AutoK, Controller, Costs, Load, parse_speculation
+from specdec.errors import SpecdecError
+from specdec.loop import Step, StopCondition, decode
+from specdec.sampling import SamplingParams
+from specdec.verify import make_verifier
+
+if TYPE_CHECKING:
+    from specdec.engine import Engine
+
+BATCH_KS = (1, 2, 4, 8, 16, 32, 64)  # packed forward sizes timed for the batch controller
+
+
+class BatchedTarget:
+    """`max_batch` slots over one target model, each with its own KV cache; forwards that arrive
+    together run as one packed forward (see the module doc)."""
+
+    def __init__(self, model: Any, max_batch: int) -> None:
+        if max_batch < 1:
+            raise SpecdecError(f"the batch size must be >= 1, got {max_batch}")
+        if not lean.supports(model, fp32=True):
+            raise SpecdecError(
+                "batched decoding needs a transformers target of a llama / qwen2 / mistral architecture, fp32 or "
+                "int8 on the CPU"
+            )
+        self.runners = [LeanRunner(model, fp32=True) for _ in range(max_batch)]
+        self.max_batch = max_batch
+        self._cond = threading.Condition()
+        self._free = list(range(max_batch - 1, -1, -1))  # pop() hands out slot 0 first
+        self._active: set[int] = set()
+        self._pending: dict[int, tuple[list[int], int | None]] = {}
+        self._results: dict[int, torch.Tensor | BaseException] = {}
+        self._running = False
+        self.controllers: dict[int, AutoK] = {}  # slot -> its request's controller (for the others' load)
+        self.forwards = 0  # packed forwards run
+        self.rows = 0  # tokens computed in them
+        self.batched = 0  # slots served by them (sum of batch sizes)
+
+    @property
+    def active(self) -> int:
+        with self._cond:
+            return len(self._active)
+
+    def acquire(self) -> "SlotRunner":
+        """A free slot, now active: the batch's forwards wait for it until it is released."""
+        with self._cond:
+            if not self._free:
+                raise SpecdecError(f"all {self.max_batch} batch slots are busy")
+            slot = self._free.pop()
+            self._active.add(slot)
+        self.runners[slot].reset()
+        return SlotRunner(self, slot)
+
+    def release(self, slot: int) -> None:
+        """The slot's request is done: the others no longer wait for it."""
+        with self._cond:
+            if slot not in self._active:
+                return
+            self._active.discard(slot)
+            self._pending.pop(slot, None)
+            self._results.pop(slot, None)
+            self.controllers.pop(slot, None)
+            self._free.append(slot)
+            self._cond.notify_all()  # a waiting slot may now be the last one to arrive
+
+    def load(self, slot: int) -> Load:
+        """What the other active slots planned for the coming step (their controllers' last choice;
+        a request without one feeds a token and emits one)."""
+        with self._cond:
+            others = [self.controllers.get(s) for s in self._active if s != slot]
+        plans = [c.planned if c is not None else Load(1, 1.0, 0.0) for c in others]
+        return Load(sum(p.tokens for p in plans), sum(p.expected for p in plans), sum(p.draft_ms for p in plans))
+
+    def submit(self, slot: int, new_tokens: Sequence[int], last_n: int | None) -> torch.Tensor:
+        """Slot `slot`'s forward: waits for the batch and returns this slot's logits [n, V]."""
+        tokens = self.runners[slot]._check(new_tokens)  # a bad request fails alone, before it joins
+        with self._cond:
+            if slot not in self._active:
+                raise RuntimeError(f"slot {slot} is not active")
+            self._pending[slot] = (tokens, last_n)
+            while slot not in self._results:
+                if not self._running and self._pending and self._active <= self._pending.keys():
+                    self._lead()
+                else:
+                    self._cond.wait()
+            result = self._results.pop(slot)
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _lead(self) -> None:
+        """Run the pending forwards as one (called with the lock held; computes without it)."""
+        batch = sorted(self._pending.items())
+        self._pending.clear()
+        self._running = True
+        self._cond.release()
+        try:
+            outcome: list[torch.Tensor] | BaseException = forward_packed(
+                [self.runners[s] for s, _ in batch], [c for _, (c, _) in batch], [n for _, (_, n) in batch]
+            )
+        except BaseException as e:  # every slot of the batch sees the failure
+            outcome = e
+        finally:
+            self._cond.acquire()
+        self._running = False
+        self.forwards += 1
+        self.batched += len(batch)
+        self.rows += sum(len(c) for _, (c, _) in batch)
+        for i, (s, _) in enumerate(batch):
+            if s in self._active:
+                self._results[s] = outcome if isinstance(outcome, BaseException) else outcome[i]
+        self._cond.notify_all()
+
+
+class SlotRunner:
+    """A ModelRunner over one slot of a BatchedTarget: its own cache; its forwards join the batch."""
+
+    def __init__(self, batch: BatchedTarget, slot: int) -> None:
+        self.batch, self.slot = batch, slot
+        self.runner = batch.runners[slot]
+        self.capabilities = self.runner.capabilities
+        self.vocab_size = self.runner.vocab_size
+        self.max_context = self.runner.max_context
+        self.model = self.runner.model
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.runner.tokens
+
+    def forward(self, new_tokens: Sequence[int], last_n: int | None = None) -> torch.Tensor:
+        return self.batch.submit(self.slot, new_tokens, last_n)
+
+    def rollback(self, n: int) -> None:
+        self.runner.rollback(n)
+
+    def reset(self) -> None:
+        self.runner.reset()
+
+    def release(self) -> None:
+        self.batch.release(self.slot)
+
+
+def clone_runner(runner: ModelRunner) -> ModelRunner:
+    """Another runner over the same loaded model with a cache of its own (a draft per slot)."""
+    if isinstance(runner, LeanRunner):
+        return LeanRunner(runner.model, runner.max_context, fp32=not runner.capabilities.batch_invariant)
+    if type(runner) is HFRunner:
+        return HFRunner(runner.model, runner.max_context)
+    raise SpecdecError(
+        f"batched decoding gives each request a draft cache of its own, which a {type(runner).__name__} draft "
+        "cannot share its model with: draft with prompt lookup (--draft lookup) or a transformers draft"
+    )
+
+
+class BatchEngine:
+    """An Engine's models serving up to `max_batch` concurrent requests, one packed target forward per
+    step (see the module doc).  :meth:`stream` is called from one thread per request."""
+
+    def __init__(self, engine: "Engine", max_batch: int = 4) -> None:
+        self.engine = engine
+        model = getattr(engine.target_runner, "model", None)
+        if model is None:
+            raise SpecdecError("batched decoding needs a transformers target (--backend hf)")
+        self.target = BatchedTarget(model, max_batch)
+        draft = engine.draft_runner
+        self._drafts = [clone_runner(draft) for _ in range(max_batch)] if draft is not None else []
+        self._costs: Costs | None = None
+        self._costs_lock = threading.Lock()
+
+    @property
+    def max_batch(self) -> int:
+        return self.target.max_batch
+
+    def costs(self) -> Costs:
+        """The batch controller's costs: t(n) of packed forwards of n = 1..64 tokens (measured once,
+        cached on disk like the engine's) and the engine's measured drafting costs."""
+        with self._costs_lock:
+            if self._costs is None:
+                from specdec.profile import measure_forwards, _cached
+                from specdec.zoo import home
+
+                runner = LeanRunner(self.target.runners[0].model, fp32=True)
+                ks = [k for k in BATCH_KS if k + 64 < runner.max_context]
+                ms = _cached("batch-target", runner, {"ks": ks, "prefix": 64, "repeats": 2},
+                             lambda: {str(k): v for k, v in measure_forwards(runner, ks, prefix=64, repeats=2).ms.items()},
+                             home() / "profiles")
+                draft = self.engine.auto_controller().costs
+                self._costs = Costs({int(k): float(v) for k, v in ms.items()}, draft.draft_ms,
+                                    draft_overhead_ms=draft.draft_overhead_ms, sync_ms=draft.sync_ms)
+            return self._costs
+
+    def controller(self, slot: int, k: int | str | Controller, sampling: SamplingParams) -> int | Controller:
+        """A fixed γ as it is; "auto": a controller of the request's own, with frozen costs, that sees the
+        other slots' load -- except for a seeded sampled request, whose k must depend on its seed and
+        tokens only (the same seed then gives the same text whatever the neighbours)."""
+        if isinstance(k, Controller):
+            return k
+        try:
+            parsed = parse_speculation(k)
+        except SpecdecError as e:
+            raise SpecdecError(f"the number of speculative tokens {e}") from None
+        if parsed != AUTO:
+            return parsed
+        from specdec.engine import MAX_AUTO_K
+
+        seeded = not sampling.greedy and sampling.seed is not None
+        auto = AutoK(replace(self.costs()), max_k=MAX_AUTO_K, cost_ewma=0.0,
+                     load=None if seeded else (lambda: self.target.load(slot)))
+        self.target.controllers[slot] = auto
+        return auto
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        max_new_tokens: int = 128,
+        num_speculative_tokens: int | str | Controller = AUTO,
+        use_draft: bool = True,
+        stop: Sequence[str] = (),
+        chat: bool = False,
+        sampling: SamplingParams | None = None,
+        draft_mode: str = "auto",
+        draft_confidence: float | None = None,
+    ) -> Iterator[Step]:
+        """Decode steps for one request in the batch (options as for Engine.stream).  The request takes a
+        slot when the first step is asked for and gives it back when the steps end or are closed."""
+        engine = self.engine
+        sampling = sampling or SamplingParams()
+        prompt_ids = engine.encode(prompt, chat=chat)
+        condition = engine.stop_condition(max_new_tokens, stop)
+        if use_draft and engine.can_draft:
+            self.costs()  # measured before the first slot is taken: the others do not wait for it
+        slot = self.target.acquire()
+        try:
+            drafter = None
+            if use_draft and engine.can_draft:
+                draft = self._drafts[slot.slot] if self._drafts else None
+                drafter = engine.make_drafter(sampling, draft_mode, draft_confidence, draft_runner=draft)
+            k = self.controller(slot.slot, num_speculative_tokens, sampling) if drafter is not None else 1
+            yield from decode(slot, prompt_ids, condition, drafter=drafter, num_speculative_tokens=k,
+                              verifier=make_verifier(sampling))
+        finally:
+            slot.release()
+
+    def generate(self, prompt: str | Sequence[int], **options: Any):
+        """Run one request to the end (in the calling thread); options as for :meth:`stream`."""
+        return self.engine.generate_from(self.stream(prompt, **options), options.get("stop", ()))
