@@ -12,6 +12,7 @@ import inspect
 import json
 import sys
 from enum import Enum
+from pathlib import Path
 from typing import Callable, Optional
 
 import typer
@@ -247,13 +248,15 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (127.0.0.1: this machine only)."),
     port: int = typer.Option(8000, "--port", help="Port to listen on (0: a free one; the URL is printed)."),
     served_model_name: Optional[list[str]] = typer.Option(None, "--served-model-name", help="The name requests give as `model` (repeatable; default: --target as given)."),
-    max_queue: int = typer.Option(16, "--max-queue", help="Requests that may wait behind the running one; more are answered 503."),
+    max_queue: int = typer.Option(16, "--max-queue", help="Requests that may wait behind the running ones; more are answered 503."),
+    max_batch: int = typer.Option(1, "--max-batch", help="Requests decoded together, one target forward per step (continuous batching; llama/qwen2/mistral transformers targets, fp32 or int8). -k auto then shortens drafts as the batch grows."),
     max_tokens_limit: int = typer.Option(2048, "--max-tokens-limit", help="The most tokens a request may ask for."),
     max_body_bytes: int = typer.Option(1 << 20, "--max-body-bytes", help="The largest request body; larger ones are answered 413."),
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (completions, chat, streaming), with
-    Prometheus metrics at /metrics and a playground page at /. Requests run one at a time;
-    -k is their default draft length, and a request may set its own ("speculative": {"k": ...})."""
+    Prometheus metrics at /metrics and a playground page at /. Requests run one at a time, or up to
+    --max-batch together; -k is their default draft length, and a request may set its own
+    ("speculative": {"k": ...})."""
     from specdec.serve import INSTALL_HINT, missing_extra
 
     missing = missing_extra()
@@ -265,7 +268,8 @@ def serve(
 
     k = parse_k(num_speculative_tokens)
     check_n_ctx_and_threads(n_ctx, threads)
-    for name, value, least in (("--max-queue", max_queue, 1), ("--max-tokens-limit", max_tokens_limit, 1),
+    for name, value, least in (("--max-queue", max_queue, 1), ("--max-batch", max_batch, 1),
+                               ("--max-tokens-limit", max_tokens_limit, 1),
                                ("--max-body-bytes", max_body_bytes, 1024)):
         if value < least:
             fail(f"{name} must be >= {least}, got {value}")
@@ -276,12 +280,17 @@ def serve(
     try:
         sock = bind(host, port)  # before loading: a port in use fails at once
         draft_spec = None if draft.lower() == "none" else draft
+        if max_batch > 1:
+            if verify is Verify.stairs:
+                raise SpecdecError("batched serving verifies causally: drop --verify stairs or use --max-batch 1")
+            if draft_backend is DraftBackend.auto:  # each request drafts with a cache of its own over one model
+                draft_backend = DraftBackend.hf
         engine = load_engine(target, draft_spec, dtype, draft_dtype, backend, draft_backend, device, n_ctx, threads,
                              progress)
         names = tuple(served_model_name or (target,))
         application = create_app(engine, ServeOptions(
             served_names=names, default_k=k, draft_mode=draft_mode.value, draft_confidence=draft_confidence,
-            verify=verify.value, max_queue=max_queue, max_tokens_limit=max_tokens_limit,
+            verify=verify.value, max_queue=max_queue, max_batch=max_batch, max_tokens_limit=max_tokens_limit,
             max_body_bytes=max_body_bytes))
     except SpecdecError as e:
         progress.close()
@@ -316,10 +325,11 @@ def bench(
     seed: int = typer.Option(0, "--seed", help="Seed for sampling."),
     out: str = typer.Option("bench-out", "--out", help="Output directory: results.jsonl, summary.md, summary.json, PNG plots."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object on stdout."),
+    concurrency: Optional[str] = typer.Option(None, "--concurrency", help="Client counts, e.g. 1,2,4,8: run the batched engine under that many concurrent clients and report total tokens/s, latency and mean k per count (methods: plain, specdec, specdec-auto)."),
 ) -> None:
     """Benchmark plain, speculative and transformers' decoding side by side on a prompt set."""
     from specdec.bench.report import console_table
-    from specdec.bench.runner import BenchOptions, run_bench
+    from specdec.bench.runner import BenchOptions, run_bench, run_concurrency_bench
 
     quiet_libraries()
     progress = PullProgress()
@@ -332,11 +342,21 @@ def bench(
         draft_backend=draft_backend.value if draft_backend else None, n_ctx=n_ctx, device=device.value,
     )
     try:
-        data = run_bench(options, console=err, load_progress=progress)
+        if concurrency is not None:
+            data = run_concurrency_bench(options, concurrency, console=err, load_progress=progress)
+        else:
+            data = run_bench(options, console=err, load_progress=progress)
     except SpecdecError as e:
         progress.close()
         fail(str(e))
     progress.close()
+    if concurrency is not None:
+        if as_json:
+            print(json.dumps(data, ensure_ascii=False))
+        else:
+            err.print((Path(out) / "summary.md").read_text(), soft_wrap=True)
+            err.print(f"results in {out}/ (summary.md, results.jsonl, concurrency.png)")
+        return
     if as_json:
         print(json.dumps(data, ensure_ascii=False))
     else:

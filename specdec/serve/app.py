@@ -54,7 +54,8 @@ class ServeOptions:
     draft_mode: str = "auto"
     draft_confidence: float | None = None
     verify: str = "causal"
-    max_queue: int = 16  # requests waiting behind the running one; one more is answered 503
+    max_queue: int = 16  # requests waiting behind the running ones; one more is answered 503
+    max_batch: int = 1  # requests decoded together, one target forward per step (specdec.batching)
     max_tokens_limit: int = 2048  # the most a request may ask for
     max_body_bytes: int = 1 << 20  # a larger body is answered 413
     default_max_tokens: int = 16  # /v1/completions without max_tokens (OpenAI's default)
@@ -63,7 +64,7 @@ class ServeOptions:
 def create_app(engine: Engine, options: ServeOptions = ServeOptions()) -> FastAPI:
     """An app serving `engine`; its worker thread runs while the app runs (its lifespan)."""
     worker = Worker(engine, max_queue=options.max_queue, draft_mode=options.draft_mode,
-                    draft_confidence=options.draft_confidence, verify=options.verify)
+                    draft_confidence=options.draft_confidence, verify=options.verify, max_batch=options.max_batch)
     metrics = worker.metrics
     encode_lock = threading.Lock()  # one tokenization at a time, off the event loop
 

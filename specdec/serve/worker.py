@@ -1,4 +1,10 @@
-"""The worker: one thread that owns the Engine and runs queued requests one at a time.
+"""The worker: the threads that own the Engine and run queued requests.
+
+With ``max_batch`` 1 one thread runs the requests one at a time.  With more, ``max_batch`` threads
+each take a request from the queue and run it through a :class:`specdec.batching.BatchEngine`:
+the running requests' decode steps share one target forward (continuous batching: a request joins
+the batch when a thread takes it and leaves it when it ends), and each request's draft length is
+chosen for the load of the whole batch.
 
 Model work never runs on the event loop.  A request becomes a :class:`Job`; the HTTP side puts it
 in a bounded queue (full -> :class:`QueueFull`, a 503) and reads the job's events; the worker runs
@@ -16,6 +22,9 @@ import threading
 import time
 from dataclasses import dataclass
 
+from functools import partial
+
+from specdec.batching import BatchEngine
 from specdec.engine import Engine, TextStream
 from specdec.errors import SpecdecError
 from specdec.loop import Stats
@@ -91,24 +100,37 @@ class QueueFull(Exception):
 
 
 class Worker:
-    """The thread that owns `engine`; requests run in arrival order, one at a time."""
+    """The threads that own `engine`; requests start in arrival order, up to `max_batch` at once."""
 
     def __init__(self, engine: Engine, max_queue: int = 16, draft_mode: str = "auto",
-                 draft_confidence: float | None = None, verify: str = "causal") -> None:
+                 draft_confidence: float | None = None, verify: str = "causal", max_batch: int = 1) -> None:
         self.engine = engine
         self.draft_mode, self.draft_confidence, self.verify = draft_mode, draft_confidence, verify
+        if max_batch < 1:
+            raise SpecdecError(f"the batch size must be >= 1, got {max_batch}")
+        if max_batch > 1 and verify != "causal":
+            raise SpecdecError("batched serving verifies causally: drop --verify stairs or use --max-batch 1")
+        self.batch = BatchEngine(engine, max_batch) if max_batch > 1 else None
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
-        self.running: Job | None = None
-        self.metrics = Metrics(running=lambda: float(self.running is not None), waiting=self.jobs.qsize)
-        self._thread = threading.Thread(target=self._run, name="specdec-worker", daemon=True)
+        self.active: set[Job] = set()  # the jobs running now
+        self._lock = threading.Lock()
+        self.metrics = Metrics(running=lambda: float(len(self.active)), waiting=self.jobs.qsize)
+        self._threads = [threading.Thread(target=self._run, name=f"specdec-worker-{i}", daemon=True)
+                         for i in range(max_batch)]
         self._closing = False
 
+    @property
+    def running(self) -> Job | None:
+        """A running job (the running one, with max_batch 1), or None when none runs."""
+        return next(iter(list(self.active)), None)
+
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return all(thread.is_alive() for thread in self._threads)
 
     def submit(self, job: Job) -> None:
         """Queue a job; QueueFull when max_queue jobs already wait."""
@@ -122,8 +144,8 @@ class Worker:
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel what runs and what waits, and end the thread."""
         self._closing = True
-        if self.running is not None:
-            self.running.cancel()
+        for job in list(self.active):
+            job.cancel()
         while True:
             try:
                 job = self.jobs.get_nowait()
@@ -131,9 +153,11 @@ class Worker:
                 break
             if job is not None:
                 job.cancel()
-        self.jobs.put(None)
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        for _ in self._threads:
+            self.jobs.put(None)
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(timeout)
 
     def _run(self) -> None:
         while True:
@@ -142,11 +166,13 @@ class Worker:
                 return
             if job.cancelled.is_set():  # its client went away while it waited
                 continue
-            self.running = job
+            with self._lock:
+                self.active.add(job)
             try:
                 self._generate(job)
             finally:
-                self.running = None
+                with self._lock:
+                    self.active.discard(job)
 
     def _generate(self, job: Job) -> None:
         r, engine, metrics = job.request, self.engine, self.metrics
@@ -154,10 +180,11 @@ class Worker:
         stats: Stats | None = None
         steps = None
         try:
-            steps = engine.stream(
+            stream = self.batch.stream if self.batch is not None else partial(engine.stream, verify=self.verify)
+            steps = stream(
                 r.prompt_ids, max_new_tokens=r.max_tokens, num_speculative_tokens=r.k, use_draft=r.speculative,
                 stop=r.stop, sampling=r.sampling, draft_mode=self.draft_mode,
-                draft_confidence=self.draft_confidence, verify=self.verify,
+                draft_confidence=self.draft_confidence,
             )
             text = TextStream(engine.decode_text, r.stop)
             drafted = accepted = 0  # the running totals before this step

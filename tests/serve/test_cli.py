@@ -40,6 +40,7 @@ def test_a_port_in_use_fails_before_any_model_loads():
 
 @pytest.mark.parametrize("args, fragment", [
     (["--max-queue", "0"], "--max-queue must be >= 1"),
+    (["--max-batch", "0"], "--max-batch must be >= 1"),
     (["--max-tokens-limit", "0"], "--max-tokens-limit must be >= 1"),
     (["--max-body-bytes", "10"], "--max-body-bytes must be >= 1024"),
     (["--port", "70000"], "--port must be in 0..65535"),
