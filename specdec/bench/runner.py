@@ -496,3 +496,83 @@ def run_bench(
     if options.device != "cpu":
         meta["device"] = f"{options.device}: {meta['device']}"
     return report.write_all(summary, meta, out, records)
+
+
+CONCURRENCY_METHODS = ("plain", "specdec", "specdec-auto")
+
+
+def run_concurrency_bench(
+    options: BenchOptions,
+    levels_text: str,
+    console: Any = None,
+    load_progress: Callable[[str, int, int], None] | None = None,
+) -> dict[str, Any]:
+    """`specdec bench --concurrency`: the batched engine under 1..N clients (specdec.bench.concurrency);
+    writes results.jsonl, summary.md, summary.json and concurrency.png; returns the JSON summary."""
+    from specdec.batching import BatchEngine
+    from specdec.bench import concurrency
+    from specdec.bench.methods import parse_gammas, parse_methods
+    from specdec.bench.prompts import load_prompts
+    from specdec.engine import Engine
+
+    levels = concurrency.parse_levels(levels_text)
+    if options.max_new_tokens <= 0:
+        raise SpecdecError(f"--max-new-tokens must be > 0, got {options.max_new_tokens}")
+    if options.repeats < 1:
+        raise SpecdecError(f"--repeats must be >= 1, got {options.repeats}")
+    if options.temperature > 0:
+        raise SpecdecError("--concurrency measures greedy decoding: drop --temperature")
+    if options.backend != "hf":
+        raise SpecdecError("--concurrency batches transformers targets: drop --backend llamacpp")
+    families = parse_methods(options.methods)
+    other = [f for f in families if f not in CONCURRENCY_METHODS]
+    if other:
+        raise SpecdecError(f"--concurrency runs {', '.join(CONCURRENCY_METHODS)}; drop {', '.join(other)} from --methods")
+    if options.draft is None and families != ["plain"]:
+        raise SpecdecError("--concurrency with speculative methods needs --draft (a model, lookup or lookup+<model>)")
+    gammas = parse_gammas(options.gammas)
+    methods: list[tuple[str, int | str | None]] = [("plain", None)]
+    if "specdec-auto" in families:
+        methods.append(("specdec-auto", "auto"))
+    if "specdec" in families:
+        methods += [("specdec" if len(gammas) == 1 else f"specdec-g{g}", g) for g in gammas]
+    prompts = load_prompts(options.prompts, options.limit_per_category)
+    out = Path(options.out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise SpecdecError(f"--out {out} exists and is not a directory")
+
+    import torch
+
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    draft_backend = options.draft_backend or "hf"  # a batch drafts with a cache per request over one model
+    from contextlib import nullcontext
+
+    status = console.status(f"loading {options.target}") if console else nullcontext()
+    with status:
+        engine = Engine.load(options.target, options.draft, dtype=options.dtype, progress=load_progress,
+                             backend="hf", draft_backend=draft_backend, threads=options.threads,
+                             draft_dtype=options.draft_dtype, device=options.device)
+        batch = BatchEngine(engine, max_batch=max(levels))
+        if options.draft is not None:
+            batch.costs()  # measured before the clock starts
+    encoded = [ids for _, ids in _encode_all(engine, prompts, options.chat, options.max_new_tokens)]
+    out.mkdir(parents=True, exist_ok=True)
+    count = max(2 * max(levels), len(encoded))
+    with (out / "results.jsonl").open("w", encoding="utf-8") as sink:
+        def write(row: Any) -> None:
+            sink.write(json.dumps(row.to_dict(), ensure_ascii=False) + "\n")
+            sink.flush()
+
+        def advance(what: str) -> None:
+            if console is not None:
+                console.print(f"[dim]bench --concurrency: {what} done[/]")
+
+        results = concurrency.run_concurrency(batch, encoded, levels, options.max_new_tokens, methods,
+                                              options.repeats, advance, write)
+    meta = {"target": options.target, "draft": options.draft, "dtype": options.dtype,
+            "draft_dtype": (options.draft_dtype or options.dtype) if options.draft else None,
+            "max_new_tokens": options.max_new_tokens, "repeats": options.repeats, "levels": levels,
+            "requests": count, "chat": options.chat, "prompts": options.prompts,
+            "methods": [m for m, _ in methods], **environment()}
+    return concurrency.write_all(results, meta, out)

@@ -77,6 +77,8 @@ def assert_user_error(result, fragment):
         (["--n-ctx", "0", "--methods", "plain"], "--n-ctx"),
         (["--methods", "plain,llamacpp"], "llama"),  # the peer needs a GGUF target (and llama-cpp-python)
         (["--draft", "lookup", "--methods", "plain,specdec,hf"], "not prompt lookup"),
+        (["--concurrency", "0,2"], "client counts >= 1"),
+        (["--concurrency", "1,2", "--methods", "plain,hf"], "drop hf"),
     ],
 )
 def test_user_errors(tiny_dirs, tmp_path, args, fragment):
