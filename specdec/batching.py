@@ -243,7 +243,8 @@ class BatchEngine:
     def controller(self, slot: int, k: int | str | Controller, sampling: SamplingParams) -> int | Controller:
         """A fixed γ as it is; "auto": a controller of the request's own, with frozen costs, that sees the
         other slots' load -- except for a seeded sampled request, whose k must depend on its seed and
-        tokens only (the same seed then gives the same text whatever the neighbours)."""
+        tokens only: it gets the engine's own seeded controller (Engine.speculation), so the same seed
+        gives the same text whatever the neighbours, and as when served alone."""
         if isinstance(k, Controller):
             return k
         try:
@@ -252,11 +253,11 @@ class BatchEngine:
             raise SpecdecError(f"the number of speculative tokens {e}") from None
         if parsed != AUTO:
             return parsed
+        if not sampling.greedy and sampling.seed is not None:
+            return self.engine.speculation(AUTO, sampling)
         from specdec.engine import MAX_AUTO_K
 
-        seeded = not sampling.greedy and sampling.seed is not None
-        auto = AutoK(replace(self.costs()), max_k=MAX_AUTO_K, cost_ewma=0.0,
-                     load=None if seeded else (lambda: self.target.load(slot)))
+        auto = AutoK(replace(self.costs()), max_k=MAX_AUTO_K, cost_ewma=0.0, load=lambda: self.target.load(slot))
         self.target.controllers[slot] = auto
         return auto
 
