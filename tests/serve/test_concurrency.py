@@ -90,7 +90,10 @@ def test_a_client_that_leaves_cancels_its_generation_within_one_step(gated, stre
         if stream:
             with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as response:
                 assert response.status_code == 200
-                first = next(response.iter_lines())
+                # Keep the line iterator: a discarded one is closed at once, and closing it closes the
+                # connection (the server would see the client leave before the second step).
+                lines = response.iter_lines()
+                first = next(lines)
                 assert first.startswith("data: {")
                 job = worker.running
                 wait_for(lambda: runner.forwards == 2, "the worker has done its second forward")
