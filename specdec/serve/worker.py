@@ -21,7 +21,6 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-
 from functools import partial
 
 from specdec.batching import BatchEngine
