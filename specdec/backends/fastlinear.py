@@ -69,12 +69,16 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, self.weight, self.bias)
 
 
+def is_fp32_cpu_linear(module: nn.Module) -> bool:
+    """Whether `module` is a plain nn.Linear with fp32 weights on the CPU."""
+    return type(module) is nn.Linear and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"
+
+
 def install(model: nn.Module) -> int:
     """Give the model's fp32 CPU nn.Linear layers the weight-major forward; returns how many."""
     count = 0
     for module in model.modules():
-        if (type(module) is nn.Linear and module.weight.dtype == torch.float32
-                and module.weight.device.type == "cpu" and not getattr(module, MARK, False)):
+        if is_fp32_cpu_linear(module) and not getattr(module, MARK, False):
             module.forward = types.MethodType(_forward, module)
             setattr(module, MARK, True)
             count += 1

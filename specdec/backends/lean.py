@@ -48,11 +48,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
-
 from torch import nn
 
 from specdec.backends.base import Capabilities
-from specdec.backends.fastlinear import weight_major_linear
+from specdec.backends.fastlinear import is_fp32_cpu_linear, weight_major_linear
 from specdec.backends.hf import model_max_context
 from specdec.backends.quant import Int8Linear, is_int8, pack_all
 from specdec.errors import SpecdecError
@@ -68,7 +67,7 @@ WEIGHT_MAJOR_ROWS = 128  # fp32: forwards of 2..this many tokens take the weight
 def is_fp32_cpu(model: Any) -> bool:
     """Whether every nn.Linear of `model` is an fp32 CPU layer (and there is at least one)."""
     linears = [m for m in model.modules() if type(m) is nn.Linear]
-    return bool(linears) and all(m.weight.dtype == torch.float32 and m.weight.device.type == "cpu" for m in linears)
+    return bool(linears) and all(is_fp32_cpu_linear(m) for m in linears)
 
 
 def supports(model: Any, fp32: bool = False) -> bool:
