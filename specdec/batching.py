@@ -50,7 +50,7 @@ from specdec.backends import lean
 from specdec.backends.base import ModelRunner
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner, forward_packed
-from specdec.control import AUTO, AutoK, Controller, Costs, Load, parse_speculation
+from specdec.control import AUTO, AutoK, Controller, Costs, Load
 from specdec.errors import SpecdecError
 from specdec.loop import Step, StopCondition, decode
 from specdec.sampling import SamplingParams
@@ -241,20 +241,14 @@ class BatchEngine:
             return self._costs
 
     def controller(self, slot: int, k: int | str | Controller, sampling: SamplingParams) -> int | Controller:
-        """A fixed γ as it is; "auto": a controller of the request's own, with frozen costs, that sees the
-        other slots' load -- except for a seeded sampled request, whose k must depend on its seed and
-        tokens only: it gets the engine's own seeded controller (Engine.speculation), so the same seed
-        gives the same text whatever the neighbours, and as when served alone."""
-        if isinstance(k, Controller):
-            return k
-        try:
-            parsed = parse_speculation(k)
-        except SpecdecError as e:
-            raise SpecdecError(f"the number of speculative tokens {e}") from None
-        if parsed != AUTO:
-            return parsed
-        if not sampling.greedy and sampling.seed is not None:
-            return self.engine.speculation(AUTO, sampling)
+        """What Engine.speculation gives (a fixed γ, a caller's controller, a seeded sampled request's
+        own controller: its k depends on its seed and tokens only, so the same seed gives the same
+        text whatever the neighbours, and as when served alone) -- except that the engine's shared
+        "auto" controller becomes one of the request's own, with frozen costs, that sees the other
+        slots' load."""
+        chosen = self.engine.speculation(k, sampling)
+        if chosen is not self.engine.auto_controller():
+            return chosen
         from specdec.engine import MAX_AUTO_K
 
         auto = AutoK(replace(self.costs()), max_k=MAX_AUTO_K, cost_ewma=0.0, load=lambda: self.target.load(slot))
