@@ -384,6 +384,24 @@ def environment() -> dict[str, Any]:
     }
 
 
+def check_run_options(options: BenchOptions) -> None:
+    """The checks of --max-new-tokens, --repeats and --threads every bench makes (a one-line SpecdecError)."""
+    if options.max_new_tokens <= 0:
+        raise SpecdecError(f"--max-new-tokens must be > 0, got {options.max_new_tokens}")
+    if options.repeats < 1:
+        raise SpecdecError(f"--repeats must be >= 1, got {options.repeats}")
+    if options.threads is not None and options.threads < 1:
+        raise SpecdecError(f"--threads must be >= 1, got {options.threads}")
+
+
+def output_dir(options: BenchOptions) -> Path:
+    """--out as a path, refused in one line if it exists and is not a directory."""
+    out = Path(options.out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise SpecdecError(f"--out {out} exists and is not a directory")
+    return out
+
+
 def run_bench(
     options: BenchOptions,
     console: Any = None,
@@ -407,12 +425,7 @@ def run_bench(
     # Every user mistake is caught before any model is loaded.
     sampling = SamplingParams(temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
                               seed=options.seed)
-    if options.max_new_tokens <= 0:
-        raise SpecdecError(f"--max-new-tokens must be > 0, got {options.max_new_tokens}")
-    if options.repeats < 1:
-        raise SpecdecError(f"--repeats must be >= 1, got {options.repeats}")
-    if options.threads is not None and options.threads < 1:
-        raise SpecdecError(f"--threads must be >= 1, got {options.threads}")
+    check_run_options(options)
     families = parse_methods(options.methods)
     _, draft_backend = resolve_backends(options.backend, options.draft_backend)
     check_backends(families, options.backend, draft_backend)
@@ -427,9 +440,7 @@ def run_bench(
     wanting = needs_draft(families)
     if wanting and options.draft is None:
         raise SpecdecError(f"method(s) {', '.join(wanting)} need a draft model: give --draft or drop them")
-    out = Path(options.out).expanduser()
-    if out.exists() and not out.is_dir():
-        raise SpecdecError(f"--out {out} exists and is not a directory")
+    out = output_dir(options)
 
     import torch
 
@@ -516,10 +527,7 @@ def run_concurrency_bench(
     from specdec.engine import Engine
 
     levels = concurrency.parse_levels(levels_text)
-    if options.max_new_tokens <= 0:
-        raise SpecdecError(f"--max-new-tokens must be > 0, got {options.max_new_tokens}")
-    if options.repeats < 1:
-        raise SpecdecError(f"--repeats must be >= 1, got {options.repeats}")
+    check_run_options(options)
     if options.temperature > 0:
         raise SpecdecError("--concurrency measures greedy decoding: drop --temperature")
     if options.backend != "hf":
@@ -537,9 +545,7 @@ def run_concurrency_bench(
     if "specdec" in families:
         methods += [("specdec" if len(gammas) == 1 else f"specdec-g{g}", g) for g in gammas]
     prompts = load_prompts(options.prompts, options.limit_per_category)
-    out = Path(options.out).expanduser()
-    if out.exists() and not out.is_dir():
-        raise SpecdecError(f"--out {out} exists and is not a directory")
+    out = output_dir(options)
 
     import torch
 
@@ -558,7 +564,6 @@ def run_concurrency_bench(
             batch.costs()  # measured before the clock starts
     encoded = [ids for _, ids in _encode_all(engine, prompts, options.chat, options.max_new_tokens)]
     out.mkdir(parents=True, exist_ok=True)
-    count = max(2 * max(levels), len(encoded))
     with (out / "results.jsonl").open("w", encoding="utf-8") as sink:
         def write(row: Any) -> None:
             sink.write(json.dumps(row.to_dict(), ensure_ascii=False) + "\n")
@@ -573,6 +578,6 @@ def run_concurrency_bench(
     meta = {"target": options.target, "draft": options.draft, "dtype": options.dtype,
             "draft_dtype": (options.draft_dtype or options.dtype) if options.draft else None,
             "max_new_tokens": options.max_new_tokens, "repeats": options.repeats, "levels": levels,
-            "requests": count, "chat": options.chat, "prompts": options.prompts,
+            "requests": results[0].requests, "chat": options.chat, "prompts": options.prompts,
             "methods": [m for m, _ in methods], **environment()}
     return concurrency.write_all(results, meta, out)
