@@ -304,7 +304,7 @@ def resolve_device(device: str, dtype: str = "fp32") -> str:
     if device == "cuda" and not torch.cuda.is_available():
         raise SpecdecError("--device cuda: no CUDA GPU is available to this torch build; use --device cpu")
     if device == "cuda" and dtype == "int8":
-        raise SpecdecError("int8 models run on the CPU only (fbgemm kernels); on CUDA use --dtype bf16")
+        raise SpecdecError("int8 models run on the CPU only (specdec's own kernel); on CUDA use --dtype bf16")
     return device
 
 

@@ -141,8 +141,13 @@ def runner_identity(runner: ModelRunner) -> dict[str, object] | None:
         from specdec.backends.quant import is_int8
 
         param = next(model.parameters())
-        who = {"backend": type(runner).__name__, "model": str(name), "dtype": "int8" if is_int8(model) else str(param.dtype),
+        int8 = is_int8(model)
+        who = {"backend": type(runner).__name__, "model": str(name), "dtype": "int8" if int8 else str(param.dtype),
                "device": str(param.device), "threads": torch.get_num_threads()}
+        if int8:  # a new kernel times differently
+            from specdec.backends.kernel import version
+
+            who["kernel"] = version()
     if not who["model"]:
         return None
     return {**who, "cpu": cpu_description()}

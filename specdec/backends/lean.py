@@ -13,7 +13,7 @@ directly from the quantized model's tensors, gpt-fast style:
   for every position;
 - a preallocated KV cache per layer ([H_kv, capacity, D], grown by doubling):
   rollback moves a length, nothing is copied;
-- the fused weights are packed for fbgemm when the runner is built; the
+- the fused weights are packed for the int8 kernel when the runner is built; the
   transformers model's own q/k/v and gate/up linears stay unpacked int8
   values (packed only if that model is itself run, e.g. by transformers'
   generate in the benchmark);

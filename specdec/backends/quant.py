@@ -6,26 +6,23 @@ per-token activation scales, as in LLM.int8() -- Dettmers et al. 2022 -- and
 ZeroQuant -- Yao et al. 2022):
 
 - weights: int8, symmetric, one scale per output channel (max |w| / 127);
-- activations: each row (token) x of the input is divided by its own
-  s = max |x|, so it lies in [-1, 1], and quantized over exactly that range;
-  the products are summed in int32 by fbgemm (the kernel behind ``torch.ao``
-  dynamic quantization; AVX2 and AVX-512), turned back into floats and
-  multiplied by s.  Activations get 7 bits (127 levels over [-1, 1]):
-  fbgemm's AVX2 kernel adds pairs of u8 x s8 products in saturating 16-bit
-  registers, and with full 8-bit activations those sums clip (measured: 3.6%
-  relative error instead of 1%); fbgemm's ``reduce_range`` keeps them in range.
+- activations: each row (token) x of the input is quantized on its own,
+  symmetric over [-s, s] with s = max |x|, to 7 bits (integers in
+  [-63, 63]); the products are summed exactly in int32 and turned back into
+  floats with the two scales.  The kernel is specdec's own
+  (:mod:`specdec.backends.kernel`: C, AVX2 with a portable fallback); why 7
+  bits: two AVX2 ``vpmaddubsw`` results then add up in 16-bit registers
+  without saturating, which makes a multi-token verification a third faster.
 
 **Batch invariance.**  Speculative greedy output equals plain greedy output
 only if a token's logits do not depend on how many tokens were evaluated
-with it (see the README).  fbgemm's dynamic linear picks one quantization
-range for the whole input tensor, from its min and max, so a token's result
-would depend on the other rows of the batch.  Here every row is scaled into
-[-1, 1] and two extra input columns, +1 and -1 (their weights are zero),
-pin the tensor's min and max to exactly -1 and +1 whatever the batch holds:
-the quantization range is then the same fixed one for every row of every
-call, each row is quantized on its own, integer accumulation is exact, and
-what follows is elementwise.  So an Int8Linear is bitwise invariant to the
-batch size (tested).
+with it (see the README).  A dynamic int8 linear that picks one
+quantization range for the whole input tensor (``torch.ao``'s, fbgemm's)
+breaks this: a token's result depends on the other rows of the batch.  Here
+each row's scale is its own, integer accumulation is exact (its order does
+not matter), and the dequantization is the same elementwise expression for
+every output, so an Int8Linear is bitwise invariant to the batch size, the
+tiling and the threads (tested).
 
 Attention is the other op that sees several tokens at once.  PyTorch's
 scaled-dot-product attention takes other paths for one query than for many
@@ -42,16 +39,11 @@ writes the int8 weights, their scales and the remaining fp32 tensors to a
 folder (safetensors) that :func:`load_int8` turns back into the same model in
 seconds.  The numbers are identical: packing is a pure function of the int8
 weights.
-
-torch 2.13 warns that its quantized tensor types are deprecated; they are only
-used here to hand fbgemm its packed weights.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable
@@ -60,23 +52,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Input columns appended to every activation row: +1, -1 (their weight columns are zero).
-_PINS = 2
+from specdec.backends import kernel
+
 FORMAT = "specdec-int8-v1"  # written into saved folders; bump when the format or the numerics change
 ATTENTION = "specdec_rowwise"
 _WEIGHTS_FILE = "model.safetensors"
 _INDEX_FILE = "specdec-int8.json"
-
-
-def _quantized_weight(qweight: torch.Tensor, scale: torch.Tensor) -> Any:
-    """fbgemm's packed weight for int8 values [N, K] and per-row scales [N]; pin columns get zero weights."""
-    n, k = qweight.shape
-    padded = torch.zeros(n, k + _PINS, dtype=torch.int8)
-    padded[:, :k] = qweight
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*quantized tensor.*|.*quantize_per.*|.*deprecated.*")
-        q = torch._make_per_channel_quantized_tensor(padded, scale.double(), torch.zeros(n, dtype=torch.long), 0)
-        return torch.ops.quantized.linear_prepack(q, None)
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,27 +68,6 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values, scale
 
 
-_BUFFERS = threading.local()  # per thread (a batched server drafts in several): {(rows, k): buffer}
-_BUFFER_ROWS = 64  # inputs of more rows get a fresh buffer (a prompt), fewer reuse one (decoding)
-
-
-def _pinned_buffer(rows: int, k: int) -> torch.Tensor:
-    """An [rows, k + 2] fp32 buffer whose last two columns hold +1 and -1.  Small ones are reused by
-    their thread: linear_dynamic has read the buffer by the time it returns, and only the first k
-    columns change."""
-    key = (rows, k)
-    buffers = _BUFFERS.__dict__.setdefault("by_shape", {})
-    buffer = buffers.get(key)
-    if buffer is None:
-        with torch.inference_mode(False):  # a normal tensor: writable in and out of inference mode
-            buffer = torch.empty(rows, k + _PINS)
-            buffer[:, k] = 1.0
-            buffer[:, k + 1] = -1.0
-        if rows <= _BUFFER_ROWS:
-            buffers[key] = buffer
-    return buffer
-
-
 class Int8Linear(nn.Module):
     """y = x W^T + b with int8 W (per output channel) and per-token int8 x, batch-invariant (see module doc)."""
 
@@ -115,16 +75,16 @@ class Int8Linear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = (int(d) for d in qweight.shape)
         self.register_buffer("scale", scale.float().contiguous(), persistent=False)  # [N]
-        self.register_buffer("bias", None if bias is None else bias.detach().float().clone(), persistent=False)
-        # The int8 values until fbgemm packs them (at the first forward, or pack_all): packing a
-        # 1.5B model takes seconds, and a linear that is fused into another is never packed.
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous(), persistent=False)
+        # The int8 values until the kernel's layout replaces them (at the first forward, or pack_all):
+        # a linear that is fused into another is never packed.
         self._qweight: torch.Tensor | None = qweight.to(torch.int8).contiguous()  # [N, K]
-        self._packed: Any = None
+        self._packed: torch.Tensor | None = None  # the kernel's tiled layout of the same values
 
     def pack(self) -> None:
-        """Hand the weights to fbgemm (its packed copy replaces the int8 values)."""
+        """Lay the weights out for the kernel (its copy replaces the int8 values)."""
         if self._packed is None:
-            self._packed = _quantized_weight(self._qweight, self.scale)
+            self._packed = kernel.pack(self._qweight)
             self._qweight = None
 
     @property
@@ -137,11 +97,10 @@ class Int8Linear(nn.Module):
         return cls(values, scale, linear.bias)
 
     def int8_weight(self) -> torch.Tensor:
-        """The int8 weight values [N, K] (unpacked from fbgemm's copy once packed)."""
+        """The int8 weight values [N, K] (read back from the kernel's layout once packed)."""
         if self._qweight is not None:
             return self._qweight
-        qweight, _ = torch.ops.quantized.linear_unpack(self._packed)
-        return qweight.int_repr()[:, : self.in_features].contiguous()
+        return kernel.unpack(self._packed, self.out_features, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -150,12 +109,7 @@ class Int8Linear(nn.Module):
             rows = rows.float()
         if self._packed is None:
             self.pack()
-        s = torch.linalg.vector_norm(rows, ord=float("inf"), dim=-1, keepdim=True)  # [M, 1]: max |x| per row
-        s.clamp_min_(1e-30)  # an all-zero row stays zero
-        pinned = _pinned_buffer(rows.shape[0], self.in_features)  # [M, K + 2], pins already in place
-        torch.div(rows, s, out=pinned[:, : self.in_features])  # each row now spans at most [-1, 1]
-        y = torch.ops.quantized.linear_dynamic(pinned, self._packed, True)  # [M, N]; 7-bit activations
-        y = torch.addcmul(self.bias, y, s) if self.bias is not None else y.mul_(s)
+        y = kernel.linear(rows, self._packed, self.in_features, self.scale, self.bias)  # [M, N]
         return y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -163,8 +117,8 @@ class Int8Linear(nn.Module):
 
 
 def pack_all(linears: Iterable[Int8Linear], threads: int = 2) -> None:
-    """Pack many Int8Linears at once, on `threads` threads (fbgemm's packing is single-threaded)."""
-    # Largest first, so that the longest packing (an lm_head: seconds) overlaps the others.
+    """Pack many Int8Linears at once, on `threads` threads."""
+    # Largest first, so that the longest packing (an lm_head) overlaps the others.
     todo = sorted((lin for lin in linears if not lin.packed), key=lambda lin: -lin.out_features * lin.in_features)
     if threads <= 1 or len(todo) < 2:
         for lin in todo:

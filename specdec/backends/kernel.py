@@ -1,0 +1,148 @@
+"""specdec's own int8 matrix kernel for the CPU: built from C at first use, called through ctypes.
+
+The int8 linear of :mod:`specdec.backends.quant` (weights int8 per output
+channel, activations int8 per token: "W8A8", as in LLM.int8() -- Dettmers et
+al. 2022 -- and ZeroQuant -- Yao et al. 2022) runs here.  A one-token decode
+step is bound by memory bandwidth (each weight byte is read once), so the
+kernel streams int8 weights with AVX2 (``vpmaddubsw`` on |q| and sign(q)*w,
+then ``vpmaddwd``: exact int32 sums, no 16-bit saturation since
+2 * 127 * 127 < 2^15) and no per-call work but the activation quantization.
+
+Numerics, per output element (the same expression for every element of every
+call, hence **batch-invariant**: a token's outputs do not depend on the other
+rows, their number, the tiling or the threads):
+
+    s_m   = max_k |x[m, k]|                  (a NaN or inf in the row: that row's outputs are NaN)
+    q     = round_half_even(x[m, k] * (127 / s_m))      in [-127, 127]
+    acc   = sum_k q[k] * W[n, k]                        (int32, exact)
+    y     = ((float) acc * wscale[n]) * (s_m / 127)  (+ bias[n])
+
+The C source (``kernels/int8_linear.c``) is compiled once per source, compiler
+and Python into ``~/.cache/specdec/kernels/`` with ``-O3 -ffp-contract=off``
+and no ``-march`` flag: the AVX2 functions carry a target attribute and are
+chosen at run time, with a portable C path (the same int32 sums, hence the same
+numbers) on CPUs without AVX2.  A machine without a C compiler gets a
+one-line error naming the missing compiler.
+
+Threads: the kernel splits output channels over its own small pool (the
+caller plus ``threads - 1`` workers that spin briefly between calls, then
+sleep).  A second caller while the pool is busy computes alone, with the same
+numbers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+from specdec.errors import SpecdecError
+
+SOURCE = Path(__file__).with_name("kernels") / "int8_linear.c"
+FLAGS = ["-O3", "-std=c11", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno", "-pthread"]
+ALIGN = 64  # weight rows are padded with zeros to a multiple of this many columns
+TILE = 4  # output channels per tile of the packed layout (TILE_N in the C source)
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+
+
+def _compiler() -> str:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    raise SpecdecError("--dtype int8 needs a C compiler to build its kernel once (install gcc, or set CC)")
+
+
+def _build(cache: Path) -> Path:
+    """Compile the kernel into `cache` (once per source, compiler and flags) and return the library."""
+    compiler = _compiler()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    key = hashlib.sha256(SOURCE.read_bytes() + repr((version, FLAGS, sys.platform)).encode()).hexdigest()[:16]
+    library = cache / f"int8_linear-{key}.so"
+    if library.exists():
+        return library
+    cache.mkdir(parents=True, exist_ok=True)
+    partial = library.with_suffix(f".{os.getpid()}.tmp")
+    done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(partial), "-lm"], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SpecdecError(f"building the int8 kernel with {compiler} failed: {done.stderr.strip().splitlines()[-1:]}")
+    partial.replace(library)  # atomic: a concurrent build writes the same file
+    return library
+
+
+def library() -> ctypes.CDLL:
+    """The loaded kernel (built at first use), its thread pool started with torch's thread count."""
+    global _lib
+    with _lock:
+        if _lib is None:
+            from specdec.zoo import home
+
+            lib = ctypes.CDLL(str(_build(home() / "kernels")))
+            i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+            lib.sd_linear.argtypes = [ptr, ptr, ptr, i32, i32, i32, ptr, i64, i32, ptr, i64, i32]
+            lib.sd_linear.restype = i32
+            lib.sd_pack.argtypes = [ptr, i32, i32, i32, ptr]
+            lib.sd_pack.restype = None
+            lib.sd_set_threads.argtypes = [i32]
+            lib.sd_set_threads.restype = i32
+            lib.sd_isa.restype = i32
+            lib.sd_set_threads(torch.get_num_threads())
+            _lib = lib
+        return _lib
+
+
+def version() -> str:
+    """A short hash of the kernel's source: what a cached timing of an int8 model depends on."""
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+
+
+def isa() -> str:
+    """The path the kernel takes on this CPU: "avx2" or "c"."""
+    return "avx2" if library().sd_isa() == 2 else "c"
+
+
+def padded(k: int) -> int:
+    return -(-k // ALIGN) * ALIGN
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """int8 weight [N, K] -> the kernel's tiled layout, [ceil(N / TILE) * TILE, padded(K)] bytes (zero-padded)."""
+    n, k = weight.shape
+    out = torch.empty(-(-n // TILE) * TILE, padded(k), dtype=torch.int8)
+    w = weight.contiguous()
+    library().sd_pack(w.data_ptr(), n, k, out.shape[1], out.data_ptr())
+    return out
+
+
+def unpack(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The int8 weight [n, k] back from :func:`pack`'s layout (tile, 32-column chunk, row, byte)."""
+    rows, kp = packed.shape
+    tiled = packed.view(rows // TILE, kp // 32, TILE, 32).permute(0, 2, 1, 3)  # [tiles, TILE, chunks, 32]
+    return tiled.reshape(rows, kp)[:n, :k].contiguous()
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, in_features: int, scale: torch.Tensor,
+           bias: torch.Tensor | None, portable: bool = False) -> torch.Tensor:
+    """x [M, K] fp32 -> y [M, N] fp32 (see the module doc); packed [N, padded(K)] from :func:`pack`,
+    scale [N] fp32, bias [N] fp32 or None.  portable=True takes the portable C path (for tests)."""
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != in_features:
+        raise ValueError(f"expected fp32 [M, {in_features}] input, got {x.dtype} {list(x.shape)}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    m, n = x.shape[0], scale.shape[0]
+    y = torch.empty(m, n)
+    status = library().sd_linear(
+        packed.data_ptr(), scale.data_ptr(), None if bias is None else bias.data_ptr(), n, in_features,
+        packed.shape[1], x.data_ptr(), x.stride(0), m, y.data_ptr(), n, int(portable),
+    )
+    if status != 0:
+        raise MemoryError("int8 kernel: out of memory")
+    return y

@@ -1,0 +1,414 @@
+/* specdec's int8 linear for the CPU: y = x W^T (+ b) with int8 weights and per-token int8 activations.
+ *
+ * See specdec/backends/kernel.py for the numerics and why they are batch-invariant.  In short:
+ *   - W: int8 in [-127, 127], one fp32 scale per output channel (row of W), rows padded with zeros
+ *     to a multiple of 32 columns (kp);
+ *   - each input row x is quantized on its own: s = max|x|, q = round(x * (127 / s)) in [-127, 127];
+ *   - acc = sum_k q[k] * W[n, k] in int32 -- exact, so the order of the sum does not matter;
+ *   - y[m, n] = ((float)acc * wscale[n]) * (s / 127) (+ bias[n]), the same expression for every element.
+ * Every output element is therefore a function of its own input row and weight row only: the same
+ * whatever the other rows, their number, the tiling or the threads.
+ *
+ * The AVX2 path multiplies with vpmaddubsw (u8 x s8 -> pairs summed in s16) on |q| and sign(q) * w:
+ * |q|, |w| <= 127, so a pair is at most 2 * 127 * 127 = 32258 and never saturates; vpmaddwd then
+ * widens to int32.  A portable C path computes the same int32 sums (for CPUs without AVX2).
+ * Compiled without -march flags; the AVX2 functions carry a target attribute and are chosen at run
+ * time.  Compile with -ffp-contract=off so that no path fuses the dequantization into an FMA.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define SD_X86 1
+#endif
+
+#define TILE_N 4    /* output channels per tile */
+#define QMAX 63.0f  /* activations: 7 bits, |q| <= 63 (see DOT64) */
+
+/* ------------------------------------------------------------------ layout
+ * Weights are packed in tiles of TILE_N output channels (rows), N padded with zero rows to a multiple
+ * of TILE_N and K with zero columns to kp (a multiple of 64).  Within a tile the 32-column chunks of
+ * its rows alternate: byte (t, c, r, b) = W[t * TILE_N + r, c * 32 + b] at ((t * kp/32 + c) * TILE_N + r) * 32 + b,
+ * so each thread reads one sequential stream. */
+
+static inline int64_t tile_offset(int64_t tile, int kp) { return tile * kp * TILE_N; }
+
+/* ------------------------------------------------------------------ activation quantization */
+
+/* One input row: q[:k] = round(x * QMAX / s), zero padded to kp; qabs = |q|; returns s / QMAX (0 for an
+ * all-zero row, NaN when the row holds a NaN or an infinity). */
+static float quantize_row_c(const float *row, int k, int kp, int8_t *q, uint8_t *qabs) {
+    float amax = 0.0f;
+    for (int j = 0; j < k; j++) {
+        float a = fabsf(row[j]);
+        if (a > amax || a != a) amax = a; /* a NaN sticks */
+    }
+    memset(q, 0, kp);
+    memset(qabs, 0, kp);
+    if (amax == 0.0f || !isfinite(amax)) return amax == 0.0f ? 0.0f : NAN;
+    float inv = QMAX / amax;
+    for (int j = 0; j < k; j++) {
+        float v = nearbyintf(row[j] * inv); /* round half to even, as cvtps2dq */
+        v = v > QMAX ? QMAX : (v < -QMAX ? -QMAX : v);
+        q[j] = (int8_t)v;
+        qabs[j] = (uint8_t)(q[j] < 0 ? -q[j] : q[j]);
+    }
+    return amax / QMAX;
+}
+
+static inline float dequant(int32_t acc, float wscale, float xscale, const float *bias, int n) {
+    float y = ((float)acc * wscale) * xscale;
+    return bias ? y + bias[n] : y;
+}
+
+/* ------------------------------------------------------------------ portable path */
+
+static void gemm_tiles_c(const int8_t *w, const float *ws, const float *bias, int n, int t0, int t1, int kp,
+                         const int8_t *q, const float *xs, int m, float *y, int64_t ldy) {
+    for (int t = t0; t < t1; t++) {
+        const int8_t *tile = w + tile_offset(t, kp);
+        for (int r = 0; r < TILE_N && t * TILE_N + r < n; r++) {
+            int col = t * TILE_N + r;
+            for (int i = 0; i < m; i++) {
+                const int8_t *qi = q + (int64_t)i * kp;
+                int32_t acc = 0;
+                for (int c = 0; c < kp / 32; c++) {
+                    const int8_t *wc = tile + ((int64_t)c * TILE_N + r) * 32;
+                    for (int b = 0; b < 32; b++) acc += (int32_t)qi[c * 32 + b] * (int32_t)wc[b];
+                }
+                y[(int64_t)i * ldy + col] = dequant(acc, ws[col], xs[i], bias, col);
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ AVX2 path */
+
+#ifdef SD_X86
+#define AVX2 __attribute__((target("avx2")))
+
+AVX2 static inline int32_t hsum(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+AVX2 static float quantize_row_avx2(const float *row, int k, int kp, int8_t *q, uint8_t *qabs) {
+    int j = 0;
+    __m256 vmax = _mm256_setzero_ps();
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    int nan = 0;
+    for (; j + 8 <= k; j += 8) {
+        __m256 a = _mm256_and_ps(_mm256_loadu_ps(row + j), absmask);
+        nan |= _mm256_movemask_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+        vmax = _mm256_max_ps(vmax, a);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vmax);
+    float amax = 0.0f;
+    for (int l = 0; l < 8; l++) amax = lanes[l] > amax ? lanes[l] : amax;
+    for (; j < k; j++) {
+        float a = fabsf(row[j]);
+        if (a != a) nan = 1;
+        amax = a > amax ? a : amax;
+    }
+    if (nan) amax = NAN;
+    memset(q, 0, kp);
+    memset(qabs, 0, kp);
+    if (amax == 0.0f || !isfinite(amax)) return amax == 0.0f ? 0.0f : NAN;
+    const float inv = QMAX / amax;
+    const __m256 vinv = _mm256_set1_ps(inv), hi = _mm256_set1_ps(QMAX), lo = _mm256_set1_ps(-QMAX);
+    for (j = 0; j + 32 <= k; j += 32) {
+        __m256i v[4];
+        for (int u = 0; u < 4; u++) {
+            __m256 f = _mm256_mul_ps(_mm256_loadu_ps(row + j + 8 * u), vinv);
+            f = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), lo), hi);
+            v[u] = _mm256_cvtps_epi32(f);
+        }
+        /* pack 32 int32 -> 32 int8 in order (packs work within 128-bit lanes: fix the order after) */
+        __m256i w01 = _mm256_packs_epi32(v[0], v[1]), w23 = _mm256_packs_epi32(v[2], v[3]);
+        __m256i b = _mm256_packs_epi16(w01, w23);
+        b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + j), b);
+        _mm256_storeu_si256((__m256i *)(qabs + j), _mm256_abs_epi8(b));
+    }
+    for (; j < k; j++) {
+        float v = nearbyintf(row[j] * inv);
+        v = v > QMAX ? QMAX : (v < -QMAX ? -QMAX : v);
+        q[j] = (int8_t)v;
+        qabs[j] = (uint8_t)(q[j] < 0 ? -q[j] : q[j]);
+    }
+    return amax / QMAX;
+}
+
+/* acc (int32 x 8) += sum over two 32-column chunks of q * w: |q| <= 63 and |w| <= 127, so each s16 lane
+ * of a vpmaddubsw is at most 2 * 63 * 127 = 16002 and two of them add up without saturating. */
+#define DOT64(acc, w0, w1, q0, q1, a0, a1)                                                        \
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(                                                \
+        _mm256_add_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(w0, q0)),                        \
+                         _mm256_maddubs_epi16(a1, _mm256_sign_epi8(w1, q1))), ones))
+
+#define PREFETCH 1024 /* bytes ahead in the tile's stream (measured best on Zen 1, 2 threads) */
+
+/* One tile (TILE_N output channels) x T input rows i .. i + T - 1. */
+#define TILE(T)                                                                                     \
+    AVX2 static inline void tile_x##T(const int8_t *tile, const float *ws, const float *bias, int col, \
+                                      int n, int kp, const int8_t *q, const uint8_t *qabs,          \
+                                      const float *xs, int i, float *y, int64_t ldy) {              \
+        const __m256i ones = _mm256_set1_epi16(1);                                                  \
+        __m256i acc[TILE_N][T];                                                                     \
+        for (int r = 0; r < TILE_N; r++)                                                            \
+            for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_si256();                         \
+        for (int j = 0; j < kp; j += 64) {                                                          \
+            const int8_t *wj = tile + (int64_t)j * TILE_N;                                          \
+            _mm_prefetch((const char *)wj + PREFETCH, _MM_HINT_T0);                                 \
+            _mm_prefetch((const char *)wj + PREFETCH + 64, _MM_HINT_T0);                            \
+            _mm_prefetch((const char *)wj + PREFETCH + 128, _MM_HINT_T0);                           \
+            _mm_prefetch((const char *)wj + PREFETCH + 192, _MM_HINT_T0);                           \
+            for (int r = 0; r < TILE_N; r++) {                                                      \
+                __m256i w0 = _mm256_loadu_si256((const __m256i *)(wj + 32 * r));                    \
+                __m256i w1 = _mm256_loadu_si256((const __m256i *)(wj + 32 * (TILE_N + r)));         \
+                for (int t = 0; t < T; t++) {                                                       \
+                    const int64_t o = (int64_t)(i + t) * kp + j;                                    \
+                    __m256i q0 = _mm256_loadu_si256((const __m256i *)(q + o));                      \
+                    __m256i q1 = _mm256_loadu_si256((const __m256i *)(q + o + 32));                 \
+                    __m256i a0 = _mm256_loadu_si256((const __m256i *)(qabs + o));                   \
+                    __m256i a1 = _mm256_loadu_si256((const __m256i *)(qabs + o + 32));              \
+                    DOT64(acc[r][t], w0, w1, q0, q1, a0, a1);                                       \
+                }                                                                                   \
+            }                                                                                       \
+        }                                                                                           \
+        for (int t = 0; t < T; t++)                                                                 \
+            for (int r = 0; r < TILE_N && col + r < n; r++)                                         \
+                y[(int64_t)(i + t) * ldy + col + r] = dequant(hsum(acc[r][t]), ws[col + r], xs[i + t], bias, col + r); \
+    }
+
+TILE(1)
+TILE(2)
+TILE(3)
+
+AVX2 static void gemm_tiles_avx2(const int8_t *w, const float *ws, const float *bias, int n, int t0, int t1,
+                                 int kp, const int8_t *q, const uint8_t *qabs, const float *xs, int m, float *y,
+                                 int64_t ldy) {
+    for (int t = t0; t < t1; t++) {
+        const int8_t *tile = w + tile_offset(t, kp);
+        int col = t * TILE_N, i = 0;
+        for (; i + 3 <= m; i += 3) tile_x3(tile, ws, bias, col, n, kp, q, qabs, xs, i, y, ldy);
+        if (m - i == 2) tile_x2(tile, ws, bias, col, n, kp, q, qabs, xs, i, y, ldy);
+        else if (m - i == 1) tile_x1(tile, ws, bias, col, n, kp, q, qabs, xs, i, y, ldy);
+    }
+}
+
+static int have_avx2(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = __builtin_cpu_supports("avx2") ? 1 : 0;
+    }
+    return cached;
+}
+#else
+static int have_avx2(void) { return 0; }
+#endif
+
+/* ------------------------------------------------------------------ threads
+ * The output channels are cut into chunks of whole tiles.  The caller and the pool's workers claim chunks
+ * from one atomic counter until none are left, so a worker that the OS has not scheduled (a busy machine)
+ * holds nothing up: the caller does its share.  Which thread computes a chunk never changes a number. */
+
+typedef struct {
+    const int8_t *w;
+    const float *ws, *bias, *xs;
+    const int8_t *q;
+    const uint8_t *qabs;
+    float *y;
+    int64_t ldy;
+    int n, kp, m;
+    int use_avx2;
+    int chunk_tiles, chunks;
+} job_t;
+
+static void run_tiles(const job_t *job, int t0, int t1) {
+#ifdef SD_X86
+    if (job->use_avx2) {
+        gemm_tiles_avx2(job->w, job->ws, job->bias, job->n, t0, t1, job->kp, job->q, job->qabs, job->xs, job->m,
+                        job->y, job->ldy);
+        return;
+    }
+#endif
+    gemm_tiles_c(job->w, job->ws, job->bias, job->n, t0, t1, job->kp, job->q, job->xs, job->m, job->y, job->ldy);
+}
+
+static void run_chunk(const job_t *job, int chunk) {
+    int tiles = (job->n + TILE_N - 1) / TILE_N;
+    int t0 = chunk * job->chunk_tiles, t1 = t0 + job->chunk_tiles;
+    run_tiles(job, t0, t1 < tiles ? t1 : tiles);
+}
+
+#define MAX_THREADS 64
+#define SPIN_NS 200000 /* a worker spins this long for the next job (the next layer's), then sleeps */
+
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER; /* one caller uses the pool at a time */
+static pthread_mutex_t wake_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
+static int pool_threads = 1; /* workers + the caller */
+static job_t pool_job;        /* written by the caller before it publishes the job's generation */
+/* (generation << 32) | next unclaimed chunk.  A claim is a compare-and-swap within one generation, so a
+ * worker that read an older job never claims a chunk of a newer one. */
+static uint64_t pool_state = 0;
+static int pool_done = 0; /* chunks of the current job finished */
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static inline void relax(void) {
+#ifdef SD_X86
+    _mm_pause();
+#endif
+}
+
+/* Claim and run chunks of the job of `generation` until none is left. */
+static void work(uint32_t generation) {
+    uint64_t state = __atomic_load_n(&pool_state, __ATOMIC_ACQUIRE);
+    for (;;) {
+        if ((uint32_t)(state >> 32) != generation) return;
+        int chunk = (int)(uint32_t)state;
+        if (chunk >= pool_job.chunks) return;
+        if (__atomic_compare_exchange_n(&pool_state, &state, state + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            run_chunk(&pool_job, chunk);
+            __atomic_add_fetch(&pool_done, 1, __ATOMIC_RELEASE);
+            state = __atomic_load_n(&pool_state, __ATOMIC_ACQUIRE);
+        }
+    }
+}
+
+/* A forked child has none of the workers: it computes alone. */
+static void after_fork_in_child(void) { pool_threads = 1; }
+
+static void *worker_main(void *arg) {
+    (void)arg;
+    uint32_t seen = 0;
+    for (;;) {
+        int64_t deadline = now_ns() + SPIN_NS;
+        unsigned spins = 0;
+        while ((uint32_t)(__atomic_load_n(&pool_state, __ATOMIC_ACQUIRE) >> 32) == seen) {
+            relax();
+            if ((++spins & 63) != 0 || now_ns() < deadline) continue;
+            pthread_mutex_lock(&wake_lock);
+            while ((uint32_t)(__atomic_load_n(&pool_state, __ATOMIC_ACQUIRE) >> 32) == seen)
+                pthread_cond_wait(&wake, &wake_lock);
+            pthread_mutex_unlock(&wake_lock);
+        }
+        seen = (uint32_t)(__atomic_load_n(&pool_state, __ATOMIC_ACQUIRE) >> 32);
+        work(seen);
+    }
+    return NULL;
+}
+
+/* Start the pool once: the caller and threads - 1 workers share each call.  Returns the count. */
+int sd_set_threads(int threads) {
+    static int started = 0;
+    pthread_mutex_lock(&pool_lock);
+    if (!started) {
+        if (threads < 1) threads = 1;
+        if (threads > MAX_THREADS) threads = MAX_THREADS;
+        for (int t = 1; t < threads; t++) {
+            pthread_t id;
+            if (pthread_create(&id, NULL, worker_main, NULL) != 0) {
+                threads = t;
+                break;
+            }
+            pthread_detach(id);
+        }
+        pool_threads = threads;
+        pthread_atfork(NULL, NULL, after_fork_in_child);
+        started = 1;
+    }
+    int result = pool_threads;
+    pthread_mutex_unlock(&pool_lock);
+    return result;
+}
+
+static void run_job(job_t *job) {
+    int tiles = (job->n + TILE_N - 1) / TILE_N;
+    if (pool_threads > 1 && tiles >= 2 * TILE_N && pthread_mutex_trylock(&pool_lock) == 0) {
+        int per = tiles / (8 * pool_threads);
+        job->chunk_tiles = per < 4 ? 4 : per;
+        job->chunks = (tiles + job->chunk_tiles - 1) / job->chunk_tiles;
+        pool_job = *job;
+        __atomic_store_n(&pool_done, 0, __ATOMIC_RELAXED);
+        uint32_t generation = (uint32_t)(__atomic_load_n(&pool_state, __ATOMIC_RELAXED) >> 32) + 1;
+        pthread_mutex_lock(&wake_lock);
+        __atomic_store_n(&pool_state, (uint64_t)generation << 32, __ATOMIC_RELEASE);
+        pthread_cond_broadcast(&wake);
+        pthread_mutex_unlock(&wake_lock);
+        work(generation);
+        /* every chunk is claimed: wait for the ones still running on workers */
+        unsigned spins = 0;
+        while (__atomic_load_n(&pool_done, __ATOMIC_ACQUIRE) < pool_job.chunks) {
+            relax();
+            if ((++spins & 1023) == 0) sched_yield();
+        }
+        pthread_mutex_unlock(&pool_lock);
+        return;
+    }
+    /* small, or the pool is busy with another caller's linear (or there is none): alone, same numbers */
+    run_tiles(job, 0, tiles);
+}
+
+/* ------------------------------------------------------------------ entry points */
+
+/* Pack W [n, k] int8 (row-major) into the tiled layout (see "layout"): ceil(n / TILE_N) * TILE_N * kp bytes,
+ * kp a multiple of 64 and >= k. */
+void sd_pack(const int8_t *w, int n, int k, int kp, int8_t *out) {
+    int tiles = (n + TILE_N - 1) / TILE_N;
+    memset(out, 0, (size_t)tiles * TILE_N * kp);
+    for (int row = 0; row < n; row++) {
+        int8_t *tile = out + tile_offset(row / TILE_N, kp);
+        for (int j = 0; j < k; j++) tile[((int64_t)(j / 32) * TILE_N + row % TILE_N) * 32 + j % 32] = w[(int64_t)row * k + j];
+    }
+}
+
+/* y [m, ldy] = x [m, ldx] W^T; w packed by sd_pack; ws [n]; bias [n] or NULL.  Returns 0, or -1 when out of
+ * memory.  force_c: use the portable path (tests compare the two). */
+int sd_linear(const int8_t *w, const float *ws, const float *bias, int n, int k, int kp, const float *x,
+              int64_t ldx, int m, float *y, int64_t ldy, int force_c) {
+    size_t bytes = (size_t)m * kp;
+    int8_t *q = aligned_alloc(64, (bytes * 2 + 63) / 64 * 64 + 64);
+    float *xs = malloc(sizeof(float) * (size_t)(m > 0 ? m : 1));
+    if (!q || !xs) {
+        free(q);
+        free(xs);
+        return -1;
+    }
+    uint8_t *qabs = (uint8_t *)q + bytes;
+    int use_avx2 = !force_c && have_avx2();
+    for (int i = 0; i < m; i++) {
+#ifdef SD_X86
+        if (use_avx2) {
+            xs[i] = quantize_row_avx2(x + (int64_t)i * ldx, k, kp, q + (int64_t)i * kp, qabs + (int64_t)i * kp);
+            continue;
+        }
+#endif
+        xs[i] = quantize_row_c(x + (int64_t)i * ldx, k, kp, q + (int64_t)i * kp, qabs + (int64_t)i * kp);
+    }
+    job_t job = {w, ws, bias, xs, q, qabs, y, ldy, n, kp, m, use_avx2, 0, 0};
+    run_job(&job);
+    free(q);
+    free(xs);
+    return 0;
+}
+
+/* Which path sd_linear takes here: 2 = AVX2, 1 = portable C. */
+int sd_isa(void) { return have_avx2() ? 2 : 1; }
