@@ -15,14 +15,10 @@
  * Compiled without -march flags; the AVX2 functions carry a target attribute and are chosen at run
  * time.  Compile with -ffp-contract=off so that no path fuses the dequantization into an FMA.
  */
-#define _POSIX_C_SOURCE 200809L
 #include <math.h>
-#include <pthread.h>
-#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -220,9 +216,10 @@ static int have_avx2(void) { return 0; }
 #endif
 
 /* ------------------------------------------------------------------ threads
- * The output channels are cut into chunks of whole tiles.  The caller and the pool's workers claim chunks
- * from one atomic counter until none are left, so a worker that the OS has not scheduled (a busy machine)
- * holds nothing up: the caller does its share.  Which thread computes a chunk never changes a number. */
+ * Built with -fopenmp, the kernel runs on the OpenMP runtime that PyTorch has loaded (torch ships
+ * libgomp.so.1; this library's libgomp.so.1 resolves to the same one), so its threads are torch's own
+ * and the two never compete for cores.  The output channels are cut into chunks of whole tiles that the
+ * threads claim dynamically.  Which thread computes a chunk never changes a number. */
 
 typedef struct {
     const int8_t *w;
@@ -233,7 +230,6 @@ typedef struct {
     int64_t ldy;
     int n, kp, m;
     int use_avx2;
-    int chunk_tiles, chunks;
 } job_t;
 
 static void run_tiles(const job_t *job, int t0, int t1) {
@@ -247,124 +243,33 @@ static void run_tiles(const job_t *job, int t0, int t1) {
     gemm_tiles_c(job->w, job->ws, job->bias, job->n, t0, t1, job->kp, job->q, job->xs, job->m, job->y, job->ldy);
 }
 
-static void run_chunk(const job_t *job, int chunk) {
+static void run_job(const job_t *job, int threads) {
     int tiles = (job->n + TILE_N - 1) / TILE_N;
-    int t0 = chunk * job->chunk_tiles, t1 = t0 + job->chunk_tiles;
-    run_tiles(job, t0, t1 < tiles ? t1 : tiles);
-}
-
-#define MAX_THREADS 64
-#define SPIN_NS 200000 /* a worker spins this long for the next job (the next layer's), then sleeps */
-
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER; /* one caller uses the pool at a time */
-static pthread_mutex_t wake_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
-static int pool_threads = 1; /* workers + the caller */
-static job_t pool_job;        /* written by the caller before it publishes the job's generation */
-/* (generation << 32) | next unclaimed chunk.  A claim is a compare-and-swap within one generation, so a
- * worker that read an older job never claims a chunk of a newer one. */
-static uint64_t pool_state = 0;
-static int pool_done = 0; /* chunks of the current job finished */
-
-static int64_t now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
-static inline void relax(void) {
-#ifdef SD_X86
-    _mm_pause();
-#endif
-}
-
-/* Claim and run chunks of the job of `generation` until none is left. */
-static void work(uint32_t generation) {
-    uint64_t state = __atomic_load_n(&pool_state, __ATOMIC_ACQUIRE);
-    for (;;) {
-        if ((uint32_t)(state >> 32) != generation) return;
-        int chunk = (int)(uint32_t)state;
-        if (chunk >= pool_job.chunks) return;
-        if (__atomic_compare_exchange_n(&pool_state, &state, state + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-            run_chunk(&pool_job, chunk);
-            __atomic_add_fetch(&pool_done, 1, __ATOMIC_RELEASE);
-            state = __atomic_load_n(&pool_state, __ATOMIC_ACQUIRE);
+#ifdef _OPENMP
+    if (threads > 1 && tiles >= 2 * TILE_N) {
+        int chunk_tiles = tiles / (8 * threads);
+        if (chunk_tiles < 4) chunk_tiles = 4;
+        int chunks = (tiles + chunk_tiles - 1) / chunk_tiles;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+        for (int c = 0; c < chunks; c++) {
+            int t1 = (c + 1) * chunk_tiles;
+            run_tiles(job, c * chunk_tiles, t1 < tiles ? t1 : tiles);
         }
-    }
-}
-
-/* A forked child has none of the workers: it computes alone. */
-static void after_fork_in_child(void) { pool_threads = 1; }
-
-static void *worker_main(void *arg) {
-    (void)arg;
-    uint32_t seen = 0;
-    for (;;) {
-        int64_t deadline = now_ns() + SPIN_NS;
-        unsigned spins = 0;
-        while ((uint32_t)(__atomic_load_n(&pool_state, __ATOMIC_ACQUIRE) >> 32) == seen) {
-            relax();
-            if ((++spins & 63) != 0 || now_ns() < deadline) continue;
-            pthread_mutex_lock(&wake_lock);
-            while ((uint32_t)(__atomic_load_n(&pool_state, __ATOMIC_ACQUIRE) >> 32) == seen)
-                pthread_cond_wait(&wake, &wake_lock);
-            pthread_mutex_unlock(&wake_lock);
-        }
-        seen = (uint32_t)(__atomic_load_n(&pool_state, __ATOMIC_ACQUIRE) >> 32);
-        work(seen);
-    }
-    return NULL;
-}
-
-/* Start the pool once: the caller and threads - 1 workers share each call.  Returns the count. */
-int sd_set_threads(int threads) {
-    static int started = 0;
-    pthread_mutex_lock(&pool_lock);
-    if (!started) {
-        if (threads < 1) threads = 1;
-        if (threads > MAX_THREADS) threads = MAX_THREADS;
-        for (int t = 1; t < threads; t++) {
-            pthread_t id;
-            if (pthread_create(&id, NULL, worker_main, NULL) != 0) {
-                threads = t;
-                break;
-            }
-            pthread_detach(id);
-        }
-        pool_threads = threads;
-        pthread_atfork(NULL, NULL, after_fork_in_child);
-        started = 1;
-    }
-    int result = pool_threads;
-    pthread_mutex_unlock(&pool_lock);
-    return result;
-}
-
-static void run_job(job_t *job) {
-    int tiles = (job->n + TILE_N - 1) / TILE_N;
-    if (pool_threads > 1 && tiles >= 2 * TILE_N && pthread_mutex_trylock(&pool_lock) == 0) {
-        int per = tiles / (8 * pool_threads);
-        job->chunk_tiles = per < 4 ? 4 : per;
-        job->chunks = (tiles + job->chunk_tiles - 1) / job->chunk_tiles;
-        pool_job = *job;
-        __atomic_store_n(&pool_done, 0, __ATOMIC_RELAXED);
-        uint32_t generation = (uint32_t)(__atomic_load_n(&pool_state, __ATOMIC_RELAXED) >> 32) + 1;
-        pthread_mutex_lock(&wake_lock);
-        __atomic_store_n(&pool_state, (uint64_t)generation << 32, __ATOMIC_RELEASE);
-        pthread_cond_broadcast(&wake);
-        pthread_mutex_unlock(&wake_lock);
-        work(generation);
-        /* every chunk is claimed: wait for the ones still running on workers */
-        unsigned spins = 0;
-        while (__atomic_load_n(&pool_done, __ATOMIC_ACQUIRE) < pool_job.chunks) {
-            relax();
-            if ((++spins & 1023) == 0) sched_yield();
-        }
-        pthread_mutex_unlock(&pool_lock);
         return;
     }
-    /* small, or the pool is busy with another caller's linear (or there is none): alone, same numbers */
+#else
+    (void)threads;
+#endif
     run_tiles(job, 0, tiles);
+}
+
+/* Whether this build runs on several threads (1) or one (0: built without OpenMP). */
+int sd_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 /* ------------------------------------------------------------------ entry points */
@@ -380,10 +285,10 @@ void sd_pack(const int8_t *w, int n, int k, int kp, int8_t *out) {
     }
 }
 
-/* y [m, ldy] = x [m, ldx] W^T; w packed by sd_pack; ws [n]; bias [n] or NULL.  Returns 0, or -1 when out of
- * memory.  force_c: use the portable path (tests compare the two). */
+/* y [m, ldy] = x [m, ldx] W^T; w packed by sd_pack; ws [n]; bias [n] or NULL; on up to `threads` threads.
+ * Returns 0, or -1 when out of memory.  force_c: use the portable path (tests compare the two). */
 int sd_linear(const int8_t *w, const float *ws, const float *bias, int n, int k, int kp, const float *x,
-              int64_t ldx, int m, float *y, int64_t ldy, int force_c) {
+              int64_t ldx, int m, float *y, int64_t ldy, int threads, int force_c) {
     size_t bytes = (size_t)m * kp;
     int8_t *q = aligned_alloc(64, (bytes * 2 + 63) / 64 * 64 + 64);
     float *xs = malloc(sizeof(float) * (size_t)(m > 0 ? m : 1));
@@ -403,8 +308,8 @@ int sd_linear(const int8_t *w, const float *ws, const float *bias, int n, int k,
 #endif
         xs[i] = quantize_row_c(x + (int64_t)i * ldx, k, kp, q + (int64_t)i * kp, qabs + (int64_t)i * kp);
     }
-    job_t job = {w, ws, bias, xs, q, qabs, y, ldy, n, kp, m, use_avx2, 0, 0};
-    run_job(&job);
+    job_t job = {w, ws, bias, xs, q, qabs, y, ldy, n, kp, m, use_avx2};
+    run_job(&job, threads);
     free(q);
     free(xs);
     return 0;
