@@ -13,7 +13,7 @@ import json
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import typer
 from rich.console import Console
@@ -21,6 +21,10 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 
 from specdec.defaults import DEFAULT_DRAFT, DEFAULT_DRAFTER, DEFAULT_TARGET
 from specdec.errors import SpecdecError
+
+if TYPE_CHECKING:  # the serve extra's modules load only when serving
+    from specdec.serve.app import ServeOptions
+    from specdec.serve.replicas import EngineSpec, ReplicaPlan
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Lossless speculative decoding.")
 models_app = typer.Typer(help="The offline model zoo: list models, pull them.")
@@ -252,20 +256,24 @@ def serve(
     max_batch: int = typer.Option(1, "--max-batch", help="Requests decoded together, one target forward per step (continuous batching; llama/qwen2/mistral transformers targets, fp32 or int8). -k auto then shortens drafts as the batch grows."),
     max_tokens_limit: int = typer.Option(2048, "--max-tokens-limit", help="The most tokens a request may ask for."),
     max_body_bytes: int = typer.Option(1 << 20, "--max-body-bytes", help="The largest request body; larger ones are answered 413."),
+    replicas: Optional[str] = typer.Option(None, "--replicas", help="Serve as Ray Serve replicas, each loading its own models: N, or MIN-MAX to autoscale on ongoing requests (needs the ray extra)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --replicas: the Ray cluster to deploy on ('auto', HOST:6379, ray://HOST:10001); default: a new cluster on this machine, shut down on exit."),
+    replica_cpus: Optional[float] = typer.Option(None, "--replica-cpus", help="With --replicas: CPUs Ray reserves for each replica (default 1; its torch threads default to it)."),
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (completions, chat, streaming), with
     Prometheus metrics at /metrics and a playground page at /. Requests run one at a time, or up to
     --max-batch together; -k is their default draft length, and a request may set its own
-    ("speculative": {"k": ...})."""
+    ("speculative": {"k": ...}). With --replicas, the same server runs as Ray Serve replicas."""
+    from rich.markup import escape  # the hints' [serve] and [ray] are not markup
+
     from specdec.serve import INSTALL_HINT, missing_extra
 
     missing = missing_extra()
     if missing:
-        from rich.markup import escape  # the hint's [serve] is not markup
-
         fail(escape(f"specdec serve needs the serve extra ({', '.join(missing)} missing): {INSTALL_HINT}"))
     from specdec.serve.app import ServeOptions, bind, create_app, run
 
+    plan = replica_plan(replicas, ray_address, replica_cpus)
     k = parse_k(num_speculative_tokens)
     check_n_ctx_and_threads(n_ctx, threads)
     for name, value, least in (("--max-queue", max_queue, 1), ("--max-batch", max_batch, 1),
@@ -275,23 +283,33 @@ def serve(
             fail(f"{name} must be >= {least}, got {value}")
     if not 0 <= port <= 65535:
         fail(f"--port must be in 0..65535, got {port}")
+    if plan is not None and port == 0:
+        fail("--replicas needs a fixed --port: Ray Serve's proxy on every node listens on it")
     quiet_libraries()
+    draft_spec = None if draft.lower() == "none" else draft
+    names = tuple(served_model_name or (target,))
+    options = ServeOptions(
+        served_names=names, default_k=k, draft_mode=draft_mode.value, draft_confidence=draft_confidence,
+        verify=verify.value, max_queue=max_queue, max_batch=max_batch, max_tokens_limit=max_tokens_limit,
+        max_body_bytes=max_body_bytes)
+    if max_batch > 1:
+        if verify is Verify.stairs:
+            fail("batched serving verifies causally: drop --verify stairs or use --max-batch 1")
+        if draft_backend is DraftBackend.auto:  # each request drafts with a cache of its own over one model
+            draft_backend = DraftBackend.hf
+    if plan is not None:
+        from specdec.serve.replicas import EngineSpec
+
+        spec = EngineSpec(target, draft_spec, dtype.value, draft_dtype.value if draft_dtype else None, backend.value,
+                          draft_backend.value, device.value, n_ctx, threads or max(1, int(plan.cpus)))
+        serve_replicas(spec, options, plan, host, port, ray_address)
+        return
     progress = PullProgress()
     try:
         sock = bind(host, port)  # before loading: a port in use fails at once
-        draft_spec = None if draft.lower() == "none" else draft
-        if max_batch > 1:
-            if verify is Verify.stairs:
-                raise SpecdecError("batched serving verifies causally: drop --verify stairs or use --max-batch 1")
-            if draft_backend is DraftBackend.auto:  # each request drafts with a cache of its own over one model
-                draft_backend = DraftBackend.hf
         engine = load_engine(target, draft_spec, dtype, draft_dtype, backend, draft_backend, device, n_ctx, threads,
                              progress)
-        names = tuple(served_model_name or (target,))
-        application = create_app(engine, ServeOptions(
-            served_names=names, default_k=k, draft_mode=draft_mode.value, draft_confidence=draft_confidence,
-            verify=verify.value, max_queue=max_queue, max_batch=max_batch, max_tokens_limit=max_tokens_limit,
-            max_body_bytes=max_body_bytes))
+        application = create_app(engine, options)
     except SpecdecError as e:
         progress.close()
         fail(str(e))
@@ -299,6 +317,49 @@ def serve(
     url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
     err.print(f"serving {', '.join(names)} at {url}/v1 · playground {url}/ · metrics {url}/metrics", soft_wrap=True)
     run(application, sock)
+
+
+def replica_plan(replicas: str | None, ray_address: str | None, replica_cpus: float | None) -> ReplicaPlan | None:
+    """serve's --replicas, checked (None: one process, no Ray); the ray extra must be installed."""
+    from rich.markup import escape
+
+    if replicas is None:
+        if ray_address is not None or replica_cpus is not None:
+            fail("--ray-address and --replica-cpus go with --replicas")
+        return None
+    from specdec.serve.replicas import INSTALL_HINT, missing_extra, parse_replicas
+
+    try:
+        plan = parse_replicas(replicas, 1.0 if replica_cpus is None else replica_cpus)
+    except SpecdecError as e:
+        fail(str(e))
+    missing = missing_extra()
+    if missing:
+        fail(escape(f"--replicas needs Ray Serve, the ray extra ({', '.join(missing)} missing): {INSTALL_HINT}"))
+    return plan
+
+
+def serve_replicas(spec: EngineSpec, options: ServeOptions, plan: ReplicaPlan, host: str, port: int,
+                   ray_address: str | None) -> None:
+    """serve --replicas: the app as Ray Serve replicas until Ctrl-C (specdec.serve.ray)."""
+    from specdec.serve.app import bind
+    from specdec.serve.replicas import check_fits
+
+    try:
+        from specdec.serve.ray import available_cpus, serve_until_stopped
+
+        if ray_address is None:  # a cluster on this machine: what would fail there fails here, at once
+            spec.check()
+            check_fits(plan, available_cpus())
+            bind(host, port).close()
+
+        def announce(url: str) -> None:
+            err.print(f"serving {', '.join(options.served_names)} at {url}/v1 on {plan.describe()} (Ray Serve) · "
+                      f"playground {url}/ · metrics {url}/metrics (per replica)", soft_wrap=True)
+
+        serve_until_stopped(spec, options, plan, host, port, ray_address, announce)
+    except SpecdecError as e:
+        fail(str(e))
 
 
 @app.command()

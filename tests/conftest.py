@@ -156,6 +156,21 @@ def require_llama_cpp():
     return pytest.importorskip("llama_cpp")
 
 
+def require_ray():
+    """ray (with Ray Serve), or a skip where the ray extra is not installed -- except in CI, where
+    it must be (.ci/run installs it)."""
+    if in_ci():
+        import ray.serve  # noqa: F401
+
+        import ray
+
+        return ray
+    pytest.importorskip("ray.serve", reason="the ray extra is not installed: pip install -e '.[ray]'")
+    import ray
+
+    return ray
+
+
 # Real transformers models kept at once, in bytes of weights: an fp32 1.5B model and the int8 one
 # fit; beyond that the least recently used is dropped (tests still holding it keep it alive).
 REAL_HF_BUDGET = 10 * 2**30

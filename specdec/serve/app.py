@@ -26,7 +26,7 @@ import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Protocol
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
@@ -61,8 +61,20 @@ class ServeOptions:
     default_max_tokens: int = 16  # /v1/completions without max_tokens (OpenAI's default)
 
 
-def create_app(engine: Engine, options: ServeOptions = ServeOptions()) -> FastAPI:
-    """An app serving `engine`; its worker thread runs while the app runs (its lifespan)."""
+class Fleet(Protocol):
+    """The other servers behind the same address (Ray Serve replicas: specdec.serve.ray), which
+    /health and /metrics report beside this one."""
+
+    async def health(self, healthy: bool) -> dict[str, Any]:
+        """Fields added to /health's body, this server's own state being `healthy`."""
+
+    async def metrics(self, own: bytes) -> bytes:
+        """The /metrics page for all of them, this server's own page being `own`."""
+
+
+def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fleet | None = None) -> FastAPI:
+    """An app serving `engine`; its worker thread runs while the app runs (its lifespan).
+    With a `fleet`, /health and /metrics also report the servers beside this one."""
     worker = Worker(engine, max_queue=options.max_queue, draft_mode=options.draft_mode,
                     draft_confidence=options.draft_confidence, verify=options.verify, max_batch=options.max_batch)
     metrics = worker.metrics
@@ -101,13 +113,19 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions()) -> FastAP
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if not worker.alive:
-            return JSONResponse({"status": "error", "message": "the worker thread has stopped"}, status_code=503)
-        return JSONResponse({"status": "ok"})
+        alive = worker.alive
+        body: dict[str, Any] = {"status": "ok"} if alive else {
+            "status": "error", "message": "the worker thread has stopped"}
+        if fleet is not None:
+            body.update(await fleet.health(alive))
+        return JSONResponse(body, status_code=200 if alive else 503)
 
     @app.get("/metrics")
     async def metrics_page() -> Response:
-        return Response(metrics.render(), media_type=metrics.content_type)
+        page = metrics.render()
+        if fleet is not None:
+            page = await fleet.metrics(page)
+        return Response(page, media_type=metrics.content_type)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -160,6 +178,9 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions()) -> FastAP
             return JSONResponse(result)
         except APIError as e:
             code = e.status
+            raise
+        except asyncio.CancelledError:  # cancelled from outside: Ray Serve does so when the client leaves
+            code = CLIENT_GONE
             raise
         finally:
             metrics.requests.labels(endpoint=endpoint, code=str(code)).inc()
@@ -257,7 +278,9 @@ async def read_body(http: HTTPRequest, limit: int) -> bytes:
 
 
 async def next_event(job: Job, http: HTTPRequest) -> StepEvent | ErrorEvent | None:
-    """The job's next event; None (and the job cancelled) when the client has gone meanwhile."""
+    """The job's next event; None (and the job cancelled) when the client has gone meanwhile.
+    A request cancelled from outside (Ray Serve cancels the handler of a client that left)
+    cancels its job too."""
     while True:
         try:
             return await asyncio.wait_for(job.next_event(), DISCONNECT_POLL_S)
@@ -265,6 +288,9 @@ async def next_event(job: Job, http: HTTPRequest) -> StepEvent | ErrorEvent | No
             if await http.is_disconnected():
                 job.cancel()
                 return None
+        except asyncio.CancelledError:
+            job.cancel()
+            raise
 
 
 class Reply:

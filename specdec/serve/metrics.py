@@ -36,6 +36,10 @@ client that left before its answer counts as code 499 (nginx's "client closed re
 Generation counters include requests cancelled by a disconnect (their drafts were really drafted);
 request_success_total and e2e_request_latency_seconds count the requests that ran to their end,
 time_to_first_token_seconds and request_queue_time_seconds every request that got a first token.
+
+Served as Ray Serve replicas (specdec.serve.ray), /metrics is per replica: every replica's series
+in one page, each sample labelled ``replica="<Serve's replica id>"`` (:func:`merge_replicas`);
+``sum without (replica)`` in PromQL gives the fleet's totals.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from __future__ import annotations
 from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 
 from specdec.loop import Stats
 
@@ -122,3 +127,23 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def merge_replicas(pages: dict[str, bytes], label: str = "replica") -> bytes:
+    """One Prometheus page from several servers' pages: every sample of `pages[name]` gets the label
+    ``label="name"``; a metric's HELP and TYPE come once."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families: dict[str, Metric] = {}
+    for name, page in sorted(pages.items()):
+        for family in text_string_to_metric_families(page.decode("utf-8")):
+            merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+            merged.samples.extend(s._replace(labels={label: name, **s.labels}) for s in family.samples)
+
+    class Pages:  # a collector yielding the merged families
+        def collect(self):
+            return iter(families.values())
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Pages())
+    return generate_latest(registry)

@@ -50,3 +50,38 @@ def test_a_port_in_use_fails_before_any_model_loads():
 ])
 def test_bad_options(args, fragment):
     assert_user_error(serve("--target", "no-such-model", *args), fragment)
+
+
+def test_replicas_without_ray_say_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if the ray extra were not installed
+    result = serve("--target", "no-such-model", "--replicas", "2")
+    assert_user_error(result, "pip install 'specdec[ray]'")
+    assert "--replicas needs Ray Serve" in result.output
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--replicas", "0"], "--replicas must be >= 1"),
+    (["--replicas", "-1"], "--replicas takes a count N or a range MIN-MAX"),
+    (["--replicas", "two"], "--replicas takes a count N or a range MIN-MAX"),
+    (["--replicas", "1.5"], "--replicas takes a count N or a range MIN-MAX"),
+    (["--replicas", "4-2"], "the maximum is below the minimum"),
+    (["--replicas", "0-2"], "--replicas must be >= 1"),
+    (["--replicas", "2", "--replica-cpus", "0"], "--replica-cpus must be > 0"),
+    (["--ray-address", "auto"], "--ray-address and --replica-cpus go with --replicas"),
+    (["--replica-cpus", "0.5"], "--ray-address and --replica-cpus go with --replicas"),
+])
+def test_bad_replica_options(args, fragment):
+    assert_user_error(serve("--target", "no-such-model", *args), fragment)
+
+
+def test_replicas_need_a_fixed_port():
+    pytest.importorskip("ray.serve")
+    assert_user_error(serve("--target", "no-such-model", "--replicas", "2", "--port", "0"), "needs a fixed --port")
+
+
+def test_replicas_check_the_models_and_the_cpus_before_starting_ray(tiny_dirs):
+    pytest.importorskip("ray.serve")
+    # a local cluster: the model names and the CPUs are checked here, before Ray starts
+    assert_user_error(serve("--target", "no-such-model", "--replicas", "2"), "no-such-model")
+    assert_user_error(serve("--target", tiny_dirs["target"], "--draft", "none", "--replicas", "1-4096"),
+                      "4096 replicas of 1 CPU each need 4096 CPUs")
