@@ -98,6 +98,9 @@ REAL_MODEL_GROUPS = {
     "tests/test_loading.py": "int8-and-llama.cpp",
 }
 GROUP_ORDER = ["int8-and-llama.cpp", "fp32-target"]  # the longest first
+# Modules whose tests share a costly module fixture run whole on one worker, each module a work unit:
+# tests/serve/test_ray.py starts a local Ray cluster with two replicas (once, not once per worker).
+ONE_WORKER_MODULES = {"tests/serve/test_ray.py"}
 
 
 def module_of(nodeid: str) -> str:
@@ -124,14 +127,16 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: the suite also runs without it
 def pytest_xdist_make_scheduler(config, log):
-    """`pytest -n N`: the load scheduler, with each real-model group as one work unit."""
+    """`pytest -n N`: the load scheduler, with each real-model group (and each of ONE_WORKER_MODULES)
+    as one work unit."""
     if config.getvalue("dist") not in ("load", "loadgroup"):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class RealModelGroups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return real_model_group(nodeid) or nodeid
+            module = module_of(nodeid)
+            return real_model_group(nodeid) or (module if module in ONE_WORKER_MODULES else nodeid)
 
     return RealModelGroups(config, log)
 
