@@ -4,21 +4,23 @@ The int8 linear of :mod:`specdec.backends.quant` (weights int8 per output
 channel, activations int8 per token: "W8A8", as in LLM.int8() -- Dettmers et
 al. 2022 -- and ZeroQuant -- Yao et al. 2022) runs here.  A one-token decode
 step is bound by memory bandwidth (each weight byte is read once), so the
-kernel streams int8 weights with AVX2 (``vpmaddubsw`` on |q| and sign(q)*w,
-then ``vpmaddwd``: exact int32 sums, no 16-bit saturation since
-2 * 127 * 127 < 2^15) and no per-call work but the activation quantization.
+kernel streams tiled int8 weights with prefetch, multiplying with AVX2
+(``vpmaddubsw`` on |q| and sign(q)*w, two of them added in 16 bits, then
+``vpmaddwd``: exact int32 sums, no 16-bit saturation since
+2 * (2 * 63 * 127) < 2^15), and does no per-call work but the activation
+quantization.
 
 Numerics, per output element (the same expression for every element of every
 call, hence **batch-invariant**: a token's outputs do not depend on the other
 rows, their number, the tiling or the threads):
 
     s_m   = max_k |x[m, k]|                  (a NaN or inf in the row: that row's outputs are NaN)
-    q     = round_half_even(x[m, k] * (127 / s_m))      in [-127, 127]
+    q     = round_half_even(x[m, k] * (63 / s_m))       in [-63, 63]  (7 bits)
     acc   = sum_k q[k] * W[n, k]                        (int32, exact)
-    y     = ((float) acc * wscale[n]) * (s_m / 127)  (+ bias[n])
+    y     = ((float) acc * wscale[n]) * (s_m / 63)   (+ bias[n])
 
 The C source (``kernels/int8_linear.c``) is compiled once per source, compiler
-and Python into ``~/.cache/specdec/kernels/`` with ``-O3 -ffp-contract=off``
+and flags into ``~/.cache/specdec/kernels/`` with ``-O3 -ffp-contract=off``
 and no ``-march`` flag: the AVX2 functions carry a target attribute and are
 chosen at run time, with a portable C path (the same int32 sums, hence the same
 numbers) on CPUs without AVX2.  A machine without a C compiler gets a
@@ -90,6 +92,8 @@ def _build(cache: Path) -> Path:
 def library() -> ctypes.CDLL:
     """The loaded kernel (built at first use; torch is imported first, so its OpenMP runtime is the one)."""
     global _lib
+    if _lib is not None:  # the hot path: every linear asks
+        return _lib
     with _lock:
         if _lib is None:
             from specdec.zoo import home

@@ -1,17 +1,17 @@
-/* specdec's int8 linear for the CPU: y = x W^T (+ b) with int8 weights and per-token int8 activations.
+/* specdec's int8 linear for the CPU: y = x W^T (+ b) with int8 weights and per-token 7-bit activations.
  *
  * See specdec/backends/kernel.py for the numerics and why they are batch-invariant.  In short:
- *   - W: int8 in [-127, 127], one fp32 scale per output channel (row of W), rows padded with zeros
- *     to a multiple of 32 columns (kp);
- *   - each input row x is quantized on its own: s = max|x|, q = round(x * (127 / s)) in [-127, 127];
+ *   - W: int8 in [-127, 127], one fp32 scale per output channel (row of W), packed in tiles (see "layout"),
+ *     rows padded with zeros to a multiple of 64 columns (kp);
+ *   - each input row x is quantized on its own: s = max|x|, q = round(x * (63 / s)) in [-63, 63];
  *   - acc = sum_k q[k] * W[n, k] in int32 -- exact, so the order of the sum does not matter;
- *   - y[m, n] = ((float)acc * wscale[n]) * (s / 127) (+ bias[n]), the same expression for every element.
+ *   - y[m, n] = ((float)acc * wscale[n]) * (s / 63) (+ bias[n]), the same expression for every element.
  * Every output element is therefore a function of its own input row and weight row only: the same
  * whatever the other rows, their number, the tiling or the threads.
  *
  * The AVX2 path multiplies with vpmaddubsw (u8 x s8 -> pairs summed in s16) on |q| and sign(q) * w:
- * |q|, |w| <= 127, so a pair is at most 2 * 127 * 127 = 32258 and never saturates; vpmaddwd then
- * widens to int32.  A portable C path computes the same int32 sums (for CPUs without AVX2).
+ * a pair is at most 2 * 63 * 127 = 16002, so two of them add in s16 without saturating before vpmaddwd
+ * widens to int32 (see DOT64).  A portable C path computes the same int32 sums (for CPUs without AVX2).
  * Compiled without -march flags; the AVX2 functions carry a target attribute and are chosen at run
  * time.  Compile with -ffp-contract=off so that no path fuses the dequantization into an FMA.
  */
