@@ -124,6 +124,26 @@ class FixedK:
         return str(self.k)
 
 
+SHAPE_STEP = 1.25  # a cost ratio moves by at most this factor per measurement
+SHAPE_FORGET = 0.05  # per measurement, the other measured n's move this far back toward target_scale
+
+
+def _step(value: float, weight: float, toward: float) -> float:
+    """An exponentially weighted step from `value` toward `toward`, by at most a factor SHAPE_STEP."""
+    return min(max(value + weight * (toward - value), value / SHAPE_STEP), value * SHAPE_STEP)
+
+
+def isotonic(values: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to `values` in least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([v, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, c1), (m2, c2) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2])
+    return [m for m, c in blocks for _ in range(int(c))]
+
+
 def expected_tokens(alphas: list[float], k: int) -> float:
     """E[tokens emitted | k drafted] = 1 + Σ_{i≤k} Π_{j≤i} α_j (the bonus or recovered token is the 1)."""
     total, survive = 1.0, 1.0
@@ -138,9 +158,15 @@ class Costs:
     """What a step costs: the target's forward time per number of new tokens, the draft's per token.
 
     target_ms: {n: ms of a target forward over n new tokens}, measured at a few n (at least n = 1);
-    values between and beyond are interpolated linearly, and scaled online by the ratio of the
-    loop's measured times to the table (target_scale), so a machine that gets busier, or a context
-    that grows, moves every estimate alike.  draft_ms: ms per proposed draft token (the draft
+    a forward over more tokens never costs less, so the table is first made non-decreasing (a
+    least-squares isotonic fit: two noisy timings out of order are pooled); values between and
+    beyond are interpolated linearly.  Two online corrections follow the loop's measured times:
+    target_scale, the ratio of every measured time to the table (a machine that gets busier, a
+    context that grows, moves every estimate alike), and shape, the ratio at each n the loop
+    measured (interpolated toward target_scale at the table's other points), for a table wrong in its shape (a profile taken while the machine was
+    busy with something else: on a 2-core AMD EPYC, t(8) measured 1.0 s in the profile and ran
+    1.4 s in the loop, so the controller kept drafting 7 tokens that a 3-token draft beat).
+    draft_ms: ms per proposed draft token (the draft
     model's one-token forward); draft_overhead_ms: what a proposal costs on top of that, learnt
     online (synchronising the draft's cache, the first forward over the bonus token, the drafter's
     own work): a draft of k tokens costs draft_overhead_ms + k · draft_ms.  sync_ms: what the draft
@@ -153,13 +179,16 @@ class Costs:
     target_scale: float = 1.0
     draft_overhead_ms: float = 0.0
     sync_ms: float = 0.0  # ms per context token a draft model catches up on (a batched forward)
+    shape: dict[int, float] = field(default_factory=dict)  # n -> measured time / table, learnt online
 
     def __post_init__(self) -> None:
         if 1 not in self.target_ms or any(n < 1 or v <= 0 for n, v in self.target_ms.items()):
             raise ValueError(f"target costs need n = 1 and positive times, got {dict(self.target_ms)}")
         if self.draft_ms < 0 or self.sync_ms < 0:
             raise ValueError(f"draft costs must be >= 0, got {self.draft_ms}, {self.sync_ms}")
-        self._points = sorted(self.target_ms.items())
+        ns = sorted(self.target_ms)
+        self._points = list(zip(ns, isotonic([self.target_ms[n] for n in ns])))
+        self.shape = dict(self.shape)  # a copy (dataclasses.replace) learns on its own
 
     def base_target(self, n: int) -> float:
         """The table's t(n) in ms, interpolated (and extrapolated from the last two points)."""
@@ -171,8 +200,35 @@ class Costs:
                 return max(v0 + (v1 - v0) * (n - n0) / (n1 - n0), 1e-6)
         raise AssertionError("unreachable")
 
+    def ratio(self, n: int) -> float:
+        """Measured time / table at n: the loop's own ratio where it measured n (shape), the overall
+        target_scale at the table's other points, interpolated linearly between them (flat beyond)."""
+        if not self.shape:
+            return self.target_scale
+        pts = sorted({**{m: self.target_scale for m, _ in self._points}, **self.shape}.items())
+        if n <= pts[0][0]:
+            return pts[0][1]
+        for (n0, r0), (n1, r1) in zip(pts, pts[1:]):
+            if n <= n1:
+                return r0 + (r1 - r0) * (n - n0) / (n1 - n0)
+        return pts[-1][1]
+
     def target(self, n: int) -> float:
-        return self.target_scale * self.base_target(n)
+        return self.base_target(n) * self.ratio(n)
+
+    def learn_target(self, n: int, ms: float, weight: float, shape_weight: float) -> None:
+        """Move the estimates toward a forward of n tokens measured at `ms`: target_scale with `weight`,
+        the ratio at n with `shape_weight`, each by at most a factor SHAPE_STEP per measurement (one
+        slow step is not a slower machine nor a table error); the other measured n's drift back toward target_scale by SHAPE_FORGET (an n
+        the controller stopped choosing for a bad timing is tried again in time)."""
+        seen, old = ms / self.base_target(n), self.ratio(n)
+        self.target_scale = _step(self.target_scale, weight, seen)
+        if shape_weight <= 0:
+            return
+        for m in self.shape:
+            if m != n:
+                self.shape[m] += SHAPE_FORGET * (self.target_scale - self.shape[m])
+        self.shape[n] = _step(old, shape_weight, seen)
 
     def draft(self, k: int) -> float:
         """ms to propose k tokens (0 for none)."""
@@ -200,7 +256,8 @@ class AutoK:
 
     prior: acceptance assumed before anything was seen; weight: how many observations the prior is
     worth.  forget: per-observation decay of old acceptance evidence (0.9 ~ the last ten steps).
-    cost_ewma: weight of each new timing in the online cost scales.  probe_every: after this many
+    cost_ewma: weight of each new timing in the online cost scale; shape_ewma: its weight in the cost
+    table's shape at its own n (see Costs; neither learns when cost_ewma is 0).  probe_every: after this many
     plain steps in a row, one 1-token draft is tried so a drafter that starts paying is noticed; each
     rejected probe doubles the wait, up to max_probe_gap.  A drafter that must first catch up
     (lag > STEADY_SYNC) starts drafting only if the time saved over the next `horizon` tokens beats the
@@ -213,6 +270,7 @@ class AutoK:
     weight: float = 2.0
     forget: float = 0.9
     cost_ewma: float = 0.2
+    shape_ewma: float = 0.5
     probe_every: int = 8
     max_probe_gap: int = 64
     horizon: int = 256
@@ -302,9 +360,8 @@ class AutoK:
     def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float, synced: int = 0,
                 source: str = MODEL) -> None:
         w = self.cost_ewma  # times <= 0 mean "not measured" and leave the scales alone
-        if target_s > 0:
-            table_ms = self.costs.base_target(drafted + 1)
-            self.costs.target_scale += w * (1000 * target_s / table_ms - self.costs.target_scale)
+        if target_s > 0:  # frozen costs (cost_ewma 0) learn no shape either
+            self.costs.learn_target(drafted + 1, 1000 * target_s, w, self.shape_ewma if w > 0 else 0.0)
         if drafted == 0:
             self.plain_run += 1
             self.plain_ms += self.costs.target(1)  # the estimate, not the timing: frozen costs stay deterministic

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.control import AutoK, Costs, FixedK, expected_tokens
+from specdec.control import AutoK, Costs, FixedK, expected_tokens, isotonic
 
 FLAT = {1: 100.0, 16: 100.0}  # verifying 16 tokens costs one step (a GPU-like target)
 CPU = {1: 100.0, 2: 115.0, 4: 170.0, 6: 230.0, 8: 290.0, 16: 600.0}  # grows with k (int8 on AVX2)
@@ -70,6 +70,11 @@ def test_an_expensive_draft_is_not_used_even_when_it_is_right():
 STEP_S = 0.1  # a plain step's time, as CPU's t(1)
 
 
+def table_s(k: int) -> float:
+    """What a step drafting k tokens takes on the target, as the CPU table says."""
+    return Costs(CPU, draft_ms=0).target(k + 1) / 1000
+
+
 def test_plain_steps_probe_ever_less_often_and_come_back():
     controller = trained(AutoK(Costs(CPU, draft_ms=10), max_k=8, probe_every=4, max_probe_gap=16,
                                probe_budget=1.0), accept_prob=0.0)
@@ -95,7 +100,7 @@ def test_a_successful_probe_brings_drafting_back():
     for _ in range(40):  # every probe, and every draft after them, is accepted: the estimate climbs back
         k = controller.choose(8)
         choices.append(k)
-        controller.observe(k, k, 0.0, STEP_S)
+        controller.observe(k, k, 0.0, table_s(k))
     assert choices[:5] == [1, 0, 0, 0, 0]  # an accepted probe keeps the probing pace at probe_every
     assert choices[5] == 1 and all(k >= 1 for k in choices[5:])  # drafting every step again
     assert choices[-1] >= 4  # positions not drafted for a while drift to the pooled rate: k climbs back
@@ -105,7 +110,8 @@ def test_online_costs_follow_the_measured_times():
     controller = AutoK(Costs(CPU, draft_ms=10), max_k=8, cost_ewma=0.5)
     for _ in range(20):
         controller.observe(0, 0, 0.0, 0.2)  # one-token steps take 200 ms, twice the table's
-    assert controller.costs.target_scale == pytest.approx(2.0, rel=1e-3)
+    assert controller.costs.target(1) == pytest.approx(200, rel=1e-3)
+    assert controller.costs.target(4) == pytest.approx(2 * 170, rel=1e-3)  # an n not measured moves alike
     for _ in range(20):
         controller.observe(4, 4, 0.08, 0.34, synced=1)  # 80 ms for 4 draft tokens: 40 ms on top of 4 x 10
     assert controller.costs.draft_overhead_ms == pytest.approx(40, rel=1e-3)
@@ -209,3 +215,63 @@ def test_sources_keep_their_own_acceptance_and_costs():
     assert controller.alphas("model")[0] > 0.95
     assert controller.choose(8, source="model") == 0  # right, but drafting costs more than it saves
     assert controller.choose(8, lag=40, source="lookup") >= 4  # a lookup never catches up
+
+
+def test_the_cost_table_is_made_non_decreasing():
+    # a profile taken on a busy machine (fp32 1.5B, 2-core AMD EPYC): t(4) < t(3), t(8) < t(6)
+    measured = {1: 569.0, 2: 755.0, 3: 882.0, 4: 754.0, 6: 1044.0, 8: 1009.0, 9: 1326.0}
+    assert isotonic(list(measured.values())) == pytest.approx([569, 755, 818, 818, 1026.5, 1026.5, 1326])
+    costs = Costs(measured, draft_ms=0)
+    assert costs.target(3) == costs.target(4) == pytest.approx(818)
+    assert all(costs.target(n) <= costs.target(n + 1) for n in range(1, 12))
+    assert isotonic([]) == [] and isotonic([3.0, 1.0, 2.0]) == pytest.approx([2, 2, 2])
+
+
+def test_measured_ratios_are_interpolated_toward_the_scale():
+    costs = Costs(CPU, draft_ms=0, target_scale=2.0, shape={5: 1.2, 8: 1.4})  # CPU's points: 1, 2, 4, 6, 8, 16
+    assert costs.ratio(1) == costs.ratio(4) == 2.0  # table points not measured in the loop: the scale
+    assert costs.ratio(5) == pytest.approx(1.2) and costs.ratio(6) == 2.0
+    assert costs.ratio(7) == pytest.approx(1.7) and costs.ratio(12) == pytest.approx(1.7)
+    assert costs.ratio(20) == 2.0  # flat beyond the last point
+    assert costs.target(7) == pytest.approx(260 * 1.7)
+    assert Costs(CPU, draft_ms=0, target_scale=3.0).target(7) == pytest.approx(260 * 3)
+
+
+def test_one_slow_step_moves_its_ratio_a_little_and_others_forget():
+    costs = Costs(CPU, draft_ms=0)
+    costs.learn_target(4, 1700.0, 0.2, 0.5)  # ten times the table, once
+    assert costs.shape[4] == pytest.approx(1.25) and costs.target_scale == pytest.approx(1.25)
+    for _ in range(40):
+        costs.learn_target(1, 100.0, 0.2, 0.5)  # as the table
+    assert costs.shape[4] == pytest.approx(1.0, abs=0.2)
+
+
+def test_a_table_wrong_in_its_shape_is_corrected_by_the_loop():
+    # the table says 8 tokens cost what 4 do; in the loop they take twice as long
+    table = {1: 100.0, 4: 130.0, 8: 131.0, 16: 400.0}
+    real = {n: (2 * 131.0 if n >= 8 else Costs(table, 0).target(n)) for n in range(1, 17)}
+    controller = trained(AutoK(Costs(table, draft_ms=0), max_k=8, forget=1.0), accept_prob=0.8, k=8)
+    hits = {s: list(v) for s, v in controller.hits.items()}
+    trials = {s: list(v) for s, v in controller.trials.items()}
+    assert controller.choose(8) >= 7  # the table makes a long draft look free
+    for _ in range(6):
+        k = controller.choose(8)
+        controller.observe(k, 0, 0.0, real[k + 1] / 1000)
+        controller.hits = {s: list(v) for s, v in hits.items()}  # the acceptance as trained: only costs change
+        controller.trials = {s: list(v) for s, v in trials.items()}
+    assert controller.choose(8) <= 4
+    assert controller.costs.target(8) > 1.2 * 131  # learnt from the long draft it made
+    # frozen costs (a seeded request, a batch) learn nothing
+    frozen = trained(AutoK(Costs(table, draft_ms=0), max_k=8, forget=1.0, cost_ewma=0.0), accept_prob=0.8, k=8)
+    for _ in range(6):
+        frozen.observe(7, 7, 0.0, 0.262)
+    assert frozen.costs.shape == {} and frozen.costs.target_scale == 1.0 and frozen.choose(8) >= 7
+
+
+def test_copied_costs_learn_on_their_own():
+    from dataclasses import replace
+
+    costs = Costs(CPU, draft_ms=0)
+    copy = replace(costs)
+    copy.learn_target(4, 255.0, 0.5, 0.5)
+    assert costs.shape == {} and costs.target_scale == 1.0 and copy.shape
