@@ -30,9 +30,7 @@ How it works:
   (:class:`specdec.control.AutoK`) that sees the load of the others (their
   tokens in the step, their expected tokens, their drafting time) and prices
   its k against t(total tokens) measured over packed forwards: k shrinks as
-  the batch grows and goes to 0 when plain batched decoding is faster.  It
-  starts from the draft's acceptance as the last finished request learnt it
-  (at half weight), not from a blind prior.
+  the batch grows and goes to 0 when plain batched decoding is faster.
 
 Output: greedy output of every request equals its plain output alone, and a
 seeded sampled request its own seed's output alone, bitwise for int8 targets
@@ -219,9 +217,6 @@ class BatchEngine:
         self._drafts = [clone_runner(draft) for _ in range(max_batch)] if draft is not None else []
         self._costs: Costs | None = None
         self._costs_lock = threading.Lock()
-        # acceptance evidence of the last request that finished with the batch's own controller: the
-        # next one starts from it at half weight (as a single request's controller seeds the next)
-        self._learnt: tuple[dict[str, list[float]], dict[str, list[float]]] | None = None
 
     @property
     def max_batch(self) -> int:
@@ -257,21 +252,8 @@ class BatchEngine:
         from specdec.engine import MAX_AUTO_K
 
         auto = AutoK(replace(self.costs()), max_k=MAX_AUTO_K, cost_ewma=0.0, load=lambda: self.target.load(slot))
-        with self._costs_lock:
-            if self._learnt is not None:
-                hits, trials = self._learnt
-                auto.hits = {s: list(v) for s, v in hits.items()}
-                auto.trials = {s: list(v) for s, v in trials.items()}
-                auto.reset()  # half weight
         self.target.controllers[slot] = auto
         return auto
-
-    def learnt(self, controller: int | Controller) -> None:
-        """Keep what a finished request's batch controller learnt of the draft, for the next request."""
-        if isinstance(controller, AutoK) and controller.load is not None:
-            with self._costs_lock:
-                self._learnt = ({s: list(v) for s, v in controller.hits.items()},
-                                {s: list(v) for s, v in controller.trials.items()})
 
     def stream(
         self,
@@ -302,7 +284,6 @@ class BatchEngine:
             k = self.controller(slot.slot, num_speculative_tokens, sampling) if drafter is not None else 1
             yield from decode(slot, prompt_ids, condition, drafter=drafter, num_speculative_tokens=k,
                               verifier=make_verifier(sampling))
-            self.learnt(k)
         finally:
             slot.release()
 

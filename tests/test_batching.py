@@ -217,19 +217,3 @@ def test_controller_backs_off_as_the_batch_grows():
     assert ks == sorted(ks, reverse=True) and ks[-1] == 0  # falls with the load, to plain decoding
     alone = AutoK(Costs(table, draft_ms=2.0), max_k=8, prior=0.8)
     assert alone.choose(limit=100) == ks[0]  # no load: the single-request choice
-
-
-def test_a_batch_request_starts_from_what_the_last_one_learnt():
-    engine = _engine("int8", "lookup")
-    batch = BatchEngine(engine, max_batch=2)
-    first = batch.controller(0, "auto", SamplingParams())
-    assert first.alphas("lookup")[0] == pytest.approx(first.prior)  # nothing learnt yet
-    for _ in range(30):
-        first.observe(4, 0, 0.0, 0.0, source="lookup")  # the lookup is always wrong
-    batch.learnt(first)
-    second = batch.controller(1, "auto", SamplingParams())
-    assert second.alphas("lookup")[0] < 0.2
-    assert sum(second.trials["lookup"]) == pytest.approx(sum(first.trials["lookup"]) / 2)  # half weight
-    assert second.hits is not first.hits and second.trials["lookup"] is not first.trials["lookup"]
-    batch.learnt(4)  # a fixed k teaches nothing
-    assert batch.controller(1, "auto", SamplingParams()).alphas("lookup")[0] < 0.2
