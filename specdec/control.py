@@ -133,6 +133,17 @@ def _step(value: float, weight: float, toward: float) -> float:
     return min(max(value + weight * (toward - value), value / SHAPE_STEP), value * SHAPE_STEP)
 
 
+def interpolate(points: list[tuple[int, float]], n: int, extrapolate: bool) -> float:
+    """The piecewise-linear function through the sorted (x, y) `points` at n; outside them, the end
+    segments' lines (extrapolate) or the end values."""
+    if not extrapolate and (n <= points[0][0] or n >= points[-1][0]):
+        return points[0][1] if n <= points[0][0] else points[-1][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if n <= x1 or x1 == points[-1][0]:
+            return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+    raise AssertionError("unreachable: interpolate needs two points to extrapolate")
+
+
 def isotonic(values: list[float]) -> list[float]:
     """The non-decreasing sequence closest to `values` in least squares (pool adjacent violators)."""
     blocks: list[list[float]] = []  # [mean, count]
@@ -163,10 +174,10 @@ class Costs:
     beyond are interpolated linearly.  Two online corrections follow the loop's measured times:
     target_scale, the ratio of every measured time to the table (a machine that gets busier, a
     context that grows, moves every estimate alike), and shape, the ratio at each n the loop
-    measured (interpolated toward target_scale at the table's other points), for a table wrong in its shape (a profile taken while the machine was
-    busy with something else: on a 2-core AMD EPYC, t(8) measured 1.0 s in the profile and ran
-    1.4 s in the loop, so the controller kept drafting 7 tokens that a 3-token draft beat).
-    draft_ms: ms per proposed draft token (the draft
+    measured (interpolated toward target_scale at the table's other points), for a table wrong in
+    its shape (a profile taken while the machine was busy with something else: on a 2-core AMD
+    EPYC, t(8) measured 1.0 s in the profile and ran 1.4 s in the loop, so the controller kept
+    drafting 7 tokens that a 3-token draft beat).  draft_ms: ms per proposed draft token (the draft
     model's one-token forward); draft_overhead_ms: what a proposal costs on top of that, learnt
     online (synchronising the draft's cache, the first forward over the bonus token, the drafter's
     own work): a draft of k tokens costs draft_overhead_ms + k · draft_ms.  sync_ms: what the draft
@@ -195,10 +206,7 @@ class Costs:
         pts = self._points
         if len(pts) == 1:
             return pts[0][1] * n  # only t(1) known: assume no saving from batching
-        for (n0, v0), (n1, v1) in zip(pts, pts[1:]):
-            if n <= n1 or (n1, v1) == pts[-1]:
-                return max(v0 + (v1 - v0) * (n - n0) / (n1 - n0), 1e-6)
-        raise AssertionError("unreachable")
+        return max(interpolate(pts, n, extrapolate=True), 1e-6)
 
     def ratio(self, n: int) -> float:
         """Measured time / table at n: the loop's own ratio where it measured n (shape), the overall
@@ -206,12 +214,7 @@ class Costs:
         if not self.shape:
             return self.target_scale
         pts = sorted({**{m: self.target_scale for m, _ in self._points}, **self.shape}.items())
-        if n <= pts[0][0]:
-            return pts[0][1]
-        for (n0, r0), (n1, r1) in zip(pts, pts[1:]):
-            if n <= n1:
-                return r0 + (r1 - r0) * (n - n0) / (n1 - n0)
-        return pts[-1][1]
+        return interpolate(pts, n, extrapolate=False)
 
     def target(self, n: int) -> float:
         return self.base_target(n) * self.ratio(n)
@@ -219,8 +222,9 @@ class Costs:
     def learn_target(self, n: int, ms: float, weight: float, shape_weight: float) -> None:
         """Move the estimates toward a forward of n tokens measured at `ms`: target_scale with `weight`,
         the ratio at n with `shape_weight`, each by at most a factor SHAPE_STEP per measurement (one
-        slow step is not a slower machine nor a table error); the other measured n's drift back toward target_scale by SHAPE_FORGET (an n
-        the controller stopped choosing for a bad timing is tried again in time)."""
+        slow step is not a slower machine nor a table error); the other measured n's drift back toward
+        target_scale by SHAPE_FORGET (an n the controller stopped choosing for a bad timing is tried
+        again in time)."""
         seen, old = ms / self.base_target(n), self.ratio(n)
         self.target_scale = _step(self.target_scale, weight, seen)
         if shape_weight <= 0:
@@ -257,8 +261,8 @@ class AutoK:
     prior: acceptance assumed before anything was seen; weight: how many observations the prior is
     worth.  forget: per-observation decay of old acceptance evidence (0.9 ~ the last ten steps).
     cost_ewma: weight of each new timing in the online cost scale; shape_ewma: its weight in the cost
-    table's shape at its own n (see Costs; neither learns when cost_ewma is 0).  probe_every: after this many
-    plain steps in a row, one 1-token draft is tried so a drafter that starts paying is noticed; each
+    table's shape at its own n (see Costs; neither learns when cost_ewma is 0).  probe_every: after
+    this many plain steps in a row, one 1-token draft is tried so a drafter that starts paying is noticed; each
     rejected probe doubles the wait, up to max_probe_gap.  A drafter that must first catch up
     (lag > STEADY_SYNC) starts drafting only if the time saved over the next `horizon` tokens beats the
     catch-up, and probes only while probes cost at most `probe_budget` of the plain steps' time.
