@@ -7,8 +7,10 @@ step is bound by memory bandwidth (each weight byte is read once), so the
 kernel streams tiled int8 weights with prefetch, multiplying with AVX2
 (``vpmaddubsw`` on |q| and sign(q)*w, two of them added in 16 bits, then
 ``vpmaddwd``: exact int32 sums, no 16-bit saturation since
-2 * (2 * 63 * 127) < 2^15), and does no per-call work but the activation
-quantization.
+2 * (2 * 63 * 127) < 2^15) or, where the CPU has AVX-512 VNNI, with
+``vpdpbusd`` on w + 128 and q (minus 128 * sum(q): the same exact int32
+sums, four times the multiplies per instruction), and does no per-call work
+but the activation quantization.
 
 Numerics, per output element (the same expression for every element of every
 call, hence **batch-invariant**: a token's outputs do not depend on the other
@@ -21,9 +23,10 @@ rows, their number, the tiling or the threads):
 
 The C source (``kernels/int8_linear.c``) is compiled once per source, compiler
 and flags into ``~/.cache/specdec/kernels/`` with ``-O3 -ffp-contract=off``
-and no ``-march`` flag: the AVX2 functions carry a target attribute and are
-chosen at run time, with a portable C path (the same int32 sums, hence the same
-numbers) on CPUs without AVX2.  A machine without a C compiler gets a
+and no ``-march`` flag: the AVX2 and AVX-512 VNNI functions carry target
+attributes and are chosen at run time, with a portable C path (the same int32
+sums, hence the same numbers) on CPUs without AVX2.  Every path gives the same
+bits, so which CPU ran a model never changes its output.  A machine without a C compiler gets a
 one-line error naming the missing compiler.
 
 Threads: the kernel is built with OpenMP and links ``libgomp.so.1``, which
@@ -115,9 +118,19 @@ def version() -> str:
     return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
 
 
+PATHS = {"c": 1, "avx2": 2, "avx512-vnni": 3}  # the kernel's paths (ISA_* in the C source), slowest first
+
+
 def isa() -> str:
-    """The path the kernel takes on this CPU: "avx2" or "c"."""
-    return "avx2" if library().sd_isa() == 2 else "c"
+    """The path the kernel takes on this CPU: "avx512-vnni", "avx2" or "c"."""
+    code = library().sd_isa()
+    return next(name for name, value in PATHS.items() if value == code)
+
+
+def paths() -> list[str]:
+    """Every path this CPU can run (tests compare their outputs bit for bit)."""
+    best = library().sd_isa()
+    return [name for name, value in PATHS.items() if value <= best]
 
 
 def threaded() -> bool:
@@ -146,9 +159,9 @@ def unpack(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, in_features: int, scale: torch.Tensor,
-           bias: torch.Tensor | None, portable: bool = False) -> torch.Tensor:
+           bias: torch.Tensor | None, path: str | None = None) -> torch.Tensor:
     """x [M, K] fp32 -> y [M, N] fp32 (see the module doc); packed [N, padded(K)] from :func:`pack`,
-    scale [N] fp32, bias [N] fp32 or None.  portable=True takes the portable C path (for tests)."""
+    scale [N] fp32, bias [N] fp32 or None.  path: one of :func:`paths` instead of the best (for tests)."""
     if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != in_features:
         raise ValueError(f"expected fp32 [M, {in_features}] input, got {x.dtype} {list(x.shape)}")
     if x.stride(1) != 1:
@@ -157,7 +170,7 @@ def linear(x: torch.Tensor, packed: torch.Tensor, in_features: int, scale: torch
     y = torch.empty(m, n)
     status = library().sd_linear(
         packed.data_ptr(), scale.data_ptr(), None if bias is None else bias.data_ptr(), n, in_features,
-        packed.shape[1], x.data_ptr(), x.stride(0), m, y.data_ptr(), n, torch.get_num_threads(), int(portable),
+        packed.shape[1], x.data_ptr(), x.stride(0), m, y.data_ptr(), n, torch.get_num_threads(), PATHS[path] if path else 0,
     )
     if status != 0:
         raise MemoryError("int8 kernel: out of memory")

@@ -10,7 +10,8 @@ ZeroQuant -- Yao et al. 2022):
   symmetric over [-s, s] with s = max |x|, to 7 bits (integers in
   [-63, 63]); the products are summed exactly in int32 and turned back into
   floats with the two scales.  The kernel is specdec's own
-  (:mod:`specdec.backends.kernel`: C, AVX2 with a portable fallback); why 7
+  (:mod:`specdec.backends.kernel`: C, AVX-512 VNNI or AVX2, with a portable
+  fallback, all giving the same bits); why 7
   bits: two AVX2 ``vpmaddubsw`` results then add up in 16-bit registers
   without saturating, which makes a multi-token verification a third faster.
 

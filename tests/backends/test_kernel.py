@@ -2,7 +2,7 @@
 
 - Every output equals the module doc's formula computed with exact int64 sums in torch, bitwise, for
   shapes that are and are not multiples of the kernel's tiles, with and without bias.
-- The AVX2 path and the portable C path give the same bits.
+- Every path this CPU runs (AVX-512 VNNI, AVX2, portable C) gives the same bits.
 - A row's outputs are the same alone, in any batch, in any order, and from several calling threads at
   once (the thread pool's chunks are claimed dynamically).
 - All-zero rows give the bias; a NaN or inf in a row makes that row NaN and no other.
@@ -43,11 +43,12 @@ def layer(n: int, k: int, seed: int, bias: bool = True):
 @pytest.mark.parametrize("bias", [True, False])
 def test_outputs_are_the_exact_integer_formula(n, k, bias):
     values, scale, b, packed = layer(n, k, seed=n * 1000 + k, bias=bias)
-    x = torch.randn(7, k, generator=torch.Generator().manual_seed(k)) * torch.logspace(-3, 3, 7)[:, None]
-    for m in (1, 2, 3, 4, 7):
+    x = torch.randn(19, k, generator=torch.Generator().manual_seed(k)) * torch.logspace(-3, 3, 19)[:, None]
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 19):  # every row-block size of every path, and blocks after blocks
         y = kernel.linear(x[:m], packed, k, scale, b)
         assert y.shape == (m, n) and torch.equal(y, reference(x[:m], values, scale, b)), m
-        assert torch.equal(y, kernel.linear(x[:m], packed, k, scale, b, portable=True)), m  # AVX2 == portable C
+        for path in kernel.paths():  # the best path == AVX2 == portable C
+            assert torch.equal(y, kernel.linear(x[:m], packed, k, scale, b, path=path)), (m, path)
 
 
 def test_pack_unpack_round_trip():

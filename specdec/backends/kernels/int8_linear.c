@@ -11,9 +11,13 @@
  *
  * The AVX2 path multiplies with vpmaddubsw (u8 x s8 -> pairs summed in s16) on |q| and sign(q) * w:
  * a pair is at most 2 * 63 * 127 = 16002, so two of them add in s16 without saturating before vpmaddwd
- * widens to int32 (see DOT64).  A portable C path computes the same int32 sums (for CPUs without AVX2).
- * Compiled without -march flags; the AVX2 functions carry a target attribute and are chosen at run
- * time.  Compile with -ffp-contract=off so that no path fuses the dequantization into an FMA.
+ * widens to int32 (see DOT64).  On CPUs with AVX-512 VNNI (Ice Lake and later Xeons, Zen 4) the AVX-512
+ * path multiplies with vpdpbusd (u8 x s8, four products summed into each int32 lane) on w + 128 (w xor
+ * 0x80, unsigned) and q, then subtracts 128 * sum(q): again the exact int32 sum (see VTILE).  A portable
+ * C path computes the same int32 sums (for CPUs without AVX2).  Every path gives the same bits, so the
+ * path a CPU takes changes no output.  Compiled without -march flags; the AVX2 and AVX-512 functions
+ * carry target attributes and are chosen at run time.  Compile with -ffp-contract=off so that no path
+ * fuses the dequantization into an FMA.
  */
 #include <math.h>
 #include <stdint.h>
@@ -26,6 +30,7 @@
 #endif
 
 #define TILE_N 4    /* output channels per tile */
+enum { ISA_C = 1, ISA_AVX2 = 2, ISA_VNNI = 3 }; /* the kernel's paths, as sd_isa() reports them */
 #define QMAX 63.0f  /* activations: 7 bits, |q| <= 63 (see DOT64) */
 
 /* ------------------------------------------------------------------ layout
@@ -203,16 +208,111 @@ AVX2 static void gemm_tiles_avx2(const int8_t *w, const float *ws, const float *
     }
 }
 
-static int have_avx2(void) {
+/* ------------------------------------------------------------------ AVX-512 VNNI path */
+
+#define VNNI __attribute__((target("avx2,avx512f,avx512bw,avx512vnni")))
+
+VNNI static inline int32_t hsum_v(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* One tile (TILE_N = 4 output channels) x T input rows i .. i + T - 1.  A 64-byte load of the tile's
+ * stream holds two rows' 32-column chunk (see "layout"), so each zmm accumulator serves a pair of output
+ * channels: lanes 0-7 the first, 8-15 the second, against the input chunk broadcast to both halves.
+ * vpdpbusd wants one unsigned operand: it gets u = w + 128 (w xor 0x80, in [1, 255]) and the signed q, so
+ * acc = sum u q = sum w q + 128 sum q, exact in int32 (|acc| <= kp * 255 * 63 < 2^31 for kp < 133,000),
+ * and sum w q = acc - 128 * qsum[row]. */
+#define VTILE(T, S)                                                                                 \
+    VNNI static inline void vtile_x##T(const int8_t *tile, const float *ws, const float *bias, int col, \
+                                       int n, int kp, const int8_t *q, const int32_t *qsum,         \
+                                       const float *xs, int i, float *y, int64_t ldy) {             \
+        const __m512i flip = _mm512_set1_epi8((char)0x80);                                          \
+        __m512i acc[S][T]; /* [S / 2 chains per pair of channels (S = 4: two, short dependencies)] */ \
+        for (int p = 0; p < S; p++)                                                                 \
+            for (int t = 0; t < T; t++) acc[p][t] = _mm512_setzero_si512();                         \
+        for (int j = 0; j < kp; j += 64) {                                                          \
+            const int8_t *wj = tile + (int64_t)j * TILE_N;                                          \
+            _mm_prefetch((const char *)wj + PREFETCH, _MM_HINT_T0);                                 \
+            _mm_prefetch((const char *)wj + PREFETCH + 64, _MM_HINT_T0);                            \
+            _mm_prefetch((const char *)wj + PREFETCH + 128, _MM_HINT_T0);                           \
+            _mm_prefetch((const char *)wj + PREFETCH + 192, _MM_HINT_T0);                           \
+            /* rows (0, 1) and (2, 3) of column chunk j / 32, then of chunk j / 32 + 1 */            \
+            const __m512i u0 = _mm512_xor_si512(_mm512_loadu_si512(wj), flip);                      \
+            const __m512i u1 = _mm512_xor_si512(_mm512_loadu_si512(wj + 64), flip);                 \
+            const __m512i u2 = _mm512_xor_si512(_mm512_loadu_si512(wj + 128), flip);                \
+            const __m512i u3 = _mm512_xor_si512(_mm512_loadu_si512(wj + 192), flip);                \
+            for (int t = 0; t < T; t++) {                                                           \
+                const int8_t *qt = q + (int64_t)(i + t) * kp + j;                                   \
+                __m512i q0 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qt));       \
+                __m512i q1 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qt + 32))); \
+                acc[0][t] = _mm512_dpbusd_epi32(acc[0][t], u0, q0);                                 \
+                acc[1][t] = _mm512_dpbusd_epi32(acc[1][t], u1, q0);                                 \
+                acc[S - 2][t] = _mm512_dpbusd_epi32(acc[S - 2][t], u2, q1);                         \
+                acc[S - 1][t] = _mm512_dpbusd_epi32(acc[S - 1][t], u3, q1);                         \
+            }                                                                                       \
+        }                                                                                           \
+        for (int t = 0; t < T; t++) {                                                               \
+            const int32_t offset = 128 * qsum[i + t];                                               \
+            if (S == 4) {                                                                           \
+                acc[0][t] = _mm512_add_epi32(acc[0][t], acc[S - 2][t]);                             \
+                acc[1][t] = _mm512_add_epi32(acc[1][t], acc[S - 1][t]);                             \
+            }                                                                                       \
+            for (int r = 0; r < TILE_N && col + r < n; r++) {                                       \
+                __m512i a = acc[r / 2][t];                                                          \
+                __m256i half = r % 2 ? _mm512_extracti64x4_epi64(a, 1) : _mm512_castsi512_si256(a); \
+                y[(int64_t)(i + t) * ldy + col + r] =                                               \
+                    dequant(hsum_v(half) - offset, ws[col + r], xs[i + t], bias, col + r);          \
+            }                                                                                       \
+        }                                                                                           \
+    }
+
+VTILE(1, 4)
+VTILE(2, 4)
+VTILE(3, 4)
+VTILE(4, 4)
+VTILE(5, 2)
+VTILE(6, 2)
+VTILE(7, 2)
+VTILE(8, 2)
+
+VNNI static void gemm_tiles_vnni(const int8_t *w, const float *ws, const float *bias, int n, int t0, int t1,
+                                 int kp, const int8_t *q, const int32_t *qsum, const float *xs, int m, float *y,
+                                 int64_t ldy) {
+    for (int t = t0; t < t1; t++) {
+        const int8_t *tile = w + tile_offset(t, kp);
+        int col = t * TILE_N, i = 0;
+        for (; i + 8 <= m; i += 8) vtile_x8(tile, ws, bias, col, n, kp, q, qsum, xs, i, y, ldy);
+        switch (m - i) {
+        case 7: vtile_x7(tile, ws, bias, col, n, kp, q, qsum, xs, i, y, ldy); break;
+        case 6: vtile_x6(tile, ws, bias, col, n, kp, q, qsum, xs, i, y, ldy); break;
+        case 5: vtile_x5(tile, ws, bias, col, n, kp, q, qsum, xs, i, y, ldy); break;
+        case 4: vtile_x4(tile, ws, bias, col, n, kp, q, qsum, xs, i, y, ldy); break;
+        case 3: vtile_x3(tile, ws, bias, col, n, kp, q, qsum, xs, i, y, ldy); break;
+        case 2: vtile_x2(tile, ws, bias, col, n, kp, q, qsum, xs, i, y, ldy); break;
+        case 1: vtile_x1(tile, ws, bias, col, n, kp, q, qsum, xs, i, y, ldy); break;
+        default: break;
+        }
+    }
+}
+
+/* The best path this CPU runs: ISA_VNNI, ISA_AVX2 or ISA_C. */
+static int best_isa(void) {
     static int cached = -1;
     if (cached < 0) {
         __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx2") ? 1 : 0;
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vnni"))
+            cached = ISA_VNNI;
+        else
+            cached = __builtin_cpu_supports("avx2") ? ISA_AVX2 : ISA_C;
     }
     return cached;
 }
 #else
-static int have_avx2(void) { return 0; }
+static int best_isa(void) { return ISA_C; }
 #endif
 
 /* ------------------------------------------------------------------ threads
@@ -226,15 +326,21 @@ typedef struct {
     const float *ws, *bias, *xs;
     const int8_t *q;
     const uint8_t *qabs;
+    const int32_t *qsum;
     float *y;
     int64_t ldy;
     int n, kp, m;
-    int use_avx2;
+    int isa;
 } job_t;
 
 static void run_tiles(const job_t *job, int t0, int t1) {
 #ifdef SD_X86
-    if (job->use_avx2) {
+    if (job->isa == ISA_VNNI) {
+        gemm_tiles_vnni(job->w, job->ws, job->bias, job->n, t0, t1, job->kp, job->q, job->qsum, job->xs, job->m,
+                        job->y, job->ldy);
+        return;
+    }
+    if (job->isa == ISA_AVX2) {
         gemm_tiles_avx2(job->w, job->ws, job->bias, job->n, t0, t1, job->kp, job->q, job->qabs, job->xs, job->m,
                         job->y, job->ldy);
         return;
@@ -286,34 +392,41 @@ void sd_pack(const int8_t *w, int n, int k, int kp, int8_t *out) {
 }
 
 /* y [m, ldy] = x [m, ldx] W^T; w packed by sd_pack; ws [n]; bias [n] or NULL; on up to `threads` threads.
- * Returns 0, or -1 when out of memory.  force_c: use the portable path (tests compare the two). */
+ * Returns 0, or -1 when out of memory.  isa: 0 for the best path this CPU runs, else at most that path
+ * (ISA_C, ISA_AVX2, ISA_VNNI: the tests compare them; every path gives the same bits). */
 int sd_linear(const int8_t *w, const float *ws, const float *bias, int n, int k, int kp, const float *x,
-              int64_t ldx, int m, float *y, int64_t ldy, int threads, int force_c) {
+              int64_t ldx, int m, float *y, int64_t ldy, int threads, int isa) {
     size_t bytes = (size_t)m * kp;
     int8_t *q = aligned_alloc(64, (bytes * 2 + 63) / 64 * 64 + 64);
     float *xs = malloc(sizeof(float) * (size_t)(m > 0 ? m : 1));
-    if (!q || !xs) {
+    int32_t *qsum = malloc(sizeof(int32_t) * (size_t)(m > 0 ? m : 1));
+    if (!q || !xs || !qsum) {
         free(q);
         free(xs);
+        free(qsum);
         return -1;
     }
     uint8_t *qabs = (uint8_t *)q + bytes;
-    int use_avx2 = !force_c && have_avx2();
+    if (isa <= 0 || isa > best_isa()) isa = best_isa();
     for (int i = 0; i < m; i++) {
+        int8_t *qi = q + (int64_t)i * kp;
 #ifdef SD_X86
-        if (use_avx2) {
-            xs[i] = quantize_row_avx2(x + (int64_t)i * ldx, k, kp, q + (int64_t)i * kp, qabs + (int64_t)i * kp);
-            continue;
-        }
+        if (isa >= ISA_AVX2)
+            xs[i] = quantize_row_avx2(x + (int64_t)i * ldx, k, kp, qi, qabs + (int64_t)i * kp);
+        else
 #endif
-        xs[i] = quantize_row_c(x + (int64_t)i * ldx, k, kp, q + (int64_t)i * kp, qabs + (int64_t)i * kp);
+            xs[i] = quantize_row_c(x + (int64_t)i * ldx, k, kp, qi, qabs + (int64_t)i * kp);
+        int32_t sum = 0; /* for the AVX-512 path's offset (see VTILE) */
+        for (int j = 0; j < k; j++) sum += qi[j];
+        qsum[i] = sum;
     }
-    job_t job = {w, ws, bias, xs, q, qabs, y, ldy, n, kp, m, use_avx2};
+    job_t job = {w, ws, bias, xs, q, qabs, qsum, y, ldy, n, kp, m, isa};
     run_job(&job, threads);
     free(q);
     free(xs);
+    free(qsum);
     return 0;
 }
 
-/* Which path sd_linear takes here: 2 = AVX2, 1 = portable C. */
-int sd_isa(void) { return have_avx2() ? 2 : 1; }
+/* Which path sd_linear takes here: ISA_VNNI (3, AVX-512 VNNI), ISA_AVX2 (2) or ISA_C (1, portable). */
+int sd_isa(void) { return best_isa(); }
