@@ -114,10 +114,16 @@ def quiet_libraries() -> None:
 
 
 def draft_backend_note(engine) -> str:
-    """" on llama.cpp" / " on transformers" for the engine's draft model; nothing without one."""
+    """" on llama.cpp" / " on transformers" (" on transformers int8") for the engine's draft model;
+    nothing without one."""
     if engine.draft_runner is None:
         return ""
-    return " on llama.cpp" if getattr(engine.draft_runner, "session", None) is not None else " on transformers"
+    if getattr(engine.draft_runner, "session", None) is not None:
+        return " on llama.cpp"
+    from specdec.backends.quant import is_int8
+
+    model = getattr(engine.draft_runner, "model", None)
+    return " on transformers int8" if model is not None and is_int8(model) else " on transformers"
 
 
 @app.command()
@@ -131,7 +137,7 @@ def generate(
     draft_dtype: Optional[DType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype); bf16 makes a transformers draft cheaper without changing the output."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend: hf (transformers) or llamacpp (GGUF via llama.cpp)."),
     device: Device = typer.Option(Device.cpu, "--device", help=DEVICE_HELP),
-    draft_backend: DraftBackend = typer.Option(DraftBackend.auto, "--draft-backend", help="Draft's backend: hf, llamacpp, or auto (llama.cpp when it is installed and the draft is a GGUF, else the target's)."),
+    draft_backend: DraftBackend = typer.Option(DraftBackend.auto, "--draft-backend", help="Draft's backend: hf, llamacpp, or auto (llama.cpp when it is installed and the draft is a GGUF, else the target's; transformers int8 on CPUs with AVX-512 VNNI when --draft-dtype is not given)."),
     n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for llama.cpp and torch (default: llama.cpp all CPUs, torch its own choice)."),
     draft_mode: DraftMode = typer.Option(

@@ -126,3 +126,34 @@ def test_real_load_zoo_model(real_hf):
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=5, do_sample=False)
     assert "Paris" in tokenizer.decode(out[0, ids.shape[1]:])
+
+
+@pytest.mark.parametrize("isa,expected", [("avx512-vnni", True), ("avx2", False), ("c", False)])
+def test_int8_draft_is_the_auto_draft_only_where_the_kernel_has_vnni(tmp_path, monkeypatch, isa, expected):
+    from specdec.backends import kernel
+    from specdec.engine import int8_draft_is_faster
+
+    monkeypatch.setattr(kernel, "isa", lambda: isa)
+    assert int8_draft_is_faster("qwen2.5-coder-0.5b", "hf", "cpu") is expected
+    assert int8_draft_is_faster(str(tmp_path), "hf", "cpu") is expected  # a model directory
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert not int8_draft_is_faster(str(gguf), "hf", "cpu")  # a user's GGUF file stays on llama.cpp
+    assert not int8_draft_is_faster("qwen2.5-coder-0.5b", "llamacpp", "cpu")  # a llama.cpp target
+    assert not int8_draft_is_faster("qwen2.5-coder-0.5b", "hf", "cuda")
+    assert not int8_draft_is_faster(None, "hf", "cpu")
+
+
+@pytest.mark.parametrize("isa", ["avx512-vnni", "avx2"])
+def test_engine_auto_draft_backend_loads_an_int8_draft_on_vnni(tmp_path, monkeypatch, isa):
+    from specdec.backends import kernel
+    from specdec.backends.quant import is_int8
+    from specdec.engine import Engine
+
+    model_dir = str(make_tiny_model_dir(tmp_path / "tiny"))
+    monkeypatch.setattr(kernel, "isa", lambda: isa)
+    engine = Engine.load(model_dir, model_dir, dtype="fp32", draft_backend="auto")
+    assert not is_int8(engine.target_runner.model)  # the target keeps the dtype it was given
+    assert is_int8(engine.draft_runner.model) is (isa == "avx512-vnni")
+    given = Engine.load(model_dir, model_dir, dtype="fp32", draft_backend="auto", draft_dtype="fp32")
+    assert not is_int8(given.draft_runner.model)  # a draft dtype the user gave wins
