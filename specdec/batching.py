@@ -29,8 +29,10 @@ How it works:
 - Each speculative request gets its own cost-model controller
   (:class:`specdec.control.AutoK`) that sees the load of the others (their
   tokens in the step, their expected tokens, their drafting time) and prices
-  its k against t(total tokens) measured over packed forwards: k shrinks as
-  the batch grows and goes to 0 when plain batched decoding is faster.
+  its k against t(total tokens) measured over packed forwards (a table timed
+  once, then kept current by the batch from every packed forward's time
+  against its rows): k shrinks as the batch grows and goes to 0 when plain
+  batched decoding is faster.
 
 Output: greedy output of every request equals its plain output alone, and a
 seeded sampled request its own seed's output alone, bitwise for int8 targets
@@ -41,7 +43,7 @@ changes fp32 rounding, so identical up to near-ties (see README).
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
+import time
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
@@ -60,6 +62,7 @@ if TYPE_CHECKING:
     from specdec.engine import Engine
 
 BATCH_KS = (1, 2, 4, 8, 16, 32, 64)  # packed forward sizes timed for the batch controller
+LEARN_SCALE, LEARN_SHAPE = 0.2, 0.5  # weights of a packed forward's time in the shared costs (AutoK's defaults)
 
 
 class BatchedTarget:
@@ -83,6 +86,9 @@ class BatchedTarget:
         self._results: dict[int, torch.Tensor | BaseException] = {}
         self._running = False
         self.controllers: dict[int, AutoK] = {}  # slot -> its request's controller (for the others' load)
+        # The batch controllers' shared costs, kept current from every packed forward's time against its
+        # rows (Costs.learn_target: overall scale and per-size shape); None: nothing learns.
+        self.costs: Costs | None = None
         self.forwards = 0  # packed forwards run
         self.rows = 0  # tokens computed in them
         self.batched = 0  # slots served by them (sum of batch sizes)
@@ -145,6 +151,7 @@ class BatchedTarget:
         self._pending.clear()
         self._running = True
         self._cond.release()
+        start = time.perf_counter()
         try:
             outcome: list[torch.Tensor] | BaseException = forward_packed(
                 [self.runners[s] for s, _ in batch], [c for _, (c, _) in batch], [n for _, (_, n) in batch]
@@ -153,10 +160,14 @@ class BatchedTarget:
             outcome = e
         finally:
             self._cond.acquire()
+        ms = 1000 * (time.perf_counter() - start)
+        rows = sum(len(c) for _, (c, _) in batch)
         self._running = False
         self.forwards += 1
         self.batched += len(batch)
-        self.rows += sum(len(c) for _, (c, _) in batch)
+        self.rows += rows
+        if self.costs is not None and not isinstance(outcome, BaseException):
+            self.costs.learn_target(rows, ms, LEARN_SCALE, LEARN_SHAPE)
         for i, (s, _) in enumerate(batch):
             if s in self._active:
                 self._results[s] = outcome if isinstance(outcome, BaseException) else outcome[i]
@@ -238,20 +249,23 @@ class BatchEngine:
                 draft = self.engine.auto_controller().costs
                 self._costs = Costs({int(k): float(v) for k, v in ms.items()}, draft.draft_ms,
                                     draft_overhead_ms=draft.draft_overhead_ms, sync_ms=draft.sync_ms)
+                self.target.costs = self._costs  # learns from the packed forwards from now on
             return self._costs
 
     def controller(self, slot: int, k: int | str | Controller, sampling: SamplingParams) -> int | Controller:
         """What Engine.speculation gives (a fixed γ, a caller's controller, a seeded sampled request's
         own controller: its k depends on its seed and tokens only, so the same seed gives the same
         text whatever the neighbours, and as when served alone) -- except that the engine's shared
-        "auto" controller becomes one of the request's own, with frozen costs, that sees the other
-        slots' load."""
+        "auto" controller becomes one of the request's own that sees the other slots' load.  Its
+        acceptance estimates are its own; its costs are the batch's, shared by every such request and
+        learnt by the batch itself from each packed forward's time against its rows (a request's own
+        step time holds its waits for the others, so the controller learns no costs itself)."""
         chosen = self.engine.speculation(k, sampling)
         if chosen is not self.engine.auto_controller():
             return chosen
         from specdec.engine import MAX_AUTO_K
 
-        auto = AutoK(replace(self.costs()), max_k=MAX_AUTO_K, cost_ewma=0.0, load=lambda: self.target.load(slot))
+        auto = AutoK(self.costs(), max_k=MAX_AUTO_K, cost_ewma=0.0, load=lambda: self.target.load(slot))
         self.target.controllers[slot] = auto
         return auto
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from specdec.backends.lean import LeanRunner, forward_packed
-from specdec.batching import BatchEngine, BatchedTarget
+from specdec.batching import BATCH_KS, BatchEngine, BatchedTarget
 from specdec.control import AutoK, Costs, Load
 from specdec.engine import Engine
 from specdec.errors import SpecdecError
@@ -217,3 +217,27 @@ def test_controller_backs_off_as_the_batch_grows():
     assert ks == sorted(ks, reverse=True) and ks[-1] == 0  # falls with the load, to plain decoding
     alone = AutoK(Costs(table, draft_ms=2.0), max_k=8, prior=0.8)
     assert alone.choose(limit=100) == ks[0]  # no load: the single-request choice
+
+
+def test_the_batch_learns_its_costs_from_packed_forwards(monkeypatch):
+    engine = _engine("int8", "self")
+    batch = BatchEngine(engine, max_batch=2)
+    # A table ten times slower than this tiny model runs: every packed forward measures faster.
+    monkeypatch.setattr(batch, "_costs", Costs({n: 1000.0 * (1 + n / 64) for n in BATCH_KS}, draft_ms=1.0))
+    batch.target.costs = batch._costs
+    costs = batch.costs()
+    controllers = [batch.controller(s, "auto", SamplingParams()) for s in (0, 1)]
+    assert all(c.costs is costs for c in controllers)  # one shared table, not copies
+    assert costs.target_scale == 1.0 and not costs.shape
+    a, b = batch.target.acquire(), batch.target.acquire()
+    _run_concurrently([lambda: a.forward([1, 2, 3]), lambda: b.forward([4, 5])])  # one packed forward of 5 rows
+    assert batch.target.forwards == 1 and batch.target.rows == 5
+    assert set(costs.shape) == {5} and costs.shape[5] < 1.0 and costs.target_scale < 1.0  # learnt: faster
+    before = costs.target(5)
+    _run_concurrently([lambda: a.forward([6]), lambda: b.forward([7])])
+    assert set(costs.shape) == {5, 2} and costs.target(5) < before  # the scale keeps falling
+    a.release()
+    b.release()
+    # A seeded sampled request keeps a controller of its own: its k must not depend on timings.
+    seeded = batch.controller(0, "auto", SamplingParams(temperature=0.9, seed=1))
+    assert seeded.costs is not costs
