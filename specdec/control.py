@@ -396,12 +396,12 @@ class AutoK:
             trials[j] += 1.0
 
     def reset(self) -> None:
-        """Keep what the last generation learnt, at half weight, as the next one's prior."""
+        """Keep what the last generation learnt, at half weight, as the next one's prior.  The run of
+        plain steps and their time go on across generations: a probe's budget is a share of the plain
+        time since the last draft, and a stream of short requests must earn one too (else a drafter
+        priced out once, with a catch-up of a whole prompt to pay, would never be tried again)."""
         for counts in (*self.hits.values(), *self.trials.values()):
             counts[:] = [c / 2 for c in counts]
-        self.plain_run = 0
-        self.plain_ms = 0.0
-        self.probe_gap = self.probe_every
 
     def describe(self) -> str:
         return f"auto (<= {self.max_k})"

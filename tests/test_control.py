@@ -194,6 +194,24 @@ def test_a_catch_up_is_paid_only_when_drafting_wins_it_back():
     assert (steps - 1) * STEP_S * 1000 * controller.probe_budget < controller.probe_cost(40)
 
 
+def test_short_generations_still_earn_a_probe():
+    # Each generation is 20 plain steps (2 s) and a probe must first catch up on 40 tokens of prompt
+    # (200 ms + its draft): 3% of one generation's plain time never pays for it, so the plain time is
+    # carried across generations and the drafter is tried again after a few of them, not never.
+    controller = trained(AutoK(Costs(CPU, draft_ms=10, sync_ms=5), max_k=8, probe_every=1), accept_prob=0.0)
+    first_probe = None
+    for generation in range(10):
+        controller.reset()
+        for step in range(20):
+            k = controller.choose(3, lag=40)  # 4 tokens left: drafting itself never wins the catch-up back
+            if k and first_probe is None:
+                first_probe = (generation, step)
+            controller.observe(k, 0, 0.0, STEP_S)
+    assert first_probe is not None and first_probe[0] >= 1  # not within one short generation
+    needed = controller.probe_cost(40) / (controller.probe_budget * STEP_S * 1000)  # plain steps that pay for it
+    assert first_probe[0] * 20 + first_probe[1] == pytest.approx(needed, abs=1.5)
+
+
 def test_catch_up_costs_are_learnt_online():
     controller = AutoK(Costs(CPU, draft_ms=10, sync_ms=5), max_k=8, cost_ewma=0.5)
     for _ in range(20):
