@@ -64,7 +64,8 @@ def fastest_draft_backend(draft: ModelSpec | None, backend: str) -> str:
 def int8_draft_is_faster(draft: ModelSpec | None, backend: str, device: str) -> bool:
     """Whether the draft backend "auto" means a transformers int8 draft instead of llama.cpp: on CPUs
     where specdec's int8 kernel multiplies with AVX-512 VNNI, for a transformers target on the CPU
-    and a draft transformers can load.  There the 0.5B drafts a token in 28.6 ms in int8 against
+    and a zoo draft (decoder-only models that int8 runs; a directory or hub model may be an
+    encoder-decoder one, which int8 does not run, so those keep the old default).  There the 0.5B drafts a token in 28.6 ms in int8 against
     45.2 ms on llama.cpp (`specdec profile`, 2-core Xeon with AVX-512 VNNI); on AVX2-only CPUs
     llama.cpp stays the faster draft.  A draft's numerics never change the output."""
     if backend != "hf" or device != "cpu" or not isinstance(draft, str):
@@ -73,7 +74,7 @@ def int8_draft_is_faster(draft: ModelSpec | None, backend: str, device: str) -> 
 
     try:
         kind, _ = resolve(draft)
-        if kind == "gguf":  # a GGUF file of the user's: llama.cpp reads it as it is
+        if kind != "zoo":
             return False
         from specdec.backends import kernel
 

@@ -135,7 +135,7 @@ def test_int8_draft_is_the_auto_draft_only_where_the_kernel_has_vnni(tmp_path, m
 
     monkeypatch.setattr(kernel, "isa", lambda: isa)
     assert int8_draft_is_faster("qwen2.5-coder-0.5b", "hf", "cpu") is expected
-    assert int8_draft_is_faster(str(tmp_path), "hf", "cpu") is expected  # a model directory
+    assert not int8_draft_is_faster(str(tmp_path), "hf", "cpu")  # a directory may hold an encoder-decoder
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
     assert not int8_draft_is_faster(str(gguf), "hf", "cpu")  # a user's GGUF file stays on llama.cpp
@@ -144,16 +144,21 @@ def test_int8_draft_is_the_auto_draft_only_where_the_kernel_has_vnni(tmp_path, m
     assert not int8_draft_is_faster(None, "hf", "cpu")
 
 
-@pytest.mark.parametrize("isa", ["avx512-vnni", "avx2"])
-def test_engine_auto_draft_backend_loads_an_int8_draft_on_vnni(tmp_path, monkeypatch, isa):
-    from specdec.backends import kernel
+@pytest.mark.parametrize("faster", [True, False])
+def test_engine_auto_draft_backend_loads_an_int8_draft_where_that_is_faster(tmp_path, monkeypatch, faster):
+    from specdec import engine as engine_module
     from specdec.backends.quant import is_int8
     from specdec.engine import Engine
 
     model_dir = str(make_tiny_model_dir(tmp_path / "tiny"))
-    monkeypatch.setattr(kernel, "isa", lambda: isa)
+    asked = []
+    monkeypatch.setattr(engine_module, "int8_draft_is_faster",
+                        lambda draft, backend, device: asked.append((draft, backend, device)) or faster)
     engine = Engine.load(model_dir, model_dir, dtype="fp32", draft_backend="auto")
+    assert asked == [(model_dir, "hf", "cpu")]
     assert not is_int8(engine.target_runner.model)  # the target keeps the dtype it was given
-    assert is_int8(engine.draft_runner.model) is (isa == "avx512-vnni")
+    assert is_int8(engine.draft_runner.model) is faster
+    explicit = Engine.load(model_dir, model_dir, dtype="fp32", draft_backend="hf")
+    assert not is_int8(explicit.draft_runner.model)  # only "auto" asks
     given = Engine.load(model_dir, model_dir, dtype="fp32", draft_backend="auto", draft_dtype="fp32")
     assert not is_int8(given.draft_runner.model)  # a draft dtype the user gave wins
