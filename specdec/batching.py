@@ -62,7 +62,8 @@ if TYPE_CHECKING:
     from specdec.engine import Engine
 
 BATCH_KS = (1, 2, 4, 8, 16, 32, 64)  # packed forward sizes timed for the batch controller
-LEARN_SCALE, LEARN_SHAPE = 0.2, 0.5  # weights of a packed forward's time in the shared costs (AutoK's defaults)
+# weights of a packed forward's time in the shared costs: those a lone request's controller gives its steps
+LEARN_SCALE, LEARN_SHAPE = AutoK.cost_ewma, AutoK.shape_ewma
 
 
 class BatchedTarget:
