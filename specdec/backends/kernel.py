@@ -55,6 +55,8 @@ import torch
 from specdec.errors import SpecdecError
 
 SOURCE = Path(__file__).with_name("kernels") / "int8_linear.c"
+ATTENTION_SOURCE = SOURCE.with_name("attention.c")
+SOURCES = (SOURCE, ATTENTION_SOURCE)  # compiled into one library
 FLAGS = ["-O3", "-std=c11", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno"]
 OPENMP = ["-fopenmp"]  # threads: torch's own OpenMP runtime (see the module doc); built without when cc lacks it
 ALIGN = 64  # weight rows are padded with zeros to a multiple of this many columns
@@ -75,15 +77,15 @@ def _build(cache: Path) -> Path:
     """Compile the kernel into `cache` (once per source, compiler and flags) and return the library."""
     compiler = _compiler()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    key = hashlib.sha256(SOURCE.read_bytes() + repr((version, FLAGS, OPENMP, sys.platform)).encode()).hexdigest()[:16]
-    library = cache / f"int8_linear-{key}.so"
+    key = hashlib.sha256(_source_bytes() + repr((version, FLAGS, OPENMP, sys.platform)).encode()).hexdigest()[:16]
+    library = cache / f"specdec-{key}.so"
     if library.exists():
         return library
     cache.mkdir(parents=True, exist_ok=True)
     partial = library.with_suffix(f".{os.getpid()}.tmp")
     errors = ""
     for extra in (OPENMP, []):  # without OpenMP the kernel runs on one thread, with the same numbers
-        done = subprocess.run([compiler, *FLAGS, *extra, str(SOURCE), "-o", str(partial), "-lm"],
+        done = subprocess.run([compiler, *FLAGS, *extra, *map(str, SOURCES), "-o", str(partial), "-lm"],
                               capture_output=True, text=True)
         if done.returncode == 0:
             partial.replace(library)  # atomic: a concurrent build writes the same file
@@ -108,14 +110,23 @@ def library() -> ctypes.CDLL:
             lib.sd_pack.argtypes = [ptr, i32, i32, i32, ptr]
             lib.sd_pack.restype = None
             lib.sd_isa.restype = i32
+            flt = ctypes.c_float
+            lib.sd_attention.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i32, i32, i32, i32, i32, flt, i32,
+                                         ptr, i64, i64, i32, i32]
+            lib.sd_attention.restype = i32
+            lib.sd_attention_isa.restype = i32
             lib.sd_openmp.restype = i32
             _lib = lib
         return _lib
 
 
+def _source_bytes() -> bytes:
+    return b"".join(path.read_bytes() for path in SOURCES)
+
+
 def version() -> str:
-    """A short hash of the kernel's source: what a cached timing of an int8 model depends on."""
-    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    """A short hash of the kernels' sources: what a cached timing of an int8 model depends on."""
+    return hashlib.sha256(_source_bytes()).hexdigest()[:12]
 
 
 PATHS = {"c": 1, "avx2": 2, "avx512-vnni": 3}  # the kernel's paths (ISA_* in the C source), slowest first
@@ -175,3 +186,42 @@ def linear(x: torch.Tensor, packed: torch.Tensor, in_features: int, scale: torch
     if status != 0:
         raise MemoryError("int8 kernel: out of memory")
     return y
+
+
+ATTENTION_PATHS = {"c": 1, "avx2": 2, "avx512": 3}  # the attention's paths (ATT_* in attention.c), slowest first
+
+
+def attention_paths() -> list[str]:
+    """Every attention path this CPU can run (tests compare their outputs bit for bit)."""
+    best = library().sd_attention_isa()
+    return [name for name, value in ATTENTION_PATHS.items() if value <= best]
+
+
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float,
+              window: int | None = None, path: str | None = None) -> torch.Tensor:
+    """Exact causal attention, each query row on its own (see kernels/attention.c for the numbers).
+
+    q [H, n, D] fp32: the queries of positions start .. start + n - 1; keys, values [H_kv, >= start + n, D]
+    fp32 (positions 0 .. start + n - 1 are read; query head h reads key/value head h // (H / H_kv)).
+    window: a sliding window's size (None: the whole context).  Returns [n, H * D].  A row's result is
+    bitwise the same whatever the other rows, their number and the threads, on every path.
+    """
+    heads, n, d = q.shape
+    kv_heads = keys.shape[0]
+    if (q.dtype, keys.dtype, values.dtype) != (torch.float32,) * 3 or keys.shape != values.shape:
+        raise ValueError("attention wants fp32 q, keys and values, keys and values of one shape")
+    if keys.shape[1] < start + n or keys.shape[2] != d or heads % kv_heads:
+        raise ValueError(f"attention: q {list(q.shape)} at {start} does not fit keys {list(keys.shape)}")
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    if keys.stride(2) != 1 or values.stride() != keys.stride():
+        keys, values = keys.contiguous(), values.contiguous()
+    out = torch.empty(n, heads * d)
+    status = library().sd_attention(
+        q.data_ptr(), q.stride(0), q.stride(1), keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1),
+        n, start, heads, kv_heads, d, scale, window or 0, out.data_ptr(), heads * d, d, torch.get_num_threads(),
+        ATTENTION_PATHS[path] if path else 0,
+    )
+    if status != 0:
+        raise MemoryError("attention kernel: out of memory")
+    return out

@@ -18,8 +18,9 @@ directly from the quantized model's tensors, gpt-fast style:
   values (packed only if that model is itself run, e.g. by transformers'
   generate in the benchmark);
 - the same elementwise and reduction operations in the same order as the
-  transformers model, and attention through the same
-  :func:`specdec.backends.quant.rowwise_attention` rows.
+  transformers model, and attention through the same kernel as its
+  :func:`specdec.backends.quant.rowwise_attention` (every query row on its
+  own: :func:`specdec.backends.kernel.attention`).
 
 So its logits are bitwise those of the quantized transformers model (tested on
 tiny and real models), and it inherits its batch invariance: speculative
@@ -50,6 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec.backends import kernel
 from specdec.backends.base import Capabilities
 from specdec.backends.fastlinear import is_fp32_cpu_linear, weight_major_linear
 from specdec.backends.hf import model_max_context
@@ -280,6 +282,7 @@ def forward_packed(runners: Sequence[LeanRunner], chunks: Sequence[Sequence[int]
     cos = torch.cat([r._cos[s : s + n] for r, s, n in zip(runners, starts, sizes)])  # [total, D]
     sin = torch.cat([r._sin[s : s + n] for r, s, n in zip(runners, starts, sizes)])
     h_q, h_kv, d = lead.num_heads, lead.num_kv_heads, lead.head_dim
+    exact = lead.capabilities.batch_invariant
     x = F.embedding(torch.tensor([t for c in chunks for t in c]), lead.embed)  # [total, hidden]
     for i, layer in enumerate(lead.layers):
         h = rms_norm(x, layer.input_norm, lead.eps)
@@ -293,7 +296,10 @@ def forward_packed(runners: Sequence[LeanRunner], chunks: Sequence[Sequence[int]
             r.keys[i][:, start:end] = qk[h_q:, lo:hi]
             r.values[i][:, start:end] = v[:, lo:hi]
             q = qk[:h_q, lo:hi].contiguous()  # [H, n, D]: the same layout whatever the neighbours
-            rows.append(_rowwise(q, r.keys[i], r.values[i], start, layer.scaling, layer.sliding_window))  # [n, H D]
+            if exact:  # int8: specdec's attention kernel, each row on its own (kernel.attention)
+                rows.append(kernel.attention(q, r.keys[i], r.values[i], start, layer.scaling, layer.sliding_window))
+            else:
+                rows.append(_rowwise(q, r.keys[i], r.values[i], start, layer.scaling, layer.sliding_window))  # [n, H D]
         attn = rows[0] if len(rows) == 1 else torch.cat(rows)  # [total, H D]
         x = x + layer.o(attn)
         h = rms_norm(x, layer.post_norm, lead.eps)
@@ -321,7 +327,8 @@ def _sliding_window(config: Any, attention: Any) -> int | None:
 
 def _rowwise(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scaling: float,
              window: int | None) -> torch.Tensor:
-    """rowwise_attention's rows over this runner's cache: q [H, n, D] at positions start.. -> [n, H D]."""
+    """fp32 attention over this runner's cache, one PyTorch call per query row (the batched engine's fp32
+    path; int8 runners take kernel.attention): q [H, n, D] at positions start.. -> [n, H D]."""
     n = q.shape[1]
     gqa = q.shape[0] != keys.shape[0]
     rows = []

@@ -1,0 +1,335 @@
+/* specdec's exact causal attention for the CPU: every query row computed on its own, in one call for all rows.
+ *
+ * See specdec/backends/kernel.py (attention) for why.  Query row i of a call sits at position start + i and
+ * attends to the keys and values at positions [lo, start + i + 1), lo = max(0, start + i + 1 - window) on
+ * sliding-window layers (else 0).  Query head h reads key/value head h / (heads / kv_heads) (grouped-query
+ * attention).  Per (row, head), with L visible keys:
+ *
+ *   s_j   = dot(q, k_j) * scale                  dot: the canonical 16-lane order below
+ *   m     = max_j s_j
+ *   e_j   = exp_sd(s_j - m)                      exp_sd: the polynomial below, elementwise
+ *   Z     = sum_j e_j                            the canonical 16-lane order, j counted from lo
+ *   out_d = (sum_j e_j * v_j,d) / Z              the sum over j in order, one fused multiply-add per j
+ *
+ * Canonical 16-lane order of a sum of x_0 .. x_{n-1}: lane l (0..15) accumulates x_l, x_{l+16}, ... in order
+ * (dot: with fused multiply-adds, from 0), then t8_l = p_l + p_{l+8}, t4_l = t8_l + t8_{l+4},
+ * t2_l = t4_l + t4_{l+2}, sum = t2_0 + t2_1.  The AVX-512 path holds the 16 lanes in one register, the AVX2
+ * path in two, the portable C path in an array: the same operations on the same numbers, so every path gives
+ * the same bits (tested).  Nothing in a row's result depends on the other rows, their number or the threads:
+ * a token's attention is the same in a one-token step, a k-token verification and a prefill (batch
+ * invariance, as the int8 linears).  Compiled with -ffp-contract=off: the multiply-adds are the explicit ones.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define SD_X86 1
+#endif
+
+enum { ATT_C = 1, ATT_AVX2 = 2, ATT_AVX512 = 3 }; /* the paths, as sd_attention_isa() reports them */
+#define LANES 16
+
+/* ------------------------------------------------------------------ exp_sd
+ * exp(x) for the x = s_j - m <= 0 of a softmax: x < EXP_MIN gives 0; else n = round_half_even(x log2 e),
+ * r = (x - n LN2_HI) - n LN2_LO (two fused multiply-adds), p = the degree-7 Taylor polynomial of e^r in
+ * Horner form (fused multiply-adds), result p * 2^n (2^n built from its exponent bits; n >= -126). */
+#define EXP_MIN -87.0f
+#define LOG2E 1.44269504088896341f
+#define LN2_HI 0.693359375f
+#define LN2_LO -2.12194440e-4f
+static const float EXP_POLY[8] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
+
+static inline float exp_c(float x) {
+    if (x < EXP_MIN) return 0.0f;
+    float n = nearbyintf(x * LOG2E);
+    float r = fmaf(n, -LN2_HI, x);
+    r = fmaf(n, -LN2_LO, r);
+    float p = EXP_POLY[0];
+    for (int i = 1; i < 8; i++) p = fmaf(p, r, EXP_POLY[i]);
+    int32_t bits = ((int32_t)(n != n ? 0.0f : n) + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* ------------------------------------------------------------------ portable path */
+
+static float tree16(const float *p) {
+    float t8[8], t4[4];
+    for (int l = 0; l < 8; l++) t8[l] = p[l] + p[l + 8];
+    for (int l = 0; l < 4; l++) t4[l] = t8[l] + t8[l + 4];
+    return (t4[0] + t4[2]) + (t4[1] + t4[3]);
+}
+
+static float dot_c(const float *a, const float *b, int d) {
+    float p[LANES] = {0};
+    for (int i = 0; i < d; i++) p[i % LANES] = fmaf(a[i], b[i], p[i % LANES]);
+    return tree16(p);
+}
+
+/* e[0:n] = exp_sd(s[0:n] - m) in place; returns their sum in the canonical order. */
+static float softmax_c(float *s, int n, float m) {
+    float p[LANES] = {0};
+    for (int j = 0; j < n; j++) {
+        s[j] = exp_c(s[j] - m);
+        p[j % LANES] += s[j];
+    }
+    return tree16(p);
+}
+
+static void weighted_c(const float *e, int n, const float *v, int64_t vstride, int d, float z, float *out) {
+    for (int c = 0; c < d; c++) {
+        float acc = 0.0f;
+        for (int j = 0; j < n; j++) acc = fmaf(e[j], v[(int64_t)j * vstride + c], acc);
+        out[c] = acc / z;
+    }
+}
+
+/* ------------------------------------------------------------------ AVX2 path (16 lanes in two registers) */
+
+#ifdef SD_X86
+#define AVX2 __attribute__((target("avx2,fma")))
+
+AVX2 static inline float tree8x2(__m256 lo, __m256 hi) {
+    __m256 t8 = _mm256_add_ps(lo, hi);
+    __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+    __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+    return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
+}
+
+AVX2 static float dot_avx2(const float *a, const float *b, int d) {
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    for (int i = 0; i < d; i += LANES) {
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), hi);
+    }
+    return tree8x2(lo, hi);
+}
+
+AVX2 static inline __m256 exp_avx2(__m256 x) {
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
+    __m256 p = _mm256_set1_ps(EXP_POLY[0]);
+    for (int i = 1; i < 8; i++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_POLY[i]));
+    __m256i ni = _mm256_cvtps_epi32(_mm256_blendv_ps(n, _mm256_setzero_ps(), _mm256_cmp_ps(n, n, _CMP_UNORD_Q)));
+    __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(127)), 23));
+    __m256 y = _mm256_mul_ps(p, scale);
+    return _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(EXP_MIN), _CMP_LT_OQ));
+}
+
+AVX2 static float softmax_avx2(float *s, int n, float m) {
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps(), vm = _mm256_set1_ps(m);
+    int j = 0;
+    for (; j + LANES <= n; j += LANES) {
+        __m256 a = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        __m256 b = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j + 8), vm));
+        _mm256_storeu_ps(s + j, a);
+        _mm256_storeu_ps(s + j + 8, b);
+        lo = _mm256_add_ps(lo, a);
+        hi = _mm256_add_ps(hi, b);
+    }
+    float p[LANES];
+    _mm256_storeu_ps(p, lo);
+    _mm256_storeu_ps(p + 8, hi);
+    for (int l = 0; j < n; j++, l++) {
+        s[j] = exp_c(s[j] - m);
+        p[l] += s[j];
+    }
+    return tree16(p);
+}
+
+AVX2 static void weighted_avx2(const float *e, int n, const float *v, int64_t vstride, int d, float z, float *out) {
+    const __m256 vz = _mm256_set1_ps(z);
+    int c = 0;
+    for (; c + 32 <= d; c += 32) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int j = 0; j < n; j++) {
+            const float *vj = v + (int64_t)j * vstride + c;
+            const __m256 w = _mm256_broadcast_ss(e + j);
+            a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj), a0);
+            a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8), a1);
+            a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 16), a2);
+            a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 24), a3);
+        }
+        _mm256_storeu_ps(out + c, _mm256_div_ps(a0, vz));
+        _mm256_storeu_ps(out + c + 8, _mm256_div_ps(a1, vz));
+        _mm256_storeu_ps(out + c + 16, _mm256_div_ps(a2, vz));
+        _mm256_storeu_ps(out + c + 24, _mm256_div_ps(a3, vz));
+    }
+    for (; c < d; c += 8) {
+        __m256 a = _mm256_setzero_ps();
+        for (int j = 0; j < n; j++) a = _mm256_fmadd_ps(_mm256_broadcast_ss(e + j), _mm256_loadu_ps(v + (int64_t)j * vstride + c), a);
+        _mm256_storeu_ps(out + c, _mm256_div_ps(a, vz));
+    }
+}
+
+/* ------------------------------------------------------------------ AVX-512 path (16 lanes in one register) */
+
+#define AVX512 __attribute__((target("avx2,fma,avx512f")))
+
+AVX512 static inline float tree16_zmm(__m512 p) {
+    return tree8x2(_mm512_castps512_ps256(p), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1)));
+}
+
+AVX512 static float dot_avx512(const float *a, const float *b, int d) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int i = 0; i < d; i += LANES) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+    return tree16_zmm(acc);
+}
+
+AVX512 static inline __m512 exp_avx512(__m512 x) {
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
+    __m512 p = _mm512_set1_ps(EXP_POLY[0]);
+    for (int i = 1; i < 8; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_POLY[i]));
+    __m512i ni = _mm512_cvtps_epi32(_mm512_mask_mov_ps(n, _mm512_cmp_ps_mask(n, n, _CMP_UNORD_Q), _mm512_setzero_ps()));
+    __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(ni, _mm512_set1_epi32(127)), 23));
+    __m512 y = _mm512_mul_ps(p, scale);
+    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_MIN), _CMP_LT_OQ), _mm512_setzero_ps());
+}
+
+AVX512 static float softmax_avx512(float *s, int n, float m) {
+    __m512 acc = _mm512_setzero_ps(), vm = _mm512_set1_ps(m);
+    int j = 0;
+    for (; j + LANES <= n; j += LANES) {
+        __m512 e = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + j), vm));
+        _mm512_storeu_ps(s + j, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    float p[LANES];
+    _mm512_storeu_ps(p, acc);
+    for (int l = 0; j < n; j++, l++) {
+        s[j] = exp_c(s[j] - m);
+        p[l] += s[j];
+    }
+    return tree16(p);
+}
+
+AVX512 static void weighted_avx512(const float *e, int n, const float *v, int64_t vstride, int d, float z,
+                                   float *out) {
+    const __m512 vz = _mm512_set1_ps(z);
+    int c = 0;
+    for (; c + 64 <= d; c += 64) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int j = 0; j < n; j++) {
+            const float *vj = v + (int64_t)j * vstride + c;
+            const __m512 w = _mm512_set1_ps(e[j]);
+            a0 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj), a0);
+            a1 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 16), a1);
+            a2 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 32), a2);
+            a3 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 48), a3);
+        }
+        _mm512_storeu_ps(out + c, _mm512_div_ps(a0, vz));
+        _mm512_storeu_ps(out + c + 16, _mm512_div_ps(a1, vz));
+        _mm512_storeu_ps(out + c + 32, _mm512_div_ps(a2, vz));
+        _mm512_storeu_ps(out + c + 48, _mm512_div_ps(a3, vz));
+    }
+    for (; c < d; c += LANES) {
+        __m512 a = _mm512_setzero_ps();
+        for (int j = 0; j < n; j++) a = _mm512_fmadd_ps(_mm512_set1_ps(e[j]), _mm512_loadu_ps(v + (int64_t)j * vstride + c), a);
+        _mm512_storeu_ps(out + c, _mm512_div_ps(a, vz));
+    }
+}
+
+static int best_isa(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma"))
+            cached = ATT_AVX512;
+        else
+            cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? ATT_AVX2 : ATT_C;
+    }
+    return cached;
+}
+#else
+static int best_isa(void) { return ATT_C; }
+#endif
+
+/* ------------------------------------------------------------------ one (row, head) */
+
+typedef struct {
+    const float *q, *k, *v;
+    int64_t q_head, q_row, kv_head, kv_row, out_row, out_head;
+    int n, start, heads, kv_heads, d, window, isa;
+    float scale;
+    float *out;
+} att_job_t;
+
+/* Query row i, head h of the job; s: room for start + n scores.  The vector paths need d % 16 == 0
+ * (sd_attention takes the C path otherwise: the same numbers). */
+static void attend(const att_job_t *job, int i, int h, float *s) {
+    const int end = job->start + i + 1;
+    const int lo = job->window > 0 && end > job->window ? end - job->window : 0;
+    const int n = end - lo, d = job->d;
+    const float *q = job->q + (int64_t)h * job->q_head + (int64_t)i * job->q_row;
+    const int64_t kvh = (int64_t)(h / (job->heads / job->kv_heads)) * job->kv_head;
+    const float *k = job->k + kvh + (int64_t)lo * job->kv_row, *v = job->v + kvh + (int64_t)lo * job->kv_row;
+    float *out = job->out + (int64_t)i * job->out_row + (int64_t)h * job->out_head;
+    float m = -INFINITY, z;
+#ifdef SD_X86
+    if (job->isa == ATT_AVX512) {
+        for (int j = 0; j < n; j++) {
+            s[j] = dot_avx512(q, k + (int64_t)j * job->kv_row, d) * job->scale;
+            m = s[j] > m ? s[j] : m;
+        }
+        z = softmax_avx512(s, n, m);
+        weighted_avx512(s, n, v, job->kv_row, d, z, out);
+        return;
+    }
+    if (job->isa == ATT_AVX2) {
+        for (int j = 0; j < n; j++) {
+            s[j] = dot_avx2(q, k + (int64_t)j * job->kv_row, d) * job->scale;
+            m = s[j] > m ? s[j] : m;
+        }
+        z = softmax_avx2(s, n, m);
+        weighted_avx2(s, n, v, job->kv_row, d, z, out);
+        return;
+    }
+#endif
+    for (int j = 0; j < n; j++) {
+        s[j] = dot_c(q, k + (int64_t)j * job->kv_row, d) * job->scale;
+        m = s[j] > m ? s[j] : m;
+    }
+    z = softmax_c(s, n, m);
+    weighted_c(s, n, v, job->kv_row, d, z, out);
+}
+
+/* out[i, h, :] = attention of query row i (position start + i), head h; see the top of the file.
+ * q: element (h, i, c) at q[h * q_head + i * q_row + c]; k, v: (g, position p, c) at [g * kv_head + p * kv_row
+ * + c]; out: (i, h, c) at out[i * out_row + h * out_head + c].  window: a sliding window's size (0: none).
+ * Rows and heads are shared among up to `threads` threads (which thread computes one changes no number).
+ * isa: 0 for the best path, else at most that path (the tests compare them).  Returns 0, or -1 when out of
+ * memory. */
+int sd_attention(const float *q, int64_t q_head, int64_t q_row, const float *k, const float *v, int64_t kv_head,
+                 int64_t kv_row, int n, int start, int heads, int kv_heads, int d, float scale, int window,
+                 float *out, int64_t out_row, int64_t out_head, int threads, int isa) {
+    if (isa <= 0 || isa > best_isa()) isa = best_isa();
+    if (d % LANES) isa = ATT_C;
+    att_job_t job = {q, k, v, q_head, q_row, kv_head, kv_row, out_row, out_head, n, start, heads, kv_heads, d,
+                     window, isa, scale, out};
+    const int tasks = n * heads, room = start + n; /* each thread's scores: at most start + n of them */
+    if (threads < 1 || tasks < 2) threads = 1;
+    if (threads > tasks) threads = tasks;
+    float *scores = malloc(sizeof(float) * (size_t)room * (size_t)threads);
+    if (!scores) return -1;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int t = 0; t < tasks; t++) attend(&job, t / heads, t % heads, scores + (size_t)room * omp_get_thread_num());
+#else
+    for (int t = 0; t < tasks; t++) attend(&job, t / heads, t % heads, scores);
+#endif
+    free(scores);
+    return 0;
+}
+
+/* Which path sd_attention takes here: ATT_AVX512 (3), ATT_AVX2 (2) or ATT_C (1, portable). */
+int sd_attention_isa(void) { return best_isa(); }
