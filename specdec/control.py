@@ -17,16 +17,17 @@ tokens (learnt from the loop's timings), and α_j the probability that draft tok
 accepted given that token j - 1 was (estimated online, per position, with
 exponential forgetting).  Each step takes the k in 0..K with the highest rate;
 **k = 0 is a plain one-token step**, so a drafter that does not pay costs
-nothing but the occasional probe (a one-token draft after `probe_every` plain
-steps, then after twice as many each time a probe is rejected, up to
-`max_probe_gap`), which lets the controller come back when the text turns
+nothing but the occasional probe (a one-token draft after `probe_every` steps
+in which that source did not draft, then after twice as many each time a probe
+is rejected, up to `max_probe_gap`; kept per source, so a hybrid drafter's
+lookup steps count as time the draft model was not tried), which lets the controller come back when the text turns
 predictable.  A draft model's catch-up (the prompt at the first draft, the
 tokens of the plain steps it did not see) is kept out of the per-token drafting
 cost: it is paid once per switch, not per drafted token, so it is priced as
 one: with the drafter `lag` tokens behind, drafting starts only when the time
 it is expected to save over the next `horizon` tokens exceeds the catch-up
 (lag · s, s measured per token), and a probe is made only when its cost stays
-within `probe_budget` of the plain time spent since the last one.  On a CPU a
+within `probe_budget` of the time spent since that source last drafted.  On a CPU a
 catch-up is expensive (a 0.5B draft on a 2-core AMD EPYC: 27 ms per token, a
 sixth of a target step), so without this a controller that falls back to plain
 decoding pays for the draft model's whole context anyway, at every probe.
@@ -255,6 +256,16 @@ NO_LOAD = Load()
 
 
 @dataclass
+class Probe:
+    """One source's probing state (AutoK): steps since it last drafted, their estimated ms, and how many
+    such steps to wait before the next probe (probe_every .. max_probe_gap)."""
+
+    run: int = 0
+    ms: float = 0.0
+    gap: int = 0
+
+
+@dataclass
 class AutoK:
     """The cost-model controller: each step the k in 0..max_k with the most expected tokens per second.
 
@@ -262,10 +273,11 @@ class AutoK:
     worth.  forget: per-observation decay of old acceptance evidence (0.9 ~ the last ten steps).
     cost_ewma: weight of each new timing in the online cost scale; shape_ewma: its weight in the cost
     table's shape at its own n (see Costs; neither learns when cost_ewma is 0).  probe_every: after
-    this many plain steps in a row, one 1-token draft is tried so a drafter that starts paying is noticed; each
-    rejected probe doubles the wait, up to max_probe_gap.  A drafter that must first catch up
+    this many steps in a row in which a source did not draft (plain steps, or the other source's drafts in
+    a hybrid), one 1-token draft from it is tried so a drafter that starts paying is noticed; each
+    rejected probe doubles that source's wait, up to max_probe_gap.  A drafter that must first catch up
     (lag > STEADY_SYNC) starts drafting only if the time saved over the next `horizon` tokens beats the
-    catch-up, and probes only while probes cost at most `probe_budget` of the plain steps' time.
+    catch-up, and probes only while probes cost at most `probe_budget` of the time since it last drafted.
     """
 
     costs: Costs
@@ -287,16 +299,20 @@ class AutoK:
     # decayed counts of acceptances and of trials
     hits: dict[str, list[float]] = field(default_factory=dict)
     trials: dict[str, list[float]] = field(default_factory=dict)
-    plain_run: int = 0
-    probe_gap: int = 0  # plain steps before the next probe (probe_every .. max_probe_gap)
-    plain_ms: float = 0.0  # estimated time of the plain steps since the last draft: what a probe may spend from
+    # per source: the steps since it last drafted, their estimated time, and the wait for its next probe
+    probes: dict[str, Probe] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_k < 1:
             raise ValueError(f"max_k must be >= 1, got {self.max_k}")
         if not 0 < self.prior < 1:
             raise ValueError(f"prior must be in (0, 1), got {self.prior}")
-        self.probe_gap = self.probe_gap or self.probe_every
+
+    def probe_state(self, source: str = MODEL) -> Probe:
+        """`source`'s probing: steps since it last drafted, their time, the wait for its next probe."""
+        if source not in self.probes:
+            self.probes[source] = Probe(gap=self.probe_every)
+        return self.probes[source]
 
     def _evidence(self, source: str) -> tuple[list[float], list[float]]:
         if source not in self.hits:
@@ -352,12 +368,12 @@ class AutoK:
             return 0
         alphas = self.alphas(source)
         k = self.best(limit, alphas, source, load)
+        probe = self.probe_state(source)
         if k > 0 and self.saving(k, limit, alphas, source, load) > self.costs.catch_up(lag):
-            self.probe_gap = self.probe_every  # drafting pays: after the next plain run, probe soon
+            probe.gap = self.probe_every  # drafting pays: after the next plain run, probe soon
             return k
-        if (self.plain_run >= self.probe_gap
-                and self.probe_cost(lag, source, load) <= self.probe_budget * self.plain_ms):
-            self.probe_gap = min(2 * self.probe_gap, self.max_probe_gap)  # back to probe_every if accepted
+        if probe.run >= probe.gap and self.probe_cost(lag, source, load) <= self.probe_budget * probe.ms:
+            probe.gap = min(2 * probe.gap, self.max_probe_gap)  # back to probe_every if accepted
             return 1
         return 0
 
@@ -366,14 +382,19 @@ class AutoK:
         w = self.cost_ewma  # times <= 0 mean "not measured" and leave the scales alone
         if target_s > 0:  # frozen costs (cost_ewma 0) learn no shape either
             self.costs.learn_target(drafted + 1, 1000 * target_s, w, self.shape_ewma if w > 0 else 0.0)
-        if drafted == 0:
-            self.plain_run += 1
-            self.plain_ms += self.costs.target(1)  # the estimate, not the timing: frozen costs stay deterministic
+        # Every step is time in which the sources that did not draft were not tried: their probe budgets
+        # grow by a plain step's estimated time (the estimate, not the timing: frozen costs stay
+        # deterministic).  In a hybrid, prompt lookup's drafts are such time for the draft model.
+        probe = self.probe_state(source) if drafted else None
+        for state in self.probes.values():
+            if state is not probe:
+                state.run += 1
+                state.ms += self.costs.target(1)
+        if probe is None:
             return
-        self.plain_run = 0
-        self.plain_ms = 0.0
+        probe.run, probe.ms = 0, 0.0
         if accepted:
-            self.probe_gap = self.probe_every  # the draft is right again: probe at the usual pace
+            probe.gap = self.probe_every  # the draft is right again: probe at the usual pace
         # A draft model that first caught up on more than the last step's bonus token (the prompt, or
         # plain steps' tokens, in one batched forward) paid a one-time cost, not the steady one; a
         # proposal that fed no model (prompt lookup, also inside the hybrid drafter) says nothing
@@ -396,9 +417,9 @@ class AutoK:
             trials[j] += 1.0
 
     def reset(self) -> None:
-        """Keep what the last generation learnt, at half weight, as the next one's prior.  The run of
-        plain steps and their time go on across generations: a probe's budget is a share of the plain
-        time since the last draft, and a stream of short requests must earn one too (else a drafter
+        """Keep what the last generation learnt, at half weight, as the next one's prior.  The probe
+        states go on across generations: a probe's budget is a share of the time since that source
+        last drafted, and a stream of short requests must earn one too (else a drafter
         priced out once, with a catch-up of a whole prompt to pay, would never be tried again)."""
         for counts in (*self.hits.values(), *self.trials.values()):
             counts[:] = [c / 2 for c in counts]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specdec.control import AutoK, Costs, FixedK, expected_tokens, isotonic
+from specdec.drafters.base import LOOKUP, MODEL
 
 FLAT = {1: 100.0, 16: 100.0}  # verifying 16 tokens costs one step (a GPU-like target)
 CPU = {1: 100.0, 2: 115.0, 4: 170.0, 6: 230.0, 8: 290.0, 16: 600.0}  # grows with k (int8 on AVX2)
@@ -88,7 +89,28 @@ def test_plain_steps_probe_ever_less_often_and_come_back():
     assert probes == [4, 4 + 1 + 8, 4 + 1 + 8 + 1 + 16, 4 + 1 + 8 + 1 + 16 + 1 + 16]  # gaps 4, 8, 16, 16
     trained(controller, accept_prob=1.0, steps=30)  # the text turned predictable
     assert controller.choose(8) >= 4
-    assert controller.probe_gap == 4  # drafting again: the next plain run is probed soon
+    assert controller.probe_state().gap == 4  # drafting again: the next plain run is probed soon
+
+
+def test_a_hybrids_lookup_drafts_earn_the_draft_model_a_probe():
+    # A useless draft model 64 tokens behind: a probe costs the catch-up 64 x 5 ms, a draft token and
+    # the longer verification (345 ms), so at 3% of the time since the model last drafted it is due
+    # after 115 steps' worth (t(1) = 100 ms).  Lookup drafts every other step: that is time the model
+    # was not tried too (it used to reset the model's budget, so the model was never probed again).
+    controller = trained(AutoK(Costs(CPU, draft_ms=10, sync_ms=5), max_k=8, probe_every=4), accept_prob=0.0)
+    model_steps = []
+    for step in range(300):
+        if step % 2:
+            k = controller.choose(8, 0, LOOKUP)
+            assert k > 0  # the lookup's drafts are all accepted
+            controller.observe(k, k, 0.0, table_s(k), source=LOOKUP)
+        else:
+            k = controller.choose(8, 64, MODEL)
+            model_steps.append((step, k))
+            controller.observe(k, 0, 0.0, table_s(k), source=MODEL)
+    probes = [step for step, k in model_steps if k]
+    assert all(k <= 1 for _, k in model_steps)  # never more than a probe
+    assert len(probes) == 2 and 114 <= probes[0] <= 118 and 114 <= probes[1] - probes[0] <= 118, probes
 
 
 def test_a_successful_probe_brings_drafting_back():
