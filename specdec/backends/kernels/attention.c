@@ -274,33 +274,28 @@ static void attend(const att_job_t *job, int i, int h, float *s) {
     const int64_t kvh = (int64_t)(h / (job->heads / job->kv_heads)) * job->kv_head;
     const float *k = job->k + kvh + (int64_t)lo * job->kv_row, *v = job->v + kvh + (int64_t)lo * job->kv_row;
     float *out = job->out + (int64_t)i * job->out_row + (int64_t)h * job->out_head;
-    float m = -INFINITY, z;
+    float m = -INFINITY;
+/* The three steps of the top of the file, on one path's functions (dot_P, softmax_P, weighted_P). */
+#define ATTEND_ON(P)                                                                                \
+    do {                                                                                            \
+        for (int j = 0; j < n; j++) {                                                               \
+            s[j] = dot_##P(q, k + (int64_t)j * job->kv_row, d) * job->scale;                        \
+            m = s[j] > m ? s[j] : m;                                                                \
+        }                                                                                           \
+        weighted_##P(s, n, v, job->kv_row, d, softmax_##P(s, n, m), out);                           \
+    } while (0)
 #ifdef SD_X86
     if (job->isa == ATT_AVX512) {
-        for (int j = 0; j < n; j++) {
-            s[j] = dot_avx512(q, k + (int64_t)j * job->kv_row, d) * job->scale;
-            m = s[j] > m ? s[j] : m;
-        }
-        z = softmax_avx512(s, n, m);
-        weighted_avx512(s, n, v, job->kv_row, d, z, out);
+        ATTEND_ON(avx512);
         return;
     }
     if (job->isa == ATT_AVX2) {
-        for (int j = 0; j < n; j++) {
-            s[j] = dot_avx2(q, k + (int64_t)j * job->kv_row, d) * job->scale;
-            m = s[j] > m ? s[j] : m;
-        }
-        z = softmax_avx2(s, n, m);
-        weighted_avx2(s, n, v, job->kv_row, d, z, out);
+        ATTEND_ON(avx2);
         return;
     }
 #endif
-    for (int j = 0; j < n; j++) {
-        s[j] = dot_c(q, k + (int64_t)j * job->kv_row, d) * job->scale;
-        m = s[j] > m ? s[j] : m;
-    }
-    z = softmax_c(s, n, m);
-    weighted_c(s, n, v, job->kv_row, d, z, out);
+    ATTEND_ON(c);
+#undef ATTEND_ON
 }
 
 /* out[i, h, :] = attention of query row i (position start + i), head h; see the top of the file.
