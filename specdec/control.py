@@ -301,6 +301,11 @@ class AutoK:
     trials: dict[str, list[float]] = field(default_factory=dict)
     # per source: the steps since it last drafted, their estimated time, and the wait for its next probe
     probes: dict[str, Probe] = field(default_factory=dict)
+    # per source: [accepted, tried] draft tokens over its recent draft steps (decayed by record_forget per
+    # step of that source, never halved by reset): what the source is like across generations, which
+    # its per-generation evidence shrinks toward (see alphas)
+    records: dict[str, list[float]] = field(default_factory=dict)
+    record_forget: float = 0.98
 
     def __post_init__(self) -> None:
         if self.max_k < 1:
@@ -320,11 +325,21 @@ class AutoK:
             self.trials[source] = [0.0] * self.max_k
         return self.hits[source], self.trials[source]
 
+    def source_prior(self, source: str = MODEL) -> float:
+        """`source`'s acceptance over its recent draft steps, whatever generation they were in (shrunk
+        toward the prior): what a new generation expects of it before it drafts again."""
+        accepted, tried = self.records.get(source, (0.0, 0.0))
+        return (accepted + self.weight * self.prior) / (tried + self.weight)
+
     def alphas(self, source: str = MODEL) -> list[float]:
         """α_j for j = 1..max_k of `source`'s proposals: each position's evidence, shrunk toward the
-        pooled rate (and that to the prior)."""
+        pooled rate, and that toward the source's own record (source_prior).  reset() halves the
+        evidence at each new generation; shrunk toward the prior instead, a source that was not tried
+        for a few generations would drift back to an optimistic 0.6 and every new generation would pay
+        a catch-up of its prompt to draft with it again (a 270M draft on a 2-core Xeon: 300 ms, five
+        target steps, in 30-token answers)."""
         hits, trials = self._evidence(source)
-        pooled = (sum(hits) + self.weight * self.prior) / (sum(trials) + self.weight)
+        pooled = (sum(hits) + self.weight * self.source_prior(source)) / (sum(trials) + self.weight)
         return [(h + self.weight * pooled) / (t + self.weight) for h, t in zip(hits, trials)]
 
     def draft_cost(self, k: int, source: str = MODEL) -> float:
@@ -415,10 +430,13 @@ class AutoK:
         for j in range(min(accepted + 1, drafted)):
             hits[j] += j < accepted
             trials[j] += 1.0
+        record = self.records.setdefault(source, [0.0, 0.0])
+        record[0] = self.record_forget * record[0] + min(accepted, drafted)
+        record[1] = self.record_forget * record[1] + min(accepted + 1, drafted)
 
     def reset(self) -> None:
-        """Keep what the last generation learnt, at half weight, as the next one's prior.  The probe
-        states go on across generations: a probe's budget is a share of the time since that source
+        """Keep what the last generation learnt, at half weight, as the next one's prior (each source's
+        record stays whole: see alphas).  The probe states go on across generations: a probe's budget is a share of the time since that source
         last drafted, and a stream of short requests must earn one too (else a drafter
         priced out once, with a catch-up of a whole prompt to pay, would never be tried again)."""
         for counts in (*self.hits.values(), *self.trials.values()):

@@ -315,3 +315,28 @@ def test_copied_costs_learn_on_their_own():
     copy = replace(costs)
     copy.learn_target(4, 255.0, 0.5, 0.5)
     assert costs.shape == {} and costs.target_scale == 1.0 and copy.shape
+
+
+def test_a_new_generation_starts_from_the_sources_record_not_from_the_prior():
+    # A draft rejected the few times it was tried, then generations of plain steps: reset() halves the
+    # evidence at every new generation, so shrunk toward the prior it drifted back to an optimistic 0.6
+    # and each new generation paid a prompt catch-up to draft with it again.  It shrinks toward the
+    # source's own record instead, which plain steps do not wash out.
+    costs = Costs({1: 100.0, 2: 109.0, 4: 113.0, 8: 126.0}, draft_ms=35, sync_ms=5)
+    assert AutoK(Costs(costs.target_ms, 35, sync_ms=5)).choose(64, lag=40) > 0  # the prior alone drafts
+    controller = AutoK(costs)
+    for _ in range(4):
+        controller.observe(1, 0, 0.035, 0.109, synced=1)  # rejected
+    for generation in range(6):
+        controller.reset()
+        for _ in range(5):
+            assert controller.choose(64, lag=40) == 0
+            controller.observe(0, 0, 0.0, 0.1)
+    assert controller.source_prior() < 0.3 and controller.alphas()[0] < 0.3
+    # a source that was mostly right drafts at once in the next generation, catch-up and all
+    good = AutoK(Costs(costs.target_ms, 35, sync_ms=5))
+    for _ in range(4):
+        good.observe(1, 1, 0.035, 0.109, synced=1)
+    for generation in range(6):
+        good.reset()
+    assert good.source_prior() > 0.7 and good.choose(64, lag=40) > 0
