@@ -15,10 +15,11 @@ specdec.profile, then kept current from the loop's own timings), d the draft's
 cost per proposed token (measured), c what a proposal costs on top of its
 tokens (learnt from the loop's timings), and α_j the probability that draft token j is
 accepted given that token j - 1 was (estimated online, per position, with
-exponential forgetting).  Each step takes the k in 0..K with the highest rate;
-**k = 0 is a plain one-token step**, so a drafter that does not pay costs
-nothing but the occasional probe (a one-token draft after `probe_every` steps
-in which that source did not draft, then after twice as many each time a probe
+exponential forgetting, and at each new generation shrunk toward the drafter's
+own record over its recent draft steps, not toward a fixed prior).  Each step
+takes the k in 0..K with the highest rate; **k = 0 is a plain one-token step**,
+so a drafter that does not pay costs nothing but the occasional probe (a
+one-token draft after `probe_every` steps in which that source did not draft, then after twice as many each time a probe
 is rejected, up to `max_probe_gap`; kept per source, so a hybrid drafter's
 lookup steps count as time the draft model was not tried), which lets the controller come back when the text turns
 predictable.  A draft model's catch-up (the prompt at the first draft, the
@@ -436,9 +437,10 @@ class AutoK:
 
     def reset(self) -> None:
         """Keep what the last generation learnt, at half weight, as the next one's prior (each source's
-        record stays whole: see alphas).  The probe states go on across generations: a probe's budget is a share of the time since that source
-        last drafted, and a stream of short requests must earn one too (else a drafter
-        priced out once, with a catch-up of a whole prompt to pay, would never be tried again)."""
+        record stays whole: see alphas).  The probe states go on across generations: a probe's budget
+        is a share of the time since that source last drafted, and a stream of short requests must earn
+        one too (else a drafter priced out once, with a catch-up of a whole prompt to pay, would never
+        be tried again)."""
         for counts in (*self.hits.values(), *self.trials.values()):
             counts[:] = [c / 2 for c in counts]
 
