@@ -163,7 +163,8 @@ AVX2 static float quantize_row_avx2(const float *row, int k, int kp, int8_t *q, 
  * overlaps the multiplies of a several-row product, which is what a verification forward is.
  *   AVX2 path: into L1, 1024 bytes ahead (best on a Zen 1 EPYC).
  *   VNNI path: into L1 2048 bytes ahead and into L2 8192 bytes ahead (Xeon, family 6 model 207: the
- *   1.5B model's linears at 8 rows went from 1.57x to 1.17x the one-row time, one row 5% faster). */
+ *   1.5B model's linears at 8 rows went from 1.54x to 1.21x the one-row time, one row about 5% faster;
+ *   BENCHMARKS.md). */
 #define PREFETCH_STEP(wj)                                                                         \
     do {                                                                                          \
         for (int l = 0; l < 4; l++) _mm_prefetch((const char *)(wj) + 1024 + 64 * l, _MM_HINT_T0); \
@@ -242,7 +243,7 @@ AVX2 static void gemm_tiles_avx2(const int8_t *w, const float *ws, const float *
             for (int t = 0; t < T; t++) acc[p][t] = _mm512_setzero_si512();                         \
         for (int j = 0; j < kp; j += 64) {                                                          \
             const int8_t *wj = tile + (int64_t)j * TILE_N;                                          \
-            PREFETCH_STEP_VNNI(wj);                                                                      \
+            PREFETCH_STEP_VNNI(wj);                                                                 \
             /* rows (0, 1) and (2, 3) of column chunk j / 32, then of chunk j / 32 + 1 */            \
             const __m512i u0 = _mm512_xor_si512(_mm512_loadu_si512(wj), flip);                      \
             const __m512i u1 = _mm512_xor_si512(_mm512_loadu_si512(wj + 64), flip);                 \
