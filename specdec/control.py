@@ -20,8 +20,9 @@ own record over its recent draft steps, not toward a fixed prior).  Each step
 takes the k in 0..K with the highest rate; **k = 0 is a plain one-token step**,
 so a drafter that does not pay costs nothing but the occasional probe (a
 one-token draft after `probe_every` steps in which that source did not draft,
-then after twice as many each time a probe is rejected, up to `max_probe_gap`; kept per source, so a hybrid drafter's
-lookup steps count as time the draft model was not tried), which lets the controller come back when the text turns
+then after twice as many each time a probe is rejected, up to `max_probe_gap`;
+kept per source, so a hybrid drafter's lookup steps count as time the draft
+model was not tried), which lets the controller come back when the text turns
 predictable.  A draft model's catch-up (the prompt at the first draft, the
 tokens of the plain steps it did not see) is kept out of the per-token drafting
 cost: it is paid once per switch, not per drafted token, so it is priced as
@@ -433,7 +434,7 @@ class AutoK:
             hits[j] += j < accepted
             trials[j] += 1.0
         record = self.records.setdefault(source, [0.0, 0.0])  # the same counts, never halved by reset
-        record[0] = self.record_forget * record[0] + min(accepted, tried)
+        record[0] = self.record_forget * record[0] + accepted  # accepted <= tried
         record[1] = self.record_forget * record[1] + tried
 
     def reset(self) -> None:
