@@ -206,7 +206,8 @@ class SlotRunner:
 def clone_runner(runner: ModelRunner) -> ModelRunner:
     """Another runner over the same loaded model with a cache of its own (a draft per slot)."""
     if isinstance(runner, LeanRunner):
-        return LeanRunner(runner.model, runner.max_context, fp32=not runner.capabilities.batch_invariant)
+        return LeanRunner(runner.model, runner.max_context, fp32=not runner.capabilities.batch_invariant,
+                          int4=runner.int4)
     if type(runner) is HFRunner:
         return HFRunner(runner.model, runner.max_context)
     raise SpecdecError(

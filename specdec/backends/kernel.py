@@ -56,7 +56,8 @@ from specdec.errors import SpecdecError
 
 SOURCE = Path(__file__).with_name("kernels") / "int8_linear.c"
 ATTENTION_SOURCE = SOURCE.with_name("attention.c")
-SOURCES = (SOURCE, ATTENTION_SOURCE)  # compiled into one library
+INT4_SOURCE = SOURCE.with_name("int4_linear.c")  # group-wise 4-bit weights, for draft models (specdec.backends.int4)
+SOURCES = (SOURCE, ATTENTION_SOURCE, INT4_SOURCE)  # compiled into one library
 FLAGS = ["-O3", "-std=c11", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno"]
 OPENMP = ["-fopenmp"]  # threads: torch's own OpenMP runtime (see the module doc); built without when cc lacks it
 ALIGN = 64  # weight rows are padded with zeros to a multiple of this many columns
@@ -116,6 +117,11 @@ def library() -> ctypes.CDLL:
             lib.sd_attention.restype = i32
             lib.sd_attention_isa.restype = i32
             lib.sd_openmp.restype = i32
+            lib.sd_linear4.argtypes = [ptr, ptr, ptr, i32, i32, i32, ptr, i64, i32, ptr, i64, i32, i32]
+            lib.sd_linear4.restype = i32
+            lib.sd_pack4.argtypes = [ptr, ptr, i32, i32, i32, ptr, ptr]
+            lib.sd_pack4.restype = None
+            lib.sd_isa4.restype = i32
             _lib = lib
         return _lib
 
@@ -185,6 +191,50 @@ def linear(x: torch.Tensor, packed: torch.Tensor, in_features: int, scale: torch
     )
     if status != 0:
         raise MemoryError("int8 kernel: out of memory")
+    return y
+
+
+INT4_PATHS = {"c": 1, "avx2": 2}  # the int4 kernel's paths (ISA4_* in int4_linear.c), slowest first
+GROUP = 64  # int4 weights: columns per scale
+
+
+def int4_paths() -> list[str]:
+    """Every path of the int4 kernel this CPU can run (tests compare their outputs bit for bit)."""
+    best = library().sd_isa4()
+    return [name for name, value in INT4_PATHS.items() if value <= best]
+
+
+def pack4(values: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 values [N, K] in [-7, 7] and fp32 scales [N, ceil(K / GROUP)] -> the int4 kernel's layout:
+    (bytes [ceil(N / TILE) * TILE, padded(K) / 2] uint8, scales [ceil(N / TILE) * TILE * padded(K) / GROUP])."""
+    n, k = values.shape
+    if scales.shape != (n, -(-k // GROUP)):
+        raise ValueError(f"int4 scales must be [{n}, {-(-k // GROUP)}], got {list(scales.shape)}")
+    rows, kp = -(-n // TILE) * TILE, padded(k)
+    out = torch.empty(rows, kp // 2, dtype=torch.uint8)
+    out_scales = torch.empty(rows * kp // GROUP)
+    v, sc = values.to(torch.int8).contiguous(), scales.float().contiguous()
+    library().sd_pack4(v.data_ptr(), sc.data_ptr(), n, k, kp, out.data_ptr(), out_scales.data_ptr())
+    return out, out_scales
+
+
+def linear4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, in_features: int, out_features: int,
+            bias: torch.Tensor | None, path: str | None = None) -> torch.Tensor:
+    """x [M, K] fp32 -> y [M, N] fp32 through the int4 kernel (packed, scales from :func:`pack4`; bias
+    [N] fp32 or None).  path: one of :func:`int4_paths` instead of the best (for tests)."""
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != in_features:
+        raise ValueError(f"expected fp32 [M, {in_features}] input, got {x.dtype} {list(x.shape)}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    m = x.shape[0]
+    y = torch.empty(m, out_features)
+    status = library().sd_linear4(
+        packed.data_ptr(), scales.data_ptr(), None if bias is None else bias.data_ptr(), out_features, in_features,
+        packed.shape[1] * 2, x.data_ptr(), x.stride(0), m, y.data_ptr(), out_features, torch.get_num_threads(),
+        INT4_PATHS[path] if path else 0,
+    )
+    if status != 0:
+        raise MemoryError("int4 kernel: out of memory")
     return y
 
 

@@ -44,7 +44,7 @@ draft length (see README), so fp32 batched output is exact up to near-ties.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -55,6 +55,7 @@ from specdec.backends import kernel
 from specdec.backends.base import Capabilities
 from specdec.backends.fastlinear import is_fp32_cpu_linear, weight_major_linear
 from specdec.backends.hf import model_max_context
+from specdec.backends.int4 import Int4Linear
 from specdec.backends.quant import Int8Linear, is_int8, pack_all
 from specdec.errors import SpecdecError
 
@@ -104,7 +105,7 @@ class FloatLinear:
         return F.linear(x, self.weight, self.bias)
 
 
-Linear = Int8Linear | FloatLinear
+Linear = Int8Linear | FloatLinear | Int4Linear
 
 
 def fuse(linears: Sequence[Any]) -> Linear:
@@ -153,6 +154,25 @@ class _Layer:
 
 
 _FUSED: "weakref.WeakKeyDictionary[Any, list[_Layer]]" = weakref.WeakKeyDictionary()
+_FUSED4: "weakref.WeakKeyDictionary[Any, tuple[list[_Layer], Int4Linear]]" = weakref.WeakKeyDictionary()
+
+
+def _int4(linear: Any) -> Int4Linear:
+    """An int8 (or fp32) linear's weights in int4 (specdec.backends.int4)."""
+    if isinstance(linear, Int8Linear):
+        return Int4Linear.from_int8(linear)
+    return Int4Linear.from_weight(linear.weight, linear.bias)
+
+
+def _int4_parts(model: Any) -> tuple[list[_Layer], Int4Linear]:
+    """The int8 model's fused layers and its output layer with every projection in int4, built once
+    per model and shared by all its int4 runners."""
+    parts = _FUSED4.get(model)
+    if parts is None:
+        layers = [replace(layer, qkv=_int4(layer.qkv), o=_int4(layer.o), gate_up=_int4(layer.gate_up),
+                          down=_int4(layer.down)) for layer in _fused_layers(model)]
+        parts = _FUSED4[model] = (layers, _int4(model.lm_head))
+    return parts
 
 
 def _fused_layers(model: Any) -> list[_Layer]:
@@ -182,12 +202,15 @@ def _fused_layers(model: Any) -> list[_Layer]:
 
 class LeanRunner:
     """A ModelRunner over an int8 llama / qwen2 / mistral model (see the module doc); with fp32=True
-    also over an fp32 one (the batched engine's; a single fp32 sequence runs on HFRunner)."""
+    also over an fp32 one (the batched engine's; a single fp32 sequence runs on HFRunner); with
+    int4=True over the int8 model's weights in int4 (a draft model's: specdec.backends.int4, not the
+    model's own numbers)."""
 
-    def __init__(self, model: Any, max_context: int | None = None, fp32: bool = False) -> None:
-        if not supports(model, fp32=fp32):
+    def __init__(self, model: Any, max_context: int | None = None, fp32: bool = False, int4: bool = False) -> None:
+        if not supports(model, fp32=fp32) or (int4 and not is_int8(model)):
             kinds = "an int8 or fp32" if fp32 else "an int8"
             raise SpecdecError(f"the lean runner needs {kinds} model of a {'/'.join(ARCHITECTURES)} architecture")
+        self.int4 = int4
         config = model.config
         self.model = model  # kept for its config, generation config and eos ids
         # int8 models are batch-invariant (specdec.backends.quant); fp32 ones are not
@@ -197,14 +220,14 @@ class LeanRunner:
         self.embed = inner.embed_tokens.weight.detach()  # [V, hidden]
         self.final_norm = inner.norm.weight.detach()
         self.eps = float(config.rms_norm_eps)
-        self.head: Linear = _own(model.lm_head)
+        self.head: Linear = _int4_parts(model)[1] if int4 else _own(model.lm_head)
         self.vocab_size = self.head.out_features
         self.num_heads = int(config.num_attention_heads)
         self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.num_heads)
         self.max_context = max_context or model_max_context(model)
         self.act: Callable[[torch.Tensor], torch.Tensor] = inner.layers[0].mlp.act_fn
-        self.layers = _fused_layers(model)  # shared by every runner over this model
+        self.layers = _int4_parts(model)[0] if int4 else _fused_layers(model)  # shared by every runner over this model
         self.intermediate = self.layers[0].gate_up.out_features // 2
         self._rotary = inner.rotary_emb
         self._cos = self._sin = torch.empty(0, self.head_dim)  # [positions, D], grown with the cache

@@ -396,40 +396,50 @@ void sd_pack(const int8_t *w, int n, int k, int kp, int8_t *out) {
     }
 }
 
+/* The quantized input rows of one call (see "activation quantization"), in one allocation: row i of x
+ * (stride ldx) -> q[i * kp ..] (zero padded to kp), qabs = |q|, xs[i] = its scale s / QMAX, qsum[i] = the sum
+ * of its q (the VNNI path's offset).  isa: the path's activation code (ISA_C or at least ISA_AVX2: the same
+ * numbers).  Returns the block to free(), or NULL when out of memory.  Shared with int4_linear.c. */
+void *sd_activations(const float *x, int64_t ldx, int m, int k, int kp, int isa, int8_t **q, uint8_t **qabs,
+                     float **xs, int32_t **qsum) {
+    const size_t bytes = (size_t)m * kp, rows = (size_t)(m > 0 ? m : 1);
+    const size_t room = (bytes * 2 + 63) / 64 * 64 + 64 + rows * (sizeof(float) + sizeof(int32_t));
+    uint8_t *block = aligned_alloc(64, (room + 63) / 64 * 64);
+    if (!block) return NULL;
+    *q = (int8_t *)block;
+    *qabs = block + bytes;
+    *xs = (float *)(block + (bytes * 2 + 63) / 64 * 64 + 64);
+    *qsum = (int32_t *)(*xs + rows);
+    for (int i = 0; i < m; i++) {
+        int8_t *qi = *q + (int64_t)i * kp;
+#ifdef SD_X86
+        if (isa >= ISA_AVX2)
+            (*xs)[i] = quantize_row_avx2(x + (int64_t)i * ldx, k, kp, qi, *qabs + (int64_t)i * kp);
+        else
+#endif
+            (*xs)[i] = quantize_row_c(x + (int64_t)i * ldx, k, kp, qi, *qabs + (int64_t)i * kp);
+        int32_t sum = 0; /* for the AVX-512 path's offset (see VTILE) */
+        for (int j = 0; j < k; j++) sum += qi[j];
+        (*qsum)[i] = sum;
+    }
+    return block;
+}
+
 /* y [m, ldy] = x [m, ldx] W^T; w packed by sd_pack; ws [n]; bias [n] or NULL; on up to `threads` threads.
  * Returns 0, or -1 when out of memory.  isa: 0 for the best path this CPU runs, else at most that path
  * (ISA_C, ISA_AVX2, ISA_VNNI: the tests compare them; every path gives the same bits). */
 int sd_linear(const int8_t *w, const float *ws, const float *bias, int n, int k, int kp, const float *x,
               int64_t ldx, int m, float *y, int64_t ldy, int threads, int isa) {
-    size_t bytes = (size_t)m * kp;
-    int8_t *q = aligned_alloc(64, (bytes * 2 + 63) / 64 * 64 + 64);
-    float *xs = malloc(sizeof(float) * (size_t)(m > 0 ? m : 1));
-    int32_t *qsum = malloc(sizeof(int32_t) * (size_t)(m > 0 ? m : 1));
-    if (!q || !xs || !qsum) {
-        free(q);
-        free(xs);
-        free(qsum);
-        return -1;
-    }
-    uint8_t *qabs = (uint8_t *)q + bytes;
     if (isa <= 0 || isa > best_isa()) isa = best_isa();
-    for (int i = 0; i < m; i++) {
-        int8_t *qi = q + (int64_t)i * kp;
-#ifdef SD_X86
-        if (isa >= ISA_AVX2)
-            xs[i] = quantize_row_avx2(x + (int64_t)i * ldx, k, kp, qi, qabs + (int64_t)i * kp);
-        else
-#endif
-            xs[i] = quantize_row_c(x + (int64_t)i * ldx, k, kp, qi, qabs + (int64_t)i * kp);
-        int32_t sum = 0; /* for the AVX-512 path's offset (see VTILE) */
-        for (int j = 0; j < k; j++) sum += qi[j];
-        qsum[i] = sum;
-    }
+    int8_t *q;
+    uint8_t *qabs;
+    float *xs;
+    int32_t *qsum;
+    void *block = sd_activations(x, ldx, m, k, kp, isa, &q, &qabs, &xs, &qsum);
+    if (!block) return -1;
     job_t job = {w, ws, bias, xs, q, qabs, qsum, y, ldy, n, kp, m, isa};
     run_job(&job, threads);
-    free(q);
-    free(xs);
-    free(qsum);
+    free(block);
     return 0;
 }
 
