@@ -39,6 +39,13 @@ class DType(str, Enum):
     int8 = "int8"
 
 
+class DraftDType(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    int8 = "int8"
+    int4 = "int4"  # drafts only (specdec.backends.int4)
+
+
 class Backend(str, Enum):
     hf = "hf"
     llamacpp = "llamacpp"
@@ -114,14 +121,16 @@ def quiet_libraries() -> None:
 
 
 def draft_backend_note(engine) -> str:
-    """" on llama.cpp" / " on transformers" (" on transformers int8") for the engine's draft model;
-    nothing without one."""
+    """" on llama.cpp" / " on transformers" (" on transformers int8", " on specdec int4") for the engine's
+    draft model; nothing without one."""
     if engine.draft_runner is None:
         return ""
     if getattr(engine.draft_runner, "session", None) is not None:
         return " on llama.cpp"
     from specdec.backends.quant import is_int8
 
+    if getattr(engine.draft_runner, "int4", False):
+        return " on specdec int4"
     model = getattr(engine.draft_runner, "model", None)
     return " on transformers int8" if model is not None and is_int8(model) else " on transformers"
 
@@ -134,7 +143,7 @@ def generate(
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most tokens to generate."),
     num_speculative_tokens: str = typer.Option("auto", "--num-speculative-tokens", "-k", help="Draft tokens per step: 'auto' (a cost model picks 0..8 each step from measured speeds and acceptance; 0 = a plain step) or a fixed γ."),
     dtype: DType = typer.Option(DType.fp32, "--dtype", help="Weights' dtype for transformers models: fp32, bf16, or int8 (int8 weights and activations, batch-invariant: the fastest on CPUs, and speculative output is exactly int8 plain output)."),
-    draft_dtype: Optional[DType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype); bf16 makes a transformers draft cheaper without changing the output."),
+    draft_dtype: Optional[DraftDType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype); bf16 makes a transformers draft cheaper without changing the output, and int4 (drafts only: the int8 draft's weights in 4 bits, llama-family models) cheaper still."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend: hf (transformers) or llamacpp (GGUF via llama.cpp)."),
     device: Device = typer.Option(Device.cpu, "--device", help=DEVICE_HELP),
     draft_backend: DraftBackend = typer.Option(DraftBackend.auto, "--draft-backend", help="Draft's backend: hf, llamacpp, or auto (llama.cpp when it is installed and the draft is a GGUF, else the target's; transformers int8 for a zoo draft on CPUs with AVX-512 VNNI when --draft-dtype is not given)."),
@@ -214,7 +223,7 @@ def check_n_ctx_and_threads(n_ctx: int | None, threads: int | None) -> None:
         fail(f"--threads must be >= 1, got {threads}")
 
 
-def load_engine(target: str, draft_spec: str | None, dtype: DType, draft_dtype: DType | None, backend: Backend,
+def load_engine(target: str, draft_spec: str | None, dtype: DType, draft_dtype: DraftDType | None, backend: Backend,
                 draft_backend: DraftBackend, device: Device, n_ctx: int | None, threads: int | None,
                 progress: PullProgress):
     """The Engine for generate's and serve's model options, loaded under a status line."""
@@ -246,7 +255,7 @@ def serve(
     draft: str = generate_option("draft"),
     num_speculative_tokens: str = generate_option("num_speculative_tokens"),
     dtype: DType = generate_option("dtype"),
-    draft_dtype: Optional[DType] = generate_option("draft_dtype"),
+    draft_dtype: Optional[DraftDType] = generate_option("draft_dtype"),
     backend: Backend = generate_option("backend"),
     device: Device = generate_option("device"),
     draft_backend: DraftBackend = generate_option("draft_backend"),
@@ -380,7 +389,7 @@ def bench(
     limit_per_category: Optional[int] = typer.Option(None, "--limit-per-category", help="Take only the first M prompts of each category."),
     chat: bool = typer.Option(False, "--chat", help="Apply the target's chat template to each prompt."),
     dtype: DType = typer.Option(DType.fp32, "--dtype", help="Weights' dtype, for every method."),
-    draft_dtype: Optional[DType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype), for every method that drafts."),
+    draft_dtype: Optional[DraftDType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype), for every method that drafts."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch and llama.cpp (default: torch's choice, llama.cpp all CPUs)."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend for plain and specdec: hf or llamacpp (the hf* methods need hf)."),
     device: Device = typer.Option(Device.cpu, "--device", help=DEVICE_HELP),
@@ -463,7 +472,7 @@ def profile(
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
     draft: str = typer.Option("none", "--draft", "-d", help="Draft model to time per drafted token, or 'none'."),
     dtype: DType = typer.Option(DType.fp32, "--dtype", help="The target's dtype (transformers)."),
-    draft_dtype: Optional[DType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype)."),
+    draft_dtype: Optional[DraftDType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype)."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend: hf or llamacpp."),
     device: Device = typer.Option(Device.cpu, "--device", help=DEVICE_HELP),
     draft_backend: Optional[Backend] = typer.Option(None, "--draft-backend", help="Draft's backend (default: the target's)."),

@@ -359,10 +359,12 @@ class Engine:
         (default: all the process may use).  A llama.cpp target is loaded in exact mode (batch-invariant logits), a llama.cpp draft in
         llama.cpp's fastest mode (a draft's numerics never change the output).
         draft_dtype: a transformers draft's dtype (default: `dtype`); a bf16 draft for an
-        fp32 target halves the draft's cost and leaves the output as it is.
+        fp32 target halves the draft's cost and leaves the output as it is; "int4" (drafts only,
+        llama-family models) runs the draft's int8 weights requantized to 4 bits on specdec's int4
+        kernel (specdec.backends.int4), a cheaper draft token for the same output.
         device: where transformers models run: "cpu", "cuda" or "auto" (cuda when available).
         """
-        from specdec.loading import check_spec, load_hf, load_llamacpp, resolve_device
+        from specdec.loading import INT4, check_spec, load_hf, load_int4_draft, load_llamacpp, resolve_device
 
         lookup = isinstance(draft, str) and (draft.lower() == LOOKUP or draft.lower().startswith(LOOKUP + "+"))
         if lookup:
@@ -370,6 +372,13 @@ class Engine:
             if draft.lower() != LOOKUP and not rest:
                 raise SpecdecError("'lookup+' needs a draft model after the '+', e.g. lookup+qwen2.5-coder-0.5b")
             draft = rest or None
+        if dtype == INT4:
+            raise SpecdecError("int4 is a draft's dtype only (--draft-dtype int4): a target's numbers are its "
+                               "output, and int4 weights would change them")
+        if draft_dtype == INT4:  # specdec's int4 kernel, on the transformers side
+            if draft_backend not in (None, AUTO_BACKEND, "hf"):
+                raise SpecdecError("--draft-dtype int4 runs the draft on specdec's int4 kernel: use --draft-backend hf")
+            draft_backend = "hf"
         if (draft_backend == AUTO_BACKEND and draft_dtype is None
                 and int8_draft_is_faster(draft, backend, device)):
             draft_backend, draft_dtype = "hf", "int8"
@@ -388,6 +397,9 @@ class Engine:
                 return model, tok, getattr(config, "_name_or_path", "") or type(model).__name__
             if which == "llamacpp":
                 runner, tok = load_llamacpp(spec, n_ctx=n_ctx, exact=exact, progress=progress, n_threads=threads)
+                return runner, tok, spec
+            if dtype == INT4:
+                runner, tok = load_int4_draft(spec, progress=progress)
                 return runner, tok, spec
             model, tok = load_hf(spec, dtype=dtype, progress=progress, device=device)
             return model, tok, spec

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DTYPES = ("fp32", "bf16", "int8")
+INT4 = "int4"  # a draft model's dtype only (specdec.backends.int4): its numbers never reach the output
+DRAFT_DTYPES = (*DTYPES, INT4)
 # "owner/name" with the characters the hub allows in each part.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -303,9 +305,23 @@ def resolve_device(device: str, dtype: str = "fp32") -> str:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise SpecdecError("--device cuda: no CUDA GPU is available to this torch build; use --device cpu")
-    if device == "cuda" and dtype == "int8":
-        raise SpecdecError("int8 models run on the CPU only (specdec's own kernel); on CUDA use --dtype bf16")
+    if device == "cuda" and dtype in ("int8", INT4):
+        raise SpecdecError(f"{dtype} models run on the CPU only (specdec's own kernel); on CUDA use --dtype bf16")
     return device
+
+
+def load_int4_draft(spec: str, progress: zoo.Progress | None = None) -> tuple["ModelRunner", "PreTrainedTokenizerBase"]:
+    """A draft model in int4 (specdec.backends.int4): the int8 model (quantized once and cached, as for
+    dtype="int8") with its weights requantized to group-wise int4 at load, on a LeanRunner; llama,
+    qwen2 and mistral models only."""
+    from specdec.backends import lean
+
+    model, tokenizer = load_hf(spec, dtype="int8", progress=progress)
+    if not lean.supports(model):
+        kind = getattr(model.config, "model_type", type(model).__name__)
+        raise SpecdecError(f"--draft-dtype int4 runs {'/'.join(lean.ARCHITECTURES)} drafts, and '{spec}' is a {kind} "
+                           "model: use --draft-dtype int8")
+    return lean.LeanRunner(model, int4=True), tokenizer
 
 
 def load_hf(

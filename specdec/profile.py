@@ -146,7 +146,8 @@ def runner_identity(runner: ModelRunner) -> dict[str, object] | None:
 
         param = next(model.parameters())
         int8 = is_int8(model)
-        who = {"backend": type(runner).__name__, "model": str(name), "dtype": "int8" if int8 else str(param.dtype),
+        dtype = "int4" if getattr(runner, "int4", False) else "int8" if int8 else str(param.dtype)
+        who = {"backend": type(runner).__name__, "model": str(name), "dtype": dtype,
                "device": str(param.device), "threads": torch.get_num_threads()}
         if int8:  # a new kernel times differently
             from specdec.backends.kernel import version

@@ -6,6 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specdec.cli import app
+from specdec.errors import SpecdecError
 from tests.tiny import save_tiny
 
 runner = CliRunner()
@@ -18,6 +19,7 @@ def tiny_dirs(tmp_path_factory):
         "target": save_tiny(root / "target", "llama", seed=0),
         "draft": save_tiny(root / "draft", "llama", seed=1),
         "other_vocab": save_tiny(root / "other", "qwen2", seed=2, variant=1),
+        "root": root,
     }
 
 
@@ -65,6 +67,32 @@ def test_bf16_draft_for_an_fp32_target_keeps_the_output(tiny_dirs):
     assert spec["stats"]["acceptance_rate"] > 0.5
     engine = Engine.load(tiny_dirs["target"], tiny_dirs["draft"], draft_dtype="bf16")
     assert engine.target_runner.model.dtype == torch.float32 and engine.draft_runner.model.dtype == torch.bfloat16
+
+
+def test_int4_draft_keeps_the_int8_targets_output_and_is_refused_where_it_cannot_run(tiny_dirs):
+    from specdec.backends.lean import LeanRunner
+    from specdec.engine import Engine
+
+    common = ["Once upon a time", "--target", tiny_dirs["target"], "--dtype", "int8", "--max-new-tokens", "25", "--json"]
+    spec = json.loads(generate(*common, "--draft", tiny_dirs["target"], "--draft-dtype", "int4", "-k", "4").stdout)
+    plain = json.loads(generate(*common, "--draft", "none").stdout)
+    assert spec["token_ids"] == plain["token_ids"] and spec["stats"]["drafted"] > 0
+    summary = generate(*common[:-1], "--draft", tiny_dirs["target"], "--draft-dtype", "int4")
+    assert summary.exit_code == 0 and "on specdec int4" in summary.output
+    engine = Engine.load(tiny_dirs["target"], "lookup+" + tiny_dirs["draft"], dtype="int8", draft_dtype="int4",
+                         draft_backend="auto")
+    assert isinstance(engine.draft_runner, LeanRunner) and engine.draft_runner.int4
+    assert not engine.target_runner.int4
+    assert_user_error(generate("hi", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"],
+                               "--draft-dtype", "int4", "--draft-backend", "llamacpp"), "--draft-backend hf")
+    with pytest.raises(SpecdecError, match="draft's dtype only"):
+        Engine.load(tiny_dirs["target"], dtype="int4")
+    gemma = save_tiny(tiny_dirs["root"] / "gemma", "gemma3", seed=3)
+    assert_user_error(generate("hi", "--target", tiny_dirs["target"], "--draft", gemma, "--draft-dtype", "int4"),
+                      "use --draft-dtype int8")
+    assert_user_error(runner.invoke(app, ["bench", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"],
+                                          "--dtype", "int8", "--draft-dtype", "int4", "--methods", "plain,hf"]),
+                      "no int4")
 
 
 def test_streaming_prints_text_and_summary(tiny_dirs):

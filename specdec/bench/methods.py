@@ -514,10 +514,14 @@ def needs_draft(families: Sequence[str]) -> list[str]:
     return [f for f in families if METHODS[f].needs_draft]
 
 
-def check_backends(families: Sequence[str], backend: str, draft_backend: str) -> None:
-    """Raise a one-line SpecdecError if a family calls transformers on a model loaded with llama.cpp."""
+def check_backends(families: Sequence[str], backend: str, draft_backend: str, draft_dtype: str | None = None) -> None:
+    """Raise a one-line SpecdecError if a family calls transformers on a model loaded with llama.cpp, or
+    on an int4 draft (transformers has no int4 form of it: its generate would draft in int8)."""
     backends = {"target": backend, "draft": draft_backend}
     for family in families:
+        if draft_dtype == "int4" and "draft" in METHODS[family].needs_hf:
+            raise SpecdecError(f"method {family} runs transformers' generate with the draft model, which has no int4 "
+                               "form there: drop it from --methods or use --draft-dtype int8")
         for which in METHODS[family].needs_hf:
             if backends[which] != "hf":
                 flag = "--backend" if which == "target" else "--draft-backend"

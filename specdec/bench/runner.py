@@ -428,7 +428,9 @@ def run_bench(
     check_run_options(options)
     families = parse_methods(options.methods)
     _, draft_backend = resolve_backends(options.backend, options.draft_backend)
-    check_backends(families, options.backend, draft_backend)
+    if options.draft_dtype == "int4" and options.draft_backend in (None, "auto"):
+        draft_backend = "hf"  # an int4 draft runs on specdec's kernel (Engine.load)
+    check_backends(families, options.backend, draft_backend, options.draft_dtype)
     if "llamacpp" in families:
         from specdec.loading import check_spec
 
