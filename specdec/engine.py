@@ -61,26 +61,50 @@ def fastest_draft_backend(draft: ModelSpec | None, backend: str) -> str:
     return "llamacpp"
 
 
-def int8_draft_is_faster(draft: ModelSpec | None, backend: str, device: str) -> bool:
-    """Whether the draft backend "auto" means a transformers int8 draft instead of llama.cpp: on CPUs
-    where specdec's int8 kernel multiplies with AVX-512 VNNI, for a transformers target on the CPU
-    and a zoo draft (decoder-only models that int8 runs; a directory or hub model may be an
-    encoder-decoder one, which int8 does not run, so those keep the old default).  There the 0.5B drafts a token in 28.6 ms in int8 against
-    45.2 ms on llama.cpp (`specdec profile`, 2-core Xeon with AVX-512 VNNI); on AVX2-only CPUs
-    llama.cpp stays the faster draft.  A draft's numerics never change the output."""
+INT4_DRAFT_MIN_PARAMS = 0.3e9  # smaller drafts are bound by per-layer overhead, not bytes: llama.cpp stays faster
+
+
+def _params(text: str) -> float:
+    """A zoo model's parameter count from its label ("135M", "0.5B")."""
+    scale = {"M": 1e6, "B": 1e9}.get(text[-1:].upper(), 1.0)
+    try:
+        return float(text[:-1] if scale != 1.0 else text) * scale
+    except ValueError:
+        return 0.0
+
+
+def fastest_spec_draft_dtype(draft: ModelSpec | None, backend: str, device: str) -> str | None:
+    """The draft dtype the draft backend "auto" means on specdec's own kernels, or None for llama.cpp.
+
+    Only for a transformers target on the CPU and a zoo draft (decoder-only models that int8 runs; a
+    directory or hub model may be an encoder-decoder one, so those keep llama.cpp), as measured with
+    `specdec profile` (a draft's numerics never change the output):
+    - "int8" on CPUs where the int8 kernel multiplies with AVX-512 VNNI: the 0.5B drafts a token in
+      28.6 ms against 45.2 ms on llama.cpp (2-core Xeon);
+    - "int4" on other CPUs with AVX2, for llama-family drafts of at least INT4_DRAFT_MIN_PARAMS: the
+      0.5B drafts a token in 26.8 ms in int4, against 32.2 ms on llama.cpp and 33.3 ms in int8
+      (2-core AMD EPYC, Zen 1); smollm2-135m stays on llama.cpp (9.9 ms against 12.9 ms in int4)."""
     if backend != "hf" or device != "cpu" or not isinstance(draft, str):
-        return False
+        return None
+    from specdec import zoo
+    from specdec.backends import lean
     from specdec.loading import resolve
 
     try:
-        kind, _ = resolve(draft)
+        kind, location = resolve(draft)
         if kind != "zoo":
-            return False
+            return None
         from specdec.backends import kernel
 
-        return kernel.isa() == "avx512-vnni"
+        isa = kernel.isa()
     except SpecdecError:  # no C compiler for the kernel, or a name that loading will report
-        return False
+        return None
+    if isa == "avx512-vnni":
+        return "int8"
+    entry = zoo.get(location)
+    if isa == "avx2" and entry.arch in lean.ARCHITECTURES and _params(entry.params) >= INT4_DRAFT_MIN_PARAMS:
+        return "int4"
+    return None
 
 
 def resolve_backends(backend: str, draft_backend: str | None, draft: ModelSpec | None = None) -> tuple[str, str]:
@@ -353,8 +377,8 @@ class Engine:
         backend / draft_backend: "hf" (transformers, in `dtype`) or "llamacpp" (the GGUF
         through llama.cpp; zoo names and .gguf files only); the draft's defaults to the
         target's; "auto": llama.cpp where it can run the draft (fastest_draft_backend), except
-        on CPUs where a transformers int8 draft is faster (int8_draft_is_faster; when
-        draft_dtype is not given).
+        on CPUs where a draft on specdec's int8 or int4 kernel is faster
+        (fastest_spec_draft_dtype; when draft_dtype is not given).
         n_ctx / threads: llama.cpp's context size (default DEFAULT_N_CTX) and CPU threads
         (default: all the process may use).  A llama.cpp target is loaded in exact mode (batch-invariant logits), a llama.cpp draft in
         llama.cpp's fastest mode (a draft's numerics never change the output).
@@ -379,9 +403,10 @@ class Engine:
             if draft_backend not in (None, AUTO_BACKEND, "hf"):
                 raise SpecdecError("--draft-dtype int4 runs the draft on specdec's int4 kernel: use --draft-backend hf")
             draft_backend = "hf"
-        if (draft_backend == AUTO_BACKEND and draft_dtype is None
-                and int8_draft_is_faster(draft, backend, device)):
-            draft_backend, draft_dtype = "hf", "int8"
+        if draft_backend == AUTO_BACKEND and draft_dtype is None:
+            draft_dtype = fastest_spec_draft_dtype(draft, backend, device)
+            if draft_dtype is not None:
+                draft_backend = "hf"
         backend, draft_backend = resolve_backends(backend, draft_backend, draft)
         for which, d, spec in ((backend, dtype, target), (draft_backend, draft_dtype or dtype, draft)):
             if which == "hf" and spec is not None:

@@ -128,36 +128,40 @@ def test_real_load_zoo_model(real_hf):
     assert "Paris" in tokenizer.decode(out[0, ids.shape[1]:])
 
 
-@pytest.mark.parametrize("isa,expected", [("avx512-vnni", True), ("avx2", False), ("c", False)])
-def test_int8_draft_is_the_auto_draft_only_where_the_kernel_has_vnni(tmp_path, monkeypatch, isa, expected):
+@pytest.mark.parametrize("isa,expected", [("avx512-vnni", "int8"), ("avx2", "int4"), ("c", None)])
+def test_the_auto_draft_runs_on_specdecs_kernels_where_that_was_measured_faster(tmp_path, monkeypatch, isa, expected):
     from specdec.backends import kernel
-    from specdec.engine import int8_draft_is_faster
+    from specdec.engine import fastest_spec_draft_dtype
 
     monkeypatch.setattr(kernel, "isa", lambda: isa)
-    assert int8_draft_is_faster("qwen2.5-coder-0.5b", "hf", "cpu") is expected
-    assert not int8_draft_is_faster(str(tmp_path), "hf", "cpu")  # a directory may hold an encoder-decoder
+    assert fastest_spec_draft_dtype("qwen2.5-coder-0.5b", "hf", "cpu") == expected
+    # smollm2-135m is faster on llama.cpp than in int4; gemma3 has no int4 runner
+    assert fastest_spec_draft_dtype("smollm2-135m", "hf", "cpu") == ("int8" if isa == "avx512-vnni" else None)
+    assert fastest_spec_draft_dtype("gemma3-270m", "hf", "cpu") == ("int8" if isa == "avx512-vnni" else None)
+    assert fastest_spec_draft_dtype(str(tmp_path), "hf", "cpu") is None  # a directory may hold an encoder-decoder
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
-    assert not int8_draft_is_faster(str(gguf), "hf", "cpu")  # a user's GGUF file stays on llama.cpp
-    assert not int8_draft_is_faster("qwen2.5-coder-0.5b", "llamacpp", "cpu")  # a llama.cpp target
-    assert not int8_draft_is_faster("qwen2.5-coder-0.5b", "hf", "cuda")
-    assert not int8_draft_is_faster(None, "hf", "cpu")
+    assert fastest_spec_draft_dtype(str(gguf), "hf", "cpu") is None  # a user's GGUF file stays on llama.cpp
+    assert fastest_spec_draft_dtype("qwen2.5-coder-0.5b", "llamacpp", "cpu") is None  # a llama.cpp target
+    assert fastest_spec_draft_dtype("qwen2.5-coder-0.5b", "hf", "cuda") is None
+    assert fastest_spec_draft_dtype(None, "hf", "cpu") is None
 
 
-@pytest.mark.parametrize("faster", [True, False])
-def test_engine_auto_draft_backend_loads_an_int8_draft_where_that_is_faster(tmp_path, monkeypatch, faster):
+@pytest.mark.parametrize("faster", ["int8", "int4", None])
+def test_engine_auto_draft_backend_loads_an_int8_or_int4_draft_where_that_is_faster(tmp_path, monkeypatch, faster):
     from specdec import engine as engine_module
     from specdec.backends.quant import is_int8
     from specdec.engine import Engine
 
     model_dir = str(make_tiny_model_dir(tmp_path / "tiny"))
     asked = []
-    monkeypatch.setattr(engine_module, "int8_draft_is_faster",
+    monkeypatch.setattr(engine_module, "fastest_spec_draft_dtype",
                         lambda draft, backend, device: asked.append((draft, backend, device)) or faster)
     engine = Engine.load(model_dir, model_dir, dtype="fp32", draft_backend="auto")
     assert asked == [(model_dir, "hf", "cpu")]
     assert not is_int8(engine.target_runner.model)  # the target keeps the dtype it was given
-    assert is_int8(engine.draft_runner.model) is faster
+    assert is_int8(engine.draft_runner.model) is (faster is not None)
+    assert getattr(engine.draft_runner, "int4", False) is (faster == "int4")
     explicit = Engine.load(model_dir, model_dir, dtype="fp32", draft_backend="hf")
     assert not is_int8(explicit.draft_runner.model)  # only "auto" asks
     given = Engine.load(model_dir, model_dir, dtype="fp32", draft_backend="auto", draft_dtype="fp32")
