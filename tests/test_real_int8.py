@@ -5,7 +5,7 @@ tokens per forward and contexts up to 1k tokens (512 for the 0.5B, 256 for the 1
 bound the time), every token's logits are bitwise the ones a runner that
 evaluates one token at a time computes.  Then the int8 qwen2.5-coder-1.5b
 target's speculative greedy output equals its own plain greedy output token
-for token with the int8 0.5B draft (llama.cpp drafts: tests/backends/
+for token with the int8 0.5B draft, and with its weights in int4 (llama.cpp drafts: tests/backends/
 test_llamacpp.py; drafts of another tokenizer: tests/test_real_universal.py).
 Marked `real`; the int8 copies are quantized once and cached in the user's
 model cache.
@@ -96,7 +96,7 @@ def int8_plain(int8_target):
         return {p: engine.generate(p, max_new_tokens=MAX_NEW).token_ids for p in PROMPTS}
 
 
-def speculative_outputs(engine: Engine, prompts: list[str], k: int = 5) -> tuple[dict[str, list[int]], int, int]:
+def speculative_outputs(engine: Engine, prompts: list[str], k: int | str = 5) -> tuple[dict[str, list[int]], int, int]:
     out, drafted, accepted = {}, 0, 0
     with real_model_threads():
         for prompt in prompts:
@@ -112,6 +112,20 @@ def test_int8_speculative_equals_int8_plain_same_tokenizer(real_hf, int8_target,
     outputs, drafted, accepted = speculative_outputs(engine, PROMPTS)
     assert outputs == int8_plain
     assert accepted > 0.3 * drafted
+
+
+def test_int4_draft_leaves_int8_output_unchanged(real_hf, int8_target, int8_plain):
+    # The 0.5B's weights in int4 (specdec.backends.int4): another draft's numbers, the same output,
+    # for a fixed γ and for -k auto with prompt lookup (the default draft on AVX2-only CPUs).
+    from specdec.backends.lean import LeanRunner
+
+    draft_model, draft_tokenizer = real_hf("qwen2.5-coder-0.5b", "int8")
+    draft = LeanRunner(draft_model, int4=True)
+    for k, lookup in ((3, False), ("auto", True)):
+        engine = Engine(*int8_target, draft, draft_tokenizer, lookup=lookup)
+        outputs, drafted, accepted = speculative_outputs(engine, PROMPTS, k=k)
+        assert outputs == int8_plain
+        assert accepted > 0.3 * drafted > 0
 
 
 def test_int8_batched_requests_equal_int8_plain(real_hf, int8_target, int8_plain):
