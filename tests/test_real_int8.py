@@ -121,10 +121,11 @@ def test_int4_draft_leaves_int8_output_unchanged(real_hf, int8_target, int8_plai
 
     draft_model, draft_tokenizer = real_hf("qwen2.5-coder-0.5b", "int8")
     draft = LeanRunner(draft_model, int4=True)
+    prompts = PROMPTS[::2]  # a code and a prose prompt: CI's time
     for k, lookup in ((3, False), ("auto", True)):
         engine = Engine(*int8_target, draft, draft_tokenizer, lookup=lookup)
-        outputs, drafted, accepted = speculative_outputs(engine, PROMPTS, k=k)
-        assert outputs == int8_plain
+        outputs, drafted, accepted = speculative_outputs(engine, prompts, k=k)
+        assert outputs == {p: int8_plain[p] for p in prompts}
         assert accepted > 0.3 * drafted > 0
 
 
