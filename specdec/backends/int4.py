@@ -45,20 +45,24 @@ def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class Int4Linear:
     """y = x W^T + b with group-wise int4 W and the int8 kernel's per-token activations (see module doc)."""
 
-    def __init__(self, values: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        self.out_features, self.in_features = (int(d) for d in values.shape)
+    def __init__(self, packed: torch.Tensor, scales: torch.Tensor, out_features: int, in_features: int,
+                 bias: torch.Tensor | None = None) -> None:
+        """packed, scales: the kernel's layout (kernel.pack4 or kernel.pack4_int8)."""
+        self.out_features, self.in_features = out_features, in_features
         self.bias = None if bias is None else bias.detach().float().contiguous()  # [N]
-        self.packed, self.scales = kernel.pack4(values, scales)
+        self.packed, self.scales = packed, scales
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Int4Linear":
-        return cls(*quantize_int4(weight), bias)
+        n, k = weight.shape
+        return cls(*kernel.pack4(*quantize_int4(weight)), n, k, bias)
 
     @classmethod
     def from_int8(cls, linear: Int8Linear) -> "Int4Linear":
-        """The int8 layer's weights (values times per-channel scales, exact in fp32) in int4."""
-        weight = linear.int8_weight().float() * linear.scale[:, None]  # [N, K]
-        return cls.from_weight(weight, linear.bias)
+        """The int8 layer's weights (values times per-channel scales) in int4: the same numbers as
+        from_weight on those weights, made in one pass in C (the 0.5B's 494M weights: seconds less)."""
+        return cls(*kernel.pack4_int8(linear.int8_weight(), linear.scale), linear.out_features,
+                   linear.in_features, linear.bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
         shape = x.shape

@@ -121,6 +121,8 @@ def library() -> ctypes.CDLL:
             lib.sd_linear4.restype = i32
             lib.sd_pack4.argtypes = [ptr, ptr, i32, i32, i32, ptr, ptr]
             lib.sd_pack4.restype = None
+            lib.sd_pack4_int8.argtypes = [ptr, ptr, i32, i32, i32, ptr, ptr, i32]
+            lib.sd_pack4_int8.restype = None
             lib.sd_isa4.restype = i32
             _lib = lib
         return _lib
@@ -215,6 +217,19 @@ def pack4(values: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, tor
     out_scales = torch.empty(rows * kp // GROUP)
     v, sc = values.to(torch.int8).contiguous(), scales.float().contiguous()
     library().sd_pack4(v.data_ptr(), sc.data_ptr(), n, k, kp, out.data_ptr(), out_scales.data_ptr())
+    return out, out_scales
+
+
+def pack4_int8(values: torch.Tensor, row_scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An int8 layer (values [N, K] int8, per-channel scales [N]) quantized to int4 and packed in one pass:
+    the same as pack4(*int4.quantize_int4(values * row_scales)), without the fp32 copy."""
+    n, k = values.shape
+    rows, kp = -(-n // TILE) * TILE, padded(k)
+    out = torch.empty(rows, kp // 2, dtype=torch.uint8)
+    out_scales = torch.empty(rows * kp // GROUP)
+    v, sc = values.to(torch.int8).contiguous(), row_scales.float().contiguous()
+    library().sd_pack4_int8(v.data_ptr(), sc.data_ptr(), n, k, kp, out.data_ptr(), out_scales.data_ptr(),
+                            torch.get_num_threads())
     return out, out_scales
 
 

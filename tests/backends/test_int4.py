@@ -77,8 +77,8 @@ def test_a_row_is_the_same_alone_and_in_any_batch():
     assert torch.equal(layer(x[perm]), full[perm])
 
 
-def test_from_int8_quantizes_the_int8_weights():
-    int8 = Int8Linear.from_linear(torch.nn.Linear(96, 40, bias=True))
+def test_from_int8_in_c_is_bitwise_the_torch_quantization_of_the_int8_weights():
+    int8 = Int8Linear.from_linear(torch.nn.Linear(150, 41, bias=True))  # neither a multiple of 64 nor of 4
     a = Int4Linear.from_int8(int8)
     b = Int4Linear.from_weight(int8.int8_weight().float() * int8.scale[:, None], int8.bias)
     assert torch.equal(a.packed, b.packed) and torch.equal(a.scales, b.scales)

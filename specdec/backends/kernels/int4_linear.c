@@ -174,6 +174,43 @@ void sd_pack4(const int8_t *v, const float *scales, int n, int k, int kp, uint8_
     }
 }
 
+/* Quantize an int8 layer's weights to int4 and pack them as sd_pack4 does, in one pass: row n's weights are
+ * w = (float)v8[n, :] * row_scale[n]; per group of 64 columns scale = max(max |w| / 7, 1e-12) and
+ * v = round_half_even(w / scale) clamped to [-7, 7] -- the same IEEE operations as
+ * specdec.backends.int4.quantize_int4 on those weights, hence the same values and scales.  Rows are
+ * shared among up to `threads` threads. */
+void sd_pack4_int8(const int8_t *v8, const float *row_scale, int n, int k, int kp, uint8_t *out, float *out_scales,
+                   int threads) {
+    const int tiles = (n + TILE4 - 1) / TILE4, groups = kp / GROUP;
+    memset(out, 0x88, (size_t)tiles * TILE4 * kp / 2);
+    memset(out_scales, 0, sizeof(float) * (size_t)tiles * TILE4 * groups);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1)
+#endif
+    for (int row = 0; row < n; row++) {
+        const int t = row / TILE4, r = row % TILE4;
+        for (int g = 0; g < groups && g * GROUP < k; g++) {
+            float w[GROUP], amax = 0.0f;
+            const int width = k - g * GROUP < GROUP ? k - g * GROUP : GROUP;
+            for (int c = 0; c < width; c++) {
+                w[c] = (float)v8[(int64_t)row * k + g * GROUP + c] * row_scale[row];
+                amax = fabsf(w[c]) > amax ? fabsf(w[c]) : amax;
+            }
+            float scale = amax / 7.0f;
+            scale = scale < 1e-12f ? 1e-12f : scale;
+            uint8_t *dst = out + (((int64_t)t * groups + g) * TILE4 + r) * 32;
+            for (int c = 0; c < width; c++) {
+                float v = nearbyintf(w[c] / scale);
+                v = v > 7.0f ? 7.0f : (v < -7.0f ? -7.0f : v);
+                const uint8_t nib = (uint8_t)((int)v + 8);
+                if (c < 32) dst[c] = (uint8_t)((dst[c] & 0xf0) | nib);
+                else dst[c - 32] = (uint8_t)((dst[c - 32] & 0x0f) | (nib << 4));
+            }
+            out_scales[((int64_t)t * groups + g) * TILE4 + r] = scale;
+        }
+    }
+}
+
 /* y [m, ldy] = x [m, ldx] W^T (+ bias), W packed by sd_pack4; on up to `threads` threads.  isa: 0 for the
  * best path, else at most that path (1: C, 2: AVX2; the same bits).  Returns 0, or -1 when out of memory. */
 int sd_linear4(const uint8_t *w, const float *ws, const float *bias, int n, int k, int kp, const float *x,
