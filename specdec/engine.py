@@ -107,6 +107,16 @@ def fastest_spec_draft_dtype(draft: ModelSpec | None, backend: str, device: str)
     return None
 
 
+def int4_draft_backend(draft_backend: str | None, draft_dtype: str | None) -> str | None:
+    """The draft's backend given its dtype: an int4 draft runs on specdec's int4 kernel, on the
+    transformers side ("hf"; a SpecdecError for llama.cpp); other dtypes leave it as it is."""
+    if draft_dtype != "int4":
+        return draft_backend
+    if draft_backend not in (None, AUTO_BACKEND, "hf"):
+        raise SpecdecError("--draft-dtype int4 runs the draft on specdec's int4 kernel: use --draft-backend hf")
+    return "hf"
+
+
 def resolve_backends(backend: str, draft_backend: str | None, draft: ModelSpec | None = None) -> tuple[str, str]:
     """(target's, draft's) backend, the draft's defaulting to the target's ("auto": see
     fastest_draft_backend); a SpecdecError names an unknown one."""
@@ -399,10 +409,7 @@ class Engine:
         if dtype == INT4:
             raise SpecdecError("int4 is a draft's dtype only (--draft-dtype int4): a target's numbers are its "
                                "output, and int4 weights would change them")
-        if draft_dtype == INT4:  # specdec's int4 kernel, on the transformers side
-            if draft_backend not in (None, AUTO_BACKEND, "hf"):
-                raise SpecdecError("--draft-dtype int4 runs the draft on specdec's int4 kernel: use --draft-backend hf")
-            draft_backend = "hf"
+        draft_backend = int4_draft_backend(draft_backend, draft_dtype)
         if draft_backend == AUTO_BACKEND and draft_dtype is None:
             draft_dtype = fastest_spec_draft_dtype(draft, backend, device)
             if draft_dtype is not None:

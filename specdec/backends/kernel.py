@@ -206,17 +206,21 @@ def int4_paths() -> list[str]:
     return [name for name, value in INT4_PATHS.items() if value <= best]
 
 
+def _int4_buffers(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int4 layout's (bytes, scales) for an [n, k] layer, uninitialised (the packers fill them)."""
+    rows, kp = -(-n // TILE) * TILE, padded(k)
+    return torch.empty(rows, kp // 2, dtype=torch.uint8), torch.empty(rows * kp // GROUP)
+
+
 def pack4(values: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """int8 values [N, K] in [-7, 7] and fp32 scales [N, ceil(K / GROUP)] -> the int4 kernel's layout:
     (bytes [ceil(N / TILE) * TILE, padded(K) / 2] uint8, scales [ceil(N / TILE) * TILE * padded(K) / GROUP])."""
     n, k = values.shape
     if scales.shape != (n, -(-k // GROUP)):
         raise ValueError(f"int4 scales must be [{n}, {-(-k // GROUP)}], got {list(scales.shape)}")
-    rows, kp = -(-n // TILE) * TILE, padded(k)
-    out = torch.empty(rows, kp // 2, dtype=torch.uint8)
-    out_scales = torch.empty(rows * kp // GROUP)
+    out, out_scales = _int4_buffers(n, k)
     v, sc = values.to(torch.int8).contiguous(), scales.float().contiguous()
-    library().sd_pack4(v.data_ptr(), sc.data_ptr(), n, k, kp, out.data_ptr(), out_scales.data_ptr())
+    library().sd_pack4(v.data_ptr(), sc.data_ptr(), n, k, padded(k), out.data_ptr(), out_scales.data_ptr())
     return out, out_scales
 
 
@@ -224,11 +228,9 @@ def pack4_int8(values: torch.Tensor, row_scales: torch.Tensor) -> tuple[torch.Te
     """An int8 layer (values [N, K] int8, per-channel scales [N]) quantized to int4 and packed in one pass:
     the same as pack4(*int4.quantize_int4(values * row_scales)), without the fp32 copy."""
     n, k = values.shape
-    rows, kp = -(-n // TILE) * TILE, padded(k)
-    out = torch.empty(rows, kp // 2, dtype=torch.uint8)
-    out_scales = torch.empty(rows * kp // GROUP)
+    out, out_scales = _int4_buffers(n, k)
     v, sc = values.to(torch.int8).contiguous(), row_scales.float().contiguous()
-    library().sd_pack4_int8(v.data_ptr(), sc.data_ptr(), n, k, kp, out.data_ptr(), out_scales.data_ptr(),
+    library().sd_pack4_int8(v.data_ptr(), sc.data_ptr(), n, k, padded(k), out.data_ptr(), out_scales.data_ptr(),
                             torch.get_num_threads())
     return out, out_scales
 

@@ -220,14 +220,15 @@ class LeanRunner:
         self.embed = inner.embed_tokens.weight.detach()  # [V, hidden]
         self.final_norm = inner.norm.weight.detach()
         self.eps = float(config.rms_norm_eps)
-        self.head: Linear = _int4_parts(model)[1] if int4 else _own(model.lm_head)
+        layers, head = _int4_parts(model) if int4 else (_fused_layers(model), _own(model.lm_head))
+        self.head: Linear = head
         self.vocab_size = self.head.out_features
         self.num_heads = int(config.num_attention_heads)
         self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.num_heads)
         self.max_context = max_context or model_max_context(model)
         self.act: Callable[[torch.Tensor], torch.Tensor] = inner.layers[0].mlp.act_fn
-        self.layers = _int4_parts(model)[0] if int4 else _fused_layers(model)  # shared by every runner over this model
+        self.layers = layers  # shared by every runner over this model
         self.intermediate = self.layers[0].gate_up.out_features // 2
         self._rotary = inner.rotary_emb
         self._cos = self._sin = torch.empty(0, self.head_dim)  # [positions, D], grown with the cache

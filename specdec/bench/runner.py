@@ -418,7 +418,7 @@ def run_bench(
 
     from specdec.bench import report
     from specdec.bench.methods import build_methods, check_backends, needs_draft, parse_gammas, parse_methods
-    from specdec.engine import resolve_backends
+    from specdec.engine import int4_draft_backend, resolve_backends
     from specdec.bench.prompts import load_prompts
     from specdec.sampling import SamplingParams
 
@@ -427,9 +427,7 @@ def run_bench(
                               seed=options.seed)
     check_run_options(options)
     families = parse_methods(options.methods)
-    _, draft_backend = resolve_backends(options.backend, options.draft_backend)
-    if options.draft_dtype == "int4" and options.draft_backend in (None, "auto"):
-        draft_backend = "hf"  # an int4 draft runs on specdec's kernel (Engine.load)
+    _, draft_backend = resolve_backends(options.backend, int4_draft_backend(options.draft_backend, options.draft_dtype))
     check_backends(families, options.backend, draft_backend, options.draft_dtype)
     if "llamacpp" in families:
         from specdec.loading import check_spec

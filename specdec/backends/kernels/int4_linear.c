@@ -154,22 +154,36 @@ static int best_isa4(void) { return ISA4_C; }
 
 /* ------------------------------------------------------------------ entry points */
 
+/* The packed buffers of an n x kp layer, cleared to v = 0 (nibble 8) and scale 0. */
+static void clear_packed(int n, int kp, uint8_t *out, float *out_scales) {
+    const int tiles = (n + TILE4 - 1) / TILE4;
+    memset(out, 0x88, (size_t)tiles * TILE4 * kp / 2);
+    memset(out_scales, 0, sizeof(float) * (size_t)tiles * TILE4 * (kp / GROUP));
+}
+
+/* Row r of tile t, group g: where its 32 bytes start. */
+static inline uint8_t *group_bytes(uint8_t *out, int t, int groups, int g, int r) {
+    return out + (((int64_t)t * groups + g) * TILE4 + r) * 32;
+}
+
+/* Column c (0..63) of a group gets value v (in [-7, 7]): low nibbles for columns 0..31, high for 32..63. */
+static inline void put_nibble(uint8_t *dst, int c, int v) {
+    const uint8_t nib = (uint8_t)(v + 8);
+    if (c < 32) dst[c] = (uint8_t)((dst[c] & 0xf0) | nib);
+    else dst[c - 32] = (uint8_t)((dst[c - 32] & 0x0f) | (nib << 4));
+}
+
 /* Pack v [n, k] (int8 values in [-7, 7], row-major) and scales [n, ceil(k / 64)] (fp32, row-major) into the
  * layout above: out holds ceil(n / 4) * 4 * kp / 2 bytes, out_scales ceil(n / 4) * 4 * kp / 64 floats. */
 void sd_pack4(const int8_t *v, const float *scales, int n, int k, int kp, uint8_t *out, float *out_scales) {
-    const int tiles = (n + TILE4 - 1) / TILE4, groups = kp / GROUP, kg = (k + GROUP - 1) / GROUP;
-    memset(out, 0x88, (size_t)tiles * TILE4 * kp / 2);
-    memset(out_scales, 0, sizeof(float) * (size_t)tiles * TILE4 * groups);
+    const int groups = kp / GROUP, kg = (k + GROUP - 1) / GROUP;
+    clear_packed(n, kp, out, out_scales);
     for (int row = 0; row < n; row++) {
         const int t = row / TILE4, r = row % TILE4;
-        for (int g = 0; g < groups; g++) {
-            uint8_t *dst = out + (((int64_t)t * groups + g) * TILE4 + r) * 32;
-            for (int c = 0; c < GROUP && g * GROUP + c < k; c++) {
-                const uint8_t nib = (uint8_t)(v[(int64_t)row * k + g * GROUP + c] + 8);
-                if (c < 32) dst[c] = (uint8_t)((dst[c] & 0xf0) | nib);
-                else dst[c - 32] = (uint8_t)((dst[c - 32] & 0x0f) | (nib << 4));
-            }
-            if (g < kg) out_scales[((int64_t)t * groups + g) * TILE4 + r] = scales[(int64_t)row * kg + g];
+        for (int g = 0; g < kg; g++) {
+            uint8_t *dst = group_bytes(out, t, groups, g, r);
+            for (int c = 0; c < GROUP && g * GROUP + c < k; c++) put_nibble(dst, c, v[(int64_t)row * k + g * GROUP + c]);
+            out_scales[((int64_t)t * groups + g) * TILE4 + r] = scales[(int64_t)row * kg + g];
         }
     }
 }
@@ -181,9 +195,8 @@ void sd_pack4(const int8_t *v, const float *scales, int n, int k, int kp, uint8_
  * shared among up to `threads` threads. */
 void sd_pack4_int8(const int8_t *v8, const float *row_scale, int n, int k, int kp, uint8_t *out, float *out_scales,
                    int threads) {
-    const int tiles = (n + TILE4 - 1) / TILE4, groups = kp / GROUP;
-    memset(out, 0x88, (size_t)tiles * TILE4 * kp / 2);
-    memset(out_scales, 0, sizeof(float) * (size_t)tiles * TILE4 * groups);
+    const int groups = kp / GROUP;
+    clear_packed(n, kp, out, out_scales);
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1)
 #endif
@@ -198,13 +211,10 @@ void sd_pack4_int8(const int8_t *v8, const float *row_scale, int n, int k, int k
             }
             float scale = amax / 7.0f;
             scale = scale < 1e-12f ? 1e-12f : scale;
-            uint8_t *dst = out + (((int64_t)t * groups + g) * TILE4 + r) * 32;
+            uint8_t *dst = group_bytes(out, t, groups, g, r);
             for (int c = 0; c < width; c++) {
                 float v = nearbyintf(w[c] / scale);
-                v = v > 7.0f ? 7.0f : (v < -7.0f ? -7.0f : v);
-                const uint8_t nib = (uint8_t)((int)v + 8);
-                if (c < 32) dst[c] = (uint8_t)((dst[c] & 0xf0) | nib);
-                else dst[c - 32] = (uint8_t)((dst[c - 32] & 0x0f) | (nib << 4));
+                put_nibble(dst, c, (int)(v > 7.0f ? 7.0f : (v < -7.0f ? -7.0f : v)));
             }
             out_scales[((int64_t)t * groups + g) * TILE4 + r] = scale;
         }
