@@ -54,7 +54,9 @@ never on the token being verified).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Callable, Mapping, NamedTuple, Protocol, runtime_checkable
 
 from specdec.drafters.base import LOOKUP, MODEL
@@ -204,6 +206,7 @@ class Costs:
         ns = sorted(self.target_ms)
         self._points = list(zip(ns, isotonic([self.target_ms[n] for n in ns])))
         self.shape = dict(self.shape)  # a copy (dataclasses.replace) learns on its own
+        self._key: tuple | None = None  # the learnt state _learnt() last saw
 
     def base_target(self, n: int) -> float:
         """The table's t(n) in ms, interpolated (and extrapolated from the last two points)."""
@@ -217,8 +220,21 @@ class Costs:
         target_scale at the table's other points, interpolated linearly between them (flat beyond)."""
         if not self.shape:
             return self.target_scale
-        pts = sorted({**{m: self.target_scale for m, _ in self._points}, **self.shape}.items())
-        return interpolate(pts, n, extrapolate=False)
+        return interpolate(self._learnt()[0], n, extrapolate=False)
+
+    def _learnt(self) -> tuple[list[tuple[int, float]], list[int], list[float]]:
+        """What the learnt state implies, recomputed only when it changed (choose() asks for t(n) a
+        dozen times a step): the ratio's points, and the breakpoints of t (table and measured n) with
+        t's running maximum at each."""
+        key = (self.target_scale, tuple(self.shape.items()))
+        if key != self._key:
+            self._key = key
+            self._ratio_points = sorted({**{m: self.target_scale for m, _ in self._points}, **self.shape}.items())
+            self._peaks: tuple[list[int], list[float]] = ([], [])  # ratio() below needs only the points
+            breaks = sorted({*(m for m, _ in self._points), *self.shape})
+            peaks = list(accumulate((self._target(m) for m in breaks), max))
+            self._peaks = (breaks, peaks)
+        return self._ratio_points, *self._peaks
 
     def _target(self, n: int) -> float:
         return self.base_target(n) * self.ratio(n)
@@ -231,8 +247,9 @@ class Costs:
         almost always wrong (measured: a 135M draft at 13-20% acceptance, drafted one token a step for
         whole translations because t(2) had come out 4 ms below t(1))."""
         # the piecewise-linear t's maximum over [1, n] is at a breakpoint (table or learnt) or at n
-        points = [m for m in (*(x for x, _ in self._points), *self.shape) if m < n]
-        return max([self._target(n), *(self._target(m) for m in points)])
+        _, breaks, peaks = self._learnt()
+        below = bisect_left(breaks, n)  # breakpoints < n
+        return max(self._target(n), peaks[below - 1]) if below else self._target(n)
 
     def learn_target(self, n: int, ms: float, weight: float, shape_weight: float) -> None:
         """Move the estimates toward a forward of n tokens measured at `ms`: target_scale with `weight`,
