@@ -228,12 +228,11 @@ class Costs:
         t's running maximum at each."""
         key = (self.target_scale, tuple(self.shape.items()))
         if key != self._key:
-            self._key = key
-            self._ratio_points = sorted({**{m: self.target_scale for m, _ in self._points}, **self.shape}.items())
-            self._peaks: tuple[list[int], list[float]] = ([], [])  # ratio() below needs only the points
+            points = sorted({**{m: self.target_scale for m, _ in self._points}, **self.shape}.items())
             breaks = sorted({*(m for m, _ in self._points), *self.shape})
-            peaks = list(accumulate((self._target(m) for m in breaks), max))
-            self._peaks = (breaks, peaks)
+            # t at each breakpoint, as _target computes it (with no shape every point is target_scale)
+            peaks = list(accumulate((self.base_target(m) * interpolate(points, m, extrapolate=False) for m in breaks), max))
+            self._key, self._ratio_points, self._peaks = key, points, (breaks, peaks)
         return self._ratio_points, *self._peaks
 
     def _target(self, n: int) -> float:
