@@ -232,8 +232,8 @@ class Costs:
             breaks = sorted({*(m for m, _ in self._points), *self.shape})
             # t at each breakpoint, as _target computes it (with no shape every point is target_scale)
             peaks = list(accumulate((self.base_target(m) * interpolate(points, m, extrapolate=False) for m in breaks), max))
-            self._key, self._ratio_points, self._peaks = key, points, (breaks, peaks)
-        return self._ratio_points, *self._peaks
+            self._key, self._learnt_cache = key, (points, breaks, peaks)
+        return self._learnt_cache
 
     def _target(self, n: int) -> float:
         return self.base_target(n) * self.ratio(n)
