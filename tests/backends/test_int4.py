@@ -48,13 +48,33 @@ def test_kernel_computes_the_quantized_math_on_every_path(n, k, bias):
     b = torch.randn(n, generator=gen) if bias else None
     layer = Int4Linear.from_weight(weight, b)
     values, scales = quantize_int4(weight)
-    for m in (1, 2, 3, 4, 7):
+    for m in (1, 2, 3, 4, 7, 16):
         x = torch.randn(m, k, generator=gen)
         outs = [kernel.linear4(x, layer.packed, layer.scales, k, n, layer.bias, path=p) for p in kernel.int4_paths()]
         assert all(torch.equal(outs[0], o) for o in outs[1:])
         ref = reference(x, values, scales, b)
         assert torch.allclose(outs[-1].double(), ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
         assert torch.equal(layer(x), outs[-1])  # the best path is the default
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_the_largest_products_do_not_overflow_on_any_path(sign):
+    """Weights at +-7 and activations at +-63 everywhere: the AVX2 path's unsigned nibbles (u = v + 8) times q
+    reach their largest 16-bit sums, and its lane offsets their largest values."""
+    n, k = 8, 192
+    weight = torch.full((n, k), 7.0)
+    weight[1::2] = -7.0  # odd rows at -7, even at +7
+    layer = Int4Linear.from_weight(weight)
+    x = torch.full((5, k), sign)
+    x[1] = -sign
+    x[2, ::2] = -sign  # alternating signs
+    outs = [kernel.linear4(x, layer.packed, layer.scales, k, n, None, path=p) for p in kernel.int4_paths()]
+    values, scales = quantize_int4(weight)
+    ref = reference(x, values, scales, None)
+    for out in outs:
+        assert torch.equal(out, outs[0])
+        assert torch.allclose(out.double(), ref, rtol=1e-6, atol=1e-4)
+    assert float(outs[0].abs().max()) == pytest.approx(7.0 * k)
 
 
 def test_quantize_int4_keeps_each_weight_within_half_a_step():

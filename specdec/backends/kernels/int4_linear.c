@@ -13,8 +13,9 @@
  *   4l..4l+3 and 32+4l..32+4l+3 of the group);
  *   lane_l = fma(acc[g]_l, ws[n, g], lane_l) over g in order, from 0 (fp32);
  *   y = ((lane_0 + lane_4) + (lane_2 + lane_6)) + ((lane_1 + lane_5) + (lane_3 + lane_7)), times s (+ b).
- * The AVX2 path and the portable C path compute exactly these operations (the same bits; tested), and
- * every output element depends on its own input row and weight row only (batch-invariant, like int8).
+ * The AVX2 path and the portable C path compute exactly these numbers (the same bits; tested: the AVX2 path
+ * gets each lane's exact int32 sum another way, see lane_offsets), and every output element depends on its
+ * own input row and weight row only (batch-invariant, like int8).
  *
  * Layout: tiles of TILE4 = 4 output channels (rows); per tile, per group g, per row r: 32 bytes, byte b
  * holding v[., g, b] + 8 in its low nibble and v[., g, 32 + b] + 8 in its high nibble; offset
@@ -83,13 +84,32 @@ AVX2F static inline float hsum8(__m256 v) {
     return tree8(a);
 }
 
-/* One tile x T input rows i .. i + T - 1.  |q| <= 63 and |v| <= 7: a vpmaddubsw pair is at most 882, so the
- * two halves of a group add up in s16 before vpmaddwd widens them. */
+/* The lane sums, for the whole batch at once: the stored nibbles u = v + 8 in [0, 15] go into vpmaddubsw as they
+ * are, against the signed activations q, and each lane then takes off 8 times the sum of its activations
+ * (lane_offsets, once per call): sum u q - 8 sum q = sum v q, exact in int32 (|u q| pairs <= 1890, both halves
+ * <= 3780: no s16 saturation).  A tile's group is unpacked once for two input rows.  Against the sign trick
+ * (vpsign of the weights by q, times |q|), this takes fewer instructions per product: measured on a 2-core AMD
+ * EPYC (Zen 3) through the 0.5B's four layer shapes, 1.38x faster for 64 rows (a draft's catch-up) and 1.1x
+ * for one (a drafted token). */
+AVX2F static void lane_offsets(const int8_t *q, int m, int kp, int32_t *off) {
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    const int groups = kp / GROUP;
+    for (int i = 0; i < m; i++)
+        for (int g = 0; g < groups; g++) {
+            const int8_t *qg = q + (int64_t)i * kp + (int64_t)g * GROUP;
+            const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(ones8, _mm256_loadu_si256((const __m256i *)qg)),
+                                                 _mm256_maddubs_epi16(ones8, _mm256_loadu_si256((const __m256i *)(qg + 32))));
+            _mm256_storeu_si256((__m256i *)(off + ((int64_t)i * groups + g) * 8),
+                                _mm256_slli_epi32(_mm256_madd_epi16(s16, ones16), 3));
+        }
+}
+
+/* One tile x T input rows i .. i + T - 1; off: lane_offsets of q, [m][groups][8]. */
 #define TILE4_X(T)                                                                                   \
     AVX2F static inline void tile4_x##T(const uint8_t *tile, const float *ws, const float *bias, int col, \
-                                        int n, int groups, int kp, const int8_t *q, const uint8_t *qabs, \
+                                        int n, int groups, int kp, const int8_t *q, const int32_t *off, \
                                         const float *xs, int i, float *y, int64_t ldy) {             \
-        const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(15), eight = _mm256_set1_epi8(8); \
+        const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(15);                       \
         __m256 acc[TILE4][T];                                                                        \
         for (int r = 0; r < TILE4; r++)                                                              \
             for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();                             \
@@ -100,19 +120,18 @@ AVX2F static inline float hsum8(__m256 v) {
             _mm_prefetch((const char *)wg + 1024 + 64, _MM_HINT_T0);                                 \
             for (int r = 0; r < TILE4; r++) {                                                        \
                 const __m256i b = _mm256_loadu_si256((const __m256i *)(wg + 32 * r));                \
-                const __m256i w0 = _mm256_sub_epi8(_mm256_and_si256(b, low), eight);                 \
-                const __m256i w1 = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(b, 4), low), eight); \
+                const __m256i u0 = _mm256_and_si256(b, low);                                         \
+                const __m256i u1 = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);                   \
                 const __m256 scale = _mm256_set1_ps(sg[r]);                                          \
                 for (int t = 0; t < T; t++) {                                                        \
-                    const int64_t o = (int64_t)(i + t) * kp + (int64_t)g * GROUP;                    \
-                    const __m256i q0 = _mm256_loadu_si256((const __m256i *)(q + o));                 \
-                    const __m256i q1 = _mm256_loadu_si256((const __m256i *)(q + o + 32));            \
-                    const __m256i a0 = _mm256_loadu_si256((const __m256i *)(qabs + o));              \
-                    const __m256i a1 = _mm256_loadu_si256((const __m256i *)(qabs + o + 32));         \
-                    const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(w0, q0)), \
-                                                         _mm256_maddubs_epi16(a1, _mm256_sign_epi8(w1, q1))); \
-                    const __m256 part = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones));            \
-                    acc[r][t] = _mm256_fmadd_ps(part, scale, acc[r][t]);                             \
+                    const int8_t *qt = q + (int64_t)(i + t) * kp + (int64_t)g * GROUP;               \
+                    const __m256i s16 = _mm256_add_epi16(                                            \
+                        _mm256_maddubs_epi16(u0, _mm256_loadu_si256((const __m256i *)qt)),           \
+                        _mm256_maddubs_epi16(u1, _mm256_loadu_si256((const __m256i *)(qt + 32))));   \
+                    const __m256i sum = _mm256_sub_epi32(                                            \
+                        _mm256_madd_epi16(s16, ones),                                                \
+                        _mm256_loadu_si256((const __m256i *)(off + ((int64_t)(i + t) * groups + g) * 8))); \
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc[r][t]);          \
                 }                                                                                    \
             }                                                                                        \
         }                                                                                            \
@@ -125,18 +144,16 @@ AVX2F static inline float hsum8(__m256 v) {
 
 TILE4_X(1)
 TILE4_X(2)
-TILE4_X(3)
 
 AVX2F static void tiles4_avx2(const uint8_t *w, const float *ws, const float *bias, int n, int t0, int t1, int kp,
-                              const int8_t *q, const uint8_t *qabs, const float *xs, int m, float *y, int64_t ldy) {
+                              const int8_t *q, const int32_t *off, const float *xs, int m, float *y, int64_t ldy) {
     const int groups = kp / GROUP;
     for (int t = t0; t < t1; t++) {
         const uint8_t *tile = w + (int64_t)t * groups * TILE4 * 32;
         const float *wst = ws + (int64_t)t * groups * TILE4;
         int col = t * TILE4, i = 0;
-        for (; i + 3 <= m; i += 3) tile4_x3(tile, wst, bias, col, n, groups, kp, q, qabs, xs, i, y, ldy);
-        if (m - i == 2) tile4_x2(tile, wst, bias, col, n, groups, kp, q, qabs, xs, i, y, ldy);
-        else if (m - i == 1) tile4_x1(tile, wst, bias, col, n, groups, kp, q, qabs, xs, i, y, ldy);
+        for (; i + 2 <= m; i += 2) tile4_x2(tile, wst, bias, col, n, groups, kp, q, off, xs, i, y, ldy);
+        if (i < m) tile4_x1(tile, wst, bias, col, n, groups, kp, q, off, xs, i, y, ldy);
     }
 }
 
@@ -232,6 +249,17 @@ int sd_linear4(const uint8_t *w, const float *ws, const float *bias, int n, int 
     int32_t *qsum;
     void *block = sd_activations(x, ldx, m, k, kp, isa, &q, &qabs, &xs, &qsum);
     if (!block) return -1;
+    int32_t *off = NULL; /* the AVX2 path's lane offsets, [m][kp / 64][8] */
+#ifdef SD4_X86
+    if (isa == ISA4_AVX2) {
+        off = aligned_alloc(32, sizeof(int32_t) * 8 * (size_t)m * (kp / GROUP));
+        if (!off) {
+            free(block);
+            return -1;
+        }
+        lane_offsets(q, m, kp, off);
+    }
+#endif
     const int tiles = (n + TILE4 - 1) / TILE4;
     int chunk = tiles / (8 * (threads > 0 ? threads : 1));
     if (chunk < 4) chunk = 4;
@@ -243,12 +271,13 @@ int sd_linear4(const uint8_t *w, const float *ws, const float *bias, int n, int 
         const int t0 = c * chunk, t1 = (c + 1) * chunk < tiles ? (c + 1) * chunk : tiles;
 #ifdef SD4_X86
         if (isa == ISA4_AVX2) {
-            tiles4_avx2(w, ws, bias, n, t0, t1, kp, q, qabs, xs, m, y, ldy);
+            tiles4_avx2(w, ws, bias, n, t0, t1, kp, q, off, xs, m, y, ldy);
             continue;
         }
 #endif
         tiles4_c(w, ws, bias, n, t0, t1, kp, q, xs, m, y, ldy);
     }
+    free(off);
     free(block);
     return 0;
 }
