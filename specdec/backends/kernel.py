@@ -57,7 +57,8 @@ from specdec.errors import SpecdecError
 SOURCE = Path(__file__).with_name("kernels") / "int8_linear.c"
 ATTENTION_SOURCE = SOURCE.with_name("attention.c")
 INT4_SOURCE = SOURCE.with_name("int4_linear.c")  # group-wise 4-bit weights, for draft models (specdec.backends.int4)
-SOURCES = (SOURCE, ATTENTION_SOURCE, INT4_SOURCE)  # compiled into one library
+INT4_LAYERS_SOURCE = SOURCE.with_name("int4_layers.c")  # an int4 draft's decoder layers in one call
+SOURCES = (SOURCE, ATTENTION_SOURCE, INT4_SOURCE, INT4_LAYERS_SOURCE)  # compiled into one library
 FLAGS = ["-O3", "-std=c11", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno"]
 OPENMP = ["-fopenmp"]  # threads: torch's own OpenMP runtime (see the module doc); built without when cc lacks it
 ALIGN = 64  # weight rows are padded with zeros to a multiple of this many columns
@@ -124,6 +125,9 @@ def library() -> ctypes.CDLL:
             lib.sd_pack4_int8.argtypes = [ptr, ptr, i32, i32, i32, ptr, ptr, i32]
             lib.sd_pack4_int8.restype = None
             lib.sd_isa4.restype = i32
+            lib.sd_int4_layers.argtypes = [ptr, i32, i32, i32, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, ptr, ptr,
+                                           i32, i32, i32, i32, flt, i32]
+            lib.sd_int4_layers.restype = i32
             _lib = lib
         return _lib
 

@@ -8,6 +8,8 @@
 - An int4 LeanRunner: its own logits are batch-invariant through forward / rollback, it shares its
   weights across runners, and as a draft it leaves speculative greedy output equal to plain greedy
   of the int8 target, for several γ and -k auto (the draft's numbers never change the output).
+- Its layers in one C call (kernels/int4_layers.c) compute the torch path's numbers up to fp32
+  rounding, and runners packed into one forward each get their own logits, bit for bit.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 
 from specdec.backends import kernel
 from specdec.backends.int4 import Int4Linear, quantize_int4
-from specdec.backends.lean import LeanRunner
+from specdec.backends.lean import LeanRunner, forward_packed
 from specdec.backends.quant import Int8Linear, quantize_model
 from specdec.control import AutoK, Costs
 from specdec.drafters.model import ModelDrafter
@@ -123,6 +125,42 @@ def test_int4_runner_is_batch_invariant_through_forward_and_rollback():
         one = torch.cat([single.forward([t]) for t in new])
         assert torch.equal(rows, one)
     assert not torch.equal(LeanRunner(model).forward([1, 2, 3]), LeanRunner(model, int4=True).forward([1, 2, 3]))
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "mistral"])
+def test_int4_layers_in_c_compute_the_torch_path_numbers(arch):
+    """kernels/int4_layers.c (runner.native) against the same int4 network op by op in torch: the same
+    numbers up to fp32 rounding (sums in another order), through several forwards and a rollback."""
+    model = quantize_model(tiny_model(arch, 0))
+    native, torch_path = LeanRunner(model, int4=True), LeanRunner(model, int4=True)
+    assert native.native
+    torch_path.native = False
+    rng = random.Random(1)
+    for chunk in (12, 3, 1, 1, 7):
+        new = [rng.randrange(VOCAB) for _ in range(chunk)]
+        a, b = native.forward(new), torch_path.forward(new)
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
+        if chunk == 3:
+            native.rollback(len(native.tokens) - 2)
+            torch_path.rollback(len(torch_path.tokens) - 2)
+
+
+def test_packed_int4_runners_get_each_runners_own_logits():
+    """Several int4 runners in one forward_packed call (the batched engine's drafts): each gets, bit for bit,
+    what it gets alone, though the runners sit at different positions with different capacities."""
+    model = quantize_model(tiny_model("qwen2", 0))
+    rng = random.Random(2)
+    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (5, 150, 9)]
+    windows = (None, None, 40)  # the last runner's cache holds 40 positions, the others 256
+    packed = [LeanRunner(model, max_context=w, int4=True) for w in windows]
+    alone = [LeanRunner(model, max_context=w, int4=True) for w in windows]
+    for p, q, prompt in zip(packed, alone, prompts):
+        p.forward(prompt)
+        q.forward(prompt)
+    chunks = [[rng.randrange(VOCAB) for _ in range(n)] for n in (1, 4, 2)]
+    together = forward_packed(packed, chunks, [None, 2, None])
+    for runner, chunk, rows, last_n in zip(alone, chunks, together, [None, 2, None]):
+        assert torch.equal(rows, runner.forward(chunk, last_n=last_n))
 
 
 def test_an_int4_draft_leaves_greedy_output_equal_to_plain():

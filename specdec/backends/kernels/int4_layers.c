@@ -1,0 +1,127 @@
+/* The decoder layers of an int4 draft model in one call: llama / qwen2 / mistral layers (pre-norm, rotary
+ * attention with grouped KV heads, SiLU-gated MLP) over the new tokens of one or more sequences, each with
+ * its own KV cache (specdec.backends.lean, int4=True).
+ *
+ * Why: a draft token of the 0.5B int4 draft spent about a third of its time between the matrix kernels --
+ * some 35 torch operations and five ctypes calls per layer, each a few microseconds of dispatch -- and
+ * smollm2-135m more than half (measured on a 2-core AMD EPYC, Zen 3).  Here the work between the kernels
+ * is a few plain loops per row.  The matrix products and the attention are the int4 and attention kernels'
+ * (int4_linear.c, attention.c); the norms, the rotary embedding and the activation are computed here, per
+ * row, in fp32.  These are a draft model's numbers only (an int4 draft is an approximation of the model
+ * anyway; what a draft proposes never changes the output of speculative decoding, Leviathan et al. 2023):
+ * they differ from the transformers model's in the last bits (fp32 sums in another order), and like the
+ * kernels they depend on a row's own tokens only, not on the other rows, their number or the threads.
+ *
+ * Per layer, x [total, hidden] (the rows of all sequences, one after another):
+ *   h = rms_norm(x) * w_in;  qkv = h Wqkv^T + b;  q, k rotated (rotate-half form, cos / sin of the row's
+ *   position);  k, v written into the sequence's cache;  a = attention(q, cache);  x += a Wo^T;
+ *   h = rms_norm(x) * w_post;  [g | u] = h Wgu^T;  x += (silu(g) * u) Wdown^T.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+int sd_linear4(const uint8_t *w, const float *ws, const float *bias, int n, int k, int kp, const float *x,
+               int64_t ldx, int m, float *y, int64_t ldy, int threads, int isa); /* int4_linear.c */
+int sd_attention(const float *q, int64_t q_head, int64_t q_row, const float *k, const float *v, int64_t kv_head,
+                 int64_t kv_row, int n, int start, int heads, int kv_heads, int d, float scale, int window,
+                 float *out, int64_t out_row, int64_t out_head, int threads, int isa); /* attention.c */
+
+/* A layer's tensors, as one row of int64 addresses (specdec.backends.lean builds them in this order); the
+ * linears' packed weights and scales as int4_linear.c lays them out, biases NULL (0) when absent. */
+enum { L_IN_NORM, L_POST_NORM, L_QKV_W, L_QKV_S, L_QKV_B, L_O_W, L_O_S, L_O_B, L_GU_W, L_GU_S, L_GU_B, L_DOWN_W,
+       L_DOWN_S, L_DOWN_B, L_FIELDS };
+
+static inline int padded64(int k) { return (k + 63) / 64 * 64; }
+
+/* out[i] = w * (x[i] / sqrt(mean(x[i]^2) + eps)) for each of m rows. */
+static void rms_norm_rows(const float *x, int m, int hidden, const float *w, float eps, float *out) {
+    for (int i = 0; i < m; i++) {
+        const float *xi = x + (int64_t)i * hidden;
+        float *oi = out + (int64_t)i * hidden;
+        float part[8] = {0};
+        int j = 0;
+        for (; j + 8 <= hidden; j += 8)
+            for (int l = 0; l < 8; l++) part[l] += xi[j + l] * xi[j + l];
+        for (; j < hidden; j++) part[0] += xi[j] * xi[j];
+        const float sum = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
+        const float r = 1.0f / sqrtf(sum / (float)hidden + eps);
+        for (j = 0; j < hidden; j++) oi[j] = w[j] * (xi[j] * r);
+    }
+}
+
+/* Rotate `count` heads of d values each at v (contiguous): v = v cos + rotate_half(v) sin, with
+ * rotate_half(v) = [-v[d/2:], v[:d/2]]. */
+static void rotate_heads(float *v, int count, int d, const float *cos, const float *sin, float *tmp) {
+    const int half = d / 2;
+    for (int h = 0; h < count; h++, v += d) {
+        memcpy(tmp, v, sizeof(float) * (size_t)d);
+        for (int c = 0; c < half; c++) v[c] = tmp[c] * cos[c] - tmp[c + half] * sin[c];
+        for (int c = half; c < d; c++) v[c] = tmp[c] * cos[c] + tmp[c - half] * sin[c];
+    }
+}
+
+/* The layers over `total` new rows x [total, hidden] (updated in place: the last layer's output, before the
+ * final norm).  Sequence r owns rows offsets r (sizes[r] of them, after the previous sequences'), which sit at
+ * positions starts[r] .. starts[r] + sizes[r] - 1 of its cache: caches[(r * layers + l) * 2 + {0, 1}] are layer
+ * l's keys and values, [kv_heads, capacity_r, d] with kv_head[r] = capacity_r * d.  cos, sin: [total, d], each
+ * row's position's.  layer l: its addresses at tensors[l * L_FIELDS ..], attention scale scaling[l], sliding
+ * window window[l] (0: none).  Returns 0, or -1 when out of memory. */
+int sd_int4_layers(float *x, int total, int hidden, int layers, const int64_t *tensors, const float *scaling,
+                   const int *window, int runners, const int *starts, const int *sizes, const int64_t *caches,
+                   const int64_t *kv_head, const float *cos, const float *sin, int heads, int kv_heads, int d,
+                   int intermediate, float eps, int threads) {
+    const int width = (heads + 2 * kv_heads) * d, attn_width = heads * d;
+    float *h = malloc(sizeof(float) * (size_t)total * hidden);
+    float *qkv = malloc(sizeof(float) * (size_t)total * width);
+    float *att = malloc(sizeof(float) * (size_t)total * attn_width);
+    float *gu = malloc(sizeof(float) * (size_t)total * 2 * intermediate);
+    float *tmp = malloc(sizeof(float) * ((size_t)total * hidden + (size_t)d));
+    int status = h && qkv && att && gu && tmp ? 0 : -1;
+    for (int l = 0; l < layers && status == 0; l++) {
+        const int64_t *t = tensors + (int64_t)l * L_FIELDS;
+#define PTR(type, field) ((const type *)(intptr_t)t[field])
+        rms_norm_rows(x, total, hidden, PTR(float, L_IN_NORM), eps, h);
+        status |= sd_linear4(PTR(uint8_t, L_QKV_W), PTR(float, L_QKV_S), PTR(float, L_QKV_B), width, hidden,
+                             padded64(hidden), h, hidden, total, qkv, width, threads, 0);
+        for (int i = 0; i < total; i++)  /* q and k heads are the first heads + kv_heads of the row */
+            rotate_heads(qkv + (int64_t)i * width, heads + kv_heads, d, cos + (int64_t)i * d, sin + (int64_t)i * d,
+                         tmp + (size_t)total * hidden);
+        for (int r = 0, lo = 0; r < runners && status == 0; lo += sizes[r], r++) {
+            float *keys = (float *)(intptr_t)caches[((int64_t)r * layers + l) * 2];
+            float *values = (float *)(intptr_t)caches[((int64_t)r * layers + l) * 2 + 1];
+            for (int i = 0; i < sizes[r]; i++) {
+                const float *row = qkv + (int64_t)(lo + i) * width;
+                for (int g = 0; g < kv_heads; g++) {
+                    const int64_t at = g * kv_head[r] + (int64_t)(starts[r] + i) * d;
+                    memcpy(keys + at, row + (int64_t)(heads + g) * d, sizeof(float) * (size_t)d);
+                    memcpy(values + at, row + (int64_t)(heads + kv_heads + g) * d, sizeof(float) * (size_t)d);
+                }
+            }
+            status |= sd_attention(qkv + (int64_t)lo * width, d, width, keys, values, kv_head[r], d, sizes[r],
+                                   starts[r], heads, kv_heads, d, scaling[l], window[l], att + (int64_t)lo * attn_width,
+                                   attn_width, d, threads, 0);
+        }
+        status |= sd_linear4(PTR(uint8_t, L_O_W), PTR(float, L_O_S), PTR(float, L_O_B), hidden, attn_width,
+                             padded64(attn_width), att, attn_width, total, tmp, hidden, threads, 0);
+        for (int64_t j = 0; j < (int64_t)total * hidden; j++) x[j] += tmp[j];
+        rms_norm_rows(x, total, hidden, PTR(float, L_POST_NORM), eps, h);
+        status |= sd_linear4(PTR(uint8_t, L_GU_W), PTR(float, L_GU_S), PTR(float, L_GU_B), 2 * intermediate, hidden,
+                             padded64(hidden), h, hidden, total, gu, 2 * intermediate, threads, 0);
+        for (int i = 0; i < total; i++) {  /* silu(gate) * up, into the gate's half of the row */
+            float *g = gu + (int64_t)i * 2 * intermediate;
+            for (int j = 0; j < intermediate; j++) g[j] = g[j] / (1.0f + expf(-g[j])) * g[intermediate + j];
+        }
+        status |= sd_linear4(PTR(uint8_t, L_DOWN_W), PTR(float, L_DOWN_S), PTR(float, L_DOWN_B), hidden, intermediate,
+                             padded64(intermediate), gu, 2 * intermediate, total, tmp, hidden, threads, 0);
+        for (int64_t j = 0; j < (int64_t)total * hidden; j++) x[j] += tmp[j];
+#undef PTR
+    }
+    free(h);
+    free(qkv);
+    free(att);
+    free(gu);
+    free(tmp);
+    return status ? -1 : 0;
+}
