@@ -5,7 +5,8 @@ and gemma3-270m (SentencePiece-style, 262k vocab, adds <bos>), in both
 universal modes, on prompts with indented code, numbers, CJK and emoji.  The
 broad sweep runs the int8 target (exact by construction, and five times
 faster); the fp32 target, the README's headline guarantee, is checked on a
-subset.  Drafts run in int8: a draft's numerics never change the output.
+subset.  Drafts run in int8 (smollm2-135m also in int4, the auto backend's choice on AVX2 CPUs): a
+draft's numerics never change the output.
 """
 
 from __future__ import annotations
@@ -53,6 +54,23 @@ def test_universal_greedy_equals_plain(models, plain_outputs, draft):
             accepted += out.stats.accepted
             drafted += out.stats.drafted
     assert accepted > 0.2 * drafted  # the bridge really aligns the two vocabularies
+
+
+def test_an_int4_smollm2_draft_through_the_bridge_equals_plain(models, plain_outputs):
+    # smollm2-135m in int4 with its layers in one C call (the auto draft backend on AVX2 CPUs without VNNI),
+    # a draft of another tokenizer, with -k auto and with a fixed γ.
+    from specdec.backends.lean import LeanRunner
+
+    draft = LeanRunner(models["smollm2-135m"][0], int4=True)
+    assert draft.native
+    engine = Engine(*models["qwen2.5-coder-1.5b"], draft, models["smollm2-135m"][1])
+    accepted = 0
+    with real_model_threads():
+        for prompt, k in zip(PROMPTS[:4], (4, "auto", 2, "auto")):
+            out = engine.generate(prompt, max_new_tokens=MAX_NEW, num_speculative_tokens=k)
+            assert out.token_ids == plain_outputs[prompt], prompt
+            accepted += out.stats.accepted
+    assert accepted > 0
 
 
 @pytest.mark.parametrize("draft", ["smollm2-135m", "gemma3-270m"])
