@@ -345,12 +345,31 @@ def forward_packed(runners: Sequence[LeanRunner], chunks: Sequence[Sequence[int]
     total = offsets[-1]
     cos = torch.cat([r._cos[s : s + n] for r, s, n in zip(runners, starts, sizes)])  # [total, D]
     sin = torch.cat([r._sin[s : s + n] for r, s, n in zip(runners, starts, sizes)])
-    h_q, h_kv, d = lead.num_heads, lead.num_kv_heads, lead.head_dim
-    exact = lead.capabilities.batch_invariant
     x = F.embedding(torch.tensor([t for c in chunks for t in c]), lead.embed)  # [total, hidden]
     if lead.native:
         _native_layers(runners, starts, sizes, x, cos, sin)
-    for i, layer in enumerate([] if lead.native else lead.layers):
+    else:
+        x = _torch_layers(runners, starts, offsets, x, cos, sin)
+    keeps = [n if last_n is None else min(last_n, n) for n, last_n in zip(sizes, last_ns)]
+    if len(runners) == 1:
+        kept = x[total - keeps[0] :]
+    else:
+        kept = torch.cat([x[hi - keep : hi] for hi, keep in zip(offsets[1:], keeps)])  # [sum keeps, hidden]
+    logits = lead.head(rms_norm(kept, lead.final_norm, lead.eps))  # [sum keeps, V]
+    for r, c in zip(runners, chunks):
+        r.tokens.extend(c)
+    return list(logits.split(keeps)) if len(runners) > 1 else [logits]
+
+
+def _torch_layers(runners: Sequence[LeanRunner], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
+                  cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """All layers over the packed new rows x [total, hidden] op by op in torch (the int8 model's own
+    operations; see the module doc); returns the last layer's output.  Chunk r is rows offsets[r] ..
+    offsets[r + 1] at positions starts[r] on; cos, sin [total, D]."""
+    lead, total = runners[0], x.shape[0]
+    h_q, h_kv, d = lead.num_heads, lead.num_kv_heads, lead.head_dim
+    exact = lead.capabilities.batch_invariant
+    for i, layer in enumerate(lead.layers):
         h = rms_norm(x, layer.input_norm, lead.eps)
         qkv = layer.qkv(h)  # [total, (H + 2 H_kv) D]
         # q and k rotated in one go: the same elementwise operations on every element
@@ -371,15 +390,7 @@ def forward_packed(runners: Sequence[LeanRunner], chunks: Sequence[Sequence[int]
         h = rms_norm(x, layer.post_norm, lead.eps)
         gate_up = layer.gate_up(h)  # [total, 2 I]
         x = x + layer.down(lead.act(gate_up[:, : lead.intermediate]) * gate_up[:, lead.intermediate :])
-    keeps = [n if last_n is None else min(last_n, n) for n, last_n in zip(sizes, last_ns)]
-    if len(runners) == 1:
-        kept = x[total - keeps[0] :]
-    else:
-        kept = torch.cat([x[hi - keep : hi] for hi, keep in zip(offsets[1:], keeps)])  # [sum keeps, hidden]
-    logits = lead.head(rms_norm(kept, lead.final_norm, lead.eps))  # [sum keeps, V]
-    for r, c in zip(runners, chunks):
-        r.tokens.extend(c)
-    return list(logits.split(keeps)) if len(runners) > 1 else [logits]
+    return x
 
 
 def _native_layers(runners: Sequence[LeanRunner], starts: Sequence[int], sizes: Sequence[int], x: torch.Tensor,
