@@ -89,8 +89,8 @@ AVX2F static inline float hsum8(__m256 v) {
  * (lane_offsets, once per call): sum u q - 8 sum q = sum v q, exact in int32 (|u q| pairs <= 1890, both halves
  * <= 3780: no s16 saturation).  A tile's group is unpacked once for two input rows.  Against the sign trick
  * (vpsign of the weights by q, times |q|), this takes fewer instructions per product: measured on a 2-core AMD
- * EPYC (Zen 3) through the 0.5B's four layer shapes, 1.38x faster for 64 rows (a draft's catch-up) and 1.1x
- * for one (a drafted token). */
+ * EPYC (Zen 3) through the 0.5B's four layer shapes, 1.24x faster for 64 rows (a draft's catch-up) and 1.18x
+ * for one (a drafted token; benchmarks/runs/kernel-int4v2-zen3/ab_int4_kernel.py). */
 AVX2F static void lane_offsets(const int8_t *q, int m, int kp, int32_t *off) {
     const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
     const int groups = kp / GROUP;
