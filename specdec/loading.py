@@ -313,13 +313,13 @@ def resolve_device(device: str, dtype: str = "fp32") -> str:
 def load_int4_draft(spec: str, progress: zoo.Progress | None = None) -> tuple["ModelRunner", "PreTrainedTokenizerBase"]:
     """A draft model in int4 (specdec.backends.int4): the int8 model (quantized once and cached, as for
     dtype="int8") with its weights requantized to group-wise int4 at load, on a LeanRunner; llama,
-    qwen2 and mistral models only."""
+    qwen2, mistral and Gemma 3 text models only (lean.INT4_ARCHITECTURES)."""
     from specdec.backends import lean
 
     model, tokenizer = load_hf(spec, dtype="int8", progress=progress)
-    if not lean.supports(model):
+    if not lean.supports(model, int4=True):
         kind = getattr(model.config, "model_type", type(model).__name__)
-        raise SpecdecError(f"--draft-dtype int4 runs {'/'.join(lean.ARCHITECTURES)} drafts, and '{spec}' is a {kind} "
+        raise SpecdecError(f"--draft-dtype int4 runs {'/'.join(lean.INT4_ARCHITECTURES)} drafts, and '{spec}' is a {kind} "
                            "model: use --draft-dtype int8")
     return lean.LeanRunner(model, int4=True), tokenizer
 

@@ -1,53 +1,61 @@
-"""Group-wise int4 weights for draft models: half the bytes of int8, so a draft token costs less.
+"""Group-wise int4 weights for draft models: fewer bytes than int8, so a draft token costs less.
 
 A draft model's one-token step reads each of its weights once and is bound by
-memory bandwidth; with 4-bit weights (a scale per 64 columns of each output
-channel, as GPTQ -- Frantar et al. 2022 -- and llama.cpp's Q4_0 do) it reads
-about half of what its int8 form reads.  Its numbers are those of an
-approximation of the model, not the model's: that is allowed for a draft and
-only for a draft, since what a draft proposes never changes the output of
-speculative decoding (Leviathan et al. 2023; the target verifies every token),
-only how many proposals are accepted.  Targets therefore never take int4.
+memory bandwidth; with 4-bit weights (per output channel and group of 32
+columns an fp16 scale and minimum, as llama.cpp's Q4_1; group-wise weights as
+in GPTQ, Frantar et al. 2022) it reads 5 bits a weight where int8 reads 8.
+Its numbers are those of an approximation of the model, not the model's: that
+is allowed for a draft and only for a draft, since what a draft proposes never
+changes the output of speculative decoding (Leviathan et al. 2023; the target
+verifies every token), only how many proposals are accepted.  Targets
+therefore never take int4.
 
 The weights are quantized from the int8 model (its cached int8 values times its
 per-channel scales; no fp32 copy is needed), per output channel n and group g
-of 64 columns: scale = max |w| / 7, v = round(w / scale) in [-7, 7].  The
-activations are the int8 kernel's 7-bit per-token ones, and the products run
-in :mod:`specdec.backends.kernels` (``int4_linear.c``: exact int32 sums per
-group, then fp32 multiply-adds with the group scales in a fixed order, so a
-row's outputs do not depend on the other rows or the threads).
+of 32 columns: scale d = fp16((max w - min w) / 15), minimum m = fp16(min w),
+u = round((w - m) / d) in [0, 15].  An asymmetric grid of 16 levels per 32
+columns is the shape of the zoo drafts' own files (Q4_1, Q4_K), so it keeps
+their weights nearly as they are.  The activations are quantized per token to
+8 bits, and the products run in :mod:`specdec.backends.kernels`
+(``int4_linear.c``: exact int32 sums per group, then fp32 multiply-adds with
+the group scales and minimums in a fixed order, so a row's outputs do not
+depend on the other rows or the threads).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from specdec.backends import kernel
 from specdec.backends.quant import Int8Linear
 
-LEVELS = 7  # |v| <= 7: symmetric 4-bit values
+LEVELS = 15  # u in [0, 15]: unsigned 4-bit values
 
 
-def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 weight [N, K] -> (int8 values [N, K] in [-7, 7], fp32 scales [N, ceil(K / 64)]), w ≈ v * scale
-    of the column's group."""
+def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp32 weight [N, K] -> (uint8 values [N, K] in [0, 15], fp16 scales and minimums [N, ceil(K / 32)]),
+    w ~ value * scale + minimum of the column's group (where a group's scale is 0, value 0: w ~ minimum).
+    A last group narrower than 32 columns takes its range from its own columns."""
     w = weight.detach().float()
     n, k = w.shape
     groups = -(-k // kernel.GROUP)
-    padded = torch.zeros(n, groups * kernel.GROUP)
-    padded[:, :k] = w
-    blocks = padded.view(n, groups, kernel.GROUP)  # [N, G, 64]
-    scales = (blocks.abs().amax(dim=2) / LEVELS).clamp_min(1e-12)  # [N, G]; an all-zero group: a harmless scale
-    values = torch.round(blocks / scales[:, :, None]).clamp_(-LEVELS, LEVELS).to(torch.int8)
-    return values.view(n, -1)[:, :k].contiguous(), scales
+    # pad by repeating the last column: a group's range is that of its real columns
+    padded = F.pad(w[None], (0, groups * kernel.GROUP - k), mode="replicate")[0] if k % kernel.GROUP else w
+    blocks = padded.reshape(n, groups, kernel.GROUP)  # [N, G, 32]
+    lo, hi = blocks.amin(dim=2), blocks.amax(dim=2)  # [N, G]
+    scales, mins = ((hi - lo) / LEVELS).half(), lo.half()
+    d, m = scales.float()[:, :, None], mins.float()[:, :, None]
+    values = torch.where(d > 0, torch.round((blocks - m) / d), torch.zeros(())).clamp_(0, LEVELS).to(torch.uint8)
+    return values.view(n, -1)[:, :k].contiguous(), scales, mins
 
 
 class Int4Linear:
-    """y = x W^T + b with group-wise int4 W and the int8 kernel's per-token activations (see module doc)."""
+    """y = x W^T + b with group-wise int4 W and 8-bit per-token activations (see the module doc)."""
 
     def __init__(self, packed: torch.Tensor, scales: torch.Tensor, out_features: int, in_features: int,
                  bias: torch.Tensor | None = None) -> None:
-        """packed, scales: the kernel's layout (kernel.pack4 or kernel.pack4_int8)."""
+        """packed, scales (fp16 scales and minimums): the kernel's layout (kernel.pack4 or kernel.pack4_int8)."""
         self.out_features, self.in_features = out_features, in_features
         self.bias = None if bias is None else bias.detach().float().contiguous()  # [N]
         self.packed, self.scales = packed, scales

@@ -120,13 +120,13 @@ def library() -> ctypes.CDLL:
             lib.sd_openmp.restype = i32
             lib.sd_linear4.argtypes = [ptr, ptr, ptr, i32, i32, i32, ptr, i64, i32, ptr, i64, i32, i32]
             lib.sd_linear4.restype = i32
-            lib.sd_pack4.argtypes = [ptr, ptr, i32, i32, i32, ptr, ptr]
+            lib.sd_pack4.argtypes = [ptr, ptr, ptr, i32, i32, i32, ptr, ptr]
             lib.sd_pack4.restype = None
             lib.sd_pack4_int8.argtypes = [ptr, ptr, i32, i32, i32, ptr, ptr, i32]
             lib.sd_pack4_int8.restype = None
             lib.sd_isa4.restype = i32
             lib.sd_int4_layers.argtypes = [ptr, i32, i32, i32, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, ptr, ptr,
-                                           i32, i32, i32, i32, flt, i32]
+                                           i32, i32, i32, i32, i32, flt, i32]
             lib.sd_int4_layers.restype = i32
             _lib = lib
         return _lib
@@ -201,7 +201,7 @@ def linear(x: torch.Tensor, packed: torch.Tensor, in_features: int, scale: torch
 
 
 INT4_PATHS = {"c": 1, "avx2": 2}  # the int4 kernel's paths (ISA4_* in int4_linear.c), slowest first
-GROUP = 64  # int4 weights: columns per scale
+GROUP = 32  # int4 weights: columns per scale and minimum
 
 
 def int4_paths() -> list[str]:
@@ -211,26 +211,31 @@ def int4_paths() -> list[str]:
 
 
 def _int4_buffers(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The int4 layout's (bytes, scales) for an [n, k] layer, uninitialised (the packers fill them)."""
+    """The int4 layout's (bytes, fp16 scales and minimums) for an [n, k] layer, uninitialised (the packers
+    fill them)."""
     rows, kp = -(-n // TILE) * TILE, padded(k)
-    return torch.empty(rows, kp // 2, dtype=torch.uint8), torch.empty(rows * kp // GROUP)
+    return torch.empty(rows, kp // 2, dtype=torch.uint8), torch.empty(rows * kp // GROUP * 2, dtype=torch.float16)
 
 
-def pack4(values: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 values [N, K] in [-7, 7] and fp32 scales [N, ceil(K / GROUP)] -> the int4 kernel's layout:
-    (bytes [ceil(N / TILE) * TILE, padded(K) / 2] uint8, scales [ceil(N / TILE) * TILE * padded(K) / GROUP])."""
+def pack4(values: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Values [N, K] in [0, 15] and fp16 scales and minimums [N, ceil(K / GROUP)] (w ~ value * scale + min of
+    the column's group) -> the int4 kernel's layout: (bytes [ceil(N / TILE) * TILE, padded(K) / 2] uint8,
+    scales and minimums [ceil(N / TILE) * TILE * padded(K) / GROUP * 2] fp16)."""
     n, k = values.shape
-    if scales.shape != (n, -(-k // GROUP)):
-        raise ValueError(f"int4 scales must be [{n}, {-(-k // GROUP)}], got {list(scales.shape)}")
+    for name, t in (("scales", scales), ("minimums", mins)):
+        if t.shape != (n, -(-k // GROUP)):
+            raise ValueError(f"int4 {name} must be [{n}, {-(-k // GROUP)}], got {list(t.shape)}")
     out, out_scales = _int4_buffers(n, k)
-    v, sc = values.to(torch.int8).contiguous(), scales.float().contiguous()
-    library().sd_pack4(v.data_ptr(), sc.data_ptr(), n, k, padded(k), out.data_ptr(), out_scales.data_ptr())
+    v = values.to(torch.uint8).contiguous()
+    sc, mn = scales.to(torch.float16).contiguous(), mins.to(torch.float16).contiguous()
+    library().sd_pack4(v.data_ptr(), sc.data_ptr(), mn.data_ptr(), n, k, padded(k), out.data_ptr(),
+                       out_scales.data_ptr())
     return out, out_scales
 
 
 def pack4_int8(values: torch.Tensor, row_scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """An int8 layer (values [N, K] int8, per-channel scales [N]) quantized to int4 and packed in one pass:
-    the same as pack4(*int4.quantize_int4(values * row_scales)), without the fp32 copy."""
+    the same as pack4(*int4.quantize_int4(values * row_scales[:, None])), without the fp32 copy."""
     n, k = values.shape
     out, out_scales = _int4_buffers(n, k)
     v, sc = values.to(torch.int8).contiguous(), row_scales.float().contiguous()

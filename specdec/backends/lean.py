@@ -25,7 +25,8 @@ directly from the quantized model's tensors, gpt-fast style:
 So its logits are bitwise those of the quantized transformers model (tested on
 tiny and real models), and it inherits its batch invariance: speculative
 output equals plain output.  Other architectures (Gemma 3, ...) run the
-quantized transformers model through :class:`specdec.backends.hf.HFRunner`.
+quantized transformers model through :class:`specdec.backends.hf.HFRunner`
+-- except as int4 drafts, below.
 
 **Several sequences in one forward** (:func:`forward_packed`, used by
 :mod:`specdec.batching`): the new tokens of several runners -- each with its
@@ -45,7 +46,12 @@ layers in one C call (``kernels/int4_layers.c``): norms, rotary embeddings and
 the MLP's SiLU are plain per-row loops there instead of ~35 torch operations
 per layer, which made a one-token step of smollm2-135m 2.1x and of the 0.5B
 1.3x faster (2-core AMD EPYC, Zen 3).  Its numbers are the torch path's up to
-fp32 rounding (tested); a draft's numbers never change the output.
+fp32 rounding (tested); a draft's numbers never change the output.  Gemma 3
+text models (gemma3-270m) run as int4 drafts too (INT4_ARCHITECTURES): the
+same layers with Gemma's extra norms (per-head q / k norms, norms on the
+attention's and the MLP's outputs, each scaling by 1 + w), a tanh-GELU gate,
+a scaled embedding and one rotary table per layer type (tested against the
+transformers model with the same int4 linears).
 """
 
 from __future__ import annotations
@@ -68,6 +74,9 @@ from specdec.backends.quant import Int8Linear, is_int8, pack_all
 from specdec.errors import SpecdecError
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")
+GEMMA = ("gemma3_text",)  # Gemma3ForCausalLM's model_type: int4 drafts only (see the module doc)
+INT4_ARCHITECTURES = (*ARCHITECTURES, *GEMMA)
+ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}  # the gate activations kernels/int4_layers.c computes (ACT_*)
 STATIC_ROPE = ("default", "linear", "llama3")  # inv_freq does not change with the sequence length
 _INITIAL_CAPACITY = 256
 
@@ -81,16 +90,25 @@ def is_fp32_cpu(model: Any) -> bool:
     return bool(linears) and all(is_fp32_cpu_linear(m) for m in linears)
 
 
-def supports(model: Any, fp32: bool = False) -> bool:
+def supports(model: Any, fp32: bool = False, int4: bool = False) -> bool:
     """Whether this runner can compute `model`: an int8 transformers model of a llama-family
     architecture (exactly: bitwise the quantized model), or with fp32=True also an fp32 one on the CPU
-    (for batching; see the module doc)."""
+    (for batching; see the module doc); with int4=True an int8 model of INT4_ARCHITECTURES (whose
+    weights the runner requantizes)."""
     config = getattr(model, "config", None)
-    if config is None or getattr(config, "model_type", None) not in ARCHITECTURES:
+    if config is None or getattr(config, "model_type", None) not in (INT4_ARCHITECTURES if int4 else ARCHITECTURES):
         return False
     if not (is_int8(model) or (fp32 and is_fp32_cpu(model))):
         return False
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if config.model_type in GEMMA:
+        if getattr(config, "final_logit_softcapping", None) or getattr(config, "attn_logit_softcapping", None):
+            return False
+        return all(_static_rope(config.rope_parameters.get(kind)) for kind in set(config.layer_types))
+    return _static_rope(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None))
+
+
+def _static_rope(rope: dict | None) -> bool:
+    rope = rope or {}
     return rope.get("rope_type", rope.get("type", "default")) in STATIC_ROPE
 
 
@@ -159,6 +177,12 @@ class _Layer:
     down: Linear  # I -> hidden
     scaling: float
     sliding_window: int | None
+    # Gemma 3 only (None elsewhere); its norms' weights are stored as 1 + w, the factor they scale by
+    q_norm: torch.Tensor | None = None  # [D]: each q head's rms norm, before the rotation
+    k_norm: torch.Tensor | None = None  # [D]
+    attn_out_norm: torch.Tensor | None = None  # [hidden]: on the attention's output, before the residual
+    mlp_out_norm: torch.Tensor | None = None  # [hidden]: on the MLP's output, before the residual
+    rope: int = 0  # the layer's rotary table (LeanRunner._cos / _sin [tables, positions, D])
 
 
 @dataclass
@@ -166,7 +190,7 @@ class _NativeTable:
     """An int4 model's layers as kernels/int4_layers.c reads them: the tensors' addresses, one row of
     L_FIELDS per layer (the _Layer objects keep the tensors alive), attention scales and sliding windows."""
 
-    tensors: torch.Tensor  # [layers, 14] int64
+    tensors: torch.Tensor  # [layers, 19] int64
     scaling: torch.Tensor  # [layers] fp32
     window: torch.Tensor  # [layers] int32 (0: none)
 
@@ -181,6 +205,8 @@ class _NativeTable:
             for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
                 assert isinstance(lin, Int4Linear)
                 row += [address(lin.packed), address(lin.scales), address(lin.bias)]
+            row += [address(layer.q_norm), address(layer.k_norm), address(layer.attn_out_norm),
+                    address(layer.mlp_out_norm), layer.rope]
             rows.append(row)
         return cls(torch.tensor(rows, dtype=torch.int64), torch.tensor([layer.scaling for layer in layers]),
                    torch.tensor([layer.sliding_window or 0 for layer in layers], dtype=torch.int32))
@@ -203,18 +229,16 @@ def _int4_parts(model: Any) -> tuple[list[_Layer], Int4Linear, _NativeTable]:
     parts = _FUSED4.get(model)
     if parts is None:
         layers = [replace(layer, qkv=_int4(layer.qkv), o=_int4(layer.o), gate_up=_int4(layer.gate_up),
-                          down=_int4(layer.down)) for layer in _fused_layers(model)]
+                          down=_int4(layer.down)) for layer in _layers(model)]
         parts = _FUSED4[model] = (layers, _int4(model.lm_head), _NativeTable.of(layers))
     return parts
 
 
-def _fused_layers(model: Any) -> list[_Layer]:
-    """The model's layers with fused, packed projections, built once per model (packing takes seconds)
-    and shared by all its runners: a runner owns only its KV cache."""
-    layers = _FUSED.get(model)
-    if layers is None:
-        config = model.config
-        layers = [
+def _layers(model: Any) -> list[_Layer]:
+    """The model's layers with fused (unpacked) projections."""
+    config = model.config
+    if config.model_type not in GEMMA:
+        return [
             _Layer(
                 input_norm=layer.input_layernorm.weight.detach(),
                 qkv=fuse([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
@@ -227,6 +251,44 @@ def _fused_layers(model: Any) -> list[_Layer]:
             )
             for layer in model.model.layers
         ]
+    tables = _rope_kinds(config)
+    return [
+        _Layer(
+            input_norm=_gemma_norm(layer.input_layernorm),
+            qkv=fuse([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
+            o=_own(layer.self_attn.o_proj),
+            post_norm=_gemma_norm(layer.pre_feedforward_layernorm),  # Gemma's pre-MLP norm
+            gate_up=fuse([layer.mlp.gate_proj, layer.mlp.up_proj]),
+            down=_own(layer.mlp.down_proj),
+            scaling=float(layer.self_attn.scaling),
+            sliding_window=layer.self_attn.sliding_window,
+            q_norm=_gemma_norm(layer.self_attn.q_norm),
+            k_norm=_gemma_norm(layer.self_attn.k_norm),
+            attn_out_norm=_gemma_norm(layer.post_attention_layernorm),
+            mlp_out_norm=_gemma_norm(layer.post_feedforward_layernorm),
+            rope=tables.index(config.layer_types[i]),
+        )
+        for i, layer in enumerate(model.model.layers)
+    ]
+
+
+def _gemma_norm(norm: nn.Module) -> torch.Tensor:
+    """A Gemma RMSNorm's factor, 1 + w (its forward computes the same sum before multiplying)."""
+    return 1.0 + norm.weight.detach().float()
+
+
+def _rope_kinds(config: Any) -> list[str | None]:
+    """The rotary tables a model needs, in the order its layers' `rope` index them: one per Gemma 3 layer
+    type, one (None) for the llama family."""
+    return sorted(set(config.layer_types)) if config.model_type in GEMMA else [None]
+
+
+def _fused_layers(model: Any) -> list[_Layer]:
+    """The model's layers with fused, packed projections, built once per model (packing takes seconds)
+    and shared by all its runners: a runner owns only its KV cache."""
+    layers = _FUSED.get(model)
+    if layers is None:
+        layers = _layers(model)
         linears = [model.lm_head, *(lin for layer in layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))]
         pack_all(lin for lin in linears if isinstance(lin, Int8Linear))
         _FUSED[model] = layers
@@ -240,9 +302,10 @@ class LeanRunner:
     model's own numbers)."""
 
     def __init__(self, model: Any, max_context: int | None = None, fp32: bool = False, int4: bool = False) -> None:
-        if not supports(model, fp32=fp32) or (int4 and not is_int8(model)):
+        if not supports(model, fp32=fp32, int4=int4) or (int4 and not is_int8(model)):
             kinds = "an int8 or fp32" if fp32 else "an int8"
-            raise SpecdecError(f"the lean runner needs {kinds} model of a {'/'.join(ARCHITECTURES)} architecture")
+            archs = INT4_ARCHITECTURES if int4 else ARCHITECTURES
+            raise SpecdecError(f"the lean runner needs {kinds} model of a {'/'.join(archs)} architecture")
         self.int4 = int4
         config = model.config
         self.model = model  # kept for its config, generation config and eos ids
@@ -251,14 +314,19 @@ class LeanRunner:
                                          batch_invariant=is_int8(model))
         inner = model.model
         self.embed = inner.embed_tokens.weight.detach()  # [V, hidden]
-        self.final_norm = inner.norm.weight.detach()
+        gemma = config.model_type in GEMMA
+        # Gemma scales its embeddings (by sqrt(hidden), an fp32 0-d tensor) and its norms by 1 + w
+        self.embed_scale: torch.Tensor | None = inner.embed_tokens.embed_scale.float() if gemma else None
+        self.final_norm = _gemma_norm(inner.norm) if gemma else inner.norm.weight.detach()
         self.eps = float(config.rms_norm_eps)
         if int4:
             layers, head, self._native = _int4_parts(model)
         else:
             layers, head, self._native = _fused_layers(model), _own(model.lm_head), None
-        # int4 layers with the MLP's SiLU run in one call of kernels/int4_layers.c (False: torch, op by op)
-        self.native = self._native is not None and getattr(config, "hidden_act", None) == "silu"
+        # int4 layers run in one call of kernels/int4_layers.c (False: torch, op by op)
+        act = getattr(config, "hidden_activation", None) if gemma else getattr(config, "hidden_act", None)
+        self._act_code = ACTIVATIONS.get(act, -1)
+        self.native = self._native is not None and self._act_code >= 0
         self.head: Linear = head
         self.vocab_size = self.head.out_features
         self.num_heads = int(config.num_attention_heads)
@@ -269,7 +337,8 @@ class LeanRunner:
         self.layers = layers  # shared by every runner over this model
         self.intermediate = self.layers[0].gate_up.out_features // 2
         self._rotary = inner.rotary_emb
-        self._cos = self._sin = torch.empty(0, self.head_dim)  # [positions, D], grown with the cache
+        self._rope_kinds = _rope_kinds(config)
+        self._cos = self._sin = torch.empty(len(self._rope_kinds), 0, self.head_dim)  # [tables, positions, D]
         self.tokens: list[int] = []
         self.capacity = 0
         self.keys: list[torch.Tensor] = []  # per layer [H_kv, capacity, D]
@@ -292,8 +361,10 @@ class LeanRunner:
                 else:
                     cache.append(grown)
         positions = torch.arange(capacity)[None]  # [1, capacity]
-        cos, sin = self._rotary(self.embed[:1], positions)  # [1, capacity, D] each, the model's own computation
-        self._cos, self._sin = cos[0], sin[0]
+        # [1, capacity, D] each per table, the model's own computation
+        tables = [self._rotary(self.embed[:1], positions, *(() if kind is None else (kind,))) for kind in self._rope_kinds]
+        self._cos = torch.cat([cos for cos, _ in tables])  # [tables, capacity, D]
+        self._sin = torch.cat([sin for _, sin in tables])
         self.capacity = capacity
         self._addresses = [t.data_ptr() for pair in zip(self.keys, self.values) for t in pair]
 
@@ -343,9 +414,11 @@ def forward_packed(runners: Sequence[LeanRunner], chunks: Sequence[Sequence[int]
     sizes = [len(c) for c in chunks]
     offsets = [sum(sizes[:i]) for i in range(len(sizes) + 1)]  # chunk i is rows offsets[i]:offsets[i + 1]
     total = offsets[-1]
-    cos = torch.cat([r._cos[s : s + n] for r, s, n in zip(runners, starts, sizes)])  # [total, D]
-    sin = torch.cat([r._sin[s : s + n] for r, s, n in zip(runners, starts, sizes)])
+    cos = torch.cat([r._cos[:, s : s + n] for r, s, n in zip(runners, starts, sizes)], dim=1)  # [tables, total, D]
+    sin = torch.cat([r._sin[:, s : s + n] for r, s, n in zip(runners, starts, sizes)], dim=1)
     x = F.embedding(torch.tensor([t for c in chunks for t in c]), lead.embed)  # [total, hidden]
+    if lead.embed_scale is not None:
+        x = x * lead.embed_scale
     if lead.native:
         _native_layers(runners, starts, sizes, x, cos, sin)
     else:
@@ -365,15 +438,18 @@ def _torch_layers(runners: Sequence[LeanRunner], starts: Sequence[int], offsets:
                   cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """All layers over the packed new rows x [total, hidden] op by op in torch (the int8 model's own
     operations; see the module doc); returns the last layer's output.  Chunk r is rows offsets[r] ..
-    offsets[r + 1] at positions starts[r] on; cos, sin [total, D]."""
+    offsets[r + 1] at positions starts[r] on; cos, sin [tables, total, D]."""
     lead, total = runners[0], x.shape[0]
     h_q, h_kv, d = lead.num_heads, lead.num_kv_heads, lead.head_dim
     exact = lead.capabilities.batch_invariant
     for i, layer in enumerate(lead.layers):
         h = rms_norm(x, layer.input_norm, lead.eps)
         qkv = layer.qkv(h)  # [total, (H + 2 H_kv) D]
+        qk = qkv[:, : (h_q + h_kv) * d].view(total, h_q + h_kv, d)
+        if layer.q_norm is not None:  # Gemma: each q and k head normed on its own
+            qk = torch.cat([rms_norm(qk[:, :h_q], layer.q_norm, lead.eps), rms_norm(qk[:, h_q:], layer.k_norm, lead.eps)], dim=1)
         # q and k rotated in one go: the same elementwise operations on every element
-        qk = rotate(qkv[:, : (h_q + h_kv) * d].view(total, h_q + h_kv, d).transpose(0, 1), cos, sin)  # [H + H_kv, total, D]
+        qk = rotate(qk.transpose(0, 1), cos[layer.rope], sin[layer.rope])  # [H + H_kv, total, D]
         v = qkv[:, (h_q + h_kv) * d :].view(total, h_kv, d).transpose(0, 1)  # [H_kv, total, D]
         rows = []
         for r, start, lo, hi in zip(runners, starts, offsets, offsets[1:]):
@@ -386,18 +462,24 @@ def _torch_layers(runners: Sequence[LeanRunner], starts: Sequence[int], offsets:
             else:
                 rows.append(_rowwise(q, r.keys[i], r.values[i], start, layer.scaling, layer.sliding_window))  # [n, H D]
         attn = rows[0] if len(rows) == 1 else torch.cat(rows)  # [total, H D]
-        x = x + layer.o(attn)
+        out = layer.o(attn)  # [total, hidden]
+        if layer.attn_out_norm is not None:
+            out = rms_norm(out, layer.attn_out_norm, lead.eps)
+        x = x + out
         h = rms_norm(x, layer.post_norm, lead.eps)
         gate_up = layer.gate_up(h)  # [total, 2 I]
-        x = x + layer.down(lead.act(gate_up[:, : lead.intermediate]) * gate_up[:, lead.intermediate :])
+        out = layer.down(lead.act(gate_up[:, : lead.intermediate]) * gate_up[:, lead.intermediate :])
+        if layer.mlp_out_norm is not None:
+            out = rms_norm(out, layer.mlp_out_norm, lead.eps)
+        x = x + out
     return x
 
 
 def _native_layers(runners: Sequence[LeanRunner], starts: Sequence[int], sizes: Sequence[int], x: torch.Tensor,
                    cos: torch.Tensor, sin: torch.Tensor) -> None:
     """All layers of int4 runners over their packed new rows x [total, hidden] (in place), in one call of
-    kernels/int4_layers.c; cos, sin [total, D]: each row's position's.  The rows' keys and values go into
-    their runners' caches."""
+    kernels/int4_layers.c; cos, sin [tables, total, D]: each row's position's.  The rows' keys and values go
+    into their runners' caches."""
     lead, n = runners[0], len(runners)
     table = lead._native
     assert table is not None and x.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
@@ -406,7 +488,8 @@ def _native_layers(runners: Sequence[LeanRunner], starts: Sequence[int], sizes: 
         x.data_ptr(), x.shape[0], x.shape[1], len(lead.layers), table.tensors.data_ptr(), table.scaling.data_ptr(),
         table.window.data_ptr(), n, (ctypes.c_int * n)(*starts), (ctypes.c_int * n)(*sizes), caches.data_ptr(),
         (ctypes.c_int64 * n)(*(r.capacity * lead.head_dim for r in runners)), cos.data_ptr(), sin.data_ptr(),
-        lead.num_heads, lead.num_kv_heads, lead.head_dim, lead.intermediate, lead.eps, torch.get_num_threads(),
+        lead.num_heads, lead.num_kv_heads, lead.head_dim, lead.intermediate, lead._act_code, lead.eps,
+        torch.get_num_threads(),
     )
     if status != 0:
         raise MemoryError("int4 layers: out of memory")

@@ -1,6 +1,7 @@
 /* The decoder layers of an int4 draft model in one call: llama / qwen2 / mistral layers (pre-norm, rotary
- * attention with grouped KV heads, SiLU-gated MLP) over the new tokens of one or more sequences, each with
- * its own KV cache (specdec.backends.lean, int4=True).
+ * attention with grouped KV heads, SiLU-gated MLP) and Gemma 3 ones (the same, plus per-head q / k norms,
+ * norms on the attention's and the MLP's outputs, a tanh-GELU gate and a rotary table per layer type) over
+ * the new tokens of one or more sequences, each with its own KV cache (specdec.backends.lean, int4=True).
  *
  * Why: a draft token of the 0.5B int4 draft spent about a third of its time between the matrix kernels --
  * some 35 torch operations and five ctypes calls per layer, each a few microseconds of dispatch -- and
@@ -12,30 +13,35 @@
  * they differ from the transformers model's in the last bits (fp32 sums in another order), and like the
  * kernels they depend on a row's own tokens only, not on the other rows, their number or the threads.
  *
- * Per layer, x [total, hidden] (the rows of all sequences, one after another):
- *   h = rms_norm(x) * w_in;  qkv = h Wqkv^T + b;  q, k rotated (rotate-half form, cos / sin of the row's
- *   position);  k, v written into the sequence's cache;  a = attention(q, cache);  x += a Wo^T;
- *   h = rms_norm(x) * w_post;  [g | u] = h Wgu^T;  x += (silu(g) * u) Wdown^T.
+ * Per layer, x [total, hidden] (the rows of all sequences, one after another; [opt] where the layer has it):
+ *   h = rms_norm(x) * w_in;  qkv = h Wqkv^T + b;  [each q head rms_norm * w_q, each k head * w_k];
+ *   q, k rotated (rotate-half form, cos / sin of the row's position, from the layer's table);  k, v written
+ *   into the sequence's cache;  a = attention(q, cache) Wo^T;  [a = rms_norm(a) * w_attn_out];  x += a;
+ *   h = rms_norm(x) * w_post;  [g | u] = h Wgu^T;  m = (act(g) * u) Wdown^T;  [m = rms_norm(m) * w_mlp_out];
+ *   x += m.  (Gemma's norms scale by 1 + w: lean passes that sum as the weight.)
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-int sd_linear4(const uint8_t *w, const float *ws, const float *bias, int n, int k, int kp, const float *x,
+int sd_linear4(const uint8_t *w, const uint16_t *ws, const float *bias, int n, int k, int kp, const float *x,
                int64_t ldx, int m, float *y, int64_t ldy, int threads, int isa); /* int4_linear.c */
 int sd_attention(const float *q, int64_t q_head, int64_t q_row, const float *k, const float *v, int64_t kv_head,
                  int64_t kv_row, int n, int start, int heads, int kv_heads, int d, float scale, int window,
                  float *out, int64_t out_row, int64_t out_head, int threads, int isa); /* attention.c */
 
 /* A layer's tensors, as one row of int64 addresses (specdec.backends.lean builds them in this order); the
- * linears' packed weights and scales as int4_linear.c lays them out, biases NULL (0) when absent. */
+ * linears' packed weights and fp16 scales and minimums as int4_linear.c lays them out; biases and optional
+ * norms NULL (0) when absent; L_ROPE is not an address but the index of the layer's rotary table. */
 enum { L_IN_NORM, L_POST_NORM, L_QKV_W, L_QKV_S, L_QKV_B, L_O_W, L_O_S, L_O_B, L_GU_W, L_GU_S, L_GU_B, L_DOWN_W,
-       L_DOWN_S, L_DOWN_B, L_FIELDS };
+       L_DOWN_S, L_DOWN_B, L_Q_NORM, L_K_NORM, L_ATTN_OUT_NORM, L_MLP_OUT_NORM, L_ROPE, L_FIELDS };
+
+enum { ACT_SILU, ACT_GELU_TANH };  /* the MLP gate's activation */
 
 static inline int padded64(int k) { return (k + 63) / 64 * 64; }
 
-/* out[i] = w * (x[i] / sqrt(mean(x[i]^2) + eps)) for each of m rows. */
+/* out[i] = w * (x[i] / sqrt(mean(x[i]^2) + eps)) for each of m rows (out may be x). */
 static void rms_norm_rows(const float *x, int m, int hidden, const float *w, float eps, float *out) {
     for (int i = 0; i < m; i++) {
         const float *xi = x + (int64_t)i * hidden;
@@ -62,16 +68,29 @@ static void rotate_heads(float *v, int count, int d, const float *cos, const flo
     }
 }
 
+/* The gate's activation times the up projection, into the gate's half of each row: gu [total, 2 I]. */
+static void gate_rows(float *gu, int total, int intermediate, int act) {
+    for (int i = 0; i < total; i++) {
+        float *g = gu + (int64_t)i * 2 * intermediate;
+        const float *u = g + intermediate;
+        if (act == ACT_GELU_TANH)  /* 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) */
+            for (int j = 0; j < intermediate; j++)
+                g[j] = 0.5f * g[j] * (1.0f + tanhf(0.7978845608f * (g[j] + 0.044715f * g[j] * g[j] * g[j]))) * u[j];
+        else
+            for (int j = 0; j < intermediate; j++) g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+    }
+}
+
 /* The layers over `total` new rows x [total, hidden] (updated in place: the last layer's output, before the
  * final norm).  Sequence r owns rows offsets r (sizes[r] of them, after the previous sequences'), which sit at
  * positions starts[r] .. starts[r] + sizes[r] - 1 of its cache: caches[(r * layers + l) * 2 + {0, 1}] are layer
- * l's keys and values, [kv_heads, capacity_r, d] with kv_head[r] = capacity_r * d.  cos, sin: [total, d], each
- * row's position's.  layer l: its addresses at tensors[l * L_FIELDS ..], attention scale scaling[l], sliding
- * window window[l] (0: none).  Returns 0, or -1 when out of memory. */
+ * l's keys and values, [kv_heads, capacity_r, d] with kv_head[r] = capacity_r * d.  cos, sin: [tables, total, d],
+ * each row's position's in each rotary table.  layer l: its addresses at tensors[l * L_FIELDS ..], attention
+ * scale scaling[l], sliding window window[l] (0: none).  act: ACT_*.  Returns 0, or -1 when out of memory. */
 int sd_int4_layers(float *x, int total, int hidden, int layers, const int64_t *tensors, const float *scaling,
                    const int *window, int runners, const int *starts, const int *sizes, const int64_t *caches,
                    const int64_t *kv_head, const float *cos, const float *sin, int heads, int kv_heads, int d,
-                   int intermediate, float eps, int threads) {
+                   int intermediate, int act, float eps, int threads) {
     const int width = (heads + 2 * kv_heads) * d, attn_width = heads * d;
     float *h = malloc(sizeof(float) * (size_t)total * hidden);
     float *qkv = malloc(sizeof(float) * (size_t)total * width);
@@ -83,11 +102,17 @@ int sd_int4_layers(float *x, int total, int hidden, int layers, const int64_t *t
         const int64_t *t = tensors + (int64_t)l * L_FIELDS;
 #define PTR(type, field) ((const type *)(intptr_t)t[field])
         rms_norm_rows(x, total, hidden, PTR(float, L_IN_NORM), eps, h);
-        status |= sd_linear4(PTR(uint8_t, L_QKV_W), PTR(float, L_QKV_S), PTR(float, L_QKV_B), width, hidden,
+        status |= sd_linear4(PTR(uint8_t, L_QKV_W), PTR(uint16_t, L_QKV_S), PTR(float, L_QKV_B), width, hidden,
                              padded64(hidden), h, hidden, total, qkv, width, threads, 0);
-        for (int i = 0; i < total; i++)  /* q and k heads are the first heads + kv_heads of the row */
-            rotate_heads(qkv + (int64_t)i * width, heads + kv_heads, d, cos + (int64_t)i * d, sin + (int64_t)i * d,
+        const int64_t table = t[L_ROPE] * (int64_t)total * d;
+        for (int i = 0; i < total; i++) {  /* q and k heads are the first heads + kv_heads of the row */
+            float *row = qkv + (int64_t)i * width;
+            if (t[L_Q_NORM]) rms_norm_rows(row, heads, d, PTR(float, L_Q_NORM), eps, row);
+            if (t[L_K_NORM]) rms_norm_rows(row + (int64_t)heads * d, kv_heads, d, PTR(float, L_K_NORM), eps,
+                                           row + (int64_t)heads * d);
+            rotate_heads(row, heads + kv_heads, d, cos + table + (int64_t)i * d, sin + table + (int64_t)i * d,
                          tmp + (size_t)total * hidden);
+        }
         for (int r = 0, lo = 0; r < runners && status == 0; lo += sizes[r], r++) {
             float *keys = (float *)(intptr_t)caches[((int64_t)r * layers + l) * 2];
             float *values = (float *)(intptr_t)caches[((int64_t)r * layers + l) * 2 + 1];
@@ -103,18 +128,17 @@ int sd_int4_layers(float *x, int total, int hidden, int layers, const int64_t *t
                                    starts[r], heads, kv_heads, d, scaling[l], window[l], att + (int64_t)lo * attn_width,
                                    attn_width, d, threads, 0);
         }
-        status |= sd_linear4(PTR(uint8_t, L_O_W), PTR(float, L_O_S), PTR(float, L_O_B), hidden, attn_width,
+        status |= sd_linear4(PTR(uint8_t, L_O_W), PTR(uint16_t, L_O_S), PTR(float, L_O_B), hidden, attn_width,
                              padded64(attn_width), att, attn_width, total, tmp, hidden, threads, 0);
+        if (t[L_ATTN_OUT_NORM]) rms_norm_rows(tmp, total, hidden, PTR(float, L_ATTN_OUT_NORM), eps, tmp);
         for (int64_t j = 0; j < (int64_t)total * hidden; j++) x[j] += tmp[j];
         rms_norm_rows(x, total, hidden, PTR(float, L_POST_NORM), eps, h);
-        status |= sd_linear4(PTR(uint8_t, L_GU_W), PTR(float, L_GU_S), PTR(float, L_GU_B), 2 * intermediate, hidden,
+        status |= sd_linear4(PTR(uint8_t, L_GU_W), PTR(uint16_t, L_GU_S), PTR(float, L_GU_B), 2 * intermediate, hidden,
                              padded64(hidden), h, hidden, total, gu, 2 * intermediate, threads, 0);
-        for (int i = 0; i < total; i++) {  /* silu(gate) * up, into the gate's half of the row */
-            float *g = gu + (int64_t)i * 2 * intermediate;
-            for (int j = 0; j < intermediate; j++) g[j] = g[j] / (1.0f + expf(-g[j])) * g[intermediate + j];
-        }
-        status |= sd_linear4(PTR(uint8_t, L_DOWN_W), PTR(float, L_DOWN_S), PTR(float, L_DOWN_B), hidden, intermediate,
+        gate_rows(gu, total, intermediate, act);
+        status |= sd_linear4(PTR(uint8_t, L_DOWN_W), PTR(uint16_t, L_DOWN_S), PTR(float, L_DOWN_B), hidden, intermediate,
                              padded64(intermediate), gu, 2 * intermediate, total, tmp, hidden, threads, 0);
+        if (t[L_MLP_OUT_NORM]) rms_norm_rows(tmp, total, hidden, PTR(float, L_MLP_OUT_NORM), eps, tmp);
         for (int64_t j = 0; j < (int64_t)total * hidden; j++) x[j] += tmp[j];
 #undef PTR
     }
