@@ -61,6 +61,9 @@ def fastest_draft_backend(draft: ModelSpec | None, backend: str) -> str:
     return "llamacpp"
 
 
+INT4_ZOO_ARCHS = ("llama", "qwen2", "mistral", "gemma3")  # zoo (GGUF) architectures lean runs as int4 drafts
+
+
 def fastest_spec_draft_dtype(draft: ModelSpec | None, backend: str, device: str) -> str | None:
     """The draft dtype the draft backend "auto" means on specdec's own kernels, or None for llama.cpp.
 
@@ -69,14 +72,14 @@ def fastest_spec_draft_dtype(draft: ModelSpec | None, backend: str, device: str)
     `specdec profile` (a draft's numerics never change the output):
     - "int8" on CPUs where the int8 kernel multiplies with AVX-512 VNNI: the 0.5B drafts a token in
       28.6 ms against 45.2 ms on llama.cpp (2-core Xeon);
-    - "int4" on other CPUs with AVX2, for llama-family drafts: the 0.5B drafts a token in 26.8 ms in
-      int4, against 32.2 ms on llama.cpp and 33.3 ms in int8 (2-core AMD EPYC, Zen 1); since its
-      layers run in one C call (kernels/int4_layers.c), smollm2-135m drafts a token in 7.0 ms in int4
-      against 11.4 ms on llama.cpp, and catches up on 64 tokens in 115 ms against 302 (Zen 3)."""
+    - "int4" on other CPUs with AVX2, for the drafts lean runs in int4 (llama family, Gemma 3): in
+      the Q4_1-like format (kernels/int4_linear.c), with the layers in one C call, on a 2-core AMD
+      EPYC (Zen 3), ms per drafted token / per 64-token catch-up against llama.cpp's in the same
+      process: smollm2-135m 10.5 / 175 against 17.7 / 421, the 0.5B 25.2 / 464 against 47.4 / 1111,
+      gemma3-270m 13.5 / 188 against 25.1 / 309 (benchmarks/runs/int4-q41-zen3/)."""
     if backend != "hf" or device != "cpu" or not isinstance(draft, str):
         return None
     from specdec import zoo
-    from specdec.backends import lean
     from specdec.loading import resolve
 
     try:
@@ -91,7 +94,7 @@ def fastest_spec_draft_dtype(draft: ModelSpec | None, backend: str, device: str)
     if isa == "avx512-vnni":
         return "int8"
     entry = zoo.get(location)
-    if isa == "avx2" and entry.arch in lean.ARCHITECTURES:
+    if isa == "avx2" and entry.arch in INT4_ZOO_ARCHS:
         return "int4"
     return None
 
@@ -383,7 +386,7 @@ class Engine:
         llama.cpp's fastest mode (a draft's numerics never change the output).
         draft_dtype: a transformers draft's dtype (default: `dtype`); a bf16 draft for an
         fp32 target halves the draft's cost and leaves the output as it is; "int4" (drafts only,
-        llama-family models) runs the draft's int8 weights requantized to 4 bits on specdec's int4
+        llama-family and Gemma 3 models) runs the draft's int8 weights requantized to 4 bits on specdec's int4
         kernel (specdec.backends.int4), a cheaper draft token for the same output.
         device: where transformers models run: "cpu", "cuda" or "auto" (cuda when available).
         """

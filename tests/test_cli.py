@@ -1,6 +1,7 @@
 """The CLI: JSON output, streaming, and one-line errors with exit status 2 for user mistakes."""
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -88,6 +89,10 @@ def test_int4_draft_keeps_the_int8_targets_output_and_is_refused_where_it_cannot
     with pytest.raises(SpecdecError, match="draft's dtype only"):
         Engine.load(tiny_dirs["target"], dtype="int4")
     gemma = save_tiny(tiny_dirs["root"] / "gemma", "gemma3", seed=3)
+    summary = generate("hi", "--target", tiny_dirs["target"], "--draft", gemma, "--draft-dtype", "int4", "-n", "4")
+    assert summary.exit_code == 0 and "on specdec int4" in summary.output  # Gemma 3 runs as an int4 draft too
+    config = Path(gemma) / "config.json"  # ... but not with soft-capped logits (Gemma 2's), which lean does not compute
+    config.write_text(json.dumps({**json.loads(config.read_text()), "final_logit_softcapping": 30.0}))
     assert_user_error(generate("hi", "--target", tiny_dirs["target"], "--draft", gemma, "--draft-dtype", "int4"),
                       "use --draft-dtype int8")
     assert_user_error(runner.invoke(app, ["bench", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"],

@@ -136,8 +136,7 @@ def test_the_auto_draft_runs_on_specdecs_kernels_where_that_was_measured_faster(
     monkeypatch.setattr(kernel, "isa", lambda: isa)
     assert fastest_spec_draft_dtype("qwen2.5-coder-0.5b", "hf", "cpu") == expected
     assert fastest_spec_draft_dtype("smollm2-135m", "hf", "cpu") == expected  # llama-family, like the 0.5B
-    # gemma3 has no int4 runner
-    assert fastest_spec_draft_dtype("gemma3-270m", "hf", "cpu") == ("int8" if isa == "avx512-vnni" else None)
+    assert fastest_spec_draft_dtype("gemma3-270m", "hf", "cpu") == expected  # lean runs Gemma 3 in int4 too
     assert fastest_spec_draft_dtype(str(tmp_path), "hf", "cpu") is None  # a directory may hold an encoder-decoder
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
