@@ -13,9 +13,10 @@ token; after a rejection shorter drafts follow.  Drafts: the target itself, an
 unrelated toy model, and deterministic proposals (q = None); temperature 0.8,
 with top-k and top-p, and on a table of tied logits where ties fall at the
 top-k / top-p cut; and with the cost-model controller choosing k from the
-acceptance history (specdec.control: k = 3, then plain steps and probes); and with
+acceptance history (specdec.control: k = 3, then plain steps and probes); with
 the hybrid drafter (prompt lookup's q = None proposals and a draft model's q
-proposals in the same runs).  Seeds are fixed, so every p-value is a fixed number
+proposals in the same runs); and with an int4 draft model (a tiny qwen2 model
+with V = 6 on specdec's int4 kernel and C layers, specdec.backends.lean).  Seeds are fixed, so every p-value is a fixed number
 (recorded below); the test passes when p > 0.001.  The runs are split over two
 processes (tests/chisq.py); the histogram does not depend on the split.
 
@@ -34,6 +35,8 @@ import pytest
 import torch
 
 from specdec.backends.hf import HFRunner
+from specdec.backends.lean import LeanRunner
+from specdec.backends.quant import quantize_model
 from specdec.control import AutoK, Costs
 from specdec.drafters.base import Draft
 from specdec.drafters.hybrid import HybridDrafter
@@ -80,6 +83,14 @@ def model_drafter(table: torch.Tensor, confidence: float | None = None,
     return lambda params: ModelDrafter(runner, params, confidence=confidence, window=window)
 
 
+def int4_drafter() -> Callable[[SamplingParams], ModelDrafter]:
+    """A tiny int8 qwen2 model (V = 6, unrelated to the toy target) run as an int4 draft: its q comes from
+    specdec's int4 kernel and C layers (LeanRunner(int4=True)), as a real int4 draft's does."""
+    runner = LeanRunner(quantize_model(tiny_model("qwen2", 0, vocab_size=VOCAB)), int4=True)
+    assert runner.native
+    return lambda params: ModelDrafter(runner, params)
+
+
 def hybrid_drafter(table: torch.Tensor) -> Callable[[SamplingParams], HybridDrafter]:
     """Prompt lookup (one-token matches allowed, so both sources propose in a 7-token context:
     q = None proposals and the draft model's q proposals in one run) in front of a draft model."""
@@ -96,7 +107,8 @@ def fixed_drafter() -> Callable[[SamplingParams], FixedDrafter]:
 # With seeds 0..19,999 (torch 2.13 CPU) the p-values are 0.237 (draft=target), 0.185
 # (unrelated-draft), 0.687 (q=None-draft), 0.544 (unrelated-draft-top-k-top-p), 0.313
 # (ties-at-the-top-k-top-p-cut), 0.606 (auto-k-controller), 0.327 (hybrid-lookup-then-draft), 0.742
-# (draft-confidence-stop) and 0.822 (draft-window-1).  The bugs tried against this
+# (draft-confidence-stop), 0.822 (draft-window-1) and 0.183 (int4-draft; on an AVX2 CPU, whose int4 kernel
+# paths give the same bits).  The bugs tried against this
 # test (residual = p, bonus from the wrong row, q ignored, target rolled back one token short,
 # q = None residual keeping x, the drafter's q not warped like its samples) gave p < 1e-30
 # with 50,000 runs in the cases they affect; at 20,000, residual = p still gives chi2 > 7,600
@@ -113,6 +125,7 @@ CASES = {
     "draft-confidence-stop": (TARGET, T08, lambda: model_drafter(OTHER, confidence=0.3)),
     # a catch-up window of 1: the draft model starts over from the last token whenever it is further behind
     "draft-window-1": (TARGET, T08, lambda: model_drafter(OTHER, window=1)),
+    "int4-draft": (TARGET, T08, int4_drafter),
 }
 
 
