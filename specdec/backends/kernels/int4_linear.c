@@ -256,8 +256,8 @@ AVX2F static inline float hsum8(__m256 v) {
             _mm_prefetch((const char *)wb + 1024, _MM_HINT_T0);                                          \
             _mm_prefetch((const char *)wb + 1024 + 64, _MM_HINT_T0);                                     \
             for (int t = 0; t < T; t++) {                                                                \
-                const __m256 sums = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_castpd_ps(       \
-                    _mm_load_sd((const double *)(qs + (int64_t)(i + t) * groups + 2 * j)))), pick);      \
+                const __m256 sums = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_castsi128_ps(    \
+                    _mm_loadl_epi64((const __m128i *)(qs + (int64_t)(i + t) * groups + 2 * j)))), pick); \
                 mins[t] = _mm256_fmadd_ps(sums, mn, mins[t]);                                            \
             }                                                                                            \
             for (int r = 0; r < TILE4; r++) {                                                            \
