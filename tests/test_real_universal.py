@@ -5,8 +5,8 @@ and gemma3-270m (SentencePiece-style, 262k vocab, adds <bos>), in both
 universal modes, on prompts with indented code, numbers, CJK and emoji.  The
 broad sweep runs the int8 target (exact by construction, and five times
 faster); the fp32 target, the README's headline guarantee, is checked on a
-subset.  Drafts run in int8 (smollm2-135m also in int4, the auto backend's choice on AVX2 CPUs): a
-draft's numerics never change the output.
+subset.  Drafts run in int8 (and in int4, the auto backend's choice on AVX2 CPUs): a draft's numerics
+never change the output.
 """
 
 from __future__ import annotations
@@ -56,14 +56,15 @@ def test_universal_greedy_equals_plain(models, plain_outputs, draft):
     assert accepted > 0.2 * drafted  # the bridge really aligns the two vocabularies
 
 
-def test_an_int4_smollm2_draft_through_the_bridge_equals_plain(models, plain_outputs):
-    # smollm2-135m in int4 with its layers in one C call (the auto draft backend on AVX2 CPUs without VNNI),
-    # a draft of another tokenizer, with -k auto and with a fixed γ.
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+def test_an_int4_draft_through_the_bridge_equals_plain(models, plain_outputs, name):
+    # smollm2-135m / gemma3-270m in int4 with their layers in one C call (the auto draft backend on AVX2 CPUs
+    # without VNNI), drafts of another tokenizer, with -k auto and with a fixed γ.
     from specdec.backends.lean import LeanRunner
 
-    draft = LeanRunner(models["smollm2-135m"][0], int4=True)
+    draft = LeanRunner(models[name][0], int4=True)
     assert draft.native
-    engine = Engine(*models["qwen2.5-coder-1.5b"], draft, models["smollm2-135m"][1])
+    engine = Engine(*models["qwen2.5-coder-1.5b"], draft, models[name][1])
     accepted = 0
     with real_model_threads():
         for prompt, k in zip(PROMPTS[:4], (4, "auto", 2, "auto")):
