@@ -235,41 +235,33 @@ def _int4_parts(model: Any) -> tuple[list[_Layer], Int4Linear, _NativeTable]:
 
 
 def _layers(model: Any) -> list[_Layer]:
-    """The model's layers with fused (unpacked) projections."""
+    """The model's layers with fused (unpacked) projections; a Gemma 3 layer with its extra norms, its
+    norms' factors 1 + w, and its rotary table."""
     config = model.config
-    if config.model_type not in GEMMA:
-        return [
-            _Layer(
-                input_norm=layer.input_layernorm.weight.detach(),
-                qkv=fuse([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
-                o=_own(layer.self_attn.o_proj),
-                post_norm=layer.post_attention_layernorm.weight.detach(),
-                gate_up=fuse([layer.mlp.gate_proj, layer.mlp.up_proj]),
-                down=_own(layer.mlp.down_proj),
-                scaling=float(layer.self_attn.scaling),
-                sliding_window=_sliding_window(config, layer.self_attn),
-            )
-            for layer in model.model.layers
-        ]
+    gemma = config.model_type in GEMMA
+    norm = _gemma_norm if gemma else (lambda module: module.weight.detach())
     tables = _rope_kinds(config)
-    return [
-        _Layer(
-            input_norm=_gemma_norm(layer.input_layernorm),
-            qkv=fuse([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
-            o=_own(layer.self_attn.o_proj),
-            post_norm=_gemma_norm(layer.pre_feedforward_layernorm),  # Gemma's pre-MLP norm
-            gate_up=fuse([layer.mlp.gate_proj, layer.mlp.up_proj]),
-            down=_own(layer.mlp.down_proj),
-            scaling=float(layer.self_attn.scaling),
-            sliding_window=layer.self_attn.sliding_window,
-            q_norm=_gemma_norm(layer.self_attn.q_norm),
-            k_norm=_gemma_norm(layer.self_attn.k_norm),
-            attn_out_norm=_gemma_norm(layer.post_attention_layernorm),
-            mlp_out_norm=_gemma_norm(layer.post_feedforward_layernorm),
-            rope=tables.index(config.layer_types[i]),
-        )
-        for i, layer in enumerate(model.model.layers)
-    ]
+    layers = []
+    for i, layer in enumerate(model.model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        extra = dict(q_norm=norm(attn.q_norm), k_norm=norm(attn.k_norm),
+                     attn_out_norm=norm(layer.post_attention_layernorm),
+                     mlp_out_norm=norm(layer.post_feedforward_layernorm),
+                     rope=tables.index(config.layer_types[i])) if gemma else {}
+        layers.append(_Layer(
+            input_norm=norm(layer.input_layernorm),
+            qkv=fuse([attn.q_proj, attn.k_proj, attn.v_proj]),
+            o=_own(attn.o_proj),
+            # the pre-MLP norm: Gemma names it pre_feedforward_layernorm (its post_attention_layernorm is on
+            # the attention's output)
+            post_norm=norm(layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm),
+            gate_up=fuse([mlp.gate_proj, mlp.up_proj]),
+            down=_own(mlp.down_proj),
+            scaling=float(attn.scaling),
+            sliding_window=_sliding_window(config, attn),
+            **extra,
+        ))
+    return layers
 
 
 def _gemma_norm(norm: nn.Module) -> torch.Tensor:
@@ -497,7 +489,7 @@ def _native_layers(runners: Sequence[LeanRunner], starts: Sequence[int], sizes: 
 
 def _sliding_window(config: Any, attention: Any) -> int | None:
     """The window each architecture's attention passes to the attention function (None: full)."""
-    if config.model_type == "qwen2":
+    if config.model_type == "qwen2" or config.model_type in GEMMA:
         return getattr(attention, "sliding_window", None)  # per layer type
     if config.model_type == "mistral":
         return getattr(config, "sliding_window", None)

@@ -399,9 +399,9 @@ void sd_pack(const int8_t *w, int n, int k, int kp, int8_t *out) {
 /* The quantized input rows of one call (see "activation quantization"), in one allocation: row i of x
  * (stride ldx) -> q[i * kp ..] (zero padded to kp), qabs = |q|, xs[i] = its scale s / QMAX, qsum[i] = the sum
  * of its q (the VNNI path's offset).  isa: the path's activation code (ISA_C or at least ISA_AVX2: the same
- * numbers).  Returns the block to free(), or NULL when out of memory.  Shared with int4_linear.c. */
-void *sd_activations(const float *x, int64_t ldx, int m, int k, int kp, int isa, int8_t **q, uint8_t **qabs,
-                     float **xs, int32_t **qsum) {
+ * numbers).  Returns the block to free(), or NULL when out of memory. */
+static void *sd_activations(const float *x, int64_t ldx, int m, int k, int kp, int isa, int8_t **q, uint8_t **qabs,
+                            float **xs, int32_t **qsum) {
     const size_t bytes = (size_t)m * kp, rows = (size_t)(m > 0 ? m : 1);
     const size_t room = (bytes * 2 + 63) / 64 * 64 + 64 + rows * (sizeof(float) + sizeof(int32_t));
     uint8_t *block = aligned_alloc(64, (room + 63) / 64 * 64);
