@@ -31,6 +31,7 @@ from specdec.sampling import SamplingParams
 # per-token cost is the int8 one times INT4_COST_RATIO (29.0 / 42.8: both measured interleaved on Zen 1)
 TABLES = {
     "zen1": ({1: 97, 2: 100, 3: 115, 4: 129, 6: 175, 8: 219, 9: 251}, 41.4, 8.6),
+    "zen3": ({1: 129.1, 2: 122.2, 3: 126.1, 4: 140.9, 6: 187.7, 8: 244.9, 9: 256.3}, 27.8, 6.44),
     "xeon": ({1: 55.7, 2: 58.1, 3: 58.5, 4: 60.9, 6: 64.3, 8: 70.7, 9: 79.7}, 22.8, 2.3),
 }
 

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Callable, Mapping, NamedTuple, Protocol, runtime_checkable
 
-from specdec.drafters.base import LOOKUP, MODEL
+from specdec.drafters.base import MODEL
 from specdec.errors import SpecdecError
 
 AUTO = "auto"  # num_speculative_tokens: the cost-model controller chooses k each step
@@ -373,8 +373,9 @@ class AutoK:
         return [(h + self.weight * pooled) / (t + self.weight) for h, t in zip(hits, trials)]
 
     def draft_cost(self, k: int, source: str = MODEL) -> float:
-        """ms to propose k tokens: a lookup's cost nothing, a model's are the measured ones."""
-        return 0.0 if source == LOOKUP else self.costs.draft(k)
+        """ms to propose k tokens: a lookup's (any source but a model) cost nothing, a model's are the
+        measured ones."""
+        return self.costs.draft(k) if source == MODEL else 0.0
 
     def rate(self, k: int, alphas: list[float] | None = None, source: str = MODEL, load: Load = NO_LOAD) -> float:
         """Expected tokens per ms when drafting k tokens from `source` (with `load`: the whole batch's

@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from specdec.backends.base import ModelRunner
 from specdec.control import Controller, FixedK
-from specdec.drafters.base import Drafter, outlook
+from specdec.drafters.base import Drafter, plan, propose
 from specdec.errors import SpecdecError
 from specdec.verify import GreedyVerifier, Verifier
 
@@ -239,10 +239,9 @@ def decode(
         limit = min(stop.max_new_tokens - len(generated) - 1, target.max_context - len(context))
         k, source = 0, ""
         if drafter is not None and limit > 0:
-            source, behind = outlook(drafter, context)
-            k = controller.choose(limit, behind, source)
+            source, k = plan(drafter, context, lambda lag, src: controller.choose(limit, lag, src))
         t0 = time.perf_counter()
-        draft = drafter.propose(context, k) if drafter is not None and k > 0 else None
+        draft = propose(drafter, context, k, source) if drafter is not None and k > 0 else None
         t1 = time.perf_counter()
 
         if draft is None or not draft.tokens:

@@ -9,7 +9,7 @@ accepted, which a drafter may use (e.g. to adapt k).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -56,6 +56,7 @@ class Drafter(Protocol):
 
 
 MODEL, LOOKUP = "model", "lookup"  # where a proposal comes from (a draft model costs time, a lookup ~none)
+SHORT_LOOKUP = "lookup-short"  # a hybrid's lookup on a match shorter than its own (weaker evidence; ~free too)
 
 
 def outlook(drafter: Drafter, context: Sequence[int]) -> tuple[str, int]:
@@ -72,3 +73,24 @@ def outlook(drafter: Drafter, context: Sequence[int]) -> tuple[str, int]:
         return method(context)
     lag = getattr(drafter, "lag", None)
     return MODEL, int(lag(context)) if lag is not None else 0
+
+
+def plan(drafter: Drafter, context: Sequence[int], choose: Callable[[int, str], int]) -> tuple[str, int]:
+    """(source, k) of the next step: the first of `drafter`'s sources for `context`, in its order of
+    preference, from which choose(lag, source) drafts k > 0 tokens; (the first source, 0) for a plain
+    step.  A drafter lists them with ``sources(context)`` -> [(source, lag), ...] (and then takes the
+    chosen one in ``propose(context, k, source)``), else its outlook is the only source."""
+    method = getattr(drafter, "sources", None)
+    options = method(context) if method is not None else [outlook(drafter, context)]
+    for source, lag in options:
+        k = choose(lag, source)
+        if k > 0:
+            return source, k
+    return options[0][0], 0
+
+
+def propose(drafter: Drafter, context: Sequence[int], k: int, source: str) -> Draft:
+    """`drafter`'s proposal of up to k tokens from `source` (as plan() chose it)."""
+    if getattr(drafter, "sources", None) is not None:
+        return drafter.propose(context, k, source)  # type: ignore[call-arg]
+    return drafter.propose(context, k)

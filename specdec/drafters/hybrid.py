@@ -6,50 +6,73 @@ costs a forward per token and is right more often on fresh text.  The hybrid
 asks the lookup first and falls back to the draft model when no n-gram of at
 least ``min_ngram`` tokens matches (a one-token match is weak evidence, so the
 default asks for two), as llama.cpp's and vLLM's n-gram proposers are used in
-front of a draft model.  Each proposal comes from one source, so it is verified
-exactly as that source's proposals are: a lookup proposal has no q (greedy:
-exact match; sampling: the one-hot rule), a draft model's carries its q
-(Leviathan et al. 2023; Chen et al. 2023) — both lossless.
+front of a draft model.  Where the draft model does not pay (the speculation
+controller gives it k = 0: a text it predicts badly, a catch-up too dear), a
+lookup on a shorter match (``short``, down to one token, as transformers'
+prompt lookup also falls back to) is the last source before a plain step:
+free, and on a text that copies its input right often enough to pay.  The
+sources are offered in that order through ``sources(context)``; the decode
+loop asks the controller for each in turn (specdec.drafters.base.plan).
+
+Each proposal comes from one source, so it is verified exactly as that
+source's proposals are: a lookup proposal has no q (greedy: exact match;
+sampling: the one-hot rule), a draft model's carries its q (Leviathan et al.
+2023; Chen et al. 2023) — both lossless.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from specdec.drafters.base import LOOKUP, Draft, Drafter, outlook
+from specdec.drafters.base import LOOKUP, MODEL, SHORT_LOOKUP, Draft, Drafter, outlook
 from specdec.drafters.lookup import LookupDrafter
 
 
 class HybridDrafter:
-    """Proposes from prompt lookup when it matches, else from `model` (any drafter)."""
+    """Proposes from prompt lookup when it matches, else from `model` (any drafter), else (with
+    `short_matches`) from a lookup on the matches shorter than `lookup`'s min_ngram."""
 
-    def __init__(self, model: Drafter, lookup: LookupDrafter | None = None) -> None:
+    def __init__(self, model: Drafter, lookup: LookupDrafter | None = None, short_matches: bool = True) -> None:
         self.model = model
         self.lookup = lookup or LookupDrafter(max_ngram=4, min_ngram=2)
-        self.last_source: str | None = None  # "lookup" or "model": where the last proposal came from
-        self.proposals = {"lookup": 0, "model": 0}
+        shorter = self.lookup.min_ngram - 1
+        self.short = LookupDrafter(max_ngram=shorter, min_ngram=1) if short_matches and shorter >= 1 else None
+        self.last_source: str | None = None  # where the last proposal came from
+        self.proposals = {LOOKUP: 0, MODEL: 0, SHORT_LOOKUP: 0}
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
-        draft = self.lookup.propose(context, k)
-        self.last_source = "lookup"
-        if not draft.tokens:
-            draft = self.model.propose(context, k)
-            self.last_source = "model"
+    def sources(self, context: Sequence[int]) -> list[tuple[str, int]]:
+        """[(source, lag)] in order of preference: the lookup alone when it matches, else the model
+        (lag: what it must catch up on) and then the short lookup when that matches."""
+        if self.lookup.propose(context, 1).tokens:
+            return [(LOOKUP, 0)]
+        options = [outlook(self.model, context)]
+        if self.short is not None and self.short.propose(context, 1).tokens:
+            options.append((SHORT_LOOKUP, 0))
+        return options
+
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Draft:
+        """Up to k tokens from `source` (one of sources()); None: the lookup if it matches, else the model."""
+        if source == SHORT_LOOKUP and self.short is not None:
+            draft, self.last_source = self.short.propose(context, k), SHORT_LOOKUP
+        else:
+            draft, self.last_source = self.lookup.propose(context, k), LOOKUP
+            if not draft.tokens:
+                draft, self.last_source = self.model.propose(context, k), MODEL
         self.proposals[self.last_source] += 1
         return draft
 
     def outlook(self, context: Sequence[int]) -> tuple[str, int]:
         """The lookup's when it matches (nothing to catch up), else the model's."""
-        if self.lookup.propose(context, 1).tokens:
-            return LOOKUP, 0
-        return outlook(self.model, context)
+        return self.sources(context)[0]
 
     def observe(self, context: Sequence[int], num_accepted: int) -> None:
-        source = self.model if self.last_source == "model" else self.lookup
-        source.observe(context, num_accepted)
+        if self.last_source == MODEL:
+            self.model.observe(context, num_accepted)
 
     def reset(self) -> None:
         self.model.reset()
         self.lookup.reset()
+        if self.short is not None:
+            self.short.reset()
         self.last_source = None
-        self.proposals = {"lookup": 0, "model": 0}
+        self.proposals = {LOOKUP: 0, MODEL: 0, SHORT_LOOKUP: 0}

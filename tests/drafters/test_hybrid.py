@@ -41,9 +41,70 @@ def test_lookup_first_then_the_model():
     assert hybrid.last_source == "model"
     hybrid.observe([1, 2, 3, 4], 2)
     assert model.observed == [2]
-    assert hybrid.proposals == {"lookup": 1, "model": 1}
+    assert hybrid.proposals == {"lookup": 1, "model": 1, "lookup-short": 0}
     hybrid.reset()
-    assert model.resets == 1 and hybrid.proposals == {"lookup": 0, "model": 0}
+    assert model.resets == 1 and hybrid.proposals == {"lookup": 0, "model": 0, "lookup-short": 0}
+
+
+def test_short_matches_come_after_the_model():
+    model = Scripted(99)
+    hybrid = HybridDrafter(model, LookupDrafter(max_ngram=3, min_ngram=2))
+    assert hybrid.sources([1, 2, 3, 1, 2]) == [("lookup", 0)]  # a two-token match: the lookup alone
+    assert hybrid.sources([1, 2, 3, 4, 2]) == [("model", 0), ("lookup-short", 0)]  # "2" occurred, "4 2" did not
+    assert hybrid.sources([1, 2, 3, 4]) == [("model", 0)]  # nothing to copy from
+    assert hybrid.propose([1, 2, 3, 4, 2], 2, "lookup-short").tokens == [3, 4]  # what followed "2"
+    assert hybrid.last_source == "lookup-short"
+    hybrid.observe([1, 2, 3, 4, 2], 0)
+    assert model.observed == []
+    assert hybrid.propose([1, 2, 3, 4, 2], 2, "model").tokens == [99, 99]
+    assert hybrid.proposals == {"lookup": 0, "model": 1, "lookup-short": 1}
+    assert HybridDrafter(model, LookupDrafter(max_ngram=3, min_ngram=2), short_matches=False).sources(
+        [1, 2, 3, 4, 2]) == [("model", 0)]
+    assert HybridDrafter(model, LookupDrafter(max_ngram=3, min_ngram=1)).short is None  # nothing shorter
+
+
+class Refusing:
+    """A controller that never drafts from the `refused` sources and drafts 2 tokens from any other."""
+
+    def __init__(self, *refused):
+        self.refused, self.asked, self.observed = refused, [], []
+
+    def choose(self, limit, lag=0, source="model"):
+        self.asked.append(source)
+        return 0 if source in self.refused else min(2, limit)
+
+    def observe(self, drafted, accepted, draft_s, target_s, synced=0, source="model"):
+        self.observed.append((source, drafted))
+
+    def reset(self):
+        pass
+
+
+def test_plan_walks_the_sources_in_order():
+    from specdec.drafters.base import plan
+
+    hybrid = HybridDrafter(Scripted(99), LookupDrafter(max_ngram=3, min_ngram=2))
+    choose = lambda controller: (lambda lag, source: controller.choose(8, lag, source))
+    context = [1, 2, 3, 4, 2]
+    assert plan(hybrid, context, choose(Refusing())) == ("model", 2)
+    refusing = Refusing("model")
+    assert plan(hybrid, context, choose(refusing)) == ("lookup-short", 2) and refusing.asked == ["model", "lookup-short"]
+    assert plan(hybrid, context, choose(Refusing("model", "lookup-short"))) == ("model", 0)  # a plain step
+    assert plan(LookupDrafter(), context, choose(Refusing())) == ("lookup", 2)  # a drafter with one source
+
+
+@pytest.mark.parametrize("refused", [(), ("model",), ("model", "lookup-short")])
+def test_hybrid_with_every_source_order_equals_plain_greedy(refused):
+    target, draft = tiny_model("llama", 0), tiny_model("llama", 1)
+    prompt = [5, 9, 13, 21, 34, 55, 89 % VOCAB, 5, 9, 13, 21, 34, 7, 8, 5, 9]
+    plain = run(HFRunner(target), prompt, StopCondition(40))
+    hybrid = HybridDrafter(ModelDrafter(HFRunner(draft)))
+    controller = Refusing(*refused)
+    spec = run(HFRunner(target), prompt, StopCondition(40), drafter=hybrid, num_speculative_tokens=controller)
+    assert spec.token_ids == plain.token_ids
+    used = {source for source, drafted in controller.observed if drafted}
+    assert used.isdisjoint(refused) and "lookup" in used
+    assert ("lookup-short" in used) == (refused == ("model",))
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 5, 8])
