@@ -34,6 +34,15 @@ catch-up is expensive (a 0.5B draft on a 2-core AMD EPYC: 27 ms per token, a
 sixth of a target step), so without this a controller that falls back to plain
 decoding pays for the draft model's whole context anyway, at every probe.
 
+**A drafter with several sources** (the hybrid: prompt lookup, a draft model, a
+lookup on shorter matches) has them ranked each step by prospect(): the
+expected ms per token of drafting from each at its best k, a model's catch-up
+spread over the tokens it buys; the loop drafts from the first the controller
+gives k > 0 (specdec.drafters.base.plan).  So a draft model that costs more per
+token than a free lookup on the same text is passed over, catch-up and all
+(on summaries: the 0.5B draft's prompt catch-up, ~0.4 s on a 2-core Zen 3, bought
+drafts that were right less often than the lookup's).
+
 **In a batch** (specdec.batching) one target forward serves several requests,
 so a request's draft tokens lengthen everyone's step.  There each request's
 controller is given the load of the others in the step: their tokens n_o,
@@ -401,6 +410,18 @@ class AutoK:
         """ms a one-token probe costs over a plain step: the catch-up, the draft, the longer verification."""
         return (self.costs.catch_up(lag) + self.draft_cost(1, source)
                 + self.costs.target(load.tokens + 2) - self.costs.target(load.tokens + 1))
+
+    def prospect(self, limit: int, lag: int = 0, source: str = MODEL) -> float:
+        """Expected ms per emitted token if the next steps draft from `source` at its best k, with a
+        catch-up of `lag` tokens spread over the min(limit + 1, horizon) tokens it buys (a plain step's
+        t(1) if drafting from it does not pay).  The decode loop ranks a drafter's sources by it
+        (specdec.drafters.base.plan)."""
+        load = self.load() if self.load is not None else NO_LOAD
+        alphas = self.alphas(source)
+        k = self.best(limit, alphas, source, load) if limit > 0 else 0
+        if k == 0:
+            return 1.0 / self.rate(0, alphas, source, load)
+        return 1.0 / self.rate(k, alphas, source, load) + self.costs.catch_up(lag) / min(limit + 1, self.horizon)
 
     def choose(self, limit: int, lag: int = 0, source: str = MODEL) -> int:
         load = self.load() if self.load is not None else NO_LOAD

@@ -239,7 +239,7 @@ def decode(
         limit = min(stop.max_new_tokens - len(generated) - 1, target.max_context - len(context))
         k, source = 0, ""
         if drafter is not None and limit > 0:
-            source, k = plan(drafter, context, lambda lag, src: controller.choose(limit, lag, src))
+            source, k = plan(drafter, context, controller, limit)
         t0 = time.perf_counter()
         draft = propose(drafter, context, k, source) if drafter is not None and k > 0 else None
         t1 = time.perf_counter()

@@ -234,6 +234,22 @@ def test_short_generations_still_earn_a_probe():
     assert first_probe[0] * 20 + first_probe[1] == pytest.approx(needed, abs=1.5)
 
 
+def test_prospect_prices_a_source_with_its_catch_up():
+    # A model right 90% of the time and a free lookup right 50%: in steady state the model is faster
+    # per token; 40 tokens behind (200 ms) with 8 tokens left, the lookup is.
+    controller = AutoK(Costs(CPU, draft_ms=10, sync_ms=5), max_k=8)
+    for _ in range(40):
+        controller.observe(4, 4, 0.04, 0.17, synced=1, source=MODEL)
+        controller.observe(2, 1, 0.0, 0.115, source="lookup-short")
+    model, lookup = controller.prospect(200, 2, MODEL), controller.prospect(200, 0, "lookup-short")
+    k = controller.best(200, source=MODEL)
+    assert model == pytest.approx(1 / controller.rate(k)) and model < lookup
+    assert controller.prospect(7, 40, MODEL) == pytest.approx(1 / controller.rate(controller.best(7)) + 200 / 8)
+    assert controller.prospect(7, 40, MODEL) > controller.prospect(7, 0, "lookup-short")
+    useless = trained(AutoK(Costs(CPU, draft_ms=10), max_k=8), accept_prob=0.0)
+    assert useless.prospect(8) == pytest.approx(100)  # drafting does not pay: a plain step's t(1)
+
+
 def test_catch_up_costs_are_learnt_online():
     controller = AutoK(Costs(CPU, draft_ms=10, sync_ms=5), max_k=8, cost_ewma=0.5)
     for _ in range(20):

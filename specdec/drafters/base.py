@@ -9,9 +9,12 @@ accepted, which a drafter may use (e.g. to adapt k).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 import torch
+
+if TYPE_CHECKING:
+    from specdec.control import Controller
 
 
 @dataclass(frozen=True)
@@ -75,15 +78,20 @@ def outlook(drafter: Drafter, context: Sequence[int]) -> tuple[str, int]:
     return MODEL, int(lag(context)) if lag is not None else 0
 
 
-def plan(drafter: Drafter, context: Sequence[int], choose: Callable[[int, str], int]) -> tuple[str, int]:
-    """(source, k) of the next step: the first of `drafter`'s sources for `context`, in its order of
-    preference, from which choose(lag, source) drafts k > 0 tokens; (the first source, 0) for a plain
-    step.  A drafter lists them with ``sources(context)`` -> [(source, lag), ...] (and then takes the
-    chosen one in ``propose(context, k, source)``), else its outlook is the only source."""
+def plan(drafter: Drafter, context: Sequence[int], controller: "Controller", limit: int) -> tuple[str, int]:
+    """(source, k) of the next step: the first of `drafter`'s sources for `context` from which the
+    controller drafts k > 0 tokens (controller.choose(limit, lag, source)); (the first source, 0) for a
+    plain step.  A drafter lists them with ``sources(context)`` -> [(source, lag), ...] in its order of
+    preference (and then takes the chosen one in ``propose(context, k, source)``), else its outlook is
+    the only source.  A controller with a ``prospect(limit, lag, source)`` (expected ms per token)
+    reorders them, fastest first (ties keep the drafter's order)."""
     method = getattr(drafter, "sources", None)
     options = method(context) if method is not None else [outlook(drafter, context)]
+    prospect = getattr(controller, "prospect", None)
+    if len(options) > 1 and prospect is not None:
+        options = sorted(options, key=lambda option: prospect(limit, option[1], option[0]))
     for source, lag in options:
-        k = choose(lag, source)
+        k = controller.choose(limit, lag, source)
         if k > 0:
             return source, k
     return options[0][0], 0

@@ -12,7 +12,8 @@ lookup on a shorter match (``short``, down to one token, as transformers'
 prompt lookup also falls back to) is the last source before a plain step:
 free, and on a text that copies its input right often enough to pay.  The
 sources are offered in that order through ``sources(context)``; the decode
-loop asks the controller for each in turn (specdec.drafters.base.plan).
+loop asks the controller for each in turn, fastest first when the controller
+prices them (specdec.drafters.base.plan, AutoK.prospect).
 
 Each proposal comes from one source, so it is verified exactly as that
 source's proposals are: a lookup proposal has no q (greedy: exact match;

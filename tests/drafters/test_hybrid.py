@@ -84,13 +84,16 @@ def test_plan_walks_the_sources_in_order():
     from specdec.drafters.base import plan
 
     hybrid = HybridDrafter(Scripted(99), LookupDrafter(max_ngram=3, min_ngram=2))
-    choose = lambda controller: (lambda lag, source: controller.choose(8, lag, source))
     context = [1, 2, 3, 4, 2]
-    assert plan(hybrid, context, choose(Refusing())) == ("model", 2)
+    assert plan(hybrid, context, Refusing(), 8) == ("model", 2)
     refusing = Refusing("model")
-    assert plan(hybrid, context, choose(refusing)) == ("lookup-short", 2) and refusing.asked == ["model", "lookup-short"]
-    assert plan(hybrid, context, choose(Refusing("model", "lookup-short"))) == ("model", 0)  # a plain step
-    assert plan(LookupDrafter(), context, choose(Refusing())) == ("lookup", 2)  # a drafter with one source
+    assert plan(hybrid, context, refusing, 8) == ("lookup-short", 2) and refusing.asked == ["model", "lookup-short"]
+    assert plan(hybrid, context, Refusing("model", "lookup-short"), 8) == ("model", 0)  # a plain step
+    assert plan(LookupDrafter(), context, Refusing(), 8) == ("lookup", 2)  # a drafter with one source
+    # a controller that prices the sources asks the fastest first
+    ranking = Refusing()
+    ranking.prospect = lambda limit, lag, source: {"model": 90.0, "lookup-short": 60.0}[source]
+    assert plan(hybrid, context, ranking, 8) == ("lookup-short", 2) and ranking.asked == ["lookup-short"]
 
 
 @pytest.mark.parametrize("refused", [(), ("model",), ("model", "lookup-short")])
