@@ -1,9 +1,10 @@
+"""The int8 1.5B target with the int4 0.5B hybrid (lookup+draft) and with prompt lookup alone, both -k auto,
+against int8 plain, interleaved per prompt (usage: PROMPT_IDS REPEATS); the run that showed the summarization loss."""
 import sys, time, statistics
 import specdec
 from specdec.bench.prompts import load_prompts
 from specdec.engine import Engine
 hy = Engine.load("qwen2.5-coder-1.5b", "lookup+qwen2.5-coder-0.5b", dtype="int8", draft_dtype="int4")
-lk = Engine.load(hy.target_runner, "lookup", dtype="int8") if False else None
 lk = Engine(hy.target_runner, hy.tokenizer, None, None, lookup=True)
 hy.auto_controller(); lk.auto_controller()
 prompts = {p.id: p for p in load_prompts("builtin")}
