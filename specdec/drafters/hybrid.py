@@ -52,15 +52,15 @@ class HybridDrafter:
         return options
 
     def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Draft:
-        """Up to k tokens from `source` (one of sources()); None: the lookup if it matches, else the model."""
-        if source == SHORT_LOOKUP and self.short is not None:
-            draft, self.last_source = self.short.propose(context, k), SHORT_LOOKUP
-        else:
-            draft, self.last_source = self.lookup.propose(context, k), LOOKUP
-            if not draft.tokens:
-                draft, self.last_source = self.model.propose(context, k), MODEL
-        self.proposals[self.last_source] += 1
-        return draft
+        """Up to k tokens from `source` (one of sources()); None: the first of sources() (the lookup if it
+        matches, else the model)."""
+        source = source or self.sources(context)[0][0]
+        drafters = {LOOKUP: self.lookup, MODEL: self.model, SHORT_LOOKUP: self.short}
+        if drafters.get(source) is None:
+            raise ValueError(f"no source '{source}' in this hybrid drafter")
+        self.last_source = source
+        self.proposals[source] += 1
+        return drafters[source].propose(context, k)
 
     def outlook(self, context: Sequence[int]) -> tuple[str, int]:
         """The lookup's when it matches (nothing to catch up), else the model's."""
