@@ -41,7 +41,7 @@ from specdec.serve.metrics import Metrics
 from specdec.serve.protocol import APIError, ChatRequest, CompletionRequest, GenerationRequest, parse
 from specdec.serve.worker import ErrorEvent, Job, QueueFull, Request, StepEvent, Worker
 
-DISCONNECT_POLL_S = 0.1  # how often a waiting request checks that its client is still there
+DISCONNECT_POLL_S = 0.1  # how often a request waiting for its next event checks that its client is still there
 CLIENT_GONE = 499  # the status logged for a request whose client left (nginx's convention)
 
 
@@ -72,9 +72,12 @@ class Fleet(Protocol):
         """The /metrics page for all of them, this server's own page being `own`."""
 
 
-def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fleet | None = None) -> FastAPI:
+def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fleet | None = None,
+               host_cancels: bool = False) -> FastAPI:
     """An app serving `engine`; its worker thread runs while the app runs (its lifespan).
-    With a `fleet`, /health and /metrics also report the servers beside this one."""
+    With a `fleet`, /health and /metrics also report the servers beside this one.  `host_cancels`:
+    the server running the app (Ray Serve) cancels the handler of a client that left, so a handler
+    does not look for the disconnect itself (see :func:`next_event`)."""
     worker = Worker(engine, max_queue=options.max_queue, draft_mode=options.draft_mode,
                     draft_confidence=options.draft_confidence, verify=options.verify, max_batch=options.max_batch)
     metrics = worker.metrics
@@ -159,7 +162,8 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
             except QueueFull:
                 raise APIError(503, f"the server is busy: {options.max_queue} requests are already waiting; "
                                     "retry later", None, "queue_full", {"Retry-After": "1"}) from None
-            first = await next_event(job, http)
+            watched = None if host_cancels else http  # whose disconnect next_event looks for
+            first = await next_event(job, watched)
             if first is None:
                 code = CLIENT_GONE
                 return Response(status_code=CLIENT_GONE)
@@ -171,7 +175,7 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
             if req.stream:
                 return StreamingResponse(stream(reply, job, first, metrics), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            result = await collect(reply, job, first, http)
+            result = await collect(reply, job, first, watched)
             if result is None:
                 code = CLIENT_GONE
                 return Response(status_code=CLIENT_GONE)
@@ -277,20 +281,31 @@ async def read_body(http: HTTPRequest, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def next_event(job: Job, http: HTTPRequest) -> StepEvent | ErrorEvent | None:
-    """The job's next event; None (and the job cancelled) when the client has gone meanwhile.
-    A request cancelled from outside (Ray Serve cancels the handler of a client that left)
-    cancels its job too."""
-    while True:
-        try:
-            return await asyncio.wait_for(job.next_event(), DISCONNECT_POLL_S)
-        except asyncio.TimeoutError:
-            if await http.is_disconnected():
-                job.cancel()
-                return None
-        except asyncio.CancelledError:
-            job.cancel()
-            raise
+async def next_event(job: Job, http: HTTPRequest | None) -> StepEvent | ErrorEvent | None:
+    """The job's next event; None (and the job cancelled) when the client of `http` has gone meanwhile.
+
+    The client is looked for before each event and every DISCONNECT_POLL_S while one is awaited;
+    with `http` None (Ray Serve, which cancels the handler itself) it is not.  Starlette's
+    is_disconnected() on Serve's proxied receive could hang there, and the handler then absorbed
+    Serve's cancel and left its generation running for nobody.
+
+    A handler cancelled from outside cancels its job too, even when the cancel lands in the same
+    turn as the next event (Python 3.11's asyncio.wait_for returns the event then and loses the
+    cancel; asyncio.timeout does not)."""
+    try:
+        if http is None:
+            return await job.next_event()
+        while not await http.is_disconnected():
+            try:
+                async with asyncio.timeout(DISCONNECT_POLL_S):
+                    return await job.next_event()
+            except TimeoutError:
+                pass
+    except asyncio.CancelledError:
+        job.cancel()
+        raise
+    job.cancel()
+    return None
 
 
 class Reply:
@@ -386,7 +401,8 @@ async def stream(reply: Reply, job: Job, event: StepEvent | ErrorEvent, metrics:
             metrics.disconnects.inc()
 
 
-async def collect(reply: Reply, job: Job, event: StepEvent | ErrorEvent, http: HTTPRequest) -> dict[str, Any] | None:
+async def collect(reply: Reply, job: Job, event: StepEvent | ErrorEvent,
+                  http: HTTPRequest | None) -> dict[str, Any] | None:
     """The whole response, from the job's events; None if the client left first."""
     text: list[str] = []
     while True:

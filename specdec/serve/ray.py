@@ -190,7 +190,7 @@ class SpecdecReplica:
         self.worker: Any = None
 
     def __serve_build_asgi_app__(self) -> Any:
-        app = create_app(self.engine, self.options, fleet=self.fleet)
+        app = create_app(self.engine, self.options, fleet=self.fleet, host_cancels=True)
         app.add_middleware(ReplicaHeader, replica=self.replica)
         self.worker = app.state.worker
         self.fleet.attach(self.worker)

@@ -145,3 +145,33 @@ def test_a_request_whose_client_left_while_queued_never_runs(gated):
         assert metric(samples, "requests_total", endpoint="/v1/completions", code="499") == 1
         # every target forward after the release was the first request's: the second never started
         assert runner.forwards - forwards_before == running_out[0].json()["speculative_decoding"]["target_forwards"]
+
+
+class Connected:
+    """A request whose client never goes away by itself."""
+
+    async def is_disconnected(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("http", [Connected(), None], ids=["polled", "cancelled-by-the-host"])
+def test_a_cancel_that_lands_with_an_event_still_cancels_the_job(http):
+    """Ray Serve cancels a request's handler once, when its client leaves.  A cancel that lands in the
+    same loop turn as the job's next event must still cancel the job: Python 3.11's asyncio.wait_for
+    returned the event instead and the generation ran to its end for nobody."""
+    import asyncio
+
+    from specdec.serve.app import next_event
+    from specdec.serve.worker import Job, StepEvent
+
+    async def scenario() -> Job:
+        job = Job(None, asyncio.get_running_loop())  # type: ignore[arg-type]  (the request is not read)
+        waiting = asyncio.create_task(next_event(job, http))
+        await asyncio.sleep(0.01)  # it waits for the job's next event
+        job.events.put_nowait(StepEvent("x", "x", 0, 0, 1, None))
+        waiting.cancel()  # in the same turn: both wake it
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        return job
+
+    assert asyncio.run(scenario()).cancelled.is_set()
