@@ -38,6 +38,8 @@ class HybridDrafter:
         self.lookup = lookup or LookupDrafter(max_ngram=4, min_ngram=2)
         shorter = self.lookup.min_ngram - 1
         self.short = LookupDrafter(max_ngram=shorter, min_ngram=1) if short_matches and shorter >= 1 else None
+        sources = ((LOOKUP, self.lookup), (MODEL, self.model), (SHORT_LOOKUP, self.short))
+        self.by_source = {name: drafter for name, drafter in sources if drafter is not None}
         self.last_source: str | None = None  # where the last proposal came from
         self.proposals = {LOOKUP: 0, MODEL: 0, SHORT_LOOKUP: 0}
 
@@ -55,12 +57,11 @@ class HybridDrafter:
         """Up to k tokens from `source` (one of sources()); None: the first of sources() (the lookup if it
         matches, else the model)."""
         source = source or self.sources(context)[0][0]
-        drafters = {LOOKUP: self.lookup, MODEL: self.model, SHORT_LOOKUP: self.short}
-        if drafters.get(source) is None:
+        if source not in self.by_source:
             raise ValueError(f"no source '{source}' in this hybrid drafter")
         self.last_source = source
         self.proposals[source] += 1
-        return drafters[source].propose(context, k)
+        return self.by_source[source].propose(context, k)
 
     def outlook(self, context: Sequence[int]) -> tuple[str, int]:
         """The lookup's when it matches (nothing to catch up), else the model's."""

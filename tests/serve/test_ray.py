@@ -201,17 +201,14 @@ def test_a_client_that_leaves_cancels_its_generation(fleet):
         wait_for(lambda: on_replicas() == 1, "the whole request runs on a replica", timeout=30)
         sock.setblocking(False)
         try:
-            assert not sock.recv(1), "the long answer came back before its client left"
+            early = sock.recv(1)  # b"" would be the server hanging up first
         except BlockingIOError:
-            pass  # nothing yet: the answer is still being generated
+            early = None  # nothing yet: the answer is still being generated
+        assert early is None, f"the server answered or hung up before the client left: {early!r}"
     # Serve cancels both on their replicas: both counted as left (499 for the whole one), neither ran to
     # its end, and together they generated less than one answer's worth
-    try:
-        wait_for(lambda: total("request_disconnects_total") == before["request_disconnects_total"] + 2, "both left",
-                 timeout=30)
-    except AssertionError:
-        print("DEBUG closed", before, httpx.get(fleet.url + "/metrics", timeout=10).text)
-        raise
+    wait_for(lambda: total("request_disconnects_total") == before["request_disconnects_total"] + 2, "both left",
+             timeout=30)
     assert total("requests_total", code="499") == 1
     assert total("request_success_total") == before["request_success_total"]
     assert total("generation_tokens_total") - before["generation_tokens_total"] < LONG["max_tokens"]
