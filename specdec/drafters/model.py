@@ -6,14 +6,19 @@ common prefix and feeding what is new — typically the recovered/bonus token of
 the last step — so rejected draft tokens are forgotten (Leviathan et al. 2023;
 Chen et al. 2023).
 
-A draft model that fell far behind (the prompt at a generation's first draft,
-or many plain steps chosen by the speculation controller) catches up on at most
-``window`` tokens: it starts over from the context's last ``window`` tokens
-instead of feeding everything it missed.  A catch-up is a batched forward that
-costs the draft a good part of a token's drafting time per token on a CPU
-(measured: a 0.5B draft on a 2-core AMD EPYC, 27 ms per caught-up token vs
-45 ms per drafted token), and a draft needs only recent context to propose
-well.  What the draft sees never changes the output: verification decides.
+At a generation's first draft the draft model reads the whole prompt (one
+batched prefill, bounded only by its own context window): a draft that sees the
+function signature or the document it is asked about proposes what the target
+will write far more often than one that sees only the prompt's tail (measured
+in BENCHMARKS.md).  Later catch-ups feed what the draft missed (the tokens of
+the plain steps the speculation controller chose), never starting over.  Either
+is a batched forward whose cost the controller prices before it drafts (see
+specdec.control: a catch-up is paid once, not per drafted token), so where a
+prefill of the prompt costs more than drafting would save, the controller
+drafts from prompt lookup or decodes plainly instead.  An optional `window`
+bounds catch-ups the old way: a draft more than `window` tokens behind starts
+over from the context's last `window` tokens.  What the draft sees never
+changes the output: verification decides.
 
 Greedy: the draft proposes its argmax (q = None, verified as one-hot).
 Sampling: the draft samples from q = warp(draft logits) with the same
@@ -37,15 +42,19 @@ from specdec.sampling import SamplingParams, make_generator, sample_from, warp_p
 Choice = tuple[int, int, "torch.Tensor | None"]
 
 
-DEFAULT_WINDOW = 64  # the most context tokens a draft model catches up on at once
+DEFAULT_WINDOW: int | None = None  # catch-ups unbounded: the draft reads the whole prompt
+DRAFT_ROOM = 16  # positions kept free in the draft's own context window for the tokens it drafts
 
 
 class DraftCache:
     """Which part of the context a draft model's cache holds: context[offset:] up to a common prefix.
 
-    The cache follows the context from `offset` on; when it would have to catch up on more than
-    `window` tokens (None: no limit), it starts over from the context's last `window` tokens.
-    Works in the draft model's ids (the universal drafter passes its re-tokenised context).
+    The cache follows the context from `offset` on: 0, the whole context, unless the context outgrows
+    the draft's own window (then its last (max_context - DRAFT_ROOM) / 2 tokens, so that a restart is
+    rare), or, with a `window`, when
+    the draft would have to catch up on more than `window` tokens (then it starts over from the
+    context's last `window` tokens).  Works in the draft model's ids (the universal drafter passes its
+    re-tokenised context).
     """
 
     def __init__(self, runner: ModelRunner, window: int | None = DEFAULT_WINDOW) -> None:
@@ -59,6 +68,9 @@ class DraftCache:
         """(offset, keep): the view context[offset:] the cache will follow, and how much of the
         cache it keeps (at least one token is fed, for the logits after the context)."""
         offset = min(self.offset, len(context) - 1)
+        room = max(self.runner.max_context - DRAFT_ROOM, 1)
+        if len(context) - offset > room:  # outgrew the draft's window: start over from the last half of it
+            return len(context) - max(room // 2, 1), 0
         view = context[offset:]
         keep = min(common_prefix_length(self.runner.tokens, view), len(view) - 1)
         if self.window is not None and len(view) - keep > self.window:

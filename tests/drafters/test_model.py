@@ -89,6 +89,50 @@ def test_lag_and_the_catch_up_window():
     assert unlimited.lag(long) == len(long)
 
 
+class FirstTokenRunner:
+    """A draft model that always proposes the first token it holds: what it says depends on the start of
+    the prompt, so it is right only if it read the whole prompt."""
+
+    capabilities = HFRunner(MODEL).capabilities
+
+    def __init__(self, vocab: int = VOCAB, max_context: int = 4096) -> None:
+        self.vocab_size, self.max_context = vocab, max_context
+        self.tokens: list[int] = []
+
+    def forward(self, new_tokens, last_n=None):
+        self.tokens.extend(new_tokens)
+        n = len(new_tokens) if last_n is None else min(last_n, len(new_tokens))
+        logits = torch.zeros(n, self.vocab_size)
+        logits[:, self.tokens[0]] = 1.0
+        return logits  # [n, V]
+
+    def rollback(self, n):
+        del self.tokens[n:]
+
+    def reset(self):
+        self.tokens = []
+
+
+def test_the_first_draft_reads_the_whole_prompt():
+    prompt = [7] + [1] * 999  # the answer is in the first token, a thousand tokens back
+    drafter = ModelDrafter(FirstTokenRunner())
+    assert drafter.lag(prompt) == len(prompt)  # the controller prices the whole prompt's prefill
+    draft = drafter.propose(prompt, 3)
+    assert draft.tokens == [7, 7, 7] and draft.synced == len(prompt)
+    later = prompt + draft.tokens + [7] + [2] * 300  # accepted, the bonus, then 300 plain steps
+    assert drafter.lag(later) == 302  # the catch-up feeds what it missed, the prompt stays read
+    assert drafter.propose(later, 2).tokens == [7, 7]
+
+
+def test_a_context_longer_than_the_drafts_window_starts_over_from_its_tail():
+    runner = FirstTokenRunner(max_context=116)  # room for 100 context tokens and 16 drafted ones
+    drafter = ModelDrafter(runner)
+    prompt = [5] * 60 + [9] * 60
+    draft = drafter.propose(prompt, 3)  # the last 50 tokens (half the room): restarts stay rare
+    assert drafter.cache.offset == 70 and draft.tokens == [9, 9, 9]
+    assert len(runner.tokens) <= runner.max_context
+
+
 def test_a_confidence_threshold_stops_the_draft_after_a_doubtful_token():
     import pytest
 
