@@ -28,7 +28,7 @@ def generate(
     target: ModelSpec = DEFAULT_TARGET,
     draft: ModelSpec | None = DEFAULT_DRAFTER,
     *,
-    dtype: str = "fp32",
+    dtype: str = "auto",
     draft_backend: str = "auto",
     temperature: float = 0.0,
     top_k: int = 0,
@@ -43,6 +43,8 @@ def generate(
     pair, "lookup" (prompt lookup) or "lookup+<model>" (the default: lookup where it matches, the
     0.5B draft elsewhere, on llama.cpp when it is installed: draft_backend "auto").  draft=None (or
     "none") decodes plainly with the target alone.
+    dtype: the target's: "auto" (int8 on CPUs where specdec's exact int8 kernel runs, fp32
+    elsewhere), "int8", "fp32" (the reference) or "bf16".
     options: max_new_tokens, num_speculative_tokens (default "auto": the cost-model controller),
     stop, chat, verify ("causal", or "stairs": next-token queries only, greedy; see Engine.stream).
     Returns a Result with text, token_ids, finish_reason and stats.

@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from specdec.defaults import DEFAULT_DRAFT, DEFAULT_DRAFTER, DEFAULT_TARGET
+from specdec.defaults import DEFAULT_DRAFTER, DEFAULT_TARGET
 from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:  # the serve extra's modules load only when serving
@@ -34,9 +34,16 @@ err = Console(stderr=True, highlight=False)
 
 
 class DType(str, Enum):
+    auto = "auto"
     fp32 = "fp32"
     bf16 = "bf16"
     int8 = "int8"
+
+
+DTYPE_HELP = ("The target's dtype (transformers backend): auto (default: int8 on CPUs with AVX2 or AVX-512 VNNI, "
+              "where specdec's exact int8 kernel runs; fp32 elsewhere), int8 (int8 weights and activations, "
+              "batch-invariant: speculative output is exactly int8 plain output), fp32 (the reference; "
+              "`specdec quality` measures what int8 changes) or bf16.")
 
 
 class DraftDType(str, Enum):
@@ -142,7 +149,7 @@ def generate(
     draft: str = typer.Option(DEFAULT_DRAFTER, "--draft", "-d", help="Draft model, 'lookup' (prompt lookup: no draft model), 'lookup+<model>' (lookup where it matches, the model elsewhere), or 'none' for plain decoding."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most tokens to generate."),
     num_speculative_tokens: str = typer.Option("auto", "--num-speculative-tokens", "-k", help="Draft tokens per step: 'auto' (a cost model picks 0..8 each step from measured speeds and acceptance; 0 = a plain step) or a fixed γ."),
-    dtype: DType = typer.Option(DType.fp32, "--dtype", help="Weights' dtype for transformers models: fp32, bf16, or int8 (int8 weights and activations, batch-invariant: the fastest on CPUs, and speculative output is exactly int8 plain output)."),
+    dtype: DType = typer.Option(DType.auto, "--dtype", help=DTYPE_HELP),
     draft_dtype: Optional[DraftDType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype); bf16 makes a transformers draft cheaper without changing the output, and int4 (drafts only: the int8 draft's weights in 4 bits, llama-family and Gemma 3 models) cheaper still."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend: hf (transformers) or llamacpp (GGUF via llama.cpp)."),
     device: Device = typer.Option(Device.cpu, "--device", help=DEVICE_HELP),
@@ -201,7 +208,8 @@ def generate(
         sys.stdout.write("\n")
         assert step is not None
         s = step.stats
-        summary = f"{s.new_tokens} tokens in {s.wall_s:.2f} s ({s.tokens_per_s:.1f} tok/s), finish: {step.finish_reason}"
+        summary = (f"{s.new_tokens} tokens in {s.wall_s:.2f} s ({s.tokens_per_s:.1f} tok/s), finish: {step.finish_reason}"
+                   f" · target {engine.target_name} {engine.dtype}")
         if draft_spec:
             summary += (
                 f" · draft {engine.draft_name}{draft_backend_note(engine)} (k {'auto' if k == 'auto' else k}: mean {s.mean_k:.1f},"
@@ -380,20 +388,20 @@ def serve_replicas(spec: EngineSpec, options: ServeOptions, plan: ReplicaPlan, h
 @app.command()
 def bench(
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
-    draft: str = typer.Option(DEFAULT_DRAFT, "--draft", "-d", help="Draft model, 'lookup' (prompt lookup), 'lookup+<model>' (hybrid), or 'none' (then only plain, hf-plain, hf-pld, llamacpp)."),
+    draft: str = typer.Option(DEFAULT_DRAFTER, "--draft", "-d", help="Drafter, as for generate (the same default): a draft model, 'lookup' (prompt lookup), 'lookup+<model>' (hybrid), or 'none' (then only plain, hf-plain, hf-pld, llamacpp)."),
     prompts: str = typer.Option("builtin", "--prompts", help="Spec-Bench .jsonl, or a text file with one prompt per line (\\n escapes allowed), or 'builtin'."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most tokens to generate per prompt."),
-    methods: str = typer.Option("plain,specdec,hf,hf-plain,hf-pld", "--methods", help="Comma-separated: plain, specdec, specdec-auto (k chosen by the cost-model controller), specdec-intersection, hf, hf-auto, hf-plain, hf-pld, llamacpp (plain llama.cpp on the target's GGUF); plain always runs: it is the reference."),
+    methods: str = typer.Option("default", "--methods", help="Comma-separated: plain, specdec, specdec-auto (k chosen by the cost-model controller, as generate runs it), specdec-stairs, specdec-intersection, hf, hf-auto, hf-plain, hf-pld, llamacpp (plain llama.cpp on the target's GGUF); plain always runs: it is the reference. default: plain, specdec-auto, specdec, hf-pld, hf (when the draft runs in transformers) and llamacpp (when installed)."),
     gammas: str = typer.Option("5", "--gammas", help="Draft tokens per step γ; a list (1,3,5) sweeps specdec, hf and hf-pld."),
     repeats: int = typer.Option(1, "--repeats", help="Runs per prompt and method; the median is reported."),
     limit_per_category: Optional[int] = typer.Option(None, "--limit-per-category", help="Take only the first M prompts of each category."),
     chat: bool = typer.Option(False, "--chat", help="Apply the target's chat template to each prompt."),
-    dtype: DType = typer.Option(DType.fp32, "--dtype", help="Weights' dtype, for every method."),
+    dtype: DType = typer.Option(DType.auto, "--dtype", help=DTYPE_HELP + " For every method."),
     draft_dtype: Optional[DraftDType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype), for every method that drafts."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch and llama.cpp (default: torch's choice, llama.cpp all CPUs)."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend for plain and specdec: hf or llamacpp (the hf* methods need hf)."),
     device: Device = typer.Option(Device.cpu, "--device", help=DEVICE_HELP),
-    draft_backend: Optional[Backend] = typer.Option(None, "--draft-backend", help="Draft's backend (default: the target's)."),
+    draft_backend: DraftBackend = typer.Option(DraftBackend.auto, "--draft-backend", help="Draft's backend, as for generate (the same default: auto)."),
     n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
     temperature: float = typer.Option(0.0, "--temperature", help="> 0: every method samples (then no identical-output rate is reported)."),
     top_k: int = typer.Option(0, "--top-k", help="0 = off."),
@@ -415,7 +423,7 @@ def bench(
         limit_per_category=limit_per_category, chat=chat, dtype=dtype.value, out=out, threads=threads,
         draft_dtype=draft_dtype.value if draft_dtype else None,
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, backend=backend.value,
-        draft_backend=draft_backend.value if draft_backend else None, n_ctx=n_ctx, device=device.value,
+        draft_backend=draft_backend.value, n_ctx=n_ctx, device=device.value,
     )
     try:
         if concurrency is not None:
@@ -471,11 +479,11 @@ def _parse_ks(text: str) -> list[int]:
 def profile(
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
     draft: str = typer.Option("none", "--draft", "-d", help="Draft model to time per drafted token, or 'none'."),
-    dtype: DType = typer.Option(DType.fp32, "--dtype", help="The target's dtype (transformers)."),
+    dtype: DType = typer.Option(DType.auto, "--dtype", help=DTYPE_HELP),
     draft_dtype: Optional[DraftDType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype)."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend: hf or llamacpp."),
     device: Device = typer.Option(Device.cpu, "--device", help=DEVICE_HELP),
-    draft_backend: Optional[Backend] = typer.Option(None, "--draft-backend", help="Draft's backend (default: the target's)."),
+    draft_backend: DraftBackend = typer.Option(DraftBackend.auto, "--draft-backend", help="Draft's backend, as for generate (the same default: auto)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch and llama.cpp."),
     n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
     ks: str = typer.Option("1-16", "--ks", help="Numbers of new tokens per target forward to time: a range (1-16) or a list (1,2,4,8)."),
@@ -519,14 +527,14 @@ def profile(
 
         with err.status(f"timing {target}: k = {k_values[0]}..{k_values[-1]}, {repeats} repeats"):
             table = measure_forwards(engine.target_runner, k_values, prefix=prefix, repeats=repeats)
-        table.info = describe(engine.target_runner, target, backend.value, dtype.value)
+        table.info = describe(engine.target_runner, target, backend.value, engine.dtype)
         out: dict = {"target": table.to_dict()}
         draft_ms = None
         if engine.draft_runner is not None:
             d_backend = (draft_backend or backend).value
             with err.status(f"timing {draft_spec} per drafted token"):
                 draft_ms = measure_drafting(engine.draft_runner, prefix=prefix, repeats=repeats)
-            out["draft"] = {**describe(engine.draft_runner, draft_spec, d_backend, (draft_dtype or dtype).value),
+            out["draft"] = {**describe(engine.draft_runner, draft_spec, d_backend, engine.draft_dtype),
                             "prefix": prefix, "repeats": repeats, "ms_per_token": round(draft_ms, 3)}
     except (SpecdecError, ValueError) as e:
         progress.close()
@@ -584,7 +592,7 @@ def quality(
             candidate = Engine.load(target, dtype=dtype.value, backend=backend.value, progress=progress,
                                     threads=threads)
         progress.close()
-        label = f"{backend.value} {dtype.value}" if backend == Backend.hf else "llamacpp (exact)"
+        label = f"{backend.value} {candidate.dtype}" if backend == Backend.hf else "llamacpp (exact)"
         outputs: dict[str, list[list[int]]] = {"fp32": [], label: []}
         with err.status(f"greedy decoding {len(prompt_set)} prompts with both"):
             for p in prompt_set:

@@ -1,10 +1,11 @@
 """Default models: the zoo's same-tokenizer pair (see ``specdec models``), and the default drafter.
 
-``specdec generate`` (and ``specdec.generate``) draft with DEFAULT_DRAFTER: prompt lookup where the
-context repeats itself (free), the 0.5B draft elsewhere (on llama.cpp when it is installed), with the
-cost-model controller choosing k each step (0 = a plain step), the fastest lossless configuration
-measured on the project's CPUs (BENCHMARKS.md).  The benchmark compares explicit configurations and
-keeps DEFAULT_DRAFT as its draft model.
+``specdec generate``, ``specdec serve``, ``specdec bench`` and ``specdec.generate`` draft with
+DEFAULT_DRAFTER: prompt lookup where the context repeats itself (free), the 0.5B draft elsewhere (on
+specdec's int8 / int4 kernel or llama.cpp, whichever is faster on the CPU), with the cost-model
+controller choosing k each step (0 = a plain step), and the target in int8 where specdec's exact
+int8 kernel runs (dtype "auto"): the fastest lossless configuration measured on the project's CPUs
+(BENCHMARKS.md).
 """
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"

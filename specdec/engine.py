@@ -109,6 +109,32 @@ def int4_draft_backend(draft_backend: str | None, draft_dtype: str | None) -> st
     return "hf"
 
 
+def split_lookup(draft: ModelSpec | None) -> tuple[bool, ModelSpec | None]:
+    """(whether prompt lookup drafts, the draft model or None) of a drafter spec: "lookup" -> (True,
+    None), "lookup+<model>" (a hybrid) -> (True, model), anything else -> (False, it)."""
+    if not (isinstance(draft, str) and (draft.lower() == LOOKUP or draft.lower().startswith(LOOKUP + "+"))):
+        return False, draft
+    rest = draft[len(LOOKUP) + 1:].strip()  # "lookup+<model>": a hybrid with that draft model
+    if draft.lower() != LOOKUP and not rest:
+        raise SpecdecError("'lookup+' needs a draft model after the '+', e.g. lookup+qwen2.5-coder-0.5b")
+    return True, rest or None
+
+
+def resolve_draft(draft: ModelSpec | None, backend: str, draft_backend: str | None, draft_dtype: str | None,
+                  device: str = "cpu") -> tuple[str, str, str | None]:
+    """(target's backend, draft's backend, draft's dtype) as Engine.load will load them: an int4 draft on
+    specdec's kernel; the draft backend "auto" with no draft dtype: the draft on specdec's int8 / int4
+    kernel where that is fastest (fastest_spec_draft_dtype), else llama.cpp where it can run the draft,
+    else the target's backend.  `draft` is the draft model (without a "lookup+" prefix)."""
+    draft_backend = int4_draft_backend(draft_backend, draft_dtype)
+    if draft_backend == AUTO_BACKEND and draft_dtype is None:
+        draft_dtype = fastest_spec_draft_dtype(draft, backend, device)
+        if draft_dtype is not None:
+            draft_backend = "hf"
+    backend, draft_backend = resolve_backends(backend, draft_backend, draft)
+    return backend, draft_backend, draft_dtype
+
+
 def resolve_backends(backend: str, draft_backend: str | None, draft: ModelSpec | None = None) -> tuple[str, str]:
     """(target's, draft's) backend, the draft's defaulting to the target's ("auto": see
     fastest_draft_backend); a SpecdecError names an unknown one."""
@@ -273,6 +299,8 @@ class Engine:
         self._auto: AutoK | None = None
         self._measured_costs: Costs | None = None
         self._stairs: StairsRunner | None = None
+        self.dtype = "as loaded"  # the target's dtype, as Engine.load resolved it ("gguf" on llama.cpp)
+        self.draft_dtype = "as loaded" if draft is not None else None  # the draft model's, likewise
 
     def speculation(self, k: int | str | Controller, sampling: SamplingParams | None = None) -> int | Controller:
         """A draft length for the loop: an int γ as it is, a Controller as it is, or "auto": this
@@ -363,7 +391,7 @@ class Engine:
         cls,
         target: ModelSpec,
         draft: ModelSpec | None = None,
-        dtype: str = "fp32",
+        dtype: str = "auto",
         progress: Callable[[str, int, int], None] | None = None,
         backend: str = "hf",
         draft_backend: str | None = None,
@@ -376,6 +404,9 @@ class Engine:
 
         draft: a model, "lookup" for prompt lookup drafting (no draft model), or "lookup+<model>":
         prompt lookup where it matches and the draft model elsewhere.
+        dtype: the target's, for transformers models: "fp32", "bf16", "int8", or "auto" (the
+        default: int8 on CPUs where specdec's int8 kernel runs, fp32 elsewhere; see
+        specdec.loading.fastest_dtype); the engine's `dtype` says which it took.
         backend / draft_backend: "hf" (transformers, in `dtype`) or "llamacpp" (the GGUF
         through llama.cpp; zoo names and .gguf files only); the draft's defaults to the
         target's; "auto": llama.cpp where it can run the draft (fastest_draft_backend), except
@@ -390,23 +421,16 @@ class Engine:
         kernel (specdec.backends.int4), a cheaper draft token for the same output.
         device: where transformers models run: "cpu", "cuda" or "auto" (cuda when available).
         """
-        from specdec.loading import INT4, check_spec, load_hf, load_int4_draft, load_llamacpp, resolve_device
+        from specdec.loading import (AUTO_DTYPE, INT4, check_spec, fastest_dtype, load_hf, load_int4_draft,
+                                     load_llamacpp, resolve_device)
 
-        lookup = isinstance(draft, str) and (draft.lower() == LOOKUP or draft.lower().startswith(LOOKUP + "+"))
-        if lookup:
-            rest = draft[len(LOOKUP) + 1:].strip()  # "lookup+<model>": a hybrid with that draft model
-            if draft.lower() != LOOKUP and not rest:
-                raise SpecdecError("'lookup+' needs a draft model after the '+', e.g. lookup+qwen2.5-coder-0.5b")
-            draft = rest or None
+        lookup, draft = split_lookup(draft)
+        if dtype == AUTO_DTYPE:
+            dtype = fastest_dtype(target, backend, device)
         if dtype == INT4:
             raise SpecdecError("int4 is a draft's dtype only (--draft-dtype int4): a target's numbers are its "
                                "output, and int4 weights would change them")
-        draft_backend = int4_draft_backend(draft_backend, draft_dtype)
-        if draft_backend == AUTO_BACKEND and draft_dtype is None:
-            draft_dtype = fastest_spec_draft_dtype(draft, backend, device)
-            if draft_dtype is not None:
-                draft_backend = "hf"
-        backend, draft_backend = resolve_backends(backend, draft_backend, draft)
+        backend, draft_backend, draft_dtype = resolve_draft(draft, backend, draft_backend, draft_dtype, device)
         for which, d, spec in ((backend, dtype, target), (draft_backend, draft_dtype or dtype, draft)):
             if which == "hf" and spec is not None:
                 resolve_device(device, d)  # a bad device / dtype pair is refused before any load
@@ -430,10 +454,15 @@ class Engine:
 
         t_model, t_tok, t_name = get(target, backend, exact=True, dtype=dtype)
         if draft is None:
-            return cls(t_model, t_tok, target_name=t_name, draft_name=LOOKUP if lookup else "draft", lookup=lookup)
-        d_model, d_tok, d_name = get(draft, draft_backend, exact=False, dtype=draft_dtype or dtype)
-        return cls(t_model, t_tok, d_model, d_tok, target_name=t_name,
-                   draft_name=f"{LOOKUP}+{d_name}" if lookup else d_name, lookup=lookup)
+            engine = cls(t_model, t_tok, target_name=t_name, draft_name=LOOKUP if lookup else "draft", lookup=lookup)
+        else:
+            d_model, d_tok, d_name = get(draft, draft_backend, exact=False, dtype=draft_dtype or dtype)
+            engine = cls(t_model, t_tok, d_model, d_tok, target_name=t_name,
+                         draft_name=f"{LOOKUP}+{d_name}" if lookup else d_name, lookup=lookup)
+        engine.dtype = dtype if backend == "hf" else "gguf"
+        if draft is not None:
+            engine.draft_dtype = (draft_dtype or dtype) if draft_backend == "hf" else "gguf"
+        return engine
 
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
         """Prompt text (or ids) -> token ids, through the chat template when chat=True."""

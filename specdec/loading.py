@@ -16,7 +16,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specdec import zoo
 from specdec.errors import SpecdecError
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DTYPES = ("fp32", "bf16", "int8")
+AUTO_DTYPE = "auto"  # a target's dtype: the fastest exact one on this machine (fastest_dtype)
 INT4 = "int4"  # a draft model's dtype only (specdec.backends.int4): its numbers never reach the output
 DRAFT_DTYPES = (*DTYPES, INT4)
 # "owner/name" with the characters the hub allows in each part.
@@ -59,6 +60,28 @@ def resolve(spec: str) -> tuple[str, str]:
 def _check_dtype(dtype: str) -> None:
     if dtype not in DTYPES:
         raise SpecdecError(f"unknown dtype '{dtype}': expected one of {', '.join(DTYPES)}")
+
+
+def fastest_dtype(spec: Any, backend: str = "hf", device: str = "cpu") -> str:
+    """The dtype "auto" stands for: "int8" for a decoder-only model on the CPU where specdec's int8
+    kernel multiplies in SIMD (AVX-512 VNNI or AVX2: the fastest exact configuration, and speculative
+    output is exactly int8 plain output), else "fp32" (the reference; a GPU, a CPU without AVX2, an
+    encoder-decoder model, a model passed in already loaded, or a llama.cpp backend, which reads its
+    GGUF as it is).  `specdec quality` measures what int8 changes against fp32."""
+    if backend != "hf" or not isinstance(spec, str):
+        return "fp32"
+    try:
+        if resolve_device(device, "fp32") != "cpu":
+            return "fp32"
+        kind, location = resolve(spec)
+        from specdec.backends import kernel
+
+        if kernel.isa() not in ("avx512-vnni", "avx2"):
+            return "fp32"
+        _refuse_int8_seq2seq(spec, kind, location)
+    except SpecdecError:  # an encoder-decoder model, no C compiler, or a name that loading will report
+        return "fp32"
+    return "int8"
 
 
 def _torch_dtype(dtype: str):

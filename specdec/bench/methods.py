@@ -475,7 +475,26 @@ METHODS: dict[str, type[Method]] = {
     for cls in (Plain, Specdec, SpecdecAuto, SpecdecStairs, SpecdecIntersection, HFAssisted, HFAuto, HFPlain, HFPromptLookup, LlamaCppPlain)
 }
 REFERENCE = "plain"  # speedups and identical outputs are measured against it
-DEFAULT_METHODS = ("plain", "specdec", "hf", "hf-plain", "hf-pld")
+DEFAULT = "default"  # --methods: default_methods()
+
+
+def default_methods(drafts: bool, draft_model: bool, backend: str, draft_backend: str, draft_dtype: str | None,
+                    llamacpp: bool) -> list[str]:
+    """What `specdec bench` runs without --methods: plain (the reference); with a drafter, what
+    `specdec generate` runs (specdec-auto) and a fixed γ (specdec); beside them what a user would
+    otherwise run: transformers' prompt lookup (hf-pld) and its assisted generation with the same
+    draft model (hf: only when the draft runs in transformers, not in int4 or on llama.cpp), and
+    plain llama.cpp on the target's GGUF when llama-cpp-python is installed (`llamacpp`)."""
+    families = ["plain"]
+    if drafts:
+        families += ["specdec-auto", "specdec"]
+    if backend == "hf":
+        families.append("hf-pld")
+        if draft_model and draft_backend == "hf" and draft_dtype != "int4":
+            families.append("hf")
+    if llamacpp:
+        families.append("llamacpp")
+    return families
 
 
 def parse_methods(text: str) -> list[str]:

@@ -179,22 +179,25 @@ def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str
 # --- plots ------------------------------------------------------------------------------------------
 
 
-FAMILY_COLORMAPS = {"specdec": "Blues", "specdec-intersection": "Reds", "hf": "Oranges", "hf-pld": "Greens", "hf-auto": "Purples",
-                    "hf-plain": "Greys", "plain": "Greys"}
+# One colour of its own per method family (matplotlib's tab10 palette), in every plot of every run.
+FAMILY_COLORS = {"plain": "tab:gray", "specdec": "tab:blue", "specdec-auto": "tab:red", "specdec-stairs": "tab:cyan",
+                 "specdec-intersection": "tab:pink", "hf": "tab:orange", "hf-auto": "tab:purple",
+                 "hf-plain": "tab:olive", "hf-pld": "tab:green", "llamacpp": "tab:brown"}
 
 
 def method_colors(methods: Sequence[MethodSummary]) -> dict[str, Any]:
-    """A colour per method: one hue per family, darker for larger γ within a sweep."""
-    import matplotlib
+    """A colour per method: its family's own, lighter for smaller γ within a sweep (the largest γ full)."""
+    from matplotlib.colors import to_rgb
 
     by_family: dict[str, list[str]] = {}
     for m in methods:
         by_family.setdefault(m.family, []).append(m.name)
     colors: dict[str, Any] = {}
     for family, names in by_family.items():
-        cmap = matplotlib.colormaps[FAMILY_COLORMAPS.get(family, "Reds")]
+        base = to_rgb(FAMILY_COLORS.get(family, "black"))
         for i, name in enumerate(names):
-            colors[name] = cmap(0.75 if len(names) == 1 else 0.4 + 0.5 * i / (len(names) - 1))
+            light = 0.0 if len(names) == 1 else 0.6 * (len(names) - 1 - i) / (len(names) - 1)  # share of white
+            colors[name] = tuple(c + (1.0 - c) * light for c in base)
     return colors
 
 

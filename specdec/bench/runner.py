@@ -329,13 +329,13 @@ class BenchOptions:
     draft: str | None
     prompts: str = "builtin"
     max_new_tokens: int = 128
-    methods: str = "plain,specdec,hf,hf-plain,hf-pld"
+    methods: str = "default"  # methods.default_methods
     gammas: str = "5"
     repeats: int = 1
     limit_per_category: int | None = None
     chat: bool = False
-    dtype: str = "fp32"
-    draft_dtype: str | None = None  # a transformers draft's dtype (default: dtype)
+    dtype: str = "auto"  # the target's: int8 where specdec's int8 kernel runs, else fp32 (loading.fastest_dtype)
+    draft_dtype: str | None = None  # a transformers draft's dtype (default: as `specdec generate` picks)
     device: str = "cpu"  # where transformers models run: cpu, cuda, auto
     out: str = "bench-out"
     threads: int | None = None
@@ -345,7 +345,7 @@ class BenchOptions:
     top_p: float = 1.0
     seed: int = 0
     backend: str = "hf"  # the target's: "hf" or "llamacpp"
-    draft_backend: str | None = None  # the draft's (default: the target's)
+    draft_backend: str | None = "auto"  # the draft's: as `specdec generate` picks (engine.resolve_draft)
     n_ctx: int | None = None  # llama.cpp's context size
 
 
@@ -384,6 +384,20 @@ def environment() -> dict[str, Any]:
     }
 
 
+def llamacpp_peer_available(target: str) -> bool:
+    """Whether plain llama.cpp can run beside the others: llama-cpp-python is installed and the target
+    is a GGUF (a zoo name or a .gguf file)."""
+    from specdec.loading import check_spec
+
+    try:
+        import llama_cpp  # noqa: F401 - only whether it is installed
+
+        check_spec(target, "llamacpp")
+    except (ImportError, SpecdecError):
+        return False
+    return True
+
+
 def check_run_options(options: BenchOptions) -> None:
     """The checks of --max-new-tokens, --repeats and --threads every bench makes (a one-line SpecdecError)."""
     if options.max_new_tokens <= 0:
@@ -417,8 +431,9 @@ def run_bench(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from specdec.bench import report
-    from specdec.bench.methods import build_methods, check_backends, needs_draft, parse_gammas, parse_methods
-    from specdec.engine import int4_draft_backend, resolve_backends
+    from specdec.bench.methods import (DEFAULT, build_methods, check_backends, default_methods, needs_draft,
+                                       parse_gammas, parse_methods)
+    from specdec.engine import resolve_draft, split_lookup
     from specdec.bench.prompts import load_prompts
     from specdec.sampling import SamplingParams
 
@@ -426,9 +441,16 @@ def run_bench(
     sampling = SamplingParams(temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
                               seed=options.seed)
     check_run_options(options)
-    families = parse_methods(options.methods)
-    _, draft_backend = resolve_backends(options.backend, int4_draft_backend(options.draft_backend, options.draft_dtype))
-    check_backends(families, options.backend, draft_backend, options.draft_dtype)
+    _, draft_model = split_lookup(options.draft)
+    # The draft's backend and dtype as Engine.load takes them (the same defaults as `specdec generate`).
+    _, draft_backend, draft_dtype = resolve_draft(draft_model, options.backend, options.draft_backend,
+                                                  options.draft_dtype, options.device)
+    if options.methods.strip().lower() == DEFAULT:
+        families = default_methods(options.draft is not None, draft_model is not None, options.backend, draft_backend,
+                                   draft_dtype, llamacpp_peer_available(options.target))
+    else:
+        families = parse_methods(options.methods)
+    check_backends(families, options.backend, draft_backend, draft_dtype)
     if "llamacpp" in families:
         from specdec.loading import check_spec
 
@@ -452,7 +474,7 @@ def run_bench(
     with status:
         engine = Engine.load(options.target, options.draft, dtype=options.dtype, progress=load_progress,
                              backend=options.backend, draft_backend=draft_backend, n_ctx=options.n_ctx,
-                             threads=options.threads, draft_dtype=options.draft_dtype, device=options.device)
+                             threads=options.threads, draft_dtype=draft_dtype, device=options.device)
         peer = None
         if "llamacpp" in families:  # plain llama.cpp on the target's GGUF, its fastest kernels
             from specdec.loading import load_llamacpp
@@ -487,8 +509,8 @@ def run_bench(
     meta = {
         "target": options.target,
         "draft": options.draft,
-        "dtype": options.dtype,
-        "draft_dtype": (options.draft_dtype or options.dtype) if options.draft else None,
+        "dtype": engine.dtype,
+        "draft_dtype": engine.draft_dtype,
         "backend": options.backend,
         "draft_backend": draft_backend if options.draft else None,
         "sampling": {"temperature": options.temperature, "top_k": options.top_k, "top_p": options.top_p,
@@ -522,7 +544,7 @@ def run_concurrency_bench(
     writes results.jsonl, summary.md, summary.json and concurrency.png; returns the JSON summary."""
     from specdec.batching import BatchEngine
     from specdec.bench import concurrency
-    from specdec.bench.methods import parse_gammas, parse_methods
+    from specdec.bench.methods import DEFAULT, parse_gammas, parse_methods
     from specdec.bench.prompts import load_prompts
     from specdec.engine import Engine
 
@@ -532,7 +554,8 @@ def run_concurrency_bench(
         raise SpecdecError("--concurrency measures greedy decoding: drop --temperature")
     if options.backend != "hf":
         raise SpecdecError("--concurrency batches transformers targets: drop --backend llamacpp")
-    families = parse_methods(options.methods)
+    default = options.methods.strip().lower() == DEFAULT
+    families = list(CONCURRENCY_METHODS) if default else parse_methods(options.methods)
     other = [f for f in families if f not in CONCURRENCY_METHODS]
     if other:
         raise SpecdecError(f"--concurrency runs {', '.join(CONCURRENCY_METHODS)}; drop {', '.join(other)} from --methods")
@@ -551,7 +574,8 @@ def run_concurrency_bench(
 
     if options.threads:
         torch.set_num_threads(options.threads)
-    draft_backend = options.draft_backend or "hf"  # a batch drafts with a cache per request over one model
+    # A batch drafts with a cache per request over one transformers model.
+    draft_backend = "hf" if options.draft_backend in (None, "auto") else options.draft_backend
     from contextlib import nullcontext
 
     status = console.status(f"loading {options.target}") if console else nullcontext()
@@ -575,8 +599,7 @@ def run_concurrency_bench(
 
         results = concurrency.run_concurrency(batch, encoded, levels, options.max_new_tokens, methods,
                                               options.repeats, advance, write)
-    meta = {"target": options.target, "draft": options.draft, "dtype": options.dtype,
-            "draft_dtype": (options.draft_dtype or options.dtype) if options.draft else None,
+    meta = {"target": options.target, "draft": options.draft, "dtype": engine.dtype, "draft_dtype": engine.draft_dtype,
             "max_new_tokens": options.max_new_tokens, "repeats": options.repeats, "levels": levels,
             "requests": results[0].requests, "chat": options.chat, "prompts": options.prompts,
             "methods": [m for m, _ in methods], **environment()}

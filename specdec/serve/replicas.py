@@ -96,7 +96,7 @@ class EngineSpec:
 
     target: str
     draft: str | None = None  # a model, "lookup", "lookup+<model>"; None: plain decoding
-    dtype: str = "fp32"
+    dtype: str = "auto"
     draft_dtype: str | None = None
     backend: str = "hf"
     draft_backend: str | None = None
