@@ -381,7 +381,7 @@ def serve_replicas(spec: EngineSpec, options: ServeOptions, plan: ReplicaPlan, h
 def bench(
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
     draft: str = typer.Option(DEFAULT_DRAFT, "--draft", "-d", help="Draft model, 'lookup' (prompt lookup), 'lookup+<model>' (hybrid), or 'none' (then only plain, hf-plain, hf-pld, llamacpp)."),
-    prompts: str = typer.Option("builtin", "--prompts", help="Spec-Bench .jsonl, or a text file with one prompt per line (\\n escapes allowed), or 'builtin'."),
+    prompts: str = typer.Option("builtin", "--prompts", help="'builtin' (user-shaped prompts, multi-turn chats), 'short' (the first short set), a Spec-Bench .jsonl (\"replies\" make a conversation), or a text file with one prompt per line (\\n escapes allowed)."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most tokens to generate per prompt."),
     methods: str = typer.Option("plain,specdec,hf,hf-plain,hf-pld", "--methods", help="Comma-separated: plain, specdec, specdec-auto (k chosen by the cost-model controller), specdec-intersection, hf, hf-auto, hf-plain, hf-pld, llamacpp (plain llama.cpp on the target's GGUF); plain always runs: it is the reference."),
     gammas: str = typer.Option("5", "--gammas", help="Draft tokens per step γ; a list (1,3,5) sweeps specdec, hf and hf-pld."),
