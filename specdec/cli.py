@@ -389,7 +389,7 @@ def serve_replicas(spec: EngineSpec, options: ServeOptions, plan: ReplicaPlan, h
 def bench(
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
     draft: str = typer.Option(DEFAULT_DRAFTER, "--draft", "-d", help="Drafter, as for generate (the same default): a draft model, 'lookup' (prompt lookup), 'lookup+<model>' (hybrid), or 'none' (then only plain, hf-plain, hf-pld, llamacpp)."),
-    prompts: str = typer.Option("builtin", "--prompts", help="Spec-Bench .jsonl, or a text file with one prompt per line (\\n escapes allowed), or 'builtin'."),
+    prompts: str = typer.Option("builtin", "--prompts", help="'builtin' (user-shaped prompts, multi-turn chats), 'short' (the first short set), a Spec-Bench .jsonl (\"replies\" make a conversation), or a text file with one prompt per line (\\n escapes allowed)."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most tokens to generate per prompt."),
     methods: str = typer.Option("default", "--methods", help="Comma-separated: plain, specdec, specdec-auto (k chosen by the cost-model controller, as generate runs it), specdec-stairs, specdec-intersection, hf, hf-auto, hf-plain, hf-pld, llamacpp (plain llama.cpp on the target's GGUF); plain always runs: it is the reference. default: plain, specdec-auto, specdec, hf-pld, hf (when the draft runs in transformers) and llamacpp (when installed)."),
     gammas: str = typer.Option("5", "--gammas", help="Draft tokens per step γ; a list (1,3,5) sweeps specdec, hf and hf-pld."),
@@ -596,7 +596,7 @@ def quality(
         outputs: dict[str, list[list[int]]] = {"fp32": [], label: []}
         with err.status(f"greedy decoding {len(prompt_set)} prompts with both"):
             for p in prompt_set:
-                ids = reference.encode(p.text, chat=chat)
+                ids = reference.encode_messages(p.messages) if chat else reference.encode(p.plain_text)
                 for name, engine in (("fp32", reference), (label, candidate)):
                     outputs[name].append(engine.generate(ids, max_new_tokens=max_new_tokens, use_draft=False).token_ids)
         agree = agreement(outputs["fp32"], outputs[label])

@@ -471,15 +471,21 @@ class Engine:
         if not prompt:
             raise SpecdecError("the prompt is empty: give some text to continue")
         if chat:
-            if not getattr(self.tokenizer, "chat_template", None):
-                raise SpecdecError(f"target '{self.target_name}' has no chat template; drop --chat")
-            ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-            )
-            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-                ids = ids["input_ids"]
-            return list(ids)
+            return self.encode_messages([("user", prompt)])
         return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+    def encode_messages(self, messages: Sequence[tuple[str, str]]) -> list[int]:
+        """A conversation, (role, content) pairs ending with the pending user turn -> token ids
+        through the chat template, with the assistant's turn opened."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise SpecdecError(f"target '{self.target_name}' has no chat template; drop --chat")
+        ids = self.tokenizer.apply_chat_template(
+            [{"role": role, "content": content} for role, content in messages], add_generation_prompt=True,
+            tokenize=True,
+        )
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # newer transformers return a BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids)
 
     def decode_text(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)

@@ -2,21 +2,37 @@
 
 Two formats are read:
 
-* **Spec-Bench JSONL** — one JSON object per line,
-  ``{"question_id": 7, "category": "math", "turns": ["first user turn", ...]}``.
-  Only the first turn is used.  ``category`` defaults to ``"default"`` and
-  ``question_id`` to the line number.  A file ending in ``.jsonl`` is always
-  read this way; another file is read this way when its first non-blank line
-  is a JSON object with a ``"turns"`` list.
+* **JSONL** — one JSON object per line,
+  ``{"question_id": 7, "category": "math", "turns": ["first user turn", ...]}``
+  (Spec-Bench's format).  Only the first turn is used (Spec-Bench's later
+  turns follow up on the model's own first answer).  ``category``
+  defaults to ``"default"`` and ``question_id`` to the line number.  A record
+  may also carry the assistant's earlier answers,
+  ``"replies": ["assistant reply 1", ...]``, one fewer than ``turns``: it is then
+  a conversation whose last user turn is pending, and every turn is used.  An
+  optional ``"source"`` string records where the text came from.  A file
+  ending in ``.jsonl`` is always read this way; another file is read this way
+  when its first non-blank line is a JSON object with a ``"turns"`` list.
 * **Plain text** — every non-blank line is one prompt, in category
   ``"default"``.  So that multi-line prompts (code) fit on one line, the
   escapes ``\\n`` (newline), ``\\t`` (tab) and ``\\\\`` (a backslash) are
   decoded; any other backslash is kept as it is.
 
-``builtin`` names the project's own set, shipped as package data:
-``specdec/bench/prompts/specdec-bench.jsonl`` (categories code,
-summarization, qa, translation, math and chat, 11–12 prompts each, written for
-this project in Spec-Bench's format).
+Two named sets ship as package data (``specdec/bench/prompts/``):
+
+* ``builtin`` (the default), ``specdec-real.jsonl``: prompts shaped like
+  users' requests — code completions with signatures and docstrings, long
+  documents to summarize or answer questions from, questions, math word
+  problems, paragraphs to translate, writing tasks and multi-turn chats
+  (at least 8 per category; every record names its ``source``).
+* ``short``, ``specdec-bench.jsonl``: the project's first set, 70 short
+  one-turn prompts (code, summarization, qa, translation, math and chat,
+  11–12 each), written for this project in Spec-Bench's format.
+
+With a chat template (``specdec bench --chat``) a conversation is encoded
+through the template; without one it is rendered as plain text,
+``"User: …\\n\\nAssistant: …\\n\\nUser: …\\n\\nAssistant:"``
+(:attr:`Prompt.plain_text`).
 """
 
 from __future__ import annotations
@@ -29,22 +45,49 @@ from pathlib import Path
 from specdec.errors import SpecdecError
 
 BUILTIN = "builtin"
-BUILTIN_FILE = "specdec-bench.jsonl"
+SHORT = "short"
+# The named sets: name -> file under specdec/bench/prompts/ (package data).
+NAMED_SETS = {BUILTIN: "specdec-real.jsonl", SHORT: "specdec-bench.jsonl"}
+BUILTIN_FILE = NAMED_SETS[BUILTIN]
 DEFAULT_CATEGORY = "default"
+USER, ASSISTANT = "user", "assistant"
+
+# (role, content) pairs, oldest first, as a chat template takes them.
+Messages = tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)
 class Prompt:
-    """One benchmark prompt: an id unique in its file, a category, and the text (the first user turn)."""
+    """One benchmark prompt: an id unique in its file, a category, and the text (the pending user turn).
+
+    ``history`` holds the turns before ``text`` of a conversation, alternately
+    user and assistant, oldest first; it is empty for a one-turn prompt.
+    """
 
     id: str
     category: str
     text: str
+    history: Messages = ()
+
+    @property
+    def messages(self) -> Messages:
+        """The whole conversation as (role, content) pairs, ending with the pending user turn."""
+        return (*self.history, (USER, self.text))
+
+    @property
+    def plain_text(self) -> str:
+        """The prompt for a model without a chat template: the text itself for one turn, else
+        the conversation as "User: …\\n\\nAssistant: …\\n\\nUser: …\\n\\nAssistant:"."""
+        if not self.history:
+            return self.text
+        names = {USER: "User", ASSISTANT: "Assistant"}
+        parts = [f"{names[role]}: {content}" for role, content in self.messages]
+        return "\n\n".join([*parts, "Assistant:"])
 
 
-def builtin_path() -> Path:
-    """Path of the shipped prompt set (package data of ``specdec.bench``)."""
-    return Path(str(resources.files("specdec.bench").joinpath("prompts", BUILTIN_FILE)))
+def builtin_path(name: str = BUILTIN) -> Path:
+    """Path of a shipped prompt set (package data of ``specdec.bench``): ``builtin`` or ``short``."""
+    return Path(str(resources.files("specdec.bench").joinpath("prompts", NAMED_SETS[name])))
 
 
 def unescape_line(line: str) -> str:
@@ -71,8 +114,29 @@ def _looks_like_jsonl(lines: list[str]) -> bool:
     return isinstance(obj, dict) and isinstance(obj.get("turns"), list)
 
 
+def _history(obj: dict, turns: list, where: str) -> Messages:
+    """The turns before the pending one of a record with "replies" (empty without them), checked."""
+    if "replies" not in obj:
+        return ()
+    if not all(isinstance(t, str) for t in turns):
+        raise SpecdecError(f"{where}: expected a non-empty \"turns\" list of strings")
+    replies = obj["replies"]
+    if not isinstance(replies, list) or not all(isinstance(r, str) for r in replies):
+        raise SpecdecError(f"{where}: \"replies\" must be a list of strings")
+    if len(replies) != len(turns) - 1:
+        raise SpecdecError(f"{where}: \"replies\" needs one entry fewer than \"turns\" "
+                           f"({len(turns)} turns, {len(replies)} replies)")
+    for kind, texts in (("turn", turns), ("reply", replies)):
+        empty = next((i for i, t in enumerate(texts, start=1) if not t.strip()), None)
+        if empty is not None:
+            raise SpecdecError(f"{where}: {kind} {empty} is empty")
+    # user 1, assistant 1, user 2, ..., assistant n-1; the last user turn is the pending text
+    return tuple(pair for u, a in zip(turns, replies) for pair in ((USER, u), (ASSISTANT, a)))
+
+
 def parse_jsonl(lines: list[str], name: str = "<prompts>") -> list[Prompt]:
-    """Spec-Bench JSONL lines -> prompts (first turn of each record); blank lines are skipped."""
+    """JSONL lines -> prompts: the first turn of each record, or the whole conversation of a
+    record with "replies"; blank lines are skipped."""
     prompts: list[Prompt] = []
     seen: set[str] = set()
     for number, line in enumerate(lines, start=1):
@@ -90,6 +154,10 @@ def parse_jsonl(lines: list[str], name: str = "<prompts>") -> list[Prompt]:
             raise SpecdecError(f"{where}: expected a non-empty \"turns\" list of strings")
         if not turns[0].strip():
             raise SpecdecError(f"{where}: the first turn is empty")
+        history = _history(obj, turns, where)
+        source = obj.get("source")
+        if source is not None and not isinstance(source, str):
+            raise SpecdecError(f"{where}: \"source\" must be a string")
         category = obj.get("category", DEFAULT_CATEGORY)
         if not isinstance(category, str) or not category.strip():
             raise SpecdecError(f"{where}: \"category\" must be a non-empty string")
@@ -97,7 +165,8 @@ def parse_jsonl(lines: list[str], name: str = "<prompts>") -> list[Prompt]:
         if pid in seen:
             raise SpecdecError(f"{where}: question_id {pid} appears twice")
         seen.add(pid)
-        prompts.append(Prompt(pid, category.strip(), turns[0]))
+        text = turns[-1] if history else turns[0]
+        prompts.append(Prompt(pid, category.strip(), text, history))
     return prompts
 
 
@@ -126,10 +195,10 @@ def limit_per_category(prompts: list[Prompt], limit: int | None) -> list[Prompt]
 
 
 def load_prompts(source: str | Path = BUILTIN, limit: int | None = None) -> list[Prompt]:
-    """Read a prompt file (or the builtin set), optionally keeping `limit` prompts per category."""
-    path = builtin_path() if str(source) == BUILTIN else Path(source).expanduser()
+    """Read a prompt file (or a named set, ``builtin`` or ``short``), optionally keeping `limit` prompts per category."""
+    path = builtin_path(str(source)) if str(source) in NAMED_SETS else Path(source).expanduser()
     if not path.is_file():
-        raise SpecdecError(f"prompts file '{source}' not found (give a .jsonl or .txt file, or '{BUILTIN}')")
+        raise SpecdecError(f"prompts file '{source}' not found (give a .jsonl or .txt file, '{BUILTIN}' or '{SHORT}')")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:

@@ -353,7 +353,8 @@ def _encode_all(engine: Any, prompts: Sequence[Prompt], chat: bool, max_new_toke
     window = engine.target_runner.max_context
     out = []
     for p in prompts:
-        ids = engine.encode(p.text, chat=chat)
+        # a conversation goes through the chat template whole, or as "User: …\n\nAssistant:" text without one
+        ids = engine.encode_messages(p.messages) if chat else engine.encode(p.plain_text)
         if len(ids) + max_new_tokens > window:
             raise SpecdecError(
                 f"prompt {p.id} ({p.category}) has {len(ids)} tokens: with --max-new-tokens {max_new_tokens} it "

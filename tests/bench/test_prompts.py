@@ -1,11 +1,15 @@
-"""Prompt files: Spec-Bench JSONL, plain text with escapes, the builtin set, and one-line errors."""
+"""Prompt files: Spec-Bench JSONL, conversations, plain text with escapes, the named sets, and one-line errors."""
 
 import json
 
 import pytest
 
-from specdec.bench.prompts import BUILTIN, Prompt, builtin_path, limit_per_category, load_prompts, unescape_line
+from specdec.bench.prompts import (
+    BUILTIN, SHORT, Prompt, builtin_path, limit_per_category, load_prompts, unescape_line,
+)
 from specdec.errors import SpecdecError
+
+BUILTIN_CATEGORIES = {"code", "qa", "math", "translation", "writing", "chat", "summarization", "rag"}
 
 
 def write(path, text):
@@ -48,15 +52,58 @@ def test_unescape_line():
     assert unescape_line("ends with \\") == "ends with \\"
 
 
-def test_builtin_set_has_six_categories_of_at_least_ten():
-    assert builtin_path().is_file()
-    prompts = load_prompts(BUILTIN)
+def counts_of(prompts):
     counts = {}
     for p in prompts:
         counts[p.category] = counts.get(p.category, 0) + 1
+    return counts
+
+
+def test_short_set_has_six_categories_of_at_least_ten():
+    assert builtin_path(SHORT).is_file()
+    prompts = load_prompts(SHORT)
+    counts = counts_of(prompts)
     assert set(counts) == {"code", "summarization", "qa", "translation", "math", "chat"}
     assert min(counts.values()) >= 10
     assert len({p.id for p in prompts}) == len(prompts)
+    assert all(not p.history for p in prompts)
+
+
+def test_builtin_set_has_at_least_eight_per_category_and_real_conversations():
+    assert builtin_path().is_file() and builtin_path(BUILTIN) == builtin_path()
+    prompts = load_prompts(BUILTIN)
+    counts = counts_of(prompts)
+    assert BUILTIN_CATEGORIES == set(counts)
+    assert min(counts.values()) >= 8, counts
+    assert len({p.id for p in prompts}) == len(prompts)
+    chats = [p for p in prompts if p.category == "chat"]
+    assert all(len(p.history) >= 2 for p in chats)  # every chat prompt answers a conversation of 2+ user turns
+    assert all(not p.history for p in prompts if p.category != "chat")
+
+
+def test_every_builtin_record_names_its_source():
+    for line in builtin_path(BUILTIN).read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        assert isinstance(record.get("source"), str) and record["source"].strip(), record["question_id"]
+
+
+def test_conversation_record(tmp_path):
+    path = write(tmp_path / "c.jsonl", jsonl(
+        {"question_id": "chat-1", "category": "chat", "turns": ["Hi.", "And then?"], "replies": ["Hello!"],
+         "source": "written for specdec"},
+        {"question_id": "one", "category": "chat", "turns": ["Only one."], "replies": []},
+    ))
+    convo, single = load_prompts(path)
+    assert convo == Prompt("chat-1", "chat", "And then?", (("user", "Hi."), ("assistant", "Hello!")))
+    assert convo.messages == (("user", "Hi."), ("assistant", "Hello!"), ("user", "And then?"))
+    assert convo.plain_text == "User: Hi.\n\nAssistant: Hello!\n\nUser: And then?\n\nAssistant:"
+    assert single == Prompt("one", "chat", "Only one.")  # no replies to give: a one-turn prompt
+    assert single.messages == (("user", "Only one."),) and single.plain_text == "Only one."
+
+
+def test_turns_without_replies_keep_the_first_turn_only(tmp_path):
+    path = write(tmp_path / "c.jsonl", jsonl({"question_id": 1, "turns": ["first", 2]}))
+    assert load_prompts(path) == [Prompt("1", "default", "first")]  # Spec-Bench records: later turns unread
 
 
 def test_limit_per_category_keeps_file_order():
@@ -67,8 +114,9 @@ def test_limit_per_category_keeps_file_order():
         limit_per_category(ps, 0)
 
 
-def test_builtin_limit():
-    assert len(load_prompts(BUILTIN, limit=1)) == 6
+def test_named_set_limit():
+    assert len(load_prompts(SHORT, limit=1)) == 6
+    assert [p.category for p in load_prompts(BUILTIN, limit=1)] == list(counts_of(load_prompts(BUILTIN)))
 
 
 @pytest.mark.parametrize(
@@ -83,6 +131,14 @@ def test_builtin_limit():
         (json.dumps({"turns": ["  "]}) + "\n", "first turn is empty"),
         (json.dumps({"turns": ["a"], "category": 3}) + "\n", "category"),
         (jsonl({"question_id": 1, "turns": ["a"]}, {"question_id": 1, "turns": ["b"]}), "twice"),
+        (jsonl({"turns": ["a", "b"], "replies": "x"}), "\"replies\" must be a list of strings"),
+        (jsonl({"turns": ["a", "b"], "replies": [3]}), "\"replies\" must be a list of strings"),
+        (jsonl({"turns": ["a", "b"], "replies": []}), r"one entry fewer than \"turns\" \(2 turns, 0 replies\)"),
+        (jsonl({"turns": ["a"], "replies": ["x"]}), r"\(1 turns, 1 replies\)"),
+        (jsonl({"turns": ["a", 7], "replies": ["x"]}), "\"turns\" list of strings"),
+        (jsonl({"turns": ["a", " "], "replies": ["x"]}), "line 1: turn 2 is empty"),
+        (jsonl({"turns": ["a", "b"], "replies": [""]}), "line 1: reply 1 is empty"),
+        (jsonl({"turns": ["a"], "source": 5}), "\"source\" must be a string"),
     ],
 )
 def test_bad_jsonl(tmp_path, text, fragment):
@@ -99,3 +155,44 @@ def test_empty_text_file(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(SpecdecError, match="not found"):
         load_prompts(tmp_path / "nope.jsonl")
+
+
+def tiny_engine(template: str | None):
+    """An Engine over a tiny model whose tokenizer has the given chat template (None: none)."""
+    from specdec.engine import Engine
+    from tests.tiny import tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer(0)
+    if template is not None:
+        tok.chat_template = template
+    return tok, Engine(tiny_model("llama", 0, vocab_size=len(tok)), tok)
+
+
+CONVERSATION = Prompt("c", "chat", "def g", (("user", "def f"), ("assistant", "ok")))
+
+
+def test_bench_encodes_a_conversation_through_the_chat_template():
+    from specdec.bench.runner import _encode_all
+
+    tok, engine = tiny_engine("{% for m in messages %}<bos>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:")
+    [(_, ids)] = _encode_all(engine, [CONVERSATION], chat=True, max_new_tokens=4)
+    assert tok.decode(ids) == "<bos>user: def f\n<bos>assistant: ok\n<bos>user: def g\nassistant:"
+    # a one-turn prompt encodes as Engine.encode(text, chat=True) always did
+    [(_, one)] = _encode_all(engine, [Prompt("1", "code", "def f")], chat=True, max_new_tokens=4)
+    assert one == engine.encode("def f", chat=True) and tok.decode(one) == "<bos>user: def f\nassistant:"
+
+
+def test_bench_renders_a_conversation_as_text_without_chat():
+    from specdec.bench.runner import _encode_all
+
+    tok, engine = tiny_engine(None)
+    [(_, ids)] = _encode_all(engine, [CONVERSATION], chat=False, max_new_tokens=4)
+    assert ids == engine.encode("User: def f\n\nAssistant: ok\n\nUser: def g\n\nAssistant:")
+
+
+def test_chat_needs_a_template():
+    from specdec.bench.runner import _encode_all
+
+    _, engine = tiny_engine(None)
+    with pytest.raises(SpecdecError, match="has no chat template; drop --chat"):
+        _encode_all(engine, [CONVERSATION], chat=True, max_new_tokens=4)
