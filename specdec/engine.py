@@ -394,7 +394,7 @@ class Engine:
         dtype: str = "auto",
         progress: Callable[[str, int, int], None] | None = None,
         backend: str = "hf",
-        draft_backend: str | None = None,
+        draft_backend: str | None = AUTO_BACKEND,
         n_ctx: int | None = None,
         threads: int | None = None,
         draft_dtype: str | None = None,
@@ -425,12 +425,15 @@ class Engine:
                                      load_llamacpp, resolve_device)
 
         lookup, draft = split_lookup(draft)
-        if dtype == AUTO_DTYPE:
+        auto = dtype == AUTO_DTYPE
+        if auto:
             dtype = fastest_dtype(target, backend, device)
         if dtype == INT4:
             raise SpecdecError("int4 is a draft's dtype only (--draft-dtype int4): a target's numbers are its "
                                "output, and int4 weights would change them")
         backend, draft_backend, draft_dtype = resolve_draft(draft, backend, draft_backend, draft_dtype, device)
+        if auto and draft_dtype is None and draft is not None:
+            draft_dtype = fastest_dtype(draft, draft_backend, device)  # "auto" for the draft on its own
         for which, d, spec in ((backend, dtype, target), (draft_backend, draft_dtype or dtype, draft)):
             if which == "hf" and spec is not None:
                 resolve_device(device, d)  # a bad device / dtype pair is refused before any load
