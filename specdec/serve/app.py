@@ -186,6 +186,9 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
         except asyncio.CancelledError:  # cancelled from outside: Ray Serve does so when the client leaves
             code = CLIENT_GONE
             raise
+        except Exception:  # a bug: internal_error() answers it with a 500, which is what is counted
+            code = 500
+            raise
         finally:
             metrics.requests.labels(endpoint=endpoint, code=str(code)).inc()
             if code == CLIENT_GONE:
