@@ -277,6 +277,9 @@ def serve(
     api_key: Optional[list[str]] = typer.Option(None, "--api-key", envvar="SPECDEC_API_KEY", show_envvar=True, help="A key clients must send as 'Authorization: Bearer <key>' (repeatable). Better in the environment variable, keys separated by spaces or commas: the command line is visible to every user of the machine. /health stays open."),
     open_metrics: bool = typer.Option(False, "--open-metrics", help="With --api-key: serve /metrics without a key (for a scraper that cannot send one)."),
     allowed_origins: Optional[list[str]] = typer.Option(None, "--allowed-origins", help="Origins whose web pages may call the API from a browser (CORS; repeatable or comma-separated), e.g. https://app.example.com. None by default."),
+    header_timeout: float = typer.Option(10.0, "--header-timeout", help="Seconds a client may take to send a request's headers (from connecting, or from its previous response); slower connections are closed."),
+    keep_alive_timeout: float = typer.Option(5.0, "--keep-alive-timeout", help="Seconds an idle keep-alive connection is kept open."),
+    max_connections: int = typer.Option(100, "--max-connections", help="Open connections (or running requests) at most; past it, requests are answered 503 at once."),
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (completions, chat, streaming), with
     Prometheus metrics at /metrics and a playground page at /. Requests run one at a time, or up to
@@ -291,6 +294,7 @@ def serve(
     if missing:
         fail(escape(f"specdec serve needs the serve extra ({', '.join(missing)} missing): {INSTALL_HINT}"))
     from specdec.serve.app import ServeOptions, bind, create_app, run
+    from specdec.serve.connections import ConnectionLimits
 
     plan = replica_plan(replicas, ray_address, replica_cpus)
     k = parse_k(num_speculative_tokens)
@@ -302,6 +306,11 @@ def serve(
             fail(f"{name} must be >= {least}, got {value}")
     if not 0 <= port <= 65535:
         fail(f"--port must be in 0..65535, got {port}")
+    for name, seconds in (("--header-timeout", header_timeout), ("--keep-alive-timeout", keep_alive_timeout)):
+        if not 0 < seconds < float("inf"):
+            fail(f"{name} must be a number of seconds > 0, got {seconds}")
+    if max_connections < 1:
+        fail(f"--max-connections must be >= 1, got {max_connections}")
     if plan is not None and port == 0:
         fail("--replicas needs a fixed --port: Ray Serve's proxy on every node listens on it")
     quiet_libraries()
@@ -340,7 +349,7 @@ def serve(
     bound_host, bound_port = sock.getsockname()[:2]
     url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
     err.print(f"serving {', '.join(names)} at {url}/v1 · playground {url}/ · metrics {url}/metrics", soft_wrap=True)
-    run(application, sock)
+    run(application, sock, ConnectionLimits(header_timeout, keep_alive_timeout, max_connections))
 
 
 def warn_if_exposed(host: str, keys: tuple[str, ...]) -> None:

@@ -39,6 +39,7 @@ from specdec.errors import SpecdecError
 from specdec.loop import Stats
 from specdec.sampling import SamplingParams
 from specdec.serve.access import allow_origins, check_json, check_key
+from specdec.serve.connections import ConnectionLimits, server_config
 from specdec.serve.metrics import Metrics
 from specdec.serve.protocol import APIError, ChatRequest, CompletionRequest, GenerationRequest, parse
 from specdec.serve.worker import ErrorEvent, Job, QueueFull, Request, StepEvent, Worker
@@ -448,9 +449,9 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run(app: FastAPI, sock: socket.socket, log_level: str = "info") -> None:
-    """Serve `app` on a bound socket until interrupted (uvicorn)."""
+def run(app: FastAPI, sock: socket.socket, limits: ConnectionLimits = ConnectionLimits(),
+        log_level: str = "info") -> None:
+    """Serve `app` on a bound socket until interrupted (uvicorn), within `limits`."""
     import uvicorn
 
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run(sockets=[sock])
+    uvicorn.Server(server_config(app, limits, log_level)).run(sockets=[sock])

@@ -110,3 +110,13 @@ def test_a_loopback_server_is_not_warned_of():
 
 def test_an_empty_key_is_refused():
     assert_user_error(serve("--target", "no-such-model", "--api-key", " , "), "--api-key is empty")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--header-timeout", "0"], "--header-timeout must be a number of seconds > 0"),
+    (["--header-timeout", "nan"], "--header-timeout must be a number of seconds > 0"),
+    (["--keep-alive-timeout", "-1"], "--keep-alive-timeout must be a number of seconds > 0"),
+    (["--max-connections", "0"], "--max-connections must be >= 1"),
+])
+def test_bad_connection_options(args, fragment):
+    assert_user_error(serve("--target", "no-such-model", *args), fragment)
