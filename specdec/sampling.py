@@ -76,7 +76,8 @@ def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # [..., V]
         keep_sorted = mass_before < params.top_p  # [..., V]; the top token is always kept
         # The least likely kept probability is the threshold; ties with it are kept.
-        num_kept = keep_sorted.sum(dim=-1, keepdim=True)  # [..., 1]
+        # At least the top token: a top_p below float32's range (5e-324) compares as 0 < 0.
+        num_kept = keep_sorted.sum(dim=-1, keepdim=True).clamp(min=1)  # [..., 1]
         threshold = torch.gather(sorted_probs, -1, num_kept - 1)  # [..., 1]
         probs = probs.masked_fill(probs < threshold, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)

@@ -68,6 +68,13 @@ def test_top_k_and_top_p_at_a_tiny_temperature(temperature):
         torch.testing.assert_close(probs, torch.tensor([0.0, 0.5, 0.5, 0.0, 0.0]))
 
 
+@pytest.mark.parametrize("top_p", [1e-46, 1e-300, SMALLEST_SUBNORMAL])
+def test_a_top_p_below_float32s_range_keeps_the_argmax(top_p):
+    logits = torch.tensor([[2.0, 9.0, 8.0], [5.0, 5.0, 1.0]])
+    probs = warp_probs(logits, SamplingParams(temperature=1.0, top_p=top_p))
+    torch.testing.assert_close(probs, torch.tensor([[0.0, 1.0, 0.0], [0.5, 0.5, 0.0]]))
+
+
 def test_a_tiny_temperature_samples_the_argmax():
     logits = torch.randn(1000, generator=torch.Generator().manual_seed(1))
     probs = warp_probs(logits, SamplingParams(temperature=1e-300))

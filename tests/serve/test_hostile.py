@@ -54,3 +54,10 @@ def test_an_unexpected_error_is_a_counted_500(server, engine, monkeypatch):
     assert metric(after, "requests_total", code="200", **labels) == metric(before, "requests_total", code="200",
                                                                         **labels)
     assert post(server, *completion()).status_code == 200
+
+
+def test_a_top_p_below_float32s_range_keeps_the_most_likely_token(server):
+    greedy = post(server, *completion(max_tokens=8))
+    tiny = post(server, *completion(max_tokens=8, temperature=1.0, top_p=5e-324, seed=1))
+    assert tiny.status_code == 200, tiny.text
+    assert tiny.json()["choices"][0]["text"] == greedy.json()["choices"][0]["text"]
