@@ -33,6 +33,7 @@ from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from specdec.engine import Engine
 from specdec.errors import SpecdecError
@@ -198,6 +199,9 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
         except asyncio.CancelledError:  # cancelled from outside: Ray Serve does so when the client leaves
             code = CLIENT_GONE
             raise
+        except ClientDisconnect:  # the client left (or its body broke off) before the whole body came
+            code = CLIENT_GONE
+            return Response(status_code=CLIENT_GONE)
         except Exception:  # a bug: internal_error() answers it with a 500, which is what is counted
             code = 500
             raise

@@ -4,9 +4,10 @@ uvicorn closes a keep-alive connection that stays idle ``timeout_keep_alive`` se
 response, and past ``limit_concurrency`` open connections (or running requests) answers every new
 request with a 503 at once.  But nothing of uvicorn's bounds how long a client may take to send a
 request's line and headers: a socket that sends nothing, or a byte now and then (slowloris), is held
-for ever, and enough of them fill the connection limit.  :class:`HeaderDeadline` closes a
-connection whose request headers are not all in within ``header_timeout_s`` of the connection's
-start, or of the end of its previous response.
+for ever, and enough of them fill the connection limit; nor, with httptools, how large the headers
+may grow (20 MB of one header were read and kept).  :class:`HeaderDeadline` closes a connection
+whose request headers are not all in within ``header_timeout_s`` of the connection's start, or of
+the end of its previous response, and answers 431 to headers over MAX_HEADER_BYTES.
 
 These apply to ``specdec serve``'s own uvicorn; under ``--replicas`` Ray Serve's proxy holds the
 connections (its own timeouts apply).
@@ -15,10 +16,21 @@ connections (its own timeouts apply).
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
+
+MAX_HEADER_BYTES = 64 * 1024  # a request line and headers larger than this are refused (431)
+
+
+def too_large_response() -> bytes:
+    """A whole HTTP 431 response, the body in OpenAI's error shape; the connection closes after it."""
+    body = json.dumps({"error": {"message": f"the request's headers are over {MAX_HEADER_BYTES} bytes",
+                                 "type": "invalid_request_error", "param": None, "code": "headers_too_large"}})
+    return (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body.encode()))
 
 
 @dataclass(frozen=True)
@@ -42,6 +54,7 @@ class HeaderDeadline:
 
     header_timeout_s: float = ConnectionLimits.header_timeout_s
     _header_deadline: asyncio.TimerHandle | None = None
+    _header_bytes = 0  # received since the deadline was set, while still waiting for headers
 
     # uvicorn's protocols provide these.
     loop: asyncio.AbstractEventLoop
@@ -57,12 +70,23 @@ class HeaderDeadline:
         if not self.transport.is_closing():
             self._set_header_deadline()
 
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)  # type: ignore[misc]
+        if not self._waiting_for_headers():  # they are complete: what follows is a body
+            self._header_bytes = 0
+            return
+        self._header_bytes += len(data)
+        if self._header_bytes > MAX_HEADER_BYTES and not self.transport.is_closing():
+            self.transport.write(too_large_response())
+            self.transport.close()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._clear_header_deadline()
         super().connection_lost(exc)  # type: ignore[misc]
 
     def _set_header_deadline(self) -> None:
         self._clear_header_deadline()
+        self._header_bytes = 0
         self._header_deadline = self.loop.call_later(self.header_timeout_s, self._header_deadline_passed)
 
     def _clear_header_deadline(self) -> None:
@@ -72,9 +96,12 @@ class HeaderDeadline:
 
     def _header_deadline_passed(self) -> None:
         self._header_deadline = None
-        waiting_for_headers = self.cycle is None or self.cycle.response_complete  # as uvicorn's shutdown() tells
-        if waiting_for_headers and not self.transport.is_closing():
+        if self._waiting_for_headers() and not self.transport.is_closing():
             self.transport.close()
+
+    def _waiting_for_headers(self) -> bool:
+        """No request yet, or the last one answered (as uvicorn's own shutdown() tells)."""
+        return self.cycle is None or self.cycle.response_complete
 
 
 def guarded_protocol(header_timeout_s: float, base: type[asyncio.Protocol] | None = None) -> type[asyncio.Protocol]:

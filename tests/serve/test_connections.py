@@ -1,6 +1,6 @@
 """Slow and many clients, with real sockets on 127.0.0.1: a connection whose headers do not arrive in
-time is closed while normal requests are served; past the connection limit a request gets a 503 at
-once.  Short timeouts, a bounded number of sockets; each wait has a generous bound and nothing
+time is closed while normal requests are served, and so is one whose headers grow too large; past
+the connection limit a request gets a 503 at once.  Short timeouts, a bounded number of sockets; each wait has a generous bound and nothing
 asserts how long anything took."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from uvicorn.protocols.http import auto
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from specdec.serve.connections import ConnectionLimits
-from tests.serve.conftest import serve
+from specdec.serve.connections import MAX_HEADER_BYTES, ConnectionLimits
+from tests.serve.conftest import metric, metric_samples, serve
 from tests.serve.test_errors import OK
 
 SHORT = ConnectionLimits(header_timeout_s=0.5, keep_alive_s=5.0, max_connections=100)
@@ -112,3 +112,35 @@ def wait_until(condition, bound_s: float = BOUND_S) -> None:
     while not condition():
         assert time.monotonic() < deadline, "the condition did not come true"
         time.sleep(0.05)
+
+
+def test_headers_over_the_limit_are_refused(engine, protocol):
+    """httptools alone would read and keep any amount (20 MB were); h11 refuses past 16 KiB itself."""
+    with serve(engine, SHORT) as server, connect(server.port) as sock:
+        try:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * (MAX_HEADER_BYTES + 4096))
+            answer = sock.recv(4096)
+        except (ConnectionResetError, BrokenPipeError):  # closed while the headers were still being sent
+            answer = b""
+        assert answer == b"" or answer.startswith((b"HTTP/1.1 431", b"HTTP/1.1 400"))
+        assert closed_by_server(sock)
+        big = httpx.get(server.url + "/health", headers={"X-Big": "a" * (MAX_HEADER_BYTES // 2 // 8)})
+        assert big.status_code == 200  # large headers within the limit are fine
+        body = httpx.post(server.url + "/v1/completions", json={**OK, "prompt": "x" * 500_000})
+        assert body.status_code == 400 and body.json()["error"]["code"] == "context_length_exceeded"  # a body is no header
+
+
+def test_a_request_body_broken_off_is_counted_as_the_client_leaving(engine, protocol):
+    with serve(engine, SHORT) as server:
+        before = metric_samples(httpx.get(server.url + "/metrics").text)
+        with connect(server.port) as sock:
+            sock.sendall(PARTIAL + b"Content-Length: 100\r\n\r\n{\"mod")
+            time.sleep(0.2)  # the request has begun; then the client hangs up mid-body
+        wait_until(lambda: count_gone(server) > count_gone(server, before))
+        after = metric_samples(httpx.get(server.url + "/metrics").text)
+        assert metric(after, "requests_total", endpoint="/v1/completions", code="500") == 0
+
+
+def count_gone(server, samples=None) -> float:
+    samples = samples if samples is not None else metric_samples(httpx.get(server.url + "/metrics").text)
+    return metric(samples, "requests_total", endpoint="/v1/completions", code="499")
