@@ -282,6 +282,12 @@ def serve(
     replicas: Optional[str] = typer.Option(None, "--replicas", help="Serve as Ray Serve replicas, each loading its own models: N, or MIN-MAX to autoscale on ongoing requests (needs the ray extra)."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --replicas: the Ray cluster to deploy on ('auto', HOST:6379, ray://HOST:10001); default: a new cluster on this machine, shut down on exit."),
     replica_cpus: Optional[float] = typer.Option(None, "--replica-cpus", help="With --replicas: CPUs Ray reserves for each replica (default 1; its torch threads default to it)."),
+    api_key: Optional[list[str]] = typer.Option(None, "--api-key", envvar="SPECDEC_API_KEY", show_envvar=True, help="A key clients must send as 'Authorization: Bearer <key>' (repeatable). Better in the environment variable, keys separated by spaces or commas: the command line is visible to every user of the machine. /health stays open."),
+    open_metrics: bool = typer.Option(False, "--open-metrics", help="With --api-key: serve /metrics without a key (for a scraper that cannot send one)."),
+    allowed_origins: Optional[list[str]] = typer.Option(None, "--allowed-origins", help="Origins whose web pages may call the API from a browser (CORS; repeatable or comma-separated), e.g. https://app.example.com. None by default."),
+    header_timeout: float = typer.Option(10.0, "--header-timeout", help="Seconds a client may take to send a request's headers (from connecting, or from its previous response); slower connections are closed."),
+    keep_alive_timeout: float = typer.Option(5.0, "--keep-alive-timeout", help="Seconds an idle keep-alive connection is kept open."),
+    max_connections: int = typer.Option(100, "--max-connections", help="Open connections (or running requests) at most; past it, requests are answered 503 at once."),
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (completions, chat, streaming), with
     Prometheus metrics at /metrics and a playground page at /. Requests run one at a time, or up to
@@ -290,11 +296,13 @@ def serve(
     from rich.markup import escape  # the hints' [serve] and [ray] are not markup
 
     from specdec.serve import INSTALL_HINT, missing_extra
+    from specdec.serve.access import split_values
 
     missing = missing_extra()
     if missing:
         fail(escape(f"specdec serve needs the serve extra ({', '.join(missing)} missing): {INSTALL_HINT}"))
     from specdec.serve.app import ServeOptions, bind, create_app, run
+    from specdec.serve.connections import ConnectionLimits
 
     plan = replica_plan(replicas, ray_address, replica_cpus)
     k = parse_k(num_speculative_tokens)
@@ -306,15 +314,24 @@ def serve(
             fail(f"{name} must be >= {least}, got {value}")
     if not 0 <= port <= 65535:
         fail(f"--port must be in 0..65535, got {port}")
+    for name, seconds in (("--header-timeout", header_timeout), ("--keep-alive-timeout", keep_alive_timeout)):
+        if not 0 < seconds < float("inf"):
+            fail(f"{name} must be a number of seconds > 0, got {seconds}")
+    if max_connections < 1:
+        fail(f"--max-connections must be >= 1, got {max_connections}")
     if plan is not None and port == 0:
         fail("--replicas needs a fixed --port: Ray Serve's proxy on every node listens on it")
     quiet_libraries()
     draft_spec = None if draft.lower() == "none" else draft
     names = tuple(served_model_name or (target,))
+    keys = split_values(api_key)
+    if api_key and not keys:
+        fail("--api-key is empty: give a key, or leave the option out")
     options = ServeOptions(
         served_names=names, default_k=k, draft_mode=draft_mode.value, draft_confidence=draft_confidence,
         verify=verify.value, max_queue=max_queue, max_batch=max_batch, max_tokens_limit=max_tokens_limit,
-        max_body_bytes=max_body_bytes)
+        max_body_bytes=max_body_bytes, api_keys=keys, metrics_need_key=not open_metrics,
+        allowed_origins=split_values(allowed_origins))
     if max_batch > 1:
         if verify is Verify.stairs:
             fail("batched serving verifies causally: drop --verify stairs or use --max-batch 1")
@@ -330,6 +347,7 @@ def serve(
     progress = PullProgress()
     try:
         sock = bind(host, port)  # before loading: a port in use fails at once
+        warn_if_exposed(sock.getsockname()[0], keys)
         engine = load_engine(target, draft_spec, dtype, draft_dtype, backend, draft_backend, device, n_ctx, threads,
                              progress)
         application = create_app(engine, options)
@@ -339,7 +357,18 @@ def serve(
     bound_host, bound_port = sock.getsockname()[:2]
     url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
     err.print(f"serving {', '.join(names)} at {url}/v1 · playground {url}/ · metrics {url}/metrics", soft_wrap=True)
-    run(application, sock)
+    run(application, sock, ConnectionLimits(header_timeout, keep_alive_timeout, max_connections))
+
+
+def warn_if_exposed(host: str, keys: tuple[str, ...]) -> None:
+    """A warning line when a server others can reach (`host` not loopback) takes no API key."""
+    from rich.markup import escape
+
+    from specdec.serve.access import exposure_warning
+
+    warning = exposure_warning(host, keys)
+    if warning is not None:
+        err.print(f"[bold yellow]{escape(warning)}[/]", markup=True, soft_wrap=True)
 
 
 def replica_plan(replicas: str | None, ray_address: str | None, replica_cpus: float | None) -> ReplicaPlan | None:
@@ -377,6 +406,7 @@ def serve_replicas(spec: EngineSpec, options: ServeOptions, plan: ReplicaPlan, h
             bind(host, port).close()
 
         def announce(url: str) -> None:
+            warn_if_exposed(host, options.api_keys)
             err.print(f"serving {', '.join(options.served_names)} at {url}/v1 on {plan.describe()} (Ray Serve) · "
                       f"playground {url}/ · metrics {url}/metrics (per replica)", soft_wrap=True)
 

@@ -8,11 +8,16 @@ Sampling") is lossless with respect to whatever distribution p is, so warping p
 exactly as plain sampling would is what keeps the output distribution equal to
 plain sampling's.
 
-Temperature 0 means greedy decoding: no probabilities are formed at all.
+Temperature 0 means greedy decoding: no probabilities are formed at all.  Any
+positive temperature works, down to the smallest subnormal float: where
+logits / temperature would overflow float32, the logits are first shifted by
+their maximum (softmax is unchanged by a shift), so the distribution tends to
+the argmax as the temperature tends to 0, ties sharing its mass equally.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -36,8 +41,8 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0.0:  # also rejects NaN
-            raise SpecdecError(f"temperature must be >= 0, got {self.temperature}")
+        if not (self.temperature >= 0.0 and math.isfinite(self.temperature)):  # also rejects NaN
+            raise SpecdecError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise SpecdecError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
@@ -59,7 +64,7 @@ def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """
     if params.greedy:
         raise ValueError("warp_probs is for sampling; greedy has no distribution")
-    scores = logits.float() / params.temperature  # [..., V]
+    scores = scaled_logits(logits, params.temperature)  # [..., V]
     if params.top_k and params.top_k < scores.shape[-1]:
         kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
         scores = scores.masked_fill(scores < kth, float("-inf"))
@@ -71,11 +76,46 @@ def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # [..., V]
         keep_sorted = mass_before < params.top_p  # [..., V]; the top token is always kept
         # The least likely kept probability is the threshold; ties with it are kept.
-        num_kept = keep_sorted.sum(dim=-1, keepdim=True)  # [..., 1]
+        # At least the top token: a top_p below float32's range (5e-324) compares as 0 < 0.
+        num_kept = keep_sorted.sum(dim=-1, keepdim=True).clamp(min=1)  # [..., 1]
         threshold = torch.gather(sorted_probs, -1, num_kept - 1)  # [..., 1]
         probs = probs.masked_fill(probs < threshold, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
+
+
+def scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / temperature as float32 scores [..., V] whose softmax is well defined, for any
+    temperature > 0.
+
+    The plain division is kept whenever every row's largest score is finite (all the usual
+    temperatures: the result is bit for bit what it always was).  Otherwise -- a temperature
+    so small that the division overflows, logits of +inf, or NaN -- the row goes through
+    :func:`limit_scores`, which gives the same distribution without overflowing.
+    """
+    scores = logits.float() / temperature  # [..., V]
+    if bool(torch.isfinite(scores.amax(dim=-1)).all()):  # amax is NaN when a row holds a NaN
+        return scores
+    return limit_scores(logits, temperature)
+
+
+def limit_scores(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """(logits - max) / temperature, computed in float64 and returned as float32 [..., V].
+
+    Each row's largest logit maps to exactly 0 and every other logit to a score <= 0 (-inf
+    once the gap over the temperature exceeds float32's range), so softmax never sees inf - inf:
+    as temperature -> 0 all the mass goes to the tokens tied at the maximum, shared equally.
+    A NaN logit is never chosen; a row with +inf logits puts its mass on those, equally.
+    """
+    x = logits.double().nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))  # [..., V]
+    top = x.amax(dim=-1, keepdim=True)  # [..., 1]
+    if not bool((top > float("-inf")).all()):
+        raise ValueError("a row of logits has no finite value: there is no distribution to sample")
+    shifted = torch.where(torch.isinf(top),  # a +inf maximum: its ties take all the mass
+                          torch.where(x == float("inf"), 0.0, float("-inf")),
+                          x - top)  # [..., V], <= 0; the inf - inf of a +inf row is discarded here
+    # float64 holds every positive temperature (float32 would round 1e-300 to 0), and 0 / t stays 0.
+    return (shifted / temperature).float()
 
 
 def make_generator(seed: int | None, stream: int = 0) -> torch.Generator:

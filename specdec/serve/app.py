@@ -3,7 +3,8 @@
 A thin layer: parse and check a request (every limit before it is queued), tokenize it off the
 event loop, queue it for the worker, and turn the worker's per-step events into an OpenAI response
 or a stream of server-sent events.  Models are named on the command line only: a request's `model`
-must be one of the served names, and nothing in a request can load anything.
+must be one of the served names, and nothing in a request can load anything.  Who may call the
+API (keys, JSON-only bodies, CORS) is specdec.serve.access's, checked before a body is read.
 
 Each streamed chunk carries, beside OpenAI's fields, ``"specdec": {"drafted", "accepted",
 "emitted", "accepted_text"}``: that decode step's draft tokens proposed, how many of its emitted
@@ -24,7 +25,7 @@ import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, AsyncIterator, Protocol
 
@@ -32,11 +33,14 @@ from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from specdec.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.loop import Stats
 from specdec.sampling import SamplingParams
+from specdec.serve.access import allow_origins, check_json, check_key
+from specdec.serve.connections import ConnectionLimits, server_config
 from specdec.serve.metrics import Metrics
 from specdec.serve.protocol import APIError, ChatRequest, CompletionRequest, GenerationRequest, parse
 from specdec.serve.worker import ErrorEvent, Job, QueueFull, Request, StepEvent, Worker
@@ -59,6 +63,9 @@ class ServeOptions:
     max_tokens_limit: int = 2048  # the most a request may ask for
     max_body_bytes: int = 1 << 20  # a larger body is answered 413
     default_max_tokens: int = 16  # /v1/completions without max_tokens (OpenAI's default)
+    api_keys: tuple[str, ...] = field(default=(), repr=False)  # none: anyone may call the API (specdec.serve.access)
+    metrics_need_key: bool = True  # with api_keys: /metrics wants one too
+    allowed_origins: tuple[str, ...] = ()  # origins whose pages may call the API from a browser (CORS)
 
 
 class Fleet(Protocol):
@@ -91,6 +98,7 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
 
     app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.worker = worker
+    allow_origins(app, options.allowed_origins)
 
     # Every refusal in OpenAI's shape, whatever raised it: ours, routing (404, 405), or a bug (500).
     @app.exception_handler(APIError)
@@ -124,14 +132,17 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
         return JSONResponse(body, status_code=200 if alive else 503)
 
     @app.get("/metrics")
-    async def metrics_page() -> Response:
+    async def metrics_page(http: HTTPRequest) -> Response:
+        if options.metrics_need_key:
+            check_key(http.headers, options.api_keys)
         page = metrics.render()
         if fleet is not None:
             page = await fleet.metrics(page)
         return Response(page, media_type=metrics.content_type)
 
     @app.get("/v1/models")
-    async def models() -> JSONResponse:
+    async def models(http: HTTPRequest) -> JSONResponse:
+        check_key(http.headers, options.api_keys)
         return JSONResponse({"object": "list", "data": [
             {"id": name, "object": "model", "created": 0, "owned_by": "specdec",
              "target": engine.target_name, "draft": engine.draft_name if engine.can_draft else None}
@@ -148,6 +159,8 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
     async def generate(http: HTTPRequest, endpoint: str, model: type[GenerationRequest]) -> Response:
         code = 200
         try:
+            check_key(http.headers, options.api_keys)
+            check_json(http.headers)  # before the body is read: a browser's cross-site form post stops here
             body = await read_body(http, options.max_body_bytes)
             req = parse(model, body)
             req.refuse_unsupported()
@@ -185,6 +198,12 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
             raise
         except asyncio.CancelledError:  # cancelled from outside: Ray Serve does so when the client leaves
             code = CLIENT_GONE
+            raise
+        except ClientDisconnect:  # the client left (or its body broke off) before the whole body came
+            code = CLIENT_GONE
+            return Response(status_code=CLIENT_GONE)
+        except Exception:  # a bug: internal_error() answers it with a 500, which is what is counted
+            code = 500
             raise
         finally:
             metrics.requests.labels(endpoint=endpoint, code=str(code)).inc()
@@ -434,9 +453,9 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run(app: FastAPI, sock: socket.socket, log_level: str = "info") -> None:
-    """Serve `app` on a bound socket until interrupted (uvicorn)."""
+def run(app: FastAPI, sock: socket.socket, limits: ConnectionLimits = ConnectionLimits(),
+        log_level: str = "info") -> None:
+    """Serve `app` on a bound socket until interrupted (uvicorn), within `limits`."""
     import uvicorn
 
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run(sockets=[sock])
+    uvicorn.Server(server_config(app, limits, log_level)).run(sockets=[sock])

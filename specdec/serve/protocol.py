@@ -165,22 +165,24 @@ class ChatRequest(GenerationRequest):
 
 
 def parse(model: type[BaseModel], body: bytes) -> Any:
-    """A request model from a JSON body; an APIError (400) naming the first bad field."""
-    import json
+    """A request model from a JSON body; an APIError (400) naming the first bad field.
 
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise APIError(400, f"the body is not valid JSON: {e}", None, "invalid_json") from None
-    if not isinstance(data, dict):
-        raise APIError(400, "the body must be a JSON object", None, "invalid_json")
+    One pass of pydantic's JSON parser (jiter), which also bounds the nesting: a body nested
+    deeper than about 200 levels is refused as invalid JSON, never parsed by recursion."""
     try:
         return model.model_validate_json(body, strict=True)
     except ValidationError as e:
         error = e.errors()[0]
+        if error["type"] == "json_invalid":  # not JSON, not UTF-8, nested too deep, a number too large...
+            reason = error["msg"].removeprefix("Invalid JSON: ")
+            raise APIError(400, f"the body is not valid JSON: {reason}", None, "invalid_json") from None
+        if error["type"] == "model_type" and not error["loc"]:
+            raise APIError(400, "the body must be a JSON object", None, "invalid_json") from None
         param = field_path(error["loc"])
         message = error["msg"].removeprefix("Value error, ")
         raise APIError(400, f"{param}: {message}" if param else message, param or None, "invalid_value") from None
+    except RecursionError:  # a validator recursing into a nested value: refused like any bad body
+        raise APIError(400, "the body nests too deeply", None, "invalid_json") from None
 
 
 def field_path(loc: tuple) -> str:

@@ -20,6 +20,7 @@ from openai import OpenAI  # noqa: E402
 
 from specdec.engine import Engine  # noqa: E402
 from specdec.serve.app import ServeOptions, bind, create_app  # noqa: E402
+from specdec.serve.connections import ConnectionLimits, server_config  # noqa: E402
 from tests.tiny import save_tiny  # noqa: E402
 
 CHAT_TEMPLATE = ("{% for m in messages %}<bos>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -43,13 +44,13 @@ def tiny_dirs(tmp_path_factory) -> dict[str, str]:
 class ServerThread:
     """The app for `engine` served by uvicorn in a thread, on 127.0.0.1 and a port of its own."""
 
-    def __init__(self, engine: Engine, **options) -> None:
+    def __init__(self, engine: Engine, limits: ConnectionLimits = ConnectionLimits(), **options) -> None:
         self.app = create_app(engine, ServeOptions(served_names=(MODEL,), **options))
         self.worker = self.app.state.worker
         sock = bind("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
+        self.server = uvicorn.Server(server_config(self.app, limits, log_level="warning"))  # as `specdec serve` runs
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
 
     def __enter__(self) -> "ServerThread":
@@ -71,8 +72,8 @@ class ServerThread:
 
 
 @contextmanager
-def serve(engine: Engine, **options) -> Iterator[ServerThread]:
-    with ServerThread(engine, **options) as server:
+def serve(engine: Engine, limits: ConnectionLimits = ConnectionLimits(), **options) -> Iterator[ServerThread]:
+    with ServerThread(engine, limits, **options) as server:
         yield server
 
 

@@ -85,3 +85,38 @@ def test_replicas_check_the_models_and_the_cpus_before_starting_ray(tiny_dirs):
     assert_user_error(serve("--target", "no-such-model", "--replicas", "2"), "no-such-model")
     assert_user_error(serve("--target", tiny_dirs["target"], "--draft", "none", "--replicas", "1-4096"),
                       "4096 replicas of 1 CPU each need 4096 CPUs")
+
+
+def test_an_exposed_server_without_a_key_is_warned_of():
+    # the target does not exist: the server never starts (the socket is only bound, then closed)
+    result = serve("--target", "no-such-model", "--host", "0.0.0.0", "--port", "0")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "warning: listening on 0.0.0.0 without an API key" in result.output
+
+
+@pytest.mark.parametrize("args, env", [
+    (["--api-key", "secret"], {}),
+    ([], {"SPECDEC_API_KEY": "secret other"}),
+])
+def test_a_key_silences_the_warning(args, env):
+    result = runner.invoke(app, ["serve", "--target", "no-such-model", "--host", "0.0.0.0", "--port", "0", *args],
+                           env=env)
+    assert result.exit_code == 2 and "warning" not in result.output
+
+
+def test_a_loopback_server_is_not_warned_of():
+    assert "warning" not in serve("--target", "no-such-model", "--port", "0").output
+
+
+def test_an_empty_key_is_refused():
+    assert_user_error(serve("--target", "no-such-model", "--api-key", " , "), "--api-key is empty")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--header-timeout", "0"], "--header-timeout must be a number of seconds > 0"),
+    (["--header-timeout", "nan"], "--header-timeout must be a number of seconds > 0"),
+    (["--keep-alive-timeout", "-1"], "--keep-alive-timeout must be a number of seconds > 0"),
+    (["--max-connections", "0"], "--max-connections must be >= 1"),
+])
+def test_bad_connection_options(args, fragment):
+    assert_user_error(serve("--target", "no-such-model", *args), fragment)

@@ -211,7 +211,7 @@ def test_a_server_that_wants_an_api_key(tmp_path):
         run = headless(f"{url}/?prompt=hi&autorun=1", tmp_path / "profile", "--dump-dom")
     assert run.returncode == 0, run.stderr[-2000:]
     page = Page(run.stdout)
-    assert page.state == "error" and "API key" in page.ids["error"], page.ids.get("error")
+    assert page.state == "needs-key" and "API key" in page.ids["error"], page.ids.get("error")
 
 
 @contextmanager
@@ -239,3 +239,31 @@ def test_a_screenshot_of_the_page(playground, tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+@pytest.fixture(scope="module")
+def locked_playground(tiny_dirs):
+    """The same server, wanting an API key."""
+    engine = Engine.load(tiny_dirs["target"], tiny_dirs["target"], draft_dtype="bf16")
+    with serve(engine, default_k=4, api_keys=("secret",)) as server:
+        yield server
+
+
+def test_the_page_asks_for_the_key(locked_playground, tmp_path):
+    chromium()
+    run = headless(f"{locked_playground.url}/?{urlencode(QUERY)}", tmp_path / "profile", "--dump-dom")
+    assert run.returncode == 0, run.stderr[-2000:]
+    page = Page(run.stdout)
+    assert page.state == "needs-key" and not page.spans
+
+
+def test_the_page_streams_with_the_key(locked_playground, tmp_path):
+    chromium()
+    url = f"{locked_playground.url}/?{urlencode(QUERY)}#key=secret"  # a fragment: never sent to the server
+    run = headless(url, tmp_path / "profile", "--dump-dom")
+    assert run.returncode == 0, run.stderr[-2000:]
+    page = Page(run.stdout)
+    assert page.state == "done", (page.state, page.ids.get("error"))
+    expected = locked_playground.client(default_headers={"Authorization": "Bearer secret"}).completions.create(
+        model=MODEL, prompt=QUERY["prompt"], max_tokens=32, temperature=0, extra_body={"speculative": {"k": 4}})
+    assert "".join(text for _, text in page.spans) == expected.choices[0].text
