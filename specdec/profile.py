@@ -159,8 +159,9 @@ def runner_identity(runner: ModelRunner) -> dict[str, object] | None:
 
 
 def _cached(kind: str, runner: ModelRunner, params: dict, measure: Callable[[], object],
-            cache_dir: Path | None) -> object:
-    """measure(), or what it returned before for this runner's identity and these params (JSON on disk)."""
+            cache_dir: Path | None, still_true: Callable[[object], bool] | None = None) -> object:
+    """measure(), or what it returned before for this runner's identity and these params (JSON on disk)
+    if still_true(that) holds (a quick spot check against the machine now; measured afresh if not)."""
     import hashlib
     import json
 
@@ -171,7 +172,7 @@ def _cached(kind: str, runner: ModelRunner, params: dict, measure: Callable[[], 
     path = Path(cache_dir) / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     try:
         record = json.loads(path.read_text())
-        if record.get("key") == key:
+        if record.get("key") == key and (still_true is None or still_true(record["value"])):
             return record["value"]
     except (OSError, ValueError, KeyError):
         pass
@@ -184,6 +185,19 @@ def _cached(kind: str, runner: ModelRunner, params: dict, measure: Callable[[], 
     except OSError:
         pass  # a read-only cache costs a re-measurement next time, nothing else
     return value
+
+
+SPOT_REPEATS = 2  # the spot check of a cached timing: the fastest of this many
+SPOT_TOLERANCE = 2.0  # a cached timing is kept while the machine now measures within this factor of it
+
+
+def agrees(cached: float, now: float) -> bool:
+    """Whether a cached timing still describes the machine: within SPOT_TOLERANCE of a spot measurement
+    now.  Timings cached while the machine was busy with something else would otherwise price every
+    later run (seen on a 2-core Zen 3: a profile taken beside a test run cached a 0.5B draft token at
+    930 ms and a 1.5B target step at 918, against 25 and 130 quiet; the controller then never drafted
+    with the model again, in any later process)."""
+    return cached / SPOT_TOLERANCE <= now <= cached * SPOT_TOLERANCE
 
 
 def control_ks(max_k: int) -> list[int]:
@@ -201,7 +215,8 @@ def step_costs(
     """The controller's Costs: the target's t(n) for n = 1..max_k + 1 (a few points, interpolated),
     the draft's ms per proposed token (a draft model's one-token forwards; prompt lookup ~0) and per
     token of a catch-up (one forward of SYNC_TOKENS tokens).
-    Measured once and cached in `cache_dir` per runner identity (see runner_identity)."""
+    Measured once and cached in `cache_dir` per runner identity (see runner_identity); each cached
+    timing is spot-checked against the machine now when it is read, and measured afresh if it is 2x off."""
     from specdec.control import Costs
 
     def room(runner: ModelRunner, extra: int) -> int:
@@ -209,20 +224,30 @@ def step_costs(
 
     ks = control_ks(max_k)
     prefix = room(target, ks[-1])
+
+    def target_now(ms: object) -> bool:  # one-token steps cost what the cached table says (within 2x)
+        return agrees(ms["1"], measure_forwards(target, [1], prefix=prefix, repeats=SPOT_REPEATS).ms[1])
+
     ms = _cached("target", target, {"ks": ks, "prefix": prefix, "repeats": CONTROL_REPEATS},
                  lambda: {str(k): v for k, v in
                           measure_forwards(target, ks, prefix=prefix, repeats=CONTROL_REPEATS).ms.items()},
-                 cache_dir)
+                 cache_dir, target_now)
     if draft is not None:
         d_prefix = room(draft, max_k)
         draft_ms = _cached("draft", draft, {"tokens": max_k, "prefix": d_prefix, "repeats": CONTROL_REPEATS,
                                             "stat": "min"},
                            lambda: measure_drafting(draft, tokens=max_k, prefix=d_prefix, repeats=CONTROL_REPEATS),
-                           cache_dir)
+                           cache_dir,
+                           lambda cached: agrees(cached, measure_drafting(draft, tokens=2, prefix=d_prefix,
+                                                                          repeats=SPOT_REPEATS)))
         n = max(1, min(SYNC_TOKENS, draft.max_context - d_prefix - 1))
+
+        def sync_per_token(repeats: int) -> float:
+            return measure_forwards(draft, [n], prefix=d_prefix, repeats=repeats).ms[n] / n
+
         sync_ms = _cached("draft-sync", draft, {"tokens": n, "prefix": d_prefix, "repeats": CONTROL_REPEATS},
-                          lambda: measure_forwards(draft, [n], prefix=d_prefix, repeats=CONTROL_REPEATS).ms[n] / n,
-                          cache_dir)
+                          lambda: sync_per_token(CONTROL_REPEATS), cache_dir,
+                          lambda cached: agrees(cached, sync_per_token(SPOT_REPEATS)))
     else:
         draft_ms = LOOKUP_MS_PER_TOKEN if lookup else 0.0
         sync_ms = 0.0
