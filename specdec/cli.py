@@ -153,7 +153,7 @@ def generate(
     draft_dtype: Optional[DraftDType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype); bf16 makes a transformers draft cheaper without changing the output, and int4 (drafts only: the int8 draft's weights in 4 bits, llama-family and Gemma 3 models) cheaper still."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend: hf (transformers) or llamacpp (GGUF via llama.cpp)."),
     device: Device = typer.Option(Device.cpu, "--device", help=DEVICE_HELP),
-    draft_backend: DraftBackend = typer.Option(DraftBackend.auto, "--draft-backend", help="Draft's backend: hf, llamacpp, or auto (llama.cpp when it is installed and the draft is a GGUF, else the target's; transformers int8 for a zoo draft on CPUs with AVX-512 VNNI when --draft-dtype is not given)."),
+    draft_backend: DraftBackend = typer.Option(DraftBackend.auto, "--draft-backend", help="Draft's backend: hf, llamacpp, or auto (with --draft-dtype: transformers; without: specdec's int8 kernel for a zoo draft on CPUs with AVX-512 VNNI, its int4 kernel on other AVX2 CPUs, else llama.cpp when it is installed and the draft is a GGUF, else the target's)."),
     n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for llama.cpp and torch (default: llama.cpp all CPUs, torch its own choice)."),
     draft_mode: DraftMode = typer.Option(

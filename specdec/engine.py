@@ -123,10 +123,13 @@ def split_lookup(draft: ModelSpec | None) -> tuple[bool, ModelSpec | None]:
 def resolve_draft(draft: ModelSpec | None, backend: str, draft_backend: str | None, draft_dtype: str | None,
                   device: str = "cpu") -> tuple[str, str, str | None]:
     """(target's backend, draft's backend, draft's dtype) as Engine.load will load them: an int4 draft on
-    specdec's kernel; the draft backend "auto" with no draft dtype: the draft on specdec's int8 / int4
-    kernel where that is fastest (fastest_spec_draft_dtype), else llama.cpp where it can run the draft,
-    else the target's backend.  `draft` is the draft model (without a "lookup+" prefix)."""
+    specdec's kernel; the draft backend "auto" with a draft dtype given: transformers (a dtype is a
+    transformers model's); with none: the draft on specdec's int8 / int4 kernel where that is fastest
+    (fastest_spec_draft_dtype), else llama.cpp where it can run the draft, else the target's backend.
+    `draft` is the draft model (without a "lookup+" prefix)."""
     draft_backend = int4_draft_backend(draft_backend, draft_dtype)
+    if draft_backend == AUTO_BACKEND and draft_dtype is not None and backend == "hf":
+        draft_backend = "hf"  # a dtype is a transformers model's: the user asked for the draft there
     if draft_backend == AUTO_BACKEND and draft_dtype is None:
         draft_dtype = fastest_spec_draft_dtype(draft, backend, device)
         if draft_dtype is not None:

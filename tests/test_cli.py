@@ -66,7 +66,7 @@ def test_bf16_draft_for_an_fp32_target_keeps_the_output(tiny_dirs):
     plain = json.loads(generate(*common, "--draft", "none").stdout)
     assert spec["token_ids"] == plain["token_ids"]
     assert spec["stats"]["acceptance_rate"] > 0.5
-    engine = Engine.load(tiny_dirs["target"], tiny_dirs["draft"], draft_dtype="bf16")
+    engine = Engine.load(tiny_dirs["target"], tiny_dirs["draft"], dtype="fp32", draft_dtype="bf16")
     assert engine.target_runner.model.dtype == torch.float32 and engine.draft_runner.model.dtype == torch.bfloat16
 
 

@@ -80,10 +80,12 @@ def test_plain_equals_transformers_generate(engine, plain_outputs, prompt):
 
 
 def test_cli_generate_json_on_the_default_pair(engine, plain_outputs, cached_loaders):
-    # The README's first command (defaults: 1.5B <- 0.5B; a fixed k, so it drafts), in-process
-    # with the session's loaded models; its tokens must be plain greedy decoding's.
+    # The README's first command in fp32 (1.5B <- 0.5B; a fixed k, so it drafts), in-process with the
+    # session's loaded models; its tokens must be plain fp32 greedy decoding's.  (Its default dtype,
+    # int8: tests/test_real_int8.py.)
     with real_model_threads():
-        result = CliRunner().invoke(app, ["generate", "def fibonacci(n):", "--json", "--max-new-tokens", "32", "-k", "4"])
+        result = CliRunner().invoke(app, ["generate", "def fibonacci(n):", "--json", "--max-new-tokens", "32", "-k", "4",
+                                          "--dtype", "fp32"])
     plain = plain_outputs["def fibonacci(n):"]
     assert result.exit_code == 0, result.output[-2000:]
     out = json.loads(result.stdout)

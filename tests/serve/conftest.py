@@ -79,8 +79,10 @@ def serve(engine: Engine, limits: ConnectionLimits = ConnectionLimits(), **optio
 
 @pytest.fixture(scope="module")
 def engine(tiny_dirs) -> Engine:
-    """The tiny target with the other random model as its draft (mostly rejected drafts)."""
-    return Engine.load(tiny_dirs["target"], tiny_dirs["draft"])
+    """The tiny target with the other random model as its draft (mostly rejected drafts), in fp32: the
+    server's tests were written against these models' fp32 answers (the Ray replicas' too); the
+    default dtype's own tests are in tests/test_defaults.py."""
+    return Engine.load(tiny_dirs["target"], tiny_dirs["draft"], dtype="fp32")
 
 
 @pytest.fixture(scope="module")

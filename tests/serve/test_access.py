@@ -69,7 +69,7 @@ def test_the_official_client_without_the_key(locked):
 def test_health_and_the_playground_stay_open(locked):
     assert httpx.get(locked.url + "/health").json() == {"status": "ok"}
     page = httpx.get(locked.url + "/")
-    assert page.status_code == 200 and 'id="apikey"' in page.text  # the page asks for the key itself
+    assert page.status_code == 200 and 'id="api-key"' in page.text  # the page asks for the key itself
     assert httpx.get(locked.url + "/metrics", headers=bearer(KEYS[1])).status_code == 200
 
 

@@ -56,7 +56,7 @@ def slow_engine(target: str, draft: str) -> Engine:
     import torch
 
     torch.set_num_threads(1)
-    engine = Engine.load(target, draft)
+    engine = Engine.load(target, draft, dtype="fp32")  # transformers runners: the hook sees every forward
     engine.draft_runner.model.register_forward_hook(lambda *_: time.sleep(DELAY_S))
     return engine
 
