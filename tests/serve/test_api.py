@@ -17,9 +17,11 @@ GREEDY = dict(model=MODEL, temperature=0, max_tokens=24)
 
 
 def cli_text(tiny_dirs, prompt: str, *args: str) -> str:
-    """`specdec generate --json` text for the same models, draft length and token budget."""
+    """`specdec generate --json` text for the same models, dtype (the server's tiny engine is fp32), draft
+    length and token budget."""
     result = CliRunner().invoke(cli, ["generate", prompt, "--target", tiny_dirs["target"], "--draft",
-                                      tiny_dirs["draft"], "-k", "3", "--max-new-tokens", "24", "--json", *args])
+                                      tiny_dirs["draft"], "--dtype", "fp32", "-k", "3", "--max-new-tokens", "24",
+                                      "--json", *args])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)["text"]
 
