@@ -51,10 +51,9 @@ class DraftCache:
 
     The cache follows the context from `offset` on: 0, the whole context, unless the context outgrows
     the draft's own window (then its last (max_context - DRAFT_ROOM) / 2 tokens, so that a restart is
-    rare), or, with a `window`, when
-    the draft would have to catch up on more than `window` tokens (then it starts over from the
-    context's last `window` tokens).  Works in the draft model's ids (the universal drafter passes its
-    re-tokenised context).
+    rare), or, with a `window`, when the draft would have to catch up on more than `window` tokens
+    (then it starts over from the context's last `window` tokens).  Works in the draft model's ids
+    (the universal drafter passes its re-tokenised context).
     """
 
     def __init__(self, runner: ModelRunner, window: int | None = DEFAULT_WINDOW) -> None:
