@@ -47,18 +47,9 @@ def fastest_draft_backend(draft: ModelSpec | None, backend: str) -> str:
     a GGUF (a zoo name or a .gguf file): the 0.5B drafts a token in 44 ms there against 75 ms in
     transformers int8 (2-core AMD EPYC, Zen 1) and ~160 ms in fp32 (Zen 3), and a draft's numerics never
     change the output.  Otherwise the target's backend."""
-    if not isinstance(draft, str) or backend == "llamacpp":
-        return backend
-    from specdec.loading import resolve
+    from specdec.loading import llamacpp_can_run
 
-    try:
-        kind, _ = resolve(draft)
-        if kind not in ("zoo", "gguf"):
-            return backend
-        import llama_cpp  # noqa: F401 - only whether it is installed
-    except (SpecdecError, ImportError):
-        return backend
-    return "llamacpp"
+    return "llamacpp" if backend != "llamacpp" and llamacpp_can_run(draft) else backend
 
 
 INT4_ZOO_ARCHS = ("llama", "qwen2", "mistral", "gemma3")  # zoo (GGUF) architectures lean runs as int4 drafts

@@ -190,6 +190,18 @@ def check_spec(spec: str, backend: str = "hf") -> None:
             raise _not_gguf(spec)
 
 
+def llamacpp_can_run(spec: Any) -> bool:
+    """Whether llama.cpp can run `spec` here: llama-cpp-python is installed and `spec` names a GGUF (a zoo
+    name or a .gguf file) -- check_spec(spec, "llamacpp") would pass."""
+    if not isinstance(spec, str):
+        return False
+    try:
+        check_spec(spec, "llamacpp")
+    except SpecdecError:
+        return False
+    return True
+
+
 def load_llamacpp(
     spec: str,
     n_ctx: int | None = None,

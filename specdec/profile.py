@@ -187,7 +187,7 @@ def _cached(kind: str, runner: ModelRunner, params: dict, measure: Callable[[], 
     return value
 
 
-SPOT_REPEATS = 2  # the spot check of a cached timing: the fastest of this many
+SPOT_REPEATS = 2  # the spot check of a cached timing: this many runs (their median for forwards, the fastest for drafting)
 SPOT_TOLERANCE = 2.0  # a cached timing is kept while the machine now measures within this factor of it
 
 

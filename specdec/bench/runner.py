@@ -385,20 +385,6 @@ def environment() -> dict[str, Any]:
     }
 
 
-def llamacpp_peer_available(target: str) -> bool:
-    """Whether plain llama.cpp can run beside the others: llama-cpp-python is installed and the target
-    is a GGUF (a zoo name or a .gguf file)."""
-    from specdec.loading import check_spec
-
-    try:
-        import llama_cpp  # noqa: F401 - only whether it is installed
-
-        check_spec(target, "llamacpp")
-    except (ImportError, SpecdecError):
-        return False
-    return True
-
-
 def check_run_options(options: BenchOptions) -> None:
     """The checks of --max-new-tokens, --repeats and --threads every bench makes (a one-line SpecdecError)."""
     if options.max_new_tokens <= 0:
@@ -435,6 +421,7 @@ def run_bench(
     from specdec.bench.methods import (DEFAULT, build_methods, check_backends, default_methods, needs_draft,
                                        parse_gammas, parse_methods)
     from specdec.engine import resolve_draft, split_lookup
+    from specdec.loading import llamacpp_can_run
     from specdec.bench.prompts import load_prompts
     from specdec.sampling import SamplingParams
 
@@ -448,7 +435,7 @@ def run_bench(
                                                   options.draft_dtype, options.device)
     if options.methods.strip().lower() == DEFAULT:
         families = default_methods(options.draft is not None, draft_model is not None, options.backend, draft_backend,
-                                   draft_dtype, llamacpp_peer_available(options.target))
+                                   draft_dtype, llamacpp_can_run(options.target))
     else:
         families = parse_methods(options.methods)
     check_backends(families, options.backend, draft_backend, draft_dtype)
