@@ -470,12 +470,16 @@ def bench(
         else:
             err.print((Path(out) / "summary.md").read_text(), soft_wrap=True)
             err.print(f"results in {out}/ (summary.md, results.jsonl, concurrency.png)")
+            if "note" in data:  # no matplotlib: the bench extra's one line
+                err.print(data["note"])
         return
     if as_json:
         print(json.dumps(data, ensure_ascii=False))
     else:
         err.print(console_table(data))
         err.print(f"results in {out}/ (summary.md, results.jsonl, plots)")
+        if "note" in data["files"]:
+            err.print(data["files"]["note"])
 
 
 

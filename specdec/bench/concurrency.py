@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from specdec.bench.plotting import MISSING, pyplot
 from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:
@@ -223,10 +224,7 @@ def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
 def plot(rows: Sequence[dict[str, Any]], out: Path) -> Path | None:
     """concurrency.png: tokens/s and mean k against the number of clients, one line per method."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:
         return None
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
@@ -254,5 +252,6 @@ def write_all(results: Sequence[LevelResult], meta: dict[str, Any], out: Path) -
     data = {"levels": rows, "config": meta}
     (out / "summary.json").write_text(json.dumps(data, indent=1, ensure_ascii=False))
     (out / "summary.md").write_text(markdown(rows, meta))
-    plot(rows, out)
+    if plot(rows, out) is None:
+        data["note"] = MISSING
     return data

@@ -10,7 +10,7 @@ Files written in the output directory (results.jsonl is written by the runner):
 * ``speedup_vs_gamma.png`` — only when several γ were swept.
 * ``steps.png`` — one generation of `specdec-auto`: the k chosen at each step, and every method's tokens/s so far.
 
-Plots need matplotlib (Agg backend, no display); without it they are skipped
+Plots need matplotlib (the `bench` extra; Agg backend, no display); without it they are skipped
 and the summary says so.
 """
 
@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from specdec.bench.plotting import MISSING, pyplot
 from specdec.bench.runner import ALL, Aggregate, MethodSummary, Record, Summary
 
 SUMMARY_KEYS = (
@@ -203,10 +204,7 @@ def method_colors(methods: Sequence[MethodSummary]) -> dict[str, Any]:
 
 def plot_all(summary: Summary, out: Path) -> list[Path]:
     """Write the PNG plots into `out`; returns their paths.  Raises ImportError without matplotlib."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     paths: list[Path] = []
     others = [s for s in summary.methods if s.name != summary.reference]
@@ -308,10 +306,7 @@ def plot_steps(records: Sequence[Record], summary: Summary, out: Path) -> Path |
     found = step_traces(records)
     if found is None:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     prompt_id, traces = found
     colors = method_colors(summary.methods)
@@ -351,7 +346,7 @@ def write_all(summary: Summary, meta: dict[str, Any], out: Path, records: Sequen
         step_plot = plot_steps(records, summary, out)
         plots += [step_plot] if step_plot is not None else []
     except ImportError:
-        plots, note = [], "(plots skipped: matplotlib is not installed)"
+        plots, note = [], f"({MISSING})"
     data = summary_json(summary, meta)
     data["files"] = {
         "results": str(out / "results.jsonl"),
