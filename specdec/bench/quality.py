@@ -9,9 +9,9 @@ separate choice, and this module measures its price:
   when they never do); reported as the mean first-divergence position and the
   share of prompts with identical outputs;
 - **perplexity** on fixed texts that ship with specdec (its own decode loop, as
-  code, and its README's "How it works", as prose), in one forward per text.
+  code, and a plain-language account of speculative decoding, as prose), in one forward per text.
 
-``specdec quality`` prints the comparison; BENCHMARKS.md and the README quote it.
+``specdec quality`` prints the comparison; the README and docs/kernels.md quote it.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def agreement(outputs_a: Sequence[Sequence[int]], outputs_b: Sequence[Sequence[i
 
 
 def reference_texts() -> dict[str, str]:
-    """The fixed texts perplexity is measured on: specdec's decode loop (code) and README prose."""
+    """The fixed texts perplexity is measured on: specdec's decode loop (code) and PROSE."""
     import specdec
 
     code = resources.files(specdec).joinpath("loop.py").read_text(encoding="utf-8")
