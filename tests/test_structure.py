@@ -1,6 +1,6 @@
 """The package's shape: no import cycle among specdec's modules, no block of lines written twice.
 
-Both read the sources as text (``ast``), import nothing, and run in well under a second.
+Both read the sources with ``ast`` (no module of the package is run) in well under a second.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from pathlib import Path
 import specdec
 
 ROOT = Path(specdec.__file__).resolve().parent  # specdec/
-PACKAGE = ROOT.name
 MIN_BLOCK = 6  # lines in a row that may not stand twice
 BRACKETS = set("()[]{}'\",;:")  # a line of only these says nothing on its own
 
