@@ -38,7 +38,7 @@ decoding pays for the draft model's whole context anyway, at every probe.
 lookup on shorter matches) has them ranked each step by prospect(): the
 expected ms per token of drafting from each at its best k, a model's catch-up
 spread over the tokens it buys; the loop drafts from the first the controller
-gives k > 0 (specdec.drafters.base.plan).  So a draft model that costs more per
+gives k > 0 (plan, below).  So a draft model that costs more per
 token than a free lookup on the same text is passed over, catch-up and all
 (on summaries: the 0.5B draft's prompt catch-up, ~0.4 s on a 2-core Zen 3, bought
 drafts that were right less often than the lookup's).
@@ -66,15 +66,20 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Callable, Mapping, NamedTuple, Protocol, runtime_checkable
+from typing import Callable, Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
 
-from specdec.drafters.base import MODEL
+from specdec.drafters.base import Draft, Drafter
 from specdec.errors import SpecdecError
 
 AUTO = "auto"  # num_speculative_tokens: the cost-model controller chooses k each step
 # Tokens a draft model feeds to catch up between two consecutive draft steps: the bonus token, and
 # the last draft token when every token was accepted (it was proposed, never fed).
 STEADY_SYNC = 2
+
+# The sources a proposal comes from; the controller keeps acceptance per source, and plan() asks it
+# for each source a drafter offers.
+MODEL, LOOKUP = "model", "lookup"  # where a proposal comes from (a draft model costs time, a lookup ~none)
+SHORT_LOOKUP = "lookup-short"  # a hybrid's lookup on a match shorter than its own (weaker evidence; ~free too)
 
 
 @runtime_checkable
@@ -84,7 +89,7 @@ class Controller(Protocol):
     def choose(self, limit: int, lag: int = 0, source: str = MODEL) -> int:
         """Draft tokens to propose now, in 0..limit (0: a plain step).  `source`, `lag`: where the
         proposal would come from and how many context tokens the drafter would first feed its model
-        to catch up (specdec.drafters.base.outlook)."""
+        to catch up (see outlook)."""
         ...
 
     def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float, synced: int = 0,
@@ -98,6 +103,48 @@ class Controller(Protocol):
     def reset(self) -> None:
         """A new generation starts (estimates may carry over as its prior)."""
         ...
+
+
+def outlook(drafter: Drafter, context: Sequence[int]) -> tuple[str, int]:
+    """(source, lag) of `drafter`'s next proposal for `context`: where it will come from (MODEL or
+    LOOKUP) and how many context tokens the drafter will first feed its model to catch up (the bonus
+    token in steady state, more after plain steps or at a generation's start).
+
+    A drafter says so with an ``outlook(context)`` method, or a ``lag(context)`` method (a model);
+    one with neither is taken for a model that needs no catch-up.  The speculation controller
+    keeps acceptance per source and prices a catch-up before it drafts.
+    """
+    method = getattr(drafter, "outlook", None)
+    if method is not None:
+        return method(context)
+    lag = getattr(drafter, "lag", None)
+    return MODEL, int(lag(context)) if lag is not None else 0
+
+
+def plan(drafter: Drafter, context: Sequence[int], controller: Controller, limit: int) -> tuple[str, int]:
+    """(source, k) of the next step: the first of `drafter`'s sources for `context` from which the
+    controller drafts k > 0 tokens (controller.choose(limit, lag, source)); (the first source, 0) for a
+    plain step.  A drafter lists them with ``sources(context)`` -> [(source, lag), ...] in its order of
+    preference (and then takes the chosen one in ``propose(context, k, source)``), else its outlook is
+    the only source.  A controller with a ``prospect(limit, lag, source)`` (expected ms per token)
+    reorders them, fastest first (ties keep the drafter's order)."""
+    method = getattr(drafter, "sources", None)
+    options = method(context) if method is not None else [outlook(drafter, context)]
+    prospect = getattr(controller, "prospect", None)
+    if len(options) > 1 and prospect is not None:
+        options = sorted(options, key=lambda option: prospect(limit, option[1], option[0]))
+    for source, lag in options:
+        k = controller.choose(limit, lag, source)
+        if k > 0:
+            return source, k
+    return options[0][0], 0
+
+
+def propose(drafter: Drafter, context: Sequence[int], k: int, source: str) -> Draft:
+    """`drafter`'s proposal of up to k tokens from `source` (as plan() chose it)."""
+    if getattr(drafter, "sources", None) is not None:
+        return drafter.propose(context, k, source)  # type: ignore[call-arg]
+    return drafter.propose(context, k)
 
 
 def parse_speculation(k: int | str) -> int | str:
@@ -334,7 +381,7 @@ class AutoK:
     load: Callable[[], Load] | None = None
     # what the last choose() planned: (tokens fed to the target, expected tokens emitted, draft ms)
     planned: Load = field(default_factory=lambda: Load(1, 1.0, 0.0))
-    # per source (specdec.drafters.base: a draft model, prompt lookup), per position j (0-based):
+    # per source (MODEL, LOOKUP, SHORT_LOOKUP: a draft model, prompt lookup), per position j (0-based):
     # decayed counts of acceptances and of trials
     hits: dict[str, list[float]] = field(default_factory=dict)
     trials: dict[str, list[float]] = field(default_factory=dict)
@@ -415,7 +462,7 @@ class AutoK:
         """Expected ms per emitted token if the next steps draft from `source` at its best k, with a
         catch-up of `lag` tokens spread over the min(limit + 1, horizon) tokens it buys (a plain step's
         t(1) if drafting from it does not pay).  The decode loop ranks a drafter's sources by it
-        (specdec.drafters.base.plan)."""
+        (plan)."""
         load = self.load() if self.load is not None else NO_LOAD
         alphas = self.alphas(source)
         k = self.best(limit, alphas, source, load) if limit > 0 else 0

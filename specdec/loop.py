@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
 from specdec.backends.base import ModelRunner
-from specdec.control import Controller, FixedK
-from specdec.drafters.base import Drafter, plan, propose
+from specdec.control import Controller, FixedK, plan, propose
+from specdec.drafters.base import Drafter
 from specdec.errors import SpecdecError
 from specdec.verify import GreedyVerifier, Verifier
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specdec.bench.plotting import MISSING, pyplot
-from specdec.bench.runner import ALL, Aggregate, MethodSummary, Record, Summary
+from specdec.bench.results import ALL, Aggregate, MethodSummary, Record, Summary
 
 SUMMARY_KEYS = (
     "speedup_vs_plain", "tokens_per_s", "acceptance_rate", "mean_accepted_per_step", "identical_rate",

@@ -1,69 +1,27 @@
-"""Running the benchmark: warm-up, interleaving, repeats, and aggregation into a summary.
+"""Running the benchmark: warm-up, interleaving and repeats, then the whole `specdec bench` run.
 
 Schedule.  One warm-up generation per method (on the first prompt, not
 recorded), then for each prompt, for each repeat, every method once, in an
 order rotated by one place per (prompt, repeat): slow drift of the machine
 (thermal state, other load) then falls on all methods alike instead of on
-whichever ran last.
-
-Aggregation (:func:`aggregate`), per method, overall and per category:
-
-* per prompt, the **median** over repeats of wall time and of tokens/s;
-* ``speedup_vs_plain``: per prompt ``tokens/s(method) / tokens/s(plain)`` (a
-  ratio of wall times normalised per token), then the **geometric mean** over
-  prompts;
-* ``tokens_per_s``: total new tokens / total (median) wall time;
-* ``acceptance_rate``, ``mean_accepted_per_step``, ``tokens_per_target_forward``
-  and ``per_position_acceptance``: pooled counts over prompts and repeats
-  (e.g. all accepted / all drafted), None where a method has no drafts;
-* ``identical_rate``: the fraction of prompts whose token ids equal plain's
-  (repeat 0) in every repeat.
+whichever ran last.  The records it yields are aggregated by
+:mod:`specdec.bench.results` and written out by :mod:`specdec.bench.report`.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import os
 import platform
-import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
-from specdec.bench.methods import REFERENCE, Measurement, Method
+from specdec.bench.methods import Method
 from specdec.bench.prompts import Prompt
+from specdec.bench.results import Record, aggregate, mark_identical
 from specdec.errors import SpecdecError
-
-ALL = "all"  # the category key of the overall aggregate
-
-
-@dataclass
-class Record:
-    """One timed run: a prompt × method × repeat (a row of results.jsonl)."""
-
-    prompt_id: str
-    category: str
-    method: str
-    family: str
-    gamma: int | None
-    repeat: int
-    prompt_tokens: int
-    measurement: Measurement
-    identical_to_plain: bool | None = None  # filled in once plain's output for the prompt is known
-
-    def to_dict(self) -> dict[str, Any]:
-        head = {k: v for k, v in asdict(self).items() if k != "measurement"}
-        return {**head, **self.measurement.to_dict()}  # token_ids last
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Record":
-        return cls(
-            prompt_id=str(d["prompt_id"]), category=d["category"], method=d["method"], family=d["family"],
-            gamma=d.get("gamma"), repeat=int(d["repeat"]), prompt_tokens=int(d["prompt_tokens"]),
-            measurement=Measurement.from_dict(d), identical_to_plain=d.get("identical_to_plain"),
-        )
 
 
 def rotated(items: Sequence[Any], k: int) -> list[Any]:
@@ -72,13 +30,6 @@ def rotated(items: Sequence[Any], k: int) -> list[Any]:
         return []
     k %= len(items)
     return list(items[k:]) + list(items[:k])
-
-
-def mark_identical(records: Sequence[Record], reference: str = REFERENCE) -> None:
-    """Set identical_to_plain on records of one prompt (None when the reference did not run)."""
-    ref = next((r for r in records if r.method == reference and r.repeat == 0), None)
-    for r in records:
-        r.identical_to_plain = None if ref is None else r.measurement.token_ids == ref.measurement.token_ids
 
 
 def run_interleaved(
@@ -118,206 +69,6 @@ def run_interleaved(
         if on_prompt_done is not None:
             on_prompt_done(done)
     return records
-
-
-# --- aggregation --------------------------------------------------------------------------------
-
-
-@dataclass
-class PromptResult:
-    """One prompt × method after repeats: medians of the timings, pooled draft counts."""
-
-    prompt_id: str
-    category: str
-    method: str
-    new_tokens: float  # median over repeats
-    wall_s: float  # median over repeats, seconds
-    tokens_per_s: float  # median over repeats
-    target_forwards: int | None  # summed over repeats (like the draft counts below)
-    drafted: int | None
-    accepted: int | None
-    draft_steps: int | None
-    proposed_at: list[int] | None
-    accepted_at: list[int] | None
-    generated: int  # new tokens summed over repeats (pairs with target_forwards)
-    identical: bool | None  # every repeat equals plain's repeat 0
-    speedup: float | None = None  # tokens_per_s / plain's tokens_per_s
-    plain_steps: int | None = None  # summed over repeats
-    draft_s: float | None = None  # summed over repeats
-    wall_total_s: float = 0.0  # summed over repeats (pairs with draft_s)
-
-
-@dataclass
-class Aggregate:
-    """A method's numbers over a set of prompts (one category, or all)."""
-
-    prompts: int
-    new_tokens: float  # sum of per-prompt medians
-    wall_s: float  # sum of per-prompt medians, seconds
-    tokens_per_s: float  # new_tokens / wall_s
-    speedup_vs_plain: float | None  # geometric mean of per-prompt speedups
-    speedup_min: float | None
-    speedup_max: float | None
-    acceptance_rate: float | None
-    mean_accepted_per_step: float | None
-    tokens_per_target_forward: float | None
-    per_position_acceptance: list[float] | None
-    identical_rate: float | None
-    mean_k: float | None = None  # draft tokens proposed per step after the prefill (plain steps count 0)
-    plain_fraction: float | None = None  # share of those steps that drafted nothing
-    draft_time_share: float | None = None  # share of the wall time spent in the drafter
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class MethodSummary:
-    name: str
-    family: str
-    gamma: int | None
-    overall: Aggregate
-    by_category: dict[str, Aggregate] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "family": self.family, "gamma": self.gamma, **self.overall.to_dict()}
-
-
-@dataclass
-class Summary:
-    methods: list[MethodSummary]
-    categories: list[str]  # in order of first appearance
-    prompt_results: list[PromptResult]
-    reference: str = REFERENCE
-
-    def method(self, name: str) -> MethodSummary:
-        return next(m for m in self.methods if m.name == name)
-
-
-def geometric_mean(values: Iterable[float]) -> float | None:
-    """exp(mean(log v)) over positive values; None for none."""
-    vals = [v for v in values if v is not None and v > 0]
-    if not vals:
-        return None
-    return math.exp(sum(math.log(v) for v in vals) / len(vals))
-
-
-def _sum_optional(values: Sequence[int | None]) -> int | None:
-    return None if any(v is None for v in values) else sum(values)  # type: ignore[arg-type]
-
-
-def _sum_lists(lists: Sequence[list[int] | None]) -> list[int] | None:
-    if any(x is None for x in lists):
-        return None
-    out: list[int] = []
-    for xs in lists:
-        assert xs is not None
-        out.extend([0] * (len(xs) - len(out)))
-        for i, x in enumerate(xs):
-            out[i] += x
-    return out
-
-
-def per_prompt(records: Sequence[Record], reference: str = REFERENCE, compare_outputs: bool = True) -> list[PromptResult]:
-    """Collapse repeats: one PromptResult per (prompt, method), with its speedup over the reference.
-
-    compare_outputs=False (sampling) leaves ``identical`` None.
-    """
-    groups: dict[tuple[str, str], list[Record]] = {}
-    for r in records:
-        groups.setdefault((r.prompt_id, r.method), []).append(r)
-    # Identical outputs: against the reference's repeat 0 for the prompt.
-    ref_ids = {r.prompt_id: r.measurement.token_ids for r in records if r.method == reference and r.repeat == 0}
-    results: list[PromptResult] = []
-    for (pid, method), rs in groups.items():
-        ms = [r.measurement for r in rs]
-        results.append(
-            PromptResult(
-                prompt_id=pid,
-                category=rs[0].category,
-                method=method,
-                new_tokens=statistics.median(m.new_tokens for m in ms),
-                wall_s=statistics.median(m.wall_s for m in ms),
-                tokens_per_s=statistics.median(m.tokens_per_s for m in ms),
-                target_forwards=_sum_optional([m.target_forwards for m in ms]),
-                drafted=_sum_optional([m.drafted for m in ms]),
-                accepted=_sum_optional([m.accepted for m in ms]),
-                draft_steps=_sum_optional([m.draft_steps for m in ms]),
-                proposed_at=_sum_lists([m.proposed_at for m in ms]),
-                accepted_at=_sum_lists([m.accepted_at for m in ms]),
-                generated=sum(m.new_tokens for m in ms),
-                plain_steps=_sum_optional([m.plain_steps for m in ms]),
-                draft_s=_sum_optional([m.draft_s for m in ms]),
-                wall_total_s=sum(m.wall_s for m in ms),
-                identical=None if not compare_outputs or pid not in ref_ids else all(m.token_ids == ref_ids[pid] for m in ms),
-            )
-        )
-    ref_tps = {p.prompt_id: p.tokens_per_s for p in results if p.method == reference}
-    for p in results:
-        base = ref_tps.get(p.prompt_id)
-        p.speedup = p.tokens_per_s / base if base and p.tokens_per_s > 0 else None
-    return results
-
-
-def combine(results: Sequence[PromptResult]) -> Aggregate:
-    """One method's PromptResults (over some prompts) -> its Aggregate."""
-    new_tokens = sum(p.new_tokens for p in results)
-    wall = sum(p.wall_s for p in results)
-    speedups = [p.speedup for p in results if p.speedup is not None]
-    drafted = _sum_optional([p.drafted for p in results])
-    accepted = _sum_optional([p.accepted for p in results])
-    steps = _sum_optional([p.draft_steps for p in results])
-    forwards = _sum_optional([p.target_forwards for p in results])
-    proposed_at = _sum_lists([p.proposed_at for p in results])
-    accepted_at = _sum_lists([p.accepted_at for p in results])
-    identical = [p.identical for p in results if p.identical is not None]
-    has_drafts = bool(drafted)  # None or 0: the method never drafted
-    plain_steps = _sum_optional([p.plain_steps for p in results])
-    draft_s = _sum_optional([p.draft_s for p in results])
-    wall_total = sum(p.wall_total_s for p in results)
-    loop_steps = (steps or 0) + plain_steps if plain_steps is not None and drafted is not None else None
-    return Aggregate(
-        prompts=len(results),
-        new_tokens=new_tokens,
-        wall_s=wall,
-        tokens_per_s=new_tokens / wall if wall > 0 else 0.0,
-        speedup_vs_plain=geometric_mean(speedups),
-        speedup_min=min(speedups) if speedups else None,
-        speedup_max=max(speedups) if speedups else None,
-        acceptance_rate=accepted / drafted if has_drafts and accepted is not None else None,
-        mean_accepted_per_step=accepted / steps if has_drafts and accepted is not None and steps else None,
-        tokens_per_target_forward=(
-            sum(p.generated for p in results) / forwards if forwards else None
-        ),
-        per_position_acceptance=(
-            [a / p if p else 0.0 for a, p in zip(accepted_at, proposed_at)]
-            if has_drafts and proposed_at is not None and accepted_at is not None
-            else None
-        ),
-        identical_rate=sum(identical) / len(identical) if identical else None,
-        mean_k=drafted / loop_steps if loop_steps else None,
-        plain_fraction=plain_steps / loop_steps if loop_steps and plain_steps is not None else None,
-        draft_time_share=draft_s / wall_total if draft_s is not None and wall_total > 0 else None,
-    )
-
-
-def aggregate(records: Sequence[Record], reference: str = REFERENCE, compare_outputs: bool = True) -> Summary:
-    """Records of a run -> per-method summaries, overall and per category (methods in first-run order).
-
-    compare_outputs=False (sampling): no identical-output rates.
-    """
-    results = per_prompt(records, reference, compare_outputs)
-    methods: dict[str, Record] = {}
-    categories: dict[str, None] = {}
-    for r in records:
-        methods.setdefault(r.method, r)
-        categories.setdefault(r.category, None)
-    summaries = []
-    for name, first in methods.items():
-        mine = [p for p in results if p.method == name]
-        by_cat = {c: combine([p for p in mine if p.category == c]) for c in categories if any(p.category == c for p in mine)}
-        summaries.append(MethodSummary(name, first.family, first.gamma, combine(mine), by_cat))
-    return Summary(summaries, list(categories), results, reference)
 
 
 # --- the whole benchmark, as the CLI runs it ------------------------------------------------------

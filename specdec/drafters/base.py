@@ -9,12 +9,9 @@ accepted, which a drafter may use (e.g. to adapt k).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 import torch
-
-if TYPE_CHECKING:
-    from specdec.control import Controller
 
 
 @dataclass(frozen=True)
@@ -56,49 +53,3 @@ class Drafter(Protocol):
     def reset(self) -> None:
         """Forget all state from an earlier generation."""
         ...
-
-
-MODEL, LOOKUP = "model", "lookup"  # where a proposal comes from (a draft model costs time, a lookup ~none)
-SHORT_LOOKUP = "lookup-short"  # a hybrid's lookup on a match shorter than its own (weaker evidence; ~free too)
-
-
-def outlook(drafter: Drafter, context: Sequence[int]) -> tuple[str, int]:
-    """(source, lag) of `drafter`'s next proposal for `context`: where it will come from (MODEL or
-    LOOKUP) and how many context tokens the drafter will first feed its model to catch up (the bonus
-    token in steady state, more after plain steps or at a generation's start).
-
-    A drafter says so with an ``outlook(context)`` method, or a ``lag(context)`` method (a model);
-    one with neither is taken for a model that needs no catch-up.  The speculation controller
-    keeps acceptance per source and prices a catch-up before it drafts.
-    """
-    method = getattr(drafter, "outlook", None)
-    if method is not None:
-        return method(context)
-    lag = getattr(drafter, "lag", None)
-    return MODEL, int(lag(context)) if lag is not None else 0
-
-
-def plan(drafter: Drafter, context: Sequence[int], controller: "Controller", limit: int) -> tuple[str, int]:
-    """(source, k) of the next step: the first of `drafter`'s sources for `context` from which the
-    controller drafts k > 0 tokens (controller.choose(limit, lag, source)); (the first source, 0) for a
-    plain step.  A drafter lists them with ``sources(context)`` -> [(source, lag), ...] in its order of
-    preference (and then takes the chosen one in ``propose(context, k, source)``), else its outlook is
-    the only source.  A controller with a ``prospect(limit, lag, source)`` (expected ms per token)
-    reorders them, fastest first (ties keep the drafter's order)."""
-    method = getattr(drafter, "sources", None)
-    options = method(context) if method is not None else [outlook(drafter, context)]
-    prospect = getattr(controller, "prospect", None)
-    if len(options) > 1 and prospect is not None:
-        options = sorted(options, key=lambda option: prospect(limit, option[1], option[0]))
-    for source, lag in options:
-        k = controller.choose(limit, lag, source)
-        if k > 0:
-            return source, k
-    return options[0][0], 0
-
-
-def propose(drafter: Drafter, context: Sequence[int], k: int, source: str) -> Draft:
-    """`drafter`'s proposal of up to k tokens from `source` (as plan() chose it)."""
-    if getattr(drafter, "sources", None) is not None:
-        return drafter.propose(context, k, source)  # type: ignore[call-arg]
-    return drafter.propose(context, k)

@@ -13,7 +13,7 @@ prompt lookup also falls back to) is the last source before a plain step:
 free, and on a text that copies its input right often enough to pay.  The
 sources are offered in that order through ``sources(context)``; the decode
 loop asks the controller for each in turn, fastest first when the controller
-prices them (specdec.drafters.base.plan, AutoK.prospect).
+prices them (specdec.control.plan, AutoK.prospect).
 
 Each proposal comes from one source, so it is verified exactly as that
 source's proposals are: a lookup proposal has no q (greedy: exact match;
@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from specdec.drafters.base import LOOKUP, MODEL, SHORT_LOOKUP, Draft, Drafter, outlook
+from specdec.control import LOOKUP, MODEL, SHORT_LOOKUP, outlook
+from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.lookup import LookupDrafter
 
 

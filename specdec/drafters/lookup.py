@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from specdec.drafters.base import LOOKUP, Draft
+from specdec.control import LOOKUP
+from specdec.drafters.base import Draft
 
 
 class LookupDrafter:

@@ -6,7 +6,7 @@ import pytest
 
 from specdec.bench import report
 from specdec.bench.methods import Measurement
-from specdec.bench.runner import Record, aggregate
+from specdec.bench.results import Record, aggregate
 
 
 def records():

@@ -6,7 +6,8 @@ import pytest
 
 from specdec.bench.methods import Measurement, Method
 from specdec.bench.prompts import Prompt
-from specdec.bench.runner import Record, aggregate, geometric_mean, per_prompt, rotated, run_interleaved
+from specdec.bench.results import Record, aggregate, geometric_mean, per_prompt
+from specdec.bench.runner import rotated, run_interleaved
 
 
 class Fake(Method):

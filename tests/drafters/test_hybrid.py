@@ -81,7 +81,7 @@ class Refusing:
 
 
 def test_plan_walks_the_sources_in_order():
-    from specdec.drafters.base import plan
+    from specdec.control import plan
 
     hybrid = HybridDrafter(Scripted(99), LookupDrafter(max_ngram=3, min_ngram=2))
     context = [1, 2, 3, 4, 2]
@@ -123,7 +123,7 @@ def test_hybrid_speculative_equals_plain_greedy(gamma):
 
 
 def test_outlook_names_the_source_and_its_catch_up():
-    from specdec.drafters.base import LOOKUP, MODEL, outlook
+    from specdec.control import LOOKUP, MODEL, outlook
     from specdec.drafters.model import ModelDrafter
 
     hybrid = HybridDrafter(ModelDrafter(HFRunner(tiny_model("llama", 5))), LookupDrafter(max_ngram=3, min_ngram=2))

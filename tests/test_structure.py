@@ -1,0 +1,158 @@
+"""The package's shape: no import cycle among specdec's modules, no block of lines written twice.
+
+Both read the sources with ``ast`` (no module of the package is run) in well under a second.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import specdec
+
+ROOT = Path(specdec.__file__).resolve().parent  # specdec/
+MIN_BLOCK = 6  # lines in a row that may not stand twice
+BRACKETS = set("()[]{}'\",;:")  # a line of only these says nothing on its own
+
+
+def module_name(path: Path) -> str:
+    """specdec/bench/runner.py -> "specdec.bench.runner"; specdec/bench/__init__.py -> "specdec.bench"."""
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def sources() -> dict[str, Path]:
+    """Every module of the package: {dotted name: path}."""
+    return {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def imported(tree: ast.AST, name: str, is_package: bool, modules: set[str]) -> set[str]:
+    """The package's modules that the module `name` imports anywhere in `tree` (top level, in functions,
+    under TYPE_CHECKING): ``import a.b`` names a.b; ``from a import b`` names a, and a.b when b is a
+    module; relative imports are resolved against `name`."""
+    here = name if is_package else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here.split(".")[: len(here.split(".")) - node.level + 1]
+                origin = ".".join(base + ([node.module] if node.module else []))
+            else:
+                origin = node.module or ""
+            found.add(origin)
+            found.update(f"{origin}.{alias.name}" for alias in node.names)
+    return {m for m in found if m in modules}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """{module: the package's modules it imports}, a module's imports of its own ancestors left out
+    (a package's __init__ runs before its modules anyway)."""
+    files = sources()
+    modules = set(files)
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        targets = imported(tree, name, path.name == "__init__.py", modules)
+        graph[name] = {t for t in targets if t != name and not name.startswith(t + ".")}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` as [a, b, ..., a], or None (a depth-first search, in sorted order)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)) is not None:
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)) is not None:
+            return cycle
+    return None
+
+
+def test_find_cycle_names_the_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_imported_resolves_every_form() -> None:
+    modules = {"specdec", "specdec.a", "specdec.b", "specdec.b.c", "specdec.b.d"}
+    tree = ast.parse(
+        "import specdec.a\n"
+        "def f():\n    from specdec.b import c, name\n"
+        "if TYPE_CHECKING:\n    from . import d\n"
+    )
+    assert imported(tree, "specdec.b.x", False, modules) == {"specdec.a", "specdec.b", "specdec.b.c", "specdec.b.d"}
+
+
+def test_no_import_cycle() -> None:
+    graph = import_graph()
+    assert "specdec.loop" in graph and "specdec.bench.report" in graph  # the walk found the package
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def code_lines(path: Path) -> list[tuple[str, int]]:
+    """(stripped text, line number) of each line of `path` that counts towards a repeated block: not
+    blank, not only brackets or quotes, not part of an import statement."""
+    text = path.read_text(encoding="utf-8")
+    skip: set[int] = set()
+    for node in ast.walk(ast.parse(text, str(path))):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            skip.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+    out = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if stripped and number not in skip and not set(stripped) <= BRACKETS:
+            out.append((stripped, number))
+    return out
+
+
+def repeated_blocks(files: list[Path], root: Path, size: int = MIN_BLOCK) -> list[tuple[str, str]]:
+    """Pairs of places ("file:line", the file relative to `root`) where the same `size` counted lines
+    stand in a row, one pair per repeated run (a longer run is reported once, at its start)."""
+    seen: dict[tuple[str, ...], list[tuple[Path, int, int]]] = defaultdict(list)  # block -> (file, index, line)
+    lines = {path: code_lines(path) for path in files}
+    for path, counted in lines.items():
+        texts = [t for t, _ in counted]
+        for i in range(len(texts) - size + 1):
+            seen[tuple(texts[i: i + size])].append((path, i, counted[i][1]))
+    pairs: list[tuple[str, str]] = []
+    for places in seen.values():
+        for a, (path_a, i_a, line_a) in enumerate(places):
+            for path_b, i_b, line_b in places[a + 1:]:
+                if path_a == path_b and i_b - i_a < size:
+                    continue  # a run of one repeated line overlapping itself
+                texts_a, texts_b = lines[path_a], lines[path_b]
+                if i_a > 0 and i_b > 0 and texts_a[i_a - 1][0] == texts_b[i_b - 1][0]:
+                    continue  # inside a longer run, reported at its start
+                pairs.append((f"{path_a.relative_to(root)}:{line_a}", f"{path_b.relative_to(root)}:{line_b}"))
+    return pairs
+
+
+def test_repeated_blocks_found(tmp_path: Path) -> None:
+    lines = [f"x{i} = f({i})\n" for i in range(7)]
+    first, second = tmp_path / "a.py", tmp_path / "b.py"
+    first.write_text("import os\n" + "".join(lines))
+    second.write_text("y = g(\n    1,\n)\n\n" + "".join(lines[:3]) + "\nimport sys\n" + "".join(lines[3:]))
+    assert [n for _, n in code_lines(second)] == [1, 2, 5, 6, 7, 10, 11, 12, 13]  # no ")", blank or import
+    assert repeated_blocks([first, second], tmp_path) == [("a.py:2", "b.py:5")]
+    assert repeated_blocks([first, second], tmp_path, size=8) == []
+
+
+def test_no_repeated_blocks() -> None:
+    pairs = repeated_blocks(sorted(ROOT.rglob("*.py")), ROOT.parent)
+    assert not pairs, f"blocks of {MIN_BLOCK}+ lines written twice:\n" + "\n".join(f"{a} ~ {b}" for a, b in pairs)
