@@ -77,9 +77,9 @@ def fastest_spec_draft_dtype(draft: ModelSpec | None, backend: str, device: str)
         kind, location = resolve(draft)
         if kind != "zoo":
             return None
-        from specdec.backends import kernel
+        from specdec.backends import kernels
 
-        isa = kernel.isa()
+        isa = kernels.int8.isa()
     except SpecdecError:  # no C compiler for the kernel, or a name that loading will report
         return None
     if isa == "avx512-vnni":

@@ -74,9 +74,9 @@ def fastest_dtype(spec: Any, backend: str = "hf", device: str = "cpu") -> str:
         if resolve_device(device, "fp32") != "cpu":
             return "fp32"
         kind, location = resolve(spec)
-        from specdec.backends import kernel
+        from specdec.backends import kernels
 
-        if kernel.isa() not in ("avx512-vnni", "avx2"):
+        if kernels.int8.isa() not in ("avx512-vnni", "avx2"):
             return "fp32"
         _refuse_int8_seq2seq(spec, kind, location)
     except SpecdecError:  # an encoder-decoder model, no C compiler, or a name that loading will report

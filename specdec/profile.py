@@ -150,7 +150,7 @@ def runner_identity(runner: ModelRunner) -> dict[str, object] | None:
         who = {"backend": type(runner).__name__, "model": str(name), "dtype": dtype,
                "device": str(param.device), "threads": torch.get_num_threads()}
         if int8:  # a new kernel times differently
-            from specdec.backends.kernel import version
+            from specdec.backends.kernels.build import version
 
             who["kernel"] = version()
     if not who["model"]:

@@ -6,7 +6,7 @@ import inspect
 import pytest
 
 from specdec import cli
-from specdec.backends import kernel
+from specdec.backends import kernels
 from specdec.bench.methods import default_methods
 from specdec.bench.runner import BenchOptions
 from specdec.defaults import DEFAULT_DRAFTER
@@ -17,7 +17,7 @@ from tests.backends.test_seq2seq import TARGET, save_seq2seq
 from tests.tiny import save_tiny, tiny_model, tiny_tokenizer
 
 # What "auto" must stand for on the machine running the tests.
-EXPECTED = "int8" if kernel.isa() in ("avx512-vnni", "avx2") else "fp32"
+EXPECTED = "int8" if kernels.int8.isa() in ("avx512-vnni", "avx2") else "fp32"
 
 
 @pytest.fixture(scope="module")

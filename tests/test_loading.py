@@ -130,10 +130,10 @@ def test_real_load_zoo_model(real_hf):
 
 @pytest.mark.parametrize("isa,expected", [("avx512-vnni", "int8"), ("avx2", "int4"), ("c", None)])
 def test_the_auto_draft_runs_on_specdecs_kernels_where_that_was_measured_faster(tmp_path, monkeypatch, isa, expected):
-    from specdec.backends import kernel
+    from specdec.backends import kernels
     from specdec.engine import fastest_spec_draft_dtype
 
-    monkeypatch.setattr(kernel, "isa", lambda: isa)
+    monkeypatch.setattr(kernels.int8, "isa", lambda: isa)
     assert fastest_spec_draft_dtype("qwen2.5-coder-0.5b", "hf", "cpu") == expected
     assert fastest_spec_draft_dtype("smollm2-135m", "hf", "cpu") == expected  # llama-family, like the 0.5B
     assert fastest_spec_draft_dtype("gemma3-270m", "hf", "cpu") == expected  # lean runs Gemma 3 in int4 too

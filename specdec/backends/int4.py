@@ -27,7 +27,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specdec.backends import kernel
+from specdec.backends import kernels
+from specdec.backends.kernels.int4 import GROUP
 from specdec.backends.quant import Int8Linear
 
 LEVELS = 15  # u in [0, 15]: unsigned 4-bit values
@@ -39,10 +40,10 @@ def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     A last group narrower than 32 columns takes its range from its own columns."""
     w = weight.detach().float()
     n, k = w.shape
-    groups = -(-k // kernel.GROUP)
+    groups = -(-k // GROUP)
     # pad by repeating the last column: a group's range is that of its real columns
-    padded = F.pad(w[None], (0, groups * kernel.GROUP - k), mode="replicate")[0] if k % kernel.GROUP else w
-    blocks = padded.reshape(n, groups, kernel.GROUP)  # [N, G, 32]
+    padded = F.pad(w[None], (0, groups * GROUP - k), mode="replicate")[0] if k % GROUP else w
+    blocks = padded.reshape(n, groups, GROUP)  # [N, G, 32]
     lo, hi = blocks.amin(dim=2), blocks.amax(dim=2)  # [N, G]
     scales, mins = ((hi - lo) / LEVELS).half(), lo.half()
     d, m = scales.float()[:, :, None], mins.float()[:, :, None]
@@ -55,7 +56,7 @@ class Int4Linear:
 
     def __init__(self, packed: torch.Tensor, scales: torch.Tensor, out_features: int, in_features: int,
                  bias: torch.Tensor | None = None) -> None:
-        """packed, scales (fp16 scales and minimums): the kernel's layout (kernel.pack4 or kernel.pack4_int8)."""
+        """packed, scales (fp16 scales and minimums): the kernel's layout (kernels.int4.pack or pack_int8)."""
         self.out_features, self.in_features = out_features, in_features
         self.bias = None if bias is None else bias.detach().float().contiguous()  # [N]
         self.packed, self.scales = packed, scales
@@ -63,13 +64,13 @@ class Int4Linear:
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Int4Linear":
         n, k = weight.shape
-        return cls(*kernel.pack4(*quantize_int4(weight)), n, k, bias)
+        return cls(*kernels.int4.pack(*quantize_int4(weight)), n, k, bias)
 
     @classmethod
     def from_int8(cls, linear: Int8Linear) -> "Int4Linear":
         """The int8 layer's weights (values times per-channel scales) in int4: the same numbers as
         from_weight on those weights, made in one pass in C (the 0.5B's 494M weights: seconds less)."""
-        return cls(*kernel.pack4_int8(linear.int8_weight(), linear.scale), linear.out_features,
+        return cls(*kernels.int4.pack_int8(linear.int8_weight(), linear.scale), linear.out_features,
                    linear.in_features, linear.bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
@@ -77,5 +78,5 @@ class Int4Linear:
         rows = x.reshape(-1, self.in_features)
         if rows.dtype != torch.float32:
             rows = rows.float()
-        y = kernel.linear4(rows, self.packed, self.scales, self.in_features, self.out_features, self.bias)
+        y = kernels.int4.linear(rows, self.packed, self.scales, self.in_features, self.out_features, self.bias)
         return y.reshape(*shape[:-1], self.out_features)

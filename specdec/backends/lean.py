@@ -20,7 +20,7 @@ directly from the quantized model's tensors, gpt-fast style:
 - the same elementwise and reduction operations in the same order as the
   transformers model, and attention through the same kernel as its
   :func:`specdec.backends.quant.rowwise_attention` (every query row on its
-  own: :func:`specdec.backends.kernel.attention`).
+  own: :func:`specdec.backends.kernels.attention.causal`).
 
 So its logits are bitwise those of the quantized transformers model (tested on
 tiny and real models), and it inherits its batch invariance: speculative
@@ -56,7 +56,6 @@ transformers model with the same int4 linears).
 
 from __future__ import annotations
 
-import ctypes
 import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
@@ -65,11 +64,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.backends import kernel
+from specdec.backends import kernels
 from specdec.backends.base import Capabilities
 from specdec.backends.fastlinear import is_fp32_cpu_linear, weight_major_linear
 from specdec.backends.hf import model_max_context
 from specdec.backends.int4 import Int4Linear
+from specdec.backends.kernels.bindings import Int4Model
 from specdec.backends.quant import Int8Linear, is_int8, pack_all
 from specdec.errors import SpecdecError
 
@@ -449,8 +449,9 @@ def _torch_layers(runners: Sequence[LeanRunner], starts: Sequence[int], offsets:
             r.keys[i][:, start:end] = qk[h_q:, lo:hi]
             r.values[i][:, start:end] = v[:, lo:hi]
             q = qk[:h_q, lo:hi].contiguous()  # [H, n, D]: the same layout whatever the neighbours
-            if exact:  # int8: specdec's attention kernel, each row on its own (kernel.attention)
-                rows.append(kernel.attention(q, r.keys[i], r.values[i], start, layer.scaling, layer.sliding_window))
+            if exact:  # int8: specdec's attention kernel, each row on its own (kernels.attention)
+                rows.append(kernels.attention.causal(q, r.keys[i], r.values[i], start, layer.scaling,
+                                                     layer.sliding_window))
             else:
                 rows.append(_rowwise(q, r.keys[i], r.values[i], start, layer.scaling, layer.sliding_window))  # [n, H D]
         attn = rows[0] if len(rows) == 1 else torch.cat(rows)  # [total, H D]
@@ -472,19 +473,15 @@ def _native_layers(runners: Sequence[LeanRunner], starts: Sequence[int], sizes: 
     """All layers of int4 runners over their packed new rows x [total, hidden] (in place), in one call of
     kernels/int4_layers.c; cos, sin [tables, total, D]: each row's position's.  The rows' keys and values go
     into their runners' caches."""
-    lead, n = runners[0], len(runners)
+    lead = runners[0]
     table = lead._native
     assert table is not None and x.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
-    caches = torch.tensor([a for r in runners for a in r._addresses], dtype=torch.int64)  # [R * layers * 2]
-    status = kernel.library().sd_int4_layers(
-        x.data_ptr(), x.shape[0], x.shape[1], len(lead.layers), table.tensors.data_ptr(), table.scaling.data_ptr(),
-        table.window.data_ptr(), n, (ctypes.c_int * n)(*starts), (ctypes.c_int * n)(*sizes), caches.data_ptr(),
-        (ctypes.c_int64 * n)(*(r.capacity * lead.head_dim for r in runners)), cos.data_ptr(), sin.data_ptr(),
-        lead.num_heads, lead.num_kv_heads, lead.head_dim, lead.intermediate, lead._act_code, lead.eps,
-        torch.get_num_threads(),
-    )
-    if status != 0:
-        raise MemoryError("int4 layers: out of memory")
+    model = Int4Model(tensors=table.tensors.data_ptr(), scaling=table.scaling.data_ptr(),
+                      window=table.window.data_ptr(), layers=len(lead.layers), hidden=x.shape[1],
+                      heads=lead.num_heads, kv_heads=lead.num_kv_heads, d=lead.head_dim,
+                      intermediate=lead.intermediate, act=lead._act_code, eps=lead.eps)
+    caches = [a for r in runners for a in r._addresses]  # [R * layers * 2]
+    kernels.int4.layers(model, x, starts, sizes, caches, [r.capacity * lead.head_dim for r in runners], cos, sin)
 
 
 def _sliding_window(config: Any, attention: Any) -> int | None:
@@ -499,7 +496,7 @@ def _sliding_window(config: Any, attention: Any) -> int | None:
 def _rowwise(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scaling: float,
              window: int | None) -> torch.Tensor:
     """fp32 attention over this runner's cache, one PyTorch call per query row (the batched engine's fp32
-    path; int8 runners take kernel.attention): q [H, n, D] at positions start.. -> [n, H D]."""
+    path; int8 runners take kernels.attention.causal): q [H, n, D] at positions start.. -> [n, H D]."""
     n = q.shape[1]
     gqa = q.shape[0] != keys.shape[0]
     rows = []

@@ -10,7 +10,7 @@ ZeroQuant -- Yao et al. 2022):
   symmetric over [-s, s] with s = max |x|, to 7 bits (integers in
   [-63, 63]); the products are summed exactly in int32 and turned back into
   floats with the two scales.  The kernel is specdec's own
-  (:mod:`specdec.backends.kernel`: C, AVX-512 VNNI or AVX2, with a portable
+  (:mod:`specdec.backends.kernels.int8`: C, AVX-512 VNNI or AVX2, with a portable
   fallback, all giving the same bits); why 7
   bits: two AVX2 ``vpmaddubsw`` results then add up in 16-bit registers
   without saturating, which makes a multi-token verification a third faster.
@@ -29,7 +29,7 @@ Attention is the other op that sees several tokens at once.  PyTorch's
 scaled-dot-product attention takes other paths for one query than for many
 (transformers even reshapes a single grouped query), so :func:`rowwise_attention`
 (registered with transformers as ``"specdec_rowwise"``) runs specdec's own
-attention kernel (:func:`specdec.backends.kernel.attention`), which computes
+attention kernel (:func:`specdec.backends.kernels.attention.causal`), which computes
 every query row on its own, in a fixed order of operations: a row's result is
 the same bits in a one-token step, a k-token verification and a prefill, on
 every CPU path.  (It replaced one PyTorch call per query row, which cost about
@@ -56,7 +56,7 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from specdec.backends import kernel
+from specdec.backends import kernels
 
 FORMAT = "specdec-int8-v1"  # written into saved folders; bump when the format or the numerics change
 ATTENTION = "specdec_rowwise"
@@ -88,7 +88,7 @@ class Int8Linear(nn.Module):
     def pack(self) -> None:
         """Lay the weights out for the kernel (its copy replaces the int8 values)."""
         if self._packed is None:
-            self._packed = kernel.pack(self._qweight)
+            self._packed = kernels.int8.pack(self._qweight)
             self._qweight = None
 
     @property
@@ -104,7 +104,7 @@ class Int8Linear(nn.Module):
         """The int8 weight values [N, K] (read back from the kernel's layout once packed)."""
         if self._qweight is not None:
             return self._qweight
-        return kernel.unpack(self._packed, self.out_features, self.in_features)
+        return kernels.int8.unpack(self._packed, self.out_features, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -113,7 +113,7 @@ class Int8Linear(nn.Module):
             rows = rows.float()
         if self._packed is None:
             self.pack()
-        y = kernel.linear(rows, self._packed, self.in_features, self.scale, self.bias)  # [M, N]
+        y = kernels.int8.linear(rows, self._packed, self.in_features, self.scale, self.bias)  # [M, N]
         return y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -143,7 +143,7 @@ def rowwise_attention(
     sliding_window: int | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Causal attention, each query row on its own (specdec.backends.kernel.attention: exact, batch-invariant).
+    """Causal attention, each query row on its own (specdec.backends.kernels.attention: exact, batch-invariant).
 
     query: [1, H, q, D]; key, value: [1, H_kv, L, D] (the cache, the q new positions last).
     Row i sits at position L - q + i and sees keys up to it (the last `sliding_window`
@@ -154,8 +154,8 @@ def rowwise_attention(
         raise ValueError("rowwise attention runs one sequence at a time")
     _, heads, q_len, d = query.shape
     scale = scaling if scaling is not None else d ** -0.5
-    out = kernel.attention(query[0].float(), key[0].float(), value[0].float(), key.shape[2] - q_len, scale,
-                           sliding_window)  # [q, H D]
+    out = kernels.attention.causal(query[0].float(), key[0].float(), value[0].float(), key.shape[2] - q_len,
+                                   scale, sliding_window)  # [q, H D]
     return out.view(1, q_len, heads, d), None
 
 

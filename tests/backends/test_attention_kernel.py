@@ -1,4 +1,4 @@
-"""specdec's attention kernel (specdec.backends.kernel.attention): exact, the same on every path, batch-invariant.
+"""specdec's attention kernel (specdec.backends.kernels.attention): exact, the same on every path, batch-invariant.
 
 - Close to float64 attention (softmax over the visible keys, grouped-query heads, sliding windows).
 - Every path this CPU runs (AVX-512, AVX2, portable C) gives the same bits, for head sizes the vector paths
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.backends import kernel
+from specdec.backends import kernels
 
 
 def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float,
@@ -53,25 +53,25 @@ def test_every_path_gives_the_same_bits_close_to_float64(heads, kv_heads, d, win
     for start, n in [(0, 1), (0, 19), (15, 1), (16, 3), (40, 9)]:  # contexts on and off 16-key blocks
         q, keys, values = inputs(heads, kv_heads, d, start + n + 3, n, seed=start * 100 + n + d)
         scale = d ** -0.5
-        out = kernel.attention(q, keys, values, start, scale, window)
+        out = kernels.attention.causal(q, keys, values, start, scale, window)
         assert out.shape == (n, heads * d)
         assert torch.allclose(out.double(), reference(q, keys, values, start, scale, window), atol=2e-6, rtol=1e-5)
-        for path in kernel.attention_paths():
-            assert torch.equal(out, kernel.attention(q, keys, values, start, scale, window, path=path)), path
+        for path in kernels.attention.paths():
+            assert torch.equal(out, kernels.attention.causal(q, keys, values, start, scale, window, path=path)), path
 
 
 def test_a_row_is_the_same_alone_among_others_and_at_any_thread_count():
     q, keys, values = inputs(12, 2, 128, 60, 19, seed=1)
     start, scale = 40, 0.09
-    together = kernel.attention(q, keys, values, start, scale)
+    together = kernels.attention.causal(q, keys, values, start, scale)
     threads = torch.get_num_threads()
     try:
         for count in (1, 2, 3):
             torch.set_num_threads(count)
             for i in range(19):
-                alone = kernel.attention(q[:, i : i + 1], keys, values, start + i, scale)
+                alone = kernels.attention.causal(q[:, i : i + 1], keys, values, start + i, scale)
                 assert torch.equal(alone[0], together[i]), (count, i)
-            few = kernel.attention(q[:, 3:7], keys, values, start + 3, scale)
+            few = kernels.attention.causal(q[:, 3:7], keys, values, start + 3, scale)
             assert torch.equal(few, together[3:7])
     finally:
         torch.set_num_threads(threads)
@@ -84,17 +84,17 @@ def test_strided_views_give_the_same_bits():
     cache_k[0, :, :30], cache_v[0, :, :30] = keys, values
     wide_q = torch.randn(4, 5, 128)
     wide_q[..., :64] = q
-    assert torch.equal(kernel.attention(wide_q[..., :64], cache_k[0], cache_v[0], 25, 0.1),
-                       kernel.attention(q, keys, values, 25, 0.1))
+    assert torch.equal(kernels.attention.causal(wide_q[..., :64], cache_k[0], cache_v[0], 25, 0.1),
+                       kernels.attention.causal(q, keys, values, 25, 0.1))
 
 
 def test_far_scores_weigh_nothing_and_a_nan_stays_in_its_row_and_head():
     q, keys, values = inputs(2, 1, 16, 4, 2, seed=3)
     keys[0, 1] = q[0, 1] * 1000  # key 1: a score ~1e5 above the others for (row 1, head 0)
-    out = kernel.attention(q, keys, values, 2, 1.0)
+    out = kernels.attention.causal(q, keys, values, 2, 1.0)
     assert torch.equal(out[1, :16], values[0, 1])  # every other key's exp underflows to exactly 0
     q[1, 0, 0] = float("nan")
-    poisoned = kernel.attention(q, keys, values, 2, 1.0)
+    poisoned = kernels.attention.causal(q, keys, values, 2, 1.0)
     assert poisoned[0, 16:].isnan().all()  # row 0, head 1
     assert not poisoned[0, :16].isnan().any() and not poisoned[1].isnan().any()
 
@@ -102,8 +102,8 @@ def test_far_scores_weigh_nothing_and_a_nan_stays_in_its_row_and_head():
 def test_shapes_that_do_not_fit_are_refused():
     q, keys, values = inputs(4, 2, 16, 8, 3, seed=4)
     with pytest.raises(ValueError, match="does not fit"):
-        kernel.attention(q, keys, values, 6, 0.1)  # positions 6..8 need 9 keys
+        kernels.attention.causal(q, keys, values, 6, 0.1)  # positions 6..8 need 9 keys
     with pytest.raises(ValueError, match="fp32"):
-        kernel.attention(q.double(), keys, values, 0, 0.1)
+        kernels.attention.causal(q.double(), keys, values, 0, 0.1)
     with pytest.raises(ValueError, match="does not fit"):
-        kernel.attention(torch.randn(3, 1, 16), keys, values, 0, 0.1)  # 3 heads over 2 key heads
+        kernels.attention.causal(torch.randn(3, 1, 16), keys, values, 0, 0.1)  # 3 heads over 2 key heads

@@ -23,7 +23,7 @@ import random
 import pytest
 import torch
 
-from specdec.backends import kernel
+from specdec.backends import kernels
 from specdec.backends.int4 import Int4Linear, quantize_int4
 from specdec.backends.lean import LeanRunner, forward_packed
 from specdec.backends.quant import Int8Linear, quantize_model
@@ -39,7 +39,7 @@ QMAX = 127.0
 def dequantized(values: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
     """The int4 weights as float64 [N, K]: value * scale + minimum of each column's group."""
     k = values.shape[1]
-    expand = lambda t: torch.repeat_interleave(t.double(), kernel.GROUP, dim=1)[:, :k]  # noqa: E731
+    expand = lambda t: torch.repeat_interleave(t.double(), kernels.int4.GROUP, dim=1)[:, :k]  # noqa: E731
     return values.double() * expand(scales) + expand(mins)
 
 
@@ -62,7 +62,8 @@ def test_kernel_computes_the_quantized_math_on_every_path(n, k, bias):
     quantized = quantize_int4(weight)
     for m in (1, 2, 3, 4, 7, 16):
         x = torch.randn(m, k, generator=gen)
-        outs = [kernel.linear4(x, layer.packed, layer.scales, k, n, layer.bias, path=p) for p in kernel.int4_paths()]
+        outs = [kernels.int4.linear(x, layer.packed, layer.scales, k, n, layer.bias, path=p)
+                for p in kernels.int4.paths()]
         assert all(torch.equal(outs[0], o) for o in outs[1:])
         ref = reference(x, *quantized, b)
         assert torch.allclose(outs[-1].double(), ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
@@ -81,7 +82,7 @@ def test_the_largest_products_do_not_overflow_on_any_path(sign):
     x = torch.full((5, k), sign)
     x[1] = -sign
     x[2, ::2] = -sign  # alternating signs
-    outs = [kernel.linear4(x, layer.packed, layer.scales, k, n, None, path=p) for p in kernel.int4_paths()]
+    outs = [kernels.int4.linear(x, layer.packed, layer.scales, k, n, None, path=p) for p in kernels.int4.paths()]
     quantized = quantize_int4(weight)
     assert int(quantized[0].max()) == 15 and torch.equal(dequantized(*quantized), weight.double())
     ref = reference(x, *quantized, None)
@@ -98,7 +99,7 @@ def test_quantize_int4_keeps_each_weight_within_half_a_step():
     values, scales, mins = quantize_int4(weight)
     assert values.dtype == torch.uint8 and values.max() <= 15 and scales.shape == mins.shape == (9, 5)
     assert scales.dtype == mins.dtype == torch.float16 and float(scales[2, 1]) == 0.0
-    step = torch.repeat_interleave(scales.double(), kernel.GROUP, dim=1)[:, :150]
+    step = torch.repeat_interleave(scales.double(), kernels.int4.GROUP, dim=1)[:, :150]
     # half a step, plus the fp16 rounding of the minimum and of the scale times the value
     slack = 1e-3 * weight.abs().max().double()
     assert ((dequantized(values, scales, mins) - weight.double()).abs() <= step / 2 + slack).all()

@@ -1,4 +1,4 @@
-"""specdec's int8 kernel (specdec.backends.kernel): exact, the same on every path, batch-invariant.
+"""specdec's int8 kernel (specdec.backends.kernels.int8): exact, the same on every path, batch-invariant.
 
 - Every output equals the module doc's formula computed with exact int64 sums in torch, bitwise, for
   shapes that are and are not multiples of the kernel's tiles, with and without bias.
@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from specdec.backends import kernel
+from specdec.backends import kernels
+from specdec.backends.kernels import build
 from specdec.backends.quant import quantize_weight
 from specdec.errors import SpecdecError
 
@@ -36,7 +37,7 @@ def reference(x: torch.Tensor, values: torch.Tensor, scale: torch.Tensor, bias: 
 def layer(n: int, k: int, seed: int, bias: bool = True):
     gen = torch.Generator().manual_seed(seed)
     values, scale = quantize_weight(torch.randn(n, k, generator=gen) * 0.05)
-    return values, scale, (torch.randn(n, generator=gen) if bias else None), kernel.pack(values)
+    return values, scale, (torch.randn(n, generator=gen) if bias else None), kernels.int8.pack(values)
 
 
 @pytest.mark.parametrize("n,k", [(1, 1), (5, 50), (37, 64), (64, 96), (130, 700), (512, 1536)])
@@ -45,17 +46,17 @@ def test_outputs_are_the_exact_integer_formula(n, k, bias):
     values, scale, b, packed = layer(n, k, seed=n * 1000 + k, bias=bias)
     x = torch.randn(19, k, generator=torch.Generator().manual_seed(k)) * torch.logspace(-3, 3, 19)[:, None]
     for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 19):  # every row-block size of every path, and blocks after blocks
-        y = kernel.linear(x[:m], packed, k, scale, b)
+        y = kernels.int8.linear(x[:m], packed, k, scale, b)
         assert y.shape == (m, n) and torch.equal(y, reference(x[:m], values, scale, b)), m
-        for path in kernel.paths():  # the best path == AVX2 == portable C
-            assert torch.equal(y, kernel.linear(x[:m], packed, k, scale, b, path=path)), (m, path)
+        for path in kernels.int8.paths():  # the best path == AVX2 == portable C
+            assert torch.equal(y, kernels.int8.linear(x[:m], packed, k, scale, b, path=path)), (m, path)
 
 
 def test_pack_unpack_round_trip():
     for n, k in [(1, 1), (7, 33), (64, 1536), (9, 130)]:
         values, _, _, packed = layer(n, k, seed=k)
-        assert packed.shape == (-(-n // kernel.TILE) * kernel.TILE, kernel.padded(k))
-        assert torch.equal(kernel.unpack(packed, n, k), values)
+        assert packed.shape == (-(-n // kernels.int8.TILE) * kernels.int8.TILE, kernels.int8.padded(k))
+        assert torch.equal(kernels.int8.unpack(packed, n, k), values)
 
 
 def test_a_row_is_the_same_in_any_batch_and_from_concurrent_callers():
@@ -66,17 +67,18 @@ def test_a_row_is_the_same_in_any_batch_and_from_concurrent_callers():
     x[2] *= 1e4  # huge range
     x[4] = 0.0  # all zero
     x[6, 9] = 300.0  # an outlier
-    alone = torch.cat([kernel.linear(x[i : i + 1], packed, k, scale, b) for i in range(20)])
+    alone = torch.cat([kernels.int8.linear(x[i : i + 1], packed, k, scale, b) for i in range(20)])
     assert torch.equal(alone[4], b) and torch.isfinite(alone).all()
     for m in (2, 3, 5, 8, 13, 20):
-        assert torch.equal(kernel.linear(x[:m], packed, k, scale, b), alone[:m]), m
+        assert torch.equal(kernels.int8.linear(x[:m], packed, k, scale, b), alone[:m]), m
     perm = torch.randperm(20, generator=gen)
-    assert torch.equal(kernel.linear(x[perm], packed, k, scale, b), alone[perm])
+    assert torch.equal(kernels.int8.linear(x[perm], packed, k, scale, b), alone[perm])
     strided = torch.zeros(20, k + 5)
     strided[:, 2 : k + 2] = x
-    assert torch.equal(kernel.linear(strided[:, 2 : k + 2], packed, k, scale, b), alone)  # a row stride != K
+    assert torch.equal(kernels.int8.linear(strided[:, 2 : k + 2], packed, k, scale, b), alone)  # a row stride != K
     with ThreadPoolExecutor(4) as pool:  # several callers at once: the pool serves one, the others run alone
-        results = list(pool.map(lambda i: kernel.linear(x[i % 20 : i % 20 + 3], packed, k, scale, b), range(40)))
+        results = list(pool.map(lambda i: kernels.int8.linear(x[i % 20 : i % 20 + 3], packed, k, scale, b),
+                                range(40)))
     for i, y in enumerate(results):
         assert torch.equal(y, alone[i % 20 : i % 20 + 3]), i
 
@@ -86,7 +88,7 @@ def test_a_nan_or_inf_poisons_only_its_row():
     x = torch.randn(4, 96)
     x[1, 7] = float("nan")
     x[2, 90] = float("inf")
-    y = kernel.linear(x, packed, 96, scale, b)
+    y = kernels.int8.linear(x, packed, 96, scale, b)
     assert torch.isnan(y[1]).all() and torch.isnan(y[2]).all()
     assert torch.equal(y[[0, 3]], reference(x[[0, 3]], values, scale, b))
 
@@ -94,8 +96,8 @@ def test_a_nan_or_inf_poisons_only_its_row():
 def test_bad_input_and_no_compiler(monkeypatch):
     values, scale, b, packed = layer(8, 16, seed=6)
     with pytest.raises(ValueError, match=r"fp32 \[M, 16\]"):
-        kernel.linear(torch.randn(2, 17), packed, 16, scale, b)
+        kernels.int8.linear(torch.randn(2, 17), packed, 16, scale, b)
     monkeypatch.setenv("CC", "")
-    monkeypatch.setattr(kernel.shutil, "which", lambda name: None)
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
     with pytest.raises(SpecdecError, match="C compiler"):
-        kernel._compiler()
+        build.compiler()

@@ -1,6 +1,6 @@
 /* specdec's exact causal attention for the CPU: every query row computed on its own, in one call for all rows.
  *
- * See specdec/backends/kernel.py (attention) for why.  Query row i of a call sits at position start + i and
+ * See specdec/backends/kernels/attention.py for why.  Query row i of a call sits at position start + i and
  * attends to the keys and values at positions [lo, start + i + 1), lo = max(0, start + i + 1 - window) on
  * sliding-window layers (else 0).  Query head h reads key/value head h / (heads / kv_heads) (grouped-query
  * attention).  Per (row, head), with L visible keys:
@@ -23,6 +23,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "specdec_kernels.h"
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -32,7 +35,6 @@
 #define SD_X86 1
 #endif
 
-enum { ATT_C = 1, ATT_AVX2 = 2, ATT_AVX512 = 3 }; /* the paths, as sd_attention_isa() reports them */
 #define LANES 16
 
 /* ------------------------------------------------------------------ exp_sd
@@ -256,17 +258,9 @@ static int best_isa(void) { return ATT_C; }
 
 /* ------------------------------------------------------------------ one (row, head) */
 
-typedef struct {
-    const float *q, *k, *v;
-    int64_t q_head, q_row, kv_head, kv_row, out_row, out_head;
-    int n, start, heads, kv_heads, d, window, isa;
-    float scale;
-    float *out;
-} att_job_t;
-
 /* Query row i, head h of the job; s: room for start + n scores.  The vector paths need d % 16 == 0
  * (sd_attention takes the C path otherwise: the same numbers). */
-static void attend(const att_job_t *job, int i, int h, float *s) {
+static void attend(const sd_attention_params *job, int i, int h, float *s) {
     const int end = job->start + i + 1;
     const int lo = job->window > 0 && end > job->window ? end - job->window : 0;
     const int n = end - lo, d = job->d;
@@ -298,20 +292,17 @@ static void attend(const att_job_t *job, int i, int h, float *s) {
 #undef ATTEND_ON
 }
 
-/* out[i, h, :] = attention of query row i (position start + i), head h; see the top of the file.
- * q: element (h, i, c) at q[h * q_head + i * q_row + c]; k, v: (g, position p, c) at [g * kv_head + p * kv_row
- * + c]; out: (i, h, c) at out[i * out_row + h * out_head + c].  window: a sliding window's size (0: none).
- * Rows and heads are shared among up to `threads` threads (which thread computes one changes no number).
- * isa: 0 for the best path, else at most that path (the tests compare them).  Returns 0, or -1 when out of
- * memory. */
-int sd_attention(const float *q, int64_t q_head, int64_t q_row, const float *k, const float *v, int64_t kv_head,
-                 int64_t kv_row, int n, int start, int heads, int kv_heads, int d, float scale, int window,
-                 float *out, int64_t out_row, int64_t out_head, int threads, int isa) {
-    if (isa <= 0 || isa > best_isa()) isa = best_isa();
-    if (d % LANES) isa = ATT_C;
-    att_job_t job = {q, k, v, q_head, q_row, kv_head, kv_row, out_row, out_head, n, start, heads, kv_heads, d,
-                     window, isa, scale, out};
-    const int tasks = n * heads, room = start + n; /* each thread's scores: at most start + n of them */
+/* out[i, h, :] = attention of query row i (position start + i), head h (see sd_attention_params and the top
+ * of the file).  Rows and heads are shared among up to p->threads threads (which thread computes one changes no
+ * number).  p->isa: 0 for the best path, else at most that path (the tests compare them).  Returns 0, or -1
+ * when out of memory. */
+int sd_attention(const sd_attention_params *p) {
+    sd_attention_params job = *p;
+    if (job.isa <= 0 || job.isa > best_isa()) job.isa = best_isa();
+    if (job.d % LANES) job.isa = ATT_C;
+    const int n = job.n, heads = job.heads;
+    int threads = job.threads;
+    const int tasks = n * heads, room = job.start + n; /* each thread's scores: at most start + n of them */
     if (threads < 1 || tasks < 2) threads = 1;
     if (threads > tasks) threads = tasks;
     float *scores = malloc(sizeof(float) * (size_t)room * (size_t)threads);

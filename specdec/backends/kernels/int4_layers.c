@@ -25,19 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int sd_linear4(const uint8_t *w, const uint16_t *ws, const float *bias, int n, int k, int kp, const float *x,
-               int64_t ldx, int m, float *y, int64_t ldy, int threads, int isa); /* int4_linear.c */
-int sd_attention(const float *q, int64_t q_head, int64_t q_row, const float *k, const float *v, int64_t kv_head,
-                 int64_t kv_row, int n, int start, int heads, int kv_heads, int d, float scale, int window,
-                 float *out, int64_t out_row, int64_t out_head, int threads, int isa); /* attention.c */
-
-/* A layer's tensors, as one row of int64 addresses (specdec.backends.lean builds them in this order); the
- * linears' packed weights and fp16 scales and minimums as int4_linear.c lays them out; biases and optional
- * norms NULL (0) when absent; L_ROPE is not an address but the index of the layer's rotary table. */
-enum { L_IN_NORM, L_POST_NORM, L_QKV_W, L_QKV_S, L_QKV_B, L_O_W, L_O_S, L_O_B, L_GU_W, L_GU_S, L_GU_B, L_DOWN_W,
-       L_DOWN_S, L_DOWN_B, L_Q_NORM, L_K_NORM, L_ATTN_OUT_NORM, L_MLP_OUT_NORM, L_ROPE, L_FIELDS };
-
-enum { ACT_SILU, ACT_GELU_TANH };  /* the MLP gate's activation */
+#include "specdec_kernels.h"
 
 static inline int padded64(int k) { return (k + 63) / 64 * 64; }
 
@@ -81,16 +69,24 @@ static void gate_rows(float *gu, int total, int intermediate, int act) {
     }
 }
 
-/* The layers over `total` new rows x [total, hidden] (updated in place: the last layer's output, before the
- * final norm).  Sequence r owns rows offsets r (sizes[r] of them, after the previous sequences'), which sit at
- * positions starts[r] .. starts[r] + sizes[r] - 1 of its cache: caches[(r * layers + l) * 2 + {0, 1}] are layer
- * l's keys and values, [kv_heads, capacity_r, d] with kv_head[r] = capacity_r * d.  cos, sin: [tables, total, d],
- * each row's position's in each rotary table.  layer l: its addresses at tensors[l * L_FIELDS ..], attention
- * scale scaling[l], sliding window window[l] (0: none).  act: ACT_*.  Returns 0, or -1 when out of memory. */
-int sd_int4_layers(float *x, int total, int hidden, int layers, const int64_t *tensors, const float *scaling,
-                   const int *window, int runners, const int *starts, const int *sizes, const int64_t *caches,
-                   const int64_t *kv_head, const float *cos, const float *sin, int heads, int kv_heads, int d,
-                   int intermediate, int act, float eps, int threads) {
+/* y = x W^T (+ b) through the int4 kernel, with the linear whose weight, scales and bias addresses sit at
+ * t[field], t[field + 1], t[field + 2] (L_QKV_W, L_O_W, L_GU_W or L_DOWN_W): x [m, k] (row stride ldx), y [m, n]. */
+static int linear4(const int64_t *t, int field, int n, int k, const float *x, int64_t ldx, int m, float *y,
+                   int threads) {
+    const sd_linear_params p = {.w = (const void *)(intptr_t)t[field], .scales = (const void *)(intptr_t)t[field + 1],
+                                .bias = (const float *)(intptr_t)t[field + 2], .n = n, .k = k, .kp = padded64(k),
+                                .x = x, .ldx = ldx, .m = m, .y = y, .ldy = n, .threads = threads, .isa = 0};
+    return sd_linear4(&p);
+}
+
+/* The layers over the rows' x [total, hidden] (updated in place: the last layer's output, before the final
+ * norm); see sd_int4_model and sd_int4_rows.  Returns 0, or -1 when out of memory. */
+int sd_int4_layers(const sd_int4_model *model, const sd_int4_rows *rows) {
+    float *x = rows->x;
+    const int total = rows->total, threads = rows->threads;
+    const int hidden = model->hidden, heads = model->heads, kv_heads = model->kv_heads, d = model->d;
+    const int intermediate = model->intermediate, layers = model->layers;
+    const float eps = model->eps;
     const int width = (heads + 2 * kv_heads) * d, attn_width = heads * d;
     float *h = malloc(sizeof(float) * (size_t)total * hidden);
     float *qkv = malloc(sizeof(float) * (size_t)total * width);
@@ -99,45 +95,46 @@ int sd_int4_layers(float *x, int total, int hidden, int layers, const int64_t *t
     float *tmp = malloc(sizeof(float) * ((size_t)total * hidden + (size_t)d));
     int status = h && qkv && att && gu && tmp ? 0 : -1;
     for (int l = 0; l < layers && status == 0; l++) {
-        const int64_t *t = tensors + (int64_t)l * L_FIELDS;
+        const int64_t *t = model->tensors + (int64_t)l * L_FIELDS;
 #define PTR(type, field) ((const type *)(intptr_t)t[field])
         rms_norm_rows(x, total, hidden, PTR(float, L_IN_NORM), eps, h);
-        status |= sd_linear4(PTR(uint8_t, L_QKV_W), PTR(uint16_t, L_QKV_S), PTR(float, L_QKV_B), width, hidden,
-                             padded64(hidden), h, hidden, total, qkv, width, threads, 0);
+        status |= linear4(t, L_QKV_W, width, hidden, h, hidden, total, qkv, threads);
         const int64_t table = t[L_ROPE] * (int64_t)total * d;
         for (int i = 0; i < total; i++) {  /* q and k heads are the first heads + kv_heads of the row */
             float *row = qkv + (int64_t)i * width;
             if (t[L_Q_NORM]) rms_norm_rows(row, heads, d, PTR(float, L_Q_NORM), eps, row);
             if (t[L_K_NORM]) rms_norm_rows(row + (int64_t)heads * d, kv_heads, d, PTR(float, L_K_NORM), eps,
                                            row + (int64_t)heads * d);
-            rotate_heads(row, heads + kv_heads, d, cos + table + (int64_t)i * d, sin + table + (int64_t)i * d,
-                         tmp + (size_t)total * hidden);
+            rotate_heads(row, heads + kv_heads, d, rows->cos + table + (int64_t)i * d,
+                         rows->sin + table + (int64_t)i * d, tmp + (size_t)total * hidden);
         }
-        for (int r = 0, lo = 0; r < runners && status == 0; lo += sizes[r], r++) {
-            float *keys = (float *)(intptr_t)caches[((int64_t)r * layers + l) * 2];
-            float *values = (float *)(intptr_t)caches[((int64_t)r * layers + l) * 2 + 1];
-            for (int i = 0; i < sizes[r]; i++) {
+        for (int r = 0, lo = 0; r < rows->runners && status == 0; lo += rows->sizes[r], r++) {
+            float *keys = (float *)(intptr_t)rows->caches[((int64_t)r * layers + l) * 2];
+            float *values = (float *)(intptr_t)rows->caches[((int64_t)r * layers + l) * 2 + 1];
+            const int64_t kv_head = rows->kv_head[r];
+            const int start = rows->starts[r], size = rows->sizes[r];
+            for (int i = 0; i < size; i++) {
                 const float *row = qkv + (int64_t)(lo + i) * width;
                 for (int g = 0; g < kv_heads; g++) {
-                    const int64_t at = g * kv_head[r] + (int64_t)(starts[r] + i) * d;
+                    const int64_t at = g * kv_head + (int64_t)(start + i) * d;
                     memcpy(keys + at, row + (int64_t)(heads + g) * d, sizeof(float) * (size_t)d);
                     memcpy(values + at, row + (int64_t)(heads + kv_heads + g) * d, sizeof(float) * (size_t)d);
                 }
             }
-            status |= sd_attention(qkv + (int64_t)lo * width, d, width, keys, values, kv_head[r], d, sizes[r],
-                                   starts[r], heads, kv_heads, d, scaling[l], window[l], att + (int64_t)lo * attn_width,
-                                   attn_width, d, threads, 0);
+            const sd_attention_params attention = {
+                .q = qkv + (int64_t)lo * width, .q_head = d, .q_row = width, .k = keys, .v = values,
+                .kv_head = kv_head, .kv_row = d, .out = att + (int64_t)lo * attn_width, .out_row = attn_width,
+                .out_head = d, .n = size, .start = start, .heads = heads, .kv_heads = kv_heads, .d = d,
+                .scale = model->scaling[l], .window = model->window[l], .threads = threads, .isa = 0};
+            status |= sd_attention(&attention);
         }
-        status |= sd_linear4(PTR(uint8_t, L_O_W), PTR(uint16_t, L_O_S), PTR(float, L_O_B), hidden, attn_width,
-                             padded64(attn_width), att, attn_width, total, tmp, hidden, threads, 0);
+        status |= linear4(t, L_O_W, hidden, attn_width, att, attn_width, total, tmp, threads);
         if (t[L_ATTN_OUT_NORM]) rms_norm_rows(tmp, total, hidden, PTR(float, L_ATTN_OUT_NORM), eps, tmp);
         for (int64_t j = 0; j < (int64_t)total * hidden; j++) x[j] += tmp[j];
         rms_norm_rows(x, total, hidden, PTR(float, L_POST_NORM), eps, h);
-        status |= sd_linear4(PTR(uint8_t, L_GU_W), PTR(uint16_t, L_GU_S), PTR(float, L_GU_B), 2 * intermediate, hidden,
-                             padded64(hidden), h, hidden, total, gu, 2 * intermediate, threads, 0);
-        gate_rows(gu, total, intermediate, act);
-        status |= sd_linear4(PTR(uint8_t, L_DOWN_W), PTR(uint16_t, L_DOWN_S), PTR(float, L_DOWN_B), hidden, intermediate,
-                             padded64(intermediate), gu, 2 * intermediate, total, tmp, hidden, threads, 0);
+        status |= linear4(t, L_GU_W, 2 * intermediate, hidden, h, hidden, total, gu, threads);
+        gate_rows(gu, total, intermediate, model->act);
+        status |= linear4(t, L_DOWN_W, hidden, intermediate, gu, 2 * intermediate, total, tmp, threads);
         if (t[L_MLP_OUT_NORM]) rms_norm_rows(tmp, total, hidden, PTR(float, L_MLP_OUT_NORM), eps, tmp);
         for (int64_t j = 0; j < (int64_t)total * hidden; j++) x[j] += tmp[j];
 #undef PTR

@@ -37,6 +37,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "specdec_kernels.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define SD4_X86 1
@@ -46,7 +48,6 @@
 #define BLOCK 64   /* columns per 32 bytes of a row's nibbles */
 #define GROUP4 32  /* columns per scale and minimum */
 #define QMAX4 127.0f
-enum { ISA4_C = 1, ISA4_AVX2 = 2 };
 
 static inline float tree8(const float *a) {
     return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
@@ -383,11 +384,16 @@ void sd_pack4_int8(const int8_t *v8, const float *row_scale, int n, int k, int k
 
 /* ------------------------------------------------------------------ entry points */
 
-/* y [m, ldy] = x [m, ldx] W^T (+ bias), W packed by sd_pack4; on up to `threads` threads.  isa: 0 for the
- * best path, else at most that path (1: C, 2: AVX2; the same bits).  Returns 0, or -1 when out of memory. */
-int sd_linear4(const uint8_t *w, const uint16_t *ws, const float *bias, int n, int k, int kp, const float *x,
-               int64_t ldx, int m, float *y, int64_t ldy, int threads, int isa) {
-    if (isa <= 0 || isa > best_isa4()) isa = best_isa4();
+/* y = x W^T (+ bias) (see sd_linear_params); p->w and p->scales packed by sd_pack4.  p->isa: 0 for the best
+ * path, else at most that path (ISA4_C, ISA4_AVX2; the same bits).  Returns 0, or -1 when out of memory. */
+int sd_linear4(const sd_linear_params *p) {
+    const uint8_t *w = p->w;
+    const uint16_t *ws = p->scales;
+    const float *bias = p->bias, *x = p->x;
+    const int n = p->n, k = p->k, kp = p->kp, m = p->m, threads = p->threads;
+    const int64_t ldx = p->ldx, ldy = p->ldy;
+    float *y = p->y;
+    const int isa = p->isa <= 0 || p->isa > best_isa4() ? best_isa4() : p->isa;
     int8_t *q;
     float *xs, *qs;
     void *block = quantize_rows4(x, ldx, m, k, kp, isa, &q, &xs, &qs);

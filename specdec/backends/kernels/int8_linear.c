@@ -1,6 +1,6 @@
 /* specdec's int8 linear for the CPU: y = x W^T (+ b) with int8 weights and per-token 7-bit activations.
  *
- * See specdec/backends/kernel.py for the numerics and why they are batch-invariant.  In short:
+ * See specdec/backends/kernels/int8.py for the numerics and why they are batch-invariant.  In short:
  *   - W: int8 in [-127, 127], one fp32 scale per output channel (row of W), packed in tiles (see "layout"),
  *     rows padded with zeros to a multiple of 64 columns (kp);
  *   - each input row x is quantized on its own: s = max|x|, q = round(x * (63 / s)) in [-63, 63];
@@ -24,13 +24,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "specdec_kernels.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define SD_X86 1
 #endif
 
 #define TILE_N 4    /* output channels per tile */
-enum { ISA_C = 1, ISA_AVX2 = 2, ISA_VNNI = 3 }; /* the kernel's paths, as sd_isa() reports them */
 #define QMAX 63.0f  /* activations: 7 bits, |q| <= 63 (see DOT64) */
 
 /* ------------------------------------------------------------------ layout
@@ -425,20 +426,19 @@ static void *sd_activations(const float *x, int64_t ldx, int m, int k, int kp, i
     return block;
 }
 
-/* y [m, ldy] = x [m, ldx] W^T; w packed by sd_pack; ws [n]; bias [n] or NULL; on up to `threads` threads.
- * Returns 0, or -1 when out of memory.  isa: 0 for the best path this CPU runs, else at most that path
- * (ISA_C, ISA_AVX2, ISA_VNNI: the tests compare them; every path gives the same bits). */
-int sd_linear(const int8_t *w, const float *ws, const float *bias, int n, int k, int kp, const float *x,
-              int64_t ldx, int m, float *y, int64_t ldy, int threads, int isa) {
-    if (isa <= 0 || isa > best_isa()) isa = best_isa();
+/* y = x W^T (+ bias) (see sd_linear_params); p->w packed by sd_pack, p->scales fp32 [n].  Returns 0, or -1
+ * when out of memory.  p->isa: 0 for the best path this CPU runs, else at most that path (ISA_C, ISA_AVX2,
+ * ISA_VNNI: the tests compare them; every path gives the same bits). */
+int sd_linear(const sd_linear_params *p) {
+    const int isa = p->isa <= 0 || p->isa > best_isa() ? best_isa() : p->isa;
     int8_t *q;
     uint8_t *qabs;
     float *xs;
     int32_t *qsum;
-    void *block = sd_activations(x, ldx, m, k, kp, isa, &q, &qabs, &xs, &qsum);
+    void *block = sd_activations(p->x, p->ldx, p->m, p->k, p->kp, isa, &q, &qabs, &xs, &qsum);
     if (!block) return -1;
-    job_t job = {w, ws, bias, xs, q, qabs, qsum, y, ldy, n, kp, m, isa};
-    run_job(&job, threads);
+    job_t job = {p->w, p->scales, p->bias, xs, q, qabs, qsum, p->y, p->ldy, p->n, p->kp, p->m, isa};
+    run_job(&job, p->threads);
     free(block);
     return 0;
 }

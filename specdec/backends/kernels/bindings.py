@@ -1,0 +1,96 @@
+"""The kernels' library through ctypes: the header's structs and one signature table, nothing written twice.
+
+``specdec_kernels.h`` is the C side; here each of its structs is one ``ctypes.Structure`` with the
+same fields in the same order, and :data:`SIGNATURES` gives every exported function's result and
+argument types, from which :func:`library` types the loaded functions.  A test compares both with
+the header (names, argument counts) and the structs' layouts with the C compiler's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from ctypes import POINTER, c_float, c_int, c_int64, c_void_p
+
+from specdec.backends.kernels import build
+
+
+class LinearParams(ctypes.Structure):
+    """sd_linear_params: y [m, n] = x [m, k] W^T (+ bias), for sd_linear (int8) and sd_linear4 (int4)."""
+
+    _fields_ = [("w", c_void_p), ("scales", c_void_p), ("bias", c_void_p), ("n", c_int), ("k", c_int),
+                ("kp", c_int), ("x", c_void_p), ("ldx", c_int64), ("m", c_int), ("y", c_void_p),
+                ("ldy", c_int64), ("threads", c_int), ("isa", c_int)]
+
+
+class AttentionParams(ctypes.Structure):
+    """sd_attention_params: exact causal attention of n query rows at positions start.. (attention.c)."""
+
+    _fields_ = [("q", c_void_p), ("q_head", c_int64), ("q_row", c_int64), ("k", c_void_p), ("v", c_void_p),
+                ("kv_head", c_int64), ("kv_row", c_int64), ("out", c_void_p), ("out_row", c_int64),
+                ("out_head", c_int64), ("n", c_int), ("start", c_int), ("heads", c_int), ("kv_heads", c_int),
+                ("d", c_int), ("scale", c_float), ("window", c_int), ("threads", c_int), ("isa", c_int)]
+
+
+class Int4Model(ctypes.Structure):
+    """sd_int4_model: an int4 draft's decoder layers, the same in every call (int4_layers.c)."""
+
+    _fields_ = [("tensors", c_void_p), ("scaling", c_void_p), ("window", c_void_p), ("layers", c_int),
+                ("hidden", c_int), ("heads", c_int), ("kv_heads", c_int), ("d", c_int), ("intermediate", c_int),
+                ("act", c_int), ("eps", c_float)]
+
+
+class Int4Rows(ctypes.Structure):
+    """sd_int4_rows: the new rows of one call of sd_int4_layers, of one or more sequences."""
+
+    _fields_ = [("x", c_void_p), ("total", c_int), ("runners", c_int), ("starts", c_void_p), ("sizes", c_void_p),
+                ("caches", c_void_p), ("kv_head", c_void_p), ("cos", c_void_p), ("sin", c_void_p),
+                ("threads", c_int)]
+
+
+STRUCTS = {"sd_linear_params": LinearParams, "sd_attention_params": AttentionParams, "sd_int4_model": Int4Model,
+           "sd_int4_rows": Int4Rows}  # the header's name of each
+
+_ptr, _i32 = c_void_p, c_int
+# Every function the header exports: name -> (result type, argument types).
+SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
+    "sd_linear": (c_int, [POINTER(LinearParams)]),
+    "sd_pack": (None, [_ptr, _i32, _i32, _i32, _ptr]),
+    "sd_isa": (c_int, []),
+    "sd_openmp": (c_int, []),
+    "sd_linear4": (c_int, [POINTER(LinearParams)]),
+    "sd_pack4": (None, [_ptr, _ptr, _ptr, _i32, _i32, _i32, _ptr, _ptr]),
+    "sd_pack4_int8": (None, [_ptr, _ptr, _i32, _i32, _i32, _ptr, _ptr, _i32]),
+    "sd_isa4": (c_int, []),
+    "sd_attention": (c_int, [POINTER(AttentionParams)]),
+    "sd_attention_isa": (c_int, []),
+    "sd_int4_layers": (c_int, [POINTER(Int4Model), POINTER(Int4Rows)]),
+}
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+
+
+def library() -> ctypes.CDLL:
+    """The loaded library, its functions typed from SIGNATURES (built at first use; torch is imported
+    first, so its OpenMP runtime is the one the kernels' threads run on)."""
+    global _lib
+    if _lib is not None:  # the hot path: every linear asks
+        return _lib
+    with _lock:
+        if _lib is None:
+            import torch  # noqa: F401  (its OpenMP runtime loaded before the library's)
+
+            from specdec.zoo import home
+
+            lib = ctypes.CDLL(str(build.build(home() / "kernels")))
+            for name, (restype, argtypes) in SIGNATURES.items():
+                function = getattr(lib, name)
+                function.restype, function.argtypes = restype, argtypes
+            _lib = lib
+        return _lib
+
+
+def threaded() -> bool:
+    """Whether the library was built with OpenMP (else the kernels run on one thread)."""
+    return bool(library().sd_openmp())

@@ -1,0 +1,105 @@
+/* specdec's C kernels: every exported function's prototype, the parameter structs and the constants that
+ * callers share, in one place.
+ *
+ * The .c files of this folder include it and are built into one library (build.py); bindings.py mirrors it
+ * for ctypes: one signature table for the functions, one ctypes.Structure per struct with the same fields in
+ * the same order (tests/backends/test_kernel_bindings.py compares both with this file and the compiler's
+ * layout).  Kernels that take more than a handful of arguments take them as one struct.
+ */
+#ifndef SPECDEC_KERNELS_H
+#define SPECDEC_KERNELS_H
+
+#include <stdint.h>
+
+/* ------------------------------------------------------------------ paths
+ * Each kernel's paths, as its *_isa function reports the best one this CPU runs; a params' isa of 0 means
+ * that best path, another value at most that path (the tests compare the paths: they give the same bits). */
+enum { ISA_C = 1, ISA_AVX2 = 2, ISA_VNNI = 3 };   /* sd_linear (int8_linear.c) */
+enum { ISA4_C = 1, ISA4_AVX2 = 2 };               /* sd_linear4 (int4_linear.c) */
+enum { ATT_C = 1, ATT_AVX2 = 2, ATT_AVX512 = 3 }; /* sd_attention (attention.c) */
+
+/* ------------------------------------------------------------------ linears
+ * y [m, n] (row stride ldy) = x [m, k] (row stride ldx) W^T (+ bias), on up to `threads` threads. */
+typedef struct {
+    const void *w;      /* sd_linear: int8 tiles from sd_pack; sd_linear4: nibbles from sd_pack4 */
+    const void *scales; /* sd_linear: fp32 [n], one per output channel; sd_linear4: sd_pack4's fp16 scales, minimums */
+    const float *bias;  /* [n], or NULL */
+    int n, k, kp;       /* output channels, input columns, packed columns (k padded to a multiple of 64) */
+    const float *x;
+    int64_t ldx;
+    int m;
+    float *y;
+    int64_t ldy;
+    int threads, isa;
+} sd_linear_params;
+
+/* int8 weights (int8_linear.c).  Returns 0, or -1 when out of memory. */
+int sd_linear(const sd_linear_params *p);
+void sd_pack(const int8_t *w, int n, int k, int kp, int8_t *out);
+int sd_isa(void);
+int sd_openmp(void);
+
+/* Group-wise int4 weights (int4_linear.c).  Returns 0, or -1 when out of memory. */
+int sd_linear4(const sd_linear_params *p);
+void sd_pack4(const uint8_t *u, const uint16_t *d, const uint16_t *mn, int n, int k, int kp, uint8_t *out,
+              uint16_t *out_scales);
+void sd_pack4_int8(const int8_t *v8, const float *row_scale, int n, int k, int kp, uint8_t *out,
+                   uint16_t *out_scales, int threads);
+int sd_isa4(void);
+
+/* ------------------------------------------------------------------ attention (attention.c)
+ * out[i, h, :] = exact causal attention of query row i (position start + i), head h, over the keys and values
+ * at positions [lo, start + i + 1), lo = max(0, start + i + 1 - window) when window > 0 (else 0). */
+typedef struct {
+    const float *q;          /* element (h, i, c) at q[h * q_head + i * q_row + c] */
+    int64_t q_head, q_row;
+    const float *k, *v;      /* (kv head g, position p, c) at [g * kv_head + p * kv_row + c] */
+    int64_t kv_head, kv_row;
+    float *out;              /* (i, h, c) at out[i * out_row + h * out_head + c] */
+    int64_t out_row, out_head;
+    int n, start, heads, kv_heads, d;
+    float scale;
+    int window;              /* a sliding window's size (0: none) */
+    int threads, isa;
+} sd_attention_params;
+
+/* Returns 0, or -1 when out of memory. */
+int sd_attention(const sd_attention_params *p);
+int sd_attention_isa(void);
+
+/* ------------------------------------------------------------------ an int4 draft's layers (int4_layers.c) */
+
+/* A layer's tensors, as one row of int64 addresses (specdec.backends.lean builds them in this order); the
+ * linears' packed weights and fp16 scales and minimums as int4_linear.c lays them out; biases and optional
+ * norms NULL (0) when absent; L_ROPE is not an address but the index of the layer's rotary table. */
+enum { L_IN_NORM, L_POST_NORM, L_QKV_W, L_QKV_S, L_QKV_B, L_O_W, L_O_S, L_O_B, L_GU_W, L_GU_S, L_GU_B, L_DOWN_W,
+       L_DOWN_S, L_DOWN_B, L_Q_NORM, L_K_NORM, L_ATTN_OUT_NORM, L_MLP_OUT_NORM, L_ROPE, L_FIELDS };
+
+enum { ACT_SILU, ACT_GELU_TANH };  /* the MLP gate's activation */
+
+/* The model: what is the same in every call. */
+typedef struct {
+    const int64_t *tensors;  /* [layers, L_FIELDS]: layer l's addresses at tensors[l * L_FIELDS ..] */
+    const float *scaling;    /* [layers]: the attention's scale */
+    const int *window;       /* [layers]: the sliding window (0: none) */
+    int layers, hidden, heads, kv_heads, d, intermediate;
+    int act;                 /* ACT_* */
+    float eps;               /* the norms' epsilon */
+} sd_int4_model;
+
+/* The new rows of one call, of `runners` sequences: sequence r owns rows offsets r (sizes[r] of them, after the
+ * previous sequences'), at positions starts[r] .. starts[r] + sizes[r] - 1 of its cache. */
+typedef struct {
+    float *x;                /* [total, hidden], updated in place */
+    int total, runners;
+    const int *starts, *sizes;  /* [runners] */
+    const int64_t *caches;   /* [runners, layers, 2]: layer l's keys and values, [kv_heads, capacity_r, d] */
+    const int64_t *kv_head;  /* [runners]: capacity_r * d */
+    const float *cos, *sin;  /* [tables, total, d]: each row's position's in each rotary table */
+    int threads;
+} sd_int4_rows;
+
+/* Returns 0, or -1 when out of memory. */
+int sd_int4_layers(const sd_int4_model *model, const sd_int4_rows *rows);
+
+#endif
