@@ -62,7 +62,6 @@ from specdec.pool import Lease
 from specdec.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from specdec.engine import Engine
     from specdec.request import RequestConfig
 
 BATCH_KS = (1, 2, 4, 8, 16, 32, 64)  # packed forward sizes timed for the batch controller
@@ -230,9 +229,10 @@ class BatchPool:
     """An Engine's models serving up to `max_batch` concurrent requests, one packed target forward per
     step (see the module doc): the runner pool Engine.enable_batching gives the engine
     (specdec.pool).  Each request's lease is a slot: a SlotRunner, a draft runner of its own and a
-    controller that sees the other slots' load."""
+    controller that sees the other slots' load.  `engine`: a specdec.engine.Engine (not imported here:
+    the engine imports this module)."""
 
-    def __init__(self, engine: "Engine", max_batch: int = 4) -> None:
+    def __init__(self, engine: Any, max_batch: int = 4) -> None:
         self.engine = engine
         model = getattr(engine.target_runner, "model", None)
         if model is None:
@@ -274,12 +274,10 @@ class BatchPool:
         acceptance estimates are its own; its costs are the batch's, shared by every such request and
         learnt by the batch itself from each packed forward's time against its rows (a request's own
         step time holds its waits for the others, so the controller learns no costs itself)."""
-        chosen = self.engine.speculation(k, sampling)
-        if chosen is not self.engine.auto_controller():
+        chosen, shared = self.engine.speculation(k, sampling), self.engine.auto_controller()
+        if chosen is not shared:
             return chosen
-        from specdec.engine import MAX_AUTO_K
-
-        auto = AutoK(self.costs(), max_k=MAX_AUTO_K, cost_ewma=0.0, load=lambda: self.target.load(slot))
+        auto = AutoK(self.costs(), max_k=shared.max_k, cost_ewma=0.0, load=lambda: self.target.load(slot))
         self.target.controllers[slot] = auto
         return auto
 

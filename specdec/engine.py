@@ -189,7 +189,7 @@ class Engine:
         self._stairs: StairsRunner | None = None
         self.dtype = "as loaded"  # the target's dtype, as Engine.load resolved it ("gguf" on llama.cpp)
         self.draft_dtype = "as loaded" if draft is not None else None  # the draft model's, likewise
-        self.pool: RunnerPool = SinglePool(self)  # lends the runners to requests (specdec.pool)
+        self.pool: RunnerPool = self._single_pool()  # lends the runners to requests (specdec.pool)
 
     def enable_batching(self, max_batch: int) -> None:
         """Decode up to `max_batch` requests (streams consumed from as many threads) together, one packed
@@ -197,11 +197,15 @@ class Engine:
         if max_batch < 1:
             raise SpecdecError(f"the batch size must be >= 1, got {max_batch}")
         if max_batch == 1:
-            self.pool = SinglePool(self)
+            self.pool = self._single_pool()
             return
         from specdec.batching import BatchPool
 
         self.pool = BatchPool(self, max_batch)
+
+    def _single_pool(self) -> SinglePool:
+        """The default pool: this engine's own runners, one request at a time."""
+        return SinglePool(Lease(self.target_runner, self.draft_runner, self.speculation))
 
     def speculation(self, k: int | str | Controller, sampling: SamplingParams | None = None) -> int | Controller:
         """A draft length for the loop: an int γ as it is, a Controller as it is, or "auto": this

@@ -23,7 +23,6 @@ from specdec.errors import SpecdecError
 if TYPE_CHECKING:
     from specdec.backends.base import ModelRunner
     from specdec.control import Controller
-    from specdec.engine import Engine
     from specdec.request import RequestConfig
     from specdec.sampling import SamplingParams
 
@@ -50,12 +49,12 @@ class RunnerPool(Protocol):
 
 
 class SinglePool:
-    """The engine's own runners, one request at a time."""
+    """One lease (an engine's own runners and controllers), lent to one request at a time."""
 
     max_batch = 1
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, lease: Lease) -> None:
+        self._lease = lease
         self._lock = threading.Lock()
         self._holder: int | None = None  # the thread whose request holds the runners
 
@@ -70,7 +69,6 @@ class SinglePool:
         with self._lock:
             self._holder = threading.get_ident()
             try:
-                engine = self.engine
-                yield Lease(engine.target_runner, engine.draft_runner, engine.speculation)
+                yield self._lease
             finally:
                 self._holder = None
