@@ -24,9 +24,10 @@ How it works:
   the engine a :class:`BatchPool` (specdec.pool): every request still goes
   through ``Engine.stream`` and runs the one decode loop,
   :func:`specdec.loop.decode`, in the thread that consumes it, over a
-  :class:`SlotRunner` (a ModelRunner view of its slot) the pool lends it.  A slot's forward waits until every other active slot has
-  submitted its forward too (or left); the last one to arrive runs the packed
-  forward for all and hands each its logits.  Drafting, verification and
+  :class:`SlotRunner` (a ModelRunner view of its slot) the pool lends it.  A
+  slot's forward waits until every other active slot has submitted its forward
+  too (or left); the last one to arrive runs the packed forward for all and
+  hands each its logits.  Drafting, verification and
   rollback stay per request.
 - Each speculative request gets its own cost-model controller
   (:class:`specdec.control.AutoK`) that sees the load of the others (their

@@ -305,8 +305,8 @@ def serve(
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (completions, chat, streaming), with
     Prometheus metrics at /metrics and a playground page at /. Requests run one at a time, or up to
-    --max-batch together; -k is their default draft length, and a request may set its own
-    ("speculative": {"k": ...}). With --replicas, the same server runs as Ray Serve replicas."""
+    --max-batch together; -k, --draft-mode, --draft-confidence and --verify are their defaults, and a
+    request may set its own ("speculative": {"k": ..., "draft_mode": ...}). With --replicas, the same server runs as Ray Serve replicas."""
     from rich.markup import escape  # the hints' [serve] and [ray] are not markup
 
     from specdec.serve import INSTALL_HINT, missing_extra

@@ -395,7 +395,8 @@ class Engine:
     def decode_text(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
-    def stream(self, prompt: str | Sequence[int], config: RequestConfig | None = None, **options: Any) -> Iterator[Step]:
+    def stream(self, prompt: str | Sequence[int], config: RequestConfig | None = None,
+               **options: Any) -> Iterator[Step]:
         """Decode steps for one request (see :func:`specdec.loop.decode`): the one place a request is set up.
 
         config: the request's options (specdec.request.RequestConfig), changed by keyword `options`
