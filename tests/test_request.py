@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 import pytest
 import typer
@@ -103,13 +104,24 @@ def test_a_bad_cli_value_is_a_one_line_error_naming_its_flag():
     assert "--draft-confidence must be between 0 and 1, got 2.0" in " ".join(result.output.split())
 
 
-# A value for every key a server request may set; a new per-request field needs one here.
+# Values other than the defaults for the keys a server request may set; another field gets a value of its
+# JSON type (sent()).
 SENT = {"enabled": True, "k": 2, "draft_mode": "same", "draft_confidence": 0.25, "verify": "causal"}
+SAMPLES = {float: 0.5, int: 2, bool: True, str: "auto"}
+
+
+def sent() -> dict:
+    """A value for every key of the "speculative" object."""
+    samples = {}
+    for key, (f, option) in served_fields().items():
+        kinds = typing.get_args(option.json_type) or (option.json_type,)
+        samples[key] = SENT[key] if key in SENT else SAMPLES[kinds[0]]
+    return samples
 
 
 def test_the_servers_extension_takes_exactly_the_per_request_fields():
-    assert set(served_fields()) == set(SENT)
     assert {f.name for f, _ in served_fields().values()} == {f.name for f, o in options() if o.per_request}
+    assert {key for key, (f, o) in served_fields().items()} == {o.wire or f.name for f, o in options() if o.per_request}
 
 
 @pytest.fixture(scope="module")
@@ -131,14 +143,14 @@ def test_a_servers_request_reaches_engine_stream(engine, monkeypatch):
     body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0, "stop": ["\n\n"]}
     with TestClient(app) as client:
         assert client.post("/v1/completions", json=body).status_code == 200
-        sent = client.post("/v1/completions", json={**body, "speculative": SENT})
-        assert sent.status_code == 200, sent.text
+        response = client.post("/v1/completions", json={**body, "speculative": sent()})
+        assert response.status_code == 200, response.text
         bad = client.post("/v1/completions", json={**body, "speculative": {"draft_confidence": 3}})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "speculative.draft_confidence"
     defaults, given = seen
     assert (defaults.k, defaults.draft_confidence, defaults.max_new_tokens, defaults.stop) == (3, 0.5, 4, ("\n\n",))
     fields = {key: f.name for key, (f, _) in served_fields().items()}
-    assert {key: getattr(given, fields[key]) for key in SENT} == SENT
+    assert {key: getattr(given, fields[key]) for key in sent()} == sent()
 
 
 def test_a_batch_slot_drafts_with_the_requests_options(engine, monkeypatch):
