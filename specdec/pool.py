@@ -14,7 +14,7 @@ draft model's runner (or None) and the controller factory (k as given -> a fixed
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
@@ -44,8 +44,8 @@ class RunnerPool(Protocol):
     def check(self, config: RequestConfig) -> None:
         """A SpecdecError for a request this pool cannot run."""
 
-    def lease(self, config: RequestConfig) -> Iterator[Lease]:
-        """A context manager: the lease, held until the block ends."""
+    def lease(self, config: RequestConfig) -> AbstractContextManager[Lease]:
+        """The request's lease, held until the block ends."""
 
 
 class SinglePool:
@@ -59,7 +59,7 @@ class SinglePool:
         self._holder: int | None = None  # the thread whose request holds the runners
 
     def check(self, config: RequestConfig) -> None:
-        pass
+        """Any request runs on the engine's own runners."""
 
     @contextmanager
     def lease(self, config: RequestConfig) -> Iterator[Lease]:
