@@ -16,9 +16,10 @@ from typing import Any
 from specdec.defaults import DEFAULT_DRAFTER, DEFAULT_TARGET
 from specdec.engine import Engine, ModelSpec, Result
 from specdec.errors import SpecdecError
+from specdec.request import RequestConfig
 from specdec.sampling import SamplingParams
 
-__all__ = ["Engine", "Result", "SamplingParams", "SpecdecError", "generate"]
+__all__ = ["Engine", "RequestConfig", "Result", "SamplingParams", "SpecdecError", "generate"]
 __version__ = "0.1.0"
 
 
@@ -30,10 +31,6 @@ def generate(
     *,
     dtype: str = "auto",
     draft_backend: str = "auto",
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int | None = None,
     **options: Any,
 ) -> Result:
     """Generate a continuation of `prompt` with speculative decoding.
@@ -45,12 +42,14 @@ def generate(
     "none") decodes plainly with the target alone.
     dtype: the target's: "auto" (int8 on CPUs where specdec's exact int8 kernel runs, fp32
     elsewhere), "int8", "fp32" (the reference) or "bf16".
-    options: max_new_tokens, num_speculative_tokens (default "auto": the cost-model controller),
-    stop, chat, verify ("causal", or "stairs": next-token queries only, greedy; see Engine.stream).
+    options: the request's (specdec.request.RequestConfig): max_new_tokens, num_speculative_tokens
+    (default "auto": the cost-model controller), temperature, top_k, top_p, seed, stop, chat,
+    draft_mode, draft_confidence, verify ("causal", or "stairs": next-token queries only, greedy;
+    see Engine.stream).
     Returns a Result with text, token_ids, finish_reason and stats.
     """
+    config = RequestConfig.from_options(**options)  # a bad option is refused before anything loads
     if isinstance(draft, str) and draft.lower() == "none":
         draft = None
     engine = Engine.load(target, draft, dtype=dtype, draft_backend=draft_backend)
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    return engine.generate(prompt, sampling=sampling, **options)
+    return engine.generate(prompt, config)

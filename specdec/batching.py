@@ -20,11 +20,14 @@ How it works:
   padding rows are computed and no attention mask is built; and for an int8
   target every row is computed exactly as when it runs alone, so a request's
   logits are bitwise independent of its neighbours.
-- Every request runs the one decode loop, :func:`specdec.loop.decode`, in the
-  thread that consumes it, over a :class:`SlotRunner` (a ModelRunner view of
-  its slot).  A slot's forward waits until every other active slot has
-  submitted its forward too (or left); the last one to arrive runs the packed
-  forward for all and hands each its logits.  Drafting, verification and
+- :meth:`Engine.enable_batching <specdec.engine.Engine.enable_batching>` gives
+  the engine a :class:`BatchPool` (specdec.pool): every request still goes
+  through ``Engine.stream`` and runs the one decode loop,
+  :func:`specdec.loop.decode`, in the thread that consumes it, over a
+  :class:`SlotRunner` (a ModelRunner view of its slot) the pool lends it.  A
+  slot's forward waits until every other active slot has submitted its forward
+  too (or left); the last one to arrive runs the packed forward for all and
+  hands each its logits.  Drafting, verification and
   rollback stay per request.
 - Each speculative request gets its own cost-model controller
   (:class:`specdec.control.AutoK`) that sees the load of the others (their
@@ -44,6 +47,8 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
@@ -52,14 +57,13 @@ from specdec.backends import lean
 from specdec.backends.base import ModelRunner
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner, forward_packed
-from specdec.control import AUTO, AutoK, Controller, Costs, Load
+from specdec.control import AutoK, Controller, Costs, Load
 from specdec.errors import SpecdecError
-from specdec.loop import Step, StopCondition, decode
+from specdec.pool import Lease
 from specdec.sampling import SamplingParams
-from specdec.verify import make_verifier
 
 if TYPE_CHECKING:
-    from specdec.engine import Engine
+    from specdec.request import RequestConfig
 
 BATCH_KS = (1, 2, 4, 8, 16, 32, 64)  # packed forward sizes timed for the batch controller
 # weights of a packed forward's time in the shared costs: those a lone request's controller gives its steps
@@ -216,11 +220,20 @@ def clone_runner(runner: ModelRunner) -> ModelRunner:
     )
 
 
-class BatchEngine:
-    """An Engine's models serving up to `max_batch` concurrent requests, one packed target forward per
-    step (see the module doc).  :meth:`stream` is called from one thread per request."""
+def check_batchable(config: RequestConfig) -> None:
+    """A SpecdecError for a request a batch cannot run: it verifies causally."""
+    if config.verify != "causal":
+        raise SpecdecError("batched serving verifies causally: drop --verify stairs or use --max-batch 1")
 
-    def __init__(self, engine: "Engine", max_batch: int = 4) -> None:
+
+class BatchPool:
+    """An Engine's models serving up to `max_batch` concurrent requests, one packed target forward per
+    step (see the module doc): the runner pool Engine.enable_batching gives the engine
+    (specdec.pool).  Each request's lease is a slot: a SlotRunner, a draft runner of its own and a
+    controller that sees the other slots' load.  `engine`: a specdec.engine.Engine (not imported here:
+    the engine imports this module)."""
+
+    def __init__(self, engine: Any, max_batch: int = 4) -> None:
         self.engine = engine
         model = getattr(engine.target_runner, "model", None)
         if model is None:
@@ -262,47 +275,23 @@ class BatchEngine:
         acceptance estimates are its own; its costs are the batch's, shared by every such request and
         learnt by the batch itself from each packed forward's time against its rows (a request's own
         step time holds its waits for the others, so the controller learns no costs itself)."""
-        chosen = self.engine.speculation(k, sampling)
-        if chosen is not self.engine.auto_controller():
+        chosen, shared = self.engine.speculation(k, sampling), self.engine.auto_controller()
+        if chosen is not shared:
             return chosen
-        from specdec.engine import MAX_AUTO_K
-
-        auto = AutoK(self.costs(), max_k=MAX_AUTO_K, cost_ewma=0.0, load=lambda: self.target.load(slot))
+        auto = AutoK(self.costs(), max_k=shared.max_k, cost_ewma=0.0, load=lambda: self.target.load(slot))
         self.target.controllers[slot] = auto
         return auto
 
-    def stream(
-        self,
-        prompt: str | Sequence[int],
-        max_new_tokens: int = 128,
-        num_speculative_tokens: int | str | Controller = AUTO,
-        use_draft: bool = True,
-        stop: Sequence[str] = (),
-        chat: bool = False,
-        sampling: SamplingParams | None = None,
-        draft_mode: str = "auto",
-        draft_confidence: float | None = None,
-    ) -> Iterator[Step]:
-        """Decode steps for one request in the batch (options as for Engine.stream).  The request takes a
-        slot when the first step is asked for and gives it back when the steps end or are closed."""
-        engine = self.engine
-        sampling = sampling or SamplingParams()
-        prompt_ids = engine.encode(prompt, chat=chat)
-        condition = engine.stop_condition(max_new_tokens, stop)
-        if use_draft and engine.can_draft:
-            self.costs()  # measured before the first slot is taken: the others do not wait for it
+    def check(self, config: RequestConfig) -> None:
+        check_batchable(config)
+
+    @contextmanager
+    def lease(self, config: RequestConfig) -> Iterator[Lease]:
+        """A slot for one request, from when its first step is asked for until its steps end or are closed."""
+        if config.speculative and self.engine.can_draft:
+            self.costs()  # measured before the slot is taken: the others do not wait for it
         slot = self.target.acquire()
         try:
-            drafter = None
-            if use_draft and engine.can_draft:
-                draft = self._drafts[slot.slot] if self._drafts else None
-                drafter = engine.make_drafter(sampling, draft_mode, draft_confidence, draft_runner=draft)
-            k = self.controller(slot.slot, num_speculative_tokens, sampling) if drafter is not None else 1
-            yield from decode(slot, prompt_ids, condition, drafter=drafter, num_speculative_tokens=k,
-                              verifier=make_verifier(sampling))
+            yield Lease(slot, self._drafts[slot.slot] if self._drafts else None, partial(self.controller, slot.slot))
         finally:
             slot.release()
-
-    def generate(self, prompt: str | Sequence[int], **options: Any):
-        """Run one request to the end (in the calling thread); options as for :meth:`stream`."""
-        return self.engine.generate_from(self.stream(prompt, **options), options.get("stop", ()))

@@ -8,6 +8,7 @@ stderr, so stdout can be piped.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import sys
@@ -21,6 +22,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 
 from specdec.defaults import DEFAULT_DRAFTER, DEFAULT_TARGET
 from specdec.errors import SpecdecError
+from specdec.request import Option, RequestConfig, RequestError, cli_fields, field_type
 
 if TYPE_CHECKING:  # the serve extra's modules load only when serving
     from specdec.serve.app import ServeOptions
@@ -73,26 +75,65 @@ class Device(str, Enum):
 DEVICE_HELP = "Where transformers models run: cpu, cuda, or auto (cuda when available). int8 is CPU-only."
 
 
-class DraftMode(str, Enum):
-    auto = "auto"
-    same = "same"
-    text = "text"
-    intersection = "intersection"
-
-
-class Verify(str, Enum):
-    causal = "causal"
-    stairs = "stairs"
-
-
-VERIFY_HELP = ("causal: the draft checked by one target forward over its tokens; stairs: the target asked only "
-               "for next-token predictions on a staircase of prefixes (greedy only; same output).")
-
-
 def fail(message: str) -> NoReturn:
     """Print a one-line error and exit with status 2."""
     err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
     raise typer.Exit(2)
+
+
+def request_options(per_request: bool = False) -> Callable[[Callable], Callable]:
+    """A command's `request` parameter becomes RequestConfig's CLI options, in its place (per_request:
+    only those a server request may set, as serve's defaults for them).  The command is called with
+    `request` the RequestConfig they make; a value it refuses is a one-line error naming the flag.  So
+    a RequestConfig field with flags is an option of each command decorated."""
+    fields = cli_fields(per_request)
+
+    def wrap(command: Callable) -> Callable:
+        signature = inspect.signature(command)
+        params: list[inspect.Parameter] = []
+        for p in signature.parameters.values():
+            params += [cli_parameter(f, o) for f, o in fields] if p.name == "request" else [p]
+
+        def run(**values):
+            given = {f.name: cli_value(values.pop(f.name)) for f, _ in fields}
+            try:
+                config = RequestConfig(**given)
+            except RequestError as e:
+                fail(e.named(flag_of(e.field)))
+            except SpecdecError as e:
+                fail(str(e))
+            return command(request=config, **values)
+
+        for name in ("__name__", "__qualname__", "__doc__", "__module__"):
+            setattr(run, name, getattr(command, name))
+        run.__signature__ = signature.replace(parameters=params)  # what typer (and inspect) read
+        run.__annotations__ = {p.name: p.annotation for p in params}
+        return run
+
+    return wrap
+
+
+def cli_parameter(f: dataclasses.Field, option: Option) -> inspect.Parameter:
+    """A RequestConfig field as a typer option: a str field with choices is an Enum of them, so that the
+    CLI lists and checks them; an empty tuple's default is None (no option given)."""
+    kind, default = option.cli_type or field_type(f), f.default
+    if option.choices:
+        kind = Enum(f.name, {c: c for c in option.choices}, type=str)
+        default = kind(default)
+    if default == ():
+        default = None
+    return inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=kind,
+                             default=typer.Option(default, *option.flags, help=option.help))
+
+
+def cli_value(value: object) -> object:
+    """A typer option's value as RequestConfig takes it (an Enum's value)."""
+    return value.value if isinstance(value, Enum) else value
+
+
+def flag_of(field_name: str) -> str:
+    """The CLI flag of a RequestConfig field (its long one)."""
+    return next(o.flags[0] for f, o in cli_fields() if f.name == field_name)
 
 
 class PullProgress:
@@ -143,12 +184,11 @@ def draft_backend_note(engine) -> str:
 
 
 @app.command()
+@request_options()
 def generate(
     prompt: str = typer.Argument(..., help="Text to continue (or the user message with --chat)."),
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
     draft: str = typer.Option(DEFAULT_DRAFTER, "--draft", "-d", help="Draft model, 'lookup' (prompt lookup: no draft model), 'lookup+<model>' (lookup where it matches, the model elsewhere), or 'none' for plain decoding."),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most tokens to generate."),
-    num_speculative_tokens: str = typer.Option("auto", "--num-speculative-tokens", "-k", help="Draft tokens per step: 'auto' (a cost model picks 0..8 each step from measured speeds and acceptance; 0 = a plain step) or a fixed γ."),
     dtype: DType = typer.Option(DType.auto, "--dtype", help=DTYPE_HELP),
     draft_dtype: Optional[DraftDType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype); bf16 makes a transformers draft cheaper without changing the output, and int4 (drafts only: the int8 draft's weights in 4 bits, llama-family and Gemma 3 models) cheaper still."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend: hf (transformers) or llamacpp (GGUF via llama.cpp)."),
@@ -156,51 +196,27 @@ def generate(
     draft_backend: DraftBackend = typer.Option(DraftBackend.auto, "--draft-backend", help="Draft's backend: hf, llamacpp, or auto (with --draft-dtype: transformers; without: specdec's int8 kernel for a zoo draft on CPUs with AVX-512 VNNI, its int4 kernel on other AVX2 CPUs, else llama.cpp when it is installed and the draft is a GGUF, else the target's)."),
     n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for llama.cpp and torch (default: llama.cpp all CPUs, torch its own choice)."),
-    draft_mode: DraftMode = typer.Option(
-        DraftMode.auto, "--draft-mode",
-        help="same: shared tokenizer; text / intersection: another tokenizer (via text / shared tokens); auto picks.",
-    ),
-    draft_confidence: Optional[float] = typer.Option(None, "--draft-confidence", help="Stop drafting after a token the draft model gave less than this probability (0..1; off by default). Never changes the output."),
-    verify: Verify = typer.Option(Verify.causal, "--verify", help=VERIFY_HELP),
-    stop: Optional[list[str]] = typer.Option(None, "--stop", help="Stop string (repeatable); not included in the text."),
-    chat: bool = typer.Option(False, "--chat", help="Apply the target's chat template to the prompt."),
-    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
-    top_k: int = typer.Option(0, "--top-k", help="0 = off."),
-    top_p: float = typer.Option(1.0, "--top-p", help="1.0 = off."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling."),
+    request: RequestConfig = None,  # RequestConfig's options (-n, -k, --temperature, ...): see request_options
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object {text, token_ids, stats}."),
 ) -> None:
     """Generate text with speculative decoding (or plainly with --draft none)."""
     from specdec.engine import TextStream
-    from specdec.loop import collect
-    from specdec.sampling import SamplingParams
-    from specdec.stairs import check_verify_mode
 
-    if max_new_tokens <= 0:
-        fail(f"--max-new-tokens must be > 0, got {max_new_tokens}")
-    k = parse_k(num_speculative_tokens)
     if not prompt:
         fail("the prompt is empty: give some text to continue")
     check_n_ctx_and_threads(n_ctx, threads)
     quiet_libraries()
     progress = PullProgress()
     try:
-        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        check_verify_mode(verify.value, sampling.greedy)  # refused before any model is loaded
         draft_spec = None if draft.lower() == "none" else draft
         engine = load_engine(target, draft_spec, dtype, draft_dtype, backend, draft_backend, device, n_ctx, threads,
                              progress)
-        stops = tuple(stop or ())
-        steps = engine.stream(
-            prompt, max_new_tokens=max_new_tokens, num_speculative_tokens=k,
-            stop=stops, chat=chat, sampling=sampling, draft_mode=draft_mode.value, draft_confidence=draft_confidence,
-            verify=verify.value,
-        )
+        steps = engine.stream(prompt, request)
         if as_json:
-            result = engine.generate_from(steps, stops)
+            result = engine.generate_from(steps, request.stop)
             print(json.dumps(result.to_dict(), ensure_ascii=False))
             return
-        text = TextStream(engine.decode_text, stops)
+        text = TextStream(engine.decode_text, request.stop)
         step = None
         for step in steps:
             sys.stdout.write(text.push(step.tokens, final=step.finish_reason is not None))
@@ -212,11 +228,11 @@ def generate(
                    f" · target {engine.target_name} {engine.dtype}")
         if draft_spec:
             summary += (
-                f" · draft {engine.draft_name}{draft_backend_note(engine)} (k {'auto' if k == 'auto' else k}: mean {s.mean_k:.1f},"
+                f" · draft {engine.draft_name}{draft_backend_note(engine)} (k {request.k}: mean {s.mean_k:.1f},"
                 f" {s.plain_fraction:.0%} plain steps) · acceptance {s.acceptance_rate:.0%}"
                 f" · {s.tokens_per_target_forward:.2f} tokens/target forward"
             )
-            if verify is Verify.stairs:
+            if request.verify == "stairs":
                 summary += " · stairs verification"
         err.print(summary, soft_wrap=True)  # one line, whatever the width: logs stay greppable
     except SpecdecError as e:
@@ -258,10 +274,10 @@ def generate_option(name: str):
 
 
 @app.command()
+@request_options(per_request=True)
 def serve(
     target: str = generate_option("target"),
     draft: str = generate_option("draft"),
-    num_speculative_tokens: str = generate_option("num_speculative_tokens"),
     dtype: DType = generate_option("dtype"),
     draft_dtype: Optional[DraftDType] = generate_option("draft_dtype"),
     backend: Backend = generate_option("backend"),
@@ -269,9 +285,7 @@ def serve(
     draft_backend: DraftBackend = generate_option("draft_backend"),
     n_ctx: Optional[int] = generate_option("n_ctx"),
     threads: Optional[int] = generate_option("threads"),
-    draft_mode: DraftMode = generate_option("draft_mode"),
-    draft_confidence: Optional[float] = generate_option("draft_confidence"),
-    verify: Verify = generate_option("verify"),
+    request: RequestConfig = None,  # the requests' defaults: -k, --draft-mode, ... (see request_options)
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (127.0.0.1: this machine only)."),
     port: int = typer.Option(8000, "--port", help="Port to listen on (0: a free one; the URL is printed)."),
     served_model_name: Optional[list[str]] = typer.Option(None, "--served-model-name", help="The name requests give as `model` (repeatable; default: --target as given)."),
@@ -291,8 +305,8 @@ def serve(
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (completions, chat, streaming), with
     Prometheus metrics at /metrics and a playground page at /. Requests run one at a time, or up to
-    --max-batch together; -k is their default draft length, and a request may set its own
-    ("speculative": {"k": ...}). With --replicas, the same server runs as Ray Serve replicas."""
+    --max-batch together; -k, --draft-mode, --draft-confidence and --verify are their defaults, and a
+    request may set its own ("speculative": {"k": ..., "draft_mode": ...}). With --replicas, the same server runs as Ray Serve replicas."""
     from rich.markup import escape  # the hints' [serve] and [ray] are not markup
 
     from specdec.serve import INSTALL_HINT, missing_extra
@@ -305,7 +319,6 @@ def serve(
     from specdec.serve.connections import ConnectionLimits
 
     plan = replica_plan(replicas, ray_address, replica_cpus)
-    k = parse_k(num_speculative_tokens)
     check_n_ctx_and_threads(n_ctx, threads)
     for name, value, least in (("--max-queue", max_queue, 1), ("--max-batch", max_batch, 1),
                                ("--max-tokens-limit", max_tokens_limit, 1),
@@ -328,13 +341,16 @@ def serve(
     if api_key and not keys:
         fail("--api-key is empty: give a key, or leave the option out")
     options = ServeOptions(
-        served_names=names, default_k=k, draft_mode=draft_mode.value, draft_confidence=draft_confidence,
-        verify=verify.value, max_queue=max_queue, max_batch=max_batch, max_tokens_limit=max_tokens_limit,
+        served_names=names, defaults=request, max_queue=max_queue, max_batch=max_batch, max_tokens_limit=max_tokens_limit,
         max_body_bytes=max_body_bytes, api_keys=keys, metrics_need_key=not open_metrics,
         allowed_origins=split_values(allowed_origins))
     if max_batch > 1:
-        if verify is Verify.stairs:
-            fail("batched serving verifies causally: drop --verify stairs or use --max-batch 1")
+        from specdec.batching import check_batchable
+
+        try:
+            check_batchable(request)
+        except SpecdecError as e:
+            fail(str(e))
         if draft_backend is DraftBackend.auto:  # each request drafts with a cache of its own over one model
             draft_backend = DraftBackend.hf
     if plan is not None:
@@ -480,18 +496,6 @@ def bench(
         err.print(f"results in {out}/ (summary.md, results.jsonl, plots)")
         if "note" in data["files"]:
             err.print(data["files"]["note"])
-
-
-
-
-def parse_k(text: str) -> int | str:
-    """--num-speculative-tokens: 'auto' or an int >= 1; a one-line failure for anything else."""
-    from specdec.control import parse_speculation
-
-    try:
-        return parse_speculation(text)
-    except SpecdecError as e:
-        fail(f"--num-speculative-tokens {e}")
 
 
 def _parse_ks(text: str) -> list[int]:

@@ -2,8 +2,12 @@
 
 It turns text into token ids (optionally through the target's chat template),
 builds the strategy objects for a request — a drafter, a verifier, a stop
-condition — and runs the one decode loop of :mod:`specdec.loop`.  The CLI,
-the Python API and the benchmark all go through here.
+condition, a controller — from its :class:`~specdec.request.RequestConfig`, and
+runs the one decode loop of :mod:`specdec.loop` over runners its pool lends it
+(:mod:`specdec.pool`: one request at a time, or a batch's slots after
+:meth:`Engine.enable_batching`).  :meth:`Engine.stream` is the one place a
+request is set up: the CLI, the server, the Python API and the benchmark all go
+through it.
 """
 
 from __future__ import annotations
@@ -26,127 +30,17 @@ from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.universal import UniversalDrafter
 from specdec.errors import IncompatibleDraftError, SpecdecError
+from specdec.loading import AUTO_BACKEND, LOOKUP, ModelSpec, resolve_draft, split_lookup
 from specdec.loop import Stats, Step, StopCondition, collect, decode
+from specdec.pool import Lease, RunnerPool, SinglePool
+from specdec.request import RequestConfig, check_draft_mode, check_verify_mode
 from specdec.sampling import SamplingParams
-from specdec.stairs import StairsRunner, check_verify_mode, stairs_runner
+from specdec.stairs import StairsRunner, stairs_runner
 from specdec.verify import make_verifier
 from specdec.vocab import same_vocabulary
 
-# A name, or a loaded (transformers model or ModelRunner, tokenizer) pair.
-ModelSpec = str | tuple[Any, PreTrainedTokenizerBase]
-BACKENDS = ("hf", "llamacpp")
-LOOKUP = "lookup"  # the draft name for prompt lookup (no draft model)
 MAX_AUTO_K = 8  # the most tokens the controller drafts in one step
 
-
-AUTO_BACKEND = "auto"  # the draft's backend: llama.cpp where it can run the draft, else the target's
-
-
-def fastest_draft_backend(draft: ModelSpec | None, backend: str) -> str:
-    """The draft backend "auto" stands for: llama.cpp when llama-cpp-python is installed and the draft is
-    a GGUF (a zoo name or a .gguf file): the 0.5B drafts a token in 44 ms there against 75 ms in
-    transformers int8 (2-core AMD EPYC, Zen 1) and ~160 ms in fp32 (Zen 3), and a draft's numerics never
-    change the output.  Otherwise the target's backend."""
-    from specdec.loading import llamacpp_can_run
-
-    return "llamacpp" if backend != "llamacpp" and llamacpp_can_run(draft) else backend
-
-
-INT4_ZOO_ARCHS = ("llama", "qwen2", "mistral", "gemma3")  # zoo (GGUF) architectures lean runs as int4 drafts
-
-
-def fastest_spec_draft_dtype(draft: ModelSpec | None, backend: str, device: str) -> str | None:
-    """The draft dtype the draft backend "auto" means on specdec's own kernels, or None for llama.cpp.
-
-    Only for a transformers target on the CPU and a zoo draft (decoder-only models that int8 runs; a
-    directory or hub model may be an encoder-decoder one, so those keep llama.cpp), as measured with
-    `specdec profile` (a draft's numerics never change the output):
-    - "int8" on CPUs where the int8 kernel multiplies with AVX-512 VNNI: the 0.5B drafts a token in
-      28.6 ms against 45.2 ms on llama.cpp (2-core Xeon);
-    - "int4" on other CPUs with AVX2, for the drafts lean runs in int4 (llama family, Gemma 3): in
-      the Q4_1-like format (kernels/int4_linear.c), with the layers in one C call, on a 2-core AMD
-      EPYC (Zen 3), ms per drafted token / per 64-token catch-up against llama.cpp's in the same
-      process: smollm2-135m 10.5 / 175 against 17.7 / 421, the 0.5B 25.2 / 464 against 47.4 / 1111,
-      gemma3-270m 13.5 / 188 against 25.1 / 309 (benchmarks/runs/int4-q41-zen3/)."""
-    if backend != "hf" or device != "cpu" or not isinstance(draft, str):
-        return None
-    from specdec import zoo
-    from specdec.loading import resolve
-
-    try:
-        kind, location = resolve(draft)
-        if kind != "zoo":
-            return None
-        from specdec.backends import kernels
-
-        isa = kernels.int8.isa()
-    except SpecdecError:  # no C compiler for the kernel, or a name that loading will report
-        return None
-    if isa == "avx512-vnni":
-        return "int8"
-    entry = zoo.get(location)
-    if isa == "avx2" and entry.arch in INT4_ZOO_ARCHS:
-        return "int4"
-    return None
-
-
-def int4_draft_backend(draft_backend: str | None, draft_dtype: str | None) -> str | None:
-    """The draft's backend given its dtype: an int4 draft runs on specdec's int4 kernel, on the
-    transformers side ("hf"; a SpecdecError for llama.cpp); other dtypes leave it as it is."""
-    if draft_dtype != "int4":
-        return draft_backend
-    if draft_backend not in (None, AUTO_BACKEND, "hf"):
-        raise SpecdecError("--draft-dtype int4 runs the draft on specdec's int4 kernel: use --draft-backend hf")
-    return "hf"
-
-
-def split_lookup(draft: ModelSpec | None) -> tuple[bool, ModelSpec | None]:
-    """(whether prompt lookup drafts, the draft model or None) of a drafter spec: "lookup" -> (True,
-    None), "lookup+<model>" (a hybrid) -> (True, model), anything else -> (False, it)."""
-    if not (isinstance(draft, str) and (draft.lower() == LOOKUP or draft.lower().startswith(LOOKUP + "+"))):
-        return False, draft
-    rest = draft[len(LOOKUP) + 1:].strip()  # "lookup+<model>": a hybrid with that draft model
-    if draft.lower() != LOOKUP and not rest:
-        raise SpecdecError("'lookup+' needs a draft model after the '+', e.g. lookup+qwen2.5-coder-0.5b")
-    return True, rest or None
-
-
-def resolve_draft(draft: ModelSpec | None, backend: str, draft_backend: str | None, draft_dtype: str | None,
-                  device: str = "cpu") -> tuple[str, str, str | None]:
-    """(target's backend, draft's backend, draft's dtype) as Engine.load will load them: an int4 draft on
-    specdec's kernel; the draft backend "auto" with a draft dtype given: transformers (a dtype is a
-    transformers model's); with none: the draft on specdec's int8 / int4 kernel where that is fastest
-    (fastest_spec_draft_dtype), else llama.cpp where it can run the draft, else the target's backend.
-    `draft` is the draft model (without a "lookup+" prefix)."""
-    draft_backend = int4_draft_backend(draft_backend, draft_dtype)
-    if draft_backend == AUTO_BACKEND and draft_dtype is not None and backend == "hf":
-        draft_backend = "hf"  # a dtype is a transformers model's: the user asked for the draft there
-    if draft_backend == AUTO_BACKEND and draft_dtype is None:
-        draft_dtype = fastest_spec_draft_dtype(draft, backend, device)
-        if draft_dtype is not None:
-            draft_backend = "hf"
-    backend, draft_backend = resolve_backends(backend, draft_backend, draft)
-    return backend, draft_backend, draft_dtype
-
-
-def resolve_backends(backend: str, draft_backend: str | None, draft: ModelSpec | None = None) -> tuple[str, str]:
-    """(target's, draft's) backend, the draft's defaulting to the target's ("auto": see
-    fastest_draft_backend); a SpecdecError names an unknown one."""
-    if draft_backend == AUTO_BACKEND:
-        draft_backend = fastest_draft_backend(draft, backend)
-    draft_backend = draft_backend or backend
-    for b in (backend, draft_backend):
-        if b not in BACKENDS:
-            raise SpecdecError(f"unknown backend '{b}': expected one of {', '.join(BACKENDS)}")
-    return backend, draft_backend
-
-
-# How the draft model drafts: "same" (shared tokenizer: ids are used as they
-# are), "text" (another tokenizer: proposals cross over as text, verified
-# without q), "intersection" (another tokenizer: the draft is restricted to the
-# shared tokens and its q is used).  "auto" = "same" when the vocabularies are
-# identical, else "text".
-DRAFT_MODES = ("auto", "same", "text", "intersection")
 
 
 @dataclass
@@ -295,6 +189,23 @@ class Engine:
         self._stairs: StairsRunner | None = None
         self.dtype = "as loaded"  # the target's dtype, as Engine.load resolved it ("gguf" on llama.cpp)
         self.draft_dtype = "as loaded" if draft is not None else None  # the draft model's, likewise
+        self.pool: RunnerPool = self._single_pool()  # lends the runners to requests (specdec.pool)
+
+    def enable_batching(self, max_batch: int) -> None:
+        """Decode up to `max_batch` requests (streams consumed from as many threads) together, one packed
+        target forward per step (specdec.batching); 1: one request at a time, the engine's own runners."""
+        if max_batch < 1:
+            raise SpecdecError(f"the batch size must be >= 1, got {max_batch}")
+        if max_batch == 1:
+            self.pool = self._single_pool()
+            return
+        from specdec.batching import BatchPool
+
+        self.pool = BatchPool(self, max_batch)
+
+    def _single_pool(self) -> SinglePool:
+        """The default pool: this engine's own runners, one request at a time."""
+        return SinglePool(Lease(self.target_runner, self.draft_runner, self.speculation))
 
     def speculation(self, k: int | str | Controller, sampling: SamplingParams | None = None) -> int | Controller:
         """A draft length for the loop: an int γ as it is, a Controller as it is, or "auto": this
@@ -333,8 +244,7 @@ class Engine:
 
     def resolve_draft_mode(self, mode: str = "auto") -> str:
         """The concrete drafting mode for `mode` with this pair of models."""
-        if mode not in DRAFT_MODES:
-            raise SpecdecError(f"unknown draft mode '{mode}': expected one of {', '.join(DRAFT_MODES)}")
+        check_draft_mode(mode)
         if mode in ("text", "intersection") and isinstance(self.target_runner, Seq2SeqRunner):
             raise SpecdecError(f"draft mode '{mode}' is for a draft with another tokenizer; an encoder-decoder "
                                "pair shares one: use draft mode 'same' or 'auto'")
@@ -355,11 +265,9 @@ class Engine:
     def make_drafter(self, sampling: SamplingParams, mode: str = "auto", confidence: float | None = None,
                      draft_runner: ModelRunner | None = None) -> Drafter | None:
         """The drafter for one request, or None without a draft model or lookup.  confidence: the
-        draft model stops after a token it gave less probability (None: it drafts all k).
-        draft_runner: the draft model's runner to use (default: the engine's; a batch gives each
-        request its own cache over the same model)."""
-        if confidence is not None and not 0 < confidence < 1:
-            raise SpecdecError(f"the draft confidence must be between 0 and 1, got {confidence}")
+        draft model stops after a token it gave less probability (None: it drafts all k; checked by
+        RequestConfig).  draft_runner: the draft model's runner to use (default: the engine's; a batch
+        gives each request its own cache over the same model)."""
         if self.draft_runner is None:
             return LookupDrafter() if self.lookup else None
         model = self._model_drafter(sampling, mode, confidence, draft_runner or self.draft_runner)
@@ -487,56 +395,49 @@ class Engine:
     def decode_text(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
-    def stream(
-        self,
-        prompt: str | Sequence[int],
-        max_new_tokens: int = 128,
-        num_speculative_tokens: int | str | Controller = AUTO,
-        use_draft: bool = True,
-        stop: Sequence[str] = (),
-        chat: bool = False,
-        sampling: SamplingParams | None = None,
-        draft_mode: str = "auto",
-        draft_confidence: float | None = None,
-        verify: str = "causal",
-    ) -> Iterator[Step]:
-        """Decode steps for one request (see :func:`specdec.loop.decode`).
+    def stream(self, prompt: str | Sequence[int], config: RequestConfig | None = None,
+               **options: Any) -> Iterator[Step]:
+        """Decode steps for one request (see :func:`specdec.loop.decode`): the one place a request is set up.
 
-        num_speculative_tokens: a fixed γ, "auto" (the cost-model controller), or a Controller.
-        draft_confidence: the draft model stops drafting after a token it gave less probability
-        (an optional early stop; None: it drafts the k it is asked for).
-        verify: "causal" (the draft checked by one target forward over its tokens) or "stairs"
-        (the target asked only for next-token predictions on a staircase of prefixes,
-        specdec.stairs; greedy only).
+        config: the request's options (specdec.request.RequestConfig), changed by keyword `options`
+        (RequestConfig.from_options: max_new_tokens, num_speculative_tokens / k -- a fixed γ, "auto" or a
+        Controller --, use_draft / speculative, stop, chat, sampling, draft_mode, draft_confidence, verify
+        -- "causal", or "stairs": next-token queries only, greedy; specdec.stairs).
+        The options, the prompt and the draft mode are checked now; the runners are taken from the
+        engine's pool when the first step is asked for, and given back when the steps end or are closed.
         """
-        sampling = sampling or SamplingParams()
-        target = self.verification_target(verify, sampling)
-        prompt_ids = self.encode(prompt, chat=chat)
-        condition = self.stop_condition(max_new_tokens, stop)
-        drafter = self.make_drafter(sampling, draft_mode, draft_confidence) if use_draft else None
-        source = None
-        if isinstance(self.target_runner, Seq2SeqRunner):  # the prompt is the encoder's input
-            source, prompt_ids = prompt_ids, self.target_runner.decoder_prompt()
-        steps = decode(
-            target,
-            prompt_ids,
-            condition,
-            drafter=drafter,
-            num_speculative_tokens=self.speculation(num_speculative_tokens, sampling) if drafter is not None else 1,
-            verifier=make_verifier(sampling),
-        )
-        return steps if source is None else self._encoded(source, steps)
+        config = RequestConfig.from_options(config, **options)
+        self.pool.check(config)
+        prompt_ids = self.encode(prompt, chat=config.chat)
+        condition = self.stop_condition(config.max_new_tokens, config.stop)
+        drafting = config.speculative and self.can_draft
+        if drafting and self.draft_runner is not None:
+            self.resolve_draft_mode(config.draft_mode)
+        return self._steps(prompt_ids, condition, config, drafting)
+
+    def _steps(self, prompt_ids: list[int], condition: StopCondition, config: RequestConfig,
+               drafting: bool) -> Iterator[Step]:
+        """The request's steps, decoded over runners the pool lends for as long as they run."""
+        with self.pool.lease(config) as lease:
+            yield from self._decode(lease, prompt_ids, condition, config, drafting)
+
+    def _decode(self, lease: Lease, prompt_ids: list[int], condition: StopCondition, config: RequestConfig,
+                drafting: bool) -> Iterator[Step]:
+        sampling = config.sampling
+        drafter = (self.make_drafter(sampling, config.draft_mode, config.draft_confidence, draft_runner=lease.draft)
+                   if drafting else None)
+        k = lease.controller(config.k, sampling) if drafter is not None else 1
+        target = lease.target if config.verify == "causal" else self.verification_target(config.verify, sampling)
+        if isinstance(lease.target, Seq2SeqRunner):  # the prompt is the encoders' input
+            self._set_sources(prompt_ids)
+            prompt_ids = lease.target.decoder_prompt()
+        return decode(target, prompt_ids, condition, drafter=drafter, num_speculative_tokens=k,
+                      verifier=make_verifier(sampling))
 
     def stop_condition(self, max_new_tokens: int, stop: Sequence[str] = ()) -> StopCondition:
         """When a request ends: max_new_tokens, the target's end-of-sequence tokens, stop strings."""
         return StopCondition(max_new_tokens=max_new_tokens, eos_token_ids=self.eos_token_ids,
                              stop_strings=tuple(stop), decode=self.decode_text)
-
-    def _encoded(self, source: list[int], steps: Iterator[Step]) -> Iterator[Step]:
-        """An encoder-decoder request's `steps`, its encoders run over `source` when the first step is
-        asked for (not before: the runners serve whichever request decodes now)."""
-        self._set_sources(source)
-        yield from steps
 
     def _set_sources(self, source: Sequence[int] | None = None) -> None:
         """Run the encoder of the target and of the draft, where they are encoder-decoder models, over
@@ -554,12 +455,18 @@ class Engine:
             self._stairs = stairs_runner(self.target_runner)
         return self._stairs
 
-    def generate(self, prompt: str | Sequence[int], **options: Any) -> Result:
-        """Run a request to the end; options as for :meth:`stream`."""
-        return self.generate_from(self.stream(prompt, **options), options.get("stop", ()))
+    def generate(self, prompt: str | Sequence[int], config: RequestConfig | None = None, **options: Any) -> Result:
+        """Run a request to the end; config and options as for :meth:`stream`."""
+        config = RequestConfig.from_options(config, **options)
+        return self.generate_from(self.stream(prompt, config), config.stop)
 
     def generate_from(self, steps: Iterable[Step], stop: Sequence[str] = ()) -> Result:
         """Run already-created decode steps to the end and build the Result."""
-        out = collect(steps)
+        try:
+            out = collect(steps)
+        finally:
+            close = getattr(steps, "close", None)
+            if close is not None:
+                close()  # the runners go back to the pool now, not when the steps are collected as garbage
         text = cut_at_stop(self.decode_text(out.token_ids), stop)
         return Result(text, out.token_ids, out.finish_reason, out.stats)

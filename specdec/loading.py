@@ -6,6 +6,10 @@ file, a path to a transformers model directory, or a Hugging Face hub id
 transformers directory under ``home()/hf/`` so later loads are fast.  An int8
 model (``dtype="int8"``, see specdec.backends.quant) is quantized once from the
 fp32 one and cached under ``home()/int8/``.
+
+Also what a drafter spec means ("lookup", "lookup+<model>", a model) and which backend and dtype the
+draft runs in when they are left to "auto" (resolve_draft): Engine.load, the bench and serve's
+replicas all choose here.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from specdec.errors import SpecdecError
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+# A name, or a loaded (transformers model or ModelRunner, tokenizer) pair.
+ModelSpec = str | tuple[Any, "PreTrainedTokenizerBase"]
 DTYPES = ("fp32", "bf16", "int8")
 AUTO_DTYPE = "auto"  # a target's dtype: the fastest exact one on this machine (fastest_dtype)
 INT4 = "int4"  # a draft model's dtype only (specdec.backends.int4): its numbers never reach the output
@@ -383,3 +389,104 @@ def load_hf(
     model.eval()
     model.requires_grad_(False)
     return model, tokenizer
+
+
+# --- drafter specs, and the backend and dtype chosen for a draft (Engine.load, the bench, serve's replicas) ---
+
+BACKENDS = ("hf", "llamacpp")
+LOOKUP = "lookup"  # the draft name for prompt lookup (no draft model)
+AUTO_BACKEND = "auto"  # the draft's backend: llama.cpp where it can run the draft, else the target's
+
+
+def fastest_draft_backend(draft: ModelSpec | None, backend: str) -> str:
+    """The draft backend "auto" stands for: llama.cpp when llama-cpp-python is installed and the draft is
+    a GGUF (a zoo name or a .gguf file): the 0.5B drafts a token in 44 ms there against 75 ms in
+    transformers int8 (2-core AMD EPYC, Zen 1) and ~160 ms in fp32 (Zen 3), and a draft's numerics never
+    change the output.  Otherwise the target's backend."""
+    return "llamacpp" if backend != "llamacpp" and llamacpp_can_run(draft) else backend
+
+
+INT4_ZOO_ARCHS = ("llama", "qwen2", "mistral", "gemma3")  # zoo (GGUF) architectures lean runs as int4 drafts
+
+
+def fastest_spec_draft_dtype(draft: ModelSpec | None, backend: str, device: str) -> str | None:
+    """The draft dtype the draft backend "auto" means on specdec's own kernels, or None for llama.cpp.
+
+    Only for a transformers target on the CPU and a zoo draft (decoder-only models that int8 runs; a
+    directory or hub model may be an encoder-decoder one, so those keep llama.cpp), as measured with
+    `specdec profile` (a draft's numerics never change the output):
+    - "int8" on CPUs where the int8 kernel multiplies with AVX-512 VNNI: the 0.5B drafts a token in
+      28.6 ms against 45.2 ms on llama.cpp (2-core Xeon);
+    - "int4" on other CPUs with AVX2, for the drafts lean runs in int4 (llama family, Gemma 3): in
+      the Q4_1-like format (kernels/int4_linear.c), with the layers in one C call, on a 2-core AMD
+      EPYC (Zen 3), ms per drafted token / per 64-token catch-up against llama.cpp's in the same
+      process: smollm2-135m 10.5 / 175 against 17.7 / 421, the 0.5B 25.2 / 464 against 47.4 / 1111,
+      gemma3-270m 13.5 / 188 against 25.1 / 309 (benchmarks/runs/int4-q41-zen3/)."""
+    if backend != "hf" or device != "cpu" or not isinstance(draft, str):
+        return None
+    try:
+        kind, location = resolve(draft)
+        if kind != "zoo":
+            return None
+        from specdec.backends import kernels
+
+        isa = kernels.int8.isa()
+    except SpecdecError:  # no C compiler for the kernel, or a name that loading will report
+        return None
+    if isa == "avx512-vnni":
+        return "int8"
+    entry = zoo.get(location)
+    if isa == "avx2" and entry.arch in INT4_ZOO_ARCHS:
+        return "int4"
+    return None
+
+
+def int4_draft_backend(draft_backend: str | None, draft_dtype: str | None) -> str | None:
+    """The draft's backend given its dtype: an int4 draft runs on specdec's int4 kernel, on the
+    transformers side ("hf"; a SpecdecError for llama.cpp); other dtypes leave it as it is."""
+    if draft_dtype != "int4":
+        return draft_backend
+    if draft_backend not in (None, AUTO_BACKEND, "hf"):
+        raise SpecdecError("--draft-dtype int4 runs the draft on specdec's int4 kernel: use --draft-backend hf")
+    return "hf"
+
+
+def split_lookup(draft: ModelSpec | None) -> tuple[bool, ModelSpec | None]:
+    """(whether prompt lookup drafts, the draft model or None) of a drafter spec: "lookup" -> (True,
+    None), "lookup+<model>" (a hybrid) -> (True, model), anything else -> (False, it)."""
+    if not (isinstance(draft, str) and (draft.lower() == LOOKUP or draft.lower().startswith(LOOKUP + "+"))):
+        return False, draft
+    rest = draft[len(LOOKUP) + 1:].strip()  # "lookup+<model>": a hybrid with that draft model
+    if draft.lower() != LOOKUP and not rest:
+        raise SpecdecError("'lookup+' needs a draft model after the '+', e.g. lookup+qwen2.5-coder-0.5b")
+    return True, rest or None
+
+
+def resolve_draft(draft: ModelSpec | None, backend: str, draft_backend: str | None, draft_dtype: str | None,
+                  device: str = "cpu") -> tuple[str, str, str | None]:
+    """(target's backend, draft's backend, draft's dtype) as Engine.load will load them: an int4 draft on
+    specdec's kernel; the draft backend "auto" with a draft dtype given: transformers (a dtype is a
+    transformers model's); with none: the draft on specdec's int8 / int4 kernel where that is fastest
+    (fastest_spec_draft_dtype), else llama.cpp where it can run the draft, else the target's backend.
+    `draft` is the draft model (without a "lookup+" prefix)."""
+    draft_backend = int4_draft_backend(draft_backend, draft_dtype)
+    if draft_backend == AUTO_BACKEND and draft_dtype is not None and backend == "hf":
+        draft_backend = "hf"  # a dtype is a transformers model's: the user asked for the draft there
+    if draft_backend == AUTO_BACKEND and draft_dtype is None:
+        draft_dtype = fastest_spec_draft_dtype(draft, backend, device)
+        if draft_dtype is not None:
+            draft_backend = "hf"
+    backend, draft_backend = resolve_backends(backend, draft_backend, draft)
+    return backend, draft_backend, draft_dtype
+
+
+def resolve_backends(backend: str, draft_backend: str | None, draft: ModelSpec | None = None) -> tuple[str, str]:
+    """(target's, draft's) backend, the draft's defaulting to the target's ("auto": see
+    fastest_draft_backend); a SpecdecError names an unknown one."""
+    if draft_backend == AUTO_BACKEND:
+        draft_backend = fastest_draft_backend(draft, backend)
+    draft_backend = draft_backend or backend
+    for b in (backend, draft_backend):
+        if b not in BACKENDS:
+            raise SpecdecError(f"unknown backend '{b}': expected one of {', '.join(BACKENDS)}")
+    return backend, draft_backend

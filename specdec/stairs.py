@@ -53,9 +53,6 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import torch
 
 from specdec.backends.base import Capabilities, ModelRunner, checked_new_tokens, common_prefix_length
-from specdec.errors import SpecdecError
-
-VERIFY_MODES = ("causal", "stairs")
 
 
 @runtime_checkable
@@ -191,13 +188,3 @@ def stairs_runner(target: ModelRunner | NextTokenModel, nested: bool = True) -> 
     if isinstance(target, ModelRunner):
         return StairsRunner(RunnerNextToken(target, nested=nested))
     return StairsRunner(target)
-
-
-def check_verify_mode(mode: str, greedy: bool = True) -> str:
-    """The verification mode, or a one-line SpecdecError for an unknown one, or for stairs with
-    sampling (greedy=False): stairs is greedy only."""
-    if mode not in VERIFY_MODES:
-        raise SpecdecError(f"unknown verification '{mode}': expected one of {', '.join(VERIFY_MODES)}")
-    if mode == "stairs" and not greedy:
-        raise SpecdecError("stairs verification is greedy only: drop --temperature, or use --verify causal")
-    return mode

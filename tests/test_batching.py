@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from specdec.backends.lean import LeanRunner, forward_packed
-from specdec.batching import BATCH_KS, BatchEngine, BatchedTarget
+from specdec.batching import BATCH_KS, BatchedTarget
 from specdec.control import AutoK, Costs, Load
 from specdec.engine import Engine
 from specdec.errors import SpecdecError
@@ -122,7 +122,8 @@ def _run_concurrently(jobs):
                                          ("fp32", "hybrid"), ("fp32", "other")])
 def test_batched_greedy_equals_each_request_alone(dtype, draft):
     engine = _engine(dtype, draft)
-    batch = BatchEngine(engine, max_batch=4)
+    engine.enable_batching(4)
+    batch = engine.pool
     rng = random.Random(f"{dtype}{draft}")
     requests = []
     for i in range(6):
@@ -130,7 +131,7 @@ def test_batched_greedy_equals_each_request_alone(dtype, draft):
         requests.append(dict(prompt=PROMPTS[i], max_new_tokens=rng.choice([3, 12, 30]), num_speculative_tokens=k,
                              use_draft=i != 5))
     # the reference: each request alone, plain decoding (no draft), in a batch of one
-    alone = [batch.generate(r["prompt"], max_new_tokens=r["max_new_tokens"], use_draft=False).token_ids
+    alone = [engine.generate(r["prompt"], max_new_tokens=r["max_new_tokens"], use_draft=False).token_ids
              for r in requests]
     for _ in range(2):
         order = rng.sample(range(6), 6)
@@ -138,7 +139,7 @@ def test_batched_greedy_equals_each_request_alone(dtype, draft):
 
         def job(i):
             def go():
-                outs[i] = batch.generate(**requests[i]).token_ids
+                outs[i] = engine.generate(**requests[i]).token_ids
             return go
 
         # 6 requests, 4 slots: two waves, whoever finishes first frees a slot for the next
@@ -152,13 +153,14 @@ def test_batched_greedy_equals_each_request_alone(dtype, draft):
 
 def test_a_cancelled_request_leaves_and_the_others_go_on():
     engine = _engine("int8", "self")
-    batch = BatchEngine(engine, max_batch=3)
-    alone = [batch.generate(p, max_new_tokens=20, use_draft=False).token_ids for p in PROMPTS[:2]]
+    engine.enable_batching(3)
+    batch = engine.pool
+    alone = [engine.generate(p, max_new_tokens=20, use_draft=False).token_ids for p in PROMPTS[:2]]
     outs = [None, None]
     started = threading.Event()
 
     def cancelled():
-        steps = batch.stream(PROMPTS[2], max_new_tokens=200, num_speculative_tokens=2)
+        steps = engine.stream(PROMPTS[2], max_new_tokens=200, num_speculative_tokens=2)
         next(steps)
         started.set()
         next(steps)
@@ -167,7 +169,7 @@ def test_a_cancelled_request_leaves_and_the_others_go_on():
     def normal(i):
         def go():
             started.wait(30)
-            outs[i] = batch.generate(PROMPTS[i], max_new_tokens=20, num_speculative_tokens="auto").token_ids
+            outs[i] = engine.generate(PROMPTS[i], max_new_tokens=20, num_speculative_tokens="auto").token_ids
         return go
 
     _run_concurrently([cancelled, normal(0), normal(1)])
@@ -177,13 +179,13 @@ def test_a_cancelled_request_leaves_and_the_others_go_on():
 
 def test_seeded_sampling_in_a_batch_is_its_seed_alone():
     engine = _engine("int8", "other")
-    batch = BatchEngine(engine, max_batch=4)
+    engine.enable_batching(4)
     params = [SamplingParams(temperature=0.9, top_p=0.95, seed=s) for s in (1, 2, 3)]
-    alone = [batch.generate(PROMPTS[i], max_new_tokens=24, sampling=p, num_speculative_tokens="auto").token_ids
+    alone = [engine.generate(PROMPTS[i], max_new_tokens=24, sampling=p, num_speculative_tokens="auto").token_ids
              for i, p in enumerate(params)]
     outs = _run_concurrently([
-        (lambda i=i, p=p: batch.generate(PROMPTS[i], max_new_tokens=24, sampling=p,
-                                         num_speculative_tokens="auto").token_ids)
+        (lambda i=i, p=p: engine.generate(PROMPTS[i], max_new_tokens=24, sampling=p,
+                                          num_speculative_tokens="auto").token_ids)
         for i, p in enumerate(params)
     ])
     assert outs == alone
@@ -221,7 +223,8 @@ def test_controller_backs_off_as_the_batch_grows():
 
 def test_the_batch_learns_its_costs_from_packed_forwards(monkeypatch):
     engine = _engine("int8", "self")
-    batch = BatchEngine(engine, max_batch=2)
+    engine.enable_batching(2)
+    batch = engine.pool
     # A table ten times slower than this tiny model runs: every packed forward measures faster.
     monkeypatch.setattr(batch, "_costs", Costs({n: 1000.0 * (1 + n / 64) for n in BATCH_KS}, draft_ms=1.0))
     batch.target.costs = batch._costs

@@ -131,7 +131,7 @@ def test_real_load_zoo_model(real_hf):
 @pytest.mark.parametrize("isa,expected", [("avx512-vnni", "int8"), ("avx2", "int4"), ("c", None)])
 def test_the_auto_draft_runs_on_specdecs_kernels_where_that_was_measured_faster(tmp_path, monkeypatch, isa, expected):
     from specdec.backends import kernels
-    from specdec.engine import fastest_spec_draft_dtype
+    from specdec.loading import fastest_spec_draft_dtype
 
     monkeypatch.setattr(kernels.int8, "isa", lambda: isa)
     assert fastest_spec_draft_dtype("qwen2.5-coder-0.5b", "hf", "cpu") == expected
@@ -148,13 +148,13 @@ def test_the_auto_draft_runs_on_specdecs_kernels_where_that_was_measured_faster(
 
 @pytest.mark.parametrize("faster", ["int8", "int4", None])
 def test_engine_auto_draft_backend_loads_an_int8_or_int4_draft_where_that_is_faster(tmp_path, monkeypatch, faster):
-    from specdec import engine as engine_module
+    from specdec import loading
     from specdec.backends.quant import is_int8
     from specdec.engine import Engine
 
     model_dir = str(make_tiny_model_dir(tmp_path / "tiny"))
     asked = []
-    monkeypatch.setattr(engine_module, "fastest_spec_draft_dtype",
+    monkeypatch.setattr(loading, "fastest_spec_draft_dtype",
                         lambda draft, backend, device: asked.append((draft, backend, device)) or faster)
     engine = Engine.load(model_dir, model_dir, dtype="fp32", draft_backend="auto")
     assert asked == [(model_dir, "hf", "cpu")]

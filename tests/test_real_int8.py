@@ -158,16 +158,14 @@ def test_int8_batched_requests_equal_int8_plain(real_hf, int8_target, int8_plain
     # forwards with each other: each output equals its plain output alone (bitwise invariance).
     import threading
 
-    from specdec.batching import BatchEngine
-
     engine = Engine(*int8_target, *real_hf("qwen2.5-coder-0.5b", "int8"), lookup=True)
-    batch = BatchEngine(engine, max_batch=4)
+    engine.enable_batching(4)
     ks = ["auto", 4, "auto", None]  # None: plain decoding inside the batch
     outputs: dict = {}
 
     def run(prompt, k):
-        outputs[prompt] = batch.generate(prompt, max_new_tokens=MAX_NEW, use_draft=k is not None,
-                                         num_speculative_tokens=k or 1).token_ids
+        outputs[prompt] = engine.generate(prompt, max_new_tokens=MAX_NEW, use_draft=k is not None,
+                                          num_speculative_tokens=k or 1).token_ids
 
     with real_model_threads():
         threads = [threading.Thread(target=run, args=(p, k)) for p, k in zip(PROMPTS, ks)]
@@ -176,4 +174,4 @@ def test_int8_batched_requests_equal_int8_plain(real_hf, int8_target, int8_plain
         for t in threads:
             t.join(600)
     assert outputs == int8_plain
-    assert batch.target.batched > batch.target.forwards  # forwards served several requests at once
+    assert engine.pool.target.batched > engine.pool.target.forwards  # forwards served several requests at once

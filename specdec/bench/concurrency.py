@@ -1,8 +1,8 @@
 """`specdec bench --concurrency 1,2,4,8`: throughput of the batched engine under N concurrent clients.
 
 For each concurrency c, c client threads pull the same list of requests (the
-prompt set, cycled to 2 × the largest c requests) through one
-:class:`specdec.batching.BatchEngine`, as a server's clients would: each
+prompt set, cycled to 2 × the largest c requests) through one engine with
+batching enabled (``Engine.enable_batching``, specdec.batching), as a server's clients would: each
 client sends its next request as soon as the previous one is answered
 (closed loop).  Three ways of decoding run at every c, interleaved (their
 order rotates between levels and repeats):
@@ -34,7 +34,7 @@ from specdec.bench.plotting import MISSING, pyplot
 from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:
-    from specdec.batching import BatchEngine
+    from specdec.engine import Engine
 
 
 @dataclass
@@ -86,9 +86,9 @@ def parse_levels(text: str) -> list[int]:
     return levels
 
 
-def run_level(batch: "BatchEngine", requests: Sequence[list[int]], concurrency: int, max_new_tokens: int,
+def run_level(engine: "Engine", requests: Sequence[list[int]], concurrency: int, max_new_tokens: int,
               k: int | str | None) -> tuple[float, list[Any]]:
-    """Run `requests` (token ids) through `batch` with `concurrency` closed-loop clients; k None = plain.
+    """Run `requests` (token ids) through `engine` (batching) with `concurrency` closed-loop clients; k None = plain.
     Returns (wall seconds, [(index, Result, latency s)])."""
     todo: queue.Queue[int] = queue.Queue()
     for i in range(len(requests)):
@@ -105,7 +105,7 @@ def run_level(batch: "BatchEngine", requests: Sequence[list[int]], concurrency: 
                 return
             start = time.perf_counter()
             try:
-                result = batch.generate(requests[i], max_new_tokens=max_new_tokens, use_draft=k is not None,
+                result = engine.generate(requests[i], max_new_tokens=max_new_tokens, use_draft=k is not None,
                                         num_speculative_tokens=k if k is not None else 1)
             except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
                 errors.append(e)
@@ -126,7 +126,7 @@ def run_level(batch: "BatchEngine", requests: Sequence[list[int]], concurrency: 
 
 
 def run_concurrency(
-    batch: "BatchEngine",
+    engine: "Engine",
     prompts: Sequence[list[int]],
     levels: Sequence[int],
     max_new_tokens: int,
@@ -135,17 +135,19 @@ def run_concurrency(
     advance: Callable[[str], None] = lambda _: None,
     write: Callable[[LevelResult], None] = lambda _: None,
 ) -> list[LevelResult]:
-    """Every method at every level (methods: (name, k), k None = plain); see the module doc."""
+    """Every method at every level (methods: (name, k), k None = plain) through `engine`, its batching
+    enabled (specdec.batching.BatchPool); see the module doc."""
+    batch = engine.pool
     if max(levels) > batch.max_batch:
         raise SpecdecError(f"a concurrency of {max(levels)} needs a batch of that many slots (have {batch.max_batch})")
     count = max(2 * max(levels), len(prompts))
     requests = [list(prompts[i % len(prompts)]) for i in range(count)]
     # the reference: plain decoding, one client; then a warm-up of each method (first calls allocate)
-    _, plain = run_level(batch, requests, 1, max_new_tokens, None)
+    _, plain = run_level(engine, requests, 1, max_new_tokens, None)
     reference = [r.token_ids for _, r, _ in plain]
     advance("reference")
     for name, k in methods:
-        run_level(batch, requests[: min(2, len(requests))], min(2, max(levels)), max_new_tokens, k)
+        run_level(engine, requests[: min(2, len(requests))], min(2, max(levels)), max_new_tokens, k)
     advance("warm-up")
     results: list[LevelResult] = []
     turn = 0
@@ -154,7 +156,7 @@ def run_concurrency(
             for name, k in methods[turn % len(methods):] + methods[: turn % len(methods)]:
                 target = batch.target
                 forwards0, served0 = target.forwards, target.batched
-                wall, done = run_level(batch, requests, level, max_new_tokens, k)
+                wall, done = run_level(engine, requests, level, max_new_tokens, k)
                 stats = [r.stats for _, r, _ in done]
                 row = LevelResult(
                     method=name, concurrency=level, repeat=rep, requests=len(done),

@@ -96,7 +96,7 @@ class BenchOptions:
     top_p: float = 1.0
     seed: int = 0
     backend: str = "hf"  # the target's: "hf" or "llamacpp"
-    draft_backend: str | None = "auto"  # the draft's: as `specdec generate` picks (engine.resolve_draft)
+    draft_backend: str | None = "auto"  # the draft's: as `specdec generate` picks (loading.resolve_draft)
     n_ctx: int | None = None  # llama.cpp's context size
 
 
@@ -171,8 +171,7 @@ def run_bench(
     from specdec.bench import report
     from specdec.bench.methods import (DEFAULT, build_methods, check_backends, default_methods, needs_draft,
                                        parse_gammas, parse_methods)
-    from specdec.engine import resolve_draft, split_lookup
-    from specdec.loading import llamacpp_can_run
+    from specdec.loading import llamacpp_can_run, resolve_draft, split_lookup
     from specdec.bench.prompts import load_prompts
     from specdec.sampling import SamplingParams
 
@@ -281,7 +280,6 @@ def run_concurrency_bench(
 ) -> dict[str, Any]:
     """`specdec bench --concurrency`: the batched engine under 1..N clients (specdec.bench.concurrency);
     writes results.jsonl, summary.md, summary.json and concurrency.png; returns the JSON summary."""
-    from specdec.batching import BatchEngine
     from specdec.bench import concurrency
     from specdec.bench.methods import DEFAULT, parse_gammas, parse_methods
     from specdec.bench.prompts import load_prompts
@@ -322,9 +320,9 @@ def run_concurrency_bench(
         engine = Engine.load(options.target, options.draft, dtype=options.dtype, progress=load_progress,
                              backend="hf", draft_backend=draft_backend, threads=options.threads,
                              draft_dtype=options.draft_dtype, device=options.device)
-        batch = BatchEngine(engine, max_batch=max(levels))
+        engine.enable_batching(max(levels))
         if options.draft is not None:
-            batch.costs()  # measured before the clock starts
+            engine.pool.costs()  # measured before the clock starts
     encoded = [ids for _, ids in _encode_all(engine, prompts, options.chat, options.max_new_tokens)]
     out.mkdir(parents=True, exist_ok=True)
     with (out / "results.jsonl").open("w", encoding="utf-8") as sink:
@@ -336,7 +334,7 @@ def run_concurrency_bench(
             if console is not None:
                 console.print(f"[dim]bench --concurrency: {what} done[/]")
 
-        results = concurrency.run_concurrency(batch, encoded, levels, options.max_new_tokens, methods,
+        results = concurrency.run_concurrency(engine, encoded, levels, options.max_new_tokens, methods,
                                               options.repeats, advance, write)
     meta = {"target": options.target, "draft": options.draft, "dtype": engine.dtype, "draft_dtype": engine.draft_dtype,
             "max_new_tokens": options.max_new_tokens, "repeats": options.repeats, "levels": levels,

@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any, AsyncIterator, Protocol
 
@@ -38,11 +38,12 @@ from starlette.requests import ClientDisconnect
 from specdec.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.loop import Stats
-from specdec.sampling import SamplingParams
+from specdec.request import RequestConfig, RequestError, served_fields
 from specdec.serve.access import allow_origins, check_json, check_key
 from specdec.serve.connections import ConnectionLimits, server_config
 from specdec.serve.metrics import Metrics
-from specdec.serve.protocol import APIError, ChatRequest, CompletionRequest, GenerationRequest, parse
+from specdec.serve.protocol import (APIError, ChatRequest, CompletionRequest, GenerationRequest, parse,
+                                    speculative_changes)
 from specdec.serve.worker import ErrorEvent, Job, QueueFull, Request, StepEvent, Worker
 
 DISCONNECT_POLL_S = 0.1  # how often a request waiting for its next event checks that its client is still there
@@ -54,10 +55,8 @@ class ServeOptions:
     """What `specdec serve` fixes for every request."""
 
     served_names: tuple[str, ...] = ("specdec",)
-    default_k: int | str = "auto"  # draft tokens per step when a request does not say
-    draft_mode: str = "auto"
-    draft_confidence: float | None = None
-    verify: str = "causal"
+    # what a request does not say: its per-request options (-k, --draft-mode, ...; OpenAI's fields map onto the rest)
+    defaults: RequestConfig = RequestConfig()
     max_queue: int = 16  # requests waiting behind the running ones; one more is answered 503
     max_batch: int = 1  # requests decoded together, one target forward per step (specdec.batching)
     max_tokens_limit: int = 2048  # the most a request may ask for
@@ -85,8 +84,7 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
     With a `fleet`, /health and /metrics also report the servers beside this one.  `host_cancels`:
     the server running the app (Ray Serve) cancels the handler of a client that left, so a handler
     does not look for the disconnect itself (see :func:`next_event`)."""
-    worker = Worker(engine, max_queue=options.max_queue, draft_mode=options.draft_mode,
-                    draft_confidence=options.draft_confidence, verify=options.verify, max_batch=options.max_batch)
+    worker = Worker(engine, max_queue=options.max_queue, max_batch=options.max_batch, defaults=options.defaults)
     metrics = worker.metrics
     encode_lock = threading.Lock()  # one tokenization at a time, off the event loop
 
@@ -249,21 +247,42 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
         if max_tokens > options.max_tokens_limit:
             raise APIError(400, f"{param} must be at most {options.max_tokens_limit} on this server, "
                                 f"got {max_tokens}", param, "invalid_value")
-        try:
-            sampling = SamplingParams(
-                temperature=1.0 if req.temperature is None else req.temperature,
-                top_k=max(req.top_k or 0, 0), top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed)
-        except SpecdecError as e:
-            raise APIError(400, str(e), None, "invalid_value") from None
-        if options.verify == "stairs" and not sampling.greedy:
+        temperature = 1.0 if req.temperature is None else req.temperature
+        given = speculative_changes_of(req)
+        if options.defaults.verify == "stairs" and "verify" not in given and temperature > 0:
             raise APIError(400, "this server verifies with stairs, which is greedy only: send temperature 0",
                            "temperature", "invalid_value")
-        spec = req.speculative
-        enabled = engine.can_draft and (spec is None or spec.enabled)
-        k = spec.k if spec is not None and spec.k is not None else options.default_k
-        return Request(prompt_ids, max_tokens, sampling, req.stop, enabled, k)
+        try:
+            config = replace(options.defaults, max_new_tokens=max_tokens, temperature=temperature,
+                             top_k=max(req.top_k or 0, 0), top_p=1.0 if req.top_p is None else req.top_p,
+                             seed=req.seed, stop=req.stop, **given)
+        except RequestError as e:
+            if e.field not in given:
+                raise APIError(400, str(e), None, "invalid_value") from None
+            raise extension_error(e, wire_name(e.field)) from None
+        except SpecdecError as e:
+            raise APIError(400, str(e), None, "invalid_value") from None
+        return Request(prompt_ids, replace(config, speculative=engine.can_draft and config.speculative))
 
     return app
+
+
+def speculative_changes_of(req: GenerationRequest) -> dict[str, Any]:
+    """The RequestConfig changes of the request's "speculative" object; an APIError naming a bad key."""
+    try:
+        return speculative_changes(req.speculative or {})
+    except RequestError as e:
+        raise extension_error(e, e.field) from None
+
+
+def extension_error(e: RequestError, key: str) -> APIError:
+    """A 400 for key `key` of the "speculative" object."""
+    return APIError(400, f"speculative.{key}: {e.reason}", f"speculative.{key}", "invalid_value")
+
+
+def wire_name(field_name: str) -> str:
+    """A RequestConfig field's key in the "speculative" object."""
+    return next(key for key, (f, _) in served_fields().items() if f.name == field_name)
 
 
 def error_response(e: APIError) -> JSONResponse:
@@ -346,8 +365,8 @@ class Reply:
 
     def speculation(self, stats: Stats) -> dict[str, Any]:
         return {
-            "enabled": self.request.speculative,
-            "k": self.request.k if self.request.speculative else None,
+            "enabled": self.request.config.speculative,
+            "k": self.request.config.k if self.request.config.speculative else None,
             "drafted": stats.drafted,
             "accepted": stats.accepted,
             "acceptance_rate": round(stats.acceptance_rate, 6),

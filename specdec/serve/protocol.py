@@ -5,17 +5,21 @@ this server does not know are ignored, as OpenAI clients send some we have no us
 whose meaning it cannot honour (n > 1, logprobs, penalties, tools...) are refused with a 400 rather
 than silently dropped.
 
-The extension: ``"speculative": {"enabled": true, "k": 3 | "auto"}`` -- whether the request drafts at
-all, and how many tokens per step (default: the server's ``-k``).
+The extension: ``"speculative": {"enabled": true, "k": 3 | "auto", ...}`` -- whether the request drafts
+at all, how many tokens per step, and any other option of specdec.request.RequestConfig marked
+per-request (draft_mode, draft_confidence, verify...); what a request leaves out (or sends as null,
+where null is not a value of the option) is the server's default (``specdec serve -k`` etc.).
 """
 
 from __future__ import annotations
 
+import typing
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-MAX_K = 32  # the most draft tokens a request may ask for per step (a forward's size stays bounded)
+from specdec.request import RequestError, served_fields
+
 MAX_STOP_STRINGS = 8
 MAX_STOP_LENGTH = 256
 
@@ -37,22 +41,37 @@ class APIError(Exception):
                           "param": self.param, "code": self.code}}
 
 
-class Speculative(BaseModel):
-    """The request's own speculative decoding settings."""
+def speculative_changes(given: dict[str, Any]) -> dict[str, Any]:
+    """A request's "speculative" object -> RequestConfig field changes.  A RequestError (its field the
+    key as sent) for a key no request may set, a value of the wrong JSON type, or one over the
+    server's limit; the values themselves are RequestConfig's to check."""
+    fields = served_fields()
+    changes = {}
+    for key, value in given.items():
+        if key not in fields:
+            raise RequestError(key, f"is not an option a request may set; expected one of {', '.join(fields)}")
+        f, option = fields[key]
+        kinds = typing.get_args(option.json_type) or (option.json_type,)
+        if value is None and type(None) not in kinds:
+            continue  # null: the server's default
+        if not any(json_is(value, kind) for kind in kinds):
+            raise RequestError(key, f"must be {' or '.join(JSON_NAMES[kind] for kind in kinds)}, "
+                                    f"got {type(value).__name__}")
+        limit = option.server_max
+        if limit is not None and json_is(value, float) and value > limit:
+            raise RequestError(key, f"must be at most {limit} on this server, got {value}")
+        changes[f.name] = value
+    return changes
 
-    model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = True
-    k: Any = None  # an int 1..MAX_K, "auto", or None (the server's default)
+JSON_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "null"}
 
-    @field_validator("k")
-    @classmethod
-    def _k(cls, value: Any) -> int | str | None:
-        if value is None or value == "auto":
-            return value
-        if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_K:
-            return value
-        raise ValueError(f"must be 'auto' or an integer from 1 to {MAX_K}")
+
+def json_is(value: Any, kind: type) -> bool:
+    """Whether a parsed JSON value is of `kind`: a bool is no number, an integer is a float."""
+    if kind in (int, float) and isinstance(value, bool):
+        return False
+    return isinstance(value, (int, float) if kind is float else kind)
 
 
 class StreamOptions(BaseModel):
@@ -76,7 +95,7 @@ class GenerationRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int | None = None
-    speculative: Speculative | None = None
+    speculative: dict[str, Any] | None = None  # the extension (speculative_changes)
     # OpenAI fields this server cannot honour: refused when set to anything but their neutral value.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None

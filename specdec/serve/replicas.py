@@ -106,12 +106,9 @@ class EngineSpec:
 
     def check(self) -> None:
         """The SpecdecError that loading would raise for a bad name, without loading anything."""
-        from specdec.engine import LOOKUP, resolve_backends
-        from specdec.loading import check_spec
+        from specdec.loading import check_spec, resolve_backends, split_lookup
 
-        draft = self.draft
-        if draft is not None and (draft.lower() == LOOKUP or draft.lower().startswith(LOOKUP + "+")):
-            draft = draft[len(LOOKUP) + 1:].strip() or None  # the model of "lookup+<model>", if any
+        _, draft = split_lookup(self.draft)  # the model of "lookup+<model>", if any
         backend, draft_backend = resolve_backends(self.backend, self.draft_backend, draft)
         check_spec(self.target, backend)
         if draft is not None:

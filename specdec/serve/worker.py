@@ -1,10 +1,11 @@
 """The worker: the threads that own the Engine and run queued requests.
 
 With ``max_batch`` 1 one thread runs the requests one at a time.  With more, ``max_batch`` threads
-each take a request from the queue and run it through a :class:`specdec.batching.BatchEngine`:
-the running requests' decode steps share one target forward (continuous batching: a request joins
-the batch when a thread takes it and leaves it when it ends), and each request's draft length is
-chosen for the load of the whole batch.
+each take a request from the queue and run it through the engine with batching enabled
+(``Engine.enable_batching``, specdec.batching): the running requests' decode steps share one target
+forward (continuous batching: a request joins the batch when a thread takes it and leaves it when it
+ends), and each request's draft length is chosen for the load of the whole batch.  Either way a
+thread runs ``engine.stream(prompt_ids, config)``.
 
 Model work never runs on the event loop.  A request becomes a :class:`Job`; the HTTP side puts it
 in a bounded queue (full -> :class:`QueueFull`, a 503) and reads the job's events; the worker runs
@@ -21,13 +22,11 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from functools import partial
 
-from specdec.batching import BatchEngine
 from specdec.engine import Engine, TextStream
 from specdec.errors import SpecdecError
 from specdec.loop import Stats
-from specdec.sampling import SamplingParams
+from specdec.request import RequestConfig
 from specdec.serve.metrics import Metrics
 
 log = logging.getLogger("specdec.serve")
@@ -38,11 +37,7 @@ class Request:
     """One generation, validated and tokenized."""
 
     prompt_ids: list[int]
-    max_tokens: int
-    sampling: SamplingParams
-    stop: tuple[str, ...] = ()
-    speculative: bool = True  # False: plain decoding, nothing drafted
-    k: int | str = "auto"  # draft tokens per step, or "auto" (the engine's cost-model controller)
+    config: RequestConfig  # max_new_tokens, sampling, stop, speculative (False: plain decoding), k, ...
 
 
 @dataclass(frozen=True)
@@ -99,17 +94,15 @@ class QueueFull(Exception):
 
 
 class Worker:
-    """The threads that own `engine`; requests start in arrival order, up to `max_batch` at once."""
+    """The threads that own `engine`; requests start in arrival order, up to `max_batch` at once
+    (the engine's batching set to it).  `defaults`: the requests' defaults, refused now where the
+    engine could run none of them (stairs verification in a batch)."""
 
-    def __init__(self, engine: Engine, max_queue: int = 16, draft_mode: str = "auto",
-                 draft_confidence: float | None = None, verify: str = "causal", max_batch: int = 1) -> None:
+    def __init__(self, engine: Engine, max_queue: int = 16, max_batch: int = 1,
+                 defaults: RequestConfig = RequestConfig()) -> None:
         self.engine = engine
-        self.draft_mode, self.draft_confidence, self.verify = draft_mode, draft_confidence, verify
-        if max_batch < 1:
-            raise SpecdecError(f"the batch size must be >= 1, got {max_batch}")
-        if max_batch > 1 and verify != "causal":
-            raise SpecdecError("batched serving verifies causally: drop --verify stairs or use --max-batch 1")
-        self.batch = BatchEngine(engine, max_batch) if max_batch > 1 else None
+        engine.enable_batching(max_batch)
+        engine.pool.check(defaults)
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.active: set[Job] = set()  # the jobs running now
         self._lock = threading.Lock()
@@ -179,13 +172,8 @@ class Worker:
         stats: Stats | None = None
         steps = None
         try:
-            stream = self.batch.stream if self.batch is not None else partial(engine.stream, verify=self.verify)
-            steps = stream(
-                r.prompt_ids, max_new_tokens=r.max_tokens, num_speculative_tokens=r.k, use_draft=r.speculative,
-                stop=r.stop, sampling=r.sampling, draft_mode=self.draft_mode,
-                draft_confidence=self.draft_confidence,
-            )
-            text = TextStream(engine.decode_text, r.stop)
+            steps = engine.stream(r.prompt_ids, r.config)
+            text = TextStream(engine.decode_text, r.config.stop)
             drafted = accepted = 0  # the running totals before this step
             for step in steps:
                 if stats is None:  # the first step: the prefill and the first token

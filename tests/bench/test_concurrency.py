@@ -11,7 +11,6 @@ import json
 
 import pytest
 
-from specdec.batching import BatchEngine
 from specdec.bench import concurrency
 from specdec.bench.runner import BenchOptions, run_concurrency_bench
 from specdec.engine import Engine
@@ -30,10 +29,10 @@ def test_every_method_at_every_level_equals_plain(tmp_path):
     tok = tiny_tokenizer(0)
     target = tiny_model("qwen2", 0, vocab_size=len(tok))
     engine = Engine(target, tok, target, tok, lookup=True)  # the target drafting for itself: long accepted runs
-    batch = BatchEngine(engine, max_batch=4)
+    engine.enable_batching(4)
     prompts = [engine.encode(p) for p in ("def f(x):", "The quick brown fox", "for i in range(3):")]
     methods = [("plain", None), ("specdec-auto", "auto"), ("specdec", 3)]
-    results = concurrency.run_concurrency(batch, prompts, [1, 4], 12, methods)
+    results = concurrency.run_concurrency(engine, prompts, [1, 4], 12, methods)
     assert {(r.method, r.concurrency) for r in results} == {(m, c) for m, _ in methods for c in (1, 4)}
     for r in results:
         assert r.requests == 8 and r.identical == r.requests

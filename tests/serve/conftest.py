@@ -19,6 +19,7 @@ import uvicorn  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
 from specdec.engine import Engine  # noqa: E402
+from specdec.request import RequestConfig, field_names  # noqa: E402
 from specdec.serve.app import ServeOptions, bind, create_app  # noqa: E402
 from specdec.serve.connections import ConnectionLimits, server_config  # noqa: E402
 from tests.tiny import save_tiny  # noqa: E402
@@ -26,6 +27,7 @@ from tests.tiny import save_tiny  # noqa: E402
 CHAT_TEMPLATE = ("{% for m in messages %}<bos>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<bos>assistant:{% endif %}")
 MODEL = "tiny"  # the name the test servers serve
+REQUEST_FIELDS = set(field_names())  # options of serve() that are the requests' defaults
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +47,9 @@ class ServerThread:
     """The app for `engine` served by uvicorn in a thread, on 127.0.0.1 and a port of its own."""
 
     def __init__(self, engine: Engine, limits: ConnectionLimits = ConnectionLimits(), **options) -> None:
-        self.app = create_app(engine, ServeOptions(served_names=(MODEL,), **options))
+        """options: ServeOptions' fields, and the requests' defaults (RequestConfig's fields: k=3, verify=...)."""
+        defaults = RequestConfig(**{name: options.pop(name) for name in list(options) if name in REQUEST_FIELDS})
+        self.app = create_app(engine, ServeOptions(served_names=(MODEL,), defaults=defaults, **options))
         self.worker = self.app.state.worker
         sock = bind("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
@@ -87,7 +91,7 @@ def engine(tiny_dirs) -> Engine:
 
 @pytest.fixture(scope="module")
 def server(engine) -> Iterator[ServerThread]:
-    with serve(engine, default_k=3) as s:
+    with serve(engine, k=3) as s:
         yield s
 
 

@@ -21,7 +21,7 @@ BODY = json.dumps(OK).encode()
 
 @pytest.fixture(scope="module")
 def locked(engine):
-    with serve(engine, default_k=3, api_keys=KEYS) as s:
+    with serve(engine, k=3, api_keys=KEYS) as s:
         yield s
 
 

@@ -82,7 +82,7 @@ def test_a_draft_that_agrees_is_accepted(tiny_dirs):
     from tests.serve.conftest import serve
 
     engine = Engine.load(tiny_dirs["target"], tiny_dirs["target"], draft_dtype="bf16")
-    with serve(engine, default_k=4) as server:
+    with serve(engine, k=4) as server:
         client = server.client()
         spec = client.completions.create(prompt=PROMPT, **GREEDY)
         plain = client.completions.create(prompt=PROMPT, extra_body={"speculative": {"enabled": False}}, **GREEDY)

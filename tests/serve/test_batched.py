@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from specdec.errors import SpecdecError
+from specdec.request import RequestConfig
 from specdec.serve.worker import Worker
 from tests.serve.conftest import MODEL, metric, metric_samples, serve, streamed_text
 
@@ -42,9 +43,9 @@ def _complete(server, body: dict, stream: bool) -> str:
 
 def test_batched_responses_equal_the_same_requests_served_alone(engine):
     bodies = [_request(i) for i in range(8)]
-    with serve(engine, default_k="auto") as alone:
+    with serve(engine, k="auto") as alone:
         expected = [_complete(alone, b, stream=False) for b in bodies]
-    with serve(engine, default_k="auto", max_batch=3) as server:
+    with serve(engine, k="auto", max_batch=3) as server:
         got: list = [None] * len(bodies)
         errors: list = []
 
@@ -70,7 +71,7 @@ def test_batched_responses_equal_the_same_requests_served_alone(engine):
         assert not any(t.is_alive() for t in threads), "a request hung"
         assert not errors, errors[0]
         assert got == expected
-        target = server.worker.batch.target
+        target = server.worker.engine.pool.target
         assert target.batched > target.forwards  # several requests shared forwards
         assert httpx.get(server.url + "/health", timeout=10).status_code == 200
         samples = metric_samples(httpx.get(server.url + "/metrics", timeout=10).text)
@@ -82,4 +83,4 @@ def test_batched_worker_refusals(engine):
     with pytest.raises(SpecdecError, match=">= 1"):
         Worker(engine, max_batch=0)
     with pytest.raises(SpecdecError, match="stairs"):
-        Worker(engine, max_batch=2, verify="stairs")
+        Worker(engine, max_batch=2, defaults=RequestConfig(verify="stairs"))

@@ -59,7 +59,7 @@ def in_thread(fn: Callable[[], object]) -> tuple[threading.Thread, list]:
 def test_a_full_queue_answers_503_and_loses_nothing(gated, engine):
     gated_engine, runner = gated
     expected = engine.generate("for i in range", max_new_tokens=6, num_speculative_tokens=3).text
-    with serve(gated_engine, default_k=3, max_queue=1) as server:
+    with serve(gated_engine, k=3, max_queue=1) as server:
         worker = server.worker
         post = lambda: httpx.post(server.url + "/v1/completions", json={**BODY, "max_tokens": 6}, timeout=60)
         running, running_out = in_thread(post)
@@ -83,7 +83,7 @@ def test_a_full_queue_answers_503_and_loses_nothing(gated, engine):
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
 def test_a_client_that_leaves_cancels_its_generation_within_one_step(gated, stream):
     gated_engine, runner = gated
-    with serve(gated_engine, default_k=3) as server:
+    with serve(gated_engine, k=3) as server:
         worker = server.worker
         body = {**BODY, "max_tokens": 50, "stream": stream}
         runner.permits.release(2)  # the prefill and one more step, then the worker waits
@@ -126,7 +126,7 @@ def test_a_client_that_leaves_cancels_its_generation_within_one_step(gated, stre
 
 def test_a_request_whose_client_left_while_queued_never_runs(gated):
     gated_engine, runner = gated
-    with serve(gated_engine, default_k=3) as server:
+    with serve(gated_engine, k=3) as server:
         worker = server.worker
         post = lambda **kw: httpx.post(server.url + "/v1/completions", json={**BODY, "max_tokens": 4}, **kw)
         running, running_out = in_thread(lambda: post(timeout=60))

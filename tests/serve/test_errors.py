@@ -88,7 +88,7 @@ CASES = [
 @pytest.fixture(scope="module")
 def limited(engine):
     """A server with small limits: MAX_TOKENS_LIMIT tokens a request, MAX_BODY bytes a body."""
-    with serve(engine, default_k=3, max_tokens_limit=MAX_TOKENS_LIMIT, max_body_bytes=MAX_BODY) as s:
+    with serve(engine, k=3, max_tokens_limit=MAX_TOKENS_LIMIT, max_body_bytes=MAX_BODY) as s:
         yield s
 
 
@@ -164,7 +164,7 @@ def test_a_model_without_a_chat_template(tiny_dirs):
 
 
 def test_stairs_verification_refuses_sampling(engine):
-    with serve(engine, default_k=3, verify="stairs") as server:
+    with serve(engine, k=3, verify="stairs") as server:
         error = assert_openai_error(post(server, *completion(temperature=0.7)), 400, "temperature")
         assert "greedy" in error["message"]
         greedy = post(server, *completion())

@@ -28,7 +28,7 @@ FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", 
 
 @pytest.fixture(scope="module")
 def fuzzed(engine):
-    with serve(engine, default_k=3, max_tokens_limit=MAX_TOKENS, max_body_bytes=64 * 1024) as s:
+    with serve(engine, k=3, max_tokens_limit=MAX_TOKENS, max_body_bytes=64 * 1024) as s:
         yield s
 
 

@@ -111,7 +111,7 @@ class Page(HTMLParser):
 def playground(tiny_dirs):
     """A server whose draft (the target's bf16 copy) is accepted mostly but not always."""
     engine = Engine.load(tiny_dirs["target"], tiny_dirs["target"], draft_dtype="bf16")
-    with serve(engine, default_k=4) as server:
+    with serve(engine, k=4) as server:
         yield server
 
 
@@ -245,7 +245,7 @@ def test_a_screenshot_of_the_page(playground, tmp_path):
 def locked_playground(tiny_dirs):
     """The same server, wanting an API key."""
     engine = Engine.load(tiny_dirs["target"], tiny_dirs["target"], draft_dtype="bf16")
-    with serve(engine, default_k=4, api_keys=("secret",)) as server:
+    with serve(engine, k=4, api_keys=("secret",)) as server:
         yield server
 
 

@@ -39,6 +39,7 @@ pytestmark = pytest.mark.ray
 from ray import cloudpickle  # noqa: E402
 
 from specdec.engine import Engine  # noqa: E402
+from specdec.request import RequestConfig  # noqa: E402
 from specdec.serve.app import ServeOptions, bind  # noqa: E402
 from specdec.serve.ray import REPLICA_HEADER, connect, deploy  # noqa: E402
 from specdec.serve.replicas import parse_replicas  # noqa: E402
@@ -99,7 +100,7 @@ LONG = {"prompt": "Once upon a time", "max_tokens": 200, "temperature": 0}
 @pytest.fixture(scope="module")
 def expected(engine) -> dict[str, str]:
     """Each request's text from one `specdec serve` process (tests.serve.conftest), by its JSON."""
-    with serve(engine, default_k=3) as alone:
+    with serve(engine, k=3) as alone:
         client = alone.client()
         return {repr(b): complete(client, b, stream=False)[0] for b in [*BODIES, LONG]}
 
@@ -115,7 +116,7 @@ def fleet(tiny_dirs):
     fleet = None
     try:
         fleet = deploy(partial(slow_engine, tiny_dirs["target"], tiny_dirs["draft"]),
-                       ServeOptions(served_names=(MODEL,), default_k=3, max_batch=2),
+                       ServeOptions(served_names=(MODEL,), defaults=RequestConfig(k=3), max_batch=2),
                        parse_replicas("2", cpus=0.5), host="127.0.0.1", port=port)
         yield fleet
     finally:
