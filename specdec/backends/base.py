@@ -10,8 +10,8 @@ end-of-sequence ids its model names (``eos_token_ids``), the transformers model
 it computes where there is one (``model``), another runner over the same loaded
 model (``clone``, a draft per batch slot), the backend in a few words for the
 user (``describe``), and what its timings depend on (``identity``, the key of
-cached step timings in :mod:`specdec.profile`).  Callers ask these, never the
-runner's type or private attributes.
+cached step timings in :mod:`specdec.profile`).  Callers ask these instead of
+probing a runner's attributes.
 """
 
 from __future__ import annotations
