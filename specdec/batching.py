@@ -54,8 +54,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 import torch
 
 from specdec.backends import lean
-from specdec.backends.base import ModelRunner
-from specdec.backends.hf import HFRunner
+from specdec.backends.base import ModelRunner, cannot_clone
 from specdec.backends.lean import LeanRunner, forward_packed
 from specdec.control import AutoK, Controller, Costs, Load
 from specdec.errors import SpecdecError
@@ -189,6 +188,7 @@ class SlotRunner:
         self.vocab_size = self.runner.vocab_size
         self.max_context = self.runner.max_context
         self.model = self.runner.model
+        self.eos_token_ids = self.runner.eos_token_ids
 
     @property
     def tokens(self) -> list[int]:
@@ -206,18 +206,19 @@ class SlotRunner:
     def release(self) -> None:
         self.batch.release(self.slot)
 
+    def clone(self) -> "SlotRunner":
+        raise cannot_clone(self)
+
+    def describe(self) -> str:
+        return self.runner.describe()
+
+    def identity(self) -> dict[str, Any]:
+        return self.runner.identity()
+
 
 def clone_runner(runner: ModelRunner) -> ModelRunner:
     """Another runner over the same loaded model with a cache of its own (a draft per slot)."""
-    if isinstance(runner, LeanRunner):
-        return LeanRunner(runner.model, runner.max_context, fp32=not runner.capabilities.batch_invariant,
-                          int4=runner.int4)
-    if type(runner) is HFRunner:
-        return HFRunner(runner.model, runner.max_context)
-    raise SpecdecError(
-        f"batched decoding gives each request a draft cache of its own, which a {type(runner).__name__} draft "
-        "cannot share its model with: draft with prompt lookup (--draft lookup) or a transformers draft"
-    )
+    return runner.clone()
 
 
 def check_batchable(config: RequestConfig) -> None:
@@ -235,7 +236,7 @@ class BatchPool:
 
     def __init__(self, engine: Any, max_batch: int = 4) -> None:
         self.engine = engine
-        model = getattr(engine.target_runner, "model", None)
+        model = engine.target_runner.model
         if model is None:
             raise SpecdecError("batched decoding needs a transformers target (--backend hf)")
         self.target = BatchedTarget(model, max_batch)

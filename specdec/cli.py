@@ -171,16 +171,7 @@ def quiet_libraries() -> None:
 def draft_backend_note(engine) -> str:
     """" on llama.cpp" / " on transformers" (" on transformers int8", " on specdec int4") for the engine's
     draft model; nothing without one."""
-    if engine.draft_runner is None:
-        return ""
-    if getattr(engine.draft_runner, "session", None) is not None:
-        return " on llama.cpp"
-    from specdec.backends.quant import is_int8
-
-    if getattr(engine.draft_runner, "int4", False):
-        return " on specdec int4"
-    model = getattr(engine.draft_runner, "model", None)
-    return " on transformers int8" if model is not None and is_int8(model) else " on transformers"
+    return "" if engine.draft_runner is None else f" on {engine.draft_runner.describe()}"
 
 
 @app.command()
@@ -559,7 +550,7 @@ def profile(
 
         def describe(runner, name: str, backend_name: str, dtype_name: str) -> dict:
             return {"model": name, "backend": backend_name, "dtype": dtype_name if backend_name == "hf" else "gguf",
-                    "threads": getattr(getattr(runner, "session", None), "n_threads", None) or torch.get_num_threads(),
+                    "threads": runner.identity()["threads"] or torch.get_num_threads(),
                     "cpu": cpu,
                     "batch_invariant": runner.capabilities.batch_invariant}
 

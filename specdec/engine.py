@@ -96,24 +96,8 @@ def check_seq2seq_pair(target: ModelRunner, draft: ModelRunner | None, same_voca
 
 
 def runner_eos_token_ids(runner: ModelRunner, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
-    """End-of-sequence ids for a runner: its model's (see eos_token_ids) and the tokenizer's."""
-    model = getattr(runner, "model", None)
-    if isinstance(model, PreTrainedModel):
-        return eos_token_ids(model, tokenizer)
-    ids = set(getattr(runner, "eos_token_ids", ()))
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return frozenset(ids)
-
-
-def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
-    """End-of-sequence ids: the model's generation config and the tokenizer's, together."""
-    ids: set[int] = set()
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if isinstance(gen_eos, int):
-        ids.add(gen_eos)
-    elif gen_eos:
-        ids.update(int(i) for i in gen_eos)
+    """End-of-sequence ids for a runner: its model's (ModelRunner.eos_token_ids) and the tokenizer's."""
+    ids = set(runner.eos_token_ids)
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return frozenset(ids)

@@ -129,30 +129,9 @@ KERNELS_VERSION = 2
 def runner_identity(runner: ModelRunner) -> dict[str, object] | None:
     """What a runner's timings depend on (model, backend, dtype, threads, CPU), or None when the
     model has no name to key a cache with (e.g. a model built in memory)."""
-    import torch
-
     from specdec.machine import cpu_description
 
-    session = getattr(runner, "session", None)
-    if session is not None:  # llama.cpp
-        who = {"backend": "llamacpp", "model": str(getattr(session, "path", "")), "exact": bool(session.exact),
-               "mode": str(getattr(runner, "eval_mode", "")), "threads": int(session.n_threads or 0)}
-    else:
-        model = getattr(runner, "model", None)
-        name = getattr(getattr(model, "config", None), "_name_or_path", "") if model is not None else ""
-        if not name:
-            return None
-        from specdec.backends.quant import is_int8
-
-        param = next(model.parameters())
-        int8 = is_int8(model)
-        dtype = "int4" if getattr(runner, "int4", False) else "int8" if int8 else str(param.dtype)
-        who = {"backend": type(runner).__name__, "model": str(name), "dtype": dtype,
-               "device": str(param.device), "threads": torch.get_num_threads()}
-        if int8:  # a new kernel times differently
-            from specdec.backends.kernels.build import version
-
-            who["kernel"] = version()
+    who = runner.identity()
     if not who["model"]:
         return None
     return {**who, "cpu": cpu_description()}

@@ -52,7 +52,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
 
-from specdec.backends.base import Capabilities, ModelRunner, checked_new_tokens, common_prefix_length
+from specdec.backends.base import Capabilities, ModelRunner, cannot_clone, checked_new_tokens, common_prefix_length
 
 
 @runtime_checkable
@@ -151,13 +151,15 @@ class StairsRunner:
     ``tokens + new[: i + 1]``.  Rollback forgets tokens; nothing else is kept.
     """
 
-    def __init__(self, model: NextTokenModel) -> None:
-        self.model = model
-        self.vocab_size = model.vocab_size
-        self.max_context = model.max_context
+    model = None  # no transformers model of its own to share: it asks a NextTokenModel
+    eos_token_ids: frozenset[int] = frozenset()  # a NextTokenModel names none (the engine adds the tokenizer's)
+
+    def __init__(self, next_token: NextTokenModel) -> None:
+        self.next_token = next_token
+        self.vocab_size = next_token.vocab_size
+        self.max_context = next_token.max_context
         # Rollback is forgetting tokens; every position's logits come from a staircase row.
-        self.capabilities = Capabilities(rollback=True, logits_all_positions=True, batching=False,
-                                         batch_invariant=False)
+        self.capabilities = Capabilities(batch_invariant=False)
         self.tokens: list[int] = []
 
     def forward(self, new_tokens: Sequence[int], last_n: int | None = None) -> torch.Tensor:
@@ -165,7 +167,7 @@ class StairsRunner:
         n = len(new_tokens) if last_n is None else min(last_n, len(new_tokens))
         full = self.tokens + new_tokens
         rows = [full[: len(full) - n + 1 + i] for i in range(n)]  # the staircase: one more token per row
-        logits = self.model.next_logits(rows)  # [n, V]
+        logits = self.next_token.next_logits(rows)  # [n, V]
         self.tokens = full
         return logits
 
@@ -176,9 +178,18 @@ class StairsRunner:
 
     def reset(self) -> None:
         self.tokens = []
-        reset = getattr(self.model, "reset", None)  # a model with a cache starts afresh too
+        reset = getattr(self.next_token, "reset", None)  # a model with a cache starts afresh too
         if reset is not None:
             reset()
+
+    def clone(self) -> "StairsRunner":
+        raise cannot_clone(self)
+
+    def describe(self) -> str:
+        return "stairs"
+
+    def identity(self) -> dict[str, Any]:
+        return {"backend": type(self).__name__, "model": "", "threads": torch.get_num_threads()}
 
 
 def stairs_runner(target: ModelRunner | NextTokenModel, nested: bool = True) -> StairsRunner:

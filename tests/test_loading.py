@@ -160,7 +160,7 @@ def test_engine_auto_draft_backend_loads_an_int8_or_int4_draft_where_that_is_fas
     assert asked == [(model_dir, "hf", "cpu")]
     assert not is_int8(engine.target_runner.model)  # the target keeps the dtype it was given
     assert is_int8(engine.draft_runner.model) is (faster is not None)
-    assert getattr(engine.draft_runner, "int4", False) is (faster == "int4")
+    assert (engine.draft_runner.describe() == "specdec int4") is (faster == "int4")
     explicit = Engine.load(model_dir, model_dir, dtype="fp32", draft_backend="hf")
     assert not is_int8(explicit.draft_runner.model)  # only "auto" asks
     given = Engine.load(model_dir, model_dir, dtype="fp32", draft_backend="auto", draft_dtype="fp32")

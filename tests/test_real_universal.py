@@ -63,7 +63,7 @@ def test_an_int4_draft_through_the_bridge_equals_plain(models, plain_outputs, na
     from specdec.backends.lean import LeanRunner
 
     draft = LeanRunner(models[name][0], int4=True)
-    assert draft.native
+    assert draft.layer_set.native
     engine = Engine(*models["qwen2.5-coder-1.5b"], draft, models[name][1])
     accepted = 0
     with real_model_threads():

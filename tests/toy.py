@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from specdec.backends.base import Capabilities
+from specdec.backends.base import Capabilities, cannot_clone
 from specdec.drafters.base import Draft
 from specdec.sampling import SamplingParams
 
@@ -28,10 +28,26 @@ def random_table(vocab: int, seed: int, scale: float = 1.5) -> torch.Tensor:
     return torch.randn(vocab + 1, vocab, vocab, generator=gen, dtype=torch.float32) * scale
 
 
-class ToyRunner:
-    """A ModelRunner whose logits are a fixed function of the last two tokens."""
+class RunnerDefaults:
+    """What a test's runner answers besides computing (the ModelRunner protocol): no transformers model,
+    no end-of-sequence ids of its own, no clones, no identity to cache timings under."""
 
-    capabilities = Capabilities(rollback=True, logits_all_positions=True, batching=False)
+    capabilities = Capabilities()
+    model = None
+    eos_token_ids: frozenset[int] = frozenset()
+
+    def clone(self) -> "RunnerDefaults":
+        raise cannot_clone(self)
+
+    def describe(self) -> str:
+        return "toy"
+
+    def identity(self) -> dict[str, object]:
+        return {"backend": type(self).__name__, "model": "", "threads": 1}
+
+
+class ToyRunner(RunnerDefaults):
+    """A ModelRunner whose logits are a fixed function of the last two tokens."""
 
     def __init__(self, table: torch.Tensor, max_context: int = 256) -> None:
         self.table = table  # [V+1, V, V]

@@ -4,12 +4,20 @@ A runner holds exactly the tokens its cache holds (``tokens``).  ``forward``
 appends new tokens and returns the logits at each new position; ``rollback``
 drops cached tokens from the end, which is how rejected draft tokens are
 forgotten (as in gpt-fast, rollback is moving a position pointer).
+
+Besides computing, a runner says what its callers need to know of it: the
+end-of-sequence ids its model names (``eos_token_ids``), the transformers model
+it computes where there is one (``model``), another runner over the same loaded
+model (``clone``, a draft per batch slot), the backend in a few words for the
+user (``describe``), and what its timings depend on (``identity``, the key of
+cached step timings in :mod:`specdec.profile`).  Callers ask these instead of
+probing a runner's attributes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -20,9 +28,8 @@ from specdec.errors import SpecdecError
 class Capabilities:
     """What a backend can do; the decode loop refuses clearly what it cannot."""
 
-    rollback: bool = True  # can drop cached tokens from the end
+    rollback: bool = True  # can drop cached tokens from the end (the decode loop drafts only then)
     logits_all_positions: bool = True  # forward returns logits for every new token
-    batching: bool = False  # several sequences per forward
     # A token's logits are bitwise the same whether it is evaluated alone or inside a
     # forward of several tokens, so verifying a draft in one forward is exact.
     batch_invariant: bool = False
@@ -34,6 +41,8 @@ class ModelRunner(Protocol):
     capabilities: Capabilities
     vocab_size: int  # width V of the logits
     max_context: int  # the most tokens the cache may hold
+    eos_token_ids: frozenset[int]  # the model's own end-of-sequence ids (the engine adds the tokenizer's)
+    model: Any  # the transformers model it computes (shared by its clones), or None (llama.cpp, stairs, ...)
 
     def forward(self, new_tokens: Sequence[int], last_n: int | None = None) -> torch.Tensor:
         """Append `new_tokens` to the cache; return fp32 logits [n, V] for the last n of them
@@ -47,6 +56,29 @@ class ModelRunner(Protocol):
     def reset(self) -> None:
         """Empty the cache."""
         ...
+
+    def clone(self) -> "ModelRunner":
+        """Another runner over the same loaded model with an empty cache of its own (a draft per batch
+        slot), or a SpecdecError (:func:`cannot_clone`) where the model cannot be shared."""
+        ...
+
+    def describe(self) -> str:
+        """The backend in a few words, as the CLI names it: "transformers", "transformers int8",
+        "specdec int4", "llama.cpp"."""
+        ...
+
+    def identity(self) -> dict[str, Any]:
+        """What its timings depend on, as JSON values: at least "backend", "model" (its name or path;
+        "" when it has none, and then nothing is cached) and "threads"."""
+        ...
+
+
+def cannot_clone(runner: object) -> SpecdecError:
+    """The error of a runner whose model cannot back another cache (ModelRunner.clone)."""
+    return SpecdecError(
+        f"batched decoding gives each request a draft cache of its own, which a {type(runner).__name__} draft "
+        "cannot share its model with: draft with prompt lookup (--draft lookup) or a transformers draft"
+    )
 
 
 def checked_new_tokens(new_tokens: Sequence[int], cached: int, max_context: int, what: str = "tokens") -> list[int]:

@@ -18,7 +18,7 @@ still hides what lies outside the window, so the logits are the same.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -40,10 +40,48 @@ def model_vocab_size(model: PreTrainedModel) -> int:
     return int(head.out_features if hasattr(head, "out_features") else head.weight.shape[0])
 
 
+def model_eos_token_ids(model: PreTrainedModel) -> frozenset[int]:
+    """The end-of-sequence ids of the model's generation config (one id or a list; none without one)."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(eos, int):
+        return frozenset({eos})
+    return frozenset(int(i) for i in eos) if eos else frozenset()
+
+
+def model_backend(model: PreTrainedModel) -> str:
+    """A transformers model's backend as the CLI names it: "transformers int8" (specdec.backends.quant)
+    or "transformers"."""
+    from specdec.backends.quant import is_int8
+
+    return "transformers int8" if is_int8(model) else "transformers"
+
+
+def model_identity(backend: str, model: PreTrainedModel, dtype: str | None = None) -> dict[str, Any]:
+    """What the timings of a runner over a transformers model depend on (ModelRunner.identity): the
+    runner's class, the model's name ("" for a model built in memory), its dtype (int8, or `dtype`
+    where the runner computes another, or the parameters'), device, torch's threads and, for int8
+    weights, the kernels' version (a new kernel times differently)."""
+    from specdec.backends.quant import is_int8
+
+    name = getattr(model.config, "_name_or_path", "") or ""
+    if not name:
+        return {"backend": backend, "model": "", "threads": torch.get_num_threads()}
+    param = next(model.parameters())
+    int8 = is_int8(model)
+    who: dict[str, Any] = {"backend": backend, "model": str(name),
+                           "dtype": dtype or ("int8" if int8 else str(param.dtype)),
+                           "device": str(param.device), "threads": torch.get_num_threads()}
+    if int8:
+        from specdec.backends.kernels.build import version
+
+        who["kernel"] = version()
+    return who
+
+
 class HFRunner:
     """A transformers causal LM with its own KV cache."""
 
-    capabilities = Capabilities(rollback=True, logits_all_positions=True, batching=False)
+    capabilities = Capabilities()
 
     def __init__(self, model: PreTrainedModel, max_context: int | None = None) -> None:
         from specdec.backends.quant import Int8Linear, is_int8, pack_all
@@ -52,8 +90,7 @@ class HFRunner:
         pack_all(m for m in model.modules() if isinstance(m, Int8Linear))  # now, not at the first token
         fastlinear.install(model)  # fp32 on CPU: k-token verification at about the cost of one token
         # int8 models (specdec.backends.quant) are batch-invariant; float models are not.
-        self.capabilities = Capabilities(rollback=True, logits_all_positions=True, batching=False,
-                                         batch_invariant=is_int8(model))
+        self.capabilities = Capabilities(batch_invariant=is_int8(model))
         self.device = next(model.parameters()).device
         self.vocab_size = model_vocab_size(model)
         self.max_context = max_context or model_max_context(model)
@@ -91,3 +128,16 @@ class HFRunner:
     def reset(self) -> None:
         self.cache = DynamicCache()
         self.tokens = []
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return model_eos_token_ids(self.model)
+
+    def clone(self) -> "HFRunner":
+        return HFRunner(self.model, self.max_context)
+
+    def describe(self) -> str:
+        return model_backend(self.model)
+
+    def identity(self) -> dict[str, Any]:
+        return model_identity(type(self).__name__, self.model)

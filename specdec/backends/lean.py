@@ -41,10 +41,19 @@ projections use the weight-major product of :mod:`specdec.backends.fastlinear`
 for 2..128 rows): fp32 rounding then depends on the batch, as it does on the
 draft length (see README), so fp32 batched output is exact up to near-ties.
 
+**Layer sets.** How a runner computes its stack of layers is an object chosen
+once, when it is built (:func:`choose_layers`), and shared by every runner over
+the same model: :class:`Int8Layers` (the int8 model's own operations, attention
+by specdec's exact kernel), :class:`Fp32Layers` (the same operations in fp32,
+attention by PyTorch row by row), :class:`Int4Layers` (the int8 weights
+requantized to int4, op by op in torch) and :class:`NativeInt4Layers` (the
+same int4 network in one C call).  The forward itself has no branches on the
+kind of model.
+
 **int4 drafts** (``int4=True``, :mod:`specdec.backends.int4`) run all their
-layers in one C call (``kernels/int4_layers.c``): norms, rotary embeddings and
-the MLP's SiLU are plain per-row loops there instead of ~35 torch operations
-per layer, which made a one-token step of smollm2-135m 2.1x and of the 0.5B
+layers in one C call (``kernels/int4_layers.c``, :class:`NativeInt4Layers`):
+norms, rotary embeddings and the MLP's SiLU are plain per-row loops there
+instead of ~35 torch operations per layer, which made a one-token step of smollm2-135m 2.1x and of the 0.5B
 1.3x faster (2-core AMD EPYC, Zen 3).  Its numbers are the torch path's up to
 fp32 rounding (tested); a draft's numbers never change the output.  Gemma 3
 text models (gemma3-270m) run as int4 drafts too (INT4_ARCHITECTURES): the
@@ -58,7 +67,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -67,7 +76,7 @@ from torch import nn
 from specdec.backends import kernels
 from specdec.backends.base import Capabilities
 from specdec.backends.fastlinear import is_fp32_cpu_linear, weight_major_linear
-from specdec.backends.hf import model_max_context
+from specdec.backends.hf import model_eos_token_ids, model_identity, model_max_context
 from specdec.backends.int4 import Int4Linear
 from specdec.backends.kernels.bindings import Int4Model
 from specdec.backends.quant import Int8Linear, is_int8, pack_all
@@ -212,26 +221,11 @@ class _NativeTable:
                    torch.tensor([layer.sliding_window or 0 for layer in layers], dtype=torch.int32))
 
 
-_FUSED: "weakref.WeakKeyDictionary[Any, list[_Layer]]" = weakref.WeakKeyDictionary()
-_FUSED4: "weakref.WeakKeyDictionary[Any, tuple[list[_Layer], Int4Linear, _NativeTable]]" = weakref.WeakKeyDictionary()
-
-
 def _int4(linear: Any) -> Int4Linear:
     """An int8 (or fp32) linear's weights in int4 (specdec.backends.int4)."""
     if isinstance(linear, Int8Linear):
         return Int4Linear.from_int8(linear)
     return Int4Linear.from_weight(linear.weight, linear.bias)
-
-
-def _int4_parts(model: Any) -> tuple[list[_Layer], Int4Linear, _NativeTable]:
-    """The int8 model's fused layers and its output layer with every projection in int4 (and the layers'
-    table for kernels/int4_layers.c), built once per model and shared by all its int4 runners."""
-    parts = _FUSED4.get(model)
-    if parts is None:
-        layers = [replace(layer, qkv=_int4(layer.qkv), o=_int4(layer.o), gate_up=_int4(layer.gate_up),
-                          down=_int4(layer.down)) for layer in _layers(model)]
-        parts = _FUSED4[model] = (layers, _int4(model.lm_head), _NativeTable.of(layers))
-    return parts
 
 
 def _layers(model: Any) -> list[_Layer]:
@@ -275,35 +269,217 @@ def _rope_kinds(config: Any) -> list[str | None]:
     return sorted(set(config.layer_types)) if config.model_type in GEMMA else [None]
 
 
-def _fused_layers(model: Any) -> list[_Layer]:
-    """The model's layers with fused, packed projections, built once per model (packing takes seconds)
-    and shared by all its runners: a runner owns only its KV cache."""
-    layers = _FUSED.get(model)
-    if layers is None:
+def _activation_code(config: Any) -> int:
+    """The gate activation's code in kernels/int4_layers.c (ACT_*), or -1 for one it does not compute."""
+    name = "hidden_activation" if config.model_type in GEMMA else "hidden_act"
+    return ACTIVATIONS.get(getattr(config, name, None), -1)
+
+
+def _rowwise(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scaling: float,
+             window: int | None) -> torch.Tensor:
+    """fp32 attention over this runner's cache, one PyTorch call per query row (the batched engine's fp32
+    path; int8 runners take kernels.attention.causal): q [H, n, D] at positions start.. -> [n, H D]."""
+    n = q.shape[1]
+    gqa = q.shape[0] != keys.shape[0]
+    rows = []
+    for i in range(n):
+        end = start + i + 1
+        lo = max(0, end - window) if window else 0
+        rows.append(F.scaled_dot_product_attention(
+            q[None, :, i : i + 1], keys[None, :, lo:end], values[None, :, lo:end], scale=scaling, enable_gqa=gqa,
+        ))  # [1, H, 1, D]
+    out = rows[0] if n == 1 else torch.cat(rows, dim=2)  # [1, H, n, D]
+    return out.transpose(1, 2).reshape(n, -1)
+
+
+_Set = TypeVar("_Set", bound="LayerSet")
+# model -> its layer sets by kind, each built once (packing or requantizing takes seconds)
+_SETS: "weakref.WeakKeyDictionary[Any, dict[type, LayerSet]]" = weakref.WeakKeyDictionary()
+
+
+class LayerSet:
+    """A model's decoder layers as the lean runner computes them: the layers, the output head, and how the
+    stack runs over the packed new rows of several runners (:meth:`run`).  Built once per model and kind
+    (:meth:`of`) and shared by all its runners: a runner owns only its KV cache."""
+
+    backend: str  # ModelRunner.describe(): the CLI's name for it
+    dtype: str | None = None  # what its timings are keyed by where not the model's dtype (int8, or its parameters')
+    batch_invariant = True  # a row's numbers do not depend on the other rows of the forward
+    native = False  # the whole stack runs in one C call (kernels/int4_layers.c)
+
+    def __init__(self, layers: list[_Layer], head: Linear) -> None:
+        self.layers = layers
+        self.head = head  # hidden -> V
+        self.intermediate = layers[0].gate_up.out_features // 2  # I
+
+    @classmethod
+    def of(cls: type[_Set], model: Any) -> _Set:
+        """This kind of layer set over `model`, built at the first call and shared after it."""
+        sets = _SETS.setdefault(model, {})
+        if cls not in sets:
+            sets[cls] = cls.build(model)
+        return sets[cls]  # type: ignore[return-value]
+
+    @classmethod
+    def build(cls: type[_Set], model: Any) -> _Set:
+        raise NotImplementedError
+
+    def run(self, runners: Sequence["LeanRunner"], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
+            cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """All layers over the packed new rows x [total, hidden] of `runners` (over this set's model); returns
+        the last layer's output [total, hidden].  Chunk r is rows offsets[r] .. offsets[r + 1] at positions
+        starts[r] on; cos, sin [tables, total, D]: each row's position's.  The rows' keys and values go into
+        their runners' caches."""
+        raise NotImplementedError
+
+
+class TorchLayers(LayerSet):
+    """Layers run op by op in torch, the int8 model's own operations (see the module doc), attention by
+    :meth:`attend`."""
+
+    @classmethod
+    def build(cls: type[_Set], model: Any) -> _Set:
+        """The model's layers with fused projections, their int8 weights packed for the kernel (the model's
+        own q/k/v and gate/up linears stay unpacked)."""
         layers = _layers(model)
         linears = [model.lm_head, *(lin for layer in layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))]
         pack_all(lin for lin in linears if isinstance(lin, Int8Linear))
-        _FUSED[model] = layers
-    return layers
+        return cls(layers, _own(model.lm_head))
+
+    @staticmethod
+    def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scaling: float,
+               window: int | None) -> torch.Tensor:
+        """q [H, n, D] at positions start.. over a runner's cache -> [n, H D]: specdec's attention kernel,
+        each row on its own (kernels.attention), as the int8 model's rowwise_attention."""
+        return kernels.attention.causal(q, keys, values, start, scaling, window)
+
+    def run(self, runners: Sequence["LeanRunner"], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
+            cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        lead, total = runners[0], x.shape[0]
+        h_q, h_kv, d = lead.num_heads, lead.num_kv_heads, lead.head_dim
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.input_norm, lead.eps)
+            qkv = layer.qkv(h)  # [total, (H + 2 H_kv) D]
+            qk = qkv[:, : (h_q + h_kv) * d].view(total, h_q + h_kv, d)
+            if layer.q_norm is not None:  # Gemma: each q and k head normed on its own
+                qk = torch.cat([rms_norm(qk[:, :h_q], layer.q_norm, lead.eps),
+                                rms_norm(qk[:, h_q:], layer.k_norm, lead.eps)], dim=1)
+            # q and k rotated in one go: the same elementwise operations on every element
+            qk = rotate(qk.transpose(0, 1), cos[layer.rope], sin[layer.rope])  # [H + H_kv, total, D]
+            v = qkv[:, (h_q + h_kv) * d :].view(total, h_kv, d).transpose(0, 1)  # [H_kv, total, D]
+            rows = []
+            for r, start, lo, hi in zip(runners, starts, offsets, offsets[1:]):
+                end = start + hi - lo
+                r.keys[i][:, start:end] = qk[h_q:, lo:hi]
+                r.values[i][:, start:end] = v[:, lo:hi]
+                q = qk[:h_q, lo:hi].contiguous()  # [H, n, D]: the same layout whatever the neighbours
+                rows.append(self.attend(q, r.keys[i], r.values[i], start, layer.scaling,
+                                        layer.sliding_window))  # [n, H D]
+            attn = rows[0] if len(rows) == 1 else torch.cat(rows)  # [total, H D]
+            out = layer.o(attn)  # [total, hidden]
+            if layer.attn_out_norm is not None:
+                out = rms_norm(out, layer.attn_out_norm, lead.eps)
+            x = x + out
+            h = rms_norm(x, layer.post_norm, lead.eps)
+            gate_up = layer.gate_up(h)  # [total, 2 I]
+            out = layer.down(lead.act(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :])
+            if layer.mlp_out_norm is not None:
+                out = rms_norm(out, layer.mlp_out_norm, lead.eps)
+            x = x + out
+        return x
+
+
+class Int8Layers(TorchLayers):
+    """An int8 model's layers: bitwise the quantized transformers model's numbers, whatever the batch."""
+
+    backend = "transformers int8"
+
+
+class Fp32Layers(TorchLayers):
+    """An fp32 model's layers on the CPU (the batched engine's): fused projections take the weight-major
+    product for 2..WEIGHT_MAJOR_ROWS rows, attention PyTorch's, row by row; fp32 rounding depends on the
+    batch."""
+
+    backend = "transformers"
+    batch_invariant = False
+    attend = staticmethod(_rowwise)
+
+
+class Int4Layers(TorchLayers):
+    """An int8 model's weights requantized to int4 (a draft's: specdec.backends.int4), op by op in torch;
+    where kernels/int4_layers.c lacks the model's activation, and the C layers' reference in tests."""
+
+    backend = "specdec int4"
+    dtype = "int4"
+
+    @classmethod
+    def build(cls: type[_Set], model: Any) -> _Set:
+        layers = [replace(layer, qkv=_int4(layer.qkv), o=_int4(layer.o), gate_up=_int4(layer.gate_up),
+                          down=_int4(layer.down)) for layer in _layers(model)]
+        return cls(layers, _int4(model.lm_head))
+
+
+class NativeInt4Layers(LayerSet):
+    """:class:`Int4Layers`' network (the same int4 weights) in one call of kernels/int4_layers.c: its numbers
+    up to fp32 rounding."""
+
+    backend = "specdec int4"
+    dtype = "int4"
+    native = True
+
+    def __init__(self, layers: list[_Layer], head: Linear, act_code: int) -> None:
+        super().__init__(layers, head)
+        self.table = _NativeTable.of(layers)
+        self.act_code = act_code  # the gate activation (ACTIVATIONS)
+
+    @classmethod
+    def build(cls: type[_Set], model: Any) -> _Set:
+        torch_path = Int4Layers.of(model)  # the same int4 weights, requantized once
+        return cls(torch_path.layers, torch_path.head, _activation_code(model.config))  # type: ignore[call-arg]
+
+    def run(self, runners: Sequence["LeanRunner"], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
+            cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """In place: x is the last layer's output after the call."""
+        lead = runners[0]
+        sizes = [hi - lo for lo, hi in zip(offsets, offsets[1:])]
+        table = self.table
+        assert x.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
+        model = Int4Model(tensors=table.tensors.data_ptr(), scaling=table.scaling.data_ptr(),
+                          window=table.window.data_ptr(), layers=len(self.layers), hidden=x.shape[1],
+                          heads=lead.num_heads, kv_heads=lead.num_kv_heads, d=lead.head_dim,
+                          intermediate=self.intermediate, act=self.act_code, eps=lead.eps)
+        caches = [a for r in runners for a in r._addresses]  # [R * layers * 2]
+        kernels.int4.layers(model, x, starts, sizes, caches, [r.capacity * lead.head_dim for r in runners], cos, sin)
+        return x
+
+
+def choose_layers(model: Any, fp32: bool = False, int4: bool = False) -> LayerSet:
+    """The layer set a LeanRunner computes `model` with: an int8 model's own (Int8Layers), with fp32=True an
+    fp32 model's (Fp32Layers), with int4=True an int8 model's weights in int4 (NativeInt4Layers, or
+    Int4Layers for an activation the C layers lack); a SpecdecError for a model it cannot compute."""
+    if not supports(model, fp32=fp32, int4=int4) or (int4 and not is_int8(model)):
+        kinds = "an int8 or fp32" if fp32 else "an int8"
+        archs = INT4_ARCHITECTURES if int4 else ARCHITECTURES
+        raise SpecdecError(f"the lean runner needs {kinds} model of a {'/'.join(archs)} architecture")
+    if int4:
+        return (NativeInt4Layers if _activation_code(model.config) >= 0 else Int4Layers).of(model)
+    return Int8Layers.of(model) if is_int8(model) else Fp32Layers.of(model)
 
 
 class LeanRunner:
     """A ModelRunner over an int8 llama / qwen2 / mistral model (see the module doc); with fp32=True
     also over an fp32 one (the batched engine's; a single fp32 sequence runs on HFRunner); with
     int4=True over the int8 model's weights in int4 (a draft model's: specdec.backends.int4, not the
-    model's own numbers)."""
+    model's own numbers).  The flags choose its layer set (choose_layers); `layer_set` gives one
+    directly (one of this model's, e.g. a runner's own: LeanRunner.clone)."""
 
-    def __init__(self, model: Any, max_context: int | None = None, fp32: bool = False, int4: bool = False) -> None:
-        if not supports(model, fp32=fp32, int4=int4) or (int4 and not is_int8(model)):
-            kinds = "an int8 or fp32" if fp32 else "an int8"
-            archs = INT4_ARCHITECTURES if int4 else ARCHITECTURES
-            raise SpecdecError(f"the lean runner needs {kinds} model of a {'/'.join(archs)} architecture")
-        self.int4 = int4
+    def __init__(self, model: Any, max_context: int | None = None, fp32: bool = False, int4: bool = False,
+                 layer_set: LayerSet | None = None) -> None:
+        self.layer_set = layer_set or choose_layers(model, fp32=fp32, int4=int4)  # shared by the model's runners
         config = model.config
         self.model = model  # kept for its config, generation config and eos ids
         # int8 models are batch-invariant (specdec.backends.quant); fp32 ones are not
-        self.capabilities = Capabilities(rollback=True, logits_all_positions=True, batching=True,
-                                         batch_invariant=is_int8(model))
+        self.capabilities = Capabilities(batch_invariant=self.layer_set.batch_invariant)
         inner = model.model
         self.embed = inner.embed_tokens.weight.detach()  # [V, hidden]
         gemma = config.model_type in GEMMA
@@ -311,23 +487,13 @@ class LeanRunner:
         self.embed_scale: torch.Tensor | None = inner.embed_tokens.embed_scale.float() if gemma else None
         self.final_norm = _gemma_norm(inner.norm) if gemma else inner.norm.weight.detach()
         self.eps = float(config.rms_norm_eps)
-        if int4:
-            layers, head, self._native = _int4_parts(model)
-        else:
-            layers, head, self._native = _fused_layers(model), _own(model.lm_head), None
-        # int4 layers run in one call of kernels/int4_layers.c (False: torch, op by op)
-        act = getattr(config, "hidden_activation", None) if gemma else getattr(config, "hidden_act", None)
-        self._act_code = ACTIVATIONS.get(act, -1)
-        self.native = self._native is not None and self._act_code >= 0
-        self.head: Linear = head
+        self.head: Linear = self.layer_set.head
         self.vocab_size = self.head.out_features
         self.num_heads = int(config.num_attention_heads)
         self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.num_heads)
         self.max_context = max_context or model_max_context(model)
         self.act: Callable[[torch.Tensor], torch.Tensor] = inner.layers[0].mlp.act_fn
-        self.layers = layers  # shared by every runner over this model
-        self.intermediate = self.layers[0].gate_up.out_features // 2
         self._rotary = inner.rotary_emb
         self._rope_kinds = _rope_kinds(config)
         self._cos = self._sin = torch.empty(len(self._rope_kinds), 0, self.head_dim)  # [tables, positions, D]
@@ -345,7 +511,7 @@ class LeanRunner:
         shape = (self.num_kv_heads, capacity, self.head_dim)
         used = len(self.tokens)
         for cache in (self.keys, self.values):
-            for i in range(len(self.layers)):
+            for i in range(len(self.layer_set.layers)):
                 grown = torch.empty(shape)
                 if i < len(cache):
                     grown[:, :used] = cache[i][:, :used]
@@ -382,6 +548,19 @@ class LeanRunner:
     def reset(self) -> None:
         self.tokens = []
 
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return model_eos_token_ids(self.model)
+
+    def clone(self) -> "LeanRunner":
+        return LeanRunner(self.model, self.max_context, layer_set=self.layer_set)
+
+    def describe(self) -> str:
+        return self.layer_set.backend
+
+    def identity(self) -> dict[str, Any]:
+        return model_identity(type(self).__name__, self.model, self.layer_set.dtype)
+
 
 @torch.inference_mode()
 def forward_packed(runners: Sequence[LeanRunner], chunks: Sequence[Sequence[int]],
@@ -397,7 +576,7 @@ def forward_packed(runners: Sequence[LeanRunner], chunks: Sequence[Sequence[int]
     if len({id(r) for r in runners}) != len(runners):
         raise ValueError("a runner appears twice in one packed forward")
     lead = runners[0]
-    if any(r.layers is not lead.layers for r in runners):
+    if any(r.layer_set is not lead.layer_set for r in runners):
         raise ValueError("a packed forward needs runners over the same model")
     chunks = [r._check(c) for r, c in zip(runners, chunks)]
     starts = [len(r.tokens) for r in runners]
@@ -411,10 +590,7 @@ def forward_packed(runners: Sequence[LeanRunner], chunks: Sequence[Sequence[int]
     x = F.embedding(torch.tensor([t for c in chunks for t in c]), lead.embed)  # [total, hidden]
     if lead.embed_scale is not None:
         x = x * lead.embed_scale
-    if lead.native:
-        _native_layers(runners, starts, sizes, x, cos, sin)
-    else:
-        x = _torch_layers(runners, starts, offsets, x, cos, sin)
+    x = lead.layer_set.run(runners, starts, offsets, x, cos, sin)  # [total, hidden]
     keeps = [n if last_n is None else min(last_n, n) for n, last_n in zip(sizes, last_ns)]
     if len(runners) == 1:
         kept = x[total - keeps[0] :]
@@ -426,64 +602,6 @@ def forward_packed(runners: Sequence[LeanRunner], chunks: Sequence[Sequence[int]
     return list(logits.split(keeps)) if len(runners) > 1 else [logits]
 
 
-def _torch_layers(runners: Sequence[LeanRunner], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
-                  cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """All layers over the packed new rows x [total, hidden] op by op in torch (the int8 model's own
-    operations; see the module doc); returns the last layer's output.  Chunk r is rows offsets[r] ..
-    offsets[r + 1] at positions starts[r] on; cos, sin [tables, total, D]."""
-    lead, total = runners[0], x.shape[0]
-    h_q, h_kv, d = lead.num_heads, lead.num_kv_heads, lead.head_dim
-    exact = lead.capabilities.batch_invariant
-    for i, layer in enumerate(lead.layers):
-        h = rms_norm(x, layer.input_norm, lead.eps)
-        qkv = layer.qkv(h)  # [total, (H + 2 H_kv) D]
-        qk = qkv[:, : (h_q + h_kv) * d].view(total, h_q + h_kv, d)
-        if layer.q_norm is not None:  # Gemma: each q and k head normed on its own
-            qk = torch.cat([rms_norm(qk[:, :h_q], layer.q_norm, lead.eps), rms_norm(qk[:, h_q:], layer.k_norm, lead.eps)], dim=1)
-        # q and k rotated in one go: the same elementwise operations on every element
-        qk = rotate(qk.transpose(0, 1), cos[layer.rope], sin[layer.rope])  # [H + H_kv, total, D]
-        v = qkv[:, (h_q + h_kv) * d :].view(total, h_kv, d).transpose(0, 1)  # [H_kv, total, D]
-        rows = []
-        for r, start, lo, hi in zip(runners, starts, offsets, offsets[1:]):
-            end = start + hi - lo
-            r.keys[i][:, start:end] = qk[h_q:, lo:hi]
-            r.values[i][:, start:end] = v[:, lo:hi]
-            q = qk[:h_q, lo:hi].contiguous()  # [H, n, D]: the same layout whatever the neighbours
-            if exact:  # int8: specdec's attention kernel, each row on its own (kernels.attention)
-                rows.append(kernels.attention.causal(q, r.keys[i], r.values[i], start, layer.scaling,
-                                                     layer.sliding_window))
-            else:
-                rows.append(_rowwise(q, r.keys[i], r.values[i], start, layer.scaling, layer.sliding_window))  # [n, H D]
-        attn = rows[0] if len(rows) == 1 else torch.cat(rows)  # [total, H D]
-        out = layer.o(attn)  # [total, hidden]
-        if layer.attn_out_norm is not None:
-            out = rms_norm(out, layer.attn_out_norm, lead.eps)
-        x = x + out
-        h = rms_norm(x, layer.post_norm, lead.eps)
-        gate_up = layer.gate_up(h)  # [total, 2 I]
-        out = layer.down(lead.act(gate_up[:, : lead.intermediate]) * gate_up[:, lead.intermediate :])
-        if layer.mlp_out_norm is not None:
-            out = rms_norm(out, layer.mlp_out_norm, lead.eps)
-        x = x + out
-    return x
-
-
-def _native_layers(runners: Sequence[LeanRunner], starts: Sequence[int], sizes: Sequence[int], x: torch.Tensor,
-                   cos: torch.Tensor, sin: torch.Tensor) -> None:
-    """All layers of int4 runners over their packed new rows x [total, hidden] (in place), in one call of
-    kernels/int4_layers.c; cos, sin [tables, total, D]: each row's position's.  The rows' keys and values go
-    into their runners' caches."""
-    lead = runners[0]
-    table = lead._native
-    assert table is not None and x.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
-    model = Int4Model(tensors=table.tensors.data_ptr(), scaling=table.scaling.data_ptr(),
-                      window=table.window.data_ptr(), layers=len(lead.layers), hidden=x.shape[1],
-                      heads=lead.num_heads, kv_heads=lead.num_kv_heads, d=lead.head_dim,
-                      intermediate=lead.intermediate, act=lead._act_code, eps=lead.eps)
-    caches = [a for r in runners for a in r._addresses]  # [R * layers * 2]
-    kernels.int4.layers(model, x, starts, sizes, caches, [r.capacity * lead.head_dim for r in runners], cos, sin)
-
-
 def _sliding_window(config: Any, attention: Any) -> int | None:
     """The window each architecture's attention passes to the attention function (None: full)."""
     if config.model_type == "qwen2" or config.model_type in GEMMA:
@@ -491,20 +609,3 @@ def _sliding_window(config: Any, attention: Any) -> int | None:
     if config.model_type == "mistral":
         return getattr(config, "sliding_window", None)
     return None  # llama
-
-
-def _rowwise(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scaling: float,
-             window: int | None) -> torch.Tensor:
-    """fp32 attention over this runner's cache, one PyTorch call per query row (the batched engine's fp32
-    path; int8 runners take kernels.attention.causal): q [H, n, D] at positions start.. -> [n, H D]."""
-    n = q.shape[1]
-    gqa = q.shape[0] != keys.shape[0]
-    rows = []
-    for i in range(n):
-        end = start + i + 1
-        lo = max(0, end - window) if window else 0
-        rows.append(F.scaled_dot_product_attention(
-            q[None, :, i : i + 1], keys[None, :, lo:end], values[None, :, lo:end], scale=scaling, enable_gqa=gqa,
-        ))  # [1, H, 1, D]
-    out = rows[0] if n == 1 else torch.cat(rows, dim=2)  # [1, H, n, D]
-    return out.transpose(1, 2).reshape(n, -1)

@@ -56,7 +56,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 import torch
 
-from specdec.backends.base import Capabilities
+from specdec.backends.base import Capabilities, cannot_clone
 from specdec.errors import SpecdecError
 
 # 4096 tokens: prompt + generation of the CLI and the benchmark with room to
@@ -79,6 +79,9 @@ class Session(Protocol):
     n_vocab: int
     n_ctx: int
     n_batch: int
+    path: str  # the .gguf file ("" for a fake)
+    exact: bool  # loaded with the batch-invariant settings
+    n_threads: int | None
 
     def decode(self, tokens: Sequence[int], start: int, outputs: int) -> np.ndarray:
         """Evaluate `tokens` at positions start, start+1, ...; return fp32 logits
@@ -282,7 +285,8 @@ class LlamaCppRunner:
     evaluation needs sequential on this build (see the module docstring).
     """
 
-    capabilities = Capabilities(rollback=True, logits_all_positions=True, batching=False)
+    capabilities = Capabilities()
+    model = None  # llama.cpp's model lives in the session
 
     def __init__(self, session: Session, eval_mode: str = "batched", eos_token_ids: frozenset[int] = frozenset(),
                  exact: bool = False) -> None:
@@ -292,8 +296,7 @@ class LlamaCppRunner:
         self.eval_mode = eval_mode
         # exact: loaded with the batch-invariant settings (from_gguf(exact=True)); one token at a
         # time ("sequential") is trivially invariant too.
-        self.capabilities = Capabilities(rollback=True, logits_all_positions=True, batching=False,
-                                         batch_invariant=exact or eval_mode == "sequential")
+        self.capabilities = Capabilities(batch_invariant=exact or eval_mode == "sequential")
         self.vocab_size = int(session.n_vocab)
         self.max_context = int(session.n_ctx)
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -352,6 +355,17 @@ class LlamaCppRunner:
     def reset(self) -> None:
         self.session.remove(0)
         self.tokens = []
+
+    def clone(self) -> "LlamaCppRunner":
+        raise cannot_clone(self)
+
+    def describe(self) -> str:
+        return "llama.cpp"
+
+    def identity(self) -> dict[str, Any]:
+        session = self.session
+        return {"backend": "llamacpp", "model": str(session.path), "exact": bool(session.exact),
+                "mode": self.eval_mode, "threads": int(session.n_threads or 0)}
 
     def close(self) -> None:
         """Free the model and its context now (they are also freed when the runner is collected)."""

@@ -28,14 +28,14 @@ distribution, greedy or sampled.
 from __future__ import annotations
 
 import inspect
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
-from specdec.backends.base import Capabilities, checked_new_tokens
-from specdec.backends.hf import HFRunner, model_max_context
+from specdec.backends.base import Capabilities, cannot_clone, checked_new_tokens
+from specdec.backends.hf import HFRunner, model_backend, model_eos_token_ids, model_identity, model_max_context
 from specdec.errors import SpecdecError
 
 
@@ -68,8 +68,7 @@ class Seq2SeqRunner:
             raise SpecdecError(f"{type(model).__name__} reads {model.main_input_name}, not token ids: "
                                "only text-to-text encoder-decoder models are supported")
         self.model = model.eval()
-        self.capabilities = Capabilities(rollback=True, logits_all_positions=True, batching=False,
-                                         batch_invariant=False)  # fp32 kernels differ between batch shapes
+        self.capabilities = Capabilities(batch_invariant=False)  # fp32 kernels differ between batch shapes
         self.device = next(model.parameters()).device
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         # The decoder's window.  Models with learned (BART, mBART) or fixed-table (Marian, Pegasus)
@@ -138,3 +137,16 @@ class Seq2SeqRunner:
         # EncoderDecoderCache marks a layer's cross-attention as computed when the given cache holds it
         self.cache = EncoderDecoderCache(DynamicCache(), self.cross_cache)
         self.tokens = []
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return model_eos_token_ids(self.model)
+
+    def clone(self) -> "Seq2SeqRunner":
+        raise cannot_clone(self)
+
+    def describe(self) -> str:
+        return model_backend(self.model)
+
+    def identity(self) -> dict[str, Any]:
+        return model_identity(type(self).__name__, self.model)

@@ -25,7 +25,7 @@ import torch
 
 from specdec.backends import kernels
 from specdec.backends.int4 import Int4Linear, quantize_int4
-from specdec.backends.lean import LeanRunner, forward_packed
+from specdec.backends.lean import Int4Layers, LeanRunner, forward_packed
 from specdec.backends.quant import Int8Linear, quantize_model
 from specdec.control import AutoK, Costs
 from specdec.drafters.model import ModelDrafter
@@ -128,7 +128,7 @@ def test_from_int8_in_c_is_bitwise_the_torch_quantization_of_the_int8_weights():
 def test_int4_runner_is_batch_invariant_through_forward_and_rollback():
     model = quantize_model(tiny_model("qwen2", 0))
     batched, single = LeanRunner(model, int4=True), LeanRunner(model, int4=True)
-    assert batched.layers is single.layers and batched.head is single.head  # weights shared, caches not
+    assert batched.layer_set is single.layer_set and batched.head is single.head  # weights shared, caches not
     rng = random.Random(0)
     for _ in range(30):
         if batched.tokens and rng.random() < 0.3:
@@ -188,9 +188,8 @@ def test_an_int4_gemma3_runner_computes_the_transformers_models_network():
     norms, the norms on the attention's and MLP's outputs, the embedding scale, the tanh-GELU, and the local
     and global rotary tables."""
     model = tiny_gemma()
-    runner, torch_path = LeanRunner(model, int4=True), LeanRunner(model, int4=True)
-    assert runner.native and len(runner._rope_kinds) == 2
-    torch_path.native = False
+    runner, torch_path = LeanRunner(model, int4=True), LeanRunner(model, layer_set=Int4Layers.of(model))
+    assert runner.layer_set.native and len(runner._rope_kinds) == 2
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, Int8Linear):
@@ -218,9 +217,8 @@ def test_int4_layers_in_c_compute_the_torch_path_numbers(arch):
     numbers up to fp32 rounding (sums in another order), through several forwards and a rollback."""
     got, expected = [], []
     model = tiny_gemma() if arch == "gemma3" else quantize_model(tiny_model(arch, 0))
-    native, torch_path = LeanRunner(model, int4=True), LeanRunner(model, int4=True)
-    assert native.native
-    torch_path.native = False
+    native, torch_path = LeanRunner(model, int4=True), LeanRunner(model, layer_set=Int4Layers.of(model))
+    assert native.layer_set.native
     rng = random.Random(1)
     for chunk in (12, 3, 1, 1, 7):
         new = [rng.randrange(VOCAB) for _ in range(chunk)]

@@ -112,7 +112,7 @@ def test_lean_refuses_what_it_cannot_do():
 def test_runners_over_one_model_share_weights_not_caches():
     model = int8("qwen2")
     a, b = LeanRunner(model), LeanRunner(model)
-    assert a.layers is b.layers  # fused and packed once per model
+    assert a.layer_set is b.layer_set  # fused and packed once per model
     first = a.forward([3, 4, 5])
     b.forward([9, 9])
     assert a.tokens == [3, 4, 5] and b.tokens == [9, 9]

@@ -42,6 +42,7 @@ def prefix_logits(prefix: list[int]) -> np.ndarray:
 class FakeSession:
     def __init__(self, n_ctx: int = 64, n_batch: int = 8) -> None:
         self.n_vocab, self.n_ctx, self.n_batch = VOCAB, n_ctx, n_batch
+        self.path, self.exact, self.n_threads = "", False, None
         self.cache: list[int] = []
         self.calls: list[tuple[int, int, int]] = []  # (start, tokens, outputs)
         self.fail_at: int | None = None  # position whose decode raises

@@ -5,6 +5,7 @@ import torch
 from specdec.backends.hf import HFRunner
 from specdec.drafters.model import ModelDrafter
 from tests.tiny import VOCAB, tiny_model
+from tests.toy import RunnerDefaults
 
 MODEL = tiny_model("llama", 5)
 
@@ -89,7 +90,7 @@ def test_lag_and_the_catch_up_window():
     assert unlimited.lag(long) == len(long)
 
 
-class FirstTokenRunner:
+class FirstTokenRunner(RunnerDefaults):
     """A draft model that always proposes the first token it holds: what it says depends on the start of
     the prompt, so it is right only if it read the whole prompt."""
 
