@@ -30,8 +30,8 @@ one: with the drafter `lag` tokens behind, drafting starts only when the time
 it is expected to save over the next `horizon` tokens exceeds the catch-up
 (lag · s, s measured per token), and a probe is made only when its cost stays
 within `probe_budget` of the time spent since that source last drafted.  On a CPU a
-catch-up is expensive (a 0.5B draft on a 2-core AMD EPYC: 27 ms per token, a
-sixth of a target step), so without this a controller that falls back to plain
+catch-up is expensive (a sixth of a target step per token for a 0.5B draft of a
+1.5B target), so without this a controller that falls back to plain
 decoding pays for the draft model's whole context anyway, at every probe.
 
 **A drafter with several sources** (the hybrid: prompt lookup, a draft model, a
@@ -40,8 +40,8 @@ expected ms per token of drafting from each at its best k, a model's catch-up
 spread over the tokens it buys; the loop drafts from the first the controller
 gives k > 0 (plan, below).  So a draft model that costs more per
 token than a free lookup on the same text is passed over, catch-up and all
-(on summaries: the 0.5B draft's prompt catch-up, ~0.4 s on a 2-core Zen 3, bought
-drafts that were right less often than the lookup's).
+(on summaries the 0.5B draft's prompt catch-up, several target steps, bought drafts
+that were right less often than the lookup's).
 
 **In a batch** (specdec.batching) one target forward serves several requests,
 so a request's draft tokens lengthen everyone's step.  There each request's
@@ -237,9 +237,9 @@ class Costs:
     target_scale, the ratio of every measured time to the table (a machine that gets busier, a
     context that grows, moves every estimate alike), and shape, the ratio at each n the loop
     measured (interpolated toward target_scale at the table's other points), for a table wrong in
-    its shape (a profile taken while the machine was busy with something else: on a 2-core AMD
-    EPYC, t(8) measured 1.0 s in the profile and ran 1.4 s in the loop, so the controller kept
-    drafting 7 tokens that a 3-token draft beat).  draft_ms: ms per proposed draft token (the draft
+    its shape (a profile taken while the machine was busy with something else once priced t(8)
+    40% below what it ran in the loop, and the controller kept drafting 7 tokens that a 3-token
+    draft beat).  draft_ms: ms per proposed draft token (the draft
     model's one-token forward); draft_overhead_ms: what a proposal costs on top of that, learnt
     online (synchronising the draft's cache, the first forward over the bonus token, the drafter's
     own work): a draft of k tokens costs draft_overhead_ms + k · draft_ms.  sync_ms: what the draft
@@ -299,8 +299,8 @@ class Costs:
         different n are learnt from different steps (t(1) from plain steps, t(2) from one-token drafts),
         each with its own noise; without the running maximum a noisy t(1) above t(2) says a one-token
         verification is cheaper than a plain step, and the controller drafts with a draft it knows to be
-        almost always wrong (measured: a 135M draft at 13-20% acceptance, drafted one token a step for
-        whole translations because t(2) had come out 4 ms below t(1))."""
+        almost always wrong (seen: a 135M draft at 13-20% acceptance drafted one token a step for
+        whole translations because t(2) had come out a few ms below t(1))."""
         # the piecewise-linear t's maximum over [1, n] is at a breakpoint (table or learnt) or at n
         _, breaks, peaks = self._learnt()
         below = bisect_left(breaks, n)  # breakpoints < n
@@ -422,8 +422,8 @@ class AutoK:
         pooled rate, and that toward the source's own record (source_prior).  reset() halves the
         evidence at each new generation; shrunk toward the prior instead, a source that was not tried
         for a few generations would drift back to an optimistic 0.6 and every new generation would pay
-        a catch-up of its prompt to draft with it again (a 270M draft on a 2-core Xeon: 300 ms, five
-        target steps, in 30-token answers)."""
+        a catch-up of its prompt to draft with it again (for a 270M draft, about five target steps in
+        30-token answers)."""
         hits, trials = self._evidence(source)
         pooled = (sum(hits) + self.weight * self.source_prior(source)) / (sum(trials) + self.weight)
         return [(h + self.weight * pooled) / (t + self.weight) for h, t in zip(hits, trials)]

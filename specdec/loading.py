@@ -400,9 +400,9 @@ AUTO_BACKEND = "auto"  # the draft's backend: llama.cpp where it can run the dra
 
 def fastest_draft_backend(draft: ModelSpec | None, backend: str) -> str:
     """The draft backend "auto" stands for: llama.cpp when llama-cpp-python is installed and the draft is
-    a GGUF (a zoo name or a .gguf file): the 0.5B drafts a token in 44 ms there against 75 ms in
-    transformers int8 (2-core AMD EPYC, Zen 1) and ~160 ms in fp32 (Zen 3), and a draft's numerics never
-    change the output.  Otherwise the target's backend."""
+    a GGUF (a zoo name or a .gguf file): it drafts faster there than in transformers int8 or fp32
+    (BENCHMARKS.md, component timings), and a draft's numerics never change the output.  Otherwise the
+    target's backend."""
     return "llamacpp" if backend != "llamacpp" and llamacpp_can_run(draft) else backend
 
 
@@ -415,13 +415,12 @@ def fastest_spec_draft_dtype(draft: ModelSpec | None, backend: str, device: str)
     Only for a transformers target on the CPU and a zoo draft (decoder-only models that int8 runs; a
     directory or hub model may be an encoder-decoder one, so those keep llama.cpp), as measured with
     `specdec profile` (a draft's numerics never change the output):
-    - "int8" on CPUs where the int8 kernel multiplies with AVX-512 VNNI: the 0.5B drafts a token in
-      28.6 ms against 45.2 ms on llama.cpp (2-core Xeon);
+    - "int8" on CPUs where the int8 kernel multiplies with AVX-512 VNNI (faster than llama.cpp there:
+      BENCHMARKS.md, Xeon component timings);
     - "int4" on other CPUs with AVX2, for the drafts lean runs in int4 (llama family, Gemma 3): in
-      the Q4_1-like format (kernels/int4_linear.c), with the layers in one C call, on a 2-core AMD
-      EPYC (Zen 3), ms per drafted token / per 64-token catch-up against llama.cpp's in the same
-      process: smollm2-135m 10.5 / 175 against 17.7 / 421, the 0.5B 25.2 / 464 against 47.4 / 1111,
-      gemma3-270m 13.5 / 188 against 25.1 / 309 (benchmarks/runs/int4-q41-zen3/)."""
+      the Q4_1-like format (kernels/int4_linear.c), with the layers in one C call, both a drafted
+      token and a prompt catch-up cost about half of llama.cpp's (BENCHMARKS.md, Zen 3 component
+      timings)."""
     if backend != "hf" or device != "cpu" or not isinstance(draft, str):
         return None
     try:

@@ -92,9 +92,8 @@ def measure_drafting(
 ) -> float:
     """ms per drafted token: `tokens` one-token forwards in a row after `prefix` cached tokens, the
     fastest of `repeats` runs.  The fastest, not the median: what else the machine does only ever slows
-    a run, and a drafter priced too high is never tried, so its cost would never be corrected online (on
-    a 2-core Xeon a 0.5B int8 draft timed 38.9 ms a token as the median of two runs and drafted at
-    24 ms in the loop)."""
+    a run, and a drafter priced too high is never tried, so its cost would never be corrected online (a
+    median of two runs once priced a draft at 1.6 times what it cost in the loop: BENCHMARKS.md)."""
     if prefix + tokens > runner.max_context:
         raise ValueError(f"a prefix of {prefix} and {tokens} draft tokens do not fit a window of {runner.max_context}")
     runner.reset()
@@ -173,9 +172,9 @@ SPOT_TOLERANCE = 2.0  # a cached timing is kept while the machine now measures w
 def agrees(cached: float, now: float) -> bool:
     """Whether a cached timing still describes the machine: within SPOT_TOLERANCE of a spot measurement
     now.  Timings cached while the machine was busy with something else would otherwise price every
-    later run (seen on a 2-core Zen 3: a profile taken beside a test run cached a 0.5B draft token at
-    930 ms and a 1.5B target step at 918, against 25 and 130 quiet; the controller then never drafted
-    with the model again, in any later process)."""
+    later run (seen once: a profile taken beside a test run cached a draft token at ~40 times its quiet
+    cost, and the controller then never drafted with the model again, in any later process;
+    BENCHMARKS.md, Zen 3 component timings)."""
     return cached / SPOT_TOLERANCE <= now <= cached * SPOT_TOLERANCE
 
 

@@ -248,8 +248,8 @@ def shared_gguf_reader() -> Iterator[None]:
     """Within the block, each GGUF file is parsed once, and each tensor-name map built once.
 
     transformers opens a GGUF once for the config, once for the weights and once for the
-    tokenizer, and each opening (gguf.GGUFReader) walks the whole vocabulary in Python:
-    about 25 s for a 151k-token vocabulary on a 2-core EPYC.  Readers only read (a
+    tokenizer, and each opening (gguf.GGUFReader) walks the whole vocabulary in Python, tens of
+    seconds for a 151k-token vocabulary (BENCHMARKS.md, component timings).  Readers only read (a
     memory-mapped file), so one per file serves every opening in the block.  Mapping the
     weights' names, transformers also rebuilds gguf's name table (get_tensor_name_map,
     a pure function of the architecture and the layer count) once per module: hundreds

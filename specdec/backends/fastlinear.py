@@ -2,11 +2,11 @@
 
 A verification forward runs every Linear layer over k + 1 rows.  PyTorch's
 ``F.linear(x, W)`` computes ``x @ W.T``; on the CPUs measured here its kernel
-for a handful of rows is far from the one-row (matrix-vector) speed: on a
-2-core AMD EPYC (Zen 1, AVX2), 1.5B-model shapes, 6 rows cost 5.2x one row,
-while the same product taken weight-major, ``(W @ x.T).T``, costs 1.5x (and
-is faster at every row count measured from 2 to 128; at one row both are a
-matrix-vector product and cost the same).  The
+for a handful of rows is far from the one-row (matrix-vector) speed, while
+the same product taken weight-major, ``(W @ x.T).T``, costs little more than
+one row (and was faster at every row count measured from 2 to 128; at one
+row both are a matrix-vector product and cost the same; the measurements are
+in BENCHMARKS.md, Zen 1 component timings).  The
 whole 1.5B fp32 forward then costs about what one token costs for k up to ~8,
 which is what speculative decoding needs from its target.
 

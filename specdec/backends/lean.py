@@ -53,8 +53,8 @@ kind of model.
 **int4 drafts** (``int4=True``, :mod:`specdec.backends.int4`) run all their
 layers in one C call (``kernels/int4_layers.c``, :class:`NativeInt4Layers`):
 norms, rotary embeddings and the MLP's SiLU are plain per-row loops there
-instead of ~35 torch operations per layer, which made a one-token step of smollm2-135m 2.1x and of the 0.5B
-1.3x faster (2-core AMD EPYC, Zen 3).  Its numbers are the torch path's up to
+instead of ~35 torch operations per layer, which made one-token steps of the small drafts much faster
+(BENCHMARKS.md, Zen 3 component timings).  Its numbers are the torch path's up to
 fp32 rounding (tested); a draft's numbers never change the output.  Gemma 3
 text models (gemma3-270m) run as int4 drafts too (INT4_ARCHITECTURES): the
 same layers with Gemma's extra norms (per-head q / k norms, norms on the

@@ -38,7 +38,7 @@ has none of these paths).  ``exact=True`` (the default) therefore:
   stays batched and exact.
 
 The price: no repacking and no tiled GEMM make single-token decoding and
-prompt processing slower (1.5B, one thread: 60 vs 46 ms per token).
+prompt processing slower (BENCHMARKS.md, component timings).
 
 ``exact=False`` keeps llama.cpp's fastest kernels (repacking on); use it for
 draft models, whose numerics never affect the output.

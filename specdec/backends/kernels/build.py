@@ -8,8 +8,8 @@ C compiler gets a one-line error naming the missing compiler.
 
 Threads: the library is built with OpenMP and links ``libgomp.so.1``, which resolves to the OpenMP
 runtime torch has already loaded: its threads are torch's own (``torch.get_num_threads()`` of them), so
-the kernels and torch's operations never fight over cores (a private thread pool measured 20-40% slower
-per step on 2 cores: the two pools' spinning threads took turns).  Which thread computes a chunk of
+the kernels and torch's operations never fight over cores (a private thread pool was measured slower per
+step on 2 cores, BENCHMARKS.md: the two pools' spinning threads took turns).  Which thread computes a chunk of
 outputs changes no number.  Without OpenMP in the compiler the kernels run on one thread.
 """
 
