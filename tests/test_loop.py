@@ -18,7 +18,7 @@ from specdec.drafters.model import DEFAULT_WINDOW, ModelDrafter
 from specdec.errors import SpecdecError
 from specdec.loop import StopCondition, run
 from specdec.profile import step_costs
-from tests.tiny import VOCAB, tiny_model
+from tests.tiny import VOCAB, assert_near_tie_parting, tiny_model
 from tests.toy import ConstantDrafter, RandomK
 
 ARCHS = ("llama", "qwen2")
@@ -91,24 +91,9 @@ def test_cost_model_controller_equals_plain_greedy(arch, kind):
         assert out.token_ids == plain(arch, prompt, max_new).token_ids
 
 
-# fp32's guarantee, as README states it: a batched verification forward computes a token's logits
-# with other kernels than a one-token step, so they differ by rounding (~1e-6 on these models), and
-# the output can differ only where the two best tokens are closer than that.
-NEAR_TIE = 1e-4
-
-
 def assert_equal_up_to_a_near_tie(arch: str, prompt: list[int], out: list[int], reference: list[int]) -> None:
-    """out == reference, or they part at a token where the target's two best logits are within NEAR_TIE."""
-    if out == reference:
-        return
-    i = next((i for i, (a, b) in enumerate(zip(out, reference)) if a != b), min(len(out), len(reference)))
-    assert i < min(len(out), len(reference)), "one output is a prefix of the other"
-    logits = HFRunner(MODELS[(arch, 0)]).forward(prompt + reference[:i])[-1].double()  # [V]
-    (first, second), best = torch.topk(logits, 2)
-    gap = float(first - second)
-    assert gap < NEAR_TIE and {out[i], reference[i]} <= set(best.tolist()), (
-        f"speculative output parts from plain at token {i} ({out[i]} vs {reference[i]}), "
-        f"where the best logit leads by {gap:.3g}: not a near-tie")
+    """fp32 speculative output equals plain but for a parting at a near-tie (tests.tiny.assert_near_tie_parting)."""
+    assert_near_tie_parting(MODELS[(arch, 0)], prompt, out, reference)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

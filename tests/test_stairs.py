@@ -21,7 +21,7 @@ from specdec.loop import StopCondition, run
 from specdec.sampling import SamplingParams
 from specdec.stairs import BlackBoxNextToken, RunnerNextToken, StairsRunner, is_staircase, stairs_runner
 from tests.toy import ConstantDrafter
-from tests.tiny import VOCAB, tiny_model, tiny_tokenizer
+from tests.tiny import VOCAB, assert_near_tie_parting, tiny_model, tiny_tokenizer
 
 ARCHS = ("llama", "qwen2")
 MODELS = {(arch, seed): tiny_model(arch, seed) for arch in ARCHS for seed in (0, 1)}
@@ -152,7 +152,8 @@ def test_stairs_on_generated_prompts(prompt, gamma, kind):
     stop = StopCondition(24)
     out = run(stairs_target("runner", "qwen2"), prompt, stop, drafter=drafter(kind, "qwen2"),
               num_speculative_tokens=gamma)
-    assert out.token_ids == plain("qwen2", prompt, stop).token_ids
+    # fp32: the staircase's rows are computed by other kernels than one-token steps (near-ties may part)
+    assert_near_tie_parting(MODELS[("qwen2", 0)], prompt, out.token_ids, plain("qwen2", prompt, stop).token_ids)
 
 
 @pytest.fixture(scope="module")
