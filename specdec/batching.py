@@ -197,6 +197,10 @@ class SlotRunner:
     def forward(self, new_tokens: Sequence[int], last_n: int | None = None) -> torch.Tensor:
         return self.batch.submit(self.slot, new_tokens, last_n)
 
+    def hidden(self) -> torch.Tensor:
+        """The slot's final hidden states [n, hidden] of its last forward (HiddenStateRunner.hidden)."""
+        return self.runner.hidden()
+
     def rollback(self, n: int) -> None:
         self.runner.rollback(n)
 

@@ -158,7 +158,8 @@ class StairsRunner:
         self.next_token = next_token
         self.vocab_size = next_token.vocab_size
         self.max_context = next_token.max_context
-        # Rollback is forgetting tokens; every position's logits come from a staircase row.
+        # Rollback is forgetting tokens; every position's logits come from a staircase row.  No hidden_states:
+        # a NextTokenModel gives logits only.
         self.capabilities = Capabilities(batch_invariant=False)
         self.tokens: list[int] = []
 

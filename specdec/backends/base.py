@@ -12,6 +12,11 @@ model (``clone``, a draft per batch slot), the backend in a few words for the
 user (``describe``), and what its timings depend on (``identity``, the key of
 cached step timings in :mod:`specdec.profile`).  Callers ask these instead of
 probing a runner's attributes.
+
+A runner whose capabilities say ``hidden_states`` also hands out, after each
+forward, the final hidden states of the positions whose logits it returned
+(``hidden``, :class:`HiddenStateRunner`): what a draft head reads, kept from
+the same forward at no extra cost.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ class Capabilities:
     # A token's logits are bitwise the same whether it is evaluated alone or inside a
     # forward of several tokens, so verifying a draft in one forward is exact.
     batch_invariant: bool = False
+    # hidden() gives the last forward's final hidden states (HiddenStateRunner)
+    hidden_states: bool = False
 
 
 @runtime_checkable
@@ -71,6 +78,29 @@ class ModelRunner(Protocol):
         """What its timings depend on, as JSON values: at least "backend", "model" (its name or path;
         "" when it has none, and then nothing is cached) and "threads"."""
         ...
+
+
+@runtime_checkable
+class HiddenStateRunner(ModelRunner, Protocol):
+    """A runner whose capabilities say hidden_states."""
+
+    def hidden(self) -> torch.Tensor:
+        """The final hidden states of the positions whose logits the last forward returned: fp32 [n, H],
+        row i for logits row i.  Final means the input of the model's output layer (its LM head) at those
+        positions: after the model's final norm, and after any scaling a model applies before its head
+        (T5's d_model ** -0.5 where its config says scale_decoder_outputs), so the head applied to them
+        gives the logits (plus a final bias or softcapping where a model adds one after its head).  Kept
+        from the forward itself (no extra computation); a RuntimeError before the first forward and after
+        reset.  Rollback keeps them: they are the last forward's, whatever was dropped since."""
+        ...
+
+
+def last_hidden(hidden: torch.Tensor | None, runner: object) -> torch.Tensor:
+    """A runner's kept hidden states [n, H] as HiddenStateRunner.hidden returns them (fp32, on the CPU), or
+    the RuntimeError of a runner that has run no forward since it was built or reset."""
+    if hidden is None:
+        raise RuntimeError(f"{type(runner).__name__}.hidden(): no hidden states kept (no forward since it was built or reset)")
+    return hidden.float().cpu()  # [n, H]
 
 
 def cannot_clone(runner: object) -> SpecdecError:

@@ -14,17 +14,33 @@ a full `DynamicLayer`, even in models with sliding-window attention (Gemma 3).
 A sliding-window layer keeps only the last window of states and cannot be
 rolled back past it; a full layer can, and the sliding-window attention mask
 still hides what lies outside the window, so the logits are the same.
+
+Hidden states (``hidden()``, specdec.backends.base.HiddenStateRunner): the
+model's output layer gets a forward pre-hook, installed once per model, that
+keeps a reference to its input while a runner's forward collects it (a
+context variable: runners over one model in other threads collect their own,
+and the model run by anyone else keeps nothing).  That input is the final
+norm's output at exactly the positions whose logits are computed
+(``logits_to_keep``); nothing else is computed and no number changes.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import weakref
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Iterator, Sequence
 
 import torch
+from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from specdec.backends import fastlinear
-from specdec.backends.base import Capabilities, checked_new_tokens
+from specdec.backends.base import Capabilities, checked_new_tokens, last_hidden
+
+# The inputs of output layers seen by the forward running in this thread (head_inputs), else None
+_HEAD_INPUTS: ContextVar[list[torch.Tensor] | None] = ContextVar("specdec_head_inputs", default=None)
+_WATCHED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()  # output layers with the pre-hook
 
 
 def model_max_context(model: PreTrainedModel) -> int:
@@ -78,6 +94,36 @@ def model_identity(backend: str, model: PreTrainedModel, dtype: str | None = Non
     return who
 
 
+def _keep_head_input(module: nn.Module, args: tuple[Any, ...]) -> None:
+    inputs = _HEAD_INPUTS.get()
+    if inputs is not None:
+        inputs.append(args[0])  # [B, n, H]: a reference, no copy
+
+
+def watch_head_input(model: PreTrainedModel) -> bool:
+    """Give the model's output layer the pre-hook that keeps its input for head_inputs (once per layer);
+    False for a model without an output layer module."""
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Module):
+        return False
+    if head not in _WATCHED:
+        head.register_forward_pre_hook(_keep_head_input)
+        _WATCHED.add(head)
+    return True
+
+
+@contextmanager
+def head_inputs() -> Iterator[list[torch.Tensor]]:
+    """A list that collects the inputs of watched output layers (watch_head_input) that run in this thread
+    inside the block: [B, n, H] each, in the model's dtype."""
+    inputs: list[torch.Tensor] = []
+    token = _HEAD_INPUTS.set(inputs)
+    try:
+        yield inputs
+    finally:
+        _HEAD_INPUTS.reset(token)
+
+
 class HFRunner:
     """A transformers causal LM with its own KV cache."""
 
@@ -90,7 +136,8 @@ class HFRunner:
         pack_all(m for m in model.modules() if isinstance(m, Int8Linear))  # now, not at the first token
         fastlinear.install(model)  # fp32 on CPU: k-token verification at about the cost of one token
         # int8 models (specdec.backends.quant) are batch-invariant; float models are not.
-        self.capabilities = Capabilities(batch_invariant=is_int8(model))
+        self.capabilities = Capabilities(batch_invariant=is_int8(model), hidden_states=watch_head_input(model))
+        self._hidden: torch.Tensor | None = None  # [n, H]: the output layer's input in the last forward
         self.device = next(model.parameters()).device
         self.vocab_size = model_vocab_size(model)
         self.max_context = max_context or model_max_context(model)
@@ -103,7 +150,7 @@ class HFRunner:
         input_ids = torch.tensor([new_tokens], dtype=torch.long, device=self.device)  # [1, n]
         # A few tokens over a cache (a verification): the fast fp32 product; a prompt's prefill keeps
         # the model's own kernel, so plain decoding stays bitwise the model's (see fastlinear).
-        with fastlinear.enabled(bool(self.tokens) and len(new_tokens) <= fastlinear.MAX_ROWS):
+        with fastlinear.enabled(bool(self.tokens) and len(new_tokens) <= fastlinear.MAX_ROWS), head_inputs() as seen:
             out = self.model(
                 input_ids=input_ids,
                 cache=self.cache,
@@ -111,7 +158,13 @@ class HFRunner:
                 logits_to_keep=last_n or 0,  # 0 = keep every position
             )
         self.tokens.extend(new_tokens)
+        self._hidden = seen[-1][0] if seen else None  # [n, H]: the rows the head computed the logits of
         return out.logits[0].float().cpu()  # [n, V]
+
+    def hidden(self) -> torch.Tensor:
+        """The last forward's final hidden states [n, H] fp32 (HiddenStateRunner.hidden): the output
+        layer's input, after the final norm."""
+        return last_hidden(self._hidden, self)
 
     def rollback(self, n: int) -> None:
         if n < 0:
@@ -128,6 +181,7 @@ class HFRunner:
     def reset(self) -> None:
         self.cache = DynamicCache()
         self.tokens = []
+        self._hidden = None
 
     @property
     def eos_token_ids(self) -> frozenset[int]:

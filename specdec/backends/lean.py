@@ -61,6 +61,10 @@ same layers with Gemma's extra norms (per-head q / k norms, norms on the
 attention's and the MLP's outputs, each scaling by 1 + w), a tanh-GELU gate,
 a scaled embedding and one rotary table per layer type (tested against the
 transformers model with the same int4 linears).
+
+**Hidden states** (``hidden()``, specdec.backends.base.HiddenStateRunner):
+the head's input, the final norm's output at the rows whose logits a forward
+returns, is kept by reference: each runner of a packed forward gets its own rows.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.backends import kernels
-from specdec.backends.base import Capabilities
+from specdec.backends.base import Capabilities, last_hidden
 from specdec.backends.fastlinear import is_fp32_cpu_linear, weight_major_linear
 from specdec.backends.hf import model_eos_token_ids, model_identity, model_max_context
 from specdec.backends.int4 import Int4Linear
@@ -479,7 +483,7 @@ class LeanRunner:
         config = model.config
         self.model = model  # kept for its config, generation config and eos ids
         # int8 models are batch-invariant (specdec.backends.quant); fp32 ones are not
-        self.capabilities = Capabilities(batch_invariant=self.layer_set.batch_invariant)
+        self.capabilities = Capabilities(batch_invariant=self.layer_set.batch_invariant, hidden_states=True)
         inner = model.model
         self.embed = inner.embed_tokens.weight.detach()  # [V, hidden]
         gemma = config.model_type in GEMMA
@@ -502,6 +506,7 @@ class LeanRunner:
         self.keys: list[torch.Tensor] = []  # per layer [H_kv, capacity, D]
         self.values: list[torch.Tensor] = []
         self._addresses: list[int] = []  # keys[0], values[0], keys[1], ... for int4_layers.c (set by _reserve)
+        self._hidden: torch.Tensor | None = None  # [n, hidden]: the head's input in the last forward
 
     def _reserve(self, length: int) -> None:
         """Room in the cache and the rotary table for `length` positions."""
@@ -540,6 +545,11 @@ class LeanRunner:
     def forward(self, new_tokens: Sequence[int], last_n: int | None = None) -> torch.Tensor:
         return forward_packed([self], [new_tokens], [last_n])[0]
 
+    def hidden(self) -> torch.Tensor:
+        """The last forward's final hidden states [n, hidden] fp32 (HiddenStateRunner.hidden): the final
+        norm's output, the head's input."""
+        return last_hidden(self._hidden, self)
+
     def rollback(self, n: int) -> None:
         if n < 0:
             raise ValueError(f"rollback to a negative length {n}")
@@ -547,6 +557,7 @@ class LeanRunner:
 
     def reset(self) -> None:
         self.tokens = []
+        self._hidden = None
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -596,9 +607,11 @@ def forward_packed(runners: Sequence[LeanRunner], chunks: Sequence[Sequence[int]
         kept = x[total - keeps[0] :]
     else:
         kept = torch.cat([x[hi - keep : hi] for hi, keep in zip(offsets[1:], keeps)])  # [sum keeps, hidden]
-    logits = lead.head(rms_norm(kept, lead.final_norm, lead.eps))  # [sum keeps, V]
-    for r, c in zip(runners, chunks):
+    normed = rms_norm(kept, lead.final_norm, lead.eps)  # [sum keeps, hidden]: the final hidden states
+    logits = lead.head(normed)  # [sum keeps, V]
+    for r, c, hidden in zip(runners, chunks, normed.split(keeps)):
         r.tokens.extend(c)
+        r._hidden = hidden  # [n_r, hidden]: a view, no copy
     return list(logits.split(keeps)) if len(runners) > 1 else [logits]
 
 

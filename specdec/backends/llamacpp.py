@@ -296,6 +296,7 @@ class LlamaCppRunner:
         self.eval_mode = eval_mode
         # exact: loaded with the batch-invariant settings (from_gguf(exact=True)); one token at a
         # time ("sequential") is trivially invariant too.
+        # No hidden_states: llama-cpp-python gives a context's embeddings only in embedding mode, not with logits.
         self.capabilities = Capabilities(batch_invariant=exact or eval_mode == "sequential")
         self.vocab_size = int(session.n_vocab)
         self.max_context = int(session.n_ctx)

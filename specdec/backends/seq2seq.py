@@ -15,6 +15,11 @@ decoding only ever concerns the decoder, so the runner *is* the decoder:
   decoder start token.  The tokens the loop generates after it are the model's
   output, exactly what ``model.generate`` would return after its start token.
 
+``hidden()`` gives the decoder's final hidden states of the positions whose
+logits the last forward returned, as HFRunner does: the output layer's input,
+after the decoder's final norm (and T5's d_model ** -0.5 scaling where its
+config says scale_decoder_outputs; BART adds its final_logits_bias after it).
+
 Both caches live in one transformers ``EncoderDecoderCache`` (a DynamicCache
 for self-attention, another for cross-attention).  Logits come back as fp32 on
 the CPU whatever the model's dtype, as in specdec.backends.hf.
@@ -34,8 +39,9 @@ import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
-from specdec.backends.base import Capabilities, cannot_clone, checked_new_tokens
-from specdec.backends.hf import HFRunner, model_backend, model_eos_token_ids, model_identity, model_max_context
+from specdec.backends.base import Capabilities, cannot_clone, checked_new_tokens, last_hidden
+from specdec.backends.hf import (HFRunner, head_inputs, model_backend, model_eos_token_ids, model_identity,
+                                 model_max_context, watch_head_input)
 from specdec.errors import SpecdecError
 
 
@@ -68,7 +74,9 @@ class Seq2SeqRunner:
             raise SpecdecError(f"{type(model).__name__} reads {model.main_input_name}, not token ids: "
                                "only text-to-text encoder-decoder models are supported")
         self.model = model.eval()
-        self.capabilities = Capabilities(batch_invariant=False)  # fp32 kernels differ between batch shapes
+        # fp32 kernels differ between batch shapes
+        self.capabilities = Capabilities(batch_invariant=False, hidden_states=watch_head_input(model))
+        self._hidden: torch.Tensor | None = None  # [n, d_model]: the output layer's input in the last forward
         self.device = next(model.parameters()).device
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         # The decoder's window.  Models with learned (BART, mBART) or fixed-table (Marian, Pegasus)
@@ -115,18 +123,26 @@ class Seq2SeqRunner:
         new_tokens = checked_new_tokens(new_tokens, len(self.tokens), self.max_context, "decoder tokens")
         decoder_ids = torch.tensor([new_tokens], dtype=torch.long, device=self.device)  # [1, n]
         extra = {"logits_to_keep": last_n or 0} if self._keeps_logits else {}  # 0 = every position
-        out = self.model(
-            encoder_outputs=self.encoder_outputs,
-            decoder_input_ids=decoder_ids,
-            cache=self.cache,
-            use_cache=True,
-            **extra,
-        )
+        with head_inputs() as seen:
+            out = self.model(
+                encoder_outputs=self.encoder_outputs,
+                decoder_input_ids=decoder_ids,
+                cache=self.cache,
+                use_cache=True,
+                **extra,
+            )
         self.tokens.extend(new_tokens)
         logits = out.logits[0]  # [n or last_n, V]
+        hidden = seen[-1][0] if seen else None  # [n or last_n, d_model]
         if last_n is not None:
             logits = logits[-last_n:]
+            hidden = None if hidden is None else hidden[-last_n:]
+        self._hidden = hidden
         return logits.float().cpu()  # [n, V]
+
+    def hidden(self) -> torch.Tensor:
+        """The decoder's final hidden states [n, d_model] fp32 of the last forward (see the module doc)."""
+        return last_hidden(self._hidden, self)
 
     # Keep the first n decoder tokens: HFRunner's rollback, as EncoderDecoderCache.crop crops the
     # self-attention cache only (the cross-attention over the source stays) and rollback(0) is reset().
@@ -137,6 +153,7 @@ class Seq2SeqRunner:
         # EncoderDecoderCache marks a layer's cross-attention as computed when the given cache holds it
         self.cache = EncoderDecoderCache(DynamicCache(), self.cross_cache)
         self.tokens = []
+        self._hidden = None
 
     @property
     def eos_token_ids(self) -> frozenset[int]:

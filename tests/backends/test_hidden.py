@@ -1,0 +1,205 @@
+"""Hidden states (specdec.backends.base.HiddenStateRunner): after a forward, a runner hands out the final
+hidden states of the positions whose logits it returned.
+
+On tiny models, for the transformers runner (fp32, int8), the lean runner's layer sets (int8, fp32, int4
+in C and in torch), batch slots and the encoder-decoder runner: ``hidden()`` is the transformers model's
+own final-norm output at those positions (its base model's ``last_hidden_state``, which its final norm
+ends; in transformers 5 ``output_hidden_states=True`` gives the same as its last entry), the output layer
+applied to it gives the returned logits, it follows forwards after a rollback, and each runner of a
+packed forward gets its own rows.  Runners that cannot give them say so in their capabilities.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from specdec.backends.base import HiddenStateRunner
+from specdec.backends.hf import HFRunner
+from specdec.backends.lean import Int4Layers, LeanRunner, forward_packed
+from specdec.backends.llamacpp import LlamaCppRunner
+from specdec.backends.quant import quantize_model
+from specdec.backends.seq2seq import Seq2SeqRunner
+from specdec.batching import BatchedTarget
+from specdec.stairs import stairs_runner
+from tests.backends.test_llamacpp import FakeSession
+from tests.backends.test_seq2seq import SOURCES, tiny_bart, tiny_t5
+from tests.tiny import tiny_model
+
+FP32 = {arch: tiny_model(arch, 0) for arch in ("llama", "qwen2", "gemma3")}
+INT8 = {arch: quantize_model(tiny_model(arch, 0)) for arch in ("llama", "qwen2", "gemma3")}
+PROMPT = [5, 17, 3, 40, 22, 9, 61, 8]
+# (new tokens, last_n) after the prompt: a verification of 4, one token, a verification keeping 2
+STEPS = [([11, 12, 13, 14], None), ([30], None), ([7, 70, 2], 2)]
+
+
+def reference_hidden(model, tokens: list[int]) -> torch.Tensor:
+    """The transformers model's own final hidden states over `tokens`, no cache: [len(tokens), H]."""
+    with torch.inference_mode():
+        return model.model(torch.tensor([tokens])).last_hidden_state[0].float()
+
+
+def head(runner, hidden: torch.Tensor) -> torch.Tensor:
+    """The runner's output layer over hidden states [n, H] -> [n, V]."""
+    with torch.inference_mode():
+        return runner.head(hidden) if isinstance(runner, LeanRunner) else runner.model.get_output_embeddings()(hidden)
+
+
+def check_steps(runner: HiddenStateRunner, model, exact: bool) -> None:
+    """Prompt, STEPS, a rollback and a forward after it: hidden() has the returned logits' rows, is the
+    model's own final hidden states there (bitwise where `exact`), and the head over it gives the logits."""
+    assert runner.capabilities.hidden_states and isinstance(runner, HiddenStateRunner)
+    tokens: list[int] = []
+    for new, last_n in [(PROMPT, None), *STEPS, ("rollback", 3), ([44, 45, 46], None)]:
+        if new == "rollback":
+            tokens = tokens[:-last_n]
+            runner.rollback(len(tokens))
+            continue
+        logits = runner.forward(new, last_n)  # [n, V]
+        tokens += new
+        hidden = runner.hidden()  # [n, H]
+        assert hidden.dtype == torch.float32 and hidden.shape[0] == logits.shape[0]
+        expected = reference_hidden(model, tokens)[-logits.shape[0]:]
+        again = head(runner, hidden)
+        if exact:
+            assert torch.equal(hidden, expected)
+            assert torch.equal(again, logits)
+        else:
+            assert torch.allclose(hidden, expected, rtol=1e-4, atol=1e-4)
+            assert torch.allclose(again, logits, rtol=1e-4, atol=1e-4 * float(logits.abs().max()))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_transformers_runner_fp32(arch):
+    check_steps(HFRunner(FP32[arch]), FP32[arch], exact=False)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_transformers_runner_int8_is_bitwise(arch):
+    check_steps(HFRunner(INT8[arch]), INT8[arch], exact=True)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_lean_int8_is_bitwise_the_models_own(arch):
+    check_steps(LeanRunner(INT8[arch]), INT8[arch], exact=True)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_lean_fp32(arch):
+    check_steps(LeanRunner(FP32[arch], fp32=True), FP32[arch], exact=False)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_lean_int4_native_and_torch_path(arch):
+    """An int4 draft computes its own network, not the model's: its hidden states are its head's input (the
+    head over them gives its logits bitwise), and the C layers' are the torch path's up to fp32 rounding."""
+    model = INT8[arch]
+    native, torch_path = LeanRunner(model, int4=True), LeanRunner(model, layer_set=Int4Layers.of(model))
+    assert native.layer_set.native and native.capabilities.hidden_states
+    for new, last_n in [(PROMPT, None), *STEPS]:
+        logits = [r.forward(new, last_n) for r in (native, torch_path)]
+        hidden = [r.hidden() for r in (native, torch_path)]
+        for r, h, lg in zip((native, torch_path), hidden, logits):
+            assert h.shape == (lg.shape[0], model.config.hidden_size)
+            assert torch.equal(head(r, h), lg)
+        assert torch.allclose(hidden[0], hidden[1], rtol=1e-3, atol=1e-3)
+
+
+def test_runners_in_one_packed_forward_get_their_own_rows():
+    """Three int8 runners at different positions in one forward_packed call: each gets, bit for bit, the
+    hidden states it gets alone."""
+    model = INT8["qwen2"]
+    packed, alone = [LeanRunner(model) for _ in range(3)], [LeanRunner(model) for _ in range(3)]
+    prompts = [PROMPT, PROMPT[:3], [9, 9, 1, 4, 5]]
+    forward_packed(packed, prompts, [1, None, 2])
+    for r, p, last_n in zip(alone, prompts, [1, None, 2]):
+        r.forward(p, last_n)
+    chunks, last_ns = [[4, 5, 6], [7], [8, 9]], [None, None, 1]
+    forward_packed(packed, chunks, last_ns)
+    for p, a, c, last_n in zip(packed, alone, chunks, last_ns):
+        a.forward(c, last_n)
+        assert torch.equal(p.hidden(), a.hidden()) and p.hidden().shape[0] == (last_n or len(c))
+
+
+def test_batch_slots_pass_their_own():
+    """Two slots of a BatchedTarget forwarding together: each slot's hidden() is its own runner's, as alone."""
+    model = INT8["llama"]
+    target = BatchedTarget(model, 2)
+    slots = [target.acquire(), target.acquire()]
+    assert all(s.capabilities.hidden_states for s in slots)
+    chunks = [PROMPT, PROMPT[2:]]
+    got: dict[int, torch.Tensor] = {}
+
+    def work(i: int) -> None:
+        slots[i].forward(chunks[i])
+        got[i] = slots[i].hidden()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, chunk in enumerate(chunks):
+        alone = LeanRunner(model)
+        alone.forward(chunk)
+        assert torch.equal(got[i], alone.hidden()) and torch.equal(slots[i].hidden(), alone.hidden())
+    for s in slots:
+        s.release()
+
+
+@pytest.mark.parametrize("name", ["t5", "bart"])
+def test_encoder_decoder_runner_gives_the_decoders_final_hidden_states(name):
+    """The decoder's output layer input: the decoder's final hidden states (T5 scales them by d_model ** -0.5
+    before its head, BART adds a bias after it), so the head over them gives the logits."""
+    model = tiny_t5() if name == "t5" else tiny_bart()
+    runner = Seq2SeqRunner(model)
+    runner.set_source(SOURCES[0])
+    assert runner.capabilities.hidden_states
+    bias = getattr(model, "final_logits_bias", None)
+    decoder: list[int] = []
+    for new, last_n in [(runner.decoder_prompt(), None), ([5, 9, 30], None), ([12, 40], 1)]:
+        logits = runner.forward(new, last_n)
+        decoder += new
+        hidden = runner.hidden()
+        with torch.inference_mode():
+            out = model(input_ids=torch.tensor([SOURCES[0]]), decoder_input_ids=torch.tensor([decoder]),
+                        use_cache=False, output_hidden_states=True)
+        expected = out.decoder_hidden_states[-1][0]  # [len(decoder), d_model]: after the final norm
+        if getattr(model.config, "scale_decoder_outputs", False):
+            expected = expected * model.config.d_model ** -0.5
+        assert torch.allclose(hidden, expected[-logits.shape[0]:], rtol=1e-4, atol=1e-4)
+        again = head(runner, hidden) + (0 if bias is None else bias[0])
+        assert torch.allclose(again, logits, rtol=1e-4, atol=1e-4 * float(logits.abs().max()))
+
+
+def test_runners_without_hidden_states_say_so():
+    assert not LlamaCppRunner(FakeSession()).capabilities.hidden_states
+    assert not stairs_runner(HFRunner(FP32["llama"])).capabilities.hidden_states
+
+
+def test_no_hidden_states_before_a_forward_or_after_reset():
+    for runner in (HFRunner(FP32["llama"]), LeanRunner(INT8["llama"])):
+        with pytest.raises(RuntimeError, match="no hidden states"):
+            runner.hidden()
+        runner.forward([1, 2, 3])
+        assert runner.hidden().shape[0] == 3
+        runner.reset()
+        with pytest.raises(RuntimeError, match="no hidden states"):
+            runner.hidden()
+
+
+def test_the_model_run_by_others_keeps_nothing():
+    """The output layer's hook collects only inside a runner's forward: the model run directly (transformers'
+    generate, a benchmark) keeps no reference, and its logits are unchanged."""
+    model = FP32["qwen2"]
+    runner = HFRunner(model)
+    ids = torch.tensor([PROMPT])
+    with torch.inference_mode():
+        logits = model(ids).logits
+    runner.forward(PROMPT)
+    kept = runner.hidden()
+    with torch.inference_mode():
+        assert torch.equal(model(ids).logits, logits)
+    assert torch.equal(runner.hidden(), kept)
