@@ -99,7 +99,8 @@ def last_hidden(hidden: torch.Tensor | None, runner: object) -> torch.Tensor:
     """A runner's kept hidden states [n, H] as HiddenStateRunner.hidden returns them (fp32, on the CPU), or
     the RuntimeError of a runner that has run no forward since it was built or reset."""
     if hidden is None:
-        raise RuntimeError(f"{type(runner).__name__}.hidden(): no hidden states kept (no forward since it was built or reset)")
+        raise RuntimeError(f"{type(runner).__name__}.hidden(): no hidden states kept "
+                           "(no forward since it was built or reset)")
     return hidden.float().cpu()  # [n, H]
 
 

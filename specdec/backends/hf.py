@@ -112,6 +112,12 @@ def watch_head_input(model: PreTrainedModel) -> bool:
     return True
 
 
+def own_rows(rows: torch.Tensor) -> torch.Tensor:
+    """`rows`, or a copy of them where they are a view of a larger tensor: a runner keeping the last rows
+    of a prompt's hidden states should not keep the whole prompt's alive."""
+    return rows.clone() if rows.untyped_storage().nbytes() > rows.numel() * rows.element_size() else rows
+
+
 @contextmanager
 def head_inputs() -> Iterator[list[torch.Tensor]]:
     """A list that collects the inputs of watched output layers (watch_head_input) that run in this thread
@@ -158,7 +164,7 @@ class HFRunner:
                 logits_to_keep=last_n or 0,  # 0 = keep every position
             )
         self.tokens.extend(new_tokens)
-        self._hidden = seen[-1][0] if seen else None  # [n, H]: the rows the head computed the logits of
+        self._hidden = own_rows(seen[-1][0]) if seen else None  # [n, H]: the rows the head computed the logits of
         return out.logits[0].float().cpu()  # [n, V]
 
     def hidden(self) -> torch.Tensor:

@@ -41,7 +41,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from specdec.backends.base import Capabilities, cannot_clone, checked_new_tokens, last_hidden
 from specdec.backends.hf import (HFRunner, head_inputs, model_backend, model_eos_token_ids, model_identity,
-                                 model_max_context, watch_head_input)
+                                 model_max_context, own_rows, watch_head_input)
 from specdec.errors import SpecdecError
 
 
@@ -137,7 +137,7 @@ class Seq2SeqRunner:
         if last_n is not None:
             logits = logits[-last_n:]
             hidden = None if hidden is None else hidden[-last_n:]
-        self._hidden = hidden
+        self._hidden = None if hidden is None else own_rows(hidden)
         return logits.float().cpu()  # [n, V]
 
     def hidden(self) -> torch.Tensor:

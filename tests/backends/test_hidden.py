@@ -203,3 +203,13 @@ def test_the_model_run_by_others_keeps_nothing():
     with torch.inference_mode():
         assert torch.equal(model(ids).logits, logits)
     assert torch.equal(runner.hidden(), kept)
+
+
+def test_a_prompts_kept_row_does_not_keep_the_whole_prompt():
+    """A prefill that returns the last position's logits keeps that row's hidden state only (a copy where the
+    output layer got a view of the prompt's), not the prompt's [n, H]."""
+    runner = HFRunner(FP32["llama"])
+    runner.forward(PROMPT, last_n=1)
+    kept = runner._hidden
+    assert kept is not None and kept.untyped_storage().nbytes() == kept.numel() * kept.element_size()
+    assert torch.allclose(runner.hidden(), reference_hidden(FP32["llama"], PROMPT)[-1:], rtol=1e-4, atol=1e-4)
