@@ -47,7 +47,8 @@ class HeadCache:
     def length(self) -> int:
         return 0 if self.keys is None else self.keys.shape[2]
 
-    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """The decoder layer's cache hook: append this forward's keys/values, return all of them."""
         if self.keys is None or self.values is None:
             self.keys, self.values = keys, values

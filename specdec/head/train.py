@@ -123,7 +123,8 @@ def train(target: nn.Module, streams: list[list[int]], config: TrainConfig = Tra
     """Train a head for `target` on token streams (the target's ids) within config.minutes.
 
     `heldout`: a token stream for the agreement (default: the last heldout_fraction of the training
-    tokens, then left out of training).  `checkpoint` is called with the result so far at every
+    tokens, then left out of training).  The target is put in eval mode with its gradients off (it is
+    frozen) and shared, not copied: the head uses its embedding table.  `checkpoint` is called with the result so far at every
     evaluation (the store saves it there, so an interrupted run keeps its last checkpoint).
     """
     stream = torch.tensor([t for s in streams for t in s], dtype=torch.long)  # [L]
