@@ -42,7 +42,7 @@ def default_directory(target_name: str) -> Path:
 
 
 def weights_checksum(*weights: torch.Tensor) -> str:
-    """sha256 of the tensors' values as fp32 (so a bf16 and an fp32 copy of the same weights agree)."""
+    """sha256 of the tensors' values as fp32 (bf16 weights and their exact fp32 copy give the same sum)."""
     digest = hashlib.sha256()
     for weight in weights:
         for rows in weight.detach().split(_ROWS):
