@@ -1,0 +1,7 @@
+"""Draft heads trained from the target itself (issue 38): an EAGLE-style head on the target's features.
+
+- ``specdec.head.model``: the head (one decoder layer of the target's architecture over the target's
+  final hidden state and the next token's embedding, a reduced draft vocabulary) and its KV cache;
+- ``specdec.head.train``: teacher-forced distillation from the frozen target within a time budget;
+- ``specdec.head.store``: save/load with a manifest tying a head to its target.
+"""

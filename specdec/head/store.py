@@ -1,0 +1,158 @@
+"""Save and load a draft head: a directory with a manifest and the weights, tied to one target.
+
+Layout (default ``$SPECDEC_HOME/drafters/<target>-head/``, see ``specdec.zoo.home``)::
+
+    manifest.json             target identity, draft vocabulary, training record, weights file + sha256
+    head-<sha256[:16]>.safetensors   the head's own state dict (not the target's embedding table)
+
+The target identity is its name, architecture, hidden size, vocabulary size and a sha256 of its
+embedding and LM-head weights (as fp32): a head is loaded only for a target with the same identity
+(the name aside: the same weights under another path are the same target).  Saving is atomic: the
+weights go to a new file named by their hash, then the manifest is replaced (temp file + rename),
+then older weights files are removed, so a run interrupted at any point leaves the last complete
+checkpoint.  Every failure to load is a one-line SpecdecError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from specdec.errors import SpecdecError
+from specdec.head.model import DraftHead
+from specdec.head.train import TrainResult
+from specdec.zoo import home
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+_ROWS = 4096  # rows hashed at a time (bounds the fp32 copy of a large embedding table)
+
+
+def default_directory(target_name: str) -> Path:
+    """$SPECDEC_HOME/drafters/<target>-head/ (a path-like name flattened to one directory name)."""
+    flat = target_name.strip("/").replace("/", "--") or "target"
+    return home() / "drafters" / f"{flat}-head"
+
+
+def weights_checksum(*weights: torch.Tensor) -> str:
+    """sha256 of the tensors' values as fp32 (bf16 weights and their exact fp32 copy give the same sum)."""
+    digest = hashlib.sha256()
+    for weight in weights:
+        for rows in weight.detach().split(_ROWS):
+            digest.update(rows.float().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def target_identity(target: nn.Module, name: str) -> dict[str, Any]:
+    """What a head is tied to: the target's name, architecture, sizes and embedding/LM-head checksum."""
+    embed, lm_head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
+    tables = (embed,) if lm_head is embed else (embed, lm_head)
+    return {
+        "name": name,
+        "architecture": target.config.model_type,
+        "hidden_size": int(target.config.hidden_size),
+        "vocab_size": int(embed.shape[0]),
+        "checksum": weights_checksum(*tables),
+    }
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write `data` to `path` atomically (a temp file in the same directory, then a rename)."""
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def save(head: DraftHead, directory: str | Path, identity: dict[str, Any], result: TrainResult | None = None,
+         data: Sequence[str] = ()) -> Path:
+    """Save `head` (trained for the target of `identity`) with its training record; returns the directory."""
+    from safetensors.torch import save as to_bytes
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    blob = to_bytes({k: v.contiguous() for k, v in head.state_dict().items()})
+    digest = hashlib.sha256(blob).hexdigest()
+    weights = f"head-{digest[:16]}.safetensors"
+    _replace(directory / weights, blob)
+    manifest = {
+        "format": FORMAT,
+        "target": identity,
+        "draft_vocab": head.vocab.tolist(),
+        "tokens_seen": result.tokens if result else 0,
+        "steps": result.steps if result else 0,
+        "agreement_by_position": list(result.agreement) if result else [],
+        "training_seconds": round(result.seconds, 3) if result else 0.0,
+        "data": list(data),
+        "weights": weights,
+        "weights_sha256": digest,
+    }
+    _replace(directory / MANIFEST, json.dumps(manifest, indent=1).encode())
+    for old in directory.glob("head-*.safetensors"):
+        if old.name != weights:
+            old.unlink(missing_ok=True)
+    return directory
+
+
+def checkpointer(directory: str | Path, identity: dict[str, Any], data: Sequence[str] = ()) -> Callable[[TrainResult], None]:
+    """A train() checkpoint callback that saves each checkpoint to `directory`."""
+    def save_checkpoint(result: TrainResult) -> None:
+        save(result.head, directory, identity, result, data)
+
+    return save_checkpoint
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    """The manifest of the head in `directory`, or a one-line SpecdecError."""
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise SpecdecError(f"no draft head in {directory}: {MANIFEST} is missing")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        if manifest["format"] != FORMAT or not isinstance(manifest["target"], dict):
+            raise ValueError(f"format {manifest['format']}")
+        missing = [key for key in ("weights", "weights_sha256", "draft_vocab") if key not in manifest]
+        if missing:
+            raise KeyError(missing[0])
+    except (ValueError, KeyError, TypeError) as e:
+        raise SpecdecError(f"broken draft-head manifest {path}: {e}") from None
+    return manifest
+
+
+def load(directory: str | Path, target: nn.Module, name: str = "") -> tuple[DraftHead, dict[str, Any]]:
+    """The head saved in `directory` for `target`, with its manifest; refuses another target's head."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load as from_bytes
+
+    manifest = read_manifest(directory)
+    theirs, ours = manifest["target"], target_identity(target, name)
+    for key in ("architecture", "hidden_size", "vocab_size", "checksum"):
+        if theirs.get(key) != ours[key]:
+            raise SpecdecError(f"the draft head in {directory} was trained for another target "
+                               f"({theirs.get('name') or '?'}: {key} {theirs.get(key)} != {ours[key]})")
+    path = Path(directory) / str(manifest["weights"])
+    if not path.is_file():
+        raise SpecdecError(f"draft head weights {path} are missing")
+    blob = path.read_bytes()
+    if hashlib.sha256(blob).hexdigest() != manifest["weights_sha256"]:
+        raise SpecdecError(f"draft head weights {path} are corrupt (checksum mismatch)")
+    try:
+        state = from_bytes(blob)
+        head = DraftHead(target, state["vocab"])
+        head.load_state_dict(state)
+    except (SafetensorError, KeyError, RuntimeError) as e:
+        raise SpecdecError(f"draft head weights {path} do not fit the head: {str(e).splitlines()[0]}") from None
+    return head.eval(), manifest

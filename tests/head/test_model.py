@@ -1,0 +1,61 @@
+"""The head's model: the reduced vocabulary maps back to target ids, the KV cache feeds and rolls back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.errors import SpecdecError
+from specdec.head.model import DraftHead, HeadCache, draft_vocabulary
+from specdec.head.train import target_pass
+from tests.tiny import tiny_model
+
+
+def test_draft_vocabulary_is_most_frequent_first_then_by_id() -> None:
+    vocab = draft_vocabulary([[5, 5, 7, 3], [7, 5, 9]], size=6, vocab_size=10)
+    assert vocab.tolist() == [5, 7, 3, 9, 0, 1]  # 5 thrice, 7 twice, then seen once by id, then unseen by id
+    assert draft_vocabulary([[1]], size=50, vocab_size=10).tolist() == [1, 0, 2, 3, 4, 5, 6, 7, 8, 9]
+
+
+def test_reduced_vocabulary_maps_back_to_target_ids(target: torch.nn.Module, text: list[list[int]]) -> None:
+    vocab = draft_vocabulary(text, 40, target.config.vocab_size)
+    head = DraftHead(target, vocab)
+    features, logits = target_pass(target, torch.tensor(text[0])[None])  # [1, T, H], [1, T, V]
+    # at initialisation draft row i is the target's LM-head row of target id vocab[i]
+    assert torch.allclose(head.lm_head(features), logits[..., vocab], atol=1e-5)
+    draft_ids = head.lm_head(features).argmax(-1)  # [1, T] draft ids
+    restricted = logits.masked_fill(~torch.isin(torch.arange(logits.shape[-1]), vocab), float("-inf"))
+    assert torch.equal(head.target_ids(draft_ids), restricted.argmax(-1))
+
+
+def test_cache_feeds_in_pieces_as_in_one_forward_and_rolls_back(target: torch.nn.Module) -> None:
+    head = DraftHead(target, torch.arange(50))
+    torch.manual_seed(1)
+    features, tokens = torch.randn(1, 9, 32), torch.randint(0, 96, (1, 9))  # [1, 9, H], [1, 9]
+    whole = head(features, tokens)[1]  # [1, 9, N]
+    cache = HeadCache()
+    parts = [head(features[:, a:b], tokens[:, a:b], a, cache)[1] for a, b in [(0, 4), (4, 5), (5, 9)]]
+    assert torch.allclose(torch.cat(parts, dim=1), whole, atol=1e-5)
+    cache.crop(4)
+    again = head(features[:, 4:], tokens[:, 4:], 4, cache)[1]  # after a rollback the positions follow
+    assert torch.allclose(again, whole[:, 4:], atol=1e-5)
+
+
+def test_draft_rolls_its_own_positions_back(target: torch.nn.Module, text: list[list[int]]) -> None:
+    head = DraftHead(target, torch.arange(96))
+    features, _ = target_pass(target, torch.tensor(text[0])[None])
+    ids = torch.tensor(text[0])
+    cache = HeadCache()
+    first = head.draft(cache, features[0, :5], ids[1:6], k=4)
+    assert cache.length == 5 and len(first) == 4 and all(0 <= t < 96 for t in first)
+    cache.crop(4)
+    assert head.draft(cache, features[0, 4:5], ids[5:6], k=4) == first  # the last pair fed again: the same draft
+    with pytest.raises(ValueError, match="at least one"):
+        head.draft(cache, features[0, 5:5], ids[6:6], k=4)
+    cache.crop(3)
+    assert head.draft(cache, features[0, 3:5], ids[4:6], k=4) == first
+
+
+def test_other_architectures_are_refused_in_one_line() -> None:
+    with pytest.raises(SpecdecError, match="llama or qwen2 target, not gemma3"):
+        DraftHead(tiny_model("gemma3"), torch.arange(10))

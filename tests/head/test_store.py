@@ -1,0 +1,88 @@
+"""Saving and loading a head: the same proposals after a round trip; other targets' and broken heads refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec.errors import SpecdecError
+from specdec.head.model import DraftHead, HeadCache
+from specdec.head.store import MANIFEST, checkpointer, default_directory, load, save, target_identity
+from specdec.head.train import TrainResult, target_pass, train
+from tests.head.conftest import QUICK
+from tests.tiny import tiny_model
+
+
+def proposals(head: DraftHead, target: torch.nn.Module, stream: list[int], k: int = 3) -> list[list[int]]:
+    """The head's k-token draft after each prefix of `stream` (fed one verified pair at a time)."""
+    features, _ = target_pass(target, torch.tensor(stream)[None])  # [1, T, H]
+    ids, cache = torch.tensor(stream), HeadCache()
+    return [head.draft(cache, features[0, n - 1: n], ids[n: n + 1], k) for n in range(1, len(stream))]
+
+
+@pytest.fixture
+def saved(tmp_path: Path, target: torch.nn.Module, trained: TrainResult) -> Path:
+    return save(trained.head, tmp_path / "head", target_identity(target, "tiny"), trained, data=["own greedy text"])
+
+
+def test_round_trip_proposes_the_same_tokens(saved: Path, target: torch.nn.Module, trained: TrainResult,
+                                             text: list[list[int]]) -> None:
+    head, manifest = load(saved, target, "tiny")
+    assert proposals(head, target, text[0]) == proposals(trained.head, target, text[0])
+    assert manifest["tokens_seen"] == trained.tokens and manifest["agreement_by_position"] == list(trained.agreement)
+    assert manifest["draft_vocab"] == trained.head.vocab.tolist() and manifest["data"] == ["own greedy text"]
+    assert manifest["target"]["architecture"] == "llama" and manifest["target"]["vocab_size"] == 96
+    assert sorted(p.name for p in saved.iterdir()) == sorted([MANIFEST, manifest["weights"]])  # no temp files left
+
+
+@pytest.mark.parametrize("other", [("llama", 1), ("qwen2", 0)], ids=["other-seed", "other-config"])
+def test_a_head_for_another_target_is_refused(saved: Path, other: tuple[str, int]) -> None:
+    with pytest.raises(SpecdecError, match=r"trained for another target \(tiny: (checksum|architecture) ") as e:
+        load(saved, tiny_model(*other))
+    assert "\n" not in str(e.value)
+
+
+def test_broken_files_are_refused_in_one_line(saved: Path, target: torch.nn.Module) -> None:
+    manifest = json.loads((saved / MANIFEST).read_text())
+    weights = saved / manifest["weights"]
+    blob = weights.read_bytes()
+    weights.write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(SpecdecError, match="corrupt"):
+        load(saved, target)
+    weights.unlink()
+    with pytest.raises(SpecdecError, match="are missing"):
+        load(saved, target)
+    (saved / MANIFEST).write_text(json.dumps(manifest)[:-20])
+    with pytest.raises(SpecdecError, match="broken draft-head manifest"):
+        load(saved, target)
+    (saved / MANIFEST).write_text(json.dumps({k: v for k, v in manifest.items() if k != "weights"}))
+    with pytest.raises(SpecdecError, match="broken draft-head manifest .*weights"):
+        load(saved, target)
+    (saved / MANIFEST).unlink()
+    with pytest.raises(SpecdecError, match="no draft head in"):
+        load(saved, target)
+
+
+def test_interrupted_training_keeps_its_last_checkpoint(tmp_path: Path, target: torch.nn.Module,
+                                                        text: list[list[int]]) -> None:
+    def interrupt(progress) -> None:
+        if progress.step == 4:
+            raise KeyboardInterrupt
+
+    config = dataclasses.replace(QUICK, max_steps=None, eval_every_s=0.0, eval_tokens=8)
+    with pytest.raises(KeyboardInterrupt):
+        train(target, text, config, progress=interrupt,
+              checkpoint=checkpointer(tmp_path, target_identity(target, "tiny"), ["text"]))
+    head, manifest = load(tmp_path, target)
+    assert manifest["steps"] == 4 and len(list(tmp_path.glob("head-*.safetensors"))) == 1
+    assert len(proposals(head, target, text[0][:8])) == 7
+
+
+def test_default_directory_is_under_specdec_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    assert default_directory("qwen2.5-1.5b") == tmp_path / "drafters" / "qwen2.5-1.5b-head"
+    assert default_directory("/models/org/name/") == tmp_path / "drafters" / "models--org--name-head"
