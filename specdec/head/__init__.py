@@ -3,5 +3,6 @@
 - ``specdec.head.model``: the head (one decoder layer of the target's architecture over the target's
   final hidden state and the next token's embedding, a reduced draft vocabulary) and its KV cache;
 - ``specdec.head.train``: teacher-forced distillation from the frozen target within a time budget;
-- ``specdec.head.store``: save/load with a manifest tying a head to its target.
+- ``specdec.head.store``: save/load with a manifest tying a head to its target;
+- ``specdec.head.drafter``: the head as a drafter of the decode loop, reading the target runner's hidden states.
 """

@@ -26,7 +26,7 @@ transformers' cache classes.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -132,17 +132,20 @@ class DraftHead(nn.Module):
         return predicted[0, -1], logits[0, -1]
 
     @torch.no_grad()
-    def draft(self, cache: HeadCache, features: torch.Tensor, tokens: torch.Tensor, k: int) -> list[int]:
-        """Greedy: feed the new verified pairs (features [n, H], tokens [n]), draft k target ids
-        autoregressively on the head's own predicted features, then roll the drafted positions back.
+    def draft(self, cache: HeadCache, features: torch.Tensor, tokens: torch.Tensor, k: int,
+              choose: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[int]:
+        """Feed the new verified pairs (features [n, H], tokens [n]), draft k target ids autoregressively
+        on the head's own predicted features, then roll the drafted positions back.  `choose`: draft
+        logits [N] -> the target id [] to propose (default greedy: the argmax's target id).
         Needs at least one new pair (to re-draft from the same context, crop one position and feed it again)."""
         if len(tokens) < 1:
             raise ValueError("a draft needs at least one new (feature, token) pair")
+        choose = choose or (lambda logits: self.target_ids(logits.argmax()))
         feature, logits = self.extend(cache, features, tokens)
         verified = cache.length
         out: list[int] = []
         for i in range(k):
-            token = self.target_ids(logits.argmax())  # [] target id
+            token = choose(logits)  # [] target id
             out.append(int(token))
             if i + 1 < k:
                 feature, logits = self.extend(cache, feature[None], token[None])

@@ -1,0 +1,136 @@
+"""The draft head as a drafter (specdec.drafters.base.Drafter): proposals read off the target's own features.
+
+A head drafts from pairs (f_t, x_{t+1}): the target's final hidden state at position t and the token
+after it (specdec.head.model).  The target runner hands out the hidden states of the positions whose
+logits its last forward returned (``hidden()``), so after each step the head learns the features of
+the positions the target has just verified, at no cost:
+
+- after the prefill (the loop asks for the last row only): the prompt's last position;
+- after a verification of this drafter's k tokens with n accepted: the pending token's and the n
+  accepted tokens' positions, the first n + 1 rows (the rows after them are of rejected tokens);
+  ``observe`` keeps them, since a plain step may come before the next proposal;
+- after a plain step: the one position it computed.
+
+Before each proposal the head's own KV cache is rolled back to the longest prefix whose tokens still
+match the context and fed the new pairs, the last one being (f of the last position the target has
+cached, the pending token).  Where the features of some positions were never seen (the prompt, whose
+rows the prefill does not return, or the steps another drafter verified), the head's cache starts
+over at the first position whose feature it has: its attention then sees its own past from there on.
+We chose this over asking the loop for all of the prompt's rows: the loop and runners stay as they
+are (the runners deliberately keep only the returned rows), and a head trained on windows that start
+anywhere drafts from a short past as it was trained to.  When no feature of the last cached position
+can be known (another drafter's verification just before), the head proposes nothing and the loop
+takes a plain step, whose row it reads next time.
+
+Greedy: the head's argmax (q None).  Sampling: q = the warped head distribution over the target's
+vocabulary, zero outside the draft vocabulary (the head's logits placed at their target ids, -inf
+elsewhere, then the target's temperature / top-k / top-p), as the draft model's q is; a token is
+sampled from q and returned with it, so verification stays lossless.  What the head proposes never
+changes the output: the loop verifies every token.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specdec.backends.base import HiddenStateRunner, common_prefix_length
+from specdec.drafters.base import Draft
+from specdec.errors import SpecdecError
+from specdec.head.model import DraftHead, HeadCache
+from specdec.sampling import SamplingParams, make_generator, sample_from, warp_probs
+
+
+class HeadDrafter:
+    """Proposes k tokens with a draft head over `target`'s hidden states (see the module docstring)."""
+
+    def __init__(self, head: DraftHead, target: HiddenStateRunner, sampling: SamplingParams | None = None) -> None:
+        if not target.capabilities.hidden_states:
+            raise SpecdecError(f"a draft head reads the target's hidden states, which a {target.describe()} "
+                               "target does not give: use another draft")
+        if int(head.vocab.max()) >= target.vocab_size:
+            raise SpecdecError(f"the draft head's vocabulary has ids up to {int(head.vocab.max())}, "
+                               f"beyond the target's {target.vocab_size}: it was trained for another target")
+        self.head, self.target = head.eval(), target
+        self.params = sampling or SamplingParams()
+        self.generator = make_generator(self.params.seed, stream=1)
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = HeadCache()
+        self.base = 0  # context position t of the cache's first pair (f_t, x_{t+1})
+        self.fed: list[int] = []  # x_{t+1} of each pair in the cache
+        self.rows: torch.Tensor | None = None  # [m, H]: features of verified positions not fed yet ...
+        self.rows_at = 0  # ... from this position on
+        self.proposed_at: int | None = None  # len(context) at the last proposal
+
+    def observe(self, context: Sequence[int], num_accepted: int) -> None:
+        """Keep the features of the pending token and the accepted draft tokens: rows 0..num_accepted of
+        the verification's (a plain step may run before the next proposal)."""
+        if self.proposed_at != len(context):
+            return  # not the verification of this drafter's last proposal
+        rows = self.target.hidden()  # [k + 1, H]
+        if rows.shape[0] > num_accepted:
+            self.rows, self.rows_at = rows[: num_accepted + 1].clone(), len(context) - 1
+
+    def known(self, context: Sequence[int]) -> tuple[torch.Tensor, int] | None:
+        """(features [m, H], s): the features of positions s..len(context) - 2 that the head may still
+        need, ending at the last position the target has cached; None when that one is unknown."""
+        end = len(context) - 1  # the target caches positions < end; context[end] is pending
+        if self.rows is not None and self.rows_at + len(self.rows) == end:
+            return self.rows, self.rows_at
+        try:
+            last = self.target.hidden()  # [r, H]
+        except RuntimeError:
+            return None
+        if last.shape[0] != 1:
+            return None  # another drafter's verification: which rows were accepted is unknown here
+        # A one-row forward (a plain step, the prefill's last row) is never rolled back: position end - 1.
+        if self.rows is not None and self.rows_at + len(self.rows) == end - 1:
+            return torch.cat([self.rows, last]), self.rows_at
+        return last, end - 1
+
+    def sync(self, context: Sequence[int]) -> tuple[torch.Tensor, list[int]] | None:
+        """Roll the head's cache back to what still matches `context`; the new pairs to feed it
+        (features [n, H], tokens [n]), at least one; None when the head cannot draft now."""
+        known = self.known(context)
+        if known is None:
+            return None
+        rows, start = known
+        end = start + len(rows)
+        keep = self.base + common_prefix_length(self.fed, context[self.base + 1:])  # first position to feed
+        at = min(keep, end - 1)  # feed at least the last pair
+        if at < start or at < self.base:  # positions whose features are lost: start over
+            self.cache, self.base, self.fed, at = HeadCache(), start, [], start
+        self.cache.crop(at - self.base)
+        del self.fed[at - self.base:]
+        self.rows = None
+        return rows[at - start:], list(context[at + 1: end + 1])
+
+    def _sample(self, qs: list[torch.Tensor]):
+        """A choice for DraftHead.draft that samples from the warped head distribution, keeping q."""
+        width = self.target.vocab_size
+
+        def choose(logits: torch.Tensor) -> torch.Tensor:  # [N] -> [] target id
+            full = logits.new_full((width,), float("-inf")).index_copy(0, self.head.vocab, logits)  # [V]
+            q = warp_probs(full, self.params)  # [V]
+            qs.append(q)
+            return torch.tensor(sample_from(q, self.generator))
+
+        return choose
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        self.proposed_at = len(context)
+        pairs = self.sync(context) if context and k > 0 else None
+        if pairs is None:
+            return Draft([])
+        features, tokens = pairs
+        if features.shape[-1] != self.head.config.hidden_size:
+            raise SpecdecError(f"the draft head reads features of size {self.head.config.hidden_size}, the "
+                               f"target gives {features.shape[-1]}: it was trained for another target")
+        qs: list[torch.Tensor] = []
+        choose = None if self.params.greedy else self._sample(qs)
+        proposed = self.head.draft(self.cache, features, torch.tensor(tokens), k, choose)
+        self.fed.extend(tokens)
+        return Draft(proposed, torch.stack(qs) if qs else None, len(tokens))  # q: [k, V_target]

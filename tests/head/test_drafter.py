@@ -1,0 +1,146 @@
+"""The head as a drafter through the decode loop: greedy output is plain greedy's (fp32 up to near-ties, int8
+bitwise), the head's cache always holds the target's own features of the context, sampling returns a q that
+lives on the draft vocabulary, and the head is accepted on the text it was trained on."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import pytest
+import torch
+
+from specdec.backends.hf import HFRunner
+from specdec.backends.lean import LeanRunner
+from specdec.backends.quant import quantize_model
+from specdec.control import FixedK
+from specdec.drafters.base import Draft
+from specdec.errors import SpecdecError
+from specdec.head.drafter import HeadDrafter
+from specdec.head.train import TrainResult, target_pass
+from specdec.loop import StopCondition, run
+from specdec.sampling import SamplingParams
+from specdec.verify import make_verifier
+from tests.tiny import assert_near_tie_parting, tiny_model
+
+STOP = StopCondition(max_new_tokens=40)
+
+
+def prompts(text: list[list[int]]) -> list[list[int]]:
+    """Two prompts from the training text (the head knows what follows) and one it never saw."""
+    return [text[1][:5], text[3][:9], [1, 50, 7, 88, 13]]
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_is_plain_greedy_fp32(k: int, target: torch.nn.Module, text: list[list[int]],
+                                     trained: TrainResult) -> None:
+    runner = HFRunner(target)
+    accepted = 0
+    for prompt in prompts(text):
+        reference = run(runner, prompt, STOP).token_ids
+        out = run(runner, prompt, STOP, HeadDrafter(trained.head, runner), k)
+        assert_near_tie_parting(target, prompt, out.token_ids, reference)
+        assert out.stats.drafted > 0
+        accepted += out.stats.accepted
+    assert accepted > 0
+
+
+def test_accepted_on_the_text_it_was_trained_on(target: torch.nn.Module, text: list[list[int]],
+                                                trained: TrainResult) -> None:
+    runner = HFRunner(target)
+    out = run(runner, text[2][:4], STOP, HeadDrafter(trained.head, runner), 3)
+    assert out.stats.accepted > 0, out.stats
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_is_bitwise_plain_greedy_int8(k: int, text: list[list[int]], trained: TrainResult) -> None:
+    runner = LeanRunner(quantize_model(tiny_model("llama", seed=0)))  # the head's target, in int8
+    for prompt in prompts(text):
+        reference = run(runner, prompt, STOP).token_ids
+        out = run(runner, prompt, STOP, HeadDrafter(trained.head, runner), k)
+        assert out.token_ids == reference
+
+
+class Checked(HeadDrafter):
+    """A head drafter that checks, at every proposal, that the pairs it feeds are the target's own features
+    (one teacher-forced pass over the context) of the right positions with the tokens after them, and that
+    its cache holds exactly the pairs before them."""
+
+    def __init__(self, *args, model: torch.nn.Module) -> None:
+        super().__init__(*args)
+        self.model, self.synced, self.restarts = model, [], 0
+
+    def sync(self, context: Sequence[int]):
+        base = self.base
+        pairs = super().sync(context)
+        if pairs is not None:
+            features, tokens = pairs
+            start = len(context) - 1 - len(tokens)  # position of the first new pair
+            assert tokens == list(context[start + 1:])
+            expected = target_pass(self.model, torch.tensor([list(context[:-1])]))[0][0, start:]  # [n, H]
+            assert torch.allclose(features, expected, rtol=1e-4, atol=1e-4)
+            assert self.cache.length == start - self.base and self.fed == list(context[self.base + 1: start + 1])
+            self.restarts += bool(self.synced) and self.base != base  # the first sync starts the cache anyway
+            self.synced.append(len(tokens))
+        return pairs
+
+
+class Pattern:
+    """A controller that drafts k or takes plain steps in a fixed repeating pattern."""
+
+    def __init__(self, pattern: list[int]) -> None:
+        self.pattern, self.step = pattern, 0
+
+    def choose(self, limit: int, lag: int = 0, source: str = "model") -> int:
+        k = min(self.pattern[self.step % len(self.pattern)], limit)
+        self.step += 1
+        return k
+
+    def observe(self, *args, **kwargs) -> None:
+        pass
+
+    def reset(self) -> None:
+        self.step = 0
+
+
+@pytest.mark.parametrize("pattern", [[3], [3, 0], [2, 0, 0], [4, 0, 1]])
+def test_the_heads_cache_follows_the_context(pattern: list[int], target: torch.nn.Module, text: list[list[int]],
+                                             trained: TrainResult) -> None:
+    """Draft steps, one plain step between them (its row joins the verification's kept rows) and two (the
+    head starts over from the last row): the pairs fed are always the target's features and the next tokens."""
+    runner = HFRunner(target)
+    prompt = text[4][:6]
+    drafter = Checked(trained.head, runner, model=target)
+    out = run(runner, prompt, STOP, drafter, Pattern(pattern))
+    assert_near_tie_parting(target, prompt, out.token_ids, run(runner, prompt, STOP).token_ids)
+    assert drafter.synced[0] == 1  # the prefill returned the prompt's last row only: the head starts there
+    assert all(1 <= n <= max(pattern) + 2 for n in drafter.synced)
+    assert (drafter.restarts > 0) == (pattern.count(0) > 1)  # two plain steps in a row lose a feature
+
+
+def test_sampling_q_lives_on_the_draft_vocabulary(target: torch.nn.Module, text: list[list[int]],
+                                                  trained: TrainResult) -> None:
+    runner = HFRunner(target)
+    vocab = trained.head.vocab
+    outside = torch.ones(runner.vocab_size, dtype=torch.bool).index_fill(0, vocab, False)  # [V]
+    drafts: list[Draft] = []
+    for seed in range(4):
+        params = SamplingParams(temperature=0.8, top_k=20, seed=seed)
+        drafter = HeadDrafter(trained.head, runner, params)
+        propose = drafter.propose
+        drafter.propose = lambda context, k, propose=propose: drafts.append(propose(context, k)) or drafts[-1]
+        out = run(runner, text[1][:5], STOP, drafter, 3, verifier=make_verifier(params))
+        assert len(out.token_ids) == STOP.max_new_tokens
+    assert drafts and all(d.q is not None and d.q.shape == (len(d.tokens), runner.vocab_size) for d in drafts)
+    for d in drafts:
+        assert torch.allclose(d.q.sum(-1), torch.ones(len(d.tokens)), atol=1e-5)
+        assert (d.q[:, outside] == 0).all()
+        assert all(d.q[i, t] > 0 and t in vocab for i, t in enumerate(d.tokens))
+
+
+def test_a_target_without_hidden_states_or_of_another_vocabulary_is_refused(trained: TrainResult) -> None:
+    from specdec.stairs import stairs_runner
+
+    with pytest.raises(SpecdecError, match="hidden states"):
+        HeadDrafter(trained.head, stairs_runner(HFRunner(tiny_model("llama", 0))))
+    with pytest.raises(SpecdecError, match="trained for another target"):
+        HeadDrafter(trained.head, HFRunner(tiny_model("llama", 0, vocab_size=32)))
