@@ -144,3 +144,20 @@ def test_a_target_without_hidden_states_or_of_another_vocabulary_is_refused(trai
         HeadDrafter(trained.head, stairs_runner(HFRunner(tiny_model("llama", 0))))
     with pytest.raises(SpecdecError, match="trained for another target"):
         HeadDrafter(trained.head, HFRunner(tiny_model("llama", 0, vocab_size=32)))
+
+
+def test_behind_prompt_lookup_in_a_hybrid(target: torch.nn.Module, text: list[list[int]],
+                                          trained: TrainResult) -> None:
+    """Lookup verifications the head never sees (which of their rows were accepted is unknown to it): the head
+    proposes nothing right after one (a plain step follows) or starts over from a one-row forward, and what it
+    feeds is still the target's own features; the output is plain greedy's."""
+    from specdec.drafters.hybrid import HybridDrafter
+    from specdec.drafters.lookup import LookupDrafter
+
+    runner = HFRunner(target)
+    for prompt in prompts(text):
+        head = Checked(trained.head, runner, model=target)
+        drafter = HybridDrafter(head, LookupDrafter(max_ngram=3, min_ngram=2), short_matches=False)
+        out = run(runner, prompt, STOP, drafter, 3)
+        assert_near_tie_parting(target, prompt, out.token_ids, run(runner, prompt, STOP).token_ids)
+        assert drafter.proposals["model"] > 0 and drafter.proposals["lookup"] > 0 and head.restarts > 0
