@@ -435,6 +435,18 @@ class NativeInt4Layers(LayerSet):
         super().__init__(layers, head)
         self.table = _NativeTable.of(layers)
         self.act_code = act_code  # the gate activation (ACTIVATIONS)
+        self._model: Int4Model | None = None  # the kernel's view of the model, made at the first forward
+
+    def kernel_model(self, lead: "LeanRunner", hidden: int) -> Int4Model:
+        """The model as kernels.int4.layers takes it (its table's addresses and shapes), made once: nothing
+        in it changes between forwards."""
+        if self._model is None:
+            table = self.table
+            self._model = Int4Model(tensors=table.tensors.data_ptr(), scaling=table.scaling.data_ptr(),
+                                    window=table.window.data_ptr(), layers=len(self.layers), hidden=hidden,
+                                    heads=lead.num_heads, kv_heads=lead.num_kv_heads, d=lead.head_dim,
+                                    intermediate=self.intermediate, act=self.act_code, eps=lead.eps)
+        return self._model
 
     @classmethod
     def build(cls: type[_Set], model: Any) -> _Set:
@@ -446,12 +458,8 @@ class NativeInt4Layers(LayerSet):
         """In place: x is the last layer's output after the call."""
         lead = runners[0]
         sizes = [hi - lo for lo, hi in zip(offsets, offsets[1:])]
-        table = self.table
         assert x.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
-        model = Int4Model(tensors=table.tensors.data_ptr(), scaling=table.scaling.data_ptr(),
-                          window=table.window.data_ptr(), layers=len(self.layers), hidden=x.shape[1],
-                          heads=lead.num_heads, kv_heads=lead.num_kv_heads, d=lead.head_dim,
-                          intermediate=self.intermediate, act=self.act_code, eps=lead.eps)
+        model = self.kernel_model(lead, x.shape[1])
         caches = [a for r in runners for a in r._addresses]  # [R * layers * 2]
         kernels.int4.layers(model, x, starts, sizes, caches, [r.capacity * lead.head_dim for r in runners], cos, sin)
         return x
