@@ -1,33 +1,45 @@
-"""Distil a draft head from its frozen target, teacher-forced over token streams, within a time budget.
+"""Distil a draft head from its frozen target within a time budget, on features produced while it trains.
 
-Each step cuts a batch of windows of `window` + 1 tokens from the training streams, runs the frozen
-target over them once (its post-norm final hidden states f [B, T+1, H], taken with a forward hook on
-the final norm, and its logits), and trains the head on the pairs (f_t, x_{t+1}) to predict
+Data: ``specdec.head.features`` sources (text run through the target teacher-forced; the target's own
+greedy answers to chat prompts, with their features captured while it writes them) fill a
+``FeatureBank`` chunk by chunk; training cuts random windows of `window` + 1 positions from the bank.
+More data is produced whenever training has seen `replay` times what the bank holds, so a run starts
+training at once, spends its time between the target (producing) and the head (learning) in a fixed
+proportion, and keeps learning from the bank when the sources run out.  The schedule is counted in
+positions, not seconds, so a run is deterministic given the seed, the data and the number of steps
+(a time budget only decides where it stops).
 
-- the target's next-token distribution p at t+1, restricted and renormalised to the draft
-  vocabulary: KL(p || q), q the head's distribution;
-- the target's next feature f_{t+1}: smooth-L1, weighted by `feature_weight` (EAGLE's regression).
+Loss on pairs (f_t, x_{t+1}) of a window (EAGLE, Li et al. 2024, arXiv 2401.15077):
 
-AdamW; deterministic given the seed and the number of steps (the head's initialisation and the
-window order come from the seed; a time budget only decides where training stops).  The progress
-callback sees tokens/s, the loss and the latest held-out agreement: how often the head's d-th
-drafted token (d = 1..positions, drafted autoregressively on its own predicted features, exactly as
-``DraftHead.draft`` drafts) equals the target's greedy token, counted where the earlier drafts and
-the held-out text both agreed with the target's greedy tokens (so a single teacher-forced target
-pass gives the greedy continuation): the acceptance rate of greedy verification at that position.
+- KL(p || q) with p the target's next-token distribution at t+1 restricted and renormalised to the
+  draft vocabulary — the head's LM head is the target's own rows, frozen, so p is that LM head applied
+  to the true next feature f_{t+1} — and q the head's;
+- `feature_weight` × smooth-L1 between the head's predicted feature and f_{t+1} (EAGLE's regression);
+- optionally uniform noise of amplitude `noise` on the input features (EAGLE's remedy for drafting on
+  its own, imperfect, predictions).
+
+AdamW, linear warm-up, cosine decay to a tenth over the run (over max_steps when given, else over the
+time budget).  The progress callback sees tokens/s, the loss and the latest held-out agreement: how
+often the head's d-th drafted token (d = 1..positions, drafted autoregressively on its own predicted
+features, exactly as ``DraftHead.draft`` drafts) equals the target's greedy token, counted where the
+earlier drafts and the held-out text both agreed with the target's greedy tokens: the acceptance rate
+of greedy verification at that position.  Position 1 is measured at every held-out position in one
+batched forward; later positions at every `stride`-th.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from specdec.errors import SpecdecError
+from specdec.head.features import FeatureBank, Source, TextSource, features
 from specdec.head.model import DraftHead, HeadCache, draft_vocabulary
 
 
@@ -37,14 +49,18 @@ class TrainConfig:
     window: int = 64  # T: positions per training window
     batch: int = 8  # windows per step
     lr: float = 1e-3
+    warmup_steps: int = 20
     weight_decay: float = 0.0
     feature_weight: float = 1.0  # w of the smooth-L1 feature regression
+    noise: float = 0.0  # amplitude of the uniform noise added to input features
+    replay: float = 2.0  # training positions per produced position before more data is produced
     minutes: float = 60.0  # time budget
     max_steps: int | None = None  # stop after this many steps too (tests, reproducible runs)
     eval_every_s: float = 60.0  # held-out agreement this often (and at the end)
-    eval_tokens: int = 256  # held-out drafting starts per evaluation
+    eval_tokens: int = 256  # held-out positions per evaluation
+    eval_stride: int = 4  # positions 2.. are measured at every stride-th held-out position
     positions: int = 3  # draft positions whose agreement is measured
-    heldout_fraction: float = 0.1  # of the training tokens, when no held-out streams are given
+    heldout_fraction: float = 0.1  # of the training tokens, when no held-out stream is given
     seed: int = 0
 
 
@@ -56,6 +72,7 @@ class Progress:
     tokens_per_s: float
     loss: float
     agreement: tuple[float | None, ...]  # latest held-out agreement by draft position (None: not measured yet)
+    produced: int = 0  # positions in the feature bank
 
 
 @dataclass
@@ -66,6 +83,7 @@ class TrainResult:
     steps: int
     agreement: tuple[float | None, ...]
     losses: list[float] = field(default_factory=list)  # per step
+    produced: int = 0  # positions whose features were produced
 
 
 def target_pass(target: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,87 +98,168 @@ def target_pass(target: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, tor
     return captured[-1].float(), logits.float()
 
 
-def head_loss(head: DraftHead, features: torch.Tensor, logits: torch.Tensor, ids: torch.Tensor,
-              feature_weight: float) -> torch.Tensor:
-    """Distillation loss on windows ids [B, T+1] with the target's features [B, T+1, H] and logits [B, T+1, V]."""
-    predicted, draft_logits = head(features[:, :-1], ids[:, 1:])  # [B, T, H], [B, T, N]
-    log_p = F.log_softmax(logits[:, 1:, head.vocab], dim=-1)  # [B, T, N]: p renormalised on the draft vocab
+def head_loss(head: DraftHead, feats: torch.Tensor, ids: torch.Tensor, feature_weight: float,
+              noise: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Distillation loss on windows ids [B, T+1] with the target's features [B, T+1, H] (see the module doc)."""
+    inputs = feats[:, :-1]  # [B, T, H]
+    if noise:
+        inputs = inputs + (torch.rand(inputs.shape, generator=generator) * 2 - 1) * noise
+    predicted, draft_logits = head(inputs, ids[:, 1:])  # [B, T, H], [B, T, N]
+    with torch.no_grad():
+        log_p = F.log_softmax(head.lm_head(feats[:, 1:]), dim=-1)  # [B, T, N]: p on the draft vocab
     log_q = F.log_softmax(draft_logits, dim=-1)  # [B, T, N]
     kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
-    return kl + feature_weight * F.smooth_l1_loss(predicted, features[:, 1:])
+    return kl + feature_weight * F.smooth_l1_loss(predicted, feats[:, 1:])
 
 
-def agreement(head: DraftHead, target: nn.Module, stream: list[int], positions: int = 3,
-              starts: int = 256) -> tuple[float | None, ...]:
+@dataclass(frozen=True)
+class Heldout:
+    """A held-out stream: ids [L], the target's features [L, H] and greedy tokens [L] (greedy[t] follows ids[:t+1])."""
+
+    ids: list[int]
+    features: torch.Tensor
+    greedy: list[int]
+
+    @classmethod
+    def of(cls, target: nn.Module, extractor: nn.Module, stream: Sequence[int]) -> "Heldout":
+        ids = list(stream)
+        feats = features(extractor, torch.tensor([ids]))[0]  # [L, H]
+        with torch.no_grad():
+            greedy = target.get_output_embeddings()(feats).argmax(-1).tolist()  # the full LM head
+        return cls(ids, feats, greedy)
+
+
+@torch.no_grad()
+def agreement(head: DraftHead, heldout: Heldout, positions: int = 3, stride: int = 4) -> tuple[float | None, ...]:
     """Held-out agreement of the head's drafts with the target's greedy tokens by draft position (see the
-    module docstring); None for a position never reached.  Uses stream[:starts + positions + 1]."""
-    ids = torch.tensor(stream[: starts + positions + 1])[None]  # [1, L]
-    features, logits = target_pass(target, ids)
-    greedy = logits[0].argmax(-1).tolist()  # greedy[t]: the target's token after ids[:t+1]
-    text = ids[0].tolist()
+    module docstring); None for a position never reached."""
+    ids, feats, greedy = heldout.ids, heldout.features, heldout.greedy
+    n = len(ids) - positions - 1
+    if n < 1:
+        return (None,) * positions
+    # position 1 everywhere, in one forward: pair (f_t, x_{t+1}) drafts x_{t+2}, the target's is greedy[t + 1]
+    _, logits = head(feats[None, :n], torch.tensor(ids[1: n + 1])[None])  # [1, n, N]
+    first = head.target_ids(logits[0].argmax(-1)).tolist()
     hits, counted = [0] * positions, [0] * positions
-    cache = HeadCache()
-    for n in range(1, len(text) - positions):
-        # the head holds pairs t < n-1; feed (f_{n-1}, x_n) and draft x_{n+1..n+positions}
-        drafts = head.draft(cache, features[0, n - 1: n], ids[0, n: n + 1], positions)
-        for d in range(positions):
-            counted[d] += 1
-            hits[d] += drafts[d] == greedy[n + d]
-            if not (drafts[d] == greedy[n + d] == text[n + d + 1]):
+    hits[0], counted[0] = sum(a == b for a, b in zip(first, greedy[1: n + 1])), n
+    cache, fed = HeadCache(), 0
+    for t in range(0, n, stride):  # later positions: drafted on the head's own predictions
+        drafts = head.draft(cache, feats[fed: t + 1], torch.tensor(ids[fed + 1: t + 2]), positions)
+        fed = t + 1
+        cache.crop(fed - 1)  # keep the pairs before t (draft() kept pair t): t is fed again next time
+        fed = t
+        for d in range(1, positions):
+            if not (drafts[d - 1] == greedy[t + d] == ids[t + d + 1]):
                 break
+            counted[d] += 1
+            hits[d] += drafts[d] == greedy[t + d + 1]
     return tuple(h / c if c else None for h, c in zip(hits, counted))
 
 
-def windows(stream: torch.Tensor, window: int, generator: torch.Generator) -> list[torch.Tensor]:
-    """The stream [L] cut into windows of window + 1 tokens (overlapping by one), in a seeded order."""
-    starts = range(0, len(stream) - window, window)
-    return [stream[starts[i]: starts[i] + window + 1] for i in torch.randperm(len(starts), generator=generator)]
+def _lr(config: TrainConfig, step: int, fraction: float) -> float:
+    """Linear warm-up over warmup_steps, then cosine decay to a tenth at fraction 1 of the run."""
+    warm = min(1.0, (step + 1) / max(config.warmup_steps, 1))
+    return config.lr * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * min(fraction, 1.0))))
+
+
+class _Producer:
+    """Picks the next source to produce from: the one furthest below its share of the produced positions."""
+
+    def __init__(self, sources: Sequence[Source], shares: Sequence[float]) -> None:
+        self.sources, self.shares = list(sources), list(shares)
+        self.produced = [0] * len(self.sources)
+        self.done = [False] * len(self.sources)
+
+    def produce(self, bank: FeatureBank) -> bool:
+        """Produce one chunk into the bank; False when every source is exhausted."""
+        while not all(self.done):
+            i = min((i for i in range(len(self.sources)) if not self.done[i]),
+                    key=lambda i: self.produced[i] / self.shares[i])
+            chunks = self.sources[i].produce()
+            if not chunks:
+                self.done[i] = True
+                continue
+            for ids, feats in chunks:
+                bank.add(ids, feats)
+                self.produced[i] += len(ids)
+            return True
+        return False
+
+
+def _hold_out(streams: list[list[int]], config: TrainConfig) -> tuple[list[list[int]], list[int]]:
+    """(the streams less their last heldout_fraction of tokens, those tokens)."""
+    total = sum(map(len, streams))
+    cut = total - max(int(total * config.heldout_fraction), config.positions + 2)
+    kept, seen = [], 0
+    for s in streams:
+        if seen + len(s) > cut:
+            kept.append(s[: cut - seen])
+            return [k for k in kept if len(k) > 1], [t for s in streams for t in s][cut:]
+        kept.append(s)
+        seen += len(s)
+    return kept, []
 
 
 def train(target: nn.Module, streams: list[list[int]], config: TrainConfig = TrainConfig(),
           heldout: list[int] | None = None, progress: Callable[[Progress], None] | None = None,
-          checkpoint: Callable[[TrainResult], None] | None = None) -> TrainResult:
-    """Train a head for `target` on token streams (the target's ids) within config.minutes.
+          checkpoint: Callable[[TrainResult], None] | None = None, sources: Sequence[Source] = (),
+          shares: Sequence[float] | None = None, extractor: nn.Module | None = None) -> TrainResult:
+    """Train a head for `target` within config.minutes on token `streams` (the target's ids, run through
+    the extractor teacher-forced) and any other `sources` (their `shares` of the produced positions:
+    default equal, the streams' source first).
 
-    `heldout`: a token stream for the agreement (default: the last heldout_fraction of the training
-    tokens, then left out of training).  The target is put in eval mode with its gradients off (it is
-    frozen) and shared, not copied: the head uses its embedding table.  `checkpoint` is called with the result so far at every
-    evaluation (the store saves it there, so an interrupted run keeps its last checkpoint).
+    `heldout`: a token stream for the agreement (default: the last heldout_fraction of the streams'
+    tokens, then left out of training).  `extractor`: the model whose features are learnt (default the
+    target; a cheaper copy of it, e.g. int8).  The target is put in eval mode with its gradients off (it
+    is frozen) and shared, not copied: the head uses its embedding table.  `checkpoint` is called with
+    the result so far at every evaluation (the store saves it there, so an interrupted run keeps its
+    last checkpoint) and at the end.
     """
-    stream = torch.tensor([t for s in streams for t in s], dtype=torch.long)  # [L]
+    extractor = extractor if extractor is not None else target
+    streams = [list(s) for s in streams if len(s) > 1]
     if heldout is None:
-        cut = len(stream) - max(int(len(stream) * config.heldout_fraction), config.positions + 2)
-        stream, heldout = stream[:cut], stream[cut:].tolist()
-    window = min(config.window, len(stream) - 1)
-    if window < 2:
-        raise SpecdecError(f"too little training text: {len(stream)} tokens")
+        streams, heldout = _hold_out(streams, config)
+    all_sources = ([TextSource(extractor, streams)] if streams else []) + list(sources)
+    known = [t for source in all_sources for t in source.tokens()]
+    if len(known) < 3 and not sources:
+        raise SpecdecError(f"too little training text: {len(known)} tokens")
     target.eval().requires_grad_(False)
-    vocab = draft_vocabulary([stream.tolist()], config.draft_vocab, target.config.vocab_size)
+    extractor.eval().requires_grad_(False)
+    vocab = draft_vocabulary([known], config.draft_vocab, target.config.vocab_size)
     with torch.random.fork_rng():
         torch.manual_seed(config.seed)
         head = DraftHead(target, vocab)
+    head.lm_head.requires_grad_(False)  # the target's own rows: p is read off them
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad],
                                   lr=config.lr, weight_decay=config.weight_decay)
     generator = torch.Generator().manual_seed(config.seed)
+    held = Heldout.of(target, extractor, heldout[: config.eval_tokens + config.positions + 1])
+    bank = FeatureBank(target.config.hidden_size)
+    producer = _Producer(all_sources, shares or [1.0] * len(all_sources))
     result = TrainResult(head, 0, 0.0, 0, (None,) * config.positions)
-    pending: list[torch.Tensor] = []
     began = last_eval = time.monotonic()
+    budget = config.minutes * 60
 
     def evaluate() -> None:
         head.eval()
-        result.agreement = agreement(head, target, heldout, config.positions, config.eval_tokens)
+        result.agreement = agreement(head, held, config.positions, config.eval_stride)
         head.train()
         if checkpoint is not None:
             checkpoint(result)
 
     head.train()
-    while time.monotonic() - began < config.minutes * 60 and result.steps != config.max_steps:
-        while len(pending) < config.batch:
-            pending.extend(windows(stream, window, generator))
-        ids = torch.stack(pending[: config.batch])  # [B, T+1]
-        del pending[: config.batch]
-        features, logits = target_pass(target, ids)
-        loss = head_loss(head, features, logits, ids, config.feature_weight)
+    while time.monotonic() - began < budget and result.steps != config.max_steps:
+        while (bank.length <= config.window + 1 or result.tokens >= config.replay * bank.length) \
+                and producer.produce(bank):
+            pass
+        window = min(config.window, bank.length - 1)
+        if window < 2:
+            raise SpecdecError(f"too little training text: {bank.length} tokens")
+        ids, feats = bank.windows(config.batch, window, generator)  # [B, T+1], [B, T+1, H]
+        fraction = result.steps / config.max_steps if config.max_steps else (time.monotonic() - began) / budget
+        for group in optimizer.param_groups:
+            group["lr"] = _lr(config, result.steps, fraction)
+        loss = head_loss(head, feats, ids, config.feature_weight, config.noise, generator)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -168,13 +267,14 @@ def train(target: nn.Module, streams: list[list[int]], config: TrainConfig = Tra
         result.steps += 1
         result.tokens += ids.shape[0] * window
         result.losses.append(value)
+        result.produced = bank.length
         result.seconds = time.monotonic() - began
         if time.monotonic() - last_eval >= config.eval_every_s:
             evaluate()
             last_eval = time.monotonic()
         if progress is not None:
             progress(Progress(result.steps, result.tokens, result.seconds, result.tokens / max(result.seconds, 1e-9),
-                              value, result.agreement))
+                              value, result.agreement, bank.length))
     head.eval()
     evaluate()
     return result

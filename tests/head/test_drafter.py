@@ -155,9 +155,12 @@ def test_behind_prompt_lookup_in_a_hybrid(target: torch.nn.Module, text: list[li
     from specdec.drafters.lookup import LookupDrafter
 
     runner = HFRunner(target)
+    model = lookup = restarts = 0
     for prompt in prompts(text):
         head = Checked(trained.head, runner, model=target)
         drafter = HybridDrafter(head, LookupDrafter(max_ngram=3, min_ngram=2), short_matches=False)
         out = run(runner, prompt, STOP, drafter, 3)
         assert_near_tie_parting(target, prompt, out.token_ids, run(runner, prompt, STOP).token_ids)
-        assert drafter.proposals["model"] > 0 and drafter.proposals["lookup"] > 0 and head.restarts > 0
+        model, lookup = model + drafter.proposals["model"], lookup + drafter.proposals["lookup"]
+        restarts += head.restarts
+    assert model > 0 and lookup > 0 and restarts > 0

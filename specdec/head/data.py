@@ -1,0 +1,268 @@
+"""Training material for a draft head, gathered offline from what this machine has installed.
+
+A head must draft what the target writes for users: chat answers about code, summaries, math,
+translation and writing, and plain code and prose.  Nothing here is downloaded; the default material is
+
+- **Python functions** with docstrings from the installed packages' sources (``sys.path``'s site-packages),
+  whole source chunks as plain text, and code-completion / explain-this-code prompts built from them;
+- **documentation**: the installed packages' descriptions (``*.dist-info/METADATA``, most are their
+  READMEs), ``/usr/share/doc`` text files and manual pages (``/usr/share/man``, troff stripped to text),
+  as plain text and as summarize / answer-from-the-document / translate prompts;
+- **prompts written here** (math word problems with drawn numbers, writing tasks over a list of topics),
+  whose answers the target itself generates (``specdec.head.train`` runs the generation in batches).
+
+Every choice is drawn from a seeded generator, so the same machine and seed give the same material.
+``Material.describe`` records what was used (the manifest's "data").  Prompts are the user's turn of a
+chat; the caller applies the target's chat template.
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import random
+import re
+import site
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+MAX_FILE_BYTES = 200_000  # larger source/doc files are skipped (generated tables, vendored bundles)
+CHUNK_CHARS = 1800  # a plain-text chunk: about 400-500 tokens
+
+LANGUAGES = ("French", "German", "Spanish", "Italian", "Portuguese", "Chinese", "Japanese", "Russian")
+WRITING = (
+    "a short story about {topic}", "a friendly email to a colleague about {topic}", "a poem about {topic}",
+    "a blog post introduction about {topic}", "a product description for {topic}",
+    "a short speech about {topic}", "a list of tips about {topic}", "a dialogue between two friends about {topic}",
+    "a persuasive paragraph about {topic}", "a news-style report about {topic}",
+)
+TOPICS = (
+    "learning to cook", "a rainy day in the city", "the first day at a new job", "a lighthouse keeper",
+    "saving money", "a trip to the mountains", "an old library", "remote work", "a robot that paints",
+    "the history of bicycles", "growing tomatoes", "a lost dog finding its way home", "climate change",
+    "a chess tournament", "the night sky", "a small bakery", "moving to another country", "time management",
+    "a friendly dragon", "the ocean", "public transport", "a science fair", "healthy sleep", "a winter festival",
+    "open-source software", "a family reunion", "learning a new language", "a busy airport", "coffee",
+    "an unexpected friendship", "electric cars", "a mountain village", "video games", "a museum at night",
+)
+CODE_TASKS = (
+    "Complete the following Python function.\n\n```python\n{code}\n```",
+    "Explain what this Python function does, step by step.\n\n```python\n{code}\n```",
+    "Write unit tests with pytest for this function.\n\n```python\n{code}\n```",
+    "Review this code and suggest improvements.\n\n```python\n{code}\n```",
+)
+DOC_TASKS = (
+    "Summarize the following text in a few sentences.\n\n{doc}",
+    "{doc}\n\nWhat is the main point of the text above? Answer briefly.",
+    "Read the document and answer the question.\n\nDocument:\n{doc}\n\nQuestion: what does it describe, and who is it for?",
+    "Write three bullet points that capture the key ideas of this text:\n\n{doc}",
+    "Translate the following text into {language}:\n\n{sentences}",
+)
+MATH = (
+    "A shop sells pencils for ${a} each and notebooks for ${b} each. Sam buys {c} pencils and {d} notebooks. "
+    "How much does Sam pay in total?",
+    "A train travels {a} km in {b} hours. At the same speed, how far does it travel in {c} hours?",
+    "Maria has {a} apples. She gives {b} to her friend and buys {c} more. How many apples does she have now?",
+    "A rectangle is {a} cm long and {b} cm wide. What are its area and its perimeter?",
+    "A class has {a} students. {b} percent of them walk to school. How many students walk to school?",
+    "Solve for x: {a}x + {b} = {c}.",
+    "A recipe needs {a} grams of flour for {b} cookies. How much flour is needed for {c} cookies?",
+    "Tom saves ${a} every week. How many weeks does he need to save ${c}?",
+    "What is the sum of all integers from 1 to {c}? Explain your reasoning.",
+    "A tank holds {c} liters and is filled at {a} liters per minute. How long does it take to fill it?",
+)
+
+
+@dataclass
+class Material:
+    """Plain texts (documents, source chunks) and chat prompts (user turns) for one training run."""
+
+    texts: list[str] = field(default_factory=list)
+    prompts: list[str] = field(default_factory=list)
+    sources: dict[str, int] = field(default_factory=dict)  # where the texts came from -> how many
+
+    def describe(self) -> list[str]:
+        """What was used, one line each (the manifest's "data")."""
+        return [f"{name}: {count}" for name, count in sorted(self.sources.items())] + [
+            f"prompts: {len(self.prompts)} (answers generated by the target)"]
+
+
+def site_packages() -> list[Path]:
+    """The directories installed packages live in."""
+    places = list(site.getsitepackages()) + [site.getusersitepackages()]
+    places += [p for p in sys.path if p.endswith("site-packages")]
+    return sorted({Path(p) for p in places if Path(p).is_dir()})
+
+
+def _read(path: Path) -> str:
+    """A text file's contents ('' when unreadable, binary or too large); .gz files decompressed."""
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            return ""
+        data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        return data.decode("utf-8")
+    except (OSError, UnicodeDecodeError, EOFError, gzip.BadGzipFile):
+        return ""
+
+
+_TROFF_FONT = re.compile(r"\\f[BIRP1-4]|\\f\(..|\\f\[[^]]*\]")
+_TROFF_ESCAPE = re.compile(r"\\(\(..|\[[^]]*\]|[-e&|^/,%:~ 0])")
+
+
+def strip_troff(source: str) -> str:
+    """A manual page's troff source as plain text (requests dropped, fonts and escapes removed)."""
+    lines = []
+    for line in source.splitlines():
+        if line.startswith(('.\\"', "'\\\"")) or line.strip() == ".":
+            continue  # a comment or an empty request
+        if line.strip() in (".PP", ".LP", ".P", ".sp", ".br", ".TP", ".IP"):
+            lines.append("")
+            continue
+        if line.startswith((".SH", ".SS")):
+            lines += ["", line.split(None, 1)[1].strip('"') if len(line.split(None, 1)) > 1 else "", ""]
+            continue
+        if line.startswith((".B ", ".I ", ".BR ", ".IR ", ".BI ", ".IB ", ".RB ", ".RI ")):
+            line = " ".join(part.strip('"') for part in line.split()[1:])
+        elif line.startswith("."):
+            continue
+        line = _TROFF_ESCAPE.sub(lambda m: "-" if m.group(1) == "-" else " " if m.group(1) == " " else "",
+                                 _TROFF_FONT.sub("", line))
+        lines.append(line)
+    paragraphs = re.split(r"\n\s*\n", "\n".join(lines))  # troff breaks lines anywhere: reflow them
+    return "\n\n".join(" ".join(p.split()) for p in paragraphs if p.strip())
+
+
+def chunks(text: str, size: int = CHUNK_CHARS) -> list[str]:
+    """Text cut at paragraph (else line) boundaries into pieces of about `size` characters."""
+    out, current = [], ""
+    for paragraph in re.split(r"\n\s*\n", text):
+        if current and len(current) + len(paragraph) > size:
+            out.append(current.strip())
+            current = ""
+        current += paragraph[: 2 * size] + "\n\n"
+    if current.strip():
+        out.append(current.strip())
+    return [c for c in out if len(c) > 200]
+
+
+def functions(source: str) -> list[str]:
+    """The source of each top-level or method function of a Python file that has a docstring."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(node) \
+                and node.end_lineno is not None and 4 <= node.end_lineno - node.lineno <= 40:
+            body = lines[node.lineno - 1: node.end_lineno]
+            indent = len(body[0]) - len(body[0].lstrip())
+            found.append("\n".join(line[indent:] for line in body))
+    return found
+
+
+def _sample(rng: random.Random, items: list[Path], count: int) -> list[Path]:
+    return rng.sample(items, min(count, len(items)))
+
+
+def python_files(roots: Iterable[Path]) -> list[Path]:
+    """Python sources of installed packages (tests and vendored copies left out), sorted."""
+    files = []
+    for root in roots:
+        for path in root.glob("*/**/*.py"):
+            parts = set(path.parts)
+            if not parts & {"tests", "test", "_vendor", "vendored", "testing"}:
+                files.append(path)
+    return sorted(files)
+
+
+def doc_files(roots: Iterable[Path]) -> list[Path]:
+    """Package descriptions (METADATA) and the system's documentation texts, sorted."""
+    files = [m for root in roots for m in root.glob("*.dist-info/METADATA")]
+    share = Path("/usr/share/doc")
+    if share.is_dir():
+        files += [p for p in share.glob("*/*") if p.name.lower().startswith(("readme", "news", "faq"))
+                  and p.suffix in ("", ".md", ".txt", ".gz", ".rst")]
+    return sorted(files)
+
+
+def man_pages() -> list[Path]:
+    man = Path("/usr/share/man")
+    return sorted(man.glob("man[1-8]/*.gz")) if man.is_dir() else []
+
+
+def _metadata_text(text: str) -> str:
+    """A METADATA file's long description (after the headers)."""
+    return text.split("\n\n", 1)[1] if "\n\n" in text else ""
+
+
+def _sentences(text: str, rng: random.Random, count: int) -> str:
+    found = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if 30 < len(s.strip()) < 300
+             and not re.search(r"[`{}<>|=_#*\\]", s)]
+    if not found:
+        return ""
+    start = rng.randrange(len(found))
+    return " ".join(found[start: start + count])
+
+
+def gather(seed: int = 0, files: int = 400, extra: Iterable[str | Path] = (), builtin: bool = True) -> Material:
+    """The material of one run: `files` sampled sources of each kind (when `builtin`) plus every file in
+    `extra` (the user's --text paths: files or directories of text) as plain text."""
+    rng = random.Random(seed)
+    material = Material()
+    for path in _expand(extra):
+        text = _read(path)
+        material.texts += chunks(text)
+        material.sources[f"--text {path}"] = 1
+    if not builtin:
+        return material
+    roots = site_packages()
+    codes, docs = [], []
+    for path in _sample(rng, python_files(roots), files):
+        source = _read(path)
+        codes += functions(source)
+        material.texts += chunks(source)[:2]
+    for path in _sample(rng, doc_files(roots), files):
+        text = _read(path)
+        docs += chunks(_metadata_text(text) if path.name == "METADATA" else text, 1200)[:3]
+    for path in _sample(rng, man_pages(), files // 2):
+        docs += chunks(strip_troff(_read(path)), 1200)[:2]
+    material.texts += docs
+    material.sources.update({"python sources (installed packages)": len(codes),
+                             "documents (package descriptions, /usr/share/doc, manual pages)": len(docs)})
+    material.prompts = prompts(rng, codes, docs)
+    return material
+
+
+def _expand(paths: Iterable[str | Path]) -> Iterator[Path]:
+    for item in paths:
+        path = Path(item)
+        if path.is_dir():
+            yield from sorted(p for p in path.rglob("*") if p.is_file())
+        else:
+            yield path
+
+
+def math_prompt(rng: random.Random) -> str:
+    return rng.choice(MATH).format(a=rng.randint(2, 60), b=rng.randint(2, 40), c=rng.randint(50, 400),
+                                   d=rng.randint(2, 12))
+
+
+def prompts(rng: random.Random, codes: list[str], docs: list[str], per_kind: int | None = None) -> list[str]:
+    """Chat prompts over the material, an even mix of code, documents, math and writing, shuffled."""
+    n = per_kind or max(len(codes), len(docs)) // 2 or 40
+    out = [rng.choice(CODE_TASKS).format(code=rng.choice(codes)) for _ in range(n if codes else 0)]
+    for _ in range(n if docs else 0):
+        doc = rng.choice(docs)
+        task = rng.choice(DOC_TASKS)
+        sentences = _sentences(doc, rng, 3)
+        if "{sentences}" in task and not sentences:
+            continue
+        out.append(task.format(doc=doc, language=rng.choice(LANGUAGES), sentences=sentences))
+    out += [math_prompt(rng) for _ in range(n // 2)]
+    out += ["Write " + rng.choice(WRITING).format(topic=rng.choice(TOPICS)) + "." for _ in range(n // 2)]
+    rng.shuffle(out)
+    return out

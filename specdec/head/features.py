@@ -1,0 +1,138 @@
+"""The target's features for head training: teacher-forced over text, or captured while it writes its own answers.
+
+A head learns from pairs (f_t, x_{t+1}) and the next feature f_{t+1}, where f is the target's final
+hidden state after its final norm (the LM head's input, what the runners' ``hidden()`` gives at
+inference).  The target's next-token distribution at t+1 is its LM head applied to f_{t+1}, so the
+features are all a training run has to keep: ``FeatureBank`` holds token ids [L] and features [L, H]
+(fp16, half the memory) of every position produced so far, and cuts random training windows from them.
+
+Two sources produce them, a chunk at a time, so that training can start before all data is there:
+
+- ``TextSource``: token streams run through the target teacher-forced (its prefill: the cheapest way
+  to get features; the LM head is not run);
+- ``GenerationSource``: chat prompts the target answers greedily, in batches (left-padded), with the
+  features of every fed position captured by a hook on the final norm while it generates: text that
+  looks exactly like what the head will be asked to draft, at no extra pass.  (Medusa-2 and EAGLE-3 /
+  HASS train on the target's own outputs for the same reason.)
+
+The extractor may be a cheaper copy of the target (``quantize_dynamic``'d int8 on a CPU, 2x faster
+here): the features at inference come from the int8 target too.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import torch
+from torch import nn
+
+Chunk = tuple[list[int], torch.Tensor]  # token ids [L] and their features [L, H]
+
+
+def features(extractor: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Teacher-forced features of ids [B, T] -> [B, T, H] fp32 (the decoder's post-norm output; no LM head)."""
+    with torch.no_grad():
+        return extractor.get_decoder()(input_ids=ids).last_hidden_state.float()
+
+
+class FeatureBank:
+    """Every produced position's token id and feature, one after another; training windows cut from them."""
+
+    def __init__(self, hidden: int, dtype: torch.dtype = torch.float16) -> None:
+        self.ids = torch.zeros(0, dtype=torch.long)  # [L]
+        self.features = torch.zeros(0, hidden, dtype=dtype)  # [L, H]
+        self.length = 0
+
+    def add(self, ids: Sequence[int], feats: torch.Tensor) -> None:
+        """Append a stream's ids [n] and features [n, H]."""
+        n = len(ids)
+        if self.length + n > len(self.ids):  # grow by doubling
+            size = max(2 * len(self.ids), self.length + n, 4096)
+            grown_ids = torch.zeros(size, dtype=torch.long)
+            grown = torch.zeros(size, self.features.shape[1], dtype=self.features.dtype)
+            grown_ids[: self.length], grown[: self.length] = self.ids[: self.length], self.features[: self.length]
+            self.ids, self.features = grown_ids, grown
+        self.ids[self.length: self.length + n] = torch.as_tensor(ids, dtype=torch.long)
+        self.features[self.length: self.length + n] = feats.to(self.features.dtype)
+        self.length += n
+
+    def windows(self, count: int, window: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """`count` random windows of window + 1 positions -> (ids [B, T+1], features [B, T+1, H] fp32)."""
+        starts = torch.randint(0, self.length - window, (count,), generator=generator)  # [B]
+        index = starts[:, None] + torch.arange(window + 1)  # [B, T+1]
+        return self.ids[index], self.features[index].float()
+
+
+class Source(Protocol):
+    def produce(self) -> list[Chunk]:
+        """The next chunk(s) of (ids, features); [] when exhausted."""
+        ...
+
+    def tokens(self) -> list[int]:
+        """The token ids known before producing (for the draft vocabulary's counts)."""
+        ...
+
+
+class TextSource:
+    """Token streams run through the extractor teacher-forced, `chunk` tokens at a time."""
+
+    def __init__(self, extractor: nn.Module, streams: Sequence[Sequence[int]], chunk: int = 512) -> None:
+        self.extractor, self.chunk = extractor, chunk
+        self.pieces = [list(s[i: i + chunk]) for s in streams for i in range(0, len(s), chunk) if len(s[i: i + chunk]) > 1]
+        self.next = 0
+
+    def produce(self) -> list[Chunk]:
+        if self.next >= len(self.pieces):
+            return []
+        piece = self.pieces[self.next]
+        self.next += 1
+        return [(piece, features(self.extractor, torch.tensor([piece]))[0])]
+
+    def tokens(self) -> list[int]:
+        return [t for piece in self.pieces for t in piece]
+
+
+class GenerationSource:
+    """Prompts (token ids, chat template applied) answered greedily by the extractor, `batch` at a time,
+    up to `max_new_tokens` each; yields prompt + answer (cut after the first end-of-sequence token)
+    with the features captured during generation."""
+
+    def __init__(self, extractor: nn.Module, prompts: Sequence[Sequence[int]], eos_ids: Sequence[int],
+                 pad_id: int, max_new_tokens: int = 128, batch: int = 16) -> None:
+        self.extractor, self.eos, self.pad = extractor, set(eos_ids), pad_id
+        self.max_new_tokens, self.batch = max_new_tokens, batch
+        self.prompts = [list(p) for p in prompts]
+        self.next = 0
+
+    def tokens(self) -> list[int]:
+        return [t for p in self.prompts for t in p]
+
+    def produce(self) -> list[Chunk]:
+        group = self.prompts[self.next: self.next + self.batch]
+        self.next += len(group)
+        return self.answer(group) if group else []
+
+    def answer(self, group: list[list[int]]) -> list[Chunk]:
+        """Generate for one batch of prompts; (prompt + answer ids, their features) each."""
+        width = max(map(len, group))
+        ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in group])  # [B, P], left-padded
+        mask = (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in group])[:, None]).long()
+        captured: list[torch.Tensor] = []  # per forward [B, T, H]
+        hook = self.extractor.get_decoder().norm.register_forward_hook(lambda _m, _i, out: captured.append(out.float()))
+        try:
+            with torch.no_grad():
+                out = self.extractor.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new_tokens,
+                                              do_sample=False, pad_token_id=self.pad,
+                                              eos_token_id=sorted(self.eos) or None)
+        finally:
+            hook.remove()
+        fed = torch.cat(captured, dim=1)  # [B, P + steps, H]: the feature of every fed position
+        chunks = []
+        for b, prompt in enumerate(group):
+            answer = out[b, width:].tolist()
+            end = next((i + 1 for i, t in enumerate(answer) if t in self.eos), len(answer))
+            stream = prompt + answer[:end]
+            start = width - len(prompt)
+            kept = min(len(stream), fed.shape[1] - start)  # the last generated token was never fed
+            chunks.append((stream[:kept], fed[b, start: start + kept]))
+        return chunks
