@@ -655,6 +655,31 @@ def quality(
         Console().print(f"perplexity on the {text_name} text: " + ", ".join(f"{k} {v:.3f}" for k, v in values.items()))
 
 
+@app.command("train-drafter")
+def train_drafter(
+    target: str = typer.Option(..., "--target", help="The model to train a draft head for (zoo name, directory, .gguf, hub id)."),
+    minutes: float = typer.Option(60.0, "--minutes", min=0.1, help="Time budget of the whole run after loading."),
+    text: list[str] = typer.Option([], "--text", help="Your own training text: a file or a directory (repeatable)."),
+    builtin: bool = typer.Option(True, "--builtin/--no-builtin", help="Also the built-in offline material."),
+    out: Optional[str] = typer.Option(None, "--out", help="Where to save (default $SPECDEC_HOME/drafters/<target>-head/)."),
+    draft_vocab: int = typer.Option(32768, "--draft-vocab", min=16, help="Draft vocabulary: the N most frequent tokens."),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Train a draft head (EAGLE-style) for TARGET on this CPU: the target's own answers and text, distilled."""
+    from specdec.head.command import train_drafter as run_training
+
+    quiet_libraries()
+    try:
+        manifest = run_training(target, minutes, tuple(text), out, builtin, draft_vocab, seed)
+    except SpecdecError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        fail("interrupted: the last checkpoint (if any) is kept")
+    agree = ", ".join(f"{i + 1}: {a:.2f}" for i, a in enumerate(manifest["agreement_by_position"]) if a is not None)
+    err.print(f"saved {manifest['directory']}: {manifest['tokens_seen']:,} training tokens in "
+              f"{manifest['training_seconds'] / 60:.1f} min; held-out agreement by position {agree}")
+
+
 @models_app.callback(invoke_without_command=True)
 def models(
     ctx: typer.Context,

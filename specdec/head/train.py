@@ -130,17 +130,28 @@ class Heldout:
 
 
 @torch.no_grad()
-def agreement(head: DraftHead, heldout: Heldout, positions: int = 3, stride: int = 4) -> tuple[float | None, ...]:
-    """Held-out agreement of the head's drafts with the target's greedy tokens by draft position (see the
-    module docstring); None for a position never reached."""
+def agreement(head: DraftHead, heldout: Sequence[Heldout], positions: int = 3,
+              stride: int = 4) -> tuple[float | None, ...]:
+    """Held-out agreement of the head's drafts with the target's greedy tokens by draft position over the
+    held-out streams (see the module docstring); None for a position never reached."""
+    hits, counted = [0] * positions, [0] * positions
+    for held in heldout:
+        for d, (h, c) in enumerate(zip(*_agreement_counts(head, held, positions, stride))):
+            hits[d] += h
+            counted[d] += c
+    return tuple(h / c if c else None for h, c in zip(hits, counted))
+
+
+def _agreement_counts(head: DraftHead, heldout: Heldout, positions: int, stride: int) -> tuple[list[int], list[int]]:
+    """(hits, counted) by draft position on one held-out stream."""
     ids, feats, greedy = heldout.ids, heldout.features, heldout.greedy
+    hits, counted = [0] * positions, [0] * positions
     n = len(ids) - positions - 1
     if n < 1:
-        return (None,) * positions
+        return hits, counted
     # position 1 everywhere, in one forward: pair (f_t, x_{t+1}) drafts x_{t+2}, the target's is greedy[t + 1]
     _, logits = head(feats[None, :n], torch.tensor(ids[1: n + 1])[None])  # [1, n, N]
     first = head.target_ids(logits[0].argmax(-1)).tolist()
-    hits, counted = [0] * positions, [0] * positions
     hits[0], counted[0] = sum(a == b for a, b in zip(first, greedy[1: n + 1])), n
     cache, fed = HeadCache(), 0
     for t in range(0, n, stride):  # later positions: drafted on the head's own predictions
@@ -153,7 +164,7 @@ def agreement(head: DraftHead, heldout: Heldout, positions: int = 3, stride: int
                 break
             counted[d] += 1
             hits[d] += drafts[d] == greedy[t + d + 1]
-    return tuple(h / c if c else None for h, c in zip(hits, counted))
+    return hits, counted
 
 
 def _lr(config: TrainConfig, step: int, fraction: float) -> float:
@@ -186,6 +197,20 @@ class _Producer:
         return False
 
 
+def _heldout(target: nn.Module, extractor: nn.Module, heldout: Sequence[int] | Sequence[Sequence[int]],
+             config: TrainConfig) -> list[Heldout]:
+    """The held-out streams' features, eval_tokens positions in all at most."""
+    streams = [list(heldout)] if heldout and isinstance(heldout[0], int) else [list(s) for s in heldout]
+    out, room = [], config.eval_tokens
+    for stream in streams:
+        if room <= 0:
+            break
+        stream = stream[: room + config.positions + 1]
+        room -= len(stream) - config.positions - 1
+        out.append(Heldout.of(target, extractor, stream))
+    return out
+
+
 def _hold_out(streams: list[list[int]], config: TrainConfig) -> tuple[list[list[int]], list[int]]:
     """(the streams less their last heldout_fraction of tokens, those tokens)."""
     total = sum(map(len, streams))
@@ -201,14 +226,14 @@ def _hold_out(streams: list[list[int]], config: TrainConfig) -> tuple[list[list[
 
 
 def train(target: nn.Module, streams: list[list[int]], config: TrainConfig = TrainConfig(),
-          heldout: list[int] | None = None, progress: Callable[[Progress], None] | None = None,
+          heldout: Sequence[int] | Sequence[Sequence[int]] | None = None, progress: Callable[[Progress], None] | None = None,
           checkpoint: Callable[[TrainResult], None] | None = None, sources: Sequence[Source] = (),
           shares: Sequence[float] | None = None, extractor: nn.Module | None = None) -> TrainResult:
     """Train a head for `target` within config.minutes on token `streams` (the target's ids, run through
     the extractor teacher-forced) and any other `sources` (their `shares` of the produced positions:
     default equal, the streams' source first).
 
-    `heldout`: a token stream for the agreement (default: the last heldout_fraction of the streams'
+    `heldout`: a token stream or several for the agreement (default: the last heldout_fraction of the streams'
     tokens, then left out of training).  `extractor`: the model whose features are learnt (default the
     target; a cheaper copy of it, e.g. int8).  The target is put in eval mode with its gradients off (it
     is frozen) and shared, not copied: the head uses its embedding table.  `checkpoint` is called with
@@ -233,7 +258,7 @@ def train(target: nn.Module, streams: list[list[int]], config: TrainConfig = Tra
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad],
                                   lr=config.lr, weight_decay=config.weight_decay)
     generator = torch.Generator().manual_seed(config.seed)
-    held = Heldout.of(target, extractor, heldout[: config.eval_tokens + config.positions + 1])
+    held = _heldout(target, extractor, heldout, config)
     bank = FeatureBank(target.config.hidden_size)
     producer = _Producer(all_sources, shares or [1.0] * len(all_sources))
     result = TrainResult(head, 0, 0.0, 0, (None,) * config.positions)

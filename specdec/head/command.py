@@ -1,0 +1,117 @@
+"""`specdec train-drafter`: train a draft head for a target on this CPU within a time budget.
+
+Loads the target (fp32, the head's reference: its embedding table, final norm and LM head), a cheaper
+copy of it for producing features (``quantize_dynamic`` int8 where torch has a quantized CPU engine,
+else the fp32 model itself), gathers the offline material (``specdec.head.data``) and trains
+(``specdec.head.train``): the target answers the built-in prompts in batches while the head learns
+from those answers and from the text.  The agreement is measured on the target's answers to held-out
+prompts, generated first.  Checkpoints go to ``$SPECDEC_HOME/drafters/<target>-head/`` (or --out) at
+every evaluation, so an interrupted run keeps its last one; the time budget covers the whole command
+after loading.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdec.backends.hf import model_eos_token_ids
+from specdec.errors import SpecdecError
+
+HELDOUT_PROMPTS = 8  # prompts whose answers measure the agreement (never trained on)
+MAX_PROMPT_TOKENS = 768
+
+
+def load_target(spec: str) -> tuple[Any, Any]:
+    """The fp32 transformers model and tokenizer of a target spec (zoo name, directory, .gguf, hub id)."""
+    from specdec import loading
+
+    kind, location = loading.resolve(spec)
+    model, tokenizer = loading._load_float(kind, location, torch.float32, None)
+    return model.eval(), tokenizer
+
+
+def int8_extractor(model: Any) -> Any:
+    """A dynamically quantized int8 copy of `model` for producing features, or `model` where torch has no
+    quantized CPU engine."""
+    if not {"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines):
+        return model
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+
+
+def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
+    """A user turn through the chat template (plain "User: ... Assistant:" without one), capped in length."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            tokenize=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    else:
+        ids = tokenizer(f"User: {prompt}\n\nAssistant:")["input_ids"]
+    return list(ids)[-MAX_PROMPT_TOKENS:]
+
+
+class Bar:
+    """One status line on stderr, rewritten in place: time, tokens/s, loss, agreement by position, data."""
+
+    def __init__(self, minutes: float) -> None:
+        self.minutes, self.last = minutes, 0.0
+
+    def __call__(self, p: Any) -> None:
+        now = time.monotonic()
+        if now - self.last < 0.5:
+            return
+        self.last = now
+        agree = "/".join("-" if a is None else f"{a:.2f}" for a in p.agreement)
+        sys.stderr.write(f"\r{p.seconds / 60:5.1f}/{self.minutes:g} min  step {p.step}  {p.tokens_per_s:,.0f} tok/s  "
+                         f"loss {p.loss:.3f}  agreement {agree}  features {p.produced:,}  ")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        sys.stderr.write("\n")
+
+
+def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (), out: str | None = None,
+                  builtin: bool = True, draft_vocab: int = 32768, seed: int = 0, int8: bool = True,
+                  answer_tokens: int = 128, batch: int = 16) -> dict[str, Any]:
+    """Train and save a head for `target` (see the module docstring); returns the saved manifest."""
+    from specdec.head import data, store
+    from specdec.head.features import GenerationSource
+    from specdec.head.train import TrainConfig, train
+
+    began = time.monotonic()
+    for path in texts:
+        if not Path(path).exists():
+            raise SpecdecError(f"--text {path}: no such file or directory")
+    model, tokenizer = load_target(target)
+    extractor = int8_extractor(model) if int8 else model
+    material = data.gather(seed=seed, extra=texts, builtin=builtin)
+    streams = [tokenizer(t)["input_ids"] for t in material.texts]
+    prompts = [encode_prompt(tokenizer, p) for p in material.prompts]
+    if not streams and not prompts:
+        raise SpecdecError("no training material: give --text files or keep the built-in data")
+    eos = sorted(model_eos_token_ids(model) | ({tokenizer.eos_token_id} - {None}))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    generation = GenerationSource(extractor, prompts[HELDOUT_PROMPTS:], eos, pad, answer_tokens, batch)
+    # the target's answers to held-out prompts measure the agreement; with only the user's text, its tail
+    heldout = [ids for ids, _ in generation.answer(prompts[:HELDOUT_PROMPTS])] if len(prompts) > HELDOUT_PROMPTS else None
+    directory = Path(out) if out else store.default_directory(target)
+    identity = store.target_identity(model, target)
+    config = TrainConfig(draft_vocab=draft_vocab, seed=seed, eval_every_s=120.0,
+                         minutes=max(minutes - (time.monotonic() - began) / 60, 0.1))
+    bar = Bar(minutes)
+    sources = [generation] if generation.prompts else []
+    try:
+        result = train(model, streams, config, heldout=heldout, progress=bar,
+                       checkpoint=store.checkpointer(directory, identity, material.describe()),
+                       sources=sources, shares=[1.0] + [2.0] * len(sources) if streams else None,
+                       extractor=extractor)
+    finally:
+        bar.close()
+    return store.read_manifest(directory) | {"directory": str(directory), "tokens_seen": result.tokens}
