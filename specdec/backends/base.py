@@ -106,8 +106,8 @@ class HiddenStateRunner(ModelRunner, Protocol):
     def hidden_tail(self) -> torch.Tensor:
         """The final hidden states of the last rows of the last forward, fp32 [m, H]: m = max(rows of
         hidden(), min(n, new rows)) for n of keep_hidden_rows, so its last rows are hidden()'s (a runner
-        that cannot keep more, Seq2SeqRunner, gives hidden()'s).  Row i is of position len(tokens after
-        the forward) - m + i.  A RuntimeError where hidden() has one."""
+        that cannot keep more, Seq2SeqRunner, gives hidden()'s).  Row i is of position L - m + i, L the
+        tokens cached right after that forward.  Rollback keeps them; a RuntimeError where hidden() has one."""
         ...
 
 
