@@ -201,6 +201,14 @@ class SlotRunner:
         """The slot's final hidden states [n, hidden] of its last forward (HiddenStateRunner.hidden)."""
         return self.runner.hidden()
 
+    def keep_hidden_rows(self, n: int) -> None:
+        """The slot's runner keeps its forwards' last n hidden rows too (HiddenStateRunner.keep_hidden_rows)."""
+        self.runner.keep_hidden_rows(n)
+
+    def hidden_tail(self) -> torch.Tensor:
+        """The slot's last forward's last hidden rows [m, hidden] (HiddenStateRunner.hidden_tail)."""
+        return self.runner.hidden_tail()
+
     def rollback(self, n: int) -> None:
         self.runner.rollback(n)
 

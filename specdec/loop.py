@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from specdec.backends.base import ModelRunner
 from specdec.control import Controller, FixedK, plan, propose
-from specdec.drafters.base import Drafter
+from specdec.drafters.base import Drafter, tell_prefilled
 from specdec.errors import SpecdecError
 from specdec.verify import GreedyVerifier, Verifier
 
@@ -209,6 +209,8 @@ def decode(
 
     # Prefill: the prompt in one forward; its last logits give the first token.
     first = verifier.choose(target.forward(prompt_ids, last_n=1)[-1])
+    if drafter is not None:
+        tell_prefilled(drafter, prompt_ids)  # a draft head keeps the prompt's last hidden states now
     stats.target_forwards += 1
     stats.target_s = time.perf_counter() - start
     context = list(prompt_ids)  # prompt + generated; the target caches all of it but the last token

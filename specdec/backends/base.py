@@ -16,7 +16,10 @@ probing a runner's attributes.
 A runner whose capabilities say ``hidden_states`` also hands out, after each
 forward, the final hidden states of the positions whose logits it returned
 (``hidden``, :class:`HiddenStateRunner`): what a draft head reads, kept from
-the same forward at no extra cost.
+the same forward at no extra cost.  Asked to (``keep_hidden_rows``), it also
+keeps those of a forward's last few rows whose logits it did not return
+(``hidden_tail``: a prompt's end, after a prefill that returns one row),
+at the cost of the final norm of those rows; the output layer never runs on them.
 """
 
 from __future__ import annotations
@@ -92,6 +95,19 @@ class HiddenStateRunner(ModelRunner, Protocol):
         gives the logits (plus a final bias or softcapping where a model adds one after its head).  Kept
         from the forward itself (no extra computation); a RuntimeError before the first forward and after
         reset.  Rollback keeps them: they are the last forward's, whatever was dropped since."""
+        ...
+
+    def keep_hidden_rows(self, n: int) -> None:
+        """From now on (until changed; reset keeps it) each forward keeps the final hidden states of its last
+        n new rows as well as those of its logits, for hidden_tail.  0 (the default): only the logits' rows.
+        Costs at most the final norm of the extra rows; the logits and hidden() are bitwise unchanged."""
+        ...
+
+    def hidden_tail(self) -> torch.Tensor:
+        """The final hidden states of the last rows of the last forward, fp32 [m, H]: m = max(rows of
+        hidden(), min(n, new rows)) for n of keep_hidden_rows, so its last rows are hidden()'s (a runner
+        that cannot keep more, Seq2SeqRunner, gives hidden()'s).  Row i is of position L - m + i, L the
+        tokens cached right after that forward.  Rollback keeps them; a RuntimeError where hidden() has one."""
         ...
 
 

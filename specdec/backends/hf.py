@@ -21,13 +21,20 @@ keeps a reference to its input while a runner's forward collects it (a
 context variable: runners over one model in other threads collect their own,
 and the model run by anyone else keeps nothing).  That input is the final
 norm's output at exactly the positions whose logits are computed
-(``logits_to_keep``); nothing else is computed and no number changes.
+(``logits_to_keep``); nothing else is computed and no number changes.  That
+input is a slice of the last rows of the base model's output (the final norm
+ran over every new row), so a runner asked to keep more (``keep_hidden_rows``)
+also keeps the base model's output (a forward hook, as for the output layer)
+and copies its last rows (``hidden_tail``): no computation at all.  Where the
+output layer's input is not the very memory of that output's last rows (a model
+that transforms them after its base model) the tail is the logits' rows only.
 """
 
 from __future__ import annotations
 
 import weakref
-from contextlib import contextmanager
+import contextlib
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any, Iterator, Sequence
 
@@ -40,7 +47,9 @@ from specdec.backends.base import Capabilities, checked_new_tokens, last_hidden
 
 # The inputs of output layers seen by the forward running in this thread (head_inputs), else None
 _HEAD_INPUTS: ContextVar[list[torch.Tensor] | None] = ContextVar("specdec_head_inputs", default=None)
-_WATCHED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()  # output layers with the pre-hook
+# The outputs of watched base models seen by the forward running in this thread (base_outputs), else None
+_BASE_OUTPUTS: ContextVar[list[torch.Tensor] | None] = ContextVar("specdec_base_outputs", default=None)
+_WATCHED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()  # output layers and base models with our hook
 
 
 def model_max_context(model: PreTrainedModel) -> int:
@@ -118,16 +127,55 @@ def own_rows(rows: torch.Tensor) -> torch.Tensor:
     return rows.clone() if rows.untyped_storage().nbytes() > rows.numel() * rows.element_size() else rows
 
 
+def _keep_base_output(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    outputs = _BASE_OUTPUTS.get()
+    if outputs is not None:
+        hidden = getattr(output, "last_hidden_state", None)
+        outputs.append(hidden if hidden is not None else output[0])  # [B, n, H]: a reference, no copy
+
+
+def watch_base_output(model: PreTrainedModel) -> None:
+    """Give the model's base model (its decoder stack, whose output transformers slices for the output
+    layer) the forward hook that keeps its output for base_outputs (once per module)."""
+    base = getattr(model, "base_model", None)
+    if isinstance(base, nn.Module) and base is not model and base not in _WATCHED:
+        base.register_forward_hook(_keep_base_output)
+        _WATCHED.add(base)
+
+
+def tail_rows(base_output: torch.Tensor | None, head_input: torch.Tensor, keep: int) -> torch.Tensor:
+    """The last max(m, min(keep, n)) rows [t, H] of the base model's output base_output [1, n, H] when the
+    output layer's input head_input [1, m, H] is its last m rows (the very memory: transformers' slice for
+    logits_to_keep), else head_input's rows [m, H]."""
+    m = head_input.shape[1]
+    if keep > m and base_output is not None and base_output.dim() == 3 and base_output.shape[0] == 1:
+        end = base_output[:, base_output.shape[1] - m:]  # [1, m, H]: transformers' slice of the last m rows
+        if (end.shape == head_input.shape and end.stride() == head_input.stride()
+                and end.data_ptr() == head_input.data_ptr()):
+            return base_output[0, -min(keep, base_output.shape[1]):]  # [t, H]
+    return head_input[0]  # [m, H]
+
+
 @contextmanager
-def head_inputs() -> Iterator[list[torch.Tensor]]:
+def _collecting(var: ContextVar[list[torch.Tensor] | None]) -> Iterator[list[torch.Tensor]]:
+    seen: list[torch.Tensor] = []
+    token = var.set(seen)
+    try:
+        yield seen
+    finally:
+        var.reset(token)
+
+
+def head_inputs() -> "contextlib.AbstractContextManager[list[torch.Tensor]]":
     """A list that collects the inputs of watched output layers (watch_head_input) that run in this thread
     inside the block: [B, n, H] each, in the model's dtype."""
-    inputs: list[torch.Tensor] = []
-    token = _HEAD_INPUTS.set(inputs)
-    try:
-        yield inputs
-    finally:
-        _HEAD_INPUTS.reset(token)
+    return _collecting(_HEAD_INPUTS)
+
+
+def base_outputs(collect: bool = True) -> "contextlib.AbstractContextManager[list[torch.Tensor]]":
+    """A list that collects the outputs of watched base models (watch_base_output) that run in this thread
+    inside the block, [B, n, H] each; with collect False an empty list that collects nothing."""
+    return _collecting(_BASE_OUTPUTS) if collect else nullcontext([])
 
 
 class HFRunner:
@@ -143,7 +191,11 @@ class HFRunner:
         fastlinear.install(model)  # fp32 on CPU: k-token verification at about the cost of one token
         # int8 models (specdec.backends.quant) are batch-invariant; float models are not.
         self.capabilities = Capabilities(batch_invariant=is_int8(model), hidden_states=watch_head_input(model))
+        if self.capabilities.hidden_states:
+            watch_base_output(model)
         self._hidden: torch.Tensor | None = None  # [n, H]: the output layer's input in the last forward
+        self._tail: torch.Tensor | None = None  # [m, H]: the last forward's last m rows, _hidden their end
+        self.hidden_rows = 0  # keep_hidden_rows: rows of each forward to keep beyond the logits'
         self.device = next(model.parameters()).device
         self.vocab_size = model_vocab_size(model)
         self.max_context = max_context or model_max_context(model)
@@ -156,7 +208,8 @@ class HFRunner:
         input_ids = torch.tensor([new_tokens], dtype=torch.long, device=self.device)  # [1, n]
         # A few tokens over a cache (a verification): the fast fp32 product; a prompt's prefill keeps
         # the model's own kernel, so plain decoding stays bitwise the model's (see fastlinear).
-        with fastlinear.enabled(bool(self.tokens) and len(new_tokens) <= fastlinear.MAX_ROWS), head_inputs() as seen:
+        with (fastlinear.enabled(bool(self.tokens) and len(new_tokens) <= fastlinear.MAX_ROWS), head_inputs() as seen,
+              base_outputs(self.hidden_rows > 0) as bases):
             out = self.model(
                 input_ids=input_ids,
                 cache=self.cache,
@@ -164,13 +217,23 @@ class HFRunner:
                 logits_to_keep=last_n or 0,  # 0 = keep every position
             )
         self.tokens.extend(new_tokens)
-        self._hidden = own_rows(seen[-1][0]) if seen else None  # [n, H]: the rows the head computed the logits of
+        self._tail = own_rows(tail_rows(bases[-1] if bases else None, seen[-1], self.hidden_rows)) if seen else None
+        # [n, H]: the rows the head computed the logits of, the tail's last
+        self._hidden = None if self._tail is None else self._tail[self._tail.shape[0] - seen[-1].shape[1]:]
         return out.logits[0].float().cpu()  # [n, V]
 
     def hidden(self) -> torch.Tensor:
         """The last forward's final hidden states [n, H] fp32 (HiddenStateRunner.hidden): the output
         layer's input, after the final norm."""
         return last_hidden(self._hidden, self)
+
+    def keep_hidden_rows(self, n: int) -> None:
+        """Keep the final hidden states of each forward's last n rows too (HiddenStateRunner.keep_hidden_rows)."""
+        self.hidden_rows = max(0, int(n))
+
+    def hidden_tail(self) -> torch.Tensor:
+        """The last forward's final hidden states of its last rows [m, H] fp32 (HiddenStateRunner.hidden_tail)."""
+        return last_hidden(self._tail, self)
 
     def rollback(self, n: int) -> None:
         if n < 0:
@@ -187,7 +250,7 @@ class HFRunner:
     def reset(self) -> None:
         self.cache = DynamicCache()
         self.tokens = []
-        self._hidden = None
+        self._hidden = self._tail = None
 
     @property
     def eos_token_ids(self) -> frozenset[int]:

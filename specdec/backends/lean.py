@@ -65,6 +65,9 @@ transformers model with the same int4 linears).
 **Hidden states** (``hidden()``, specdec.backends.base.HiddenStateRunner):
 the head's input, the final norm's output at the rows whose logits a forward
 returns, is kept by reference: each runner of a packed forward gets its own rows.
+A runner asked to keep more (``keep_hidden_rows(n)``) gets the final norm over
+its chunk's last n rows (``hidden_tail()``); the head runs on the logits' rows
+only, the last of them, as before: the norm is per row, so nothing changes.
 """
 
 from __future__ import annotations
@@ -515,6 +518,8 @@ class LeanRunner:
         self.values: list[torch.Tensor] = []
         self._addresses: list[int] = []  # keys[0], values[0], keys[1], ... for int4_layers.c (set by _reserve)
         self._hidden: torch.Tensor | None = None  # [n, hidden]: the head's input in the last forward
+        self._tail: torch.Tensor | None = None  # [m, hidden]: the last forward's last m rows, _hidden their end
+        self.hidden_rows = 0  # keep_hidden_rows: rows of each forward to keep beyond the logits'
 
     def _reserve(self, length: int) -> None:
         """Room in the cache and the rotary table for `length` positions."""
@@ -558,6 +563,14 @@ class LeanRunner:
         norm's output, the head's input."""
         return last_hidden(self._hidden, self)
 
+    def keep_hidden_rows(self, n: int) -> None:
+        """Keep the final hidden states of each forward's last n rows too (HiddenStateRunner.keep_hidden_rows)."""
+        self.hidden_rows = max(0, int(n))
+
+    def hidden_tail(self) -> torch.Tensor:
+        """The last forward's final hidden states of its last rows [m, hidden] fp32 (HiddenStateRunner.hidden_tail)."""
+        return last_hidden(self._tail, self)
+
     def rollback(self, n: int) -> None:
         if n < 0:
             raise ValueError(f"rollback to a negative length {n}")
@@ -565,7 +578,7 @@ class LeanRunner:
 
     def reset(self) -> None:
         self.tokens = []
-        self._hidden = None
+        self._hidden = self._tail = None
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -611,15 +624,22 @@ def forward_packed(runners: Sequence[LeanRunner], chunks: Sequence[Sequence[int]
         x = x * lead.embed_scale
     x = lead.layer_set.run(runners, starts, offsets, x, cos, sin)  # [total, hidden]
     keeps = [n if last_n is None else min(last_n, n) for n, last_n in zip(sizes, last_ns)]
+    # the rows to norm: the logits' and, where a runner keeps more hidden rows, its chunk's last ones
+    tails = [max(keep, min(r.hidden_rows, n)) for r, keep, n in zip(runners, keeps, sizes)]
     if len(runners) == 1:
-        kept = x[total - keeps[0] :]
+        kept = x[total - tails[0] :]
     else:
-        kept = torch.cat([x[hi - keep : hi] for hi, keep in zip(offsets[1:], keeps)])  # [sum keeps, hidden]
-    normed = rms_norm(kept, lead.final_norm, lead.eps)  # [sum keeps, hidden]: the final hidden states
-    logits = lead.head(normed)  # [sum keeps, V]
-    for r, c, hidden in zip(runners, chunks, normed.split(keeps)):
+        kept = torch.cat([x[hi - tail : hi] for hi, tail in zip(offsets[1:], tails)])  # [sum tails, hidden]
+    normed = rms_norm(kept, lead.final_norm, lead.eps)  # [sum tails, hidden]: the final hidden states
+    rows = normed.split(tails)  # runner r's [tail_r, hidden]
+    hiddens = [tail[tail.shape[0] - keep :] for tail, keep in zip(rows, keeps)]  # runner r's [keep_r, hidden]
+    if tails == keeps:
+        logits = lead.head(normed)  # [sum keeps, V]
+    else:  # the head over the logits' rows only
+        logits = lead.head(hiddens[0] if len(runners) == 1 else torch.cat(hiddens))  # [sum keeps, V]
+    for r, c, tail, hidden in zip(runners, chunks, rows, hiddens):
         r.tokens.extend(c)
-        r._hidden = hidden  # [n_r, hidden]: a view, no copy
+        r._tail, r._hidden = tail, hidden  # [tail_r, hidden], [keep_r, hidden]: views, no copy
     return list(logits.split(keeps)) if len(runners) > 1 else [logits]
 
 

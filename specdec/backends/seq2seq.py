@@ -19,6 +19,8 @@ decoding only ever concerns the decoder, so the runner *is* the decoder:
 logits the last forward returned, as HFRunner does: the output layer's input,
 after the decoder's final norm (and T5's d_model ** -0.5 scaling where its
 config says scale_decoder_outputs; BART adds its final_logits_bias after it).
+``hidden_tail()`` gives the same rows: the decoder's prompt is its start token
+alone, so there is no prompt's end worth keeping (``keep_hidden_rows`` is ignored).
 
 Both caches live in one transformers ``EncoderDecoderCache`` (a DynamicCache
 for self-attention, another for cross-attention).  Logits come back as fp32 on
@@ -143,6 +145,13 @@ class Seq2SeqRunner:
     def hidden(self) -> torch.Tensor:
         """The decoder's final hidden states [n, d_model] fp32 of the last forward (see the module doc)."""
         return last_hidden(self._hidden, self)
+
+    def keep_hidden_rows(self, n: int) -> None:
+        """Accepted and ignored: this runner's hidden_tail is hidden()'s rows (HiddenStateRunner.keep_hidden_rows)."""
+
+    def hidden_tail(self) -> torch.Tensor:
+        """hidden()'s rows: the decoder's prompt is its start token, so no more are worth keeping."""
+        return self.hidden()
 
     # Keep the first n decoder tokens: HFRunner's rollback, as EncoderDecoderCache.crop crops the
     # self-attention cache only (the cross-attention over the source stays) and rollback(0) is reset().

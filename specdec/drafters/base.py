@@ -3,7 +3,10 @@
 A drafter proposes k tokens in the *target's* vocabulary, optionally with the
 distribution q it sampled them from.  The decode loop verifies the proposal
 with the target (see specdec.verify) and reports back how many tokens were
-accepted, which a drafter may use (e.g. to adapt k).
+accepted, which a drafter may use (e.g. to adapt k).  A drafter that reads
+what the target computed may also hear that the prompt's prefill has just run
+(an optional ``prefilled(prompt)``, :func:`tell_prefilled`), before any other
+forward replaces what the runner kept of it.
 """
 
 from __future__ import annotations
@@ -53,3 +56,11 @@ class Drafter(Protocol):
     def reset(self) -> None:
         """Forget all state from an earlier generation."""
         ...
+
+
+def tell_prefilled(drafter: Drafter, prompt: Sequence[int]) -> None:
+    """Tell `drafter` the target has just run the prefill of `prompt` (and nothing since): its optional
+    ``prefilled(prompt)`` method, where it has one (a draft head reads the prompt's last hidden states)."""
+    method = getattr(drafter, "prefilled", None)
+    if method is not None:
+        method(prompt)

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from specdec.control import LOOKUP, MODEL, SHORT_LOOKUP, outlook
-from specdec.drafters.base import Draft, Drafter
+from specdec.drafters.base import Draft, Drafter, tell_prefilled
 from specdec.drafters.lookup import LookupDrafter
 
 
@@ -71,6 +71,10 @@ class HybridDrafter:
     def observe(self, context: Sequence[int], num_accepted: int) -> None:
         if self.last_source == MODEL:
             self.model.observe(context, num_accepted)
+
+    def prefilled(self, prompt: Sequence[int]) -> None:
+        """The target has just run the prompt's prefill: the model hears it (specdec.drafters.base.tell_prefilled)."""
+        tell_prefilled(self.model, prompt)
 
     def reset(self) -> None:
         self.model.reset()

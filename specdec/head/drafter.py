@@ -2,10 +2,16 @@
 
 A head drafts from pairs (f_t, x_{t+1}): the target's final hidden state at position t and the token
 after it (specdec.head.model).  The target runner hands out the hidden states of the positions whose
-logits its last forward returned (``hidden()``), so after each step the head learns the features of
-the positions the target has just verified, at no cost:
+logits its last forward returned (``hidden()``), and of a forward's last few rows when asked
+(``keep_hidden_rows`` / ``hidden_tail()``), so after each step the head learns the features of the
+positions the target has just verified, at no cost:
 
-- after the prefill (the loop asks for the last row only): the prompt's last position;
+- after the prefill (the loop asks for the last row's logits only): the prompt's last ``window``
+  positions (default 64, the training window).  The drafter asks the runner to keep that many rows at
+  ``reset`` (the loop resets the drafter before its prefill; the setting stays with the runner, and
+  costs the final norm of those rows in each forward that returns fewer logits, the prefill); the loop
+  tells it the prefill has run (``prefilled``, specdec.drafters.base.tell_prefilled) and it keeps the
+  rows then, before another drafter's step may replace them;
 - after a verification of this drafter's k tokens with n accepted: the pending token's and the n
   accepted tokens' positions, the first n + 1 rows (the rows after them are of rejected tokens);
   ``observe`` keeps them, since a plain step may come before the next proposal;
@@ -13,14 +19,16 @@ the positions the target has just verified, at no cost:
 
 Before each proposal the head's own KV cache is rolled back to the longest prefix whose tokens still
 match the context and fed the new pairs, the last one being (f of the last position the target has
-cached, the pending token).  Where the features of some positions were never seen (the prompt, whose
-rows the prefill does not return, or the steps another drafter verified), the head's cache starts
-over at the first position whose feature it has: its attention then sees its own past from there on.
-We chose this over asking the loop for all of the prompt's rows: the loop and runners stay as they
-are (the runners deliberately keep only the returned rows), and a head trained on windows that start
-anywhere drafts from a short past as it was trained to.  When no feature of the last cached position
-can be known (another drafter's verification just before), the head proposes nothing and the loop
-takes a plain step, whose row it reads next time.
+cached, the pending token).  At a request's first proposal that is the prompt's last ``window`` pairs
+(the last one's token the first generated token), fed in one head forward: the head starts, as it
+was trained, with up to a window of past pairs, as EAGLE runs its head over the prompt's features.
+Where the features of some positions were never seen (the prompt before its last ``window``
+positions; the steps another drafter verified, and the prompt's rows when such a step came first),
+the head's cache starts over at the first position whose feature it has: its attention then sees its
+own past from there on (a head trained on windows that start anywhere drafts from a short past as it
+was trained to).  When no feature of the last cached position can be known (another drafter's
+verification just before), the head proposes nothing and the loop takes a plain step, whose row it
+reads next time.
 
 Greedy: the head's argmax (q None).  Sampling: q = the warped head distribution over the target's
 vocabulary, zero outside the draft vocabulary (the head's logits placed at their target ids, -inf
@@ -42,10 +50,17 @@ from specdec.head.model import DraftHead, HeadCache
 from specdec.sampling import SamplingParams, make_generator, sample_from, warp_probs
 
 
+WINDOW = 64  # the prompt's positions whose features seed the head: specdec.head.train's default window
+
+
 class HeadDrafter:
     """Proposes k tokens with a draft head over `target`'s hidden states (see the module docstring)."""
 
-    def __init__(self, head: DraftHead, target: HiddenStateRunner, sampling: SamplingParams | None = None) -> None:
+    def __init__(self, head: DraftHead, target: HiddenStateRunner, sampling: SamplingParams | None = None,
+                 window: int = WINDOW) -> None:
+        if window < 1:
+            raise SpecdecError(f"a draft head's prompt window must be at least 1 position, got {window}")
+        self.window = window  # the prompt's last positions whose features seed the head's cache
         if not target.capabilities.hidden_states:
             raise SpecdecError(f"a draft head reads the target's hidden states, which a {target.describe()} "
                                "target does not give: use another draft")
@@ -64,6 +79,13 @@ class HeadDrafter:
         self.rows: torch.Tensor | None = None  # [m, H]: features of verified positions not fed yet ...
         self.rows_at = 0  # ... from this position on
         self.proposed_at: int | None = None  # len(context) at the last proposal
+        self.target.keep_hidden_rows(self.window)  # before the loop's prefill: its last rows' features
+
+    def prefilled(self, prompt: Sequence[int]) -> None:
+        """The target has just run the prefill of `prompt`: keep the features of its last `window` positions
+        (the first pairs to feed), before another forward replaces them."""
+        tail = self.target.hidden_tail()[-self.window:]  # [m, H]: positions len(prompt) - m ..
+        self.rows, self.rows_at = tail.clone(), len(prompt) - len(tail)
 
     def observe(self, context: Sequence[int], num_accepted: int) -> None:
         """Keep the features of the pending token and the accepted draft tokens: rows 0..num_accepted of

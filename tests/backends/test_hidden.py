@@ -6,12 +6,17 @@ in C and in torch), batch slots and the encoder-decoder runner: ``hidden()`` is 
 own final-norm output at those positions (its base model's ``last_hidden_state``, which its final norm
 ends; in transformers 5 ``output_hidden_states=True`` gives the same as its last entry), the output layer
 applied to it gives the returned logits, it follows forwards after a rollback, and each runner of a
-packed forward gets its own rows.  Runners that cannot give them say so in their capabilities.
+packed forward gets its own rows.  Runners that cannot give them say so in their capabilities.  Asked to
+keep a forward's last rows (``keep_hidden_rows``), a runner's logits and hidden() are bitwise unchanged, its
+output layer runs on the logits' rows only, and ``hidden_tail()`` is bitwise what a full-logits forward's
+hidden() gives at those rows.
 """
 
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 import torch
@@ -213,3 +218,95 @@ def test_a_prompts_kept_row_does_not_keep_the_whole_prompt():
     kept = runner._hidden
     assert kept is not None and kept.untyped_storage().nbytes() == kept.numel() * kept.element_size()
     assert torch.allclose(runner.hidden(), reference_hidden(FP32["llama"], PROMPT)[-1:], rtol=1e-4, atol=1e-4)
+
+
+# Runners asked to keep a forward's last rows (keep_hidden_rows / hidden_tail), and how they are built
+KEEPING = {
+    "lean int8 llama": lambda: LeanRunner(INT8["llama"]),
+    "lean int8 qwen2": lambda: LeanRunner(INT8["qwen2"]),
+    "lean fp32 llama": lambda: LeanRunner(FP32["llama"], fp32=True),
+    "hf fp32 llama": lambda: HFRunner(FP32["llama"]),
+    "hf fp32 gemma3": lambda: HFRunner(FP32["gemma3"]),
+    "hf int8 qwen2": lambda: HFRunner(INT8["qwen2"]),
+}
+LONG = [(7 * i + 3) % 90 for i in range(40)]
+
+
+@contextmanager
+def output_layer_rows(runner) -> Iterator[list[int]]:
+    """Records the rows each forward of `runner` runs its output layer on (a wrapper / a hook) in the block."""
+    rows: list[int] = []
+    if isinstance(runner, LeanRunner):
+        head = runner.head
+        runner.head = lambda x: rows.append(x.shape[0]) or head(x)
+        yield rows
+        runner.head = head
+        return
+    hook = runner.model.get_output_embeddings().register_forward_pre_hook(lambda _m, a: rows.append(a[0].shape[1]))
+    try:
+        yield rows
+    finally:
+        hook.remove()
+
+
+@pytest.mark.parametrize("name", list(KEEPING))
+def test_kept_tail_rows_change_no_logits_and_are_a_full_forwards_rows(name):
+    """A prefill keeping 16 rows (logits of the last one), then steps: logits and hidden() bitwise those of a
+    runner keeping none, the output layer run on the logits' rows only, the tail's rows bitwise those a
+    full-logits forward's hidden() gives (the prompt's) and its end hidden()'s."""
+    keeping, plain, full = (KEEPING[name]() for _ in range(3))
+    keeping.keep_hidden_rows(16)
+    full.forward(LONG)
+    tails = []
+    for new, last_n in [(LONG, 1), *STEPS, ([44], None)]:
+        with output_layer_rows(keeping) as heads:
+            logits = keeping.forward(new, last_n)
+        assert torch.equal(logits, plain.forward(new, last_n))
+        hidden, tail = keeping.hidden(), keeping.hidden_tail()
+        assert torch.equal(hidden, plain.hidden()) and heads[-1] == logits.shape[0]
+        assert tail.dtype == torch.float32 and tail.shape[0] == max(logits.shape[0], min(16, len(new)))
+        assert torch.equal(tail[tail.shape[0] - hidden.shape[0]:], hidden)
+        tails.append(tail)
+    assert torch.equal(tails[0], full.hidden()[-16:])  # the prompt's last 16 positions
+    keeping.reset()
+    keeping.forward(LONG[:5], 1)
+    full.reset()
+    full.forward(LONG[:5])
+    assert torch.equal(keeping.hidden_tail(), full.hidden())  # a prompt shorter than the rows kept: all of it
+    keeping.keep_hidden_rows(0)
+    keeping.forward([9, 10, 11], 1)
+    assert torch.equal(keeping.hidden_tail(), keeping.hidden()) and keeping.hidden().shape[0] == 1
+
+
+def test_packed_runners_keep_their_own_tails():
+    """int8 runners keeping different rows in one forward_packed call: each gets, bit for bit, the logits,
+    hidden() and tail it gets alone, and the logits of runners keeping nothing."""
+    model = INT8["llama"]
+    prompts, last_ns, keeps = [LONG, PROMPT, LONG[:3]], [1, 2, None], [16, 0, 2]
+    packed, alone, plain = ([LeanRunner(model) for _ in prompts] for _ in range(3))
+    for r, a, keep in zip(packed, alone, keeps):
+        r.keep_hidden_rows(keep)
+        a.keep_hidden_rows(keep)
+    logits = forward_packed(packed, prompts, last_ns)
+    reference = forward_packed(plain, prompts, last_ns)
+    for r, a, p, last_n, lg, ref, keep in zip(packed, alone, prompts, last_ns, logits, reference, keeps):
+        assert torch.equal(lg, ref) and torch.equal(a.forward(p, last_n), lg)
+        assert torch.equal(r.hidden(), a.hidden()) and torch.equal(r.hidden_tail(), a.hidden_tail())
+        assert r.hidden_tail().shape[0] == max(last_n or len(p), min(keep, len(p)))
+
+
+def test_batch_slots_and_encoder_decoder_runners_keep_tails():
+    """A batch slot passes keep_hidden_rows to its runner; the encoder-decoder runner's tail is hidden()'s."""
+    target = BatchedTarget(INT8["llama"], 1)
+    slot = target.acquire()
+    slot.keep_hidden_rows(6)
+    slot.forward(PROMPT, 1)
+    alone = LeanRunner(INT8["llama"])
+    alone.forward(PROMPT)
+    assert torch.equal(slot.hidden_tail(), alone.hidden()[-6:]) and slot.hidden().shape[0] == 1
+    slot.release()
+    runner = Seq2SeqRunner(tiny_bart())
+    runner.set_source(SOURCES[0])
+    runner.keep_hidden_rows(6)
+    runner.forward([*runner.decoder_prompt(), 5, 9], 1)
+    assert torch.equal(runner.hidden_tail(), runner.hidden())
