@@ -173,3 +173,17 @@ def test_a_server_request_with_the_head_gets_plain_greedys_text(saved) -> None:
             out = server.client().completions.create(model=MODEL, prompt=PROMPTS[0], temperature=0, max_tokens=24)
         assert out.choices[0].text == expected
         assert out.speculative_decoding["drafted"] > 0
+
+
+def test_bench_runs_the_head_and_names_it(saved, tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS[:2]) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    result = cli.invoke(app, ["bench", "--target", saved["target"], "--draft", f"lookup+head:{saved['head']}",
+                              "--prompts", str(prompts), "--max-new-tokens", "12", "--gammas", "3", "--out", str(out),
+                              "--json"])
+    assert result.exit_code == 0, result.output
+    methods = {m["name"]: m for m in json.loads(result.stdout)["methods"]}
+    assert list(methods) == ["plain", "specdec-auto", "specdec", "hf-pld"]  # no draft model for transformers' hf
+    assert all(m["identical_rate"] == 1.0 for m in methods.values())
+    assert f"draft `lookup+head:{saved['head']}`" in (out / "summary.md").read_text()
