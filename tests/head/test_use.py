@@ -187,3 +187,17 @@ def test_bench_runs_the_head_and_names_it(saved, tmp_path: Path) -> None:
     assert list(methods) == ["plain", "specdec-auto", "specdec", "hf-pld"]  # no draft model for transformers' hf
     assert all(m["identical_rate"] == 1.0 for m in methods.values())
     assert f"draft `lookup+head:{saved['head']}`" in (out / "summary.md").read_text()
+
+
+def test_one_identity_for_the_fp32_bf16_and_int8_forms_of_a_target(saved) -> None:
+    """The checksum is the embedding's, rounded to bf16: an int8 target (its LM head quantized) and a bf16 one
+    are the fp32 one's target, and the head loads for each with the weights it was saved with."""
+    import copy
+
+    from specdec.backends.quant import quantize_model
+
+    fp32 = AutoModelForCausalLM.from_pretrained(saved["target"], dtype=torch.float32).eval()
+    forms = {"fp32": fp32, "bf16": copy.deepcopy(fp32).to(torch.bfloat16), "int8": quantize_model(copy.deepcopy(fp32))}
+    assert len({store.target_identity(m, "t")["checksum"] for m in forms.values()}) == 1
+    heads = {name: store.load(saved["head"], m)[0].state_dict() for name, m in forms.items() if name != "bf16"}
+    assert all(torch.equal(heads["fp32"][k], heads["int8"][k]) for k in heads["fp32"])
