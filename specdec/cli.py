@@ -700,7 +700,7 @@ def print_heads() -> None:
         if "error" in h:
             table.add_row(h["directory"], "?", "-", "-", h["error"], "-")
             continue
-        agreement = " ".join(f"{a:.2f}" for a in h["agreement_by_position"]) or "-"
+        agreement = " ".join("?" if a is None else f"{a:.2f}" for a in h["agreement_by_position"]) or "-"
         table.add_row(h["directory"], h["target"], str(h["draft_vocab"]), f"{h['tokens_seen']:,}", agreement,
                       f"{h['training_minutes']:.1f}")
     Console().print(table)

@@ -169,15 +169,18 @@ def heads_table() -> list[dict[str, Any]]:
         directory = manifest.parent
         try:
             m = read_manifest(directory)
+            rows.append({
+                "directory": str(directory),
+                "target": m["target"].get("name") or "?",
+                "draft_vocab": len(m["draft_vocab"]),
+                "tokens_seen": int(m.get("tokens_seen", 0)),
+                # None: a position not measured yet (a checkpoint before the first evaluation)
+                "agreement_by_position": [None if a is None else round(float(a), 3)
+                                          for a in m.get("agreement_by_position", [])],
+                "training_minutes": round(float(m.get("training_seconds", 0.0)) / 60, 1),
+            })
         except SpecdecError as e:
             rows.append({"directory": str(directory), "target": "?", "error": str(e)})
-            continue
-        rows.append({
-            "directory": str(directory),
-            "target": m["target"].get("name") or "?",
-            "draft_vocab": len(m["draft_vocab"]),
-            "tokens_seen": int(m.get("tokens_seen", 0)),
-            "agreement_by_position": [round(float(a), 3) for a in m.get("agreement_by_position", [])],
-            "training_minutes": round(float(m.get("training_seconds", 0.0)) / 60, 1),
-        })
+        except (TypeError, ValueError, AttributeError) as e:
+            rows.append({"directory": str(directory), "target": "?", "error": f"broken manifest {manifest}: {e}"})
     return rows

@@ -154,6 +154,12 @@ def test_models_lists_the_heads(saved, home: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "trained draft heads" in result.output and str(directory) in result.output
     assert f"{manifest['tokens_seen']:,}" in result.output
+    broken = home / "drafters" / "broken-head"
+    broken.mkdir()
+    (broken / "manifest.json").write_text(json.dumps({**manifest, "agreement_by_position": ["x"]}))
+    assert "error" in heads_table()[0] and heads_table()[1]["directory"] == str(directory)
+    result = cli.invoke(app, ["models"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0 and "Traceback" not in result.output and "broken manifest" in result.output
 
 
 def test_the_controller_prices_the_head_by_its_measured_cost(saved) -> None:
