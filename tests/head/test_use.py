@@ -117,6 +117,10 @@ def test_the_default_drafts_with_the_head_when_one_is_saved(saved, home: Path) -
     assert "draft lookup+head" in result.output
     engine = Engine.load(saved["target"], "head")
     assert engine.generate(PROMPTS[1], max_new_tokens=20, k=3).token_ids == plain(engine, PROMPTS[1])[:20]
+    import specdec
+
+    out = specdec.generate(PROMPTS[1], target=saved["target"], max_new_tokens=20, k=3)  # the API's default: auto
+    assert out.token_ids == plain(engine, PROMPTS[1])[:20] and out.stats.drafted > 0
 
 
 def assert_one_line_error(args: list[str], fragment: str) -> None:
