@@ -37,9 +37,11 @@ def generate(
 
     target / draft: a zoo name (``specdec models``), a .gguf path, a model
     directory, a Hugging Face hub id, or an already-loaded ``(model, tokenizer)``
-    pair, "lookup" (prompt lookup) or "lookup+<model>" (the default: lookup where it matches, the
-    0.5B draft elsewhere, on llama.cpp when it is installed: draft_backend "auto").  draft=None (or
-    "none") decodes plainly with the target alone.
+    pair, "lookup" (prompt lookup), "lookup+<model>" (lookup where it matches, the draft model
+    elsewhere), "head" / "head:<dir>" / "lookup+head[:<dir>]" (a draft head trained for the target:
+    specdec train-drafter), or "auto" (the default: "lookup+head" when a head was trained for the
+    target and it runs on transformers, else "lookup+qwen2.5-coder-0.5b", the draft's backend chosen
+    by draft_backend "auto").  draft=None (or "none") decodes plainly with the target alone.
     dtype: the target's: "auto" (int8 on CPUs where specdec's exact int8 kernel runs, fp32
     elsewhere), "int8", "fp32" (the reference) or "bf16".
     options: the request's (specdec.request.RequestConfig): max_new_tokens, num_speculative_tokens

@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from specdec.defaults import DEFAULT_DRAFTER, DEFAULT_TARGET
+from specdec.defaults import DEFAULT_DRAFTER, DEFAULT_TARGET, MODEL_DRAFTER
 from specdec.errors import SpecdecError
 from specdec.request import Option, RequestConfig, RequestError, cli_fields, field_type
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # the serve extra's modules load only when serving
     from specdec.serve.replicas import EngineSpec, ReplicaPlan
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Lossless speculative decoding.")
-models_app = typer.Typer(help="The offline model zoo: list models, pull them.")
+models_app = typer.Typer(help="The offline model zoo: list models, pull them; and the draft heads trained here.")
 app.add_typer(models_app, name="models")
 err = Console(stderr=True, highlight=False)
 
@@ -72,6 +72,11 @@ class Device(str, Enum):
     auto = "auto"
 
 
+DRAFT_HELP = ("The drafter: a draft model, 'lookup' (prompt lookup: no draft model), 'lookup+<model>' (lookup where it "
+              "matches, the model elsewhere), 'head' (the draft head trained for the target with specdec train-drafter) "
+              "or 'head:<dir>' (a head saved in <dir>), 'lookup+head[:<dir>]' (lookup where it matches, the head "
+              "elsewhere), 'none' for plain decoding, or 'auto' (the default): lookup+head when a head was trained for "
+              f"the target and it runs on transformers (--backend hf), else {MODEL_DRAFTER}.")
 DEVICE_HELP = "Where transformers models run: cpu, cuda, or auto (cuda when available). int8 is CPU-only."
 
 
@@ -179,7 +184,7 @@ def draft_backend_note(engine) -> str:
 def generate(
     prompt: str = typer.Argument(..., help="Text to continue (or the user message with --chat)."),
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
-    draft: str = typer.Option(DEFAULT_DRAFTER, "--draft", "-d", help="Draft model, 'lookup' (prompt lookup: no draft model), 'lookup+<model>' (lookup where it matches, the model elsewhere), or 'none' for plain decoding."),
+    draft: str = typer.Option(DEFAULT_DRAFTER, "--draft", "-d", help=DRAFT_HELP),
     dtype: DType = typer.Option(DType.auto, "--dtype", help=DTYPE_HELP),
     draft_dtype: Optional[DraftDType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype); bf16 makes a transformers draft cheaper without changing the output, and int4 (drafts only: the int8 draft's weights in 4 bits, llama-family and Gemma 3 models) cheaper still."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend: hf (transformers) or llamacpp (GGUF via llama.cpp)."),
@@ -425,7 +430,7 @@ def serve_replicas(spec: EngineSpec, options: ServeOptions, plan: ReplicaPlan, h
 @app.command()
 def bench(
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
-    draft: str = typer.Option(DEFAULT_DRAFTER, "--draft", "-d", help="Drafter, as for generate (the same default): a draft model, 'lookup' (prompt lookup), 'lookup+<model>' (hybrid), or 'none' (then only plain, hf-plain, hf-pld, llamacpp)."),
+    draft: str = typer.Option(DEFAULT_DRAFTER, "--draft", "-d", help="Drafter, as for generate (the same default, auto): a draft model, 'lookup' (prompt lookup), 'lookup+<model>' (hybrid), 'head' or 'lookup+head' (a trained draft head; the methods' summary names it), or 'none' (then only plain, hf-plain, hf-pld, llamacpp)."),
     prompts: str = typer.Option("builtin", "--prompts", help="'builtin' (user-shaped prompts, multi-turn chats), 'short' (the first short set), a Spec-Bench .jsonl (\"replies\" make a conversation), or a text file with one prompt per line (\\n escapes allowed)."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most tokens to generate per prompt."),
     methods: str = typer.Option("default", "--methods", help="Comma-separated: plain, specdec, specdec-auto (k chosen by the cost-model controller, as generate runs it), specdec-stairs, specdec-intersection, hf, hf-auto, hf-plain, hf-pld, llamacpp (plain llama.cpp on the target's GGUF); plain always runs: it is the reference. default: plain, specdec-auto, specdec, hf-pld, hf (when the draft runs in transformers) and llamacpp (when installed)."),
@@ -685,7 +690,7 @@ def models(
     ctx: typer.Context,
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
 ) -> None:
-    """List the zoo's models and whether they are installed."""
+    """List the zoo's models and whether they are installed, then the draft heads trained here."""
     if ctx.invoked_subcommand is not None:
         return
     from specdec import zoo
@@ -700,6 +705,29 @@ def models(
     table = Table("name", "params", "arch", "vocab", "installed", "description")
     for r in rows:
         table.add_row(r["name"], r["params"], r["arch"], str(r["vocab_size"]), "yes" if r["installed"] else "no", r["description"])
+    Console().print(table)
+    print_heads()
+
+
+def print_heads() -> None:
+    """The draft heads trained here (specdec train-drafter), as a table under the zoo's."""
+    from rich.table import Table
+
+    from specdec.head.use import heads_table
+
+    heads = heads_table()
+    if not heads:
+        Console().print("no trained draft heads (specdec train-drafter --target <model> trains one)")
+        return
+    table = Table("directory", "target", "draft vocab", "tokens seen", "agreement by position", "training min",
+                  title="trained draft heads (--draft head, lookup+head)")
+    for h in heads:
+        if "error" in h:
+            table.add_row(h["directory"], "?", "-", "-", h["error"], "-")
+            continue
+        agreement = " ".join("?" if a is None else f"{a:.2f}" for a in h["agreement_by_position"]) or "-"
+        table.add_row(h["directory"], h["target"], str(h["draft_vocab"]), f"{h['tokens_seen']:,}", agreement,
+                      f"{h['training_minutes']:.1f}")
     Console().print(table)
 
 

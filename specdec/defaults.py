@@ -1,13 +1,18 @@
 """Default models: the zoo's same-tokenizer pair (see ``specdec models``), and the default drafter.
 
 ``specdec generate``, ``specdec serve``, ``specdec bench`` and ``specdec.generate`` draft with
-DEFAULT_DRAFTER: prompt lookup where the context repeats itself (free), the 0.5B draft elsewhere (on
-specdec's int8 / int4 kernel or llama.cpp, whichever is faster on the CPU), with the cost-model
-controller choosing k each step (0 = a plain step), and the target in int8 where specdec's exact
-int8 kernel runs (dtype "auto"): the fastest lossless configuration measured on the project's CPUs
-(BENCHMARKS.md).
+DEFAULT_DRAFTER, "auto" (specdec.loading.resolve_drafter): when a draft head was trained for the target
+(``specdec train-drafter``; saved in ``$SPECDEC_HOME/drafters/<target>-head/``) and the target runs on
+transformers (whose runners give the hidden states a head reads), ``lookup+head``: prompt lookup where the
+context repeats itself, the head elsewhere; else MODEL_DRAFTER: prompt lookup where the context repeats
+itself (free), the 0.5B draft elsewhere (on specdec's int8 / int4 kernel or llama.cpp, whichever is
+faster on the CPU).  Either way the cost-model controller chooses k each step (0 = a plain step), and
+the target runs in int8 where specdec's exact int8 kernel runs (dtype "auto"): the fastest lossless
+configuration measured on the project's CPUs (BENCHMARKS.md).
 """
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
-DEFAULT_DRAFTER = f"lookup+{DEFAULT_DRAFT}"
+MODEL_DRAFTER = f"lookup+{DEFAULT_DRAFT}"  # the default without a trained head
+HEAD_DRAFTER = "lookup+head"  # the default with one
+DEFAULT_DRAFTER = "auto"

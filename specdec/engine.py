@@ -13,7 +13,7 @@ through it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -30,7 +30,7 @@ from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.universal import UniversalDrafter
 from specdec.errors import IncompatibleDraftError, SpecdecError
-from specdec.loading import AUTO_BACKEND, LOOKUP, ModelSpec, resolve_draft, split_lookup
+from specdec.loading import AUTO_BACKEND, LOOKUP, ModelSpec, resolve_draft, resolve_drafter, split_drafter
 from specdec.loop import Stats, Step, StopCondition, collect, decode
 from specdec.pool import Lease, RunnerPool, SinglePool
 from specdec.request import RequestConfig, check_draft_mode, check_verify_mode
@@ -38,6 +38,9 @@ from specdec.sampling import SamplingParams
 from specdec.stairs import StairsRunner, stairs_runner
 from specdec.verify import make_verifier
 from specdec.vocab import same_vocabulary
+
+if TYPE_CHECKING:
+    from specdec.head.use import LoadedHead
 
 MAX_AUTO_K = 8  # the most tokens the controller drafts in one step
 
@@ -143,6 +146,10 @@ class Engine:
     An encoder-decoder target (T5, BART: specdec.backends.seq2seq) reads the prompt with its encoder
     and the loop runs its decoder; it drafts with an encoder-decoder draft of the same vocabulary,
     or with prompt lookup, which looks up in the decoder's output so far (not in the prompt).
+
+    head: a draft head trained for the target (specdec.head.use.LoadedHead; Engine.load loads it for
+    the drafter specs "head", "lookup+head", ...): it drafts in place of a draft model, from the
+    hidden states of the runner each request verifies with.
     """
 
     def __init__(
@@ -154,10 +161,14 @@ class Engine:
         target_name: str = "target",
         draft_name: str = "draft",
         lookup: bool = False,
+        head: LoadedHead | None = None,
     ) -> None:
         # lookup: draft by prompt lookup (specdec.drafters.lookup); with a draft model too, by
         # lookup where it matches and the draft model elsewhere (specdec.drafters.hybrid)
         self.lookup = lookup
+        if head is not None and draft is not None:
+            raise SpecdecError("draft with a draft model or a draft head, not both")
+        self.head = head
         self.tokenizer = tokenizer
         self.target_runner = as_runner(target)
         self.draft_runner = as_runner(draft) if draft is not None else None
@@ -222,6 +233,8 @@ class Engine:
             self._set_sources()  # an encoder-decoder model is timed over a stand-in source
             costs = step_costs(self.target_runner, self.draft_runner, MAX_AUTO_K, lookup=self.lookup,
                                cache_dir=home() / "profiles")
+            if self.head is not None:  # priced like a draft model: its measured ms per drafted token
+                costs = replace(costs, draft_ms=self.head.ms_per_token(home() / "profiles"))
             self._measured_costs = replace(costs)  # as measured, before any online update
             self._auto = AutoK(costs, max_k=MAX_AUTO_K)
         return self._auto
@@ -243,18 +256,22 @@ class Engine:
 
     @property
     def can_draft(self) -> bool:
-        """Whether requests can be speculative: a draft model, or prompt lookup."""
-        return self.lookup or self.draft_runner is not None
+        """Whether requests can be speculative: a draft model, a draft head, or prompt lookup."""
+        return self.lookup or self.draft_runner is not None or self.head is not None
 
     def make_drafter(self, sampling: SamplingParams, mode: str = "auto", confidence: float | None = None,
-                     draft_runner: ModelRunner | None = None) -> Drafter | None:
-        """The drafter for one request, or None without a draft model or lookup.  confidence: the
+                     draft_runner: ModelRunner | None = None, target_runner: ModelRunner | None = None) -> Drafter | None:
+        """The drafter for one request, or None without a draft model, a head or lookup.  confidence: the
         draft model stops after a token it gave less probability (None: it drafts all k; checked by
         RequestConfig).  draft_runner: the draft model's runner to use (default: the engine's; a batch
-        gives each request its own cache over the same model)."""
-        if self.draft_runner is None:
+        gives each request its own cache over the same model).  target_runner: the runner the request
+        verifies with, whose hidden states a head reads (default: the engine's; a batch slot's)."""
+        if self.head is not None:
+            model: Drafter = self.head.drafter(target_runner or self.target_runner, sampling)
+        elif self.draft_runner is not None:
+            model = self._model_drafter(sampling, mode, confidence, draft_runner or self.draft_runner)
+        else:
             return LookupDrafter() if self.lookup else None
-        model = self._model_drafter(sampling, mode, confidence, draft_runner or self.draft_runner)
         return HybridDrafter(model) if self.lookup else model
 
     def _model_drafter(self, sampling: SamplingParams, mode: str, confidence: float | None,
@@ -289,7 +306,11 @@ class Engine:
         """Load models by name (zoo name, .gguf path, model directory, hub id) or take loaded ones.
 
         draft: a model, "lookup" for prompt lookup drafting (no draft model), or "lookup+<model>":
-        prompt lookup where it matches and the draft model elsewhere.
+        prompt lookup where it matches and the draft model elsewhere; "head" (the draft head trained for
+        the target: specdec.head.store.default_directory(target)) or "head:<dir>" (the head saved in
+        <dir>), alone or as "lookup+head[:<dir>]" (specdec.head.use); "auto" (specdec.generate's and the
+        CLI's default): "lookup+head" when a head is saved for the target and it runs on transformers,
+        else "lookup+<the 0.5B draft>" (specdec.loading.resolve_drafter).
         dtype: the target's, for transformers models: "fp32", "bf16", "int8", or "auto" (the
         default: int8 on CPUs where specdec's int8 kernel runs, fp32 elsewhere; see
         specdec.loading.fastest_dtype); the engine's `dtype` says which it took.
@@ -310,7 +331,11 @@ class Engine:
         from specdec.loading import (AUTO_DTYPE, INT4, check_spec, fastest_dtype, load_hf, load_int4_draft,
                                      load_llamacpp, resolve_device)
 
-        lookup, draft = split_lookup(draft)
+        lookup, draft, head = split_drafter(resolve_drafter(draft, target, backend))
+        if head is not None:  # refused before anything is loaded where a head cannot draft, or is missing
+            from specdec.head.use import precheck
+
+            precheck(head, backend, target)
         auto = dtype == AUTO_DTYPE
         if auto:
             dtype = fastest_dtype(target, backend, device)
@@ -342,7 +367,13 @@ class Engine:
             return model, tok, spec
 
         t_model, t_tok, t_name = get(target, backend, exact=True, dtype=dtype)
-        if draft is None:
+        if head is not None:
+            from specdec.head.use import load_head
+
+            runner = as_runner(t_model)
+            engine = cls(runner, t_tok, target_name=t_name, draft_name=f"{LOOKUP}+{head}" if lookup else head,
+                         lookup=lookup, head=load_head(head, runner, target if isinstance(target, str) else t_name))
+        elif draft is None:
             engine = cls(t_model, t_tok, target_name=t_name, draft_name=LOOKUP if lookup else "draft", lookup=lookup)
         else:
             d_model, d_tok, d_name = get(draft, draft_backend, exact=False, dtype=draft_dtype or dtype)
@@ -397,6 +428,10 @@ class Engine:
         drafting = config.speculative and self.can_draft
         if drafting and self.draft_runner is not None:
             self.resolve_draft_mode(config.draft_mode)
+        if drafting and self.head is not None:
+            from specdec.head.use import check_hidden_states
+
+            check_hidden_states(self.target_runner, config.verify)
         return self._steps(prompt_ids, condition, config, drafting)
 
     def _steps(self, prompt_ids: list[int], condition: StopCondition, config: RequestConfig,
@@ -408,8 +443,8 @@ class Engine:
     def _decode(self, lease: Lease, prompt_ids: list[int], condition: StopCondition, config: RequestConfig,
                 drafting: bool) -> Iterator[Step]:
         sampling = config.sampling
-        drafter = (self.make_drafter(sampling, config.draft_mode, config.draft_confidence, draft_runner=lease.draft)
-                   if drafting else None)
+        drafter = (self.make_drafter(sampling, config.draft_mode, config.draft_confidence, draft_runner=lease.draft,
+                                     target_runner=lease.target) if drafting else None)
         k = lease.controller(config.k, sampling) if drafter is not None else 1
         target = lease.target if config.verify == "causal" else self.verification_target(config.verify, sampling)
         if isinstance(lease.target, Seq2SeqRunner):  # the prompt is the encoders' input

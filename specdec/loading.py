@@ -7,7 +7,8 @@ transformers directory under ``home()/hf/`` so later loads are fast.  An int8
 model (``dtype="int8"``, see specdec.backends.quant) is quantized once from the
 fp32 one and cached under ``home()/int8/``.
 
-Also what a drafter spec means ("lookup", "lookup+<model>", a model) and which backend and dtype the
+Also what a drafter spec means ("lookup", "lookup+<model>", a model, a trained head: "head",
+"head:<dir>", "lookup+head"; "auto", the default: resolve_drafter) and which backend and dtype the
 draft runs in when they are left to "auto" (resolve_draft): Engine.load, the bench and serve's
 replicas all choose here.
 """
@@ -459,6 +460,31 @@ def split_lookup(draft: ModelSpec | None) -> tuple[bool, ModelSpec | None]:
     if draft.lower() != LOOKUP and not rest:
         raise SpecdecError("'lookup+' needs a draft model after the '+', e.g. lookup+qwen2.5-coder-0.5b")
     return True, rest or None
+
+
+AUTO_DRAFTER = "auto"  # the default drafter: see resolve_drafter
+
+
+def resolve_drafter(draft: ModelSpec | None, target: ModelSpec, backend: str = "hf") -> ModelSpec | None:
+    """The drafter spec "auto" stands for (specdec.defaults): "lookup+head" when a head is saved for
+    `target` (named as the user named it) and the target runs on transformers, whose runners give the
+    hidden states a head reads; else "lookup+<the 0.5B draft>".  Any other spec as it is."""
+    if not (isinstance(draft, str) and draft.strip().lower() == AUTO_DRAFTER):
+        return draft
+    from specdec.defaults import HEAD_DRAFTER, MODEL_DRAFTER
+    from specdec.head.use import has_head
+
+    return HEAD_DRAFTER if backend == "hf" and has_head(target) else MODEL_DRAFTER
+
+
+def split_drafter(draft: ModelSpec | None) -> tuple[bool, ModelSpec | None, str | None]:
+    """(whether prompt lookup drafts, the draft model or None, the head spec or None) of a drafter spec
+    ("auto" resolved first: resolve_drafter): "lookup", "lookup+<model>", "<model>", "head",
+    "head:<dir>", "lookup+head", "lookup+head:<dir>"."""
+    from specdec.head.use import is_head
+
+    lookup, model = split_lookup(draft)
+    return (lookup, None, model) if is_head(model) else (lookup, model, None)
 
 
 def resolve_draft(draft: ModelSpec | None, backend: str, draft_backend: str | None, draft_dtype: str | None,

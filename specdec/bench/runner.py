@@ -171,7 +171,7 @@ def run_bench(
     from specdec.bench import report
     from specdec.bench.methods import (DEFAULT, build_methods, check_backends, default_methods, needs_draft,
                                        parse_gammas, parse_methods)
-    from specdec.loading import llamacpp_can_run, resolve_draft, split_lookup
+    from specdec.loading import llamacpp_can_run, resolve_draft, resolve_drafter, split_drafter
     from specdec.bench.prompts import load_prompts
     from specdec.sampling import SamplingParams
 
@@ -179,7 +179,8 @@ def run_bench(
     sampling = SamplingParams(temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
                               seed=options.seed)
     check_run_options(options)
-    _, draft_model = split_lookup(options.draft)
+    drafter = resolve_drafter(options.draft, options.target, options.backend)  # "auto": a head, or the 0.5B
+    _, draft_model, _ = split_drafter(drafter)
     # The draft's backend and dtype as Engine.load takes them (the same defaults as `specdec generate`).
     _, draft_backend, draft_dtype = resolve_draft(draft_model, options.backend, options.draft_backend,
                                                   options.draft_dtype, options.device)
@@ -210,7 +211,7 @@ def run_bench(
         torch.set_num_threads(options.threads)
     status = console.status(f"loading {options.target}" + (f" and {options.draft}" if options.draft else "")) if console else nullcontext()
     with status:
-        engine = Engine.load(options.target, options.draft, dtype=options.dtype, progress=load_progress,
+        engine = Engine.load(options.target, drafter, dtype=options.dtype, progress=load_progress,
                              backend=options.backend, draft_backend=draft_backend, n_ctx=options.n_ctx,
                              threads=options.threads, draft_dtype=draft_dtype, device=options.device)
         peer = None
@@ -246,11 +247,11 @@ def run_bench(
     summary = aggregate(records, compare_outputs=sampling.greedy)
     meta = {
         "target": options.target,
-        "draft": options.draft,
+        "draft": engine.draft_name if options.draft else None,  # as resolved: "lookup+head", "lookup+<model>"...
         "dtype": engine.dtype,
         "draft_dtype": engine.draft_dtype,
         "backend": options.backend,
-        "draft_backend": draft_backend if options.draft else None,
+        "draft_backend": draft_backend if draft_model is not None else None,
         "sampling": {"temperature": options.temperature, "top_k": options.top_k, "top_p": options.top_p,
                      "seed": options.seed},
         "max_new_tokens": options.max_new_tokens,
@@ -336,7 +337,7 @@ def run_concurrency_bench(
 
         results = concurrency.run_concurrency(engine, encoded, levels, options.max_new_tokens, methods,
                                               options.repeats, advance, write)
-    meta = {"target": options.target, "draft": options.draft, "dtype": engine.dtype, "draft_dtype": engine.draft_dtype,
+    meta = {"target": options.target, "draft": engine.draft_name if options.draft else None, "dtype": engine.dtype, "draft_dtype": engine.draft_dtype,
             "max_new_tokens": options.max_new_tokens, "repeats": options.repeats, "levels": levels,
             "requests": results[0].requests, "chat": options.chat, "prompts": options.prompts,
             "methods": [m for m, _ in methods], **environment()}

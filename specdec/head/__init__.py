@@ -5,4 +5,5 @@
 - ``specdec.head.train``: teacher-forced distillation from the frozen target within a time budget;
 - ``specdec.head.store``: save/load with a manifest tying a head to its target;
 - ``specdec.head.drafter``: the head as a drafter of the decode loop, reading the target runner's hidden states.
+- ``specdec.head.use``: the drafter specs that name a head (``head``, ``lookup+head``), loading it for a target, its cost.
 """

@@ -6,8 +6,11 @@ Layout (default ``$SPECDEC_HOME/drafters/<target>-head/``, see ``specdec.zoo.hom
     head-<sha256[:16]>.safetensors   the head's own state dict (not the target's embedding table)
 
 The target identity is its name, architecture, hidden size, vocabulary size and a sha256 of its
-embedding and LM-head weights (as fp32): a head is loaded only for a target with the same identity
-(the name aside: the same weights under another path are the same target).  Saving is atomic: the
+input embedding table rounded to bf16: a head is loaded only for a target with the same identity (the
+name aside: the same weights under another path are the same target).  The embedding alone, rounded to
+bf16, because it is what every form of one target keeps alike: an int8 target's LM head is quantized
+(specdec.backends.quant; its embedding stays fp32), and a bf16 target holds the fp32 table rounded to
+bf16, so a head trained on the fp32, bf16 or int8 form of a target loads for any of them.  Saving is atomic: the
 weights go to a new file named by their hash, then the manifest is replaced (temp file + rename),
 then older weights files are removed, so a run interrupted at any point leaves the last complete
 checkpoint.  Every failure to load is a one-line SpecdecError.
@@ -20,6 +23,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -42,25 +46,44 @@ def default_directory(target_name: str) -> Path:
 
 
 def weights_checksum(*weights: torch.Tensor) -> str:
-    """sha256 of the tensors' values as fp32 (bf16 weights and their exact fp32 copy give the same sum)."""
+    """sha256 of the tensors' values rounded to bf16 (an fp32 table and its bf16 copy give the same sum)."""
     digest = hashlib.sha256()
     for weight in weights:
         for rows in weight.detach().split(_ROWS):
-            digest.update(rows.float().contiguous().numpy().tobytes())
+            digest.update(rows.to(torch.bfloat16).view(torch.int16).contiguous().numpy().tobytes())
     return digest.hexdigest()
 
 
 def target_identity(target: nn.Module, name: str) -> dict[str, Any]:
-    """What a head is tied to: the target's name, architecture, sizes and embedding/LM-head checksum."""
-    embed, lm_head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
-    tables = (embed,) if lm_head is embed else (embed, lm_head)
+    """What a head is tied to: the target's name, architecture, sizes and embedding checksum (see the
+    module docstring: the same for the target's fp32, bf16 and int8 forms)."""
+    embed = target.get_input_embeddings().weight  # [V, H]
     return {
         "name": name,
         "architecture": target.config.model_type,
         "hidden_size": int(target.config.hidden_size),
         "vocab_size": int(embed.shape[0]),
-        "checksum": weights_checksum(*tables),
+        "checksum": weights_checksum(embed),
     }
+
+
+class _Skeleton:
+    """`target` as DraftHead's constructor reads it, for a target whose LM head has no float weight (an
+    int8 one): its config, decoder and embedding, and a zero LM-head table (the saved state replaces
+    the head's LM head anyway)."""
+
+    def __init__(self, target: nn.Module) -> None:
+        self.target, self.config = target, target.config
+
+    def get_decoder(self) -> nn.Module:
+        return self.target.get_decoder()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.target.get_input_embeddings()
+
+    def get_output_embeddings(self) -> Any:
+        rows, width = self.get_input_embeddings().weight.shape
+        return SimpleNamespace(weight=torch.zeros(1, width).expand(rows, width))  # [V, H], one row in memory
 
 
 def _replace(path: Path, data: bytes) -> None:
@@ -151,7 +174,8 @@ def load(directory: str | Path, target: nn.Module, name: str = "") -> tuple[Draf
         raise SpecdecError(f"draft head weights {path} are corrupt (checksum mismatch)")
     try:
         state = from_bytes(blob)
-        head = DraftHead(target, state["vocab"])
+        float_head = isinstance(getattr(target.get_output_embeddings(), "weight", None), torch.Tensor)
+        head = DraftHead(target if float_head else _Skeleton(target), state["vocab"])
         head.load_state_dict(state)
     except (SafetensorError, KeyError, RuntimeError) as e:
         raise SpecdecError(f"draft head weights {path} do not fit the head: {str(e).splitlines()[0]}") from None

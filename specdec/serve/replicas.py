@@ -95,7 +95,7 @@ class EngineSpec:
     node's cache or PyPI)."""
 
     target: str
-    draft: str | None = None  # a model, "lookup", "lookup+<model>"; None: plain decoding
+    draft: str | None = None  # a model, "lookup", "lookup+<model>", "[lookup+]head[:<dir>]", "auto"; None: plain
     dtype: str = "auto"
     draft_dtype: str | None = None
     backend: str = "hf"
@@ -106,9 +106,10 @@ class EngineSpec:
 
     def check(self) -> None:
         """The SpecdecError that loading would raise for a bad name, without loading anything."""
-        from specdec.loading import check_spec, resolve_backends, split_lookup
+        from specdec.loading import check_spec, resolve_backends, resolve_drafter, split_drafter
 
-        _, draft = split_lookup(self.draft)  # the model of "lookup+<model>", if any
+        # the model of "lookup+<model>", if any; a head's spec is checked where it loads, beside its target
+        _, draft, _ = split_drafter(resolve_drafter(self.draft, self.target, self.backend))
         backend, draft_backend = resolve_backends(self.backend, self.draft_backend, draft)
         check_spec(self.target, backend)
         if draft is not None:

@@ -1,0 +1,186 @@
+"""Using a trained draft head: the drafter specs that name one, finding and loading it for a target, its cost.
+
+A drafter spec names a head as ``head`` (the head trained for the target, in
+``specdec.head.store.default_directory(<target>)``) or ``head:<dir>`` (the head saved in <dir>), alone
+or behind prompt lookup (``lookup+head``, ``lookup+head:<dir>``: specdec.loading.split_lookup).  The
+Engine loads a head once (:func:`load_head`, checked against the target's weights by the store) and
+gives every request, every batch slot, a HeadDrafter of its own over the runner it verifies with (the
+drafter keeps per-request state).  A head reads the target's hidden states, so it drafts only for a
+target runner that gives them (the transformers backend: LeanRunner, HFRunner, a batch's SlotRunner);
+llama.cpp and stairs verification do not.
+
+The speculation controller prices a head like a draft model: its cost per drafted token is measured
+(:func:`measure_head`: k head forwards after a short cache, the fastest of a few runs) and cached per
+head and machine like the runners' timings (specdec.profile).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from specdec.errors import SpecdecError
+
+if TYPE_CHECKING:
+    from specdec.backends.base import ModelRunner
+    from specdec.head.drafter import HeadDrafter
+    from specdec.head.model import DraftHead
+    from specdec.sampling import SamplingParams
+
+HEAD = "head"  # the drafter spec of a trained head: "head" or "head:<dir>"
+TRAIN_COMMAND = "specdec train-drafter"
+NO_HIDDEN_STATES = ("a draft head reads the target's hidden states, which {what} does not give: use the "
+                    "transformers backend (--backend hf){also}, or draft with lookup or a draft model")
+
+
+def is_head(spec: object) -> bool:
+    """Whether a drafter spec (without a "lookup+" prefix) names a head: "head" or "head:<dir>"."""
+    return isinstance(spec, str) and (spec.strip().lower() == HEAD or spec.strip().lower().startswith(HEAD + ":"))
+
+
+def manifest_path(directory: Path) -> Path:
+    from specdec.head.store import MANIFEST
+
+    return directory / MANIFEST
+
+
+def has_head(target_name: object) -> bool:
+    """Whether a head is saved for the target named `target_name` in its default directory."""
+    from specdec.head.store import default_directory
+
+    return isinstance(target_name, str) and manifest_path(default_directory(target_name)).is_file()
+
+
+def head_directory(spec: str, target_name: str) -> Path:
+    """The directory a head spec names for `target_name`; a one-line SpecdecError when it holds no head."""
+    from specdec.head.store import default_directory
+
+    given = spec.strip()[len(HEAD) + 1:].strip()
+    if spec.strip().lower().startswith(HEAD + ":") and not given:
+        raise SpecdecError("'head:' needs a directory after the ':', e.g. head:~/heads/my-head")
+    directory = Path(given).expanduser() if given else default_directory(target_name)
+    if not manifest_path(directory).is_file():
+        if given:
+            raise SpecdecError(f"no draft head in {directory}: its manifest.json is missing")
+        raise SpecdecError(f"no draft head for {target_name}: train one with {TRAIN_COMMAND} --target {target_name}")
+    return directory
+
+
+def precheck(spec: str, backend: str, target: object) -> None:
+    """The one-line SpecdecError loading head `spec` for `target` on `backend` would end with, where it
+    can be known before anything is loaded: a backend without hidden states, no head where `spec` says."""
+    if backend != "hf":
+        raise SpecdecError(NO_HIDDEN_STATES.format(what=f"a {backend} target", also=""))
+    if isinstance(target, str) or spec.strip().lower() != HEAD:  # a model passed in: its name is known later
+        head_directory(spec, str(target))
+
+
+def check_hidden_states(runner: ModelRunner, verify: str = "causal") -> None:
+    """A one-line SpecdecError when a head cannot draft for `runner` (verifying with `verify`)."""
+    if verify == "stairs":
+        raise SpecdecError(NO_HIDDEN_STATES.format(what="stairs verification", also=" with --verify causal"))
+    if not runner.capabilities.hidden_states or runner.model is None:
+        raise SpecdecError(NO_HIDDEN_STATES.format(what=f"a {runner.describe()} target", also=""))
+
+
+@dataclass
+class LoadedHead:
+    """A head loaded for one target: what its manifest says, and a drafter per request."""
+
+    head: DraftHead
+    manifest: dict[str, Any]
+    directory: Path
+    name: str  # the drafter's name as the user gave it: "head" or "head:<dir>"
+
+    def drafter(self, target: ModelRunner, sampling: SamplingParams) -> HeadDrafter:
+        """A drafter of its own for one request over `target` (the runner it is verified with)."""
+        from specdec.head.drafter import HeadDrafter
+
+        return HeadDrafter(self.head, target, sampling)
+
+    def describe(self) -> str:
+        """The head in a few words, as the CLI names a draft's backend."""
+        return f"a draft head of {len(self.head.vocab)} tokens ({self.directory})"
+
+    def ms_per_token(self, cache_dir: Path | None = None) -> float:
+        """Measured ms per drafted token (cached in `cache_dir` per head and machine, spot-checked as the
+        runners' timings are: specdec.profile)."""
+        from specdec.profile import CONTROL_REPEATS, SPOT_REPEATS, _cached, agrees
+
+        return float(_cached("head-draft", _Timed(self), {"tokens": 8, "repeats": CONTROL_REPEATS},
+                             lambda: measure_head(self.head, tokens=8, repeats=CONTROL_REPEATS), cache_dir,
+                             lambda cached: agrees(cached, measure_head(self.head, tokens=2, repeats=SPOT_REPEATS))))
+
+
+class _Timed:
+    """What a head's timings depend on, as specdec.profile keys a runner's (identity())."""
+
+    def __init__(self, loaded: LoadedHead) -> None:
+        self.loaded = loaded
+
+    def identity(self) -> dict[str, Any]:
+        return {"backend": f"head-{type(self.loaded.head).__name__}", "model": self.loaded.manifest["weights_sha256"],
+                "threads": torch.get_num_threads()}
+
+
+def load_head(spec: str, target: ModelRunner, target_name: str) -> LoadedHead:
+    """The head `spec` names, for `target` (its runner: a transformers model that gives hidden states);
+    the store refuses another target's head in one line."""
+    from specdec.head import store
+
+    directory = head_directory(spec, target_name)
+    check_hidden_states(target)
+    head, manifest = store.load(directory, target.model, target_name)
+    return LoadedHead(head, manifest, directory, spec.strip())
+
+
+def measure_head(head: Any, tokens: int = 8, prefix: int = 16, repeats: int = 2,
+                 clock: Callable[[], float] = time.perf_counter) -> float:
+    """ms per drafted token: drafts of `tokens` tokens after a cache of `prefix` pairs (stand-in features
+    and tokens), the fastest of `repeats` runs after a warm-up (as specdec.profile.measure_drafting)."""
+    from specdec.head.model import HeadCache
+
+    width = head.config.hidden_size
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(prefix + 1, width, generator=generator)  # [prefix + 1, H]
+    ids = head.vocab[torch.randint(len(head.vocab), (prefix + 1,), generator=generator)]  # [prefix + 1]
+    cache = HeadCache()
+    head.draft(cache, features[:prefix], ids[:prefix], 1)  # the cache, and a warm-up
+    per_token = []
+    for _ in range(repeats):
+        start = clock()
+        head.draft(cache, features[prefix:], ids[prefix:], tokens)
+        per_token.append((clock() - start) / tokens)
+        cache.crop(prefix)
+    return 1000 * min(per_token)
+
+
+def heads_table() -> list[dict[str, Any]]:
+    """One row per head saved in $SPECDEC_HOME/drafters/ (a manifest that cannot be read says so)."""
+    from specdec.head.store import read_manifest
+    from specdec.zoo import home
+
+    rows = []
+    for manifest in sorted((home() / "drafters").glob("*/manifest.json")):
+        directory = manifest.parent
+        try:
+            m = read_manifest(directory)
+            rows.append({
+                "directory": str(directory),
+                "target": m["target"].get("name") or "?",
+                "draft_vocab": len(m["draft_vocab"]),
+                "tokens_seen": int(m.get("tokens_seen", 0)),
+                # None: a position not measured yet (a checkpoint before the first evaluation)
+                "agreement_by_position": [None if a is None else round(float(a), 3)
+                                          for a in m.get("agreement_by_position", [])],
+                "training_minutes": round(float(m.get("training_seconds", 0.0)) / 60, 1),
+            })
+        except SpecdecError as e:
+            rows.append({"directory": str(directory), "target": "?", "error": str(e)})
+        except (TypeError, ValueError, AttributeError) as e:
+            rows.append({"directory": str(directory), "target": "?", "error": f"broken manifest {manifest}: {e}"})
+    return rows
