@@ -77,6 +77,12 @@ class Bar:
         sys.stderr.write("\n")
 
 
+def say(began: float, what: str) -> None:
+    """A phase line on stderr with the time since the run began."""
+    sys.stderr.write(f"[{(time.monotonic() - began) / 60:4.1f} min] {what}\n")
+    sys.stderr.flush()
+
+
 def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (), out: str | None = None,
                   builtin: bool = True, draft_vocab: int = 32768, seed: int = 0, int8: bool = True,
                   answer_tokens: int = 128, batch: int = 16) -> dict[str, Any]:
@@ -91,6 +97,7 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
             raise SpecdecError(f"--text {path}: no such file or directory")
     model, tokenizer = load_target(target)
     extractor = int8_extractor(model) if int8 else model
+    say(began, f"loaded {target} ({'int8' if extractor is not model else 'fp32'} features)")
     material = data.gather(seed=seed, extra=texts, builtin=builtin)
     streams = [tokenizer(t)["input_ids"] for t in material.texts]
     prompts = [encode_prompt(tokenizer, p) for p in material.prompts]
@@ -99,8 +106,10 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
     eos = sorted(model_eos_token_ids(model) | ({tokenizer.eos_token_id} - {None}))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     generation = GenerationSource(extractor, prompts[HELDOUT_PROMPTS:], eos, pad, answer_tokens, batch)
+    say(began, "material: " + "; ".join(material.describe()))
     # the target's answers to held-out prompts measure the agreement; with only the user's text, its tail
     heldout = [ids for ids, _ in generation.answer(prompts[:HELDOUT_PROMPTS])] if len(prompts) > HELDOUT_PROMPTS else None
+    say(began, f"held-out answers: {len(heldout or [])}")
     directory = Path(out) if out else store.default_directory(target)
     identity = store.target_identity(model, target)
     config = TrainConfig(draft_vocab=draft_vocab, seed=seed, eval_every_s=120.0,
