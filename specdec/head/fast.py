@@ -97,7 +97,9 @@ class FastHead:
         layer, attention, mlp = head.layer, head.layer.self_attn, head.layer.mlp
         self.config = config
         self.vocab = head.vocab  # [N] draft id -> target id
-        self.embed, self.rotary = head._shared  # the target's embedding table and rotary embedding
+        embed, self.rotary = head._shared  # the target's embedding table and rotary embedding
+        self.embed = embed.weight.detach()  # [V, H]
+        self._cos = self._sin = torch.empty(0, 0)  # [positions, D]: the rotary table, grown by doubling
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
@@ -136,19 +138,27 @@ class FastHead:
         """Draft ids -> target ids (same shape)."""
         return self.vocab[draft_ids]
 
+    def rope(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [n, D] of positions start..start + n - 1 (the rotary embedding's own values, computed for
+        a table of positions once and again each time it doubles)."""
+        if start + n > self._cos.shape[0]:
+            positions = torch.arange(max(start + n, 2 * self._cos.shape[0], 256))[None]  # [1, P]
+            cos, sin = self.rotary(self.embed[:1].float(), positions)  # each [1, P, D], fp32
+            self._cos, self._sin = cos[0], sin[0]
+        return self._cos[start: start + n], self._sin[start: start + n]
+
     def forward(self, features: torch.Tensor, tokens: torch.Tensor,
                 cache: HeadCache) -> tuple[torch.Tensor, torch.Tensor]:
         """features [n, H] (f_t), tokens [n] (x_{t+1}) after the cache's positions -> (predicted features
         [n, H], draft logits [n, N]); their keys and values go into `cache`."""
         n, past = tokens.shape[0], cache.length
         h_q, h_kv, d = self.heads, self.kv_heads, self.head_dim
-        embedded = self.embed(tokens).float()  # [n, H]
+        embedded = self.embed.index_select(0, tokens).float()  # [n, H]
         x = self.fc_feature(features.float()) + self.fc_embed(embedded)  # [n, H]: fc(concat(f, e))
-        positions = torch.arange(past, past + n)[None]  # [1, n]
-        cos, sin = self.rotary(x[None], positions)  # each [1, n, D]
+        cos, sin = self.rope(past, n)  # each [n, D]
         qkv = self.qkv(rms_norm(x, self.input_norm, self.eps))  # [n, (Hq + 2 Hkv) D]
         qk = qkv[:, : (h_q + h_kv) * d].view(n, h_q + h_kv, d).transpose(0, 1)  # [Hq + Hkv, n, D]
-        qk = rotate(qk, cos[0], sin[0])  # q and k rotated in one go
+        qk = rotate(qk, cos, sin)  # q and k rotated in one go
         v = qkv[:, (h_q + h_kv) * d :].view(n, h_kv, d).transpose(0, 1)  # [Hkv, n, D]
         keys, values = cache.update(qk[None, h_q:], v[None], 0)  # each [1, Hkv, past + n, D]
         mask = None if n == 1 else causal_mask(n, past, x.dtype)  # [1, 1, n, past + n]
