@@ -5,4 +5,6 @@
 - ``specdec.head.train``: teacher-forced distillation from the frozen target within a time budget;
 - ``specdec.head.store``: save/load with a manifest tying a head to its target;
 - ``specdec.head.drafter``: the head as a drafter of the decode loop, reading the target runner's hidden states.
+- ``specdec.head.fast``: the head's inference form, its linears on specdec's int8 (or int4) kernels;
+- ``specdec.head.cost``: its cost per drafted token against the target's one-token step (``specdec profile``).
 """
