@@ -507,7 +507,7 @@ def _parse_ks(text: str) -> list[int]:
 @app.command()
 def profile(
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
-    draft: str = typer.Option("none", "--draft", "-d", help="Draft model to time per drafted token, or 'none'."),
+    draft: str = typer.Option("none", "--draft", "-d", help="Draft model to time per drafted token, 'head' or 'head:<dir>' (a draft head: timed anyway when one was trained for the target), or 'none'."),
     dtype: DType = typer.Option(DType.auto, "--dtype", help=DTYPE_HELP),
     draft_dtype: Optional[DraftDType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype)."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend: hf or llamacpp."),
