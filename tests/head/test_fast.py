@@ -22,6 +22,8 @@ from specdec.head.model import DraftHead, HeadCache
 from specdec.head.store import save, target_identity
 from specdec.head.train import TrainResult, target_pass
 from specdec.loop import StopCondition, run
+from specdec.sampling import SamplingParams
+from specdec.verify import make_verifier
 from tests.tiny import assert_near_tie_parting, tiny_model
 
 STOP = StopCondition(max_new_tokens=40)
@@ -83,6 +85,17 @@ def test_greedy_through_the_loop_is_plain_greedy(k: int, target: torch.nn.Module
         out = run(hf, prompt, STOP, HeadDrafter(head, hf), k)
         assert_near_tie_parting(target, prompt, out.token_ids, run(hf, prompt, STOP).token_ids)
     assert accepted > 0
+
+
+def test_samples_through_the_loop(target: torch.nn.Module, text: list[list[int]], trained: TrainResult) -> None:
+    """Sampling: the drafter's q is the int8 head's warped distribution, on the draft vocabulary."""
+    runner, params = HFRunner(target), SamplingParams(temperature=0.8, top_k=20, seed=0)
+    drafter = HeadDrafter(FastHead(trained.head, "int8"), runner, params)
+    out = run(runner, text[1][:5], STOP, drafter, 3, verifier=make_verifier(params))
+    assert len(out.token_ids) == STOP.max_new_tokens and out.stats.drafted > 0
+    draft = drafter.propose(text[1][:5], 2)
+    assert draft.q is not None and torch.allclose(draft.q.sum(-1), torch.ones(len(draft.tokens)), atol=1e-5)
+    assert all(t in trained.head.vocab for t in draft.tokens)
 
 
 def test_falls_back_to_fp32_where_the_kernels_do_not_run(monkeypatch: pytest.MonkeyPatch, trained: TrainResult) -> None:
