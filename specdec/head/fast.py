@@ -83,7 +83,7 @@ def choose_dtype(dtype: str = "auto") -> tuple[str, str]:
 def _quantize(weight: torch.Tensor, bias: torch.Tensor | None, dtype: str) -> Any:
     """A linear y = x weight^T + bias (weight [N, K]) on `dtype`'s kernel: int8, int4 or fp32."""
     if dtype == "fp32":
-        return FloatLinear(weight.detach().float(), None if bias is None else bias.detach().float())
+        return FloatLinear(weight.detach().float().contiguous(), None if bias is None else bias.detach().float())
     int8 = Int8Linear(*quantize_weight(weight), bias)
     return Int4Linear.from_int8(int8) if dtype == "int4" else int8
 
