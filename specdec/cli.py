@@ -512,7 +512,7 @@ def _parse_ks(text: str) -> list[int]:
 @app.command()
 def profile(
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
-    draft: str = typer.Option("none", "--draft", "-d", help="Draft model to time per drafted token, or 'none'."),
+    draft: str = typer.Option("none", "--draft", "-d", help="Draft model to time per drafted token, 'head' or 'head:<dir>' (a draft head: timed anyway when one was trained for the target), or 'none'."),
     dtype: DType = typer.Option(DType.auto, "--dtype", help=DTYPE_HELP),
     draft_dtype: Optional[DraftDType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype)."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend: hf or llamacpp."),
@@ -527,6 +527,7 @@ def profile(
 ) -> None:
     """Measure forward costs: the target's t(k) for k new tokens, the draft's cost per drafted token."""
     from specdec.engine import Engine
+    from specdec.head.cost import profile_head, split_head_spec
     from specdec.machine import cpu_description
     from specdec.profile import measure_drafting, measure_forwards
 
@@ -542,7 +543,7 @@ def profile(
 
         if threads:
             torch.set_num_threads(threads)
-        draft_spec = None if draft.lower() == "none" else draft
+        draft_spec, _ = split_head_spec(None if draft.lower() == "none" else draft)  # a head is timed below
         with err.status(f"loading {target}" + (f" and {draft_spec}" if draft_spec else "")):
             engine = Engine.load(
                 target, draft_spec, dtype=dtype.value, progress=progress, backend=backend.value,
@@ -570,6 +571,11 @@ def profile(
                 draft_ms = measure_drafting(engine.draft_runner, prefix=prefix, repeats=repeats)
             out["draft"] = {**describe(engine.draft_runner, draft_spec, d_backend, engine.draft_dtype),
                             "prefix": prefix, "repeats": repeats, "ms_per_token": round(draft_ms, 3)}
+        with err.status("timing the draft head per drafted token"):
+            head = profile_head(None if draft.lower() == "none" else draft, target, engine.target_runner, prefix,
+                                repeats, table.ms.get(1))
+        if head is not None:
+            out["head"] = head
     except (SpecdecError, ValueError) as e:
         progress.close()
         fail(str(e))
@@ -591,6 +597,10 @@ def profile(
     Console().print(grid)
     if draft_ms is not None:
         Console().print(f"draft {draft_spec}: {draft_ms:.1f} ms per drafted token ({draft_ms / t1:.2f} target steps)")
+    if head is not None:
+        Console().print(f"draft head {head['directory']} ({head['head']}, {head['draft_vocab']} draft tokens): "
+                        f"{head['ms_per_token']:.2f} ms per drafted token ({head['ratio']:.3f} of the target's "
+                        f"one-token step, {head['target_step_ms']:.1f} ms)")
 
 
 @app.command()

@@ -131,11 +131,12 @@ def load_head(spec: str, target: ModelRunner, target_name: str) -> LoadedHead:
     """The head `spec` names, for `target` (its runner: a transformers model that gives hidden states);
     the store refuses another target's head in one line."""
     from specdec.head import store
+    from specdec.head.fast import for_drafting
 
     directory = head_directory(spec, target_name)
     check_hidden_states(target)
     head, manifest = store.load(directory, target.model, target_name)
-    return LoadedHead(head, manifest, directory, spec.strip())
+    return LoadedHead(for_drafting(head), manifest, directory, spec.strip())
 
 
 def measure_head(head: Any, tokens: int = 8, prefix: int = 16, repeats: int = 2,

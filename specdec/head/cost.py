@@ -1,0 +1,119 @@
+"""What a draft head costs per drafted token, against its target's one-token step (`specdec profile`).
+
+Issue 38 asks a head to cost at most 0.08 of the int8 target's one-token step.  A drafted token is one
+forward of the head over its own cache (specdec.head.model / specdec.head.fast); :func:`head_cost` times
+`tokens` of them in a row after `prefix` positions in the head's cache, the fastest of `repeats` runs (as
+specdec.profile.measure_drafting does for a draft model: what else the machine does only slows a run),
+and the target's one-token step after the same prefix (specdec.profile.measure_forwards), and reports
+their ratio.  The features fed are random: a forward's cost does not depend on their values.
+
+:func:`head_for_profile` finds and loads the head `specdec profile` reports on: ``--draft head`` /
+``head:<dir>`` (alone or behind ``lookup+``), or, with no draft given, the head trained for the target if
+there is one (specdec.head.store.default_directory).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from specdec.backends.base import ModelRunner
+from specdec.errors import SpecdecError
+from specdec.head.fast import FastHead, for_drafting
+from specdec.head.model import DraftHead, HeadCache
+from specdec.profile import measure_forwards
+
+HEAD = "head"  # the drafter spec of a trained head: head, head:<dir>
+
+
+def describe(head: Any) -> str:
+    """How a head runs: a FastHead says so; a DraftHead is the fp32 transformers layer."""
+    return head.describe() if isinstance(head, FastHead) else "fp32 (transformers layer)"
+
+
+def head_cost(head: DraftHead | FastHead, target: ModelRunner, tokens: int = 8, prefix: int = 128,
+              repeats: int = 3, target_ms: float | None = None,
+              clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+    """ms per drafted token of `head` (`tokens` drafted in a row after `prefix` cached positions, the fastest
+    of `repeats` runs), the target's one-token step after `prefix` tokens (measured unless `target_ms` is
+    given) and their ratio, with how the head runs and its draft vocabulary."""
+    if tokens < 1 or prefix < 1 or repeats < 1:
+        raise ValueError("tokens, prefix and repeats must be >= 1")
+    if target_ms is None:
+        target_ms = measure_forwards(target, [1], prefix=min(prefix, target.max_context - 2), repeats=repeats).ms[1]
+    hidden = int(head.config.hidden_size)
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(prefix, hidden, generator=generator)  # [P, H]
+    ids = head.vocab[torch.randint(len(head.vocab), (prefix,), generator=generator)]  # [P] target ids
+    cache = HeadCache()
+    head.eval()
+    with torch.inference_mode():
+        if prefix > 1:
+            head.extend(cache, features[:-1], ids[:-1])  # P - 1 positions cached
+        head.draft(cache, features[-1:], ids[-1:], 1)  # warm-up: first calls allocate
+        cache.crop(prefix - 1)
+        runs = []
+        for _ in range(repeats):
+            start = clock()
+            head.draft(cache, features[-1:], ids[-1:], tokens)  # `tokens` head forwards
+            runs.append((clock() - start) / tokens)
+            cache.crop(prefix - 1)
+    ms = 1000 * min(runs)
+    return {"head": describe(head), "draft_vocab": len(head.vocab), "hidden_size": hidden, "prefix": prefix,
+            "tokens": tokens, "repeats": repeats, "ms_per_token": round(ms, 3),
+            "target_step_ms": round(target_ms, 3), "ratio": round(ms / target_ms, 4)}
+
+
+def split_head_spec(draft: str | None) -> tuple[str | None, str | None]:
+    """A profile's --draft -> (the draft model spec for Engine.load or None, the head's directory or
+    "" for the target's default one, or None when no head is named): head, head:<dir>, lookup+head..."""
+    if draft is None:
+        return None, None
+    spec = draft[len("lookup+"):] if draft.startswith("lookup+") else draft
+    if spec != HEAD and not spec.startswith(f"{HEAD}:"):
+        return draft, None
+    return None, spec.partition(":")[2]
+
+
+def head_for_profile(draft: str | None, target_name: str, model: Any,
+                     dtype: str = "auto") -> tuple[FastHead, Path] | None:
+    """The head `specdec profile` times (see the module doc), in its drafting form, with its directory; None
+    when none is named and none is trained for the target (whatever other draft `draft` names).  A
+    SpecdecError when a named one is missing or was trained for another target."""
+    from specdec.head import store
+
+    _, named = split_head_spec(draft)
+    directory = Path(named) if named else store.default_directory(target_name)
+    if not (directory / store.MANIFEST).is_file():
+        if named is None:
+            return None  # none named, none trained for the target
+        train = f"train one with specdec train-drafter --target {target_name}"
+        raise SpecdecError(f"no draft head in {directory}: {store.MANIFEST} is missing" if named else
+                           f"no draft head for {target_name}: {train}")
+    try:
+        head, _ = store.load(directory, model, target_name)
+    except AttributeError:  # store.load hashes the LM head's weight, which an int8 target's quantized one lacks
+        raise SpecdecError(f"this version loads a draft head for an fp32 target only: profile {target_name} "
+                           "with --dtype fp32") from None
+    return for_drafting(head, dtype), directory
+
+
+def profile_head(draft: str | None, target_name: str, target: ModelRunner, prefix: int, repeats: int,
+                 target_ms: float | None = None) -> dict[str, Any] | None:
+    """`specdec profile`'s head report (head_cost with the head's directory), or None when no head is named
+    or trained for the target, or a target runner without hidden states was not asked for one by name."""
+    named = split_head_spec(draft)[1] is not None
+    model = getattr(target, "model", None)
+    if not target.capabilities.hidden_states or model is None:
+        if named:
+            raise SpecdecError(f"a draft head reads the target's hidden states, which a {target.describe()} "
+                               "target does not give: profile it with --backend hf")
+        return None
+    found = head_for_profile(draft, target_name, model)
+    if found is None:
+        return None
+    head, directory = found
+    return {**head_cost(head, target, prefix=prefix, repeats=repeats, target_ms=target_ms), "directory": str(directory)}
