@@ -677,7 +677,7 @@ def train_drafter(
     text: list[str] = typer.Option([], "--text", help="Your own training text: a file or a directory (repeatable)."),
     builtin: bool = typer.Option(True, "--builtin/--no-builtin", help="Also the built-in offline material."),
     out: Optional[str] = typer.Option(None, "--out", help="Where to save (default $SPECDEC_HOME/drafters/<target>-head/)."),
-    draft_vocab: int = typer.Option(32768, "--draft-vocab", min=16, help="Draft vocabulary: the N most frequent tokens."),
+    draft_vocab: int = typer.Option(16384, "--draft-vocab", min=16, help="Draft vocabulary: the N most frequent tokens."),
     seed: int = typer.Option(0, "--seed"),
 ) -> None:
     """Train a draft head (EAGLE-style) for TARGET on this CPU: the target's own answers and text, distilled."""

@@ -84,7 +84,7 @@ def say(began: float, what: str) -> None:
 
 
 def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (), out: str | None = None,
-                  builtin: bool = True, draft_vocab: int = 32768, seed: int = 0, int8: bool = True,
+                  builtin: bool = True, draft_vocab: int = 16384, seed: int = 0, int8: bool = True,
                   answer_tokens: int = 128, batch: int = 16) -> dict[str, Any]:
     """Train and save a head for `target` (see the module docstring); returns the saved manifest."""
     from specdec.head import data, store

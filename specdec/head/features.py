@@ -101,7 +101,9 @@ class GenerationSource:
                  pad_id: int, max_new_tokens: int = 128, batch: int = 16) -> None:
         self.extractor, self.eos, self.pad = extractor, set(eos_ids), pad_id
         self.max_new_tokens, self.batch = max_new_tokens, batch
-        self.prompts = [list(p) for p in prompts]
+        block = 8 * batch  # prompts sorted by length within blocks: less padding in a batch
+        listed = [list(p) for p in prompts]
+        self.prompts = [p for i in range(0, len(listed), block) for p in sorted(listed[i: i + block], key=len)]
         self.next = 0
 
     def tokens(self) -> list[int]:

@@ -45,7 +45,7 @@ from specdec.head.model import DraftHead, HeadCache, draft_vocabulary
 
 @dataclass(frozen=True)
 class TrainConfig:
-    draft_vocab: int = 32768  # N, the draft vocabulary's size (capped at the target's)
+    draft_vocab: int = 16384  # N, the draft vocabulary's size (capped at the target's)
     window: int = 64  # T: positions per training window
     batch: int = 8  # windows per step
     lr: float = 1e-3
