@@ -48,3 +48,19 @@ def test_a_time_budget_stops_training(target: torch.nn.Module, text: list[list[i
 def test_too_little_text_is_refused(target: torch.nn.Module) -> None:
     with pytest.raises(SpecdecError, match="too little training text"):
         train(target, [[1, 2]], QUICK, heldout=[1, 2, 3, 4, 5, 6])
+
+
+def test_an_interrupted_run_keeps_its_last_checkpoint(target: torch.nn.Module, text: list[list[int]],
+                                                      tmp_path) -> None:
+    from specdec.head import store
+
+    def stop_at_four(p: Progress) -> None:
+        if p.step == 4:
+            raise KeyboardInterrupt
+
+    config = dataclasses.replace(QUICK, max_steps=50, eval_every_s=0.0, eval_tokens=8)
+    with pytest.raises(KeyboardInterrupt):
+        train(target, text, config, progress=stop_at_four,
+              checkpoint=store.checkpointer(tmp_path, store.target_identity(target, "tiny")))
+    head, manifest = store.load(tmp_path, target, "tiny")
+    assert manifest["steps"] == 4 and len(head.vocab) == QUICK.draft_vocab

@@ -1,0 +1,49 @@
+"""`specdec train-drafter` on a tiny target: trains, saves a head the target loads, refuses bad input in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from specdec.cli import app
+from specdec.head import store
+from specdec.head.command import load_target
+from tests.tiny import save_tiny
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return save_tiny(tmp_path_factory.mktemp("target") / "tiny", "llama", seed=0)
+
+
+def test_trains_and_saves_a_head_its_target_loads(tiny_target: str, tmp_path: Path) -> None:
+    text = tmp_path / "text.txt"
+    text.write_text(("The quick brown fox jumps over the lazy dog. " * 8 + "\n\n") * 30)
+    out = tmp_path / "head"
+    result = CliRunner().invoke(app, ["train-drafter", "--target", tiny_target, "--text", str(text), "--no-builtin",
+                                      "--minutes", "0.15", "--out", str(out), "--draft-vocab", "64"])
+    assert result.exit_code == 0, result.output
+    assert "held-out agreement by position 1:" in result.output and "step" in result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["tokens_seen"] > 0 and manifest["agreement_by_position"][0] is not None
+    assert any(str(text) in line for line in manifest["data"]) and len(manifest["draft_vocab"]) == 64
+    model, _ = load_target(tiny_target)
+    head, _ = store.load(out, model, tiny_target)
+    assert len(head.vocab) == 64
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--text", "/no/such/file", "--no-builtin"], "--text /no/such/file: no such file or directory"),
+    (["--no-builtin"], "no training material"),
+])
+def test_bad_input_is_one_line(tiny_target: str, tmp_path: Path, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, ["train-drafter", "--target", tiny_target, "--out", str(tmp_path), *args])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_an_unknown_target_is_one_line(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["train-drafter", "--target", str(tmp_path / "nothing"), "--minutes", "0.1"])
+    assert result.exit_code == 2 and "unknown model" in result.output

@@ -1,0 +1,67 @@
+"""Offline training material: manual pages as text, documented functions, chunks, prompts of every kind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specdec.head import data
+
+TROFF = r""".\" a comment
+.TH LS "1" "September 2022"
+.SH NAME
+ls \- list directory contents
+.SH DESCRIPTION
+.PP
+List information about the \fBFILEs\fR (the current
+directory by default).
+.TP
+\fB\-a\fR, \fB\-\-all\fR
+do not ignore entries
+"""
+
+SOURCE = '''
+def documented(a, b):
+    """Add two numbers."""
+    total = a + b
+    total += 0
+    return total
+
+
+def bare(x):
+    return x
+'''
+
+
+def test_manual_pages_become_plain_text() -> None:
+    text = data.strip_troff(TROFF)
+    assert text.startswith("NAME\n\nls - list directory contents\n\nDESCRIPTION")
+    assert "List information about the FILEs (the current directory by default)." in text
+    assert "-a, --all do not ignore entries" in text and "comment" not in text and "\\f" not in text
+
+
+def test_documented_functions_are_found() -> None:
+    found = data.functions(SOURCE)
+    assert found == ['def documented(a, b):\n    """Add two numbers."""\n    total = a + b\n    total += 0\n    return total']
+    assert data.functions("def broken(:") == []
+
+
+def test_chunks_cut_at_paragraphs() -> None:
+    paragraphs = ["word " * 60] * 10  # 300 characters each
+    pieces = data.chunks("\n\n".join(paragraphs), size=1000)
+    assert len(pieces) == 4 and all(len(p) <= 1300 for p in pieces)
+
+
+def test_the_users_text_and_a_record_of_it(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text(("A paragraph of the user's own text. " * 10 + "\n\n") * 20)
+    material = data.gather(extra=[tmp_path], builtin=False)
+    assert material.texts and not material.prompts
+    assert any(str(tmp_path / "notes.txt") in line for line in material.describe())
+
+
+def test_builtin_prompts_cover_every_kind_and_repeat_with_the_seed() -> None:
+    a, b = data.gather(seed=3, files=12), data.gather(seed=3, files=12)
+    assert a.prompts == b.prompts and a.texts == b.texts
+    kinds = {"code": "```python", "document": "text", "math": "?", "writing": "Write "}
+    for kind, mark in kinds.items():
+        assert any(mark in p for p in a.prompts), kind
+    assert data.gather(seed=4, files=12).prompts != a.prompts

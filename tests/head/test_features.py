@@ -1,0 +1,52 @@
+"""The target's features for training: the bank's windows, teacher-forced text, and the target's own answers."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.head.features import FeatureBank, GenerationSource, TextSource, features
+from specdec.head.train import target_pass
+
+
+def test_the_bank_keeps_ids_and_features_aligned() -> None:
+    bank = FeatureBank(hidden=3, dtype=torch.float32)
+    for start in (0, 100, 5000):  # grows past its first allocation
+        ids = list(range(start, start + 40))
+        bank.add(ids, torch.tensor(ids, dtype=torch.float32)[:, None].expand(40, 3))
+    assert bank.length == 120
+    ids, feats = bank.windows(16, 8, torch.Generator().manual_seed(0))  # [16, 9], [16, 9, 3]
+    assert ids.shape == (16, 9) and feats.shape == (16, 9, 3)
+    assert torch.equal(feats[..., 0], ids.float()) and torch.equal(feats[..., 2], ids.float())
+
+
+def test_text_features_are_the_targets_post_norm_states(target: torch.nn.Module, text: list[list[int]]) -> None:
+    source = TextSource(target, [text[0], text[1]], chunk=40)
+    chunks = [c for produced in iter(source.produce, []) for c in produced]
+    assert [ids for ids, _ in chunks] == [text[0][:40], text[0][40:], text[1][:40], text[1][40:]]
+    expected, _ = target_pass(target, torch.tensor([text[0][:40]]))  # [1, 40, H] via the final norm's hook
+    assert torch.allclose(chunks[0][1], expected[0], atol=1e-5)
+    assert source.tokens() == text[0] + text[1]
+
+
+def test_answers_are_greedy_and_their_features_those_of_a_teacher_forced_pass(target: torch.nn.Module) -> None:
+    prompts = [[1, 5, 9, 2, 7, 3], [1, 40], [1, 12, 8]]  # different lengths: left padding in one batch
+    eos = target.generation_config.eos_token_id
+    source = GenerationSource(target, prompts, eos_ids=[] if eos is None else [eos], pad_id=0, max_new_tokens=12, batch=3)
+    chunks = source.produce()
+    assert source.produce() == []
+    by_prompt = {tuple(ids[: len(p)]): (ids, feats) for p, (ids, feats) in zip(sorted(prompts, key=len), chunks)}
+    for prompt in prompts:
+        ids, feats = by_prompt[tuple(prompt)]
+        alone = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)[0].tolist()
+        assert ids == alone[: len(ids)] and len(ids) >= len(alone) - 1 > len(prompt)  # the last token may never be fed
+        assert feats.shape == (len(ids), target.config.hidden_size)
+        assert torch.allclose(feats, features(target, torch.tensor([ids]))[0], atol=1e-4)
+
+
+def test_an_answer_ends_after_its_end_token(target: torch.nn.Module) -> None:
+    prompt = [1, 40]
+    greedy = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)[0].tolist()
+    stop = greedy[len(prompt) + 3]  # the 4th answer token plays the end-of-sequence token
+    (ids, feats), = GenerationSource(target, [prompt], [stop], pad_id=0, max_new_tokens=12).produce()
+    end = greedy.index(stop, len(prompt))  # the end token itself is kept only where it was fed
+    assert ids in (greedy[:end], greedy[: end + 1]) and len(feats) == len(ids)
