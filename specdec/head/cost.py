@@ -23,7 +23,8 @@ import torch
 from specdec.backends.base import ModelRunner
 from specdec.errors import SpecdecError
 from specdec.head.fast import FastHead, for_drafting
-from specdec.head.model import DraftHead, HeadCache
+from specdec.head.model import DraftHead
+from specdec.head.use import head_directory, measure_head
 from specdec.profile import measure_forwards
 
 HEAD = "head"  # the drafter spec of a trained head: head, head:<dir>
@@ -44,24 +45,8 @@ def head_cost(head: DraftHead | FastHead, target: ModelRunner, tokens: int = 8, 
         raise ValueError("tokens, prefix and repeats must be >= 1")
     if target_ms is None:
         target_ms = measure_forwards(target, [1], prefix=min(prefix, target.max_context - 2), repeats=repeats).ms[1]
+    ms = measure_head(head, tokens, prefix, repeats, clock)
     hidden = int(head.config.hidden_size)
-    generator = torch.Generator().manual_seed(0)
-    features = torch.randn(prefix, hidden, generator=generator)  # [P, H]
-    ids = head.vocab[torch.randint(len(head.vocab), (prefix,), generator=generator)]  # [P] target ids
-    cache = HeadCache()
-    head.eval()
-    with torch.inference_mode():
-        if prefix > 1:
-            head.extend(cache, features[:-1], ids[:-1])  # P - 1 positions cached
-        head.draft(cache, features[-1:], ids[-1:], 1)  # warm-up: first calls allocate
-        cache.crop(prefix - 1)
-        runs = []
-        for _ in range(repeats):
-            start = clock()
-            head.draft(cache, features[-1:], ids[-1:], tokens)  # `tokens` head forwards
-            runs.append((clock() - start) / tokens)
-            cache.crop(prefix - 1)
-    ms = 1000 * min(runs)
     return {"head": describe(head), "draft_vocab": len(head.vocab), "hidden_size": hidden, "prefix": prefix,
             "tokens": tokens, "repeats": repeats, "ms_per_token": round(ms, 3),
             "target_step_ms": round(target_ms, 3), "ratio": round(ms / target_ms, 4)}
@@ -86,18 +71,10 @@ def head_for_profile(draft: str | None, target_name: str, model: Any,
     from specdec.head import store
 
     _, named = split_head_spec(draft)
-    directory = Path(named) if named else store.default_directory(target_name)
-    if not (directory / store.MANIFEST).is_file():
-        if named is None:
-            return None  # none named, none trained for the target
-        train = f"train one with specdec train-drafter --target {target_name}"
-        raise SpecdecError(f"no draft head in {directory}: {store.MANIFEST} is missing" if named else
-                           f"no draft head for {target_name}: {train}")
-    try:
-        head, _ = store.load(directory, model, target_name)
-    except AttributeError:  # store.load hashes the LM head's weight, which an int8 target's quantized one lacks
-        raise SpecdecError(f"this version loads a draft head for an fp32 target only: profile {target_name} "
-                           "with --dtype fp32") from None
+    if named is None and not (store.default_directory(target_name) / store.MANIFEST).is_file():
+        return None  # none named, none trained for the target
+    directory = head_directory(f"{HEAD}:{named}" if named else HEAD, target_name)
+    head, _ = store.load(directory, model, target_name)
     return for_drafting(head, dtype), directory
 
 

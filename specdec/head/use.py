@@ -139,25 +139,30 @@ def load_head(spec: str, target: ModelRunner, target_name: str) -> LoadedHead:
     return LoadedHead(for_drafting(head), manifest, directory, spec.strip())
 
 
-def measure_head(head: Any, tokens: int = 8, prefix: int = 16, repeats: int = 2,
-                 clock: Callable[[], float] = time.perf_counter) -> float:
-    """ms per drafted token: drafts of `tokens` tokens after a cache of `prefix` pairs (stand-in features
-    and tokens), the fastest of `repeats` runs after a warm-up (as specdec.profile.measure_drafting)."""
+def measure_head(head: Any, tokens: int = 8, prefix: int = 16, repeats: int = 3,
+              clock: Callable[[], float] = time.perf_counter) -> float:
+    """ms per drafted token (as specdec.profile.measure_drafting times a draft model): `tokens` head forwards in a row after `prefix` cached positions (stand-in
+    features and tokens), the fastest of `repeats` runs after a warm-up."""
     from specdec.head.model import HeadCache
 
-    width = head.config.hidden_size
+    hidden = int(head.config.hidden_size)
     generator = torch.Generator().manual_seed(0)
-    features = torch.randn(prefix + 1, width, generator=generator)  # [prefix + 1, H]
-    ids = head.vocab[torch.randint(len(head.vocab), (prefix + 1,), generator=generator)]  # [prefix + 1]
+    features = torch.randn(prefix, hidden, generator=generator)  # [P, H]
+    ids = head.vocab[torch.randint(len(head.vocab), (prefix,), generator=generator)]  # [P] target ids
     cache = HeadCache()
-    head.draft(cache, features[:prefix], ids[:prefix], 1)  # the cache, and a warm-up
-    per_token = []
-    for _ in range(repeats):
-        start = clock()
-        head.draft(cache, features[prefix:], ids[prefix:], tokens)
-        per_token.append((clock() - start) / tokens)
-        cache.crop(prefix)
-    return 1000 * min(per_token)
+    head.eval()
+    with torch.inference_mode():
+        if prefix > 1:
+            head.extend(cache, features[:-1], ids[:-1])  # P - 1 positions cached
+        head.draft(cache, features[-1:], ids[-1:], 1)  # warm-up: first calls allocate
+        cache.crop(prefix - 1)
+        runs = []
+        for _ in range(repeats):
+            start = clock()
+            head.draft(cache, features[-1:], ids[-1:], tokens)  # `tokens` head forwards
+            runs.append((clock() - start) / tokens)
+            cache.crop(prefix - 1)
+    return 1000 * min(runs)
 
 
 def heads_table() -> list[dict[str, Any]]:
