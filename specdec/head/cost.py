@@ -18,8 +18,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-
 from specdec.backends.base import ModelRunner
 from specdec.errors import SpecdecError
 from specdec.head.fast import FastHead, for_drafting
