@@ -58,7 +58,7 @@ def test_runner_prefill_and_one_token_bitwise_several_close():
     one.model, one.device, one.tokens = reference, torch.device("cpu"), []
     from transformers import DynamicCache
 
-    one.cache, one.max_context = DynamicCache(), 256
+    one.cache, one.max_context, one.hidden_rows = DynamicCache(), 256, 0
     one.forward(prompt)
     got = runner.forward(step)[-1]
     assert torch.equal(got, one.forward(step)[-1])
