@@ -33,10 +33,14 @@ from specdec.sampling import SamplingParams, make_generator, sample_from, warp_p
 
 @dataclass(frozen=True)
 class Verdict:
-    """Outcome of verifying one draft: `num_accepted` draft tokens kept, then `next_token`."""
+    """Outcome of verifying one draft: `num_accepted` draft tokens kept, then `next_token`.
+
+    path: for a tree draft, the indices of the accepted draft tokens (a root-to-node path,
+    len == num_accepted); empty for a chain, whose accepted tokens are its first num_accepted."""
 
     num_accepted: int
     next_token: int
+    path: tuple[int, ...] = ()
 
 
 def verify_greedy(draft_tokens: Sequence[int], target_logits: torch.Tensor) -> Verdict:

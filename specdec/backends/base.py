@@ -43,6 +43,8 @@ class Capabilities:
     batch_invariant: bool = False
     # hidden() gives the last forward's final hidden states (HiddenStateRunner)
     hidden_states: bool = False
+    # forward_tree / keep_rows verify a token tree in one forward (TreeRunner)
+    tree: bool = False
 
 
 @runtime_checkable
@@ -108,6 +110,27 @@ class HiddenStateRunner(ModelRunner, Protocol):
         hidden(), min(n, new rows)) for n of keep_hidden_rows, so its last rows are hidden()'s (a runner
         that cannot keep more, Seq2SeqRunner, gives hidden()'s).  Row i is of position L - m + i, L the
         tokens cached right after that forward.  Rollback keeps them; a RuntimeError where hidden() has one."""
+        ...
+
+
+@runtime_checkable
+class TreeRunner(ModelRunner, Protocol):
+    """A runner whose capabilities say tree: a tree of new tokens in one forward (issue 39; SpecInfer,
+    Miao et al. 2024, arXiv 2305.09781: tree attention)."""
+
+    def forward_tree(self, new_tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Append a tree of n new tokens: parents[i] < i is the new token that token i follows, -1 for one
+        that follows the last cached token.  Token i sits at position (cached + its depth), depth 0 for a
+        parent of -1, and attends to the cached tokens and to its ancestors and itself only.  Returns fp32
+        logits [n, V]; row i is bitwise what a chain forward over token i's path would give it where
+        the runner is batch_invariant.  Until keep_rows, `tokens` holds the cached tokens and then all n
+        new ones in the order given (not a sequence): call keep_rows before any other forward."""
+        ...
+
+    def keep_rows(self, cached: int, rows: Sequence[int]) -> None:
+        """After forward_tree over a cache of `cached` tokens: keep those and the new tokens `rows` (indices
+        into that forward's new tokens; a root-to-node path, in order), in that order; drop the rest.  The
+        cache is then what a chain forward over the path would have left."""
         ...
 
 

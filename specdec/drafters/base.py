@@ -25,6 +25,11 @@ class Draft:
     q: [k, V_target] probabilities the tokens were sampled from, or None for a
        deterministic proposal (greedy drafting, n-grams, re-tokenised text);
        such a draft is verified as if q were one-hot on each token.
+    parents: None for a chain (token i follows token i - 1); for a token tree (issue 39: several
+       drafts verified in one target forward) parents[i] is the index of token i's parent in
+       `tokens`, -1 for a child of the context's last token; parents[i] < i (a parent comes
+       before its children).  q[i] is then the distribution node i was drawn from (its
+       parent's draft distribution), None as for a chain.
     synced: context tokens the drafter fed its own model before drafting, to catch
        up with the context: 1-2 in steady state (the last step's bonus token), the
        prompt at a generation's first draft, the plain steps' tokens after plain
@@ -35,10 +40,21 @@ class Draft:
     tokens: list[int]
     q: torch.Tensor | None = None
     synced: int = 0
+    parents: list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.q is not None and self.q.shape[0] != len(self.tokens):
             raise ValueError(f"q has {self.q.shape[0]} rows for {len(self.tokens)} draft tokens")
+        if self.parents is not None:
+            if len(self.parents) != len(self.tokens):
+                raise ValueError(f"{len(self.parents)} parents for {len(self.tokens)} draft tokens")
+            if any(not -1 <= p < i for i, p in enumerate(self.parents)):
+                raise ValueError(f"a tree's parents must come before their children: {self.parents}")
+
+    @property
+    def is_tree(self) -> bool:
+        """Whether some token has a sibling (a chain given with parents is still a chain)."""
+        return self.parents is not None and any(p != i - 1 for i, p in enumerate(self.parents))
 
 
 @runtime_checkable
