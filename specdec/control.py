@@ -69,6 +69,7 @@ from itertools import accumulate
 from typing import Callable, Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
 
 from specdec.drafters.base import Draft, Drafter
+from specdec.drafters.tree import TreeShape, propose_tree
 from specdec.errors import SpecdecError
 
 AUTO = "auto"  # num_speculative_tokens: the cost-model controller chooses k each step
@@ -140,9 +141,15 @@ def plan(drafter: Drafter, context: Sequence[int], controller: Controller, limit
     return options[0][0], 0
 
 
-def propose(drafter: Drafter, context: Sequence[int], k: int, source: str) -> Draft:
-    """`drafter`'s proposal of up to k tokens from `source` (as plan() chose it)."""
-    if getattr(drafter, "sources", None) is not None:
+def propose(drafter: Drafter, context: Sequence[int], k: int, source: str, tree: TreeShape | None = None) -> Draft:
+    """`drafter`'s proposal of up to k tokens from `source` (as plan() chose it); with `tree` (a
+    specdec.drafters.tree.TreeShape) a tree of paths up to k tokens deep where the drafter makes trees."""
+    hybrid = getattr(drafter, "sources", None) is not None
+    if tree is not None and hybrid:
+        return drafter.propose_tree(context, k, tree.width, tree.budget(k), source)  # type: ignore[attr-defined]
+    if tree is not None:
+        return propose_tree(drafter, context, k, tree)
+    if hybrid:
         return drafter.propose(context, k, source)  # type: ignore[call-arg]
     return drafter.propose(context, k)
 

@@ -428,6 +428,10 @@ class Engine:
         drafting = config.speculative and self.can_draft
         if drafting and self.draft_runner is not None:
             self.resolve_draft_mode(config.draft_mode)
+        if drafting and config.tree_shape is not None and config.tree != "auto" \
+                and not self.target_runner.capabilities.tree:
+            raise SpecdecError(f"--tree {config.tree}: a {self.target_runner.describe()} target verifies chains "
+                               "only (token trees need the int8 or transformers backend): use --tree off or auto")
         if drafting and self.head is not None:
             from specdec.head.use import check_hidden_states
 
@@ -451,7 +455,7 @@ class Engine:
             self._set_sources(prompt_ids)
             prompt_ids = lease.target.decoder_prompt()
         return decode(target, prompt_ids, condition, drafter=drafter, num_speculative_tokens=k,
-                      verifier=make_verifier(sampling))
+                      verifier=make_verifier(sampling), tree=config.tree_shape)
 
     def stop_condition(self, max_new_tokens: int, stop: Sequence[str] = ()) -> StopCondition:
         """When a request ends: max_new_tokens, the target's end-of-sequence tokens, stop strings."""

@@ -15,12 +15,13 @@ the Python API and the benchmark all consume :func:`decode`.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Sequence
 
 from specdec.backends.base import ModelRunner
 from specdec.control import Controller, FixedK, plan, propose
-from specdec.drafters.base import Drafter, tell_prefilled
+from specdec.drafters.base import Draft, Drafter, tell_prefilled
+from specdec.drafters.tree import TreeShape
 from specdec.errors import SpecdecError
 from specdec.verify import GreedyVerifier, Verifier
 
@@ -37,6 +38,8 @@ class Stats:
     plain_steps: int = 0  # one-token steps after the prefill (nothing drafted)
     proposed_at: list[int] = field(default_factory=list)  # [i]: steps that proposed a draft token i
     accepted_at: list[int] = field(default_factory=list)  # [i]: steps whose draft token i was accepted
+    tree_steps: int = 0  # draft steps that verified a token tree (counted in draft_steps too)
+    tree_nodes: int = 0  # draft tokens those trees held (their depth is what `drafted` counts)
     wall_s: float = 0.0
     draft_s: float = 0.0  # in the drafter (proposals)
     target_s: float = 0.0  # in target forwards and verification, the prefill included
@@ -51,6 +54,11 @@ class Stats:
     def mean_accepted_per_step(self) -> float:
         """Mean draft tokens accepted per verified draft."""
         return self.accepted / self.draft_steps if self.draft_steps else 0.0
+
+    @property
+    def mean_tree_nodes(self) -> float:
+        """Mean draft tokens per verified tree."""
+        return self.tree_nodes / self.tree_steps if self.tree_steps else 0.0
 
     @property
     def tokens_per_target_forward(self) -> float:
@@ -104,6 +112,7 @@ class Stats:
             acceptance_rate=self.acceptance_rate,
             mean_accepted_per_step=self.mean_accepted_per_step,
             tokens_per_target_forward=self.tokens_per_target_forward,
+            mean_tree_nodes=self.mean_tree_nodes,
             per_position_acceptance=self.per_position_acceptance,
             tokens_per_s=self.tokens_per_s,
             mean_k=self.mean_k,
@@ -174,6 +183,7 @@ def decode(
     drafter: Drafter | None = None,
     num_speculative_tokens: int | Controller = 5,
     verifier: Verifier | None = None,
+    tree: TreeShape | None = None,
 ) -> Iterator[Step]:
     """Generate after `prompt_ids`, yielding the tokens of each step.
 
@@ -181,6 +191,8 @@ def decode(
     num_speculative_tokens: a fixed draft length γ, or a Controller (specdec.control) that
     chooses k each step (0 = a plain step) from measured costs and acceptance.
     verifier: how target logits become tokens (default greedy).
+    tree: drafts may be token trees of this shape (specdec.drafters.tree), verified in one forward
+    where the target can (capabilities.tree); None: chains only.
     """
     prompt_ids = list(prompt_ids)
     verifier = verifier or GreedyVerifier()
@@ -199,6 +211,8 @@ def decode(
         controller = num_speculative_tokens
     if drafter is not None and not target.capabilities.rollback:
         raise SpecdecError("speculative decoding needs a target backend that can roll back its cache")
+    if tree is not None and not target.capabilities.tree:
+        tree = None  # chains: the same output, fewer tokens per forward (the engine says so up front)
 
     stats = Stats()
     start = time.perf_counter()
@@ -242,8 +256,12 @@ def decode(
         k, source = 0, ""
         if drafter is not None and limit > 0:
             source, k = plan(drafter, context, controller, limit)
+        shape = None
+        if tree is not None and k > 0:
+            k = min(tree.depth or k, limit)
+            shape = replace(tree, nodes=min(tree.budget(k), target.max_context - len(context) - 1))
         t0 = time.perf_counter()
-        draft = propose(drafter, context, k, source) if drafter is not None and k > 0 else None
+        draft = propose(drafter, context, k, source, shape) if drafter is not None and k > 0 else None
         t1 = time.perf_counter()
 
         if draft is None or not draft.tokens:
@@ -251,6 +269,11 @@ def decode(
             new = [verifier.choose(logits[-1])]
             k = n = 0
             stats.plain_steps += 1
+        elif draft.is_tree:
+            if shape is None or shape.nodes is None:
+                raise ValueError("the drafter proposed a tree where a chain was asked for")
+            k, new = verify_tree(target, verifier, draft, context[-1], k, shape.nodes, stats)
+            n = len(new) - 1
         else:
             if len(draft.tokens) > k:
                 raise ValueError(f"the drafter proposed {len(draft.tokens)} tokens where {k} were asked for")
@@ -266,12 +289,37 @@ def decode(
         if drafter is not None:
             if k:
                 drafter.observe(context, n)
-            controller.observe(k, n, t1 - t0, t2 - t1, draft.synced if draft is not None else 0, source)
+            # a tree's verification holds more rows than its depth: its time is not t(k + 1)
+            target_s = 0.0 if draft is not None and draft.is_tree else t2 - t1
+            controller.observe(k, n, t1 - t0, target_s, draft.synced if draft is not None else 0, source)
         stats.draft_s += t1 - t0
         stats.target_s += t2 - t1
         stats.target_forwards += 1
         emitted, reason = append(new)
         stats.steps.append((k, len(emitted), time.perf_counter() - t0))
+
+
+def verify_tree(target: ModelRunner, verifier: Verifier, draft: Draft, pending: int, k: int, nodes: int,
+                stats: Stats) -> tuple[int, list[int]]:
+    """One tree step (a tree asked for at most k deep, `nodes` tokens): the target's forward over
+    [pending, *tree] with tree attention, verification (Verifier.verify_tree), the target's cache cut to
+    the accepted path.  Returns (the tree's depth, the tokens emitted: the accepted path's and the next)."""
+    assert draft.parents is not None
+    depths: list[int] = []
+    for parent in draft.parents:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    if len(draft.tokens) > nodes or max(depths) > k:
+        raise ValueError(f"the drafter proposed a tree of {len(draft.tokens)} tokens, {max(depths)} deep, "
+                         f"where at most {nodes} tokens, {k} deep were asked for")
+    cached = len(target.tokens)
+    logits = target.forward_tree([pending, *draft.tokens], [-1, *(p + 1 for p in draft.parents)])  # [nodes + 1, V]
+    verdict = verifier.verify_tree(draft, logits)
+    target.keep_rows(cached, [0, *(i + 1 for i in verdict.path)])  # pending + the accepted path
+    depth = max(depths)
+    stats.record_draft(depth, verdict.num_accepted)
+    stats.tree_steps += 1
+    stats.tree_nodes += len(draft.tokens)
+    return depth, [draft.tokens[i] for i in verdict.path] + [verdict.next_token]
 
 
 def collect(steps: Iterable[Step]) -> Output:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.control import AUTO, Controller, parse_speculation
+from specdec.drafters.tree import TreeShape, parse_tree
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams
 
@@ -99,6 +100,10 @@ class RequestConfig:
         "causal", "--verify", choices=VERIFY_MODES, per_request=True, json_type=str,
         help="causal: the draft checked by one target forward over its tokens; stairs: the target asked only "
              "for next-token predictions on a staircase of prefixes (greedy only; same output).")
+    tree: str = option(
+        "off", "--tree", per_request=True, json_type=str,
+        help="Draft token trees verified in one target forward: off (chains), auto (width 2, depth by -k), "
+             "or <width>x<depth> such as 2x4. Same output; more tokens per forward where extra rows are cheap.")
     stop: tuple[str, ...] = option((), "--stop", cli_type=list[str] | None,
                                    help="Stop string (repeatable); not included in the text.")
     chat: bool = option(False, "--chat", help="Apply the target's chat template to the prompt.")
@@ -123,6 +128,18 @@ class RequestConfig:
         sampling = SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed)
         object.__setattr__(self, "_sampling", sampling)
         check_verify_mode(self.verify, sampling.greedy)
+        try:
+            shape = parse_tree(self.tree)
+        except SpecdecError as e:
+            raise RequestError("tree", str(e)) from None
+        if shape is not None and self.verify != "causal":
+            raise RequestError("tree", f"token trees need causal verification, not {self.verify}")
+        object.__setattr__(self, "_tree", shape)
+
+    @property
+    def tree_shape(self) -> TreeShape | None:
+        """The tree option parsed (specdec.drafters.tree): None for chains."""
+        return self._tree  # type: ignore[attr-defined]  # set (and validated) in __post_init__
 
     @property
     def sampling(self) -> SamplingParams:

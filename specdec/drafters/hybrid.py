@@ -28,6 +28,7 @@ from typing import Sequence
 from specdec.control import LOOKUP, MODEL, SHORT_LOOKUP, outlook
 from specdec.drafters.base import Draft, Drafter, tell_prefilled
 from specdec.drafters.lookup import LookupDrafter
+from specdec.drafters.tree import TreeShape, propose_tree
 
 
 class HybridDrafter:
@@ -63,6 +64,15 @@ class HybridDrafter:
         self.last_source = source
         self.proposals[source] += 1
         return self.by_source[source].propose(context, k)
+
+    def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int, source: str | None = None) -> Draft:
+        """As propose, as a tree where the source makes trees (specdec.drafters.tree.propose_tree)."""
+        source = source or self.sources(context)[0][0]
+        if source not in self.by_source:
+            raise ValueError(f"no source '{source}' in this hybrid drafter")
+        self.last_source = source
+        self.proposals[source] += 1
+        return propose_tree(self.by_source[source], context, k, TreeShape(width, nodes=nodes))
 
     def outlook(self, context: Sequence[int]) -> tuple[str, int]:
         """The lookup's when it matches (nothing to catch up), else the model's."""

@@ -18,8 +18,12 @@ Worked example, ``max_ngram=3``, k = 3::
 The proposal carries no probabilities (``q = None``), so it is verified as a
 deterministic draft: exact under greedy decoding, distribution-preserving
 under sampling.  Finding a match costs a dictionary lookup: the drafter keeps
-an index from every n-gram (n in min..max) to the latest position where it was
+an index from every n-gram (n in min..max) to the latest positions where it was
 followed by a token, and extends it as the context grows.
+
+As a tree (``propose_tree``, specdec.drafters.tree) it proposes the continuations of
+several earlier occurrences of the longest matching n-gram at once, the most recent
+first, merged where they agree: lookup has several candidates for free.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from typing import Sequence
 
 from specdec.control import LOOKUP
 from specdec.drafters.base import Draft
+from specdec.drafters.tree import tree_draft
+
+MATCHES = 8  # earlier occurrences of an n-gram remembered for trees (the latest ones)
 
 
 class LookupDrafter:
@@ -41,8 +48,9 @@ class LookupDrafter:
 
     def reset(self) -> None:
         self._tokens: list[int] = []  # the context indexed so far
-        # n-gram -> start of its latest occurrence that is followed by at least one token
-        self._index: dict[tuple[int, ...], int] = {}
+        # n-gram -> starts of its latest occurrences (up to MATCHES, oldest first) that are followed by
+        # at least one token
+        self._index: dict[tuple[int, ...], list[int]] = {}
 
     def _sync(self, context: Sequence[int]) -> None:
         """Index `context`, extending the index when it continues the last one, else rebuilding it."""
@@ -56,19 +64,37 @@ class LookupDrafter:
                 start = p - n
                 if start < 0:
                     break
-                self._index[tuple(context[start:p])] = start
+                starts = self._index.setdefault(tuple(context[start:p]), [])
+                starts.append(start)
+                if len(starts) > MATCHES:
+                    del starts[0]
         self._tokens = list(context)
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
+    def _matches(self, context: Sequence[int]) -> tuple[int, list[int]]:
+        """(n, starts) of the longest n-gram ending the context that occurred earlier, its latest
+        occurrences first; (0, []) when none does."""
         self._sync(context)
-        if k <= 0:
-            return Draft([])
         for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
-            start = self._index.get(tuple(context[-n:]))
-            if start is not None:
-                follow = start + n
-                return Draft(list(context[follow : follow + k]))
-        return Draft([])
+            starts = self._index.get(tuple(context[-n:]))
+            if starts:
+                return n, starts[::-1]
+        return 0, []
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        n, starts = self._matches(context)
+        if k <= 0 or not starts:
+            return Draft([])
+        follow = starts[0] + n
+        return Draft(list(context[follow : follow + k]))
+
+    def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int) -> Draft:
+        """The continuations (up to k tokens) of the longest match's latest occurrences, most recent first,
+        merged into a tree (at most `width` children per node, `nodes` tokens); its first path is
+        propose()'s chain."""
+        n, starts = self._matches(context)
+        if k <= 0 or not starts:
+            return Draft([])
+        return tree_draft([context[s + n : s + n + k] for s in starts], width, nodes)
 
     def observe(self, context: Sequence[int], num_accepted: int) -> None:
         """Nothing to learn: the index grows with the context at the next proposal."""

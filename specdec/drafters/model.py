@@ -33,6 +33,7 @@ import torch
 
 from specdec.backends.base import ModelRunner, common_prefix_length
 from specdec.drafters.base import Draft
+from specdec.drafters.tree import alternatives, tree_draft
 from specdec.sampling import SamplingParams, make_generator, sample_from, warp_probs
 
 
@@ -173,6 +174,20 @@ class ModelDrafter:
     def propose(self, context: Sequence[int], k: int) -> Draft:
         tokens, q, synced = run_draft_model(self.cache, context, k, self._choose, self.confidence)
         return Draft(tokens, q, synced)
+
+    def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int) -> Draft:
+        """The greedy chain and the draft's runner-up tokens where it is least sure, as one tree
+        (specdec.drafters.tree.alternatives: no extra draft forwards); a sampled draft stays a chain."""
+        if not self.params.greedy:
+            return self.propose(context, k)
+        rows: list[torch.Tensor] = []
+
+        def choose(logits: torch.Tensor) -> Choice:
+            rows.append(self._to_target_width(logits))  # [V_target]
+            return self._choose(logits)
+
+        tokens, _, synced = run_draft_model(self.cache, context, k, choose, self.confidence)
+        return tree_draft(alternatives(tokens, rows, width, nodes), width, nodes, synced)
 
     def lag(self, context: Sequence[int]) -> int:
         """Context tokens the next proposal feeds the draft model to catch up (see DraftCache)."""

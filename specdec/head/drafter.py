@@ -45,6 +45,7 @@ import torch
 
 from specdec.backends.base import HiddenStateRunner, common_prefix_length
 from specdec.drafters.base import Draft
+from specdec.drafters.tree import alternatives, tree_draft
 from specdec.errors import SpecdecError
 from specdec.head.model import DraftHead, HeadCache
 from specdec.sampling import SamplingParams, make_generator, sample_from, warp_probs
@@ -142,17 +143,40 @@ class HeadDrafter:
 
         return choose
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
+    def _draft(self, context: Sequence[int], k: int, choose) -> tuple[list[int], int] | None:
+        """Sync the head with `context` and draft k target ids with `choose` (DraftHead.draft's; None:
+        greedy) -> (the ids, the pairs fed to catch up), or None when the head cannot draft now."""
         self.proposed_at = len(context)
         pairs = self.sync(context) if context and k > 0 else None
         if pairs is None:
-            return Draft([])
+            return None
         features, tokens = pairs
         if features.shape[-1] != self.head.config.hidden_size:
             raise SpecdecError(f"the draft head reads features of size {self.head.config.hidden_size}, the "
                                f"target gives {features.shape[-1]}: it was trained for another target")
-        qs: list[torch.Tensor] = []
-        choose = None if self.params.greedy else self._sample(qs)
         proposed = self.head.draft(self.cache, features, torch.tensor(tokens), k, choose)
         self.fed.extend(tokens)
-        return Draft(proposed, torch.stack(qs) if qs else None, len(tokens))  # q: [k, V_target]
+        return proposed, len(tokens)
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        qs: list[torch.Tensor] = []
+        drafted = self._draft(context, k, None if self.params.greedy else self._sample(qs))
+        if drafted is None:
+            return Draft([])
+        return Draft(drafted[0], torch.stack(qs) if qs else None, drafted[1])  # q: [k, V_target]
+
+    def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int) -> Draft:
+        """The head's greedy chain and its runner-up tokens where it is least sure, as one tree
+        (specdec.drafters.tree.alternatives: no extra head forwards); a sampled draft stays a chain."""
+        if not self.params.greedy:
+            return self.propose(context, k)
+        rows: list[torch.Tensor] = []  # [V] each: the head's logits over the target's ids
+
+        def choose(logits: torch.Tensor) -> torch.Tensor:  # [N] -> [] target id
+            rows.append(logits.new_full((self.target.vocab_size,), float("-inf")).index_copy(0, self.head.vocab, logits))
+            return self.head.target_ids(logits.argmax())
+
+        drafted = self._draft(context, k, choose)
+        if drafted is None:
+            return Draft([])
+        return tree_draft(alternatives(drafted[0], rows, width, nodes), width, nodes, drafted[1])

@@ -1,0 +1,132 @@
+"""Token trees as drafts: several continuations verified in one target forward (issue 39).
+
+A chain of k draft tokens uses a verification's spare rows only while its first guesses are right; a
+tree spends some of them on second choices where the drafter is unsure (SpecInfer, Miao et al. 2024,
+arXiv 2305.09781; Medusa, Cai et al. 2024; EAGLE-2's dynamic trees, Li et al. 2024, arXiv 2406.16858).
+A tree draft is a :class:`specdec.drafters.base.Draft` with ``parents``; the target verifies every node
+in one forward with tree attention (specdec.backends.base.TreeRunner) and keeps the longest accepted path.
+
+This module holds what the drafters share:
+
+- :class:`TreeShape`: how far a tree may grow (``--tree WxD``: at most W children per node, paths at most D
+  tokens deep; ``auto``: the speculation controller's k is the depth), parsed from the user's words;
+- :func:`trie`: candidate continuations (each a list of tokens, most promising first) merged into one
+  tree: shared prefixes become one path, at most `width` children per node, at most `nodes` tokens;
+- :func:`alternatives`: a greedy chain drafted by a model plus its runner-up tokens, ranked as EAGLE-2
+  ranks nodes (the draft's probability of the whole path up to the node), as branches for :func:`trie`;
+- :func:`propose_tree`: a drafter's tree proposal where it can make one, else its chain.
+
+Lookup proposes the continuations of several earlier matches (specdec.drafters.lookup); a draft model
+or head its greedy chain and runner-ups.  Only greedy drafts are trees here: a sampled draft (with q)
+stays a chain, so sampling through a tree uses deterministic candidates (specdec.trees).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from specdec.drafters.base import Draft, Drafter
+from specdec.errors import SpecdecError
+
+TREE_MODES = "off, auto or <width>x<depth> (e.g. 2x4)"
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """How a draft tree may grow: at most `width` children per node (1: a chain), at most `nodes` draft
+    tokens in all (None: width times the depth), `depth` tokens on a path (None: the controller's k)."""
+
+    width: int = 2
+    depth: int | None = None
+    nodes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.width < 1 or (self.depth is not None and self.depth < 1) or (self.nodes is not None and self.nodes < 1):
+            raise SpecdecError(f"a tree needs width, depth and nodes >= 1, got {self.width}x{self.depth} ({self.nodes})")
+
+    def budget(self, k: int) -> int:
+        """The most draft tokens for a tree whose deepest path is k tokens."""
+        return self.nodes if self.nodes is not None else self.width * k
+
+    def describe(self) -> str:
+        return f"{self.width}x{self.depth if self.depth is not None else 'k'}"
+
+
+def parse_tree(text: str | TreeShape | None) -> TreeShape | None:
+    """`--tree`'s value -> a TreeShape, or None for off (chains only); a one-line SpecdecError else."""
+    if text is None or isinstance(text, TreeShape):
+        return text
+    value = text.strip().lower()
+    if value in ("off", "none", "chain", "1"):
+        return None
+    if value == "auto":
+        return TreeShape(width=2)
+    match = re.fullmatch(r"(\d+)\s*x\s*(\d+)", value)
+    if not match:
+        raise SpecdecError(f"--tree must be {TREE_MODES}, got '{text}'")
+    width, depth = int(match[1]), int(match[2])
+    if width < 1 or depth < 1 or width > 8 or depth > 32:
+        raise SpecdecError(f"--tree wants a width of 1..8 and a depth of 1..32, got {width}x{depth}")
+    return None if width == 1 else TreeShape(width=width, depth=depth)
+
+
+def trie(branches: Sequence[Sequence[int]], width: int, nodes: int) -> tuple[list[int], list[int]]:
+    """Merge candidate continuations (most promising first) into one tree: (tokens, parents), parents[i] < i,
+    -1 for a child of the context's end.  A branch shares the nodes of its prefix already in the tree; it
+    is cut where a node would get more than `width` children or the tree more than `nodes` tokens."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    children: dict[int, dict[int, int]] = {-1: {}}  # node -> its children by token
+    for branch in branches:
+        node = -1
+        for token in branch:
+            below = children[node]
+            if token in below:
+                node = below[token]
+                continue
+            if len(below) >= width or len(tokens) >= nodes:
+                break
+            tokens.append(int(token))
+            parents.append(node)
+            below[token] = len(tokens) - 1
+            node = len(tokens) - 1
+            children[node] = {}
+    return tokens, parents
+
+
+def alternatives(chain: Sequence[int], logits: Sequence[torch.Tensor], width: int, nodes: int) -> list[list[int]]:
+    """A greedy chain and its runner-ups as branches for :func:`trie`: the chain first, then for each
+    position i the draft's next-best tokens after chain[:i] (up to width - 1 of them), ranked by the draft's
+    probability of the whole path (the chain's tokens before i, then the runner-up), as EAGLE-2 ranks the
+    nodes it expands.  logits[i] [V]: the draft's logits for position i (the chain's token is its argmax
+    or close to it); at most nodes - len(chain) runner-ups."""
+    scored: list[tuple[float, int, list[int]]] = []
+    reach = 0.0  # log probability of the chain up to position i
+    for i, (token, row) in enumerate(zip(chain, logits)):
+        logp = torch.log_softmax(row.float(), dim=-1)  # [V]
+        top = torch.topk(logp, min(width, logp.shape[-1]))
+        runner_ups = [(float(v), int(t)) for v, t in zip(top.values, top.indices) if int(t) != token][: width - 1]
+        scored.extend((reach + v, i, list(chain[:i]) + [t]) for v, t in runner_ups)
+        reach += float(logp[token])
+    scored.sort(key=lambda s: (-s[0], s[1]))
+    return [list(chain)] + [branch for _, _, branch in scored[: max(nodes - len(chain), 0)]]
+
+
+def tree_draft(branches: Sequence[Sequence[int]], width: int, nodes: int, synced: int = 0) -> Draft:
+    """The Draft of merged branches: a chain when no node has a sibling (parents None)."""
+    tokens, parents = trie(branches, width, nodes)
+    draft = Draft(tokens, None, synced, parents)
+    return draft if draft.is_tree else Draft(tokens, None, synced)
+
+
+def propose_tree(drafter: Drafter, context: Sequence[int], k: int, shape: TreeShape) -> Draft:
+    """`drafter`'s tree of paths up to k tokens deep (its ``propose_tree(context, k, width, nodes)``), or its
+    chain where it has no such method."""
+    method = getattr(drafter, "propose_tree", None)
+    if method is None:
+        return drafter.propose(context, k)
+    return method(context, k, shape.width, shape.budget(k))
