@@ -9,6 +9,8 @@ plain         our loop with no drafter (autoregressive greedy: the reference)
 specdec       our loop with the draft model, γ draft tokens per step
 specdec-auto  our loop with the draft model, k chosen each step by the cost-model
               controller (specdec.control; 0 = a plain step)
+specdec-tree  specdec-auto with token trees (``--tree auto``: the drafter's runner-ups
+              and lookup's other matches verified in the same forward; specdec.drafters.tree)
 specdec-stairs our loop with γ draft tokens per step verified by stairs
               (specdec.stairs: next-token queries on a staircase of prefixes; greedy)
 hf            transformers' assisted generation with the same draft model, a
@@ -208,11 +210,12 @@ class Specdec(Method):
     needs_draft = True
     draft_mode = "auto"
     verify = "causal"
+    tree = "off"
 
     def generate(self, prompt_ids: list[int]) -> Measurement:
         result = self.engine.generate(
             prompt_ids, max_new_tokens=self.max_new_tokens, num_speculative_tokens=self.k(), use_draft=True,
-            draft_mode=self.draft_mode, sampling=self.sampling, verify=self.verify,
+            draft_mode=self.draft_mode, sampling=self.sampling, verify=self.verify, tree=self.tree,
         )
         s = result.stats
         return Measurement(
@@ -245,6 +248,19 @@ class SpecdecAuto(Specdec):
 
     def k(self) -> int | str:
         return "auto"
+
+
+class SpecdecTree(SpecdecAuto):
+    """specdec-auto drafting token trees (`-k auto --tree auto`, specdec.drafters.tree)."""
+
+    family = "specdec-tree"
+    tree = "auto"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.engine.target_runner.capabilities.tree:
+            raise SpecdecError(f"method 'specdec-tree': a {self.engine.target_runner.describe()} target verifies "
+                               "chains only: drop it from --methods")
 
 
 class SpecdecStairs(Specdec):
@@ -472,7 +488,7 @@ class LlamaCppPlain(Method):
 
 METHODS: dict[str, type[Method]] = {
     cls.family: cls
-    for cls in (Plain, Specdec, SpecdecAuto, SpecdecStairs, SpecdecIntersection, HFAssisted, HFAuto, HFPlain, HFPromptLookup, LlamaCppPlain)
+    for cls in (Plain, Specdec, SpecdecAuto, SpecdecTree, SpecdecStairs, SpecdecIntersection, HFAssisted, HFAuto, HFPlain, HFPromptLookup, LlamaCppPlain)
 }
 REFERENCE = "plain"  # speedups and identical outputs are measured against it
 DEFAULT = "default"  # --methods: default_methods()

@@ -182,7 +182,7 @@ def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str
 
 # One colour of its own per method family (matplotlib's tab10 palette), in every plot of every run.
 FAMILY_COLORS = {"plain": "tab:gray", "specdec": "tab:blue", "specdec-auto": "tab:red", "specdec-stairs": "tab:cyan",
-                 "specdec-intersection": "tab:pink", "hf": "tab:orange", "hf-auto": "tab:purple",
+                 "specdec-tree": "black", "specdec-intersection": "tab:pink", "hf": "tab:orange", "hf-auto": "tab:purple",
                  "hf-plain": "tab:olive", "hf-pld": "tab:green", "llamacpp": "tab:brown"}
 
 
