@@ -399,6 +399,11 @@ class AutoK:
     # its per-generation evidence shrinks toward (see alphas)
     records: dict[str, list[float]] = field(default_factory=dict)
     record_forget: float = 0.98
+    # token trees (specdec.drafters.tree): per source, the extra tokens a tree step emitted over what its
+    # first branch (the chain) would have, decayed; and the steps since a tree was last tried
+    tree_gain: dict[str, float] = field(default_factory=dict)
+    tree_wait: dict[str, int] = field(default_factory=dict)
+    tree_prior: float = 0.25  # extra tokens a tree is assumed to buy before one was verified
 
     def __post_init__(self) -> None:
         if self.max_k < 1:
@@ -540,6 +545,35 @@ class AutoK:
         record = self.records.setdefault(source, [0.0, 0.0])  # the same counts, never halved by reset
         record[0] = self.record_forget * record[0] + accepted  # accepted <= tried
         record[1] = self.record_forget * record[1] + tried
+
+    def tree_nodes(self, k: int, budget: int, source: str = MODEL) -> int:
+        """Draft tokens for this step's proposal of depth k: `budget` (a tree) when its expected tokens per
+        ms beat the chain's, from the measured t(n) and the extra tokens trees from `source` have bought
+        (tree_gain), else k (the chain).  A source whose trees do not pay tries one again after
+        probe_every chains, so a text where they start to pay is noticed."""
+        if budget <= k or k <= 0:
+            return k
+        load = self.load() if self.load is not None else NO_LOAD
+        chain = load.expected + expected_tokens(self.alphas(source), k)
+        fixed = load.draft_ms + self.draft_cost(k, source)
+        gain = self.tree_gain.get(source, self.tree_prior)
+        tree_rate = (chain + gain) / (fixed + self.costs.target(load.tokens + budget + 1))
+        chain_rate = chain / (fixed + self.costs.target(load.tokens + k + 1))
+        waited = self.tree_wait.get(source, 0)
+        if tree_rate > chain_rate or waited >= self.probe_every:
+            self.tree_wait[source] = 0
+            self.planned = Load(budget + 1, chain + gain, self.planned.draft_ms)
+            return budget
+        self.tree_wait[source] = waited + 1
+        return k
+
+    def observe_tree(self, rows: int, target_s: float, extra: int, source: str = MODEL) -> None:
+        """A tree step's verification: `rows` tokens in `target_s` seconds (the target's cost at that n is
+        learnt as any step's), `extra` tokens emitted beyond what its first branch would have."""
+        if target_s > 0 and self.cost_ewma > 0:
+            self.costs.learn_target(rows, 1000 * target_s, self.cost_ewma, self.shape_ewma)
+        old = self.tree_gain.get(source, self.tree_prior)
+        self.tree_gain[source] = old + (1 - self.forget) * (extra - old)
 
     def reset(self) -> None:
         """Keep what the last generation learnt, at half weight, as the next one's prior (each source's

@@ -259,7 +259,10 @@ def decode(
         shape = None
         if tree is not None and k > 0:
             k = min(tree.depth or k, limit)
-            shape = replace(tree, nodes=min(tree.budget(k), target.max_context - len(context) - 1))
+            nodes = min(tree.budget(k), target.max_context - len(context) - 1)
+            pays = getattr(controller, "tree_nodes", None)  # a controller that prices trees decides
+            nodes = pays(k, nodes, source) if pays is not None else nodes
+            shape = replace(tree, nodes=nodes) if nodes > k else None
         t0 = time.perf_counter()
         draft = propose(drafter, context, k, source, shape) if drafter is not None and k > 0 else None
         t1 = time.perf_counter()
@@ -272,8 +275,11 @@ def decode(
         elif draft.is_tree:
             if shape is None or shape.nodes is None:
                 raise ValueError("the drafter proposed a tree where a chain was asked for")
-            k, new = verify_tree(target, verifier, draft, context[-1], k, shape.nodes, stats)
+            k, new, extra = verify_tree(target, verifier, draft, context[-1], k, shape.nodes, stats)
             n = len(new) - 1
+            learn = getattr(controller, "observe_tree", None)
+            if learn is not None:
+                learn(len(draft.tokens) + 1, time.perf_counter() - t1, extra, source)
         else:
             if len(draft.tokens) > k:
                 raise ValueError(f"the drafter proposed {len(draft.tokens)} tokens where {k} were asked for")
@@ -300,10 +306,11 @@ def decode(
 
 
 def verify_tree(target: ModelRunner, verifier: Verifier, draft: Draft, pending: int, k: int, nodes: int,
-                stats: Stats) -> tuple[int, list[int]]:
+                stats: Stats) -> tuple[int, list[int], int]:
     """One tree step (a tree asked for at most k deep, `nodes` tokens): the target's forward over
     [pending, *tree] with tree attention, verification (Verifier.verify_tree), the target's cache cut to
-    the accepted path.  Returns (the tree's depth, the tokens emitted: the accepted path's and the next)."""
+    the accepted path.  Returns (the tree's depth, the tokens emitted: the accepted path's and the next,
+    how many more the tree accepted than its first branch alone: the chain 0, 1, .. the drafters put first)."""
     assert draft.parents is not None
     depths: list[int] = []
     for parent in draft.parents:
@@ -319,7 +326,10 @@ def verify_tree(target: ModelRunner, verifier: Verifier, draft: Draft, pending: 
     stats.record_draft(depth, verdict.num_accepted)
     stats.tree_steps += 1
     stats.tree_nodes += len(draft.tokens)
-    return depth, [draft.tokens[i] for i in verdict.path] + [verdict.next_token]
+    on_chain = 0
+    while on_chain < len(verdict.path) and verdict.path[on_chain] == on_chain and draft.parents[on_chain] == on_chain - 1:
+        on_chain += 1
+    return depth, [draft.tokens[i] for i in verdict.path] + [verdict.next_token], verdict.num_accepted - on_chain
 
 
 def collect(steps: Iterable[Step]) -> Output:

@@ -370,3 +370,19 @@ def test_a_new_generation_starts_from_the_sources_record_not_from_the_prior():
     for generation in range(6):
         good.reset()
     assert good.source_prior() > 0.7 and good.choose(64, lag=40) > 0
+
+
+def test_trees_where_the_extra_rows_pay_and_chains_where_they_do_not():
+    flat = AutoK(Costs({1: 10.0, 16: 11.0}, draft_ms=0.0), cost_ewma=0.0)  # extra rows nearly free
+    assert flat.tree_nodes(3, 6, "lookup") == 6  # the prior gain (0.25 tokens) beats 0.4 ms
+    steep = AutoK(Costs({1: 10.0, 16: 40.0}, draft_ms=0.0), cost_ewma=0.0, probe_every=4)  # 2 ms a row
+    chosen = [steep.tree_nodes(3, 6, "lookup") for _ in range(10)]
+    assert chosen == [3, 3, 3, 3, 6, 3, 3, 3, 3, 6]  # chains, and a tree tried after every 4 of them
+    for _ in range(40):  # trees that rescue a token every step
+        steep.observe_tree(7, 0.0, 1, "lookup")
+    assert steep.tree_gain["lookup"] == pytest.approx(1.0, abs=0.02)
+    assert steep.tree_nodes(3, 6, "lookup") == 6  # now worth 6 ms more
+    for _ in range(60):
+        flat.observe_tree(7, 0.0, 0, "lookup")  # trees that never beat the chain
+    assert flat.tree_nodes(3, 6, "lookup") == 3
+    assert flat.tree_nodes(3, 3, "lookup") == 3 and flat.tree_nodes(0, 6, "lookup") == 0
