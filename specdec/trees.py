@@ -56,7 +56,7 @@ def check_tree(tokens: Sequence[int], parents: Sequence[int], distinct: bool = F
     """A SpecdecError unless `parents` is a tree over `tokens` (one parent each, parents before their
     children); with `distinct`, also unless siblings have distinct tokens."""
     if len(parents) != len(tokens):
-        raise SpecdecError(f"a tree of {len(tokens)} tokens needs {len(tokens)} parents, got {len(parents)}")
+        raise SpecdecError(f"{len(parents)} parents for {len(tokens)} tree tokens: one each")
     for i, parent in enumerate(parents):
         if not -1 <= parent < i:
             raise SpecdecError(f"token {i}'s parent must be -1 or an earlier token, got {parent}")
