@@ -67,7 +67,6 @@ def verify_block(
     if p.shape[0] < k + 1:
         raise ValueError(f"p has {p.shape[0]} rows for a block of {k} tokens (needs {k + 1})")
     target = p[: k + 1].double()  # [k+1, V]
-    target = target / target.sum(dim=-1, keepdim=True)
     draft = None if q is None else q[:k].double()  # [k, V]
     positions = torch.arange(k)
     tokens = torch.tensor(list(draft_tokens), dtype=torch.long)  # [k]

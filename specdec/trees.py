@@ -165,7 +165,6 @@ def verify_tree_sampling(
     node = -1
     while True:
         r = p[node + 1].double()  # [V]
-        r = r / r.sum()
         for child in kids[node + 1]:
             token = tokens[child]
             q_row = None if q is None else q[child].double()  # [V]
