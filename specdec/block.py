@@ -1,6 +1,7 @@
 """Block verification of a chain draft: lossless, and never fewer accepted tokens than token by token.
 
-Sun et al. 2024, "Block Verification Accelerates Speculative Decoding", arXiv 2403.10444 (Algorithm 2).
+Sun et al. 2024, "Block Verification Accelerates Speculative Decoding", arXiv 2403.10444;
+its algorithm is below, with a proof that it is exact (the weights w_i are the paper's p_i).
 Token-by-token verification (Leviathan et al. 2023) decides each draft token on its own; block
 verification decides how much of the block to keep from the whole block at once, which is optimal in the
 expected number of accepted tokens among verifiers that see only the per-position distributions.

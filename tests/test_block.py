@@ -107,8 +107,9 @@ def test_block_accepts_at_least_as_many_tokens_as_token_by_token(monkeypatch, se
 
 
 def test_the_papers_example():
-    # Sun et al. 2024, §1: context-free models over {a, b}, the target (1/3, 2/3), the draft (2/3, 1/3),
-    # two draft tokens: token by token accepts 10/9 tokens on average, block verification 11/9.
+    # Sun et al. 2024, the introduction's example: context-free models over {a, b}, the target
+    # (1/3, 2/3), the draft (2/3, 1/3), two draft tokens: token by token accepts 10/9 tokens on
+    # average, block verification 11/9.
     target, draft = torch.tensor([1 / 3, 2 / 3], dtype=torch.float64), torch.tensor([2 / 3, 1 / 3], dtype=torch.float64)
     toy = Toy(2, 2, {pre: target for n in range(3) for pre in itertools.product(range(2), repeat=n)},
               {pre: draft for n in range(2) for pre in itertools.product(range(2), repeat=n)})

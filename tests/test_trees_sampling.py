@@ -23,6 +23,7 @@ from specdec.trees import chain_parents, children, path_to, verify_tree_sampling
 from specdec.verify import GreedyVerifier, SamplingVerifier
 from tests.chisq import chi_square
 from tests.exact import Dist, Toy, assert_target_distribution, emitted, make_toy, mix, target_deviation
+from tests.test_verify_sampling import ONE_HOT_WARPS, clear_argmax_logits
 
 SHAPES = {
     "2-(2,1)": [-1, -1, 0, 0, 1],  # root: 2 children; the first has 2, the second 1
@@ -165,15 +166,14 @@ def test_duplicate_candidates_and_excluded_tokens_are_never_accepted():
 # --------------------------------------------------------------------------- the verifiers
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, top_k=1), SamplingParams(temperature=1e-4)],
-                         ids=["top_k=1", "temperature=1e-4"])
+@ONE_HOT_WARPS
 def test_sampling_tree_verifier_degenerates_to_greedy(params):
+    # Tree sampling (and block verification, for chains) with a one-hot warp: greedy, whatever q is.
     gen = torch.Generator().manual_seed(13)
     for trial in range(150):
         n = 1 + trial % 7
         parents = [int(torch.randint(-1, i, (), generator=gen)) for i in range(n)]
-        logits = torch.randn(n + 1, 10, generator=gen) * 3  # [n+1, V]
-        logits[torch.arange(n + 1), logits.argmax(-1)] += 1.0  # a clear argmax
+        logits = clear_argmax_logits(n + 1, 10, gen)  # [n+1, V]
         want = logits.argmax(-1).tolist()
         tokens = [want[p + 1] if (trial + i) % 3 else (want[p + 1] + 1 + i) % 10 for i, p in enumerate(parents)]
         greedy = GreedyVerifier().verify_tree(Draft(tokens, parents=parents), logits)
