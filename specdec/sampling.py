@@ -8,6 +8,11 @@ Sampling") is lossless with respect to whatever distribution p is, so warping p
 exactly as plain sampling would is what keeps the output distribution equal to
 plain sampling's.
 
+The tree and block verifiers (specdec.trees, specdec.block) take their random decisions through a
+:class:`Randomness`: a coin of a stated probability and a draw from a stated distribution.  A generator
+gives them in production (:class:`GeneratorRandomness`); a test can script them instead and so
+enumerate every outcome of a verifier exactly.
+
 Temperature 0 means greedy decoding: no probabilities are formed at all.  Any
 positive temperature works, down to the smallest subnormal float: where
 logits / temperature would overflow float32, the logits are first shifted by
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -135,3 +141,35 @@ def make_generator(seed: int | None, stream: int = 0) -> torch.Generator:
 def sample_from(probs: torch.Tensor, generator: torch.Generator) -> int:
     """Draw one token id from probs [V]."""
     return int(torch.multinomial(probs.float(), 1, generator=generator).item())
+
+
+class Randomness(Protocol):
+    """The random decisions a verifier takes: coins of a probability it states, and draws from a
+    distribution it states (so a test can enumerate both exactly)."""
+
+    def bernoulli(self, probability: float) -> bool:
+        """True with `probability` (in [0, 1])."""
+        ...
+
+    def sample(self, probs: torch.Tensor) -> int:
+        """A token id from probs [V] (non-negative, not all zero; normalised by the draw)."""
+        ...
+
+
+class GeneratorRandomness:
+    """Randomness from a torch generator: a coin is one uniform draw in float64, a token one multinomial draw."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+
+    def bernoulli(self, probability: float) -> bool:
+        u = float(torch.rand((), generator=self.generator, dtype=torch.float64))  # u ~ U[0, 1)
+        return u < probability
+
+    def sample(self, probs: torch.Tensor) -> int:
+        return sample_from(probs, self.generator)
+
+
+def as_randomness(source: torch.Generator | Randomness) -> Randomness:
+    """A generator wrapped as Randomness; anything else is taken to be Randomness already."""
+    return GeneratorRandomness(source) if isinstance(source, torch.Generator) else source

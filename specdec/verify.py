@@ -18,29 +18,23 @@ drawn from p_{k+1}.  Every emitted token is then distributed exactly as under
 p.  A draft without q (a deterministic proposal) is treated as if q_i were
 one-hot on x_i: accept with probability p_i(x_i), else draw from p_i with x_i
 removed and renormalised — still exact.
+
+Trees (issue 39): specdec.trees verifies a token tree, greedily or by recursive rejection sampling
+(SpecInfer, Miao et al. 2024); specdec.block verifies a chain as one block (Sun et al. 2024), an
+option of SamplingVerifier.  The verifiers' `verify_tree` takes either.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import torch
 
+from specdec.block import verify_block
 from specdec.drafters.base import Draft
 from specdec.sampling import SamplingParams, make_generator, sample_from, warp_probs
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """Outcome of verifying one draft: `num_accepted` draft tokens kept, then `next_token`.
-
-    path: for a tree draft, the indices of the accepted draft tokens (a root-to-node path,
-    len == num_accepted); empty for a chain, whose accepted tokens are its first num_accepted."""
-
-    num_accepted: int
-    next_token: int
-    path: tuple[int, ...] = ()
+from specdec.trees import verify_tree_greedy, verify_tree_sampling
+from specdec.verdict import Verdict
 
 
 def verify_greedy(draft_tokens: Sequence[int], target_logits: torch.Tensor) -> Verdict:
@@ -97,8 +91,23 @@ class Verifier(Protocol):
         ...
 
     def verify(self, draft: Draft, target_logits: torch.Tensor) -> Verdict:
-        """Verify a draft against target_logits [k+1, V]."""
+        """Verify a chain draft against target_logits [k+1, V]."""
         ...
+
+    def verify_tree(self, draft: Draft, target_logits: torch.Tensor) -> Verdict:
+        """Verify a tree draft (or a chain: parents None) against target_logits [n+1, V] of the forward over
+        [pending, *draft.tokens] (row i + 1: after token i); the verdict's path is always filled."""
+        ...
+
+
+def _chain_only(draft: Draft) -> None:
+    if draft.is_tree:
+        raise ValueError("a tree draft is verified with verify_tree, not verify")
+
+
+def _with_path(verdict: Verdict) -> Verdict:
+    """A chain's verdict with its path filled: the first num_accepted indices."""
+    return Verdict(verdict.num_accepted, verdict.next_token, tuple(range(verdict.num_accepted)))
 
 
 class GreedyVerifier:
@@ -108,24 +117,43 @@ class GreedyVerifier:
         return int(logits.argmax())
 
     def verify(self, draft: Draft, target_logits: torch.Tensor) -> Verdict:
+        _chain_only(draft)
         return verify_greedy(draft.tokens, target_logits)
+
+    def verify_tree(self, draft: Draft, target_logits: torch.Tensor) -> Verdict:
+        return verify_tree_greedy(draft.tokens, draft.parents, target_logits)
 
 
 class SamplingVerifier:
-    """Target sampling with `params`, and lossless speculative-sampling verification."""
+    """Target sampling with `params`, and lossless speculative-sampling verification.
 
-    def __init__(self, params: SamplingParams, generator: torch.Generator | None = None) -> None:
+    block: verify chains with block verification (specdec.block; Sun et al. 2024), which accepts at least
+    as many tokens on average; False (the default): token by token (verify_speculative).
+    Trees: recursive rejection sampling (specdec.trees); a draft whose parents form a chain goes through
+    verify (token by token or block)."""
+
+    def __init__(self, params: SamplingParams, generator: torch.Generator | None = None, block: bool = False) -> None:
         self.params = params
         self.generator = generator if generator is not None else make_generator(params.seed, stream=0)
+        self.block = block
 
     def choose(self, logits: torch.Tensor) -> int:
         return sample_from(warp_probs(logits, self.params), self.generator)
 
     def verify(self, draft: Draft, target_logits: torch.Tensor) -> Verdict:
+        _chain_only(draft)
         p = warp_probs(target_logits, self.params)  # [k+1, V]
+        if self.block:
+            return verify_block(draft.tokens, draft.q, p, self.generator)
         return verify_speculative(draft.tokens, draft.q, p, self.generator)
 
+    def verify_tree(self, draft: Draft, target_logits: torch.Tensor) -> Verdict:
+        if not draft.is_tree:
+            return _with_path(self.verify(draft, target_logits))
+        p = warp_probs(target_logits, self.params)  # [n+1, V]
+        return verify_tree_sampling(draft.tokens, draft.parents, draft.q, p, self.generator)
 
-def make_verifier(params: SamplingParams) -> Verifier:
-    """The verifier that reproduces plain decoding with `params`."""
-    return GreedyVerifier() if params.greedy else SamplingVerifier(params)
+
+def make_verifier(params: SamplingParams, block: bool = False) -> Verifier:
+    """The verifier that reproduces plain decoding with `params` (block: SamplingVerifier's block)."""
+    return GreedyVerifier() if params.greedy else SamplingVerifier(params, block=block)

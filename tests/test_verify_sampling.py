@@ -431,15 +431,25 @@ def test_seeded_verification_is_reproducible():
     assert len(set(runs[0])) >= 3  # and the seed matters
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, top_k=1), SamplingParams(temperature=1e-4)],
-                         ids=["top_k=1", "temperature=1e-4"])
+# Sampling parameters whose warp is one-hot: sampling verification must then be greedy verification.
+ONE_HOT_WARPS = pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, top_k=1), SamplingParams(temperature=1e-4)],
+                                        ids=["top_k=1", "temperature=1e-4"])
+
+
+def clear_argmax_logits(rows: int, vocab: int, gen: torch.Generator) -> torch.Tensor:
+    """Random logits [rows, V] with a clear argmax in each row: no near-ties."""
+    logits = torch.randn(rows, vocab, generator=gen) * 3
+    logits[torch.arange(rows), logits.argmax(-1)] += 1.0
+    return logits
+
+
+@ONE_HOT_WARPS
 def test_sampling_verifier_degenerates_to_greedy(params):
     # With a one-hot warp, speculative sampling is greedy verification, whatever the draft's q.
     gen = torch.Generator().manual_seed(11)
     for trial in range(200):
         k = 1 + trial % 4
-        logits = torch.randn(k + 1, 12, generator=gen) * 3  # [k+1, V]
-        logits[torch.arange(k + 1), logits.argmax(-1)] += 1.0  # a clear argmax: no near-ties
+        logits = clear_argmax_logits(k + 1, 12, gen)  # [k+1, V]
         # Drafts that follow the target's argmax for a while, then maybe deviate.
         tokens = logits[:k].argmax(-1).tolist()
         if trial % 3:
