@@ -42,12 +42,13 @@ from specdec.drafters.base import Draft
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import DEFAULT_WINDOW, ModelDrafter
+from specdec.drafters.tree import TreeShape
 from specdec.loop import StopCondition, run
 from specdec.sampling import SamplingParams
 from specdec.verify import make_verifier
 from tests.chisq import chi_square, chi_square_sf, seeded_runs
 from tests.tiny import tiny_model
-from tests.toy import (FixedDrafter, ToyRunner, chain_distribution, random_proposal, random_table,
+from tests.toy import (FixedDrafter, ToyRunner, ToyTreeRunner, chain_distribution, random_proposal, random_table,
                        reference_warp)
 
 VOCAB = 6
@@ -126,7 +127,11 @@ CASES = {
     # a catch-up window of 1: the draft model starts over from the last token whenever it is further behind
     "draft-window-1": (TARGET, T08, lambda: model_drafter(OTHER, window=1)),
     "int4-draft": (TARGET, T08, int4_drafter),
+    # token trees (the chain and a second token at each of its positions) verified in one forward
+    "tree-of-fixed-proposals": (TARGET, T08, fixed_drafter),
+    "tree-top-k-top-p": (TARGET, TOPK_TOPP, fixed_drafter),
 }
+TREES = {"tree-of-fixed-proposals": TreeShape(width=2, depth=GAMMA), "tree-top-k-top-p": TreeShape(width=3, depth=GAMMA)}
 
 
 def history_controller() -> AutoK:
@@ -163,7 +168,7 @@ def sample_runs(case: str, seeds: range) -> dict:
     accepted, and `full` = steps whose whole γ-token draft was accepted (then a bonus token)."""
     table, params_kwargs, factory = CASES[case]
     make_drafter = factory()
-    target = ToyRunner(table)
+    target = ToyTreeRunner(table) if case in TREES else ToyRunner(table)
     stop = StopCondition(MAX_NEW)
     counts: Counter = Counter()
     drafted = accepted = full = 0
@@ -171,6 +176,7 @@ def sample_runs(case: str, seeds: range) -> dict:
     sources: Counter = Counter()  # proposals of the hybrid drafter per source
     short = [0]  # drafts a confidence threshold stopped before the k asked for
     restarted = 0  # runs whose draft model started over from a window
+    trees = 0  # steps that verified a tree
     for seed in seeds:
         params = SamplingParams(seed=seed, **params_kwargs)
         k = Recorded(CONTROLLERS[case]()) if case in CONTROLLERS else GAMMA
@@ -182,7 +188,9 @@ def sample_runs(case: str, seeds: range) -> dict:
                 short[0] += 0 < len(draft.tokens) < want
                 return draft
             drafter.propose = counted
-        out = run(target, PROMPT, stop, drafter=drafter, num_speculative_tokens=k, verifier=make_verifier(params))
+        out = run(target, PROMPT, stop, drafter=drafter, num_speculative_tokens=k, verifier=make_verifier(params),
+                  tree=TREES.get(case))
+        trees += out.stats.tree_steps
         if isinstance(k, Recorded):
             chosen.update(k.chosen)
         if isinstance(drafter, HybridDrafter):
@@ -194,7 +202,7 @@ def sample_runs(case: str, seeds: range) -> dict:
         accepted += out.stats.accepted
         full += out.stats.accepted_at[GAMMA - 1] if len(out.stats.accepted_at) >= GAMMA else 0
     return {"counts": counts, "drafted": drafted, "accepted": accepted, "full": full, "chosen": chosen,
-            "sources": sources, "short": short[0], "restarted": restarted}
+            "sources": sources, "short": short[0], "restarted": restarted, "trees": trees}
 
 
 def test_tied_case_has_ties_at_the_cut_and_no_rounding_decisions():
@@ -224,9 +232,12 @@ def test_speculative_sampling_matches_the_target_distribution(case):
         assert totals["short"] > RUNS // 4  # the threshold cut many drafts short
     else:
         assert drafted >= RUNS * GAMMA  # every run verified at least one full γ-token draft
-    assert totals["full"] > 0  # ... and some were accepted whole, with their bonus token
+    if case != "tree-top-k-top-p":  # its fixed proposals fall outside the top-k / top-p cut too often
+        assert totals["full"] > 0  # ... and some were accepted whole, with their bonus token
     if case == "draft-window-1":
         assert totals["restarted"] > RUNS // 4
+    if case in TREES:
+        assert totals["trees"] >= RUNS  # every run verified trees
     if case == "hybrid-lookup-then-draft":
         assert totals["sources"]["lookup"] > 0 and totals["sources"]["model"] > 0
     if case in CONTROLLERS:

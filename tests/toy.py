@@ -80,6 +80,27 @@ class ToyRunner(RunnerDefaults):
         self.tokens = []
 
 
+class ToyTreeRunner(ToyRunner):
+    """A ToyRunner that verifies token trees (specdec.backends.base.TreeRunner): node i's logits are the
+    table's row after (its parent's token, its token), the root's parent being the last cached token."""
+
+    capabilities = Capabilities(tree=True)
+
+    def forward_tree(self, new_tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        new_tokens, parents = list(new_tokens), list(parents)
+        if len(self.tokens) + len(new_tokens) > self.max_context:
+            raise ValueError("toy context overflow")
+        before = self.tokens[-1] if self.tokens else self.vocab_size
+        out = [self.rows[new_tokens[p] if p >= 0 else before][t] for t, p in zip(new_tokens, parents)]
+        self.tokens.extend(new_tokens)
+        self.forwards += 1
+        return torch.cat(out)  # [n, V]
+
+    def keep_rows(self, cached: int, rows: Sequence[int]) -> None:
+        new = self.tokens[cached:]
+        self.tokens = self.tokens[:cached] + [new[r] for r in rows]
+
+
 class FixedDrafter:
     """Deterministic proposals (Draft with q=None): token after (a, b) is proposal[a, b]."""
 
@@ -92,6 +113,15 @@ class FixedDrafter:
         for _ in range(k):
             seq.append(self.proposal[seq[-2]][seq[-1]])
         return Draft(seq[-k:] if k else [])
+
+    def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int) -> Draft:
+        """The chain of propose() and, at each of its positions, the next `width` - 1 tokens after the
+        proposed one (mod V) as leaves: a deterministic tree (q None) of at most `nodes` tokens."""
+        from specdec.drafters.tree import tree_draft
+
+        chain = self.propose(context, k).tokens
+        leaves = [chain[:i] + [(chain[i] + j) % self.vocab_size] for i in range(len(chain)) for j in range(1, width)]
+        return tree_draft([chain, *leaves], width, nodes)
 
     def observe(self, context: Sequence[int], num_accepted: int) -> None:
         pass
