@@ -58,3 +58,29 @@ class Tree:
         if rows and (not 0 <= rows[-1] < len(self) or self.paths[rows[-1]] != rows):
             raise ValueError(f"rows {rows} are not a root-to-node path of the tree {self.parents}")
         return rows
+
+
+# Below, `pending` is a runner's unsettled forward_tree: (the tokens cached before it, its tree) until
+# keep_rows, a rollback to at most those tokens, or reset settles it; None when there is none.
+
+
+def check_forward(pending: tuple[int, Tree] | None) -> None:
+    """A forward's check: no forward_tree waits for keep_rows (a ValueError otherwise)."""
+    if pending is not None:
+        raise ValueError("a forward after forward_tree: call keep_rows (or rollback) first")
+
+
+def check_rollback(pending: tuple[int, Tree] | None, n: int) -> None:
+    """rollback(n)'s checks: n >= 0, and not into an unsettled tree (its tokens are no sequence)."""
+    if n < 0:
+        raise ValueError(f"rollback to a negative length {n}")
+    if pending is not None and n > pending[0]:
+        raise ValueError("rollback into a token tree: call keep_rows first")
+
+
+def kept_rows(pending: tuple[int, Tree] | None, cached: int, rows: Sequence[int]) -> list[int]:
+    """keep_rows(cached, rows)'s checks: a forward_tree over `cached` tokens waits, and `rows` are a
+    root-to-node path of its tree (a ValueError otherwise); the rows as a list."""
+    if pending is None or pending[0] != cached:
+        raise ValueError(f"keep_rows({cached}, ...) without a forward_tree over {cached} cached tokens")
+    return pending[1].path_rows(rows)
