@@ -48,6 +48,7 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -184,7 +185,8 @@ class SlotRunner:
     def __init__(self, batch: BatchedTarget, slot: int) -> None:
         self.batch, self.slot = batch, slot
         self.runner = batch.runners[slot]
-        self.capabilities = self.runner.capabilities
+        # a slot's forwards join the batch as chains: no token trees through it (yet)
+        self.capabilities = replace(self.runner.capabilities, tree=False)
         self.vocab_size = self.runner.vocab_size
         self.max_context = self.runner.max_context
         self.model = self.runner.model

@@ -124,13 +124,15 @@ class TreeRunner(ModelRunner, Protocol):
         parent of -1, and attends to the cached tokens and to its ancestors and itself only.  Returns fp32
         logits [n, V]; row i is bitwise what a chain forward over token i's path would give it where
         the runner is batch_invariant.  Until keep_rows, `tokens` holds the cached tokens and then all n
-        new ones in the order given (not a sequence): call keep_rows before any other forward."""
+        new ones in the order given (not a sequence): call keep_rows before any other forward.  A
+        HiddenStateRunner's hidden() and hidden_tail() are then the n nodes' rows [n, H], row i of token i."""
         ...
 
     def keep_rows(self, cached: int, rows: Sequence[int]) -> None:
         """After forward_tree over a cache of `cached` tokens: keep those and the new tokens `rows` (indices
         into that forward's new tokens; a root-to-node path, in order), in that order; drop the rest.  The
-        cache is then what a chain forward over the path would have left."""
+        cache is then what a chain forward over the path would have left, and so are hidden() and
+        hidden_tail(): the kept rows' [len(rows), H]."""
         ...
 
 

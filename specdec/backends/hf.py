@@ -28,6 +28,19 @@ also keeps the base model's output (a forward hook, as for the output layer)
 and copies its last rows (``hidden_tail``): no computation at all.  Where the
 output layer's input is not the very memory of that output's last rows (a model
 that transforms them after its base model) the tail is the logits' rows only.
+
+Token trees (``forward_tree`` / ``keep_rows``, specdec.backends.base.TreeRunner;
+issue 39, SpecInfer's tree attention, Miao et al. 2024, arXiv 2305.09781): the
+tree's tokens run as one forward with position ids cached + depth and a 4D
+additive attention mask (transformers uses a 4D mask as given; one per layer
+type where layers' sliding windows differ) that shows each node the cache, its
+ancestors and itself, the window counted in positions.  An int8 model's
+attention (quant.rowwise_attention) ignores masks: it gets the tree itself
+(quant.tree_attention) and computes each node exactly as a chain over its path,
+so int8 tree logits are bitwise the chain's; fp32 ones equal them up to fp32
+rounding.  keep_rows gathers the kept path's rows of every cache layer.  Trees
+are offered for the architectures whose sliding windows are known here
+(TREE_ARCHITECTURES) with sdpa, eager or specdec's rowwise attention.
 """
 
 from __future__ import annotations
@@ -44,12 +57,65 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specdec.backends import fastlinear
 from specdec.backends.base import Capabilities, checked_new_tokens, last_hidden
+from specdec.backends.tree import Tree, check_forward, check_rollback, kept_rows
+from specdec.errors import SpecdecError
 
 # The inputs of output layers seen by the forward running in this thread (head_inputs), else None
 _HEAD_INPUTS: ContextVar[list[torch.Tensor] | None] = ContextVar("specdec_head_inputs", default=None)
 # The outputs of watched base models seen by the forward running in this thread (base_outputs), else None
 _BASE_OUTPUTS: ContextVar[list[torch.Tensor] | None] = ContextVar("specdec_base_outputs", default=None)
 _WATCHED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()  # output layers and base models with our hook
+# architectures whose layers' sliding windows layer_window knows, so HFRunner can mask a token tree
+TREE_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text")
+TREE_ATTENTION = ("sdpa", "eager", "specdec_rowwise")  # implementations that take a 4D additive mask or the tree
+
+
+def layer_window(config: Any, attention: Any) -> int | None:
+    """The sliding window an attention layer of TREE_ARCHITECTURES passes to the attention function (None:
+    full)."""
+    if config.model_type in ("qwen2", "qwen3", "gemma3_text"):
+        return getattr(attention, "sliding_window", None)  # per layer type
+    if config.model_type == "mistral":
+        return getattr(config, "sliding_window", None)
+    return None  # llama
+
+
+def tree_windows(model: PreTrainedModel) -> dict[str, int | None] | None:
+    """{layer type: its sliding window} of a model whose token trees HFRunner can mask (one entry, "", for a
+    model whose layers all share one window), else None."""
+    config = model.config
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if (config.model_type not in TREE_ARCHITECTURES or layers is None
+            or getattr(config, "_attn_implementation", None) not in TREE_ATTENTION):
+        return None
+    windows = [layer_window(config, layer.self_attn) for layer in layers]
+    if len(set(windows)) == 1:
+        return {"": windows[0]}
+    kinds = getattr(config, "layer_types", None)
+    if kinds is None:
+        return None
+    found: dict[str, int | None] = {}
+    for kind, window in zip(kinds, windows):
+        if found.setdefault(kind, window) != window:
+            return None
+    return found
+
+
+def tree_mask(tree: Tree, cached: int, window: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """The additive attention mask [1, 1, n, cached + n] of a token tree's n nodes after `cached` tokens
+    (keys in cache order, the nodes' at cached + i): 0 where node i sees the key (a cached one or an
+    ancestor or itself, within `window` positions of its own), the dtype's minimum elsewhere."""
+    n = len(tree)
+    depth = tree.depth_index  # [n]
+    position = torch.cat([torch.arange(cached), cached + depth])  # [cached + n]: each key's position
+    related = torch.zeros(n, n, dtype=torch.bool)  # [n, n]: j an ancestor of i, or i itself
+    owner = torch.repeat_interleave(torch.arange(n), torch.diff(tree.at.long()))  # [at[n]]: whose path each entry is
+    related[owner, tree.rows.long()] = True
+    seen = torch.cat([torch.ones(n, cached, dtype=torch.bool), related], dim=1)  # [n, cached + n]
+    if window:
+        seen &= position[None] > (cached + depth)[:, None] - window
+    mask = torch.zeros(n, cached + n, dtype=dtype).masked_fill_(~seen, torch.finfo(dtype).min)
+    return mask[None, None]
 
 
 def model_max_context(model: PreTrainedModel) -> int:
@@ -182,6 +248,7 @@ class HFRunner:
     """A transformers causal LM with its own KV cache."""
 
     capabilities = Capabilities()
+    _tree: tuple[int, Tree] | None = None  # the last forward_tree's (cached, tree) until keep_rows settles it
 
     def __init__(self, model: PreTrainedModel, max_context: int | None = None) -> None:
         from specdec.backends.quant import Int8Linear, is_int8, pack_all
@@ -190,7 +257,10 @@ class HFRunner:
         pack_all(m for m in model.modules() if isinstance(m, Int8Linear))  # now, not at the first token
         fastlinear.install(model)  # fp32 on CPU: k-token verification at about the cost of one token
         # int8 models (specdec.backends.quant) are batch-invariant; float models are not.
-        self.capabilities = Capabilities(batch_invariant=is_int8(model), hidden_states=watch_head_input(model))
+        self._windows = tree_windows(model)  # the sliding windows a tree's mask needs (None: no trees)
+        self.capabilities = Capabilities(batch_invariant=is_int8(model), hidden_states=watch_head_input(model),
+                                         tree=self._windows is not None)
+        self._int8 = is_int8(model)
         if self.capabilities.hidden_states:
             watch_base_output(model)
         self._hidden: torch.Tensor | None = None  # [n, H]: the output layer's input in the last forward
@@ -201,10 +271,59 @@ class HFRunner:
         self.max_context = max_context or model_max_context(model)
         self.tokens: list[int] = []
         self.cache = DynamicCache()
+        self._tree = None
+
+    def forward(self, new_tokens: Sequence[int], last_n: int | None = None) -> torch.Tensor:
+        return self._forward(self._checked(new_tokens), last_n)
+
+    def forward_tree(self, new_tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Append a token tree (TreeRunner.forward_tree): fp32 logits [n, V], row i bitwise a chain forward's
+        over token i's path for an int8 model, up to fp32 rounding for a float one.  hidden() and
+        hidden_tail() are then the n nodes' final hidden states [n, H], row i of node i, until keep_rows
+        narrows them to the kept path's."""
+        if self._windows is None:
+            raise SpecdecError(f"the transformers runner cannot verify a token tree on a {self.model.config.model_type} "
+                               "model")
+        from specdec.backends.quant import tree_attention
+
+        new_tokens = self._checked(new_tokens)
+        tree, cached = Tree(parents, len(new_tokens)), len(self.tokens)
+        positions = (cached + tree.depth_index)[None].to(self.device)  # [1, n]
+        if self._int8:  # rowwise_attention takes the tree itself and no mask
+            mask: Any = None
+        else:
+            dtype = next(self.model.parameters()).dtype
+            masks = {kind: tree_mask(tree, cached, window, dtype).to(self.device) for kind, window in self._windows.items()}
+            mask = masks[""] if "" in masks else masks  # [1, 1, n, cached + n], or one per layer type
+        with tree_attention(tree) if self._int8 else nullcontext():
+            logits = self._forward(new_tokens, None, attention_mask=mask, position_ids=positions)
+        self._tree = (cached, tree)
+        return logits
+
+    def keep_rows(self, cached: int, rows: Sequence[int]) -> None:
+        """After forward_tree over `cached` tokens, keep those and the tree's nodes `rows` (a root-to-node
+        path; TreeRunner.keep_rows): every cache layer keeps those positions, and hidden() / hidden_tail()
+        become those rows' [len(rows), H], as after a chain forward over them."""
+        rows = kept_rows(self._tree, cached, rows)
+        self._tree = None
+        new = self.tokens[cached:]
+        if rows == list(range(len(rows))):  # the path is in place: drop the rest
+            self.rollback(cached + len(rows))
+        else:
+            keep = torch.cat([torch.arange(cached), cached + torch.tensor(rows)]).to(self.device)  # [cached + m]
+            for layer in self.cache.layers:
+                if layer.is_initialized and layer.keys is not None and layer.keys.numel():
+                    layer.keys, layer.values = layer.keys[..., keep, :], layer.values[..., keep, :]  # [B, H, cached + m, D]
+            self.tokens[cached:] = [new[r] for r in rows]
+        if self._hidden is not None:
+            self._hidden = self._tail = self._hidden[rows]  # [m, H]: a tree forward keeps every row
+
+    def _checked(self, new_tokens: Sequence[int]) -> list[int]:
+        check_forward(self._tree)
+        return checked_new_tokens(new_tokens, len(self.tokens), self.max_context)
 
     @torch.inference_mode()
-    def forward(self, new_tokens: Sequence[int], last_n: int | None = None) -> torch.Tensor:
-        new_tokens = checked_new_tokens(new_tokens, len(self.tokens), self.max_context)
+    def _forward(self, new_tokens: list[int], last_n: int | None, **extra: Any) -> torch.Tensor:
         input_ids = torch.tensor([new_tokens], dtype=torch.long, device=self.device)  # [1, n]
         # A few tokens over a cache (a verification): the fast fp32 product; a prompt's prefill keeps
         # the model's own kernel, so plain decoding stays bitwise the model's (see fastlinear).
@@ -215,6 +334,7 @@ class HFRunner:
                 cache=self.cache,
                 use_cache=True,
                 logits_to_keep=last_n or 0,  # 0 = keep every position
+                **extra,
             )
         self.tokens.extend(new_tokens)
         self._tail = own_rows(tail_rows(bases[-1] if bases else None, seen[-1], self.hidden_rows)) if seen else None
@@ -236,8 +356,8 @@ class HFRunner:
         return last_hidden(self._tail, self)
 
     def rollback(self, n: int) -> None:
-        if n < 0:
-            raise ValueError(f"rollback to a negative length {n}")
+        check_rollback(self._tree, n)
+        self._tree = None
         drop = len(self.tokens) - n
         if drop <= 0:
             return
@@ -251,6 +371,7 @@ class HFRunner:
         self.cache = DynamicCache()
         self.tokens = []
         self._hidden = self._tail = None
+        self._tree = None
 
     @property
     def eos_token_ids(self) -> frozenset[int]:

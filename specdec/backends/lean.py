@@ -68,6 +68,22 @@ returns, is kept by reference: each runner of a packed forward gets its own rows
 A runner asked to keep more (``keep_hidden_rows(n)``) gets the final norm over
 its chunk's last n rows (``hidden_tail()``); the head runs on the logits' rows
 only, the last of them, as before: the norm is per row, so nothing changes.
+
+**Token trees** (``forward_tree`` / ``keep_rows``, specdec.backends.base.TreeRunner;
+issue 39, SpecInfer's tree attention, Miao et al. 2024, arXiv 2305.09781): a
+tree's n new tokens run as one chunk, row i's keys and values written at cache
+position cached + i, its rotary position cached + depth(i), and its attention
+over the cache and its ancestors and itself only (the kernel's tree mode,
+:mod:`specdec.backends.tree`).  Every other operation is per row, so an int8
+node's logits are bitwise those of a chain forward over its path (tested).
+After forward_tree, ``hidden()`` and ``hidden_tail()`` are the n nodes' rows in
+the order given; ``keep_rows`` copies the kept path's keys and values to
+consecutive positions (their rotary positions are already the chain's) and
+narrows those rows to the path's: what a chain forward over the path would
+have left.  A tree may be packed with other runners' chunks (forward_packed's
+``trees``).  The fp32 and torch int4 layer sets take trees too (PyTorch's
+attention over each row's gathered keys); the native int4 layers do not
+(``capabilities.tree`` False).
 """
 
 from __future__ import annotations
@@ -83,10 +99,11 @@ from torch import nn
 from specdec.backends import kernels
 from specdec.backends.base import Capabilities, last_hidden
 from specdec.backends.fastlinear import is_fp32_cpu_linear, weight_major_linear
-from specdec.backends.hf import model_eos_token_ids, model_identity, model_max_context
+from specdec.backends.hf import layer_window, model_eos_token_ids, model_identity, model_max_context
 from specdec.backends.int4 import Int4Linear
 from specdec.backends.kernels.bindings import Int4Model
 from specdec.backends.quant import Int8Linear, is_int8, pack_all
+from specdec.backends.tree import Tree, check_forward, check_rollback, kept_rows
 from specdec.errors import SpecdecError
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")
@@ -259,7 +276,7 @@ def _layers(model: Any) -> list[_Layer]:
             gate_up=fuse([mlp.gate_proj, mlp.up_proj]),
             down=_own(mlp.down_proj),
             scaling=float(attn.scaling),
-            sliding_window=_sliding_window(config, attn),
+            sliding_window=layer_window(config, attn),
             **extra,
         ))
     return layers
@@ -283,18 +300,23 @@ def _activation_code(config: Any) -> int:
 
 
 def _rowwise(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scaling: float,
-             window: int | None) -> torch.Tensor:
+             window: int | None, tree: Tree | None = None) -> torch.Tensor:
     """fp32 attention over this runner's cache, one PyTorch call per query row (the batched engine's fp32
-    path; int8 runners take kernels.attention.causal): q [H, n, D] at positions start.. -> [n, H D]."""
+    path; int8 runners take kernels.attention.causal): q [H, n, D] at positions start.. (a tree's rows: the
+    keys each sees gathered) -> [n, H D]."""
     n = q.shape[1]
     gqa = q.shape[0] != keys.shape[0]
     rows = []
     for i in range(n):
-        end = start + i + 1
-        lo = max(0, end - window) if window else 0
-        rows.append(F.scaled_dot_product_attention(
-            q[None, :, i : i + 1], keys[None, :, lo:end], values[None, :, lo:end], scale=scaling, enable_gqa=gqa,
-        ))  # [1, H, 1, D]
+        if tree is None:
+            end = start + i + 1
+            lo = max(0, end - window) if window else 0
+            k, v = keys[None, :, lo:end], values[None, :, lo:end]  # [1, H_kv, L, D]
+        else:
+            seen = torch.tensor(tree.visible(i, start, window))
+            k, v = keys[None, :, seen], values[None, :, seen]
+        rows.append(F.scaled_dot_product_attention(q[None, :, i : i + 1], k, v, scale=scaling, enable_gqa=gqa))
+        # [1, H, 1, D]
     out = rows[0] if n == 1 else torch.cat(rows, dim=2)  # [1, H, n, D]
     return out.transpose(1, 2).reshape(n, -1)
 
@@ -313,6 +335,7 @@ class LayerSet:
     dtype: str | None = None  # what its timings are keyed by where not the model's dtype (int8, or its parameters')
     batch_invariant = True  # a row's numbers do not depend on the other rows of the forward
     native = False  # the whole stack runs in one C call (kernels/int4_layers.c)
+    tree = True  # run() takes token trees
 
     def __init__(self, layers: list[_Layer], head: Linear) -> None:
         self.layers = layers
@@ -332,11 +355,12 @@ class LayerSet:
         raise NotImplementedError
 
     def run(self, runners: Sequence["LeanRunner"], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
-            cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+            cos: torch.Tensor, sin: torch.Tensor, trees: Sequence[Tree | None] | None = None) -> torch.Tensor:
         """All layers over the packed new rows x [total, hidden] of `runners` (over this set's model); returns
         the last layer's output [total, hidden].  Chunk r is rows offsets[r] .. offsets[r + 1] at positions
-        starts[r] on; cos, sin [tables, total, D]: each row's position's.  The rows' keys and values go into
-        their runners' caches."""
+        starts[r] on, or where trees[r] is a Tree the nodes of that tree (row i's keys and values at cache
+        position starts[r] + i); cos, sin [tables, total, D]: each row's position's.  The rows' keys and
+        values go into their runners' caches."""
         raise NotImplementedError
 
 
@@ -355,14 +379,15 @@ class TorchLayers(LayerSet):
 
     @staticmethod
     def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scaling: float,
-               window: int | None) -> torch.Tensor:
-        """q [H, n, D] at positions start.. over a runner's cache -> [n, H D]: specdec's attention kernel,
-        each row on its own (kernels.attention), as the int8 model's rowwise_attention."""
-        return kernels.attention.causal(q, keys, values, start, scaling, window)
+               window: int | None, tree: Tree | None = None) -> torch.Tensor:
+        """q [H, n, D] at positions start.. (or a tree's nodes) over a runner's cache -> [n, H D]: specdec's
+        attention kernel, each row on its own (kernels.attention), as the int8 model's rowwise_attention."""
+        return kernels.attention.causal(q, keys, values, start, scaling, window, tree=tree)
 
     def run(self, runners: Sequence["LeanRunner"], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
-            cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+            cos: torch.Tensor, sin: torch.Tensor, trees: Sequence[Tree | None] | None = None) -> torch.Tensor:
         lead, total = runners[0], x.shape[0]
+        trees = trees or [None] * len(runners)
         h_q, h_kv, d = lead.num_heads, lead.num_kv_heads, lead.head_dim
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, lead.eps)
@@ -375,13 +400,13 @@ class TorchLayers(LayerSet):
             qk = rotate(qk.transpose(0, 1), cos[layer.rope], sin[layer.rope])  # [H + H_kv, total, D]
             v = qkv[:, (h_q + h_kv) * d :].view(total, h_kv, d).transpose(0, 1)  # [H_kv, total, D]
             rows = []
-            for r, start, lo, hi in zip(runners, starts, offsets, offsets[1:]):
+            for r, start, lo, hi, tree in zip(runners, starts, offsets, offsets[1:], trees):
                 end = start + hi - lo
                 r.keys[i][:, start:end] = qk[h_q:, lo:hi]
                 r.values[i][:, start:end] = v[:, lo:hi]
                 q = qk[:h_q, lo:hi].contiguous()  # [H, n, D]: the same layout whatever the neighbours
                 rows.append(self.attend(q, r.keys[i], r.values[i], start, layer.scaling,
-                                        layer.sliding_window))  # [n, H D]
+                                        layer.sliding_window, tree))  # [n, H D]
             attn = rows[0] if len(rows) == 1 else torch.cat(rows)  # [total, H D]
             out = layer.o(attn)  # [total, hidden]
             if layer.attn_out_norm is not None:
@@ -433,6 +458,7 @@ class NativeInt4Layers(LayerSet):
     backend = "specdec int4"
     dtype = "int4"
     native = True
+    tree = False  # int4_layers.c computes chains only
 
     def __init__(self, layers: list[_Layer], head: Linear, act_code: int) -> None:
         super().__init__(layers, head)
@@ -457,8 +483,10 @@ class NativeInt4Layers(LayerSet):
         return cls(torch_path.layers, torch_path.head, _activation_code(model.config))  # type: ignore[call-arg]
 
     def run(self, runners: Sequence["LeanRunner"], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
-            cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """In place: x is the last layer's output after the call."""
+            cos: torch.Tensor, sin: torch.Tensor, trees: Sequence[Tree | None] | None = None) -> torch.Tensor:
+        """In place: x is the last layer's output after the call.  Chains only (trees: None each)."""
+        if trees and any(t is not None for t in trees):
+            raise ValueError("the native int4 layers compute no token trees (LayerSet.tree)")
         lead = runners[0]
         sizes = [hi - lo for lo, hi in zip(offsets, offsets[1:])]
         assert x.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
@@ -494,7 +522,8 @@ class LeanRunner:
         config = model.config
         self.model = model  # kept for its config, generation config and eos ids
         # int8 models are batch-invariant (specdec.backends.quant); fp32 ones are not
-        self.capabilities = Capabilities(batch_invariant=self.layer_set.batch_invariant, hidden_states=True)
+        self.capabilities = Capabilities(batch_invariant=self.layer_set.batch_invariant, hidden_states=True,
+                                         tree=self.layer_set.tree)
         inner = model.model
         self.embed = inner.embed_tokens.weight.detach()  # [V, hidden]
         gemma = config.model_type in GEMMA
@@ -520,6 +549,8 @@ class LeanRunner:
         self._hidden: torch.Tensor | None = None  # [n, hidden]: the head's input in the last forward
         self._tail: torch.Tensor | None = None  # [m, hidden]: the last forward's last m rows, _hidden their end
         self.hidden_rows = 0  # keep_hidden_rows: rows of each forward to keep beyond the logits'
+        # the last forward_tree's (cached, tree) until keep_rows, rollback or reset settles it
+        self._tree: tuple[int, Tree] | None = None
 
     def _reserve(self, length: int) -> None:
         """Room in the cache and the rotary table for `length` positions."""
@@ -545,6 +576,7 @@ class LeanRunner:
         self._addresses = [t.data_ptr() for pair in zip(self.keys, self.values) for t in pair]
 
     def _check(self, new_tokens: Sequence[int]) -> list[int]:
+        check_forward(self._tree)
         new_tokens = list(new_tokens)
         if not new_tokens:
             raise ValueError("forward needs at least one token")
@@ -557,6 +589,31 @@ class LeanRunner:
 
     def forward(self, new_tokens: Sequence[int], last_n: int | None = None) -> torch.Tensor:
         return forward_packed([self], [new_tokens], [last_n])[0]
+
+    def forward_tree(self, new_tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Append a token tree (TreeRunner.forward_tree): fp32 logits [n, V], row i bitwise a chain forward's
+        over token i's path for an int8 model.  hidden() and hidden_tail() are then the n nodes' final
+        hidden states [n, hidden], row i of node i, until keep_rows narrows them to the kept path's."""
+        if not self.capabilities.tree:
+            raise SpecdecError(f"the {self.describe()} lean runner cannot verify a token tree")
+        new_tokens = list(new_tokens)
+        return forward_packed([self], [new_tokens], [None], trees=[Tree(parents, len(new_tokens))])[0]
+
+    @torch.inference_mode()  # the caches are inference tensors
+    def keep_rows(self, cached: int, rows: Sequence[int]) -> None:
+        """After forward_tree over `cached` tokens, keep those and the tree's nodes `rows` (a root-to-node
+        path; TreeRunner.keep_rows): their keys and values move to positions cached, cached + 1, ..., and
+        hidden() / hidden_tail() become those rows' [len(rows), hidden], as after a chain forward over them."""
+        rows = kept_rows(self._tree, cached, rows)
+        if rows != list(range(len(rows))):  # the path is not already in place
+            source = torch.tensor(rows) + cached  # [m]: ascending, each >= its destination
+            for cache in (*self.keys, *self.values):
+                cache[:, cached : cached + len(rows)] = cache[:, source]  # [H_kv, m, D]
+        new = self.tokens[cached:]
+        self.tokens[cached:] = [new[r] for r in rows]
+        if self._hidden is not None:
+            self._hidden = self._tail = self._hidden[rows]  # [m, hidden]: a tree forward keeps every row
+        self._tree = None
 
     def hidden(self) -> torch.Tensor:
         """The last forward's final hidden states [n, hidden] fp32 (HiddenStateRunner.hidden): the final
@@ -572,12 +629,12 @@ class LeanRunner:
         return last_hidden(self._tail, self)
 
     def rollback(self, n: int) -> None:
-        if n < 0:
-            raise ValueError(f"rollback to a negative length {n}")
+        check_rollback(self._tree, n)
+        self._tree = None
         del self.tokens[n:]  # the cache rows past n are simply overwritten later
 
     def reset(self) -> None:
-        self.tokens = []
+        self.tokens, self._tree = [], None
         self._hidden = self._tail = None
 
     @property
@@ -596,15 +653,20 @@ class LeanRunner:
 
 @torch.inference_mode()
 def forward_packed(runners: Sequence[LeanRunner], chunks: Sequence[Sequence[int]],
-                   last_ns: Sequence[int | None]) -> list[torch.Tensor]:
+                   last_ns: Sequence[int | None], trees: Sequence[Tree | None] | None = None) -> list[torch.Tensor]:
     """One forward for several runners over the same model: runner r appends chunks[r] to its cache
     and gets fp32 logits [n_r, V] for the last last_ns[r] (None: all) of them.
 
     The chunks are packed one after another into one [total, hidden] matrix: norms, projections,
     rotary embeddings and the MLP are per token; each chunk attends to its own runner's cache.
+    trees[r], where given and not None, makes chunk r a token tree of that shape (LeanRunner.forward_tree:
+    last_ns[r] must be None; the runner then waits for keep_rows).
     """
-    if not runners or len(runners) != len(chunks) or len(chunks) != len(last_ns):
-        raise ValueError("forward_packed needs one chunk and one last_n per runner")
+    trees = list(trees) if trees is not None else [None] * len(runners)
+    if not runners or len(runners) != len(chunks) or len(chunks) != len(last_ns) or len(trees) != len(runners):
+        raise ValueError("forward_packed needs one chunk, one last_n and one tree (or None) per runner")
+    if any(t is not None and (last_n is not None or len(t) != len(c)) for t, c, last_n in zip(trees, chunks, last_ns)):
+        raise ValueError("a tree chunk needs one parent per token and every row's logits (last_n None)")
     if len({id(r) for r in runners}) != len(runners):
         raise ValueError("a runner appears twice in one packed forward")
     lead = runners[0]
@@ -617,12 +679,14 @@ def forward_packed(runners: Sequence[LeanRunner], chunks: Sequence[Sequence[int]
     sizes = [len(c) for c in chunks]
     offsets = [sum(sizes[:i]) for i in range(len(sizes) + 1)]  # chunk i is rows offsets[i]:offsets[i + 1]
     total = offsets[-1]
-    cos = torch.cat([r._cos[:, s : s + n] for r, s, n in zip(runners, starts, sizes)], dim=1)  # [tables, total, D]
-    sin = torch.cat([r._sin[:, s : s + n] for r, s, n in zip(runners, starts, sizes)], dim=1)
+    # each chunk's rotary rows: a chain's positions s .., a tree's s + depth
+    at = [slice(s, s + n) if t is None else s + t.depth_index for s, n, t in zip(starts, sizes, trees)]
+    cos = torch.cat([r._cos[:, a] for r, a in zip(runners, at)], dim=1)  # [tables, total, D]
+    sin = torch.cat([r._sin[:, a] for r, a in zip(runners, at)], dim=1)
     x = F.embedding(torch.tensor([t for c in chunks for t in c]), lead.embed)  # [total, hidden]
     if lead.embed_scale is not None:
         x = x * lead.embed_scale
-    x = lead.layer_set.run(runners, starts, offsets, x, cos, sin)  # [total, hidden]
+    x = lead.layer_set.run(runners, starts, offsets, x, cos, sin, trees)  # [total, hidden]
     keeps = [n if last_n is None else min(last_n, n) for n, last_n in zip(sizes, last_ns)]
     # the rows to norm: the logits' and, where a runner keeps more hidden rows, its chunk's last ones
     tails = [max(keep, min(r.hidden_rows, n)) for r, keep, n in zip(runners, keeps, sizes)]
@@ -637,16 +701,9 @@ def forward_packed(runners: Sequence[LeanRunner], chunks: Sequence[Sequence[int]
         logits = lead.head(normed)  # [sum keeps, V]
     else:  # the head over the logits' rows only
         logits = lead.head(hiddens[0] if len(runners) == 1 else torch.cat(hiddens))  # [sum keeps, V]
-    for r, c, tail, hidden in zip(runners, chunks, rows, hiddens):
+    for r, c, tail, hidden, start, tree in zip(runners, chunks, rows, hiddens, starts, trees):
         r.tokens.extend(c)
         r._tail, r._hidden = tail, hidden  # [tail_r, hidden], [keep_r, hidden]: views, no copy
+        r._tree = None if tree is None else (start, tree)
     return list(logits.split(keeps)) if len(runners) > 1 else [logits]
 
-
-def _sliding_window(config: Any, attention: Any) -> int | None:
-    """The window each architecture's attention passes to the attention function (None: full)."""
-    if config.model_type == "qwen2" or config.model_type in GEMMA:
-        return getattr(attention, "sliding_window", None)  # per layer type
-    if config.model_type == "mistral":
-        return getattr(config, "sliding_window", None)
-    return None  # llama

@@ -42,6 +42,13 @@ prompt processing slower (BENCHMARKS.md, component timings).
 
 ``exact=False`` keeps llama.cpp's fastest kernels (repacking on); use it for
 draft models, whose numerics never affect the output.
+
+Token trees (issue 39, TreeRunner): not offered (``capabilities.tree`` False).
+llama.cpp could mask a tree through sequence ids (one per leaf, the shared
+ancestors' cells in several sequences) and positions by depth, but whether its
+attention then sums a node's keys in the order a chain over its path does --
+which the exactness above needs -- is not something it promises or that could
+be checked here, so the decode loop verifies chains on this backend.
 """
 
 from __future__ import annotations

@@ -50,18 +50,23 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch import nn
 
 from specdec.backends import kernels
+from specdec.backends.tree import Tree
 
 FORMAT = "specdec-int8-v1"  # written into saved folders; bump when the format or the numerics change
 ATTENTION = "specdec_rowwise"
 _WEIGHTS_FILE = "model.safetensors"
 _INDEX_FILE = "specdec-int8.json"
+# The token tree whose forward runs in this thread (tree_attention), else None: rowwise_attention's rows
+_TREE: ContextVar[Tree | None] = ContextVar("specdec_tree", default=None)
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,6 +137,17 @@ def pack_all(linears: Iterable[Int8Linear], threads: int = 2) -> None:
         list(pool.map(Int8Linear.pack, todo))
 
 
+@contextmanager
+def tree_attention(tree: Tree) -> Iterator[None]:
+    """Inside the block, rowwise_attention in this thread computes the new rows as this token tree's nodes
+    (kernels.attention.causal's tree mode; the forward's attention mask is ignored, as always)."""
+    token = _TREE.set(tree)
+    try:
+        yield
+    finally:
+        _TREE.reset(token)
+
+
 def rowwise_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -147,15 +163,16 @@ def rowwise_attention(
 
     query: [1, H, q, D]; key, value: [1, H_kv, L, D] (the cache, the q new positions last).
     Row i sits at position L - q + i and sees keys up to it (the last `sliding_window`
-    of them on sliding-window layers).  Returns [1, q, H, D].  Batch size 1 only: the
-    decode loop runs one sequence per runner, with no padding.
+    of them on sliding-window layers); inside tree_attention the q new rows are that
+    tree's nodes instead.  Returns [1, q, H, D].  Batch size 1 only: the decode loop
+    runs one sequence per runner, with no padding.
     """
     if query.shape[0] != 1:
         raise ValueError("rowwise attention runs one sequence at a time")
     _, heads, q_len, d = query.shape
     scale = scaling if scaling is not None else d ** -0.5
     out = kernels.attention.causal(query[0].float(), key[0].float(), value[0].float(), key.shape[2] - q_len,
-                                   scale, sliding_window)  # [q, H D]
+                                   scale, sliding_window, tree=_TREE.get())  # [q, H D]
     return out.view(1, q_len, heads, d), None
 
 

@@ -156,6 +156,7 @@ class Seq2SeqRunner:
     # Keep the first n decoder tokens: HFRunner's rollback, as EncoderDecoderCache.crop crops the
     # self-attention cache only (the cross-attention over the source stays) and rollback(0) is reset().
     rollback = HFRunner.rollback
+    _tree = None  # what HFRunner.rollback checks: this runner never holds a token tree
 
     def reset(self) -> None:
         """Empty the decoder's self-attention cache; the source and its cross-attention cache stay."""

@@ -5,6 +5,8 @@
   take and one they leave to C, context lengths on and off the 16-lane blocks.
 - A query row's result is the same alone, among any other rows, at any thread count.
 - Scores far below the maximum give exactly zero weight; a NaN query poisons only its own row and head.
+- Tree mode (issue 39): a token tree's node is bitwise the chain over its path (the cache, its ancestors,
+  itself; sliding windows that end among the ancestors too), close to float64, the same on every path.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import pytest
 import torch
 
 from specdec.backends import kernels
+from specdec.backends.tree import Tree
 
 
 def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float,
-              window: int | None) -> torch.Tensor:
+              window: int | None, tree: Tree | None = None) -> torch.Tensor:
     """The same attention in float64: q [H, n, D], keys/values [H_kv, L, D] -> [n, H * D]."""
     heads, n, d = q.shape
     group = heads // keys.shape[0]
@@ -24,8 +27,9 @@ def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: 
     for i in range(n):
         end = start + i + 1
         lo = max(0, end - window) if window else 0
+        seen = torch.arange(lo, end) if tree is None else torch.tensor(tree.visible(i, start, window))
         for h in range(heads):
-            k, v = keys[h // group, lo:end].double(), values[h // group, lo:end].double()
+            k, v = keys[h // group, seen].double(), values[h // group, seen].double()
             weights = torch.softmax(k @ q[h, i].double() * scale, dim=0)  # [L]
             out[i, h] = weights @ v
     return out.reshape(n, heads * d)
@@ -107,3 +111,42 @@ def test_shapes_that_do_not_fit_are_refused():
         kernels.attention.causal(q.double(), keys, values, 0, 0.1)
     with pytest.raises(ValueError, match="does not fit"):
         kernels.attention.causal(torch.randn(3, 1, 16), keys, values, 0, 0.1)  # 3 heads over 2 key heads
+
+
+TREES = [  # parents: one node, a chain, a bushy tree, one deeper than the windows of SHAPES, two roots
+    [-1],
+    [-1, 0, 1, 2],
+    [-1, 0, 0, 1, 1, 2, 3, 4, 0],
+    [-1, 0, 1, 2, 3, 4, 5, 6, 2, 8, 9],
+    [-1, -1, 0, 1],
+]
+
+
+@pytest.mark.parametrize("heads,kv_heads,d,window", SHAPES)
+def test_a_tree_node_is_its_paths_chain_on_every_path(heads, kv_heads, d, window):
+    for start in (0, 15, 16, 70):  # past 64 keys: several 16-key blocks before the nodes
+        for t, parents in enumerate(TREES):
+            tree, n = Tree(parents), len(parents)
+            q, keys, values = inputs(heads, kv_heads, d, start + n, n, seed=start * 10 + t + d)
+            scale = d ** -0.5
+            out = kernels.attention.causal(q, keys, values, start, scale, window, tree=tree)  # [n, H D]
+            assert torch.allclose(out.double(), reference(q, keys, values, start, scale, window, tree),
+                                  atol=2e-6, rtol=1e-5)
+            for path in kernels.attention.paths():
+                assert torch.equal(out, kernels.attention.causal(q, keys, values, start, scale, window, path=path,
+                                                                 tree=tree)), path
+            for i, nodes in enumerate(tree.paths):
+                seen = [*range(start), *(start + j for j in nodes)]  # the chain: cache, then the path
+                chain = kernels.attention.causal(q[:, nodes], keys[:, seen], values[:, seen], start, scale, window)
+                assert torch.equal(out[i], chain[-1]), (start, parents, i)
+
+
+def test_a_chain_given_as_a_tree_is_the_chain_and_a_tree_must_fit():
+    q, keys, values = inputs(12, 2, 128, 60, 9, seed=5)
+    chain = Tree([i - 1 for i in range(9)])
+    assert chain.is_chain() and not Tree([-1, 0, 0]).is_chain()
+    for window in (None, 4):
+        assert torch.equal(kernels.attention.causal(q, keys, values, 51, 0.1, window, tree=chain),
+                           kernels.attention.causal(q, keys, values, 51, 0.1, window))
+    with pytest.raises(ValueError, match="tree of 3 nodes"):
+        kernels.attention.causal(q, keys, values, 51, 0.1, tree=Tree([-1, 0, 0]))

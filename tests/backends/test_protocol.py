@@ -4,7 +4,7 @@ Each runner -- transformers fp32 and int8, the lean runner's layer sets,
 encoder-decoder, llama.cpp (over a fake session), stairs, the tests' toy --
 is a ModelRunner, names its backend as the CLI prints it, gives its model's
 end-of-sequence ids, and clones itself over the same loaded model or refuses
-with one line.
+with one line; those whose capabilities say tree are TreeRunners.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.backends.base import ModelRunner
+from specdec.backends.base import ModelRunner, TreeRunner
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import Fp32Layers, Int8Layers, LeanRunner, NativeInt4Layers
 from specdec.backends.llamacpp import LlamaCppRunner
@@ -55,6 +55,12 @@ def test_runners_give_their_models_end_of_sequence_ids():
     assert found["hf fp32"] == found["lean int8"] == found["lean int4"] == frozenset({2})  # the generation config's
     assert found["llama.cpp"] == frozenset({7})  # the GGUF's
     assert found["stairs"] == found["toy"] == frozenset()  # none of their own: the engine adds the tokenizer's
+
+
+def test_runners_whose_capabilities_say_tree_are_tree_runners():
+    found = {name: runner for name, (runner, _) in runners().items() if runner.capabilities.tree}
+    assert set(found) == {"hf fp32", "hf int8", "lean int8", "lean fp32"}  # not int4 drafts, llama.cpp, ...
+    assert all(isinstance(runner, TreeRunner) for runner in found.values())
 
 
 def test_the_lean_runner_chooses_its_layer_set_once():

@@ -18,6 +18,14 @@
  * the same bits (tested).  Nothing in a row's result depends on the other rows, their number or the threads:
  * a token's attention is the same in a one-token step, a k-token verification and a prefill (batch
  * invariance, as the int8 linears).  Compiled with -ffp-contract=off: the multiply-adds are the explicit ones.
+ *
+ * Tree mode (tree_at non-NULL; issue 39, SpecInfer's tree attention, Miao et al. 2024, arXiv 2305.09781): the n
+ * new rows are a token tree whose keys and values sit at positions start .. start + n - 1 in the order given.
+ * Row i sees the new rows tree_rows[tree_at[i] .. tree_at[i + 1]) -- its ancestors from the root, itself last --
+ * after the cached positions [lo, start): its position is start + depth, depth = that count - 1, and the window
+ * counts positions, so it keeps the last `window` of (cache, ancestors, itself).  Those keys are the ones a chain
+ * forward over the row's path sees, in the same order: the sums above run over the same numbers in the same
+ * lanes, so a node's attention is bitwise its path's chain's (tested on every path).
  */
 #include <math.h>
 #include <stdint.h>
@@ -60,6 +68,20 @@ static inline float exp_c(float x) {
     return p * scale;
 }
 
+/* ------------------------------------------------------------------ the visible keys of one (row, head)
+ * Keys (or values) j = 0 .. n1 - 1 at run + j * stride (consecutive cached positions), then j = n1 .. n1 + n2 - 1
+ * at slots + tail[j - n1] * stride (a tree row's ancestors and itself; n2 = 0 in a chain). */
+typedef struct {
+    const float *run, *slots;
+    const int *tail;
+    int n1, n2;
+    int64_t stride;
+} rows_view;
+
+static inline const float *row_of(const rows_view *r, int j) {
+    return j < r->n1 ? r->run + (int64_t)j * r->stride : r->slots + (int64_t)r->tail[j - r->n1] * r->stride;
+}
+
 /* ------------------------------------------------------------------ portable path */
 
 static float tree16(const float *p) {
@@ -85,10 +107,12 @@ static float softmax_c(float *s, int n, float m) {
     return tree16(p);
 }
 
-static void weighted_c(const float *e, int n, const float *v, int64_t vstride, int d, float z, float *out) {
+static void weighted_c(const float *e, const rows_view *v, int d, float z, float *out) {
+    const float *et = e + v->n1;
     for (int c = 0; c < d; c++) {
         float acc = 0.0f;
-        for (int j = 0; j < n; j++) acc = fmaf(e[j], v[(int64_t)j * vstride + c], acc);
+        for (int j = 0; j < v->n1; j++) acc = fmaf(e[j], v->run[(int64_t)j * v->stride + c], acc);
+        for (int j = 0; j < v->n2; j++) acc = fmaf(et[j], v->slots[(int64_t)v->tail[j] * v->stride + c], acc);
         out[c] = acc / z;
     }
 }
@@ -147,19 +171,24 @@ AVX2 static float softmax_avx2(float *s, int n, float m) {
     return tree16(p);
 }
 
-AVX2 static void weighted_avx2(const float *e, int n, const float *v, int64_t vstride, int d, float z, float *out) {
+/* One weight times one value row into four (AVX2: 32 columns) or one (8 columns) accumulators. */
+#define FMA4_AVX2(w, vj)                                      \
+    do {                                                      \
+        a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj), a0);      \
+        a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8), a1);  \
+        a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 16), a2); \
+        a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 24), a3); \
+    } while (0)
+
+AVX2 static void weighted_avx2(const float *e, const rows_view *v, int d, float z, float *out) {
     const __m256 vz = _mm256_set1_ps(z);
+    const float *et = e + v->n1;
+    const int64_t vstride = v->stride;
     int c = 0;
     for (; c + 32 <= d; c += 32) {
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int j = 0; j < n; j++) {
-            const float *vj = v + (int64_t)j * vstride + c;
-            const __m256 w = _mm256_broadcast_ss(e + j);
-            a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj), a0);
-            a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8), a1);
-            a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 16), a2);
-            a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 24), a3);
-        }
+        for (int j = 0; j < v->n1; j++) FMA4_AVX2(_mm256_broadcast_ss(e + j), v->run + (int64_t)j * vstride + c);
+        for (int j = 0; j < v->n2; j++) FMA4_AVX2(_mm256_broadcast_ss(et + j), v->slots + (int64_t)v->tail[j] * vstride + c);
         _mm256_storeu_ps(out + c, _mm256_div_ps(a0, vz));
         _mm256_storeu_ps(out + c + 8, _mm256_div_ps(a1, vz));
         _mm256_storeu_ps(out + c + 16, _mm256_div_ps(a2, vz));
@@ -167,10 +196,14 @@ AVX2 static void weighted_avx2(const float *e, int n, const float *v, int64_t vs
     }
     for (; c < d; c += 8) {
         __m256 a = _mm256_setzero_ps();
-        for (int j = 0; j < n; j++) a = _mm256_fmadd_ps(_mm256_broadcast_ss(e + j), _mm256_loadu_ps(v + (int64_t)j * vstride + c), a);
+        for (int j = 0; j < v->n1; j++)
+            a = _mm256_fmadd_ps(_mm256_broadcast_ss(e + j), _mm256_loadu_ps(v->run + (int64_t)j * vstride + c), a);
+        for (int j = 0; j < v->n2; j++)
+            a = _mm256_fmadd_ps(_mm256_broadcast_ss(et + j), _mm256_loadu_ps(v->slots + (int64_t)v->tail[j] * vstride + c), a);
         _mm256_storeu_ps(out + c, _mm256_div_ps(a, vz));
     }
 }
+#undef FMA4_AVX2
 
 /* ------------------------------------------------------------------ AVX-512 path (16 lanes in one register) */
 
@@ -215,20 +248,24 @@ AVX512 static float softmax_avx512(float *s, int n, float m) {
     return tree16(p);
 }
 
-AVX512 static void weighted_avx512(const float *e, int n, const float *v, int64_t vstride, int d, float z,
-                                   float *out) {
+/* One weight times one value row into four (AVX-512: 64 columns) accumulators. */
+#define FMA4_AVX512(w, vj)                                     \
+    do {                                                       \
+        a0 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj), a0);       \
+        a1 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 16), a1);  \
+        a2 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 32), a2);  \
+        a3 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 48), a3);  \
+    } while (0)
+
+AVX512 static void weighted_avx512(const float *e, const rows_view *v, int d, float z, float *out) {
     const __m512 vz = _mm512_set1_ps(z);
+    const float *et = e + v->n1;
+    const int64_t vstride = v->stride;
     int c = 0;
     for (; c + 64 <= d; c += 64) {
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int j = 0; j < n; j++) {
-            const float *vj = v + (int64_t)j * vstride + c;
-            const __m512 w = _mm512_set1_ps(e[j]);
-            a0 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj), a0);
-            a1 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 16), a1);
-            a2 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 32), a2);
-            a3 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 48), a3);
-        }
+        for (int j = 0; j < v->n1; j++) FMA4_AVX512(_mm512_set1_ps(e[j]), v->run + (int64_t)j * vstride + c);
+        for (int j = 0; j < v->n2; j++) FMA4_AVX512(_mm512_set1_ps(et[j]), v->slots + (int64_t)v->tail[j] * vstride + c);
         _mm512_storeu_ps(out + c, _mm512_div_ps(a0, vz));
         _mm512_storeu_ps(out + c + 16, _mm512_div_ps(a1, vz));
         _mm512_storeu_ps(out + c + 32, _mm512_div_ps(a2, vz));
@@ -236,10 +273,14 @@ AVX512 static void weighted_avx512(const float *e, int n, const float *v, int64_
     }
     for (; c < d; c += LANES) {
         __m512 a = _mm512_setzero_ps();
-        for (int j = 0; j < n; j++) a = _mm512_fmadd_ps(_mm512_set1_ps(e[j]), _mm512_loadu_ps(v + (int64_t)j * vstride + c), a);
+        for (int j = 0; j < v->n1; j++)
+            a = _mm512_fmadd_ps(_mm512_set1_ps(e[j]), _mm512_loadu_ps(v->run + (int64_t)j * vstride + c), a);
+        for (int j = 0; j < v->n2; j++)
+            a = _mm512_fmadd_ps(_mm512_set1_ps(et[j]), _mm512_loadu_ps(v->slots + (int64_t)v->tail[j] * vstride + c), a);
         _mm512_storeu_ps(out + c, _mm512_div_ps(a, vz));
     }
 }
+#undef FMA4_AVX512
 
 static int best_isa(void) {
     static int cached = -1;
@@ -261,22 +302,39 @@ static int best_isa(void) { return ATT_C; }
 /* Query row i, head h of the job; s: room for start + n scores.  The vector paths need d % 16 == 0
  * (sd_attention takes the C path otherwise: the same numbers). */
 static void attend(const sd_attention_params *job, int i, int h, float *s) {
-    const int end = job->start + i + 1;
+    /* The visible positions: the cached ones [lo, cut), then (tree mode) the new rows tail[0 .. n2). */
+    const int *tail = NULL;
+    int end, cut, n2 = 0;
+    if (job->tree_at) {
+        const int first = job->tree_at[i], count = job->tree_at[i + 1] - first; /* ancestors and itself */
+        end = job->start + count; /* one past the row's position, start + depth */
+        cut = job->start;
+        tail = job->tree_rows + first;
+        n2 = count;
+    } else {
+        end = cut = job->start + i + 1;
+    }
     const int lo = job->window > 0 && end > job->window ? end - job->window : 0;
-    const int n = end - lo, d = job->d;
+    if (lo > cut) { /* the window starts among the ancestors */
+        tail += lo - cut;
+        n2 -= lo - cut;
+        cut = lo;
+    }
+    const int n = cut - lo + n2, d = job->d;
     const float *q = job->q + (int64_t)h * job->q_head + (int64_t)i * job->q_row;
-    const int64_t kvh = (int64_t)(h / (job->heads / job->kv_heads)) * job->kv_head;
-    const float *k = job->k + kvh + (int64_t)lo * job->kv_row, *v = job->v + kvh + (int64_t)lo * job->kv_row;
+    const int64_t kvh = (int64_t)(h / (job->heads / job->kv_heads)) * job->kv_head, new_rows = (int64_t)job->start * job->kv_row;
+    const rows_view k = {job->k + kvh + (int64_t)lo * job->kv_row, job->k + kvh + new_rows, tail, cut - lo, n2, job->kv_row};
+    const rows_view v = {job->v + kvh + (int64_t)lo * job->kv_row, job->v + kvh + new_rows, tail, cut - lo, n2, job->kv_row};
     float *out = job->out + (int64_t)i * job->out_row + (int64_t)h * job->out_head;
     float m = -INFINITY;
 /* The three steps of the top of the file, on one path's functions (dot_P, softmax_P, weighted_P). */
 #define ATTEND_ON(P)                                                                                \
     do {                                                                                            \
         for (int j = 0; j < n; j++) {                                                               \
-            s[j] = dot_##P(q, k + (int64_t)j * job->kv_row, d) * job->scale;                        \
+            s[j] = dot_##P(q, row_of(&k, j), d) * job->scale;                                       \
             m = s[j] > m ? s[j] : m;                                                                \
         }                                                                                           \
-        weighted_##P(s, n, v, job->kv_row, d, softmax_##P(s, n, m), out);                           \
+        weighted_##P(s, &v, d, softmax_##P(s, n, m), out);                                          \
     } while (0)
 #ifdef SD_X86
     if (job->isa == ATT_AVX512) {
@@ -292,8 +350,8 @@ static void attend(const sd_attention_params *job, int i, int h, float *s) {
 #undef ATTEND_ON
 }
 
-/* out[i, h, :] = attention of query row i (position start + i), head h (see sd_attention_params and the top
- * of the file).  Rows and heads are shared among up to p->threads threads (which thread computes one changes no
+/* out[i, h, :] = attention of query row i (position start + i, or start + its depth in tree mode), head h (see
+ * sd_attention_params and the top of the file).  Rows and heads are shared among up to p->threads threads (which thread computes one changes no
  * number).  p->isa: 0 for the best path, else at most that path (the tests compare them).  Returns 0, or -1
  * when out of memory. */
 int sd_attention(const sd_attention_params *p) {

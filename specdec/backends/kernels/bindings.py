@@ -24,12 +24,14 @@ class LinearParams(ctypes.Structure):
 
 
 class AttentionParams(ctypes.Structure):
-    """sd_attention_params: exact causal attention of n query rows at positions start.. (attention.c)."""
+    """sd_attention_params: exact causal attention of n query rows at positions start.., or of a token tree's
+    rows (tree_at, tree_rows; attention.c)."""
 
     _fields_ = [("q", c_void_p), ("q_head", c_int64), ("q_row", c_int64), ("k", c_void_p), ("v", c_void_p),
                 ("kv_head", c_int64), ("kv_row", c_int64), ("out", c_void_p), ("out_row", c_int64),
                 ("out_head", c_int64), ("n", c_int), ("start", c_int), ("heads", c_int), ("kv_heads", c_int),
-                ("d", c_int), ("scale", c_float), ("window", c_int), ("threads", c_int), ("isa", c_int)]
+                ("d", c_int), ("scale", c_float), ("window", c_int), ("threads", c_int), ("isa", c_int),
+                ("tree_at", c_void_p), ("tree_rows", c_void_p)]
 
 
 class Int4Model(ctypes.Structure):

@@ -49,7 +49,10 @@ int sd_isa4(void);
 
 /* ------------------------------------------------------------------ attention (attention.c)
  * out[i, h, :] = exact causal attention of query row i (position start + i), head h, over the keys and values
- * at positions [lo, start + i + 1), lo = max(0, start + i + 1 - window) when window > 0 (else 0). */
+ * at positions [lo, start + i + 1), lo = max(0, start + i + 1 - window) when window > 0 (else 0).  Tree mode
+ * (tree_at non-NULL): the new rows are a token tree; row i sees the cached positions [lo, start) and the new
+ * rows tree_rows[tree_at[i] .. tree_at[i + 1]) (its ancestors from the root, itself last, each at position
+ * start + its index), the last `window` of them all where window > 0. */
 typedef struct {
     const float *q;          /* element (h, i, c) at q[h * q_head + i * q_row + c] */
     int64_t q_head, q_row;
@@ -61,6 +64,8 @@ typedef struct {
     float scale;
     int window;              /* a sliding window's size (0: none) */
     int threads, isa;
+    const int *tree_at;      /* [n + 1], or NULL: a chain (row i at position start + i) */
+    const int *tree_rows;    /* [tree_at[n]]: each row's visible new rows, root first */
 } sd_attention_params;
 
 /* Returns 0, or -1 when out of memory. */
