@@ -14,6 +14,7 @@ from specdec.backends.lean import LeanRunner
 from specdec.backends.quant import quantize_model
 from specdec.control import FixedK
 from specdec.drafters.base import Draft
+from specdec.drafters.tree import TreeShape
 from specdec.errors import SpecdecError
 from specdec.head.drafter import HeadDrafter
 from specdec.head.train import TrainResult, target_pass
@@ -58,6 +59,20 @@ def test_greedy_is_bitwise_plain_greedy_int8(k: int, text: list[list[int]], trai
         reference = run(runner, prompt, STOP).token_ids
         out = run(runner, prompt, STOP, HeadDrafter(trained.head, runner), k)
         assert out.token_ids == reference
+
+
+@pytest.mark.parametrize("width,k", [(2, 3), (3, 4)])
+def test_tree_drafts_are_bitwise_plain_greedy_int8(width: int, k: int, text: list[list[int]],
+                                                   trained: TrainResult) -> None:
+    runner = LeanRunner(quantize_model(tiny_model("llama", seed=0)))
+    trees = 0
+    for prompt in prompts(text):
+        reference = run(runner, prompt, STOP).token_ids
+        drafter = HeadDrafter(trained.head, runner)
+        out = run(runner, prompt, STOP, drafter, k, tree=TreeShape(width, depth=k))
+        assert out.token_ids == reference
+        trees += out.stats.tree_steps
+    assert trees > 0
 
 
 class Checked(HeadDrafter):
