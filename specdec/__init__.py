@@ -46,8 +46,8 @@ def generate(
     elsewhere), "int8", "fp32" (the reference) or "bf16".
     options: the request's (specdec.request.RequestConfig): max_new_tokens, num_speculative_tokens
     (default "auto": the cost-model controller), temperature, top_k, top_p, seed, stop, chat,
-    draft_mode, draft_confidence, verify ("causal", or "stairs": next-token queries only, greedy;
-    see Engine.stream).
+    draft_mode, draft_confidence, verify ("causal"; "block": sampled drafts verified as blocks; "stairs":
+    next-token queries only, greedy), tree ("off", "auto", "WxD": token trees); see Engine.stream.
     Returns a Result with text, token_ids, finish_reason and stats.
     """
     config = RequestConfig.from_options(**options)  # a bad option is refused before anything loads

@@ -228,8 +228,8 @@ def generate(
                 f" {s.plain_fraction:.0%} plain steps) · acceptance {s.acceptance_rate:.0%}"
                 f" · {s.tokens_per_target_forward:.2f} tokens/target forward"
             )
-            if request.verify == "stairs":
-                summary += " · stairs verification"
+            if request.verify != "causal":
+                summary += f" · {request.verify} verification"
         err.print(summary, soft_wrap=True)  # one line, whatever the width: logs stay greppable
     except SpecdecError as e:
         progress.close()

@@ -417,7 +417,8 @@ class Engine:
         config: the request's options (specdec.request.RequestConfig), changed by keyword `options`
         (RequestConfig.from_options: max_new_tokens, num_speculative_tokens / k -- a fixed γ, "auto" or a
         Controller --, use_draft / speculative, stop, chat, sampling, draft_mode, draft_confidence, verify
-        -- "causal", or "stairs": next-token queries only, greedy; specdec.stairs).
+        -- "causal", "block": sampled drafts verified as blocks, specdec.block, or "stairs": next-token
+        queries only, greedy; specdec.stairs -- and tree: "off", "auto" or "WxD", specdec.drafters.tree).
         The options, the prompt and the draft mode are checked now; the runners are taken from the
         engine's pool when the first step is asked for, and given back when the steps end or are closed.
         """
@@ -450,12 +451,12 @@ class Engine:
         drafter = (self.make_drafter(sampling, config.draft_mode, config.draft_confidence, draft_runner=lease.draft,
                                      target_runner=lease.target) if drafting else None)
         k = lease.controller(config.k, sampling) if drafter is not None else 1
-        target = lease.target if config.verify == "causal" else self.verification_target(config.verify, sampling)
+        target = lease.target if config.verify != "stairs" else self.verification_target(config.verify, sampling)
         if isinstance(lease.target, Seq2SeqRunner):  # the prompt is the encoders' input
             self._set_sources(prompt_ids)
             prompt_ids = lease.target.decoder_prompt()
         return decode(target, prompt_ids, condition, drafter=drafter, num_speculative_tokens=k,
-                      verifier=make_verifier(sampling), tree=config.tree_shape)
+                      verifier=make_verifier(sampling, block=config.verify == "block"), tree=config.tree_shape)
 
     def stop_condition(self, max_new_tokens: int, stop: Sequence[str] = ()) -> StopCondition:
         """When a request ends: max_new_tokens, the target's end-of-sequence tokens, stop strings."""
@@ -472,7 +473,7 @@ class Engine:
 
     def verification_target(self, verify: str, sampling: SamplingParams) -> ModelRunner:
         """The runner the loop verifies with: the target itself, or its stairs view (specdec.stairs)."""
-        if check_verify_mode(verify, sampling.greedy) == "causal":
+        if check_verify_mode(verify, sampling.greedy) != "stairs":
             return self.target_runner
         if self._stairs is None:
             self._stairs = stairs_runner(self.target_runner)

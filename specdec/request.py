@@ -29,7 +29,7 @@ from specdec.sampling import SamplingParams
 # draft is restricted to the shared tokens and its q is used).  "auto" = "same" when the vocabularies are
 # identical, else "text".
 DRAFT_MODES = ("auto", "same", "text", "intersection")
-VERIFY_MODES = ("causal", "stairs")  # how a draft is checked (specdec.stairs)
+VERIFY_MODES = ("causal", "block", "stairs")  # how a draft is checked (specdec.block, specdec.stairs)
 MAX_SERVED_K = 32  # the most draft tokens a server request may ask for per step (a forward's size stays bounded)
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed")
 
@@ -98,8 +98,10 @@ class RequestConfig:
              "default). Never changes the output.")
     verify: str = option(
         "causal", "--verify", choices=VERIFY_MODES, per_request=True, json_type=str,
-        help="causal: the draft checked by one target forward over its tokens; stairs: the target asked only "
-             "for next-token predictions on a staircase of prefixes (greedy only; same output).")
+        help="causal: the draft checked by one target forward over its tokens, token by token; block: the same "
+             "forward, a sampled draft verified as a block (Sun et al. 2024: as many tokens accepted or more, the "
+             "same distribution; greedy: as causal); stairs: the target asked only for next-token predictions "
+             "on a staircase of prefixes (greedy only; same output).")
     tree: str = option(
         "off", "--tree", per_request=True, json_type=str,
         help="Draft token trees verified in one target forward: off (chains), auto (width 2, depth by -k), "
@@ -132,7 +134,7 @@ class RequestConfig:
             shape = parse_tree(self.tree)
         except SpecdecError as e:
             raise RequestError("tree", str(e)) from None
-        if shape is not None and self.verify != "causal":
+        if shape is not None and self.verify == "stairs":
             raise RequestError("tree", f"token trees need causal verification, not {self.verify}")
         object.__setattr__(self, "_tree", shape)
 

@@ -23,7 +23,7 @@ from specdec.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.request import RequestConfig, RequestError, cli_fields, options, served_fields
 from specdec.sampling import SamplingParams
-from tests.tiny import tiny_model, tiny_tokenizer
+from tests.tiny import assert_near_tie_parting, tiny_model, tiny_tokenizer
 
 
 @pytest.mark.parametrize("options, field, message", [
@@ -35,6 +35,8 @@ from tests.tiny import tiny_model, tiny_tokenizer
     (dict(draft_mode="fast"), "draft_mode", "unknown draft mode 'fast'"),
     (dict(verify="tree"), "verify", "unknown verification 'tree'"),
     (dict(verify="stairs", temperature=0.7), "verify", "stairs verification is greedy only"),
+    (dict(tree="wide"), "tree", "--tree must be off, auto or <width>x<depth> (e.g. 2x4), got 'wide'"),
+    (dict(tree="2x3", verify="stairs"), "tree", "token trees need causal verification, not stairs"),
 ])
 def test_refusals_name_the_field(options, field, message):
     with pytest.raises(RequestError, match="^" + message.replace("(", r"\(").replace(")", r"\)")) as caught:
@@ -172,3 +174,18 @@ def test_a_batch_slot_drafts_with_the_requests_options(engine, monkeypatch):
             engine.generate("x", max_new_tokens=2, verify="stairs")
         finally:
             engine.enable_batching(1)
+
+
+def test_trees_and_block_verification_reach_the_loop(engine):
+    """--tree and --verify block through Engine.stream: greedy output as causal chains' (the tiny fp32
+    transformers target verifies trees), sampled output seeded and complete."""
+    chain = engine.generate("def f(x):", max_new_tokens=12, k=3)
+    tree = engine.generate("def f(x):", max_new_tokens=12, k=3, tree="2x3")
+    assert tree.stats.tree_steps > 0 and tree.stats.tree_nodes > tree.stats.drafted
+    prompt = engine.encode("def f(x):", chat=False)
+    assert_near_tie_parting(engine.target_runner.model, prompt, tree.token_ids, chain.token_ids)  # fp32
+    block = engine.generate("def f(x):", max_new_tokens=12, k=3, verify="block")
+    assert block.token_ids == chain.token_ids  # greedy block verification is causal verification
+    sampled = [engine.generate("def f(x):", max_new_tokens=12, k=3, verify="block", temperature=0.8, seed=5)
+               for _ in range(2)]
+    assert sampled[0].token_ids == sampled[1].token_ids and len(sampled[0].token_ids) == 12
