@@ -14,11 +14,13 @@ This module holds what the drafters share:
   tree: shared prefixes become one path, at most `width` children per node, at most `nodes` tokens;
 - :func:`alternatives`: a greedy chain drafted by a model plus its runner-up tokens, ranked as EAGLE-2
   ranks nodes (the draft's probability of the whole path up to the node), as branches for :func:`trie`;
+- :func:`rerank`: EAGLE-2's reranking of a grown tree: its best nodes by path score, in draft order;
 - :func:`propose_tree`: a drafter's tree proposal where it can make one, else its chain.
 
 Lookup proposes the continuations of several earlier matches (specdec.drafters.lookup); a draft model
-or head its greedy chain and runner-ups.  Only greedy drafts are trees here: a sampled draft (with q)
-stays a chain, so sampling through a tree uses deterministic candidates (specdec.trees).
+its greedy chain and runner-ups; a draft head EAGLE-2's dynamic tree, grown level by level with one head
+forward per level (specdec.head.model.DraftHead.expand).  Only greedy drafts are trees here: a sampled
+draft (with q) stays a chain, so sampling through a tree uses deterministic candidates (specdec.trees).
 """
 
 from __future__ import annotations
@@ -130,3 +132,33 @@ def propose_tree(drafter: Drafter, context: Sequence[int], k: int, shape: TreeSh
     if method is None:
         return drafter.propose(context, k)
     return method(context, k, shape.width, shape.budget(k))
+
+
+def rerank(parents: Sequence[int], scores: Sequence[float], nodes: int) -> tuple[list[int], list[int]]:
+    """EAGLE-2's reranking of a grown tree (parents[i] < i, -1: a child of the context's end; scores: path
+    scores, a child's never above its parent's): keep the `nodes` best nodes, ties to the shallower node, then
+    the earlier one, so the kept set holds every kept node's parent.  Returns (the kept nodes in draft order,
+    their parents as indices into that order): the best path first (from the root, each node's best kept
+    child: a greedy drafter's chain as far as the tree kept it, which the loop counts as the first branch),
+    then the rest by depth, then score; parents come before children and each node's best child is its first."""
+    depth: list[int] = []
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"a tree's parents must come before their children: {list(parents)}")
+        if parent >= 0 and scores[i] > scores[parent]:
+            raise ValueError(f"node {i} scores {scores[i]} above its parent's {scores[parent]}")
+        depth.append(1 if parent < 0 else depth[parent] + 1)
+    ranked = sorted(range(len(parents)), key=lambda i: (-scores[i], depth[i], i))[:max(nodes, 0)]
+    rank = {node: r for r, node in enumerate(ranked)}
+    best: dict[int, int] = {}  # node (-1: the root) -> its best kept child
+    for node in ranked:
+        best.setdefault(parents[node], node)
+    path: list[int] = []
+    node = -1
+    while node in best:
+        node = best[node]
+        path.append(node)
+    on_path = set(path)
+    order = path + sorted((i for i in ranked if i not in on_path), key=lambda i: (depth[i], rank[i]))
+    index = {node: j for j, node in enumerate(order)}
+    return order, [index[parents[i]] if parents[i] >= 0 else -1 for i in order]

@@ -35,6 +35,10 @@ vocabulary, zero outside the draft vocabulary (the head's logits placed at their
 elsewhere, then the target's temperature / top-k / top-p), as the draft model's q is; a token is
 sampled from q and returned with it, so verification stays lossless.  What the head proposes never
 changes the output: the loop verifies every token.
+
+Trees (``propose_tree``, greedy only): EAGLE-2's dynamic draft tree (Li et al. 2024, "EAGLE-2: Faster
+Inference of Language Models with Dynamic Draft Trees", arXiv 2406.16858), grown by DraftHead.expand
+with one head forward per level (as many as a chain of the same depth), its best path first.
 """
 
 from __future__ import annotations
@@ -45,7 +49,6 @@ import torch
 
 from specdec.backends.base import HiddenStateRunner, common_prefix_length
 from specdec.drafters.base import Draft
-from specdec.drafters.tree import alternatives, tree_draft
 from specdec.errors import SpecdecError
 from specdec.head.model import DraftHead, HeadCache
 from specdec.sampling import SamplingParams, make_generator, sample_from, warp_probs
@@ -143,9 +146,9 @@ class HeadDrafter:
 
         return choose
 
-    def _draft(self, context: Sequence[int], k: int, choose) -> tuple[list[int], int] | None:
-        """Sync the head with `context` and draft k target ids with `choose` (DraftHead.draft's; None:
-        greedy) -> (the ids, the pairs fed to catch up), or None when the head cannot draft now."""
+    def _pairs(self, context: Sequence[int], k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Sync the head with `context` before drafting k tokens -> the new pairs to feed it (features
+        [n, H], tokens [n]), or None when the head cannot draft now."""
         self.proposed_at = len(context)
         pairs = self.sync(context) if context and k > 0 else None
         if pairs is None:
@@ -154,29 +157,26 @@ class HeadDrafter:
         if features.shape[-1] != self.head.config.hidden_size:
             raise SpecdecError(f"the draft head reads features of size {self.head.config.hidden_size}, the "
                                f"target gives {features.shape[-1]}: it was trained for another target")
-        proposed = self.head.draft(self.cache, features, torch.tensor(tokens), k, choose)
         self.fed.extend(tokens)
-        return proposed, len(tokens)
+        return features, torch.tensor(tokens)
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
         qs: list[torch.Tensor] = []
-        drafted = self._draft(context, k, None if self.params.greedy else self._sample(qs))
-        if drafted is None:
+        pairs = self._pairs(context, k)
+        if pairs is None:
             return Draft([])
-        return Draft(drafted[0], torch.stack(qs) if qs else None, drafted[1])  # q: [k, V_target]
+        proposed = self.head.draft(self.cache, *pairs, k, None if self.params.greedy else self._sample(qs))
+        return Draft(proposed, torch.stack(qs) if qs else None, len(pairs[1]))  # q: [k, V_target]
 
     def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int) -> Draft:
-        """The head's greedy chain and its runner-up tokens where it is least sure, as one tree
-        (specdec.drafters.tree.alternatives: no extra head forwards); a sampled draft stays a chain."""
+        """EAGLE-2's dynamic tree (DraftHead.expand: k levels, the `width` best nodes of each expanded into
+        their `width` likeliest children, the `nodes` best kept), its best path first: the greedy chain as
+        far as the tree kept it.  A sampled draft stays a chain."""
         if not self.params.greedy:
             return self.propose(context, k)
-        rows: list[torch.Tensor] = []  # [V] each: the head's logits over the target's ids
-
-        def choose(logits: torch.Tensor) -> torch.Tensor:  # [N] -> [] target id
-            rows.append(logits.new_full((self.target.vocab_size,), float("-inf")).index_copy(0, self.head.vocab, logits))
-            return self.head.target_ids(logits.argmax())
-
-        drafted = self._draft(context, k, choose)
-        if drafted is None:
+        pairs = self._pairs(context, k)
+        if pairs is None:
             return Draft([])
-        return tree_draft(alternatives(drafted[0], rows, width, nodes), width, nodes, drafted[1])
+        tokens, parents, _ = self.head.expand(self.cache, *pairs, k, width, nodes)
+        draft = Draft(tokens, None, len(pairs[1]), parents)
+        return draft if draft.is_tree else Draft(tokens, None, len(pairs[1]))

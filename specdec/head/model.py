@@ -26,11 +26,13 @@ transformers' cache classes.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from specdec.drafters.tree import rerank
 from specdec.errors import SpecdecError
 
 ARCHITECTURES = ("llama", "qwen2")  # targets whose decoder layer the head reuses
@@ -63,10 +65,21 @@ class HeadCache:
             self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
 
 
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """allowed [queries, keys] (bool) -> the additive mask [1, 1, queries, keys]: 0 where allowed, else min."""
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+
+
 def causal_mask(queries: int, past: int, dtype: torch.dtype) -> torch.Tensor:
     """Additive mask [1, 1, queries, past + queries]: query i sees the past and new positions <= i."""
-    allowed = torch.ones(queries, past + queries, dtype=torch.bool).tril(diagonal=past)
-    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+    return additive_mask(torch.ones(queries, past + queries, dtype=torch.bool).tril(diagonal=past), dtype)
+
+
+def tree_mask(prefix: int, visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask [1, 1, q, prefix + t] of a tree forward: every query sees the cache's first `prefix`
+    positions (the verified pairs), and of the t tree positions after them (the nodes fed by earlier levels,
+    then this forward's q) those `visible` [q, t] (bool) allows: its ancestors and itself."""
+    return additive_mask(torch.cat([visible.new_ones(visible.shape[0], prefix), visible], dim=1), dtype)
 
 
 def draft_vocabulary(streams: list[list[int]], size: int, vocab_size: int) -> torch.Tensor:
@@ -109,18 +122,22 @@ class DraftHead(nn.Module):
         """Draft ids -> target ids (same shape)."""
         return self.vocab[draft_ids]
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor, start: int = 0,
-                cache: HeadCache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, start: int = 0, cache: HeadCache | None = None,
+                positions: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """features [B, T, H] (f_t), tokens [B, T] (target ids of x_{t+1}) at positions start..start+T-1
-        -> (predicted features [B, T, H] (f_{t+1}), draft logits [B, T, N] (for x_{t+2}))."""
+        -> (predicted features [B, T, H] (f_{t+1}), draft logits [B, T, N] (for x_{t+2})).
+        A tree forward gives its own positions [B, T] and additive mask [1, 1, T, past + T] (tree_mask)."""
         batch, length = tokens.shape
         past = cache.length if cache is not None else 0
         with torch.no_grad():
             embedded = self.embed(tokens).to(features.dtype)  # [B, T, H], frozen
         x = self.fc(torch.cat([features, embedded], dim=-1))  # [B, T, H]
-        positions = torch.arange(start, start + length).expand(batch, length)  # [B, T]
+        if positions is None:
+            positions = torch.arange(start, start + length).expand(batch, length)  # [B, T]
+        if mask is None:
+            mask = causal_mask(length, past, x.dtype)  # [1, 1, T, past + T]
         rotary = self._shared[1](x, positions)  # (cos, sin), each [B, T, head_dim]
-        out = self.layer(x, causal_mask(length, past, x.dtype), positions, cache, position_embeddings=rotary)
+        out = self.layer(x, mask, positions, cache, position_embeddings=rotary)
         predicted = self.norm(out[0] if isinstance(out, tuple) else out)  # [B, T, H]
         return predicted, self.lm_head(predicted)
 
@@ -151,3 +168,84 @@ class DraftHead(nn.Module):
                 feature, logits = self.extend(cache, feature[None], token[None])
         cache.crop(verified)
         return out
+
+    @torch.no_grad()
+    def grow(self, cache: HeadCache, features: torch.Tensor, tokens: torch.Tensor, depth: int,
+             top_k: int) -> GrownTree:
+        """EAGLE-2's expansion phase: feed the new verified pairs (features [n, H], tokens [n]) as draft()
+        does, then grow a tree level by level, one head forward per level after the first, and roll the
+        tree's positions back.  The root's `top_k` likeliest tokens are the first level; each later level
+        feeds the `top_k` best nodes of the one before (by path score, the head's log probability of the
+        whole path) in one forward with tree attention (each node sees the verified pairs, its ancestors
+        and itself, at position verified + its depth - 1), and each of them proposes its `top_k` likeliest
+        children.  `depth` levels: `depth` head forwards in all, as a chain of `depth` tokens costs."""
+        if len(tokens) < 1:
+            raise ValueError("a draft needs at least one new (feature, token) pair")
+        if depth < 1 or top_k < 1:
+            raise ValueError(f"a tree needs depth and top_k >= 1, got {depth} and {top_k}")
+        feature, logits = self.extend(cache, features, tokens)  # [H], [N]
+        verified = cache.length
+        tree = GrownTree([], [], [], {-1: logits})
+        predicted = {-1: feature}  # node -> the head's predicted feature after it [H]
+        fed: list[int] = []  # the nodes whose pairs the cache holds after `verified`, in its order
+        level = tree.add_children([-1], logits[None], top_k)
+        for d in range(1, depth):  # expand the best nodes of depth d
+            chosen = sorted(level, key=lambda i: (-tree.scores[i], i))[:top_k]
+            slot = {node: j for j, node in enumerate(fed)}
+            visible = torch.zeros(len(chosen), len(fed) + len(chosen), dtype=torch.bool)  # [q, t]
+            for row, node in enumerate(chosen):
+                visible[row, len(fed) + row] = True
+                ancestor = tree.parents[node]
+                while ancestor >= 0:
+                    visible[row, slot[ancestor]] = True
+                    ancestor = tree.parents[ancestor]
+            pairs = torch.stack([predicted[tree.parents[node]] for node in chosen])  # [q, H]
+            ids = self.target_ids(torch.tensor([tree.tokens[node] for node in chosen]))  # [q]
+            at = torch.full((1, len(chosen)), verified + d - 1)  # [1, q]: depth d sits at verified + d - 1
+            out, rows = self(pairs[None], ids[None], cache=cache, positions=at,
+                             mask=tree_mask(verified, visible, self.fc.weight.dtype))  # [1, q, H], [1, q, N]
+            fed.extend(chosen)
+            for row, node in enumerate(chosen):
+                predicted[node], tree.logits[node] = out[0, row], rows[0, row]
+            level = tree.add_children(chosen, rows[0], top_k)
+        cache.crop(verified)
+        tree.tokens = self.target_ids(torch.tensor(tree.tokens, dtype=torch.long)).tolist()
+        return tree
+
+    @torch.no_grad()
+    def expand(self, cache: HeadCache, features: torch.Tensor, tokens: torch.Tensor, depth: int, top_k: int,
+               nodes: int) -> tuple[list[int], list[int], list[float]]:
+        """An EAGLE-2 dynamic draft tree: grow() it, then rerank (specdec.drafters.tree.rerank): keep the
+        `nodes` best nodes by path score, the best path first -> (target ids [n], parents [n] (-1: a child
+        of the context's end, parents[i] < i), log path probabilities [n])."""
+        tree = self.grow(cache, features, tokens, min(depth, nodes), top_k)
+        order, parents = rerank(tree.parents, tree.scores, nodes)
+        return [tree.tokens[i] for i in order], parents, [tree.scores[i] for i in order]
+
+
+@dataclass
+class GrownTree:
+    """Every node a head's tree expansion generated, in the order generated (parents[i] < i, -1: a child of
+    the context's end): its token (draft ids while growing, target ids once grown), its path score (the
+    head's log probability of the path up to it, never above its parent's), and for the expanded nodes
+    (and the root, -1) the head's draft logits after them [N], from the tree forward."""
+
+    tokens: list[int]
+    parents: list[int]
+    scores: list[float]
+    logits: dict[int, torch.Tensor]
+
+    def add_children(self, nodes: list[int], logits: torch.Tensor, top_k: int) -> list[int]:
+        """Give each of `nodes` the `top_k` likeliest children under its draft logits [q, N] (likeliest
+        first; exact ties by draft id) -> the new nodes."""
+        logp = torch.log_softmax(logits.float(), dim=-1)  # [q, N]
+        values, ids = torch.topk(logp, min(top_k, logp.shape[-1]), dim=-1)  # [q, top_k]
+        added: list[int] = []
+        for node, row, picked in zip(nodes, values, ids):
+            base = self.scores[node] if node >= 0 else 0.0
+            for value, token in sorted(zip(row.tolist(), picked.tolist()), key=lambda c: (-c[0], c[1])):
+                self.tokens.append(token)
+                self.parents.append(node)
+                self.scores.append(min(base + value, base))  # log q <= 0: a child never above its parent
+                added.append(len(self.tokens) - 1)
+        return added
