@@ -134,13 +134,15 @@ def propose_tree(drafter: Drafter, context: Sequence[int], k: int, shape: TreeSh
     return method(context, k, shape.width, shape.budget(k))
 
 
-def rerank(parents: Sequence[int], scores: Sequence[float], nodes: int) -> tuple[list[int], list[int]]:
+def rerank(parents: Sequence[int], scores: Sequence[float], nodes: int,
+           keep: Sequence[int] = ()) -> tuple[list[int], list[int]]:
     """EAGLE-2's reranking of a grown tree (parents[i] < i, -1: a child of the context's end; scores: path
     scores, a child's never above its parent's): keep the `nodes` best nodes, ties to the shallower node, then
-    the earlier one, so the kept set holds every kept node's parent.  Returns (the kept nodes in draft order,
-    their parents as indices into that order): the best path first (from the root, each node's best kept
-    child: a greedy drafter's chain as far as the tree kept it, which the loop counts as the first branch),
-    then the rest by depth, then score; parents come before children and each node's best child is its first."""
+    the earlier one, so the kept set holds every kept node's parent; `keep`: a path from the root kept first
+    whatever its scores (a greedy chain).  Returns (the kept nodes in draft order, their parents as indices
+    into that order): the best path first (from the root, each node's best kept child: a greedy drafter's
+    chain as far as the tree kept it, which the loop counts as the first branch), then the rest by depth,
+    then score; parents come before children and each node's best child is its first."""
     depth: list[int] = []
     for i, parent in enumerate(parents):
         if not -1 <= parent < i:
@@ -148,7 +150,10 @@ def rerank(parents: Sequence[int], scores: Sequence[float], nodes: int) -> tuple
         if parent >= 0 and scores[i] > scores[parent]:
             raise ValueError(f"node {i} scores {scores[i]} above its parent's {scores[parent]}")
         depth.append(1 if parent < 0 else depth[parent] + 1)
-    ranked = sorted(range(len(parents)), key=lambda i: (-scores[i], depth[i], i))[:max(nodes, 0)]
+    if any(parents[node] != above for node, above in zip(keep, [-1, *keep])):
+        raise ValueError(f"nodes {list(keep)} are not a path from the root")
+    pinned = set(keep)
+    ranked = sorted(range(len(parents)), key=lambda i: (i not in pinned, -scores[i], depth[i], i))[:max(nodes, 0)]
     rank = {node: r for r, node in enumerate(ranked)}
     best: dict[int, int] = {}  # node (-1: the root) -> its best kept child
     for node in ranked:

@@ -38,7 +38,9 @@ changes the output: the loop verifies every token.
 
 Trees (``propose_tree``, greedy only): EAGLE-2's dynamic draft tree (Li et al. 2024, "EAGLE-2: Faster
 Inference of Language Models with Dynamic Draft Trees", arXiv 2406.16858), grown by DraftHead.expand
-with one head forward per level (as many as a chain of the same depth), its best path first.
+with one head forward per level (as many as a chain of the same depth), its best path first: the greedy
+chain as far as the tree kept it, or all of it where the drafter is made with ``keep_chain`` (the
+controller counts a tree's gain over its first branch, specdec.loop.verify_tree).
 """
 
 from __future__ import annotations
@@ -61,10 +63,11 @@ class HeadDrafter:
     """Proposes k tokens with a draft head over `target`'s hidden states (see the module docstring)."""
 
     def __init__(self, head: DraftHead, target: HiddenStateRunner, sampling: SamplingParams | None = None,
-                 window: int = WINDOW) -> None:
+                 window: int = WINDOW, keep_chain: bool = False) -> None:
         if window < 1:
             raise SpecdecError(f"a draft head's prompt window must be at least 1 position, got {window}")
         self.window = window  # the prompt's last positions whose features seed the head's cache
+        self.keep_chain = keep_chain  # trees hold the whole greedy chain (DraftHead.expand)
         if not target.capabilities.hidden_states:
             raise SpecdecError(f"a draft head reads the target's hidden states, which a {target.describe()} "
                                "target does not give: use another draft")
@@ -171,12 +174,12 @@ class HeadDrafter:
     def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int) -> Draft:
         """EAGLE-2's dynamic tree (DraftHead.expand: k levels, the `width` best nodes of each expanded into
         their `width` likeliest children, the `nodes` best kept), its best path first: the greedy chain as
-        far as the tree kept it.  A sampled draft stays a chain."""
+        far as the tree kept it (all k tokens with keep_chain).  A sampled draft stays a chain."""
         if not self.params.greedy:
             return self.propose(context, k)
         pairs = self._pairs(context, k)
         if pairs is None:
             return Draft([])
-        tokens, parents, _ = self.head.expand(self.cache, *pairs, k, width, nodes)
+        tokens, parents, _ = self.head.expand(self.cache, *pairs, k, width, nodes, self.keep_chain)
         draft = Draft(tokens, None, len(pairs[1]), parents)
         return draft if draft.is_tree else Draft(tokens, None, len(pairs[1]))

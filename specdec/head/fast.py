@@ -31,7 +31,8 @@ target's (shared, not copied).
 
 Its proposals are an approximation of the fp32 head's (tested: nearly all greedy drafts agree); what a
 head proposes never changes the output, since the loop verifies every token.  It has the interface
-HeadDrafter uses (draft / extend / vocab / config / target_ids / eval), so the drafter runs either form.
+HeadDrafter uses (draft / expand / extend / extend_tree / vocab / config / target_ids / eval), so the
+drafter runs either form, chains and EAGLE-2 trees alike.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from specdec.backends.int4 import Int4Linear
 from specdec.backends.lean import FloatLinear, rms_norm, rotate
 from specdec.backends.quant import Int8Linear, pack_all, quantize_weight
 from specdec.errors import SpecdecError
-from specdec.head.model import DraftHead, HeadCache, causal_mask
+from specdec.head.model import DraftHead, HeadCache, causal_mask, tree_mask
 
 DTYPES = ("auto", "int8", "int4", "fp32")
 SIMD = ("avx512-vnni", "avx2")  # the int8 kernel's paths that beat fp32 (specdec.backends.kernels.int8.isa)
@@ -154,21 +155,26 @@ class FastHead:
             self._cos, self._sin = cos[0], sin[0]
         return self._cos[start: start + n], self._sin[start: start + n]
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor,
-                cache: HeadCache) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, cache: HeadCache, position: int | None = None,
+                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """features [n, H] (f_t), tokens [n] (x_{t+1}) after the cache's positions -> (predicted features
-        [n, H], draft logits [n, N]); their keys and values go into `cache`."""
+        [n, H], draft logits [n, N]); their keys and values go into `cache`.  A tree level (extend_tree)
+        puts all n at one rotary `position` under its additive mask [1, 1, n, past + n] (tree_mask)."""
         n, past = tokens.shape[0], cache.length
         h_q, h_kv, d = self.heads, self.kv_heads, self.head_dim
         embedded = self.embed.index_select(0, tokens).float()  # [n, H]
         x = self.fc_feature(features.float()) + self.fc_embed(embedded)  # [n, H]: fc(concat(f, e))
-        cos, sin = self.rope(past, n)  # each [n, D]
+        if position is None:
+            cos, sin = self.rope(past, n)  # each [n, D]
+        else:
+            cos, sin = (table.expand(n, -1) for table in self.rope(position, 1))  # each [n, D]
         qkv = self.qkv(rms_norm(x, self.input_norm, self.eps))  # [n, (Hq + 2 Hkv) D]
         qk = qkv[:, : (h_q + h_kv) * d].view(n, h_q + h_kv, d).transpose(0, 1)  # [Hq + Hkv, n, D]
         qk = rotate(qk, cos, sin)  # q and k rotated in one go
         v = qkv[:, (h_q + h_kv) * d :].view(n, h_kv, d).transpose(0, 1)  # [Hkv, n, D]
         keys, values = cache.update(qk[None, h_q:], v[None], 0)  # each [1, Hkv, past + n, D]
-        mask = None if n == 1 else causal_mask(n, past, x.dtype)  # [1, 1, n, past + n]
+        if mask is None and n > 1:
+            mask = causal_mask(n, past, x.dtype)  # [1, 1, n, past + n]
         attn = F.scaled_dot_product_attention(qk[None, :h_q], keys, values, attn_mask=mask, scale=self.scaling,
                                               enable_gqa=h_q != h_kv)  # [1, Hq, n, D]
         x = x + self.o(attn[0].transpose(0, 1).reshape(n, h_q * d))  # [n, H]
@@ -185,8 +191,19 @@ class FastHead:
         predicted, logits = self.forward(features, tokens, cache)
         return predicted[-1], logits[-1]
 
-    # The autoregressive draft is the fp32 head's own (it calls only extend and target_ids).
+    @torch.inference_mode()
+    def extend_tree(self, cache: HeadCache, features: torch.Tensor, tokens: torch.Tensor, position: int,
+                    visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """As DraftHead.extend_tree: one level of a tree, all at `position`, seeing what `visible` [q, t]
+        allows of the tree's positions -> (predicted features [q, H], draft logits [q, N])."""
+        prefix = cache.length + len(tokens) - visible.shape[1]
+        return self.forward(features, tokens, cache, position, tree_mask(prefix, visible, torch.float32))
+
+    # The autoregressive draft and the tree are the fp32 head's own (they call only extend, extend_tree and
+    # target_ids).
     draft = DraftHead.draft
+    grow = DraftHead.grow
+    expand = DraftHead.expand
 
 
 def for_drafting(head: DraftHead | FastHead, dtype: str = "auto") -> FastHead:

@@ -21,12 +21,19 @@ norms and GQA exactly as the target has them), built from the target's config wi
 KV cache is a small one of our own (``HeadCache``: two tensors, cropped to roll back) that the layer
 updates through the cache interface, with an explicit causal mask, so drafting never depends on
 transformers' cache classes.
+
+Trees (``grow`` / ``expand``): EAGLE-2's dynamic draft trees (Li et al. 2024, "EAGLE-2: Faster Inference
+of Language Models with Dynamic Draft Trees", arXiv 2406.16858).  The tree grows level by level, one head
+forward per level over the level's best nodes with a tree mask (``tree_mask``: each node sees the cache's
+verified pairs, its ancestors and itself; its rotary position is that of its depth), so each node's
+logits are those of the head's chain forward over its path; nodes are scored by the head's probability
+of their whole path, and the best of the whole tree are kept (specdec.drafters.tree.rerank).
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -149,6 +156,19 @@ class DraftHead(nn.Module):
         return predicted[0, -1], logits[0, -1]
 
     @torch.no_grad()
+    def extend_tree(self, cache: HeadCache, features: torch.Tensor, tokens: torch.Tensor, position: int,
+                    visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed one level of a tree: pairs (features [q, H], tokens [q]) all at rotary position `position`,
+        each seeing the cache's positions before the tree's and, of the tree's t positions (the cache's
+        last t - q, then these q), those `visible` [q, t] (bool) allows -> (predicted features [q, H],
+        draft logits [q, N])."""
+        prefix = cache.length + len(tokens) - visible.shape[1]
+        predicted, logits = self(features[None], tokens[None], cache=cache,
+                                 positions=torch.full((1, len(tokens)), position),
+                                 mask=tree_mask(prefix, visible, self.fc.weight.dtype))
+        return predicted[0], logits[0]
+
+    @torch.no_grad()
     def draft(self, cache: HeadCache, features: torch.Tensor, tokens: torch.Tensor, k: int,
               choose: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[int]:
         """Feed the new verified pairs (features [n, H], tokens [n]), draft k target ids autoregressively
@@ -171,14 +191,16 @@ class DraftHead(nn.Module):
 
     @torch.no_grad()
     def grow(self, cache: HeadCache, features: torch.Tensor, tokens: torch.Tensor, depth: int,
-             top_k: int) -> GrownTree:
+             top_k: int, keep_chain: bool = False) -> GrownTree:
         """EAGLE-2's expansion phase: feed the new verified pairs (features [n, H], tokens [n]) as draft()
         does, then grow a tree level by level, one head forward per level after the first, and roll the
         tree's positions back.  The root's `top_k` likeliest tokens are the first level; each later level
         feeds the `top_k` best nodes of the one before (by path score, the head's log probability of the
         whole path) in one forward with tree attention (each node sees the verified pairs, its ancestors
         and itself, at position verified + its depth - 1), and each of them proposes its `top_k` likeliest
-        children.  `depth` levels: `depth` head forwards in all, as a chain of `depth` tokens costs."""
+        children.  `depth` levels: `depth` head forwards in all, as a chain of `depth` tokens costs.
+        keep_chain: the greedy chain's node of each level is expanded even when it is not among the best
+        (it then takes the place of the last of them), so the tree holds the whole greedy chain."""
         if len(tokens) < 1:
             raise ValueError("a draft needs at least one new (feature, token) pair")
         if depth < 1 or top_k < 1:
@@ -189,8 +211,11 @@ class DraftHead(nn.Module):
         predicted = {-1: feature}  # node -> the head's predicted feature after it [H]
         fed: list[int] = []  # the nodes whose pairs the cache holds after `verified`, in its order
         level = tree.add_children([-1], logits[None], top_k)
+        tree.chain.append(level[0])
         for d in range(1, depth):  # expand the best nodes of depth d
             chosen = sorted(level, key=lambda i: (-tree.scores[i], i))[:top_k]
+            if keep_chain and tree.chain[-1] not in chosen:
+                chosen[-1] = tree.chain[-1]
             slot = {node: j for j, node in enumerate(fed)}
             visible = torch.zeros(len(chosen), len(fed) + len(chosen), dtype=torch.bool)  # [q, t]
             for row, node in enumerate(chosen):
@@ -201,25 +226,28 @@ class DraftHead(nn.Module):
                     ancestor = tree.parents[ancestor]
             pairs = torch.stack([predicted[tree.parents[node]] for node in chosen])  # [q, H]
             ids = self.target_ids(torch.tensor([tree.tokens[node] for node in chosen]))  # [q]
-            at = torch.full((1, len(chosen)), verified + d - 1)  # [1, q]: depth d sits at verified + d - 1
-            out, rows = self(pairs[None], ids[None], cache=cache, positions=at,
-                             mask=tree_mask(verified, visible, self.fc.weight.dtype))  # [1, q, H], [1, q, N]
+            # depth d sits at position verified + d - 1: [q, H], [q, N]
+            out, rows = self.extend_tree(cache, pairs, ids, verified + d - 1, visible)
             fed.extend(chosen)
             for row, node in enumerate(chosen):
-                predicted[node], tree.logits[node] = out[0, row], rows[0, row]
-            level = tree.add_children(chosen, rows[0], top_k)
+                predicted[node], tree.logits[node] = out[row], rows[row]
+            level = tree.add_children(chosen, rows, top_k)
+            if tree.chain[-1] in chosen:
+                tree.chain.append(next(c for c in level if tree.parents[c] == tree.chain[-1]))
         cache.crop(verified)
         tree.tokens = self.target_ids(torch.tensor(tree.tokens, dtype=torch.long)).tolist()
         return tree
 
     @torch.no_grad()
     def expand(self, cache: HeadCache, features: torch.Tensor, tokens: torch.Tensor, depth: int, top_k: int,
-               nodes: int) -> tuple[list[int], list[int], list[float]]:
+               nodes: int, keep_chain: bool = False) -> tuple[list[int], list[int], list[float]]:
         """An EAGLE-2 dynamic draft tree: grow() it, then rerank (specdec.drafters.tree.rerank): keep the
         `nodes` best nodes by path score, the best path first -> (target ids [n], parents [n] (-1: a child
-        of the context's end, parents[i] < i), log path probabilities [n])."""
-        tree = self.grow(cache, features, tokens, min(depth, nodes), top_k)
-        order, parents = rerank(tree.parents, tree.scores, nodes)
+        of the context's end, parents[i] < i), log path probabilities [n]).  The best path is the greedy
+        chain as far as the tree kept it; keep_chain: the whole chain (up to `nodes` tokens), kept first
+        whatever its scores, the rest of the budget for the best other nodes."""
+        tree = self.grow(cache, features, tokens, min(depth, nodes), top_k, keep_chain)
+        order, parents = rerank(tree.parents, tree.scores, nodes, tree.chain if keep_chain else ())
         return [tree.tokens[i] for i in order], parents, [tree.scores[i] for i in order]
 
 
@@ -228,24 +256,26 @@ class GrownTree:
     """Every node a head's tree expansion generated, in the order generated (parents[i] < i, -1: a child of
     the context's end): its token (draft ids while growing, target ids once grown), its path score (the
     head's log probability of the path up to it, never above its parent's), and for the expanded nodes
-    (and the root, -1) the head's draft logits after them [N], from the tree forward."""
+    (and the root, -1) the head's draft logits after them [N], from the tree forward; and which nodes are
+    the head's greedy chain."""
 
     tokens: list[int]
     parents: list[int]
     scores: list[float]
     logits: dict[int, torch.Tensor]
+    chain: list[int] = field(default_factory=list)  # the greedy chain's nodes (each its parent's first child), as far as grown
 
     def add_children(self, nodes: list[int], logits: torch.Tensor, top_k: int) -> list[int]:
-        """Give each of `nodes` the `top_k` likeliest children under its draft logits [q, N] (likeliest
-        first; exact ties by draft id) -> the new nodes."""
+        """Give each of `nodes` the `top_k` likeliest children under its draft logits [q, N], likeliest first
+        (exact ties by draft id), so a node's first child is its greedy token (draft()'s argmax) -> the new nodes."""
         logp = torch.log_softmax(logits.float(), dim=-1)  # [q, N]
-        values, ids = torch.topk(logp, min(top_k, logp.shape[-1]), dim=-1)  # [q, top_k]
+        values, ids = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1)  # [q, top_k]
         added: list[int] = []
-        for node, row, picked in zip(nodes, values, ids):
+        for node, row, picked, chances in zip(nodes, values.tolist(), ids.tolist(), logp):
             base = self.scores[node] if node >= 0 else 0.0
-            for value, token in sorted(zip(row.tolist(), picked.tolist()), key=lambda c: (-c[0], c[1])):
+            for _, token in sorted(zip(row, picked), key=lambda c: (-c[0], c[1])):
                 self.tokens.append(token)
                 self.parents.append(node)
-                self.scores.append(min(base + value, base))  # log q <= 0: a child never above its parent
+                self.scores.append(min(base + float(chances[token]), base))  # log q <= 0: never above the parent
                 added.append(len(self.tokens) - 1)
         return added

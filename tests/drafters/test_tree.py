@@ -8,7 +8,7 @@ from specdec.drafters.base import Draft
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import ModelDrafter
-from specdec.drafters.tree import TreeShape, alternatives, parse_tree, propose_tree, trie
+from specdec.drafters.tree import TreeShape, alternatives, parse_tree, propose_tree, rerank, trie
 from specdec.errors import SpecdecError
 from tests.tiny import tiny_model
 
@@ -37,6 +37,25 @@ def test_alternatives_rank_runner_ups_by_path_probability():
     # runner-ups: [1] (0.3), [0, 1] or [0, 2] (0.6 * 0.05), [0, 0, 2] (0.6 * 0.9 * 0.4 = 0.216)
     assert branches[0] == [0, 0, 0]
     assert branches[1:] == [[1], [0, 0, 2]]
+
+
+def test_rerank_keeps_the_best_closed_set_best_path_first():
+    # nodes:   0     1     2 (of 0)  3 (of 0)  4 (of 2)  5 (of 1)
+    parents = [-1, -1, 0, 0, 2, 1]
+    scores = [-1.0, -0.5, -1.0, -3.0, -1.0, -0.7]  # 2 and 4 tie with their ancestors: the shallower first
+    assert rerank(parents, scores, 4) == ([1, 5, 0, 2], [-1, 0, -1, 2])  # the best path 1 -> 5 first
+    assert rerank(parents, scores, 3) == ([1, 5, 0], [-1, 0, -1])
+    assert rerank(parents, scores, 10) == ([1, 5, 0, 2, 3, 4], [-1, 0, -1, 2, 2, 3])  # by depth, then score
+    assert rerank(parents, scores, 0) == ([], [])
+    # a kept path comes first whatever its scores; the rest of the budget goes to the best others
+    assert rerank(parents, scores, 4, keep=[0, 3]) == ([0, 3, 1, 5], [-1, 0, -1, 2])
+    assert rerank(parents, scores, 1, keep=[0, 3]) == ([0], [-1])
+    with pytest.raises(ValueError, match="above its parent"):
+        rerank([-1, 0], [-2.0, -1.0], 2)
+    with pytest.raises(ValueError, match="not a path"):
+        rerank(parents, scores, 4, keep=[0, 4])
+    with pytest.raises(ValueError, match="before their children"):
+        rerank([1, -1], [-1.0, -1.0], 2)
 
 
 def test_lookup_tree_offers_every_recent_continuation():

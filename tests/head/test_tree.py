@@ -14,6 +14,7 @@ from specdec.backends.quant import quantize_model
 from specdec.drafters.base import Draft
 from specdec.drafters.tree import TreeShape, alternatives, tree_draft
 from specdec.head.drafter import HeadDrafter
+from specdec.head.fast import FastHead
 from specdec.head.model import DraftHead, GrownTree, HeadCache
 from specdec.head.train import TrainResult, target_pass
 from specdec.loop import StopCondition, run
@@ -49,10 +50,13 @@ def depths_of(parents: list[int]) -> list[int]:
     return out
 
 
+@pytest.mark.parametrize("form", ["trained", "fp32", "int8"])
 @pytest.mark.parametrize("depth,top_k", [(4, 3), (3, 2)])
-def test_each_nodes_logits_are_the_chains_over_its_path(depth: int, top_k: int, target: torch.nn.Module,
+def test_each_nodes_logits_are_the_chains_over_its_path(depth: int, top_k: int, form: str, target: torch.nn.Module,
                                                         text: list[list[int]], trained: TrainResult) -> None:
-    head = trained.head
+    """The trained head and its inference forms (specdec.head.fast; int8 where the kernel runs): a node's logits in
+    the level's forward are those of the same head's chain forward over the node's path."""
+    head = trained.head if form == "trained" else FastHead(trained.head, form)
     for features, tokens in contexts(target, text):
         tree = head.grow(HeadCache(), features, tokens, depth, top_k)
         expanded = [node for node in tree.logits if node >= 0]
@@ -72,40 +76,58 @@ def test_each_nodes_logits_are_the_chains_over_its_path(depth: int, top_k: int, 
             assert [tree.tokens[c] for c in children] == head.target_ids(best).tolist()
 
 
-def test_each_level_expands_its_best_nodes(target: torch.nn.Module, text: list[list[int]],
+@pytest.mark.parametrize("keep_chain", [False, True])
+def test_each_level_expands_its_best_nodes(keep_chain: bool, target: torch.nn.Module, text: list[list[int]],
                                            trained: TrainResult) -> None:
-    depth, top_k = 4, 2
+    depth, top_k = 6, 2
+    replaced = 0  # levels whose best nodes miss the chain's
     for features, tokens in contexts(target, text):
-        tree = trained.head.grow(HeadCache(), features, tokens, depth, top_k)
+        tree = trained.head.grow(HeadCache(), features, tokens, depth, top_k, keep_chain)
+        chain = trained.head.draft(HeadCache(), features, tokens, depth)
+        assert [tree.tokens[i] for i in tree.chain] == chain[:len(tree.chain)]  # the greedy chain ...
+        assert len(tree.chain) == depth if keep_chain else 1 <= len(tree.chain) <= depth  # ... all of it if kept
         depths = depths_of(tree.parents)
         for d in range(1, depth + 1):
             level = sorted((i for i, e in enumerate(depths) if e == d), key=lambda i: -tree.scores[i])
             assert len(level) == (top_k if d == 1 else top_k * top_k)
             chosen = {i for i in level if i in tree.logits}
-            assert chosen == (set(level[:top_k]) if d < depth else set())  # the deepest level is never fed
+            best = set(level[:top_k])
+            if keep_chain and d < depth and tree.chain[d - 1] not in best:  # the chain's node takes the last place
+                best = set(level[:top_k - 1]) | {tree.chain[d - 1]}
+                replaced += 1
+            assert chosen == (best if d < depth else set())  # the deepest level is never fed
+        replaced += len(tree.chain) < depth
+    assert replaced > 0  # the unsure tiny head's best nodes do leave its chain
 
 
+@pytest.mark.parametrize("keep_chain", [False, True])
 @pytest.mark.parametrize("depth,top_k,nodes", [(4, 2, 8), (5, 3, 10), (3, 3, 20), (6, 2, 3)])
-def test_the_kept_tree_is_closed_within_budget_and_the_best(depth: int, top_k: int, nodes: int,
+def test_the_kept_tree_is_closed_within_budget_and_the_best(depth: int, top_k: int, nodes: int, keep_chain: bool,
                                                              target: torch.nn.Module, text: list[list[int]],
                                                              trained: TrainResult) -> None:
     head = trained.head
+    shorter = 0
     for features, tokens in contexts(target, text):
-        grown = head.grow(HeadCache(), features, tokens, min(depth, nodes), top_k)
-        ids, parents, scores = head.expand(HeadCache(), features, tokens, depth, top_k, nodes)
+        grown = head.grow(HeadCache(), features, tokens, min(depth, nodes), top_k, keep_chain)
+        ids, parents, scores = head.expand(HeadCache(), features, tokens, depth, top_k, nodes, keep_chain)
         Draft(ids, None, 0, parents)  # parents come before their children
         depths = depths_of(parents)
         assert len(ids) == min(nodes, len(grown.tokens)) and max(depths) <= depth
         assert all(scores[i] <= scores[p] for i, p in enumerate(parents) if p >= 0)  # never above its parent
-        dropped = sorted(grown.scores, reverse=True)[len(ids):]
-        assert not dropped or min(scores) >= dropped[0]  # the best nodes of the whole tree
         for node in [-1, *range(len(ids))]:
             children = [c for c, p in enumerate(parents) if p == node]
             assert len(children) <= top_k and len({ids[c] for c in children}) == len(children)
             assert all(scores[children[0]] >= scores[c] for c in children)  # the first child is the best
-        chain = head.draft(HeadCache(), features, tokens, max(depths))
+        chain = head.draft(HeadCache(), features, tokens, min(depth, nodes))
         first = next((i for i, p in enumerate(parents) if p != i - 1), len(ids))  # the first branch: 0, 1, ..
-        assert first >= 1 and ids[:first] == chain[:first]  # a prefix of the greedy chain
+        assert first >= 1 and ids[:first] == chain[:first]  # a prefix of the greedy chain ...
+        assert first == len(chain) if keep_chain else first <= len(chain)  # ... all of it if kept
+        shorter += first < len(chain)
+        rest = sorted((s for i, s in enumerate(grown.scores) if not keep_chain or i not in grown.chain), reverse=True)
+        kept = scores[first:] if keep_chain else scores
+        assert len(kept) in (0, len(rest)) or min(kept) >= rest[len(kept)]  # the best nodes (besides the chain)
+    if nodes == top_k * depth and not keep_chain:  # the loop's budget: the unsure tiny head's trees prefer a bushy top
+        assert shorter > 0
 
 
 def test_width_one_is_the_chain_and_depth_one_the_first_tokens(target: torch.nn.Module, text: list[list[int]],
@@ -141,8 +163,8 @@ def test_the_heads_cache_is_rolled_back_exactly(target: torch.nn.Module, text: l
         assert head.draft(after, *more, 3) == head.draft(before, *more, 3)
 
 
-@pytest.mark.parametrize("width,k", [(2, 3), (3, 5)])
-def test_tree_proposals_follow_the_context_fp32(width: int, k: int, target: torch.nn.Module,
+@pytest.mark.parametrize("width,k,keep_chain", [(2, 3, False), (3, 5, False), (2, 4, True)])
+def test_tree_proposals_follow_the_context_fp32(width: int, k: int, keep_chain: bool, target: torch.nn.Module,
                                                  text: list[list[int]], trained: TrainResult) -> None:
     """Through the loop on the fp32 target: what the head is fed at each proposal is the target's own features
     and its cache exactly the pairs before them (Checked), and the output is plain greedy's."""
@@ -150,8 +172,23 @@ def test_tree_proposals_follow_the_context_fp32(width: int, k: int, target: torc
     trees = 0
     for prompt in prompts(text):
         drafter = Checked(trained.head, runner, model=target)
+        drafter.keep_chain = keep_chain
         out = run(runner, prompt, STOP, drafter, k, tree=TreeShape(width, depth=k))
         assert_near_tie_parting(target, prompt, out.token_ids, run(runner, prompt, STOP).token_ids)
+        trees += out.stats.tree_steps
+    assert trees > 0
+
+
+@pytest.mark.parametrize("keep_chain", [False, True])
+def test_the_int8_heads_trees_are_bitwise_plain_greedy_int8(keep_chain: bool, text: list[list[int]],
+                                                             trained: TrainResult) -> None:
+    """The head as `specdec generate --head` runs it (its int8 inference form) drafting trees for the int8 target."""
+    runner = LeanRunner(quantize_model(tiny_model("llama", seed=0)))
+    head = FastHead(trained.head, "int8")
+    trees = 0
+    for prompt in prompts(text):
+        out = run(runner, prompt, STOP, HeadDrafter(head, runner, keep_chain=keep_chain), 4, tree=TreeShape(2, depth=4))
+        assert out.token_ids == run(runner, prompt, STOP).token_ids
         trees += out.stats.tree_steps
     assert trees > 0
 
