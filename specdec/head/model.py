@@ -130,7 +130,8 @@ class DraftHead(nn.Module):
         return self.vocab[draft_ids]
 
     def forward(self, features: torch.Tensor, tokens: torch.Tensor, start: int = 0, cache: HeadCache | None = None,
-                positions: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                positions: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """features [B, T, H] (f_t), tokens [B, T] (target ids of x_{t+1}) at positions start..start+T-1
         -> (predicted features [B, T, H] (f_{t+1}), draft logits [B, T, N] (for x_{t+2})).
         A tree forward gives its own positions [B, T] and additive mask [1, 1, T, past + T] (tree_mask)."""
@@ -263,7 +264,7 @@ class GrownTree:
     parents: list[int]
     scores: list[float]
     logits: dict[int, torch.Tensor]
-    chain: list[int] = field(default_factory=list)  # the greedy chain's nodes (each its parent's first child), as far as grown
+    chain: list[int] = field(default_factory=list)  # the greedy chain's nodes (first children), as far as grown
 
     def add_children(self, nodes: list[int], logits: torch.Tensor, top_k: int) -> list[int]:
         """Give each of `nodes` the `top_k` likeliest children under its draft logits [q, N], likeliest first

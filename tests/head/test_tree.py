@@ -15,7 +15,7 @@ from specdec.drafters.base import Draft
 from specdec.drafters.tree import TreeShape, alternatives, tree_draft
 from specdec.head.drafter import HeadDrafter
 from specdec.head.fast import FastHead
-from specdec.head.model import DraftHead, GrownTree, HeadCache
+from specdec.head.model import GrownTree, HeadCache
 from specdec.head.train import TrainResult, target_pass
 from specdec.loop import StopCondition, run
 from tests.head.test_drafter import Checked, prompts
@@ -200,7 +200,8 @@ class Leaves(HeadDrafter):
         rows: list[torch.Tensor] = []  # [V] each: the head's logits over the target's ids
 
         def choose(logits: torch.Tensor) -> torch.Tensor:  # [N] -> [] target id
-            rows.append(logits.new_full((self.target.vocab_size,), float("-inf")).index_copy(0, self.head.vocab, logits))
+            full = logits.new_full((self.target.vocab_size,), float("-inf"))  # [V]
+            rows.append(full.index_copy(0, self.head.vocab, logits))
             return self.head.target_ids(logits.argmax())
 
         pairs = self._pairs(context, k)
