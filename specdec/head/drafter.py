@@ -63,7 +63,7 @@ class HeadDrafter:
     """Proposes k tokens with a draft head over `target`'s hidden states (see the module docstring)."""
 
     def __init__(self, head: DraftHead, target: HiddenStateRunner, sampling: SamplingParams | None = None,
-                 window: int = WINDOW, keep_chain: bool = False) -> None:
+                 window: int = WINDOW, keep_chain: bool = True) -> None:
         if window < 1:
             raise SpecdecError(f"a draft head's prompt window must be at least 1 position, got {window}")
         self.window = window  # the prompt's last positions whose features seed the head's cache
