@@ -39,8 +39,8 @@ changes the output: the loop verifies every token.
 Trees (``propose_tree``, greedy only): EAGLE-2's dynamic draft tree (Li et al. 2024, "EAGLE-2: Faster
 Inference of Language Models with Dynamic Draft Trees", arXiv 2406.16858), grown by DraftHead.expand
 with one head forward per level (as many as a chain of the same depth), its best path first: the greedy
-chain as far as the tree kept it, or all of it where the drafter is made with ``keep_chain`` (the
-controller counts a tree's gain over its first branch, specdec.loop.verify_tree).
+chain, all of it by default (``keep_chain``; without it as far as pure EAGLE-2 ranking kept it), so the
+controller's count of a tree's gain over its first branch (specdec.loop.verify_tree) is its gain over the chain.
 """
 
 from __future__ import annotations
