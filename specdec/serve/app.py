@@ -374,6 +374,8 @@ class Reply:
             "draft_steps": stats.draft_steps,
             "accepted_per_position": list(stats.accepted_at),
             "target_forwards": stats.target_forwards,
+            "tree_drafts": stats.tree_steps,
+            "tree_nodes": stats.tree_nodes,
             "tokens_per_second": round(stats.tokens_per_s, 3),
         }
 

@@ -10,6 +10,8 @@ spec_decode_num_drafts_total                   the same               the same
 spec_decode_num_draft_tokens_total             the same               the same
 spec_decode_num_accepted_tokens_total          the same               the same
 spec_decode_num_accepted_tokens_per_pos_total  the same, {position}   the same, {position}
+spec_decode_num_tree_drafts_total              -                      -
+spec_decode_num_tree_nodes_total               -                      -
 prompt_tokens_total                            the same               the same
 generation_tokens_total                        the same               tokens_predicted_total
 tokens_predicted_seconds_total                 -                      the same
@@ -26,6 +28,8 @@ request_disconnects_total                      -                      -
 
 What they count: drafts = decode steps that verified a draft; draft tokens = tokens proposed;
 accepted tokens = drafted tokens the target accepted, also by position in the draft (0 = first);
+tree drafts = the drafts that were token trees (``--tree``), tree nodes = the draft tokens those trees
+held (their drafted tokens count each tree's depth: accepted ÷ drafts is the accepted path's length);
 tokens_predicted_seconds = seconds spent generating, prefills included, and predicted_tokens_seconds
 the mean tokens/s from it; n_decode = target forward passes, prefills included; the latencies are
 histograms from each request's arrival.
@@ -77,6 +81,8 @@ class Metrics:
         self.accepted_tokens = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted by the target.")
         self.accepted_per_pos = counter("spec_decode_num_accepted_tokens_per_pos",
                                         "Draft tokens accepted, by position in the draft (0 = first).", ("position",))
+        self.tree_drafts = counter("spec_decode_num_tree_drafts", "Drafts that were token trees (counted in drafts).")
+        self.tree_nodes = counter("spec_decode_num_tree_nodes", "Draft tokens the token trees held (all verified).")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed.")
         self.generation_tokens = counter("generation_tokens", "Tokens generated.")
         self.decode_seconds = counter("tokens_predicted_seconds", "Seconds spent generating (prefill included).")
@@ -112,6 +118,8 @@ class Metrics:
         self.drafts.inc(stats.draft_steps)
         self.draft_tokens.inc(stats.drafted)
         self.accepted_tokens.inc(stats.accepted)
+        self.tree_drafts.inc(stats.tree_steps)
+        self.tree_nodes.inc(stats.tree_nodes)
         for position, accepted in enumerate(stats.accepted_at):
             self.accepted_per_pos.labels(position=str(position)).inc(accepted)
 

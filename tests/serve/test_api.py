@@ -116,7 +116,8 @@ def test_seeded_sampling_repeats(server):
 def test_metrics_add_up_to_the_responses(server):
     before = metric_samples(httpx.get(server.url + "/metrics").text)
     client = server.client()
-    responses = [client.completions.create(prompt=p, **GREEDY) for p in (PROMPT, "for i in range")]
+    responses = [client.completions.create(prompt=PROMPT, **GREEDY),
+                 client.completions.create(prompt="for i in range", extra_body={"speculative": {"tree": "2x3"}}, **GREEDY)]
     responses.append(client.chat.completions.create(messages=[{"role": "user", "content": "hi"}], **GREEDY))
     after = metric_samples(httpx.get(server.url + "/metrics").text)
 
@@ -127,6 +128,9 @@ def test_metrics_add_up_to_the_responses(server):
     assert delta("spec_decode_num_drafts_total") == sum(s["draft_steps"] for s in stats)
     assert delta("spec_decode_num_draft_tokens_total") == sum(s["drafted"] for s in stats)
     assert delta("spec_decode_num_accepted_tokens_total") == sum(s["accepted"] for s in stats)
+    assert stats[1]["tree_drafts"] > 0 and stats[0]["tree_drafts"] == 0  # the second asked for token trees
+    assert delta("spec_decode_num_tree_drafts_total") == sum(s["tree_drafts"] for s in stats)
+    assert delta("spec_decode_num_tree_nodes_total") == sum(s["tree_nodes"] for s in stats)
     for pos in range(3):
         assert delta("spec_decode_num_accepted_tokens_per_pos_total", position=str(pos)) == sum(
             s["accepted_per_position"][pos] for s in stats if len(s["accepted_per_position"]) > pos)
