@@ -463,7 +463,8 @@ def bench(
         fail("give --prompts or --workload, not both")
     progress = PullProgress()
     options = BenchOptions(
-        target=target, draft=None if draft.lower() == "none" else draft, prompts=prompts or "builtin", workload=workload,
+        target=target, draft=None if draft.lower() == "none" else draft, prompts=prompts or "builtin",
+        workload=workload,
         max_new_tokens=max_new_tokens, methods=methods, gammas=gammas, repeats=repeats,
         limit_per_category=limit_per_category, chat=chat, dtype=dtype.value, out=out, threads=threads,
         draft_dtype=draft_dtype.value if draft_dtype else None,

@@ -100,7 +100,8 @@ class BenchOptions:
     n_ctx: int | None = None  # llama.cpp's context size
 
 
-def encode_prompt(engine: Any, prompt: Prompt, chat: bool, max_new_tokens: int, conversation: bool = False) -> list[int]:
+def encode_prompt(engine: Any, prompt: Prompt, chat: bool, max_new_tokens: int,
+                  conversation: bool = False) -> list[int]:
     """A prompt's token ids, checked against the target's window: a conversation through the chat
     template whole, or as "User: …\\n\\nAssistant:" text without one (conversation=True: a session's
     first turn too, not its bare text)."""
@@ -117,7 +118,8 @@ def encode_prompt(engine: Any, prompt: Prompt, chat: bool, max_new_tokens: int, 
     return ids
 
 
-def _encode_all(engine: Any, prompts: Sequence[Prompt], chat: bool, max_new_tokens: int) -> list[tuple[Prompt, list[int]]]:
+def _encode_all(engine: Any, prompts: Sequence[Prompt], chat: bool,
+                max_new_tokens: int) -> list[tuple[Prompt, list[int]]]:
     return [(p, encode_prompt(engine, p, chat, max_new_tokens)) for p in prompts]
 
 
