@@ -431,7 +431,8 @@ def serve_replicas(spec: EngineSpec, options: ServeOptions, plan: ReplicaPlan, h
 def bench(
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
     draft: str = typer.Option(DEFAULT_DRAFTER, "--draft", "-d", help="Drafter, as for generate (the same default, auto): a draft model, 'lookup' (prompt lookup), 'lookup+<model>' (hybrid), 'head' or 'lookup+head' (a trained draft head; the methods' summary names it), or 'none' (then only plain, hf-plain, hf-pld, llamacpp)."),
-    prompts: str = typer.Option("builtin", "--prompts", help="'builtin' (user-shaped prompts, multi-turn chats), 'short' (the first short set), a Spec-Bench .jsonl (\"replies\" make a conversation), or a text file with one prompt per line (\\n escapes allowed)."),
+    prompts: Optional[str] = typer.Option(None, "--prompts", help="'builtin' (the default: user-shaped prompts, multi-turn chats), 'short' (the first short set), a Spec-Bench .jsonl (\"replies\" make a conversation), or a text file with one prompt per line (\\n escapes allowed)."),
+    workload: Optional[str] = typer.Option(None, "--workload", help="Instead of --prompts, sessions of repeated text run turn by turn, each turn's prompt holding the method's own earlier answers: edit (code-edit sessions), agent (tool-call loops), template (templated generation), comma-separated, or .jsonl session files; --limit-per-category takes the first M sessions of each."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most tokens to generate per prompt."),
     methods: str = typer.Option("default", "--methods", help="Comma-separated: plain, specdec, specdec-auto (k chosen by the cost-model controller, as generate runs it), specdec-tree (specdec-auto with --tree auto), specdec-stairs, specdec-intersection, hf, hf-auto, hf-plain, hf-pld, llamacpp (plain llama.cpp on the target's GGUF); plain always runs: it is the reference. default: plain, specdec-auto, specdec, hf-pld, hf (when the draft runs in transformers) and llamacpp (when installed)."),
     gammas: str = typer.Option("5", "--gammas", help="Draft tokens per step γ; a list (1,3,5) sweeps specdec, hf and hf-pld."),
@@ -458,9 +459,12 @@ def bench(
     from specdec.bench.runner import BenchOptions, run_bench, run_concurrency_bench
 
     quiet_libraries()
+    if workload is not None and prompts is not None:
+        fail("give --prompts or --workload, not both")
     progress = PullProgress()
     options = BenchOptions(
-        target=target, draft=None if draft.lower() == "none" else draft, prompts=prompts,
+        target=target, draft=None if draft.lower() == "none" else draft, prompts=prompts or "builtin",
+        workload=workload,
         max_new_tokens=max_new_tokens, methods=methods, gammas=gammas, repeats=repeats,
         limit_per_category=limit_per_category, chat=chat, dtype=dtype.value, out=out, threads=threads,
         draft_dtype=draft_dtype.value if draft_dtype else None,

@@ -12,6 +12,7 @@ through it.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
@@ -197,6 +198,28 @@ class Engine:
         from specdec.batching import BatchPool
 
         self.pool = BatchPool(self, max_batch)
+
+    def forget(self) -> None:
+        """Drop what drafters learned from this engine's earlier requests, so that the next request
+        drafts from its own context only.  No drafter keeps anything across requests yet: a no-op.
+
+        The seam for a drafter that does (SuffixDecoding's tree over earlier outputs, arXiv 2411.04975):
+        make a new, empty store here rather than emptying the one the engine holds, for a fork
+        (:meth:`fork`) shares its parent's objects until its forget() runs.  The cost-model
+        controller is not such state (what it learns is the machine's speed): it is kept.
+        """
+
+    def fork(self) -> "Engine":
+        """Another engine over the same loaded models (runners, tokenizers, head, and the `-k auto`
+        controller if this engine has made it; one request at a time) whose drafters remember
+        nothing of this one's requests (:meth:`forget`).
+
+        The benchmark gives every method a fork of its own: one method's answers never reach
+        another's drafts, while each still learns from its own earlier turns of a session."""
+        twin = copy.copy(self)
+        twin.pool = twin._single_pool()  # leases bound to the twin, not to this engine
+        twin.forget()
+        return twin
 
     def _single_pool(self) -> SinglePool:
         """The default pool: this engine's own runners, one request at a time."""

@@ -13,8 +13,9 @@ from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qw
 VOCAB = 96
 
 
-def tiny_model(arch: str = "llama", seed: int = 0, vocab_size: int = VOCAB, layers: int = 2):
-    """A small fp32 causal LM of the given architecture ("llama", "qwen2" or "gemma3")."""
+def tiny_model(arch: str = "llama", seed: int = 0, vocab_size: int = VOCAB, layers: int = 2, positions: int = 256):
+    """A small fp32 causal LM of the given architecture ("llama", "qwen2" or "gemma3"), a context
+    window of `positions` tokens."""
     common = dict(
         vocab_size=vocab_size,
         hidden_size=32,
@@ -22,7 +23,7 @@ def tiny_model(arch: str = "llama", seed: int = 0, vocab_size: int = VOCAB, laye
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=256,
+        max_position_embeddings=positions,
         initializer_range=0.4,
         tie_word_embeddings=False,
         bos_token_id=1,
@@ -69,10 +70,10 @@ def tiny_tokenizer(variant: int = 0, vocab_size: int = 300):
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>")
 
 
-def save_tiny(directory, arch: str = "llama", seed: int = 0, variant: int = 0) -> str:
+def save_tiny(directory, arch: str = "llama", seed: int = 0, variant: int = 0, positions: int = 256) -> str:
     """Save a tiny model with a tiny tokenizer as a transformers directory; returns its path."""
     tokenizer = tiny_tokenizer(variant)
-    model = tiny_model(arch, seed, vocab_size=len(tokenizer))
+    model = tiny_model(arch, seed, vocab_size=len(tokenizer), positions=positions)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)

@@ -5,9 +5,11 @@ every method: our loop plain and speculative, and transformers' own
 ``generate`` plain, assisted (the peer) and with prompt lookup.  Prompts come
 from a Spec-Bench JSONL file or a plain text file (:mod:`.prompts`); methods
 are strategy objects (:mod:`.methods`); the runner interleaves them prompt by
-prompt after a warm-up (:mod:`.runner`); the records are aggregated into a
-summary (:mod:`.results`); the report writes markdown, JSON and plots
-(:mod:`.report`).
+prompt after a warm-up (:mod:`.runner`), or, for a workload of sessions with
+repeated text (:mod:`.workloads`: code edits, agent loops, templates), turn by
+turn with every method on its own conversation (:mod:`.sessions`); the records
+are aggregated into a summary (:mod:`.results`); the report writes markdown,
+JSON and plots (:mod:`.report`).
 
     >>> from specdec.bench import BenchOptions, run_bench
     >>> summary = run_bench(BenchOptions(target="qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b"))
@@ -17,8 +19,11 @@ from specdec.bench.methods import METHODS, Measurement, Method, build_methods
 from specdec.bench.prompts import BUILTIN, Prompt, load_prompts
 from specdec.bench.results import Record, Summary, aggregate
 from specdec.bench.runner import BenchOptions, run_bench, run_interleaved
+from specdec.bench.sessions import run_sessions
+from specdec.bench.workloads import WORKLOADS, Session, load_workloads
 
 __all__ = [
-    "BUILTIN", "METHODS", "BenchOptions", "Measurement", "Method", "Prompt", "Record", "Summary",
-    "aggregate", "build_methods", "load_prompts", "run_bench", "run_interleaved",
+    "BUILTIN", "METHODS", "WORKLOADS", "BenchOptions", "Measurement", "Method", "Prompt", "Record", "Session",
+    "Summary", "aggregate", "build_methods", "load_prompts", "load_workloads", "run_bench", "run_interleaved",
+    "run_sessions",
 ]

@@ -183,6 +183,13 @@ class Method(ABC):
     def generate(self, prompt_ids: list[int]) -> Measurement:
         """The untimed generation (``run`` times it)."""
 
+    def before_session(self) -> None:
+        """Called before a session's first turn (and before every one-turn prompt): the method's
+        engine forgets what its drafters learned from earlier requests (:meth:`Engine.forget`; a
+        no-op while no drafter keeps anything across requests), so a session's turns learn from
+        that session's earlier turns only, and no run drafts from its own earlier repeat."""
+        self.engine.forget()
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, gamma={self.gamma})"
 
@@ -570,18 +577,22 @@ def build_methods(
     engine: "Engine", families: Sequence[str], gammas: Sequence[int], max_new_tokens: int,
     sampling: SamplingParams | None = None, llamacpp_target: Any = None,
 ) -> list[Method]:
-    """One Method per family, and per γ for families that take one (named ``family-g<γ>`` in a sweep).
+    """One Method per family, and per γ for families that take one (named ``family-g<γ>`` in a sweep),
+    each on a fork of `engine` (the same models; what drafters learn across requests stays the
+    method's own: Engine.fork).
 
     llamacpp_target: (LlamaCppRunner, tokenizer) of the target's GGUF, for the llamacpp peer."""
+    if any(issubclass(METHODS[f], SpecdecAuto) for f in families):
+        engine.auto_controller()  # made before the forks, so they share it as methods always have
     methods: list[Method] = []
     for family in families:
         cls = METHODS[family]
         if cls.uses_gamma:
             for g in gammas:
                 name = family if len(gammas) == 1 else f"{family}-g{g}"
-                methods.append(cls(engine, max_new_tokens, gamma=g, name=name, sampling=sampling))
+                methods.append(cls(engine.fork(), max_new_tokens, gamma=g, name=name, sampling=sampling))
         elif cls is LlamaCppPlain:
-            methods.append(cls(engine, max_new_tokens, sampling=sampling, llamacpp_target=llamacpp_target))
+            methods.append(cls(engine.fork(), max_new_tokens, sampling=sampling, llamacpp_target=llamacpp_target))
         else:
-            methods.append(cls(engine, max_new_tokens, sampling=sampling))
+            methods.append(cls(engine.fork(), max_new_tokens, sampling=sampling))
     return methods

@@ -41,6 +41,7 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Iterator, Protocol, Sequence, TypeVar
 
 from specdec.errors import SpecdecError
 
@@ -78,11 +79,15 @@ class Prompt:
     def plain_text(self) -> str:
         """The prompt for a model without a chat template: the text itself for one turn, else
         the conversation as "User: …\\n\\nAssistant: …\\n\\nUser: …\\n\\nAssistant:"."""
-        if not self.history:
-            return self.text
-        names = {USER: "User", ASSISTANT: "Assistant"}
-        parts = [f"{names[role]}: {content}" for role, content in self.messages]
-        return "\n\n".join([*parts, "Assistant:"])
+        return conversation_text(self.messages) if self.history else self.text
+
+
+def conversation_text(messages: Messages) -> str:
+    """A conversation for a model without a chat template:
+    "User: …\\n\\nAssistant: …\\n\\nUser: …\\n\\nAssistant:" (the assistant's turn opened)."""
+    names = {USER: "User", ASSISTANT: "Assistant"}
+    parts = [f"{names[role]}: {content}" for role, content in messages]
+    return "\n\n".join([*parts, "Assistant:"])
 
 
 def builtin_path(name: str = BUILTIN) -> Path:
@@ -134,11 +139,9 @@ def _history(obj: dict, turns: list, where: str) -> Messages:
     return tuple(pair for u, a in zip(turns, replies) for pair in ((USER, u), (ASSISTANT, a)))
 
 
-def parse_jsonl(lines: list[str], name: str = "<prompts>") -> list[Prompt]:
-    """JSONL lines -> prompts: the first turn of each record, or the whole conversation of a
-    record with "replies"; blank lines are skipped."""
-    prompts: list[Prompt] = []
-    seen: set[str] = set()
+def json_records(lines: list[str], name: str) -> Iterator[tuple[int, str, dict]]:
+    """(line number, "<name> line <n>", object) for each non-blank line, a JSON object with a "turns" list
+    expected (a one-line SpecdecError for a line that is not a JSON object)."""
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -149,6 +152,15 @@ def parse_jsonl(lines: list[str], name: str = "<prompts>") -> list[Prompt]:
             raise SpecdecError(f"{where}: not valid JSON ({e.msg})") from None
         if not isinstance(obj, dict):
             raise SpecdecError(f"{where}: expected a JSON object with a \"turns\" list")
+        yield number, where, obj
+
+
+def parse_jsonl(lines: list[str], name: str = "<prompts>") -> list[Prompt]:
+    """JSONL lines -> prompts: the first turn of each record, or the whole conversation of a
+    record with "replies"; blank lines are skipped."""
+    prompts: list[Prompt] = []
+    seen: set[str] = set()
+    for number, where, obj in json_records(lines, name):
         turns = obj.get("turns")
         if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
             raise SpecdecError(f"{where}: expected a non-empty \"turns\" list of strings")
@@ -179,14 +191,22 @@ def parse_text(lines: list[str]) -> list[Prompt]:
     ]
 
 
-def limit_per_category(prompts: list[Prompt], limit: int | None) -> list[Prompt]:
-    """The first `limit` prompts of every category, in file order (all of them when limit is None)."""
+class Categorized(Protocol):
+    @property
+    def category(self) -> str: ...
+
+
+C = TypeVar("C", bound=Categorized)
+
+
+def limit_per_category(prompts: Sequence[C], limit: int | None) -> list[C]:
+    """The first `limit` prompts (or sessions) of every category, in file order (all of them when limit is None)."""
     if limit is None:
         return list(prompts)
     if limit < 1:
         raise SpecdecError(f"--limit-per-category must be >= 1, got {limit}")
     taken: dict[str, int] = {}
-    out: list[Prompt] = []
+    out: list[C] = []
     for p in prompts:
         if taken.get(p.category, 0) < limit:
             taken[p.category] = taken.get(p.category, 0) + 1

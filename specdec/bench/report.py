@@ -3,7 +3,8 @@
 Files written in the output directory (results.jsonl is written by the runner):
 
 * ``summary.md`` — markdown tables: per method overall, speedup per method ×
-  category, full numbers per category, acceptance by draft position;
+  category, full numbers per category, acceptance by draft position; for a
+  workload (``--workload``) also speedup and acceptance per turn index;
 * ``summary.json`` — the same object ``--json`` prints;
 * ``speedup_by_category.png`` — grouped bars, one group per category (and all);
 * ``acceptance_by_position.png`` — one line per specdec method (solid) and per hf method (dashed);
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from specdec.bench.plotting import MISSING, pyplot
 from specdec.bench.results import ALL, Aggregate, MethodSummary, Record, Summary
@@ -35,16 +36,20 @@ def _method_row(m: MethodSummary, agg: Aggregate) -> dict[str, Any]:
 
 
 def summary_json(summary: Summary, meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``--json`` object: {"methods": [...], "by_category": {category: [...]}, "config": {...}}."""
-    return {
+    """The ``--json`` object: {"methods": [...], "by_category": {category: [...]}, "config": {...}},
+    and for a workload "by_turn": {"1": [...], "2+": [...], "2": [...], ...}."""
+    data: dict[str, Any] = {
         "methods": [_method_row(m, m.overall) for m in summary.methods],
         "by_category": {
             c: [_method_row(m, m.by_category[c]) for m in summary.methods if c in m.by_category]
             for c in summary.categories
         },
-        "reference": summary.reference,
-        "config": meta or {},
     }
+    if summary.turns:
+        data["by_turn"] = {
+            t: [_method_row(m, m.by_turn[t]) for m in summary.methods if t in m.by_turn] for t in summary.turns
+        }
+    return {**data, "reference": summary.reference, "config": meta or {}}
 
 
 # --- markdown ---------------------------------------------------------------------------------------
@@ -81,6 +86,25 @@ def _metric_row(m: MethodSummary, a: Aggregate) -> list[str]:
     ]
 
 
+def _group_tables(summary: Summary, what: str, groups: Sequence[str],
+                  by: Callable[[MethodSummary], dict[str, Aggregate]]) -> list[str]:
+    """The "Speedup vs plain by <what>" and "Acceptance rate by <what>" tables: a column per group, then all."""
+    lines = ["", f"## Speedup vs plain by {what}", ""]
+    rows = [
+        [f"`{s.name}`"] + [fmt(by(s)[g].speedup_vs_plain if g in by(s) else None, ".2f", "×") for g in groups]
+        + [fmt(s.overall.speedup_vs_plain, ".2f", "×")]
+        for s in summary.methods
+    ]
+    lines += _table(["method", *groups, ALL], rows)
+    lines += ["", f"## Acceptance rate by {what}", ""]
+    rows = [
+        [f"`{s.name}`"] + [pct(by(s)[g].acceptance_rate if g in by(s) else None) for g in groups]
+        + [pct(s.overall.acceptance_rate)]
+        for s in summary.methods if s.overall.acceptance_rate is not None
+    ]
+    return lines + (_table(["method", *groups, ALL], rows) if rows else ["(no method reported draft statistics)"])
+
+
 def backend_note(backend: str | None) -> str:
     """" (llama.cpp)" for a model run through llama.cpp; nothing for transformers (the default)."""
     return " (llama.cpp)" if backend == "llamacpp" else ""
@@ -106,6 +130,20 @@ def decoding_note(sampling: dict[str, Any] | None) -> str:
     return "sampling (" + ", ".join(parts) + f", seed {sampling.get('seed')})"
 
 
+def inputs_note(m: dict[str, Any]) -> str:
+    """The summary's line on what ran: the prompt set, or the workload's sessions and turns."""
+    how = (f"{'chat template' if m.get('chat') else 'raw text'}, {m.get('repeats')} repeat(s) (median), "
+           f"{'one warm-up generation per method' if m.get('warmup', True) else 'no warm-up'}")
+    if not m.get("workload"):
+        per = ", ".join(f"{c} {n}" for c, n in m.get("prompts_per_category", {}).items())
+        return f"- prompts `{m.get('prompts')}`: {m.get('num_prompts')} ({per}), {how}, methods interleaved per prompt"
+    sessions, turns = m.get("sessions_per_category", {}), m.get("prompts_per_category", {})
+    per = ", ".join(f"{c} {n}/{turns.get(c)}" for c, n in sessions.items())
+    return (f"- workload `{', '.join(m['workload'])}`: {sum(sessions.values())} sessions, {m.get('num_prompts')} turns "
+            f"(sessions/turns: {per}), {how}; a session's turns in order, each method's prompt built from its "
+            "own earlier answers, methods interleaved per turn, a repeat runs the whole session again")
+
+
 def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str] = (), plot_note: str = "") -> str:
     """summary.md: configuration, then the tables."""
     m = meta
@@ -114,10 +152,7 @@ def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str
         f"- target `{m.get('target')}`{backend_note(m.get('backend'))}, draft `{m.get('draft')}`"
         f"{backend_note(m.get('draft_backend'))}, dtype {m.get('dtype')}{draft_dtype_note(m)}, {decoding_note(m.get('sampling'))}, "
         f"max {m.get('max_new_tokens')} new tokens, γ {', '.join(map(str, m.get('gammas', [])))}",
-        f"- prompts `{m.get('prompts')}`: {m.get('num_prompts')} "
-        f"({', '.join(f'{c} {n}' for c, n in m.get('prompts_per_category', {}).items())}), "
-        f"{'chat template' if m.get('chat') else 'raw text'}, {m.get('repeats')} repeat(s) (median), "
-        f"{'one warm-up generation per method' if m.get('warmup', True) else 'no warm-up'}, methods interleaved per prompt",
+        inputs_note(m),
         f"- {m.get('device', 'cpu')} ({m.get('cpu') or m.get('processor')}, {m.get('torch_threads')} torch threads), "
         f"torch {m.get('torch')}, transformers {m.get('transformers')}, {m.get('date_utc')} UTC",
         "",
@@ -134,21 +169,12 @@ def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str
     lines += _table(METRIC_HEADER, [_metric_row(s, s.overall) for s in summary.methods])
 
     cats = summary.categories
-    lines += ["", "## Speedup vs plain by category", ""]
-    rows = [
-        [f"`{s.name}`"] + [fmt(s.by_category[c].speedup_vs_plain if c in s.by_category else None, ".2f", "×") for c in cats]
-        + [fmt(s.overall.speedup_vs_plain, ".2f", "×")]
-        for s in summary.methods
-    ]
-    lines += _table(["method", *cats, ALL], rows)
-
-    lines += ["", "## Acceptance rate by category", ""]
-    rows = [
-        [f"`{s.name}`"] + [pct(s.by_category[c].acceptance_rate if c in s.by_category else None) for c in cats]
-        + [pct(s.overall.acceptance_rate)]
-        for s in summary.methods if s.overall.acceptance_rate is not None
-    ]
-    lines += _table(["method", *cats, ALL], rows) if rows else ["(no method reported draft statistics)"]
+    lines += _group_tables(summary, "category", cats, lambda s: s.by_category)
+    if summary.turns:
+        lines += _group_tables(summary, "turn", summary.turns, lambda s: s.by_turn)
+        lines += ["", "Turn 2+: every turn after a session's first. Same history as plain (each method's "
+                  "earlier answers in the session equal plain's, so its prompts were plain's): "
+                  + ", ".join(f"`{s.name}` {pct(s.overall.history_identical_rate)}" for s in summary.methods) + "."]
 
     drafting = [s for s in summary.methods if s.overall.per_position_acceptance]
     if drafting:

@@ -13,6 +13,13 @@ Aggregation (:func:`aggregate`), per method, overall and per category:
   (e.g. all accepted / all drafted), None where a method has no drafts;
 * ``identical_rate``: the fraction of prompts whose token ids equal plain's
   (repeat 0) in every repeat.
+
+A workload's turn (:mod:`specdec.bench.sessions`) is a prompt here, in its
+workload's category; its records also carry the session, the turn index and
+whether the method's own earlier answers in the session equalled plain's
+(``history_identical_rate``: the share of turns where they did in every
+repeat).  Per method there are then aggregates per turn index too
+(``by_turn``: "1", "2", ..., and "2+" for every turn after the first).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import Any, Iterable, Sequence
 from specdec.bench.methods import REFERENCE, Measurement
 
 ALL = "all"  # the category key of the overall aggregate
+LATER = "2+"  # the by_turn key of every turn after a session's first
 
 
 @dataclass
@@ -40,9 +48,16 @@ class Record:
     prompt_tokens: int
     measurement: Measurement
     identical_to_plain: bool | None = None  # filled in once plain's output for the prompt is known
+    session: str | None = None  # a workload's turn: its session's id, and its turn index from 1
+    turn: int | None = None
+    history_identical_to_plain: bool | None = None  # the method's earlier answers in the session equal plain's
+
+    SESSION_KEYS = ("session", "turn", "history_identical_to_plain")
 
     def to_dict(self) -> dict[str, Any]:
         head = {k: v for k, v in asdict(self).items() if k != "measurement"}
+        if self.session is None:  # a prompt of a prompt set: no session fields
+            head = {k: v for k, v in head.items() if k not in self.SESSION_KEYS}
         return {**head, **self.measurement.to_dict()}  # token_ids last
 
     @classmethod
@@ -51,6 +66,7 @@ class Record:
             prompt_id=str(d["prompt_id"]), category=d["category"], method=d["method"], family=d["family"],
             gamma=d.get("gamma"), repeat=int(d["repeat"]), prompt_tokens=int(d["prompt_tokens"]),
             measurement=Measurement.from_dict(d), identical_to_plain=d.get("identical_to_plain"),
+            **{k: d.get(k) for k in cls.SESSION_KEYS},
         )
 
 
@@ -83,6 +99,8 @@ class PromptResult:
     plain_steps: int | None = None  # summed over repeats
     draft_s: float | None = None  # summed over repeats
     wall_total_s: float = 0.0  # summed over repeats (pairs with draft_s)
+    turn: int | None = None  # a workload's turn index
+    history_identical: bool | None = None  # the method's history equalled plain's in every repeat
 
 
 @dataclass
@@ -104,6 +122,7 @@ class Aggregate:
     mean_k: float | None = None  # draft tokens proposed per step after the prefill (plain steps count 0)
     plain_fraction: float | None = None  # share of those steps that drafted nothing
     draft_time_share: float | None = None  # share of the wall time spent in the drafter
+    history_identical_rate: float | None = None  # workloads: share of turns whose history equalled plain's
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,6 +135,7 @@ class MethodSummary:
     gamma: int | None
     overall: Aggregate
     by_category: dict[str, Aggregate] = field(default_factory=dict)
+    by_turn: dict[str, Aggregate] = field(default_factory=dict)  # workloads: "1", "2+", "2", "3", ...
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "family": self.family, "gamma": self.gamma, **self.overall.to_dict()}
@@ -127,6 +147,7 @@ class Summary:
     categories: list[str]  # in order of first appearance
     prompt_results: list[PromptResult]
     reference: str = REFERENCE
+    turns: list[str] = field(default_factory=list)  # the by_turn keys: "1", "2+", "2", ... (workloads only)
 
     def method(self, name: str) -> MethodSummary:
         return next(m for m in self.methods if m.name == name)
@@ -154,6 +175,10 @@ def _sum_lists(lists: Sequence[list[int] | None]) -> list[int] | None:
         for i, x in enumerate(xs):
             out[i] += x
     return out
+
+
+def _all_optional(values: Sequence[bool | None]) -> bool | None:
+    return None if any(v is None for v in values) else all(values)
 
 
 def per_prompt(records: Sequence[Record], reference: str = REFERENCE, compare_outputs: bool = True) -> list[PromptResult]:
@@ -188,6 +213,8 @@ def per_prompt(records: Sequence[Record], reference: str = REFERENCE, compare_ou
                 draft_s=_sum_optional([m.draft_s for m in ms]),
                 wall_total_s=sum(m.wall_s for m in ms),
                 identical=None if not compare_outputs or pid not in ref_ids else all(m.token_ids == ref_ids[pid] for m in ms),
+                turn=rs[0].turn,
+                history_identical=_all_optional([r.history_identical_to_plain for r in rs]),
             )
         )
     ref_tps = {p.prompt_id: p.tokens_per_s for p in results if p.method == reference}
@@ -209,6 +236,7 @@ def combine(results: Sequence[PromptResult]) -> Aggregate:
     proposed_at = _sum_lists([p.proposed_at for p in results])
     accepted_at = _sum_lists([p.accepted_at for p in results])
     identical = [p.identical for p in results if p.identical is not None]
+    histories = [p.history_identical for p in results if p.history_identical is not None]
     has_drafts = bool(drafted)  # None or 0: the method never drafted
     plain_steps = _sum_optional([p.plain_steps for p in results])
     draft_s = _sum_optional([p.draft_s for p in results])
@@ -236,6 +264,7 @@ def combine(results: Sequence[PromptResult]) -> Aggregate:
         mean_k=drafted / loop_steps if loop_steps else None,
         plain_fraction=plain_steps / loop_steps if loop_steps and plain_steps is not None else None,
         draft_time_share=draft_s / wall_total if draft_s is not None and wall_total > 0 else None,
+        history_identical_rate=sum(histories) / len(histories) if histories else None,
     )
 
 
@@ -250,10 +279,27 @@ def aggregate(records: Sequence[Record], reference: str = REFERENCE, compare_out
     for r in records:
         methods.setdefault(r.method, r)
         categories.setdefault(r.category, None)
+    turns = turn_keys(p.turn for p in results)
     summaries = []
     for name, first in methods.items():
         mine = [p for p in results if p.method == name]
         by_cat = {c: combine([p for p in mine if p.category == c]) for c in categories if any(p.category == c for p in mine)}
-        summaries.append(MethodSummary(name, first.family, first.gamma, combine(mine), by_cat))
-    return Summary(summaries, list(categories), results, reference)
+        by_turn = {key: combine(group) for key in turns if (group := [p for p in mine if in_turn_group(p.turn, key)])}
+        summaries.append(MethodSummary(name, first.family, first.gamma, combine(mine), by_cat, by_turn))
+    return Summary(summaries, list(categories), results, reference, turns)
+
+
+def turn_keys(turns: Iterable[int | None]) -> list[str]:
+    """The by_turn keys for these turn indices: "1", "2+" (when a later turn ran), "2", "3", ...;
+    none without turns (a prompt set)."""
+    seen = sorted({t for t in turns if t is not None})
+    keys = [str(t) for t in seen]
+    return keys[:1] + ([LATER] if any(t > 1 for t in seen) else []) + keys[1:]
+
+
+def in_turn_group(turn: int | None, key: str) -> bool:
+    """Whether turn index `turn` belongs to the by_turn group `key` ("3", or "2+" for every turn after the first)."""
+    if turn is None:
+        return False
+    return turn > 1 if key == LATER else str(turn) == key
 

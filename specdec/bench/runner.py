@@ -4,8 +4,10 @@ Schedule.  One warm-up generation per method (on the first prompt, not
 recorded), then for each prompt, for each repeat, every method once, in an
 order rotated by one place per (prompt, repeat): slow drift of the machine
 (thermal state, other load) then falls on all methods alike instead of on
-whichever ran last.  The records it yields are aggregated by
-:mod:`specdec.bench.results` and written out by :mod:`specdec.bench.report`.
+whichever ran last.  With ``--workload`` the sessions of a workload run instead,
+turn by turn, every method on its own conversation (:mod:`specdec.bench.sessions`).
+The records are aggregated by :mod:`specdec.bench.results` and written out by
+:mod:`specdec.bench.report`.
 """
 
 from __future__ import annotations
@@ -19,17 +21,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from specdec.bench.methods import Method
-from specdec.bench.prompts import Prompt
+from specdec.bench.prompts import Prompt, conversation_text
 from specdec.bench.results import Record, aggregate, mark_identical
+from specdec.bench.sessions import rotated, run_sessions
 from specdec.errors import SpecdecError
-
-
-def rotated(items: Sequence[Any], k: int) -> list[Any]:
-    """`items` rotated left by k places: rotated([a, b, c], 1) == [b, c, a]."""
-    if not items:
-        return []
-    k %= len(items)
-    return list(items[k:]) + list(items[:k])
 
 
 def run_interleaved(
@@ -43,6 +38,8 @@ def run_interleaved(
 ) -> list[Record]:
     """Run every method on every (prompt, token ids) `repeats` times, interleaved; returns the records.
 
+    A one-turn prompt is a session of one turn: the method's ``before_session()`` runs before each
+    generation, so no run drafts from what an earlier one wrote (its own earlier repeat included).
     advance(description) is called after each generation (warm-ups included);
     on_prompt_done(records) after each prompt, with its records marked
     identical or not to plain (left None with compare_outputs=False: sampled
@@ -53,6 +50,7 @@ def run_interleaved(
     advance = advance or (lambda _: None)
     if warmup and prompts:
         for m in methods:
+            m.before_session()
             m.run(prompts[0][1])
             advance(f"warm-up {m.name}")
     records: list[Record] = []
@@ -60,6 +58,7 @@ def run_interleaved(
         done: list[Record] = []
         for r in range(repeats):
             for m in rotated(methods, i * repeats + r):
+                m.before_session()
                 measurement = m.run(ids)
                 done.append(Record(prompt.id, prompt.category, m.name, m.family, m.gamma, r, len(ids), measurement))
                 advance(f"{prompt.category} #{prompt.id} {m.name}")
@@ -79,6 +78,7 @@ class BenchOptions:
     target: str
     draft: str | None
     prompts: str = "builtin"
+    workload: str | None = None  # "edit,agent,template" (specdec.bench.workloads): sessions instead of prompts
     max_new_tokens: int = 128
     methods: str = "default"  # methods.default_methods
     gammas: str = "5"
@@ -100,19 +100,27 @@ class BenchOptions:
     n_ctx: int | None = None  # llama.cpp's context size
 
 
-def _encode_all(engine: Any, prompts: Sequence[Prompt], chat: bool, max_new_tokens: int) -> list[tuple[Prompt, list[int]]]:
+def encode_prompt(engine: Any, prompt: Prompt, chat: bool, max_new_tokens: int,
+                  conversation: bool = False) -> list[int]:
+    """A prompt's token ids, checked against the target's window: a conversation through the chat
+    template whole, or as "User: …\\n\\nAssistant:" text without one (conversation=True: a session's
+    first turn too, not its bare text)."""
+    if chat:
+        ids = engine.encode_messages(prompt.messages)
+    else:
+        ids = engine.encode(conversation_text(prompt.messages) if conversation else prompt.plain_text)
     window = engine.target_runner.max_context
-    out = []
-    for p in prompts:
-        # a conversation goes through the chat template whole, or as "User: …\n\nAssistant:" text without one
-        ids = engine.encode_messages(p.messages) if chat else engine.encode(p.plain_text)
-        if len(ids) + max_new_tokens > window:
-            raise SpecdecError(
-                f"prompt {p.id} ({p.category}) has {len(ids)} tokens: with --max-new-tokens {max_new_tokens} it "
-                f"does not fit the target's context window of {window} tokens"
-            )
-        out.append((p, ids))
-    return out
+    if len(ids) + max_new_tokens > window:
+        raise SpecdecError(
+            f"prompt {prompt.id} ({prompt.category}) has {len(ids)} tokens: with --max-new-tokens {max_new_tokens} it "
+            f"does not fit the target's context window of {window} tokens"
+        )
+    return ids
+
+
+def _encode_all(engine: Any, prompts: Sequence[Prompt], chat: bool,
+                max_new_tokens: int) -> list[tuple[Prompt, list[int]]]:
+    return [(p, encode_prompt(engine, p, chat, max_new_tokens)) for p in prompts]
 
 
 def environment() -> dict[str, Any]:
@@ -173,6 +181,7 @@ def run_bench(
                                        parse_gammas, parse_methods)
     from specdec.loading import llamacpp_can_run, resolve_draft, resolve_drafter, split_drafter
     from specdec.bench.prompts import load_prompts
+    from specdec.bench.workloads import load_workloads, parse_workloads
     from specdec.sampling import SamplingParams
 
     # Every user mistake is caught before any model is loaded.
@@ -197,7 +206,9 @@ def run_bench(
     if options.n_ctx is not None and options.n_ctx < 1:
         raise SpecdecError(f"--n-ctx must be >= 1, got {options.n_ctx}")
     gammas = parse_gammas(options.gammas)
-    prompts = load_prompts(options.prompts, options.limit_per_category)
+    # a workload's sessions, or a prompt set
+    sessions = load_workloads(options.workload, options.limit_per_category) if options.workload is not None else []
+    prompts = load_prompts(options.prompts, options.limit_per_category) if options.workload is None else []
     wanting = needs_draft(families)
     if wanting and options.draft is None:
         raise SpecdecError(f"method(s) {', '.join(wanting)} need a draft model: give --draft or drop them")
@@ -220,12 +231,19 @@ def run_bench(
 
             peer = load_llamacpp(options.target, n_ctx=options.n_ctx, exact=False, progress=load_progress,
                                  n_threads=options.threads)
-    encoded = _encode_all(engine, prompts, options.chat, options.max_new_tokens)
+    if options.workload is None:
+        encoded = _encode_all(engine, prompts, options.chat, options.max_new_tokens)
+        units = [p for p, _ in encoded]
+    else:  # the turns' prompts are made as the sessions run, each method's from its own answers;
+        # with the answers left empty, a turn that could never fit is refused before anything runs
+        units = [s.prompt(t, [""] * (t - 1)) for s in sessions for t in range(1, len(s.turns) + 1)]
+        for p in units:
+            encode_prompt(engine, p, options.chat, options.max_new_tokens, conversation=True)
     methods = build_methods(engine, families, gammas, options.max_new_tokens, sampling, llamacpp_target=peer)
 
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
-    total = len(methods) * (len(encoded) * options.repeats + (1 if options.warmup else 0))
+    total = len(methods) * (len(units) * options.repeats + (1 if options.warmup else 0))
     progress = Progress(
         TextColumn("[bold]bench[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
         TextColumn("{task.description}"), console=console, transient=False, disable=console is None,
@@ -241,8 +259,18 @@ def run_bench(
                 sink.write(json.dumps(row.to_dict(), ensure_ascii=False) + "\n")
             sink.flush()
 
-        records = run_interleaved(methods, encoded, options.repeats, options.warmup, advance, write,
-                                  compare_outputs=sampling.greedy)
+        if options.workload is None:
+            records = run_interleaved(methods, encoded, options.repeats, options.warmup, advance, write,
+                                      compare_outputs=sampling.greedy)
+        else:
+            def encode(prompt: Prompt) -> list[int]:
+                return encode_prompt(engine, prompt, options.chat, options.max_new_tokens, conversation=True)
+
+            def decode(token_ids: list[int]) -> str:
+                return engine.decode_text(token_ids).strip()
+
+            records = run_sessions(methods, sessions, encode, decode, options.repeats, options.warmup, advance,
+                                   write, compare_outputs=sampling.greedy)
 
     summary = aggregate(records, compare_outputs=sampling.greedy)
     meta = {
@@ -259,12 +287,15 @@ def run_bench(
         "methods": [m.name for m in methods],
         "repeats": options.repeats,
         "chat": options.chat,
-        "prompts": options.prompts,
-        "num_prompts": len(encoded),
-        "prompts_per_category": {c: sum(p.category == c for p, _ in encoded) for c in summary.categories},
+        "prompts": options.prompts if options.workload is None else None,
+        "num_prompts": len(units),  # a workload's: its turns
+        "prompts_per_category": {c: sum(p.category == c for p in units) for c in summary.categories},
         "warmup": options.warmup,
         **environment(),
     }
+    if options.workload is not None:
+        meta["workload"] = parse_workloads(options.workload)
+        meta["sessions_per_category"] = {c: sum(s.category == c for s in sessions) for c in summary.categories}
     if options.device != "cpu":
         meta["device"] = f"{options.device}: {meta['device']}"
     return report.write_all(summary, meta, out, records)
@@ -288,6 +319,8 @@ def run_concurrency_bench(
 
     levels = concurrency.parse_levels(levels_text)
     check_run_options(options)
+    if options.workload is not None:
+        raise SpecdecError("--workload runs sessions turn by turn, one request at a time: drop --concurrency")
     if options.temperature > 0:
         raise SpecdecError("--concurrency measures greedy decoding: drop --temperature")
     if options.backend != "hf":

@@ -99,3 +99,60 @@ def test_prompt_that_does_not_fit_the_window(tiny_dirs, tmp_path):
     result = bench("--target", tiny_dirs["target"], "--draft", "none", "--methods", "plain", "--prompts", str(long),
                    "--max-new-tokens", "100", "--out", str(tmp_path / "out"))
     assert_user_error(result, "context window")
+
+
+@pytest.fixture(scope="module")
+def wide_dirs(tmp_path_factory):
+    """Tiny models with a 4,096-token window: a session's last turn holds the whole conversation."""
+    root = tmp_path_factory.mktemp("tiny-workload")
+    return {"target": save_tiny(root / "target", "llama", seed=0, positions=4096),
+            "draft": save_tiny(root / "draft", "llama", seed=1, positions=4096)}
+
+
+def test_bench_workloads(wide_dirs, tmp_path):
+    from specdec.bench.workloads import WORKLOADS, load_workloads
+
+    out = tmp_path / "out"
+    result = bench("--target", wide_dirs["target"], "--draft", wide_dirs["draft"], "--workload", ",".join(WORKLOADS),
+                   "--limit-per-category", "1", "--methods", "plain,specdec", "--gammas", "3", "-n", "6",
+                   "--dtype", "fp32", "--out", str(out), "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    sessions = load_workloads(",".join(WORKLOADS), 1)
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    # Turn by turn, in order, both methods on every turn (the order within a turn rotates).
+    expected = [(s.id, t) for s in sessions for t in range(1, len(s.turns) + 1)]
+    assert [(r["session"], r["turn"]) for r in rows[::2]] == expected
+    assert [(r["session"], r["turn"]) for r in rows[1::2]] == expected
+    assert {r["method"] for r in rows[0::2]} == {"plain", "specdec"}  # the turn-to-turn rotation
+    assert all({rows[i]["method"], rows[i + 1]["method"]} == {"plain", "specdec"} for i in range(0, len(rows), 2))
+    # Lossless: the same answers, so the same histories and prompts; every later prompt is longer.
+    assert all(r["identical_to_plain"] and r["history_identical_to_plain"] for r in rows)
+    for a, b in zip(rows[::2], rows[1::2]):
+        assert a["prompt_tokens"] == b["prompt_tokens"]
+        assert a["prompt_id"] == b["prompt_id"] == f"{a['session']}/{a['turn']}"
+    for earlier, later in zip(rows[::2], rows[2::2]):
+        if later["session"] == earlier["session"]:
+            assert later["prompt_tokens"] > earlier["prompt_tokens"] + earlier["new_tokens"]
+    assert list(data["by_category"]) == list(WORKLOADS)
+    assert list(data["by_turn"])[:2] == ["1", "2+"]
+    assert data["config"]["workload"] == list(WORKLOADS) and data["config"]["prompts"] is None
+    assert data["config"]["sessions_per_category"] == {w: 1 for w in WORKLOADS}
+    assert data["config"]["num_prompts"] == len(expected)
+    spec = {m["name"]: m for m in data["methods"]}["specdec"]
+    assert spec["identical_rate"] == 1.0 and spec["history_identical_rate"] == 1.0
+    md = (out / "summary.md").read_text()
+    assert "## Speedup vs plain by turn" in md and "sessions, " in md and "`specdec` 100%." in md
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--workload", "chat"], "unknown workload 'chat'"),
+    (["--workload", ","], "--workload is empty"),
+    (["--workload", "edit", "--prompts", "short"], "give --prompts or --workload, not both"),
+    (["--workload", "edit", "--concurrency", "1,2"], "drop --concurrency"),
+])
+def test_workload_errors(tiny_dirs, tmp_path, args, fragment):
+    result = bench("--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--out", str(tmp_path / "out"),
+                   *args)
+    assert_user_error(result, fragment)
+    assert len(result.output.strip().splitlines()) == 1

@@ -142,3 +142,28 @@ def test_llamacpp_peer_decodes_the_gguf_plainly():
     assert plain.run(prompt).token_ids == engine.generate(prompt, max_new_tokens=16).token_ids
     with pytest.raises(SpecdecError, match="GGUF"):
         build_methods(engine, ["llamacpp"], [5], 16)
+
+
+def test_each_method_runs_on_a_fork_of_its_own(engine, monkeypatch):
+    forgotten = []
+    monkeypatch.setattr(Engine, "forget", lambda self: forgotten.append(self))
+    methods = build_methods(engine, ["plain", "specdec", "hf"], [3], max_new_tokens=8)
+    engines = [m.engine for m in methods]
+    assert len({id(e) for e in engines}) == 3 and all(e is not engine for e in engines)
+    assert all(e.target_runner is engine.target_runner and e.draft_runner is engine.draft_runner for e in engines)
+    assert all(e.pool is not engine.pool and e.pool._lease.controller.__self__ is e for e in engines)
+    assert forgotten == engines  # a fork forgets what its parent's drafters learned
+    methods[1].before_session()
+    assert forgotten[-1] is engines[1]  # a session starts with the method's own engine forgetting
+
+
+def test_auto_methods_share_one_controller_across_forks(engine, monkeypatch):
+    def controller(self):
+        if self._auto is None:
+            self._auto = object()
+        return self._auto
+
+    monkeypatch.setattr(Engine, "auto_controller", controller)
+    base = engine.fork()  # its own, so the module's engine keeps no controller
+    methods = build_methods(base, ["specdec-auto", "specdec-tree"], [3], max_new_tokens=8)
+    assert base._auto is not None and all(m.engine._auto is base._auto for m in methods)

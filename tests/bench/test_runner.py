@@ -16,6 +16,10 @@ class Fake(Method):
     def __init__(self, name, log, tokens=(1, 2, 3)):
         self.name, self.family, self.gamma = name, name, None
         self.log, self.tokens = log, list(tokens)
+        self.sessions = 0
+
+    def before_session(self):
+        self.sessions += 1
 
     def generate(self, prompt_ids):
         self.log.append((self.name, tuple(prompt_ids)))
@@ -45,6 +49,9 @@ def test_interleaved_order_warmup_and_identity():
     assert {(r.method, r.identical_to_plain) for r in records} == {("plain", True), ("b", True), ("c", False)}
     assert all(r.measurement.wall_s > 0 for r in records)
     assert {r.repeat for r in records} == {0, 1}
+    # A one-turn prompt is a session: before_session() before every run, the warm-up's included.
+    assert [m.sessions for m in methods] == [1 + 2 * 2] * 3
+    assert all(set(r.to_dict()).isdisjoint(Record.SESSION_KEYS) for r in records)  # rows as before
 
 
 def test_no_warmup():
