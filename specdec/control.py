@@ -81,6 +81,8 @@ STEADY_SYNC = 2
 # for each source a drafter offers.
 MODEL, LOOKUP = "model", "lookup"  # where a proposal comes from (a draft model costs time, a lookup ~none)
 SHORT_LOOKUP = "lookup-short"  # a hybrid's lookup on a match shorter than its own (weaker evidence; ~free too)
+SUFFIX = "suffix"  # suffix drafting over the context and recent requests' outputs (specdec.drafters.suffix; ~free)
+SHORT_SUFFIX = "suffix-short"  # a hybrid's suffix drafts below its score threshold (weaker evidence; ~free)
 
 
 @runtime_checkable
@@ -388,7 +390,8 @@ class AutoK:
     load: Callable[[], Load] | None = None
     # what the last choose() planned: (tokens fed to the target, expected tokens emitted, draft ms)
     planned: Load = field(default_factory=lambda: Load(1, 1.0, 0.0))
-    # per source (MODEL, LOOKUP, SHORT_LOOKUP: a draft model, prompt lookup), per position j (0-based):
+    # per source (MODEL, LOOKUP, SUFFIX, ...: a draft model, prompt lookup, suffix drafts; any name), per
+    # position j (0-based):
     # decayed counts of acceptances and of trials
     hits: dict[str, list[float]] = field(default_factory=dict)
     trials: dict[str, list[float]] = field(default_factory=dict)

@@ -16,3 +16,7 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
 MODEL_DRAFTER = f"lookup+{DEFAULT_DRAFT}"  # the default without a trained head
 HEAD_DRAFTER = "lookup+head"  # the default with one
 DEFAULT_DRAFTER = "auto"
+# Suffix drafts (--draft suffix, suffix+<model>; specdec.drafters.suffix): the tokens of recent answers an
+# engine keeps (--suffix-memory): 1,048,576, about 4,000 answers of 250 tokens (vLLM keeps 10,000
+# requests), in ~20 MB of arrays (each token, its link to the previous occurrence, a hash bucket).
+DEFAULT_SUFFIX_MEMORY = 1 << 20

@@ -15,6 +15,13 @@ sources are offered in that order through ``sources(context)``; the decode
 loop asks the controller for each in turn, fastest first when the controller
 prices them (specdec.control.plan, AutoK.prospect).
 
+Suffix drafting (specdec.drafters.suffix: the context and recent requests'
+outputs) takes prompt lookup's place in ``suffix+<model>``: it goes first when
+its proposal's score (the tokens its counts expect accepted) reaches
+HYBRID_MIN_SCORE, as the suffix drafter goes before a speculator in
+ArcticInference; a proposal below that is the last source (``suffix-short``),
+as the short lookup is for prompt lookup.
+
 Each proposal comes from one source, so it is verified exactly as that
 source's proposals are: a lookup proposal has no q (greedy: exact match;
 sampling: the one-hot rule), a draft model's carries its q (Leviathan et al.
@@ -25,34 +32,38 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from specdec.control import LOOKUP, MODEL, SHORT_LOOKUP, outlook
+from specdec.control import MODEL, outlook
 from specdec.drafters.base import Draft, Drafter, tell_prefilled
 from specdec.drafters.lookup import LookupDrafter
+from specdec.drafters.suffix import SuffixDrafter
 from specdec.drafters.tree import TreeShape, propose_tree
 
 
 class HybridDrafter:
-    """Proposes from prompt lookup when it matches, else from `model` (any drafter), else (with
-    `short_matches`) from a lookup on the matches shorter than `lookup`'s min_ngram."""
+    """Proposes from `lookup` (prompt lookup, or a suffix drafter) when it matches, else from `model` (any
+    drafter), else (with `short_matches`) from `lookup`'s shorter() fallback: a lookup on the matches
+    shorter than its min_ngram, the suffix drafts below its score threshold."""
 
-    def __init__(self, model: Drafter, lookup: LookupDrafter | None = None, short_matches: bool = True) -> None:
+    def __init__(self, model: Drafter, lookup: LookupDrafter | SuffixDrafter | None = None,
+                 short_matches: bool = True) -> None:
         self.model = model
         self.lookup = lookup or LookupDrafter(max_ngram=4, min_ngram=2)
-        shorter = self.lookup.min_ngram - 1
-        self.short = LookupDrafter(max_ngram=shorter, min_ngram=1) if short_matches and shorter >= 1 else None
-        sources = ((LOOKUP, self.lookup), (MODEL, self.model), (SHORT_LOOKUP, self.short))
+        self.first = self.lookup.source  # LOOKUP or SUFFIX
+        fallback = self.lookup.shorter() if short_matches else None
+        self.short_source, self.short = fallback if fallback is not None else (None, None)
+        sources = ((self.first, self.lookup), (MODEL, self.model), (self.short_source, self.short))
         self.by_source = {name: drafter for name, drafter in sources if drafter is not None}
         self.last_source: str | None = None  # where the last proposal came from
-        self.proposals = {LOOKUP: 0, MODEL: 0, SHORT_LOOKUP: 0}
+        self.proposals = dict.fromkeys(self.by_source, 0)
 
     def sources(self, context: Sequence[int]) -> list[tuple[str, int]]:
         """[(source, lag)] in order of preference: the lookup alone when it matches, else the model
         (lag: what it must catch up on) and then the short lookup when that matches."""
-        if self.lookup.propose(context, 1).tokens:
-            return [(LOOKUP, 0)]
+        if self.lookup.matches(context):
+            return [(self.first, 0)]
         options = [outlook(self.model, context)]
-        if self.short is not None and self.short.propose(context, 1).tokens:
-            options.append((SHORT_LOOKUP, 0))
+        if self.short is not None and self.short.matches(context):
+            options.append((self.short_source, 0))
         return options
 
     def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Draft:
@@ -92,4 +103,4 @@ class HybridDrafter:
         if self.short is not None:
             self.short.reset()
         self.last_source = None
-        self.proposals = {LOOKUP: 0, MODEL: 0, SHORT_LOOKUP: 0}
+        self.proposals = dict.fromkeys(self.by_source, 0)

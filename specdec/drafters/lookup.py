@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from specdec.control import LOOKUP
+from specdec.control import LOOKUP, SHORT_LOOKUP
 from specdec.drafters.base import Draft
 from specdec.drafters.tree import tree_draft
 
@@ -39,6 +39,8 @@ MATCHES = 8  # earlier occurrences of an n-gram remembered for trees (the latest
 
 class LookupDrafter:
     """Proposes the continuation of the latest earlier occurrence of the context's last n tokens."""
+
+    source = LOOKUP
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
@@ -80,6 +82,10 @@ class LookupDrafter:
                 return n, starts[::-1]
         return 0, []
 
+    def matches(self, context: Sequence[int]) -> bool:
+        """Whether a proposal for `context` would hold a token (an n-gram of min_ngram..max_ngram matches)."""
+        return bool(self._matches(context)[1])
+
     def propose(self, context: Sequence[int], k: int) -> Draft:
         n, starts = self._matches(context)
         if k <= 0 or not starts:
@@ -102,3 +108,10 @@ class LookupDrafter:
     def outlook(self, context: Sequence[int]) -> tuple[str, int]:
         """A lookup proposal: no model to catch up."""
         return LOOKUP, 0
+
+    def shorter(self) -> tuple[str, "LookupDrafter"] | None:
+        """A hybrid's fallback for the matches this drafter leaves out: a lookup on the shorter ones
+        (source SHORT_LOOKUP, down to one token), None when min_ngram is already 1."""
+        if self.min_ngram <= 1:
+            return None
+        return SHORT_LOOKUP, LookupDrafter(max_ngram=self.min_ngram - 1, min_ngram=1)
