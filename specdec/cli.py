@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from specdec.defaults import DEFAULT_DRAFTER, DEFAULT_TARGET, MODEL_DRAFTER
+from specdec.defaults import DEFAULT_DRAFTER, DEFAULT_SUFFIX_MEMORY, DEFAULT_TARGET, MODEL_DRAFTER
 from specdec.errors import SpecdecError
 from specdec.request import Option, RequestConfig, RequestError, cli_fields, field_type
 
@@ -75,8 +75,12 @@ class Device(str, Enum):
 DRAFT_HELP = ("The drafter: a draft model, 'lookup' (prompt lookup: no draft model), 'lookup+<model>' (lookup where it "
               "matches, the model elsewhere), 'head' (the draft head trained for the target with specdec train-drafter) "
               "or 'head:<dir>' (a head saved in <dir>), 'lookup+head[:<dir>]' (lookup where it matches, the head "
-              "elsewhere), 'none' for plain decoding, or 'auto' (the default): lookup+head when a head was trained for "
+              "elsewhere), 'suffix' (suffix drafts: matches in the context and in recent answers, no draft model), "
+              "'suffix+<model>' or 'suffix+head' (suffix drafts where they score well, the model or head elsewhere), "
+              "'none' for plain decoding, or 'auto' (the default): lookup+head when a head was trained for "
               f"the target and it runs on transformers (--backend hf), else {MODEL_DRAFTER}.")
+SUFFIX_MEMORY_HELP = (f"With suffix drafts: the tokens of recent answers the engine keeps to draft from (default "
+                      f"{DEFAULT_SUFFIX_MEMORY:,}, ~20 MB; the oldest answers go first; 0: each request's own context only).")
 DEVICE_HELP = "Where transformers models run: cpu, cuda, or auto (cuda when available). int8 is CPU-only."
 
 
@@ -192,6 +196,7 @@ def generate(
     draft_backend: DraftBackend = typer.Option(DraftBackend.auto, "--draft-backend", help="Draft's backend: hf, llamacpp, or auto (with --draft-dtype: transformers; without: specdec's int8 kernel for a zoo draft on CPUs with AVX-512 VNNI, its int4 kernel on other AVX2 CPUs, else llama.cpp when it is installed and the draft is a GGUF, else the target's)."),
     n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for llama.cpp and torch (default: llama.cpp all CPUs, torch its own choice)."),
+    suffix_memory: int = typer.Option(DEFAULT_SUFFIX_MEMORY, "--suffix-memory", min=0, help=SUFFIX_MEMORY_HELP),
     request: RequestConfig = None,  # RequestConfig's options (-n, -k, --temperature, ...): see request_options
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object {text, token_ids, stats}."),
 ) -> None:
@@ -206,7 +211,7 @@ def generate(
     try:
         draft_spec = None if draft.lower() == "none" else draft
         engine = load_engine(target, draft_spec, dtype, draft_dtype, backend, draft_backend, device, n_ctx, threads,
-                             progress)
+                             progress, suffix_memory)
         steps = engine.stream(prompt, request)
         if as_json:
             result = engine.generate_from(steps, request.stop)
@@ -245,7 +250,7 @@ def check_n_ctx_and_threads(n_ctx: int | None, threads: int | None) -> None:
 
 def load_engine(target: str, draft_spec: str | None, dtype: DType, draft_dtype: DraftDType | None, backend: Backend,
                 draft_backend: DraftBackend, device: Device, n_ctx: int | None, threads: int | None,
-                progress: PullProgress):
+                progress: PullProgress, suffix_memory: int = DEFAULT_SUFFIX_MEMORY):
     """The Engine for generate's and serve's model options, loaded under a status line."""
     from specdec.engine import Engine
 
@@ -258,7 +263,7 @@ def load_engine(target: str, draft_spec: str | None, dtype: DType, draft_dtype: 
             target, draft_spec, dtype=dtype.value, progress=progress, backend=backend.value,
             draft_dtype=draft_dtype.value if draft_dtype else None,
             draft_backend=draft_backend.value, n_ctx=n_ctx, threads=threads,
-            device=device.value,
+            device=device.value, suffix_memory=suffix_memory,
         )
     progress.close()
     return engine
@@ -281,6 +286,7 @@ def serve(
     draft_backend: DraftBackend = generate_option("draft_backend"),
     n_ctx: Optional[int] = generate_option("n_ctx"),
     threads: Optional[int] = generate_option("threads"),
+    suffix_memory: int = generate_option("suffix_memory"),
     request: RequestConfig = None,  # the requests' defaults: -k, --draft-mode, ... (see request_options)
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (127.0.0.1: this machine only)."),
     port: int = typer.Option(8000, "--port", help="Port to listen on (0: a free one; the URL is printed)."),
@@ -353,7 +359,7 @@ def serve(
         from specdec.serve.replicas import EngineSpec
 
         spec = EngineSpec(target, draft_spec, dtype.value, draft_dtype.value if draft_dtype else None, backend.value,
-                          draft_backend.value, device.value, n_ctx, threads or max(1, int(plan.cpus)))
+                          draft_backend.value, device.value, n_ctx, threads or max(1, int(plan.cpus)), suffix_memory)
         serve_replicas(spec, options, plan, host, port, ray_address)
         return
     progress = PullProgress()
@@ -361,7 +367,7 @@ def serve(
         sock = bind(host, port)  # before loading: a port in use fails at once
         warn_if_exposed(sock.getsockname()[0], keys)
         engine = load_engine(target, draft_spec, dtype, draft_dtype, backend, draft_backend, device, n_ctx, threads,
-                             progress)
+                             progress, suffix_memory)
         application = create_app(engine, options)
     except SpecdecError as e:
         progress.close()
@@ -430,7 +436,7 @@ def serve_replicas(spec: EngineSpec, options: ServeOptions, plan: ReplicaPlan, h
 @app.command()
 def bench(
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
-    draft: str = typer.Option(DEFAULT_DRAFTER, "--draft", "-d", help="Drafter, as for generate (the same default, auto): a draft model, 'lookup' (prompt lookup), 'lookup+<model>' (hybrid), 'head' or 'lookup+head' (a trained draft head; the methods' summary names it), or 'none' (then only plain, hf-plain, hf-pld, llamacpp)."),
+    draft: str = typer.Option(DEFAULT_DRAFTER, "--draft", "-d", help="Drafter, as for generate (the same default, auto): a draft model, 'lookup' (prompt lookup), 'lookup+<model>' (hybrid), 'suffix' or 'suffix+<model>' (suffix drafts), 'head' or 'lookup+head' (a trained draft head; the methods' summary names it), or 'none' (then only plain, hf-plain, hf-pld, llamacpp)."),
     prompts: Optional[str] = typer.Option(None, "--prompts", help="'builtin' (the default: user-shaped prompts, multi-turn chats), 'short' (the first short set), a Spec-Bench .jsonl (\"replies\" make a conversation), or a text file with one prompt per line (\\n escapes allowed)."),
     workload: Optional[str] = typer.Option(None, "--workload", help="Instead of --prompts, sessions of repeated text run turn by turn, each turn's prompt holding the method's own earlier answers: edit (code-edit sessions), agent (tool-call loops), template (templated generation), comma-separated, or .jsonl session files; --limit-per-category takes the first M sessions of each."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most tokens to generate per prompt."),
@@ -446,6 +452,7 @@ def bench(
     device: Device = typer.Option(Device.cpu, "--device", help=DEVICE_HELP),
     draft_backend: DraftBackend = typer.Option(DraftBackend.auto, "--draft-backend", help="Draft's backend, as for generate (the same default: auto)."),
     n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
+    suffix_memory: int = typer.Option(DEFAULT_SUFFIX_MEMORY, "--suffix-memory", min=0, help=SUFFIX_MEMORY_HELP),
     temperature: float = typer.Option(0.0, "--temperature", help="> 0: every method samples (then no identical-output rate is reported)."),
     top_k: int = typer.Option(0, "--top-k", help="0 = off."),
     top_p: float = typer.Option(1.0, "--top-p", help="1.0 = off."),
@@ -469,7 +476,7 @@ def bench(
         limit_per_category=limit_per_category, chat=chat, dtype=dtype.value, out=out, threads=threads,
         draft_dtype=draft_dtype.value if draft_dtype else None,
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, backend=backend.value,
-        draft_backend=draft_backend.value, n_ctx=n_ctx, device=device.value,
+        draft_backend=draft_backend.value, n_ctx=n_ctx, device=device.value, suffix_memory=suffix_memory,
     )
     try:
         if concurrency is not None:

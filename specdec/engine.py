@@ -29,9 +29,11 @@ from specdec.drafters.base import Drafter
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import ModelDrafter
+from specdec.defaults import DEFAULT_SUFFIX_MEMORY
+from specdec.drafters.suffix import HYBRID_MIN_SCORE, SuffixDrafter, SuffixStore
 from specdec.drafters.universal import UniversalDrafter
 from specdec.errors import IncompatibleDraftError, SpecdecError
-from specdec.loading import AUTO_BACKEND, LOOKUP, ModelSpec, resolve_draft, resolve_drafter, split_drafter
+from specdec.loading import AUTO_BACKEND, LOOKUP, SUFFIX, ModelSpec, resolve_draft, resolve_drafter, split_drafter
 from specdec.loop import Stats, Step, StopCondition, collect, decode
 from specdec.pool import Lease, RunnerPool, SinglePool
 from specdec.request import RequestConfig, check_draft_mode, check_verify_mode
@@ -151,6 +153,11 @@ class Engine:
     head: a draft head trained for the target (specdec.head.use.LoadedHead; Engine.load loads it for
     the drafter specs "head", "lookup+head", ...): it drafts in place of a draft model, from the
     hidden states of the runner each request verifies with.
+
+    suffix: draft from suffix matches (specdec.drafters.suffix) in the request's context and in the
+    engine's store of recent requests' outputs (`suffix_store`: at most `suffix_memory` tokens, shared by
+    every request and batch slot; each request's output enters it when the request ends); with a draft
+    model or a head too, suffix drafts where they score well and the model elsewhere (the hybrid).
     """
 
     def __init__(
@@ -163,10 +170,15 @@ class Engine:
         draft_name: str = "draft",
         lookup: bool = False,
         head: LoadedHead | None = None,
+        suffix: bool = False,
+        suffix_memory: int = DEFAULT_SUFFIX_MEMORY,
     ) -> None:
         # lookup: draft by prompt lookup (specdec.drafters.lookup); with a draft model too, by
         # lookup where it matches and the draft model elsewhere (specdec.drafters.hybrid)
+        if lookup and suffix:
+            raise SpecdecError("draft with prompt lookup or suffix drafts, not both (suffix searches the context too)")
         self.lookup = lookup
+        self.suffix_store = SuffixStore(suffix_memory) if suffix else None
         if head is not None and draft is not None:
             raise SpecdecError("draft with a draft model or a draft head, not both")
         self.head = head
@@ -254,7 +266,7 @@ class Engine:
             from specdec.zoo import home
 
             self._set_sources()  # an encoder-decoder model is timed over a stand-in source
-            costs = step_costs(self.target_runner, self.draft_runner, MAX_AUTO_K, lookup=self.lookup,
+            costs = step_costs(self.target_runner, self.draft_runner, MAX_AUTO_K, lookup=self.copies,
                                cache_dir=home() / "profiles")
             if self.head is not None:  # priced like a draft model: its measured ms per drafted token
                 costs = replace(costs, draft_ms=self.head.ms_per_token(home() / "profiles"))
@@ -278,9 +290,14 @@ class Engine:
         return mode
 
     @property
+    def copies(self) -> bool:
+        """Whether a model-free drafter (prompt lookup or suffix drafts) drafts, alone or first in a hybrid."""
+        return self.lookup or self.suffix_store is not None
+
+    @property
     def can_draft(self) -> bool:
-        """Whether requests can be speculative: a draft model, a draft head, or prompt lookup."""
-        return self.lookup or self.draft_runner is not None or self.head is not None
+        """Whether requests can be speculative: a draft model, a draft head, prompt lookup or suffix drafts."""
+        return self.copies or self.draft_runner is not None or self.head is not None
 
     def make_drafter(self, sampling: SamplingParams, mode: str = "auto", confidence: float | None = None,
                      draft_runner: ModelRunner | None = None, target_runner: ModelRunner | None = None) -> Drafter | None:
@@ -293,9 +310,19 @@ class Engine:
             model: Drafter = self.head.drafter(target_runner or self.target_runner, sampling)
         elif self.draft_runner is not None:
             model = self._model_drafter(sampling, mode, confidence, draft_runner or self.draft_runner)
+        elif self.suffix_store is not None:
+            return self._suffix_drafter(sampling)
         else:
             return LookupDrafter() if self.lookup else None
+        if self.suffix_store is not None:
+            return HybridDrafter(model, self._suffix_drafter(sampling, min_ngram=2, min_score=HYBRID_MIN_SCORE))
         return HybridDrafter(model) if self.lookup else model
+
+    def _suffix_drafter(self, sampling: SamplingParams, **options: Any) -> SuffixDrafter:
+        """A request's suffix drafter over its context and the engine's store; a seeded sampled request's over
+        its context only (its text then depends on its seed and tokens, not on other requests' answers)."""
+        seeded = not sampling.greedy and sampling.seed is not None
+        return SuffixDrafter(None if seeded else self.suffix_store, **options)
 
     def _model_drafter(self, sampling: SamplingParams, mode: str, confidence: float | None,
                        runner: ModelRunner) -> Drafter:
@@ -325,15 +352,20 @@ class Engine:
         threads: int | None = None,
         draft_dtype: str | None = None,
         device: str = "cpu",
+        suffix_memory: int = DEFAULT_SUFFIX_MEMORY,
     ) -> "Engine":
         """Load models by name (zoo name, .gguf path, model directory, hub id) or take loaded ones.
 
         draft: a model, "lookup" for prompt lookup drafting (no draft model), or "lookup+<model>":
-        prompt lookup where it matches and the draft model elsewhere; "head" (the draft head trained for
+        prompt lookup where it matches and the draft model elsewhere; "suffix" or "suffix+<model>": the
+        same with suffix drafts (the context and recent requests' answers, specdec.drafters.suffix) in
+        lookup's place; "head" (the draft head trained for
         the target: specdec.head.store.default_directory(target)) or "head:<dir>" (the head saved in
-        <dir>), alone or as "lookup+head[:<dir>]" (specdec.head.use); "auto" (specdec.generate's and the
-        CLI's default): "lookup+head" when a head is saved for the target and it runs on transformers,
-        else "lookup+<the 0.5B draft>" (specdec.loading.resolve_drafter).
+        <dir>), alone or as "lookup+head[:<dir>]" or "suffix+head[:<dir>]" (specdec.head.use); "auto"
+        (specdec.generate's and the CLI's default): "lookup+head" when a head is saved for the target and
+        it runs on transformers, else "lookup+<the 0.5B draft>" (specdec.loading.resolve_drafter).
+        suffix_memory: with suffix drafts, the tokens of recent answers the engine keeps
+        (specdec.defaults.DEFAULT_SUFFIX_MEMORY).
         dtype: the target's, for transformers models: "fp32", "bf16", "int8", or "auto" (the
         default: int8 on CPUs where specdec's int8 kernel runs, fp32 elsewhere; see
         specdec.loading.fastest_dtype); the engine's `dtype` says which it took.
@@ -354,7 +386,10 @@ class Engine:
         from specdec.loading import (AUTO_DTYPE, INT4, check_spec, fastest_dtype, load_hf, load_int4_draft,
                                      load_llamacpp, resolve_device)
 
-        lookup, draft, head = split_drafter(resolve_drafter(draft, target, backend))
+        copier, draft, head = split_drafter(resolve_drafter(draft, target, backend))
+        copying = dict(lookup=copier == LOOKUP, suffix=copier == SUFFIX, suffix_memory=suffix_memory)
+        if suffix_memory < 0:
+            raise SpecdecError(f"the suffix memory must be >= 0 tokens, got {suffix_memory}")
         if head is not None:  # refused before anything is loaded where a head cannot draft, or is missing
             from specdec.head.use import precheck
 
@@ -394,14 +429,14 @@ class Engine:
             from specdec.head.use import load_head
 
             runner = as_runner(t_model)
-            engine = cls(runner, t_tok, target_name=t_name, draft_name=f"{LOOKUP}+{head}" if lookup else head,
-                         lookup=lookup, head=load_head(head, runner, target if isinstance(target, str) else t_name))
+            engine = cls(runner, t_tok, target_name=t_name, draft_name=f"{copier}+{head}" if copier else head,
+                         head=load_head(head, runner, target if isinstance(target, str) else t_name), **copying)
         elif draft is None:
-            engine = cls(t_model, t_tok, target_name=t_name, draft_name=LOOKUP if lookup else "draft", lookup=lookup)
+            engine = cls(t_model, t_tok, target_name=t_name, draft_name=copier or "draft", **copying)
         else:
             d_model, d_tok, d_name = get(draft, draft_backend, exact=False, dtype=draft_dtype or dtype)
             engine = cls(t_model, t_tok, d_model, d_tok, target_name=t_name,
-                         draft_name=f"{LOOKUP}+{d_name}" if lookup else d_name, lookup=lookup)
+                         draft_name=f"{copier}+{d_name}" if copier else d_name, **copying)
         engine.dtype = dtype if backend == "hf" else "gguf"
         if draft is not None:
             engine.draft_dtype = (draft_dtype or dtype) if draft_backend == "hf" else "gguf"
@@ -464,9 +499,18 @@ class Engine:
 
     def _steps(self, prompt_ids: list[int], condition: StopCondition, config: RequestConfig,
                drafting: bool) -> Iterator[Step]:
-        """The request's steps, decoded over runners the pool lends for as long as they run."""
-        with self.pool.lease(config) as lease:
-            yield from self._decode(lease, prompt_ids, condition, config, drafting)
+        """The request's steps, decoded over runners the pool lends for as long as they run; with suffix
+        drafts, its output (all of it, or what was decoded before its steps were closed) then enters the
+        engine's store of recent answers."""
+        output: list[int] = []
+        try:
+            with self.pool.lease(config) as lease:
+                for step in self._decode(lease, prompt_ids, condition, config, drafting):
+                    output.extend(step.tokens)
+                    yield step
+        finally:
+            if self.suffix_store is not None:
+                self.suffix_store.add(output)
 
     def _decode(self, lease: Lease, prompt_ids: list[int], condition: StopCondition, config: RequestConfig,
                 drafting: bool) -> Iterator[Step]:

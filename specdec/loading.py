@@ -7,10 +7,10 @@ transformers directory under ``home()/hf/`` so later loads are fast.  An int8
 model (``dtype="int8"``, see specdec.backends.quant) is quantized once from the
 fp32 one and cached under ``home()/int8/``.
 
-Also what a drafter spec means ("lookup", "lookup+<model>", a model, a trained head: "head",
-"head:<dir>", "lookup+head"; "auto", the default: resolve_drafter) and which backend and dtype the
-draft runs in when they are left to "auto" (resolve_draft): Engine.load, the bench and serve's
-replicas all choose here.
+Also what a drafter spec means ("lookup", "lookup+<model>", "suffix", "suffix+<model>", a model, a
+trained head: "head", "head:<dir>", "lookup+head", "suffix+head"; "auto", the default:
+resolve_drafter) and which backend and dtype the draft runs in when they are left to "auto"
+(resolve_draft): Engine.load, the bench and serve's replicas all choose here.
 """
 
 from __future__ import annotations
@@ -396,6 +396,8 @@ def load_hf(
 
 BACKENDS = ("hf", "llamacpp")
 LOOKUP = "lookup"  # the draft name for prompt lookup (no draft model)
+SUFFIX = "suffix"  # the draft name for suffix drafting: the context and recent answers (no draft model)
+COPIERS = (LOOKUP, SUFFIX)  # the model-free drafters: alone, or before a draft model as "<name>+<model>"
 AUTO_BACKEND = "auto"  # the draft's backend: llama.cpp where it can run the draft, else the target's
 
 
@@ -451,15 +453,23 @@ def int4_draft_backend(draft_backend: str | None, draft_dtype: str | None) -> st
     return "hf"
 
 
-def split_lookup(draft: ModelSpec | None) -> tuple[bool, ModelSpec | None]:
-    """(whether prompt lookup drafts, the draft model or None) of a drafter spec: "lookup" -> (True,
-    None), "lookup+<model>" (a hybrid) -> (True, model), anything else -> (False, it)."""
-    if not (isinstance(draft, str) and (draft.lower() == LOOKUP or draft.lower().startswith(LOOKUP + "+"))):
-        return False, draft
-    rest = draft[len(LOOKUP) + 1:].strip()  # "lookup+<model>": a hybrid with that draft model
-    if draft.lower() != LOOKUP and not rest:
-        raise SpecdecError("'lookup+' needs a draft model after the '+', e.g. lookup+qwen2.5-coder-0.5b")
-    return True, rest or None
+def split_copier(draft: ModelSpec | None) -> tuple[str | None, ModelSpec | None]:
+    """(the model-free drafter or None, the draft model or None) of a drafter spec: "lookup" or "suffix"
+    -> (it, None); "lookup+<model>" or "suffix+<model>" (a hybrid: it first, the model elsewhere) -> (it,
+    model); anything else -> (None, it).  A one-line SpecdecError for a '+' with nothing after it, or two
+    model-free drafters together."""
+    if not isinstance(draft, str):
+        return None, draft
+    name, plus, rest = draft.partition("+")
+    copier, rest = name.strip().lower(), rest.strip()
+    if copier not in COPIERS:
+        return None, draft
+    if plus and not rest:
+        raise SpecdecError(f"'{copier}+' needs a draft model after the '+', e.g. {copier}+qwen2.5-coder-0.5b")
+    if rest.partition("+")[0].strip().lower() in COPIERS:
+        raise SpecdecError(f"'{draft}' puts two model-free drafters together: use one of them ('suffix' searches "
+                           "the context as 'lookup' does, and recent answers too), alone or before a draft model")
+    return copier, rest or None
 
 
 AUTO_DRAFTER = "auto"  # the default drafter: see resolve_drafter
@@ -477,14 +487,14 @@ def resolve_drafter(draft: ModelSpec | None, target: ModelSpec, backend: str = "
     return HEAD_DRAFTER if backend == "hf" and has_head(target) else MODEL_DRAFTER
 
 
-def split_drafter(draft: ModelSpec | None) -> tuple[bool, ModelSpec | None, str | None]:
-    """(whether prompt lookup drafts, the draft model or None, the head spec or None) of a drafter spec
-    ("auto" resolved first: resolve_drafter): "lookup", "lookup+<model>", "<model>", "head",
-    "head:<dir>", "lookup+head", "lookup+head:<dir>"."""
+def split_drafter(draft: ModelSpec | None) -> tuple[str | None, ModelSpec | None, str | None]:
+    """(the model-free drafter: LOOKUP, SUFFIX or None; the draft model or None; the head spec or None) of a
+    drafter spec ("auto" resolved first: resolve_drafter): "lookup", "suffix", "<model>", "head",
+    "head:<dir>", and "lookup+" or "suffix+" before a model or a head."""
     from specdec.head.use import is_head
 
-    lookup, model = split_lookup(draft)
-    return (lookup, None, model) if is_head(model) else (lookup, model, None)
+    copier, model = split_copier(draft)
+    return (copier, None, model) if is_head(model) else (copier, model, None)
 
 
 def resolve_draft(draft: ModelSpec | None, backend: str, draft_backend: str | None, draft_dtype: str | None,

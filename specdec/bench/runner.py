@@ -24,6 +24,7 @@ from specdec.bench.methods import Method
 from specdec.bench.prompts import Prompt, conversation_text
 from specdec.bench.results import Record, aggregate, mark_identical
 from specdec.bench.sessions import rotated, run_sessions
+from specdec.defaults import DEFAULT_SUFFIX_MEMORY
 from specdec.errors import SpecdecError
 
 
@@ -98,6 +99,7 @@ class BenchOptions:
     backend: str = "hf"  # the target's: "hf" or "llamacpp"
     draft_backend: str | None = "auto"  # the draft's: as `specdec generate` picks (loading.resolve_draft)
     n_ctx: int | None = None  # llama.cpp's context size
+    suffix_memory: int = DEFAULT_SUFFIX_MEMORY  # with suffix drafts: tokens of recent answers the engine keeps
 
 
 def encode_prompt(engine: Any, prompt: Prompt, chat: bool, max_new_tokens: int,
@@ -224,7 +226,8 @@ def run_bench(
     with status:
         engine = Engine.load(options.target, drafter, dtype=options.dtype, progress=load_progress,
                              backend=options.backend, draft_backend=draft_backend, n_ctx=options.n_ctx,
-                             threads=options.threads, draft_dtype=draft_dtype, device=options.device)
+                             threads=options.threads, draft_dtype=draft_dtype, device=options.device,
+                             suffix_memory=options.suffix_memory)
         peer = None
         if "llamacpp" in families:  # plain llama.cpp on the target's GGUF, its fastest kernels
             from specdec.loading import load_llamacpp
@@ -353,7 +356,8 @@ def run_concurrency_bench(
     with status:
         engine = Engine.load(options.target, options.draft, dtype=options.dtype, progress=load_progress,
                              backend="hf", draft_backend=draft_backend, threads=options.threads,
-                             draft_dtype=options.draft_dtype, device=options.device)
+                             draft_dtype=options.draft_dtype, device=options.device,
+                             suffix_memory=options.suffix_memory)
         engine.enable_batching(max(levels))
         if options.draft is not None:
             engine.pool.costs()  # measured before the clock starts

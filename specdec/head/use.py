@@ -2,8 +2,8 @@
 
 A drafter spec names a head as ``head`` (the head trained for the target, in
 ``specdec.head.store.default_directory(<target>)``) or ``head:<dir>`` (the head saved in <dir>), alone
-or behind prompt lookup (``lookup+head``, ``lookup+head:<dir>``: specdec.loading.split_lookup).  The
-Engine loads a head once (:func:`load_head`, checked against the target's weights by the store) and
+or behind prompt lookup (``lookup+head``, ``lookup+head:<dir>``: specdec.loading.split_copier) or
+suffix drafts (``suffix+head``).  The Engine loads a head once (:func:`load_head`, checked against the target's weights by the store) and
 gives every request, every batch slot, a HeadDrafter of its own over the runner it verifies with (the
 drafter keeps per-request state).  A head reads the target's hidden states, so it drafts only for a
 target runner that gives them (the transformers backend: LeanRunner, HFRunner, a batch's SlotRunner);

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from specdec.defaults import DEFAULT_SUFFIX_MEMORY
 from specdec.errors import SpecdecError
 
 INSTALL_HINT = "pip install 'specdec[ray]'"
@@ -95,7 +96,7 @@ class EngineSpec:
     node's cache or PyPI)."""
 
     target: str
-    draft: str | None = None  # a model, "lookup", "lookup+<model>", "[lookup+]head[:<dir>]", "auto"; None: plain
+    draft: str | None = None  # a model, "lookup", "suffix", "<lookup or suffix>+<model or head>", "auto"; None: plain
     dtype: str = "auto"
     draft_dtype: str | None = None
     backend: str = "hf"
@@ -103,6 +104,7 @@ class EngineSpec:
     device: str = "cpu"
     n_ctx: int | None = None
     threads: int | None = None  # torch (and llama.cpp) threads in the replica
+    suffix_memory: int = DEFAULT_SUFFIX_MEMORY  # with suffix drafts: tokens of recent answers each replica keeps
 
     def check(self) -> None:
         """The SpecdecError that loading would raise for a bad name, without loading anything."""
@@ -125,7 +127,7 @@ class EngineSpec:
             torch.set_num_threads(self.threads)
         return Engine.load(self.target, self.draft, dtype=self.dtype, backend=self.backend,
                            draft_dtype=self.draft_dtype, draft_backend=self.draft_backend, n_ctx=self.n_ctx,
-                           threads=self.threads, device=self.device)
+                           threads=self.threads, device=self.device, suffix_memory=self.suffix_memory)
 
 
 def check_fits(plan: ReplicaPlan, cpus: int) -> None:
