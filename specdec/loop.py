@@ -40,6 +40,8 @@ class Stats:
     accepted_at: list[int] = field(default_factory=list)  # [i]: steps whose draft token i was accepted
     tree_steps: int = 0  # draft steps that verified a token tree (counted in draft_steps too)
     tree_nodes: int = 0  # draft tokens those trees held (their depth is what `drafted` counts)
+    # per draft source (specdec.control: "model", "lookup", "suffix", ...): [draft steps, drafted, accepted]
+    by_source: dict[str, list[int]] = field(default_factory=dict)
     wall_s: float = 0.0
     draft_s: float = 0.0  # in the drafter (proposals)
     target_s: float = 0.0  # in target forwards and verification, the prefill included
@@ -101,14 +103,30 @@ class Stats:
             self.proposed_at[i] += 1
             self.accepted_at[i] += i < num_accepted
 
+    def record_source(self, source: str, num_drafted: int, num_accepted: int) -> None:
+        """A verified draft's counts under the source it came from (as record_draft counts them)."""
+        counts = self.by_source.setdefault(source, [0, 0, 0])
+        counts[0] += 1
+        counts[1] += num_drafted
+        counts[2] += num_accepted
+
+    @property
+    def acceptance_by_source(self) -> dict[str, dict[str, float]]:
+        """{source: {draft_steps, drafted, accepted, acceptance_rate}} for each source that drafted."""
+        return {source: {"draft_steps": steps, "drafted": drafted, "accepted": accepted,
+                         "acceptance_rate": accepted / drafted if drafted else 0.0}
+                for source, (steps, drafted, accepted) in sorted(self.by_source.items())}
+
     def step_records(self) -> list[list[float]]:
         """The per-step records as JSON-friendly lists: [draft tokens, tokens emitted, seconds]."""
         return [[k, n, round(sec, 6)] for k, n, sec in self.steps]
 
     def to_dict(self) -> dict:
-        out = {k: v for k, v in asdict(self).items() if k not in ("proposed_at", "accepted_at", "draft_steps", "steps")}
+        skip = ("proposed_at", "accepted_at", "draft_steps", "steps", "by_source")
+        out = {k: v for k, v in asdict(self).items() if k not in skip}
         out.update(
             steps=self.step_records(),
+            by_source=self.acceptance_by_source,
             acceptance_rate=self.acceptance_rate,
             mean_accepted_per_step=self.mean_accepted_per_step,
             tokens_per_target_forward=self.tokens_per_target_forward,
@@ -295,6 +313,7 @@ def decode(
         if drafter is not None:
             if k:
                 drafter.observe(context, n)
+                stats.record_source(source, k, n)
             # a tree's verification holds more rows than its depth: its time is not t(k + 1)
             target_s = 0.0 if draft is not None and draft.is_tree else t2 - t1
             controller.observe(k, n, t1 - t0, target_s, draft.synced if draft is not None else 0, source)

@@ -78,6 +78,7 @@ class Measurement:
     plain_steps: int | None = None  # one-token steps after the prefill (our loop: k = 0 chosen)
     draft_s: float | None = None  # seconds in the drafter (our loop)
     steps: list[list[float]] | None = None  # our loop: [draft tokens, tokens emitted, seconds] per step
+    by_source: dict[str, list[int]] | None = None  # our loop: {draft source: [draft steps, drafted, accepted]}
 
     @property
     def new_tokens(self) -> int:
@@ -126,13 +127,14 @@ class Measurement:
             "plain_steps": self.plain_steps,
             "draft_s": self.draft_s,
             "steps": self.steps,
+            "by_source": self.by_source,
             "token_ids": self.token_ids,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Measurement":
         keys = ("wall_s", "target_forwards", "drafted", "accepted", "draft_steps", "proposed_at", "accepted_at",
-                "plain_steps", "draft_s", "steps")
+                "plain_steps", "draft_s", "steps", "by_source")
         return cls(token_ids=list(d["token_ids"]), **{k: d.get(k) for k in keys})
 
 
@@ -236,6 +238,7 @@ class Specdec(Method):
             plain_steps=s.plain_steps,
             draft_s=s.draft_s,
             steps=s.step_records(),
+            by_source={source: list(counts) for source, counts in s.by_source.items()},
         )
 
     def k(self) -> int | str:

@@ -3,7 +3,7 @@
 Files written in the output directory (results.jsonl is written by the runner):
 
 * ``summary.md`` — markdown tables: per method overall, speedup per method ×
-  category, full numbers per category, acceptance by draft position; for a
+  category, full numbers per category, acceptance by draft position and by draft source; for a
   workload (``--workload``) also speedup and acceptance per turn index;
 * ``summary.json`` — the same object ``--json`` prints;
 * ``speedup_by_category.png`` — grouped bars, one group per category (and all);
@@ -105,6 +105,11 @@ def _group_tables(summary: Summary, what: str, groups: Sequence[str],
     return lines + (_table(["method", *groups, ALL], rows) if rows else ["(no method reported draft statistics)"])
 
 
+def source_cell(counts: dict[str, float] | None) -> str:
+    """A source's acceptance and drafted tokens, "82% (1,234)"; – where the method never drafted from it."""
+    return "–" if not counts else f"{pct(counts['acceptance_rate'])} ({counts['drafted']:,})"
+
+
 def backend_note(backend: str | None) -> str:
     """" (llama.cpp)" for a model run through llama.cpp; nothing for transformers (the default)."""
     return " (llama.cpp)" if backend == "llamacpp" else ""
@@ -187,6 +192,15 @@ def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str
             for s in drafting
         ]
         lines += _table(["method", *(str(i + 1) for i in range(width))], rows)
+
+    by_source = [s for s in summary.methods if s.overall.acceptance_by_source]
+    if by_source:
+        sources = sorted({source for s in by_source for source in s.overall.acceptance_by_source or {}})
+        lines += ["", "## Acceptance by draft source", "",
+                  "Accepted ÷ drafted draft tokens of the drafts from each source (drafted tokens in brackets).", ""]
+        rows = [[f"`{s.name}`"] + [source_cell((s.overall.acceptance_by_source or {}).get(source)) for source in sources]
+                for s in by_source]
+        lines += _table(["method", *sources], rows)
 
     lines += ["", "## Per category", ""]
     for c in cats:

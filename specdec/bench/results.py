@@ -12,7 +12,9 @@ Aggregation (:func:`aggregate`), per method, overall and per category:
   and ``per_position_acceptance``: pooled counts over prompts and repeats
   (e.g. all accepted / all drafted), None where a method has no drafts;
 * ``identical_rate``: the fraction of prompts whose token ids equal plain's
-  (repeat 0) in every repeat.
+  (repeat 0) in every repeat;
+* ``acceptance_by_source``: per draft source (model, lookup, suffix, ...: specdec.control) its pooled
+  draft steps, drafted and accepted tokens and acceptance rate, None where a method does not report it.
 
 A workload's turn (:mod:`specdec.bench.sessions`) is a prompt here, in its
 workload's category; its records also carry the session, the turn index and
@@ -101,6 +103,7 @@ class PromptResult:
     wall_total_s: float = 0.0  # summed over repeats (pairs with draft_s)
     turn: int | None = None  # a workload's turn index
     history_identical: bool | None = None  # the method's history equalled plain's in every repeat
+    by_source: dict[str, list[int]] | None = None  # summed over repeats: {source: [draft steps, drafted, accepted]}
 
 
 @dataclass
@@ -123,6 +126,8 @@ class Aggregate:
     plain_fraction: float | None = None  # share of those steps that drafted nothing
     draft_time_share: float | None = None  # share of the wall time spent in the drafter
     history_identical_rate: float | None = None  # workloads: share of turns whose history equalled plain's
+    # {draft source: {draft_steps, drafted, accepted, acceptance_rate}}, pooled
+    acceptance_by_source: dict[str, dict[str, float]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -181,6 +186,17 @@ def _all_optional(values: Sequence[bool | None]) -> bool | None:
     return None if any(v is None for v in values) else all(values)
 
 
+def _sum_sources(counts: Sequence[dict[str, list[int]] | None]) -> dict[str, list[int]] | None:
+    """{source: [draft steps, drafted, accepted]} added up; None if any is None."""
+    if any(c is None for c in counts):
+        return None
+    total: dict[str, list[int]] = {}
+    for by_source in counts:
+        for source, values in (by_source or {}).items():
+            total[source] = [a + b for a, b in zip(total.get(source, [0, 0, 0]), values)]
+    return total
+
+
 def per_prompt(records: Sequence[Record], reference: str = REFERENCE, compare_outputs: bool = True) -> list[PromptResult]:
     """Collapse repeats: one PromptResult per (prompt, method), with its speedup over the reference.
 
@@ -212,6 +228,7 @@ def per_prompt(records: Sequence[Record], reference: str = REFERENCE, compare_ou
                 plain_steps=_sum_optional([m.plain_steps for m in ms]),
                 draft_s=_sum_optional([m.draft_s for m in ms]),
                 wall_total_s=sum(m.wall_s for m in ms),
+                by_source=_sum_sources([m.by_source for m in ms]),
                 identical=None if not compare_outputs or pid not in ref_ids else all(m.token_ids == ref_ids[pid] for m in ms),
                 turn=rs[0].turn,
                 history_identical=_all_optional([r.history_identical_to_plain for r in rs]),
@@ -242,6 +259,7 @@ def combine(results: Sequence[PromptResult]) -> Aggregate:
     draft_s = _sum_optional([p.draft_s for p in results])
     wall_total = sum(p.wall_total_s for p in results)
     loop_steps = (steps or 0) + plain_steps if plain_steps is not None and drafted is not None else None
+    by_source = _sum_sources([p.by_source for p in results])
     return Aggregate(
         prompts=len(results),
         new_tokens=new_tokens,
@@ -265,6 +283,9 @@ def combine(results: Sequence[PromptResult]) -> Aggregate:
         plain_fraction=plain_steps / loop_steps if loop_steps and plain_steps is not None else None,
         draft_time_share=draft_s / wall_total if draft_s is not None and wall_total > 0 else None,
         history_identical_rate=sum(histories) / len(histories) if histories else None,
+        acceptance_by_source=None if not by_source else {
+            source: {"draft_steps": n, "drafted": d, "accepted": a, "acceptance_rate": a / d if d else None}
+            for source, (n, d, a) in sorted(by_source.items())},
     )
 
 

@@ -376,6 +376,8 @@ class Reply:
             "target_forwards": stats.target_forwards,
             "tree_drafts": stats.tree_steps,
             "tree_nodes": stats.tree_nodes,
+            "by_source": {source: {**counts, "acceptance_rate": round(counts["acceptance_rate"], 6)}
+                          for source, counts in stats.acceptance_by_source.items()},
             "tokens_per_second": round(stats.tokens_per_s, 3),
         }
 

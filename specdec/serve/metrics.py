@@ -3,33 +3,39 @@
 Names take vLLM's and llama.cpp server's, under a ``specdec:`` prefix, so that dashboards built
 for either read ours with the prefix changed.  Counters are exposed with a ``_total`` suffix.
 
-=============================================  =====================  ======================================
-specdec:<name>                                 vLLM: vllm:<name>      llama.cpp server: llamacpp:<name>
-=============================================  =====================  ======================================
-spec_decode_num_drafts_total                   the same               the same
-spec_decode_num_draft_tokens_total             the same               the same
-spec_decode_num_accepted_tokens_total          the same               the same
-spec_decode_num_accepted_tokens_per_pos_total  the same, {position}   the same, {position}
-spec_decode_num_tree_drafts_total              -                      -
-spec_decode_num_tree_nodes_total               -                      -
-prompt_tokens_total                            the same               the same
-generation_tokens_total                        the same               tokens_predicted_total
-tokens_predicted_seconds_total                 -                      the same
-predicted_tokens_seconds                       -                      the same
-n_decode_total                                 -                      the same
-num_requests_running, num_requests_waiting     the same               requests_processing, requests_deferred
-request_success_total{finished_reason}         the same               -
-e2e_request_latency_seconds                    the same               -
-time_to_first_token_seconds                    the same               -
-request_queue_time_seconds                     the same               -
-requests_total{endpoint, code}                 -                      -
-request_disconnects_total                      -                      -
-=============================================  =====================  ======================================
+=======================================================  =====================  ======================================
+specdec:<name>                                           vLLM: vllm:<name>      llama.cpp server: llamacpp:<name>
+=======================================================  =====================  ======================================
+spec_decode_num_drafts_total                             the same               the same
+spec_decode_num_draft_tokens_total                       the same               the same
+spec_decode_num_accepted_tokens_total                    the same               the same
+spec_decode_num_accepted_tokens_per_pos_total            the same, {position}   the same, {position}
+spec_decode_num_tree_drafts_total                        -                      -
+spec_decode_num_tree_nodes_total                         -                      -
+spec_decode_num_drafts_by_source_total{source}           -                      -
+spec_decode_num_draft_tokens_by_source_total{source}     -                      -
+spec_decode_num_accepted_tokens_by_source_total{source}  -                      -
+prompt_tokens_total                                      the same               the same
+generation_tokens_total                                  the same               tokens_predicted_total
+tokens_predicted_seconds_total                           -                      the same
+predicted_tokens_seconds                                 -                      the same
+n_decode_total                                           -                      the same
+num_requests_running, num_requests_waiting               the same               requests_processing, requests_deferred
+request_success_total{finished_reason}                   the same               -
+e2e_request_latency_seconds                              the same               -
+time_to_first_token_seconds                              the same               -
+request_queue_time_seconds                               the same               -
+requests_total{endpoint, code}                           -                      -
+request_disconnects_total                                -                      -
+=======================================================  =====================  ======================================
 
 What they count: drafts = decode steps that verified a draft; draft tokens = tokens proposed;
 accepted tokens = drafted tokens the target accepted, also by position in the draft (0 = first);
 tree drafts = the drafts that were token trees (``--tree``), tree nodes = the draft tokens those trees
 held (their drafted tokens count each tree's depth: accepted ÷ drafts is the accepted path's length);
+the ``by_source`` counters split drafts, draft tokens and accepted tokens by where each draft came from
+(``source``: model, lookup, lookup-short, suffix, suffix-short: specdec.control), so acceptance by
+source is accepted ÷ draft tokens of one label;
 tokens_predicted_seconds = seconds spent generating, prefills included, and predicted_tokens_seconds
 the mean tokens/s from it; n_decode = target forward passes, prefills included; the latencies are
 histograms from each request's arrival.
@@ -83,6 +89,12 @@ class Metrics:
                                         "Draft tokens accepted, by position in the draft (0 = first).", ("position",))
         self.tree_drafts = counter("spec_decode_num_tree_drafts", "Drafts that were token trees (counted in drafts).")
         self.tree_nodes = counter("spec_decode_num_tree_nodes", "Draft tokens the token trees held (all verified).")
+        self.source_drafts = counter("spec_decode_num_drafts_by_source", "Drafts verified, by draft source.",
+                                     ("source",))
+        self.source_draft_tokens = counter("spec_decode_num_draft_tokens_by_source", "Draft tokens proposed, by "
+                                           "draft source.", ("source",))
+        self.source_accepted = counter("spec_decode_num_accepted_tokens_by_source", "Draft tokens accepted, by "
+                                       "draft source.", ("source",))
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed.")
         self.generation_tokens = counter("generation_tokens", "Tokens generated.")
         self.decode_seconds = counter("tokens_predicted_seconds", "Seconds spent generating (prefill included).")
@@ -122,6 +134,10 @@ class Metrics:
         self.tree_nodes.inc(stats.tree_nodes)
         for position, accepted in enumerate(stats.accepted_at):
             self.accepted_per_pos.labels(position=str(position)).inc(accepted)
+        for source, (steps, drafted, accepted) in stats.by_source.items():
+            self.source_drafts.labels(source=source).inc(steps)
+            self.source_draft_tokens.labels(source=source).inc(drafted)
+            self.source_accepted.labels(source=source).inc(accepted)
 
     def record_first_token(self, queued_s: float, first_token_s: float) -> None:
         """A request's first token came `first_token_s` after its arrival, `queued_s` of it in the queue."""
