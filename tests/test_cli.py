@@ -281,6 +281,23 @@ def test_hybrid_lookup_and_draft_model_prints_plain_output(tiny_dirs):
     assert_user_error(generate(*common, "--draft", "lookup+"), "needs a draft model")
 
 
+def test_suffix_drafts_print_plain_output_and_acceptance_by_source(tiny_dirs):
+    common = ["def f(x): return x\ndef f(x): return", "--target", tiny_dirs["target"], "--max-new-tokens", "20", "--json"]
+    plain = json.loads(generate(*common, "--draft", "none").stdout)
+    for draft in ("suffix", "suffix+" + tiny_dirs["draft"]):
+        result = generate(*common, "--draft", draft, "-k", "4", "--suffix-memory", "1000")
+        assert result.exit_code == 0, result.output
+        out = json.loads(result.stdout)
+        assert out["token_ids"] == plain["token_ids"], draft
+        by_source = out["stats"]["by_source"]
+        assert sum(s["drafted"] for s in by_source.values()) == out["stats"]["drafted"]
+        assert set(by_source) <= {"suffix", "suffix-short", "model"}
+    assert_user_error(generate(*common, "--draft", "suffix+"), "needs a draft model")
+    assert_user_error(generate(*common, "--draft", "suffix+lookup"), "two model-free drafters")
+    assert_user_error(generate(*common, "--draft", "suffix", "--suffix-memory", "-1"), "--suffix-memory")
+    assert "--suffix-memory" in generate("--help").output and "1,048,576" in generate("--help").output
+
+
 def test_a_seeded_request_under_k_auto_gets_a_frozen_controller_of_its_own(tiny_dirs, tmp_path, monkeypatch):
     # A seed's text depends on which tokens were drafted: k must not follow timings or earlier requests.
     from specdec.control import AutoK

@@ -15,7 +15,9 @@ with top-k and top-p, and on a table of tied logits where ties fall at the
 top-k / top-p cut; and with the cost-model controller choosing k from the
 acceptance history (specdec.control: k = 3, then plain steps and probes); with
 the hybrid drafter (prompt lookup's q = None proposals and a draft model's q
-proposals in the same runs); and with an int4 draft model (a tiny qwen2 model
+proposals in the same runs); with suffix drafts (q = None proposals that follow the context: the most
+frequent continuation of its longest match in the run's own context or in a fixed store of earlier
+outputs); and with an int4 draft model (a tiny qwen2 model
 with V = 6 on specdec's int4 kernel and C layers, specdec.backends.lean).  Seeds are fixed, so every p-value is a fixed number
 (recorded below); the test passes when p > 0.001.  The runs are split over two
 processes (tests/chisq.py); the histogram does not depend on the split.
@@ -42,6 +44,7 @@ from specdec.drafters.base import Draft
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import DEFAULT_WINDOW, ModelDrafter
+from specdec.drafters.suffix import SuffixDrafter, SuffixStore
 from specdec.drafters.tree import TreeShape
 from specdec.loop import StopCondition, run
 from specdec.sampling import SamplingParams
@@ -99,6 +102,18 @@ def hybrid_drafter(table: torch.Tensor) -> Callable[[SamplingParams], HybridDraf
     return lambda params: HybridDrafter(make_model(params), LookupDrafter(max_ngram=2, min_ngram=1))
 
 
+def suffix_drafter() -> Callable[[SamplingParams], SuffixDrafter]:
+    """Suffix drafts from a store of four earlier "answers" (the target's own samples after PROMPT, seeded:
+    every two-token window occurred, with several continuations) and from the run's own context; the
+    store is filled once and never written to, so each run's drafts depend on its own tokens only.  Up
+    to 4 tokens per matched token and no probability cut: most drafts are a whole γ = 3."""
+    store = SuffixStore(1000)
+    for seed in range(4):
+        params = SamplingParams(seed=10_000 + seed, **T08)
+        store.add(run(ToyRunner(TARGET), PROMPT, StopCondition(100), verifier=make_verifier(params)).token_ids)
+    return lambda params: SuffixDrafter(store, spec_factor=4.0, min_prob=0.0)
+
+
 def fixed_drafter() -> Callable[[SamplingParams], FixedDrafter]:
     drafter = FixedDrafter(PROPOSAL)  # stateless
     return lambda params: drafter
@@ -107,9 +122,9 @@ def fixed_drafter() -> Callable[[SamplingParams], FixedDrafter]:
 # case -> (target table, sampling params, a factory of drafter factories: params -> drafter).
 # With seeds 0..19,999 (torch 2.13 CPU) the p-values are 0.237 (draft=target), 0.185
 # (unrelated-draft), 0.687 (q=None-draft), 0.544 (unrelated-draft-top-k-top-p), 0.313
-# (ties-at-the-top-k-top-p-cut), 0.606 (auto-k-controller), 0.327 (hybrid-lookup-then-draft), 0.742
-# (draft-confidence-stop), 0.822 (draft-window-1) and 0.183 (int4-draft; on an AVX2 CPU, whose int4 kernel
-# paths give the same bits).  The bugs tried against this
+# (ties-at-the-top-k-top-p-cut), 0.606 (auto-k-controller), 0.327 (hybrid-lookup-then-draft), 0.297
+# (suffix-drafts), 0.742 (draft-confidence-stop), 0.822 (draft-window-1) and 0.183 (int4-draft; on an
+# AVX2 CPU, whose int4 kernel paths give the same bits).  The bugs tried against this
 # test (residual = p, bonus from the wrong row, q ignored, target rolled back one token short,
 # q = None residual keeping x, the drafter's q not warped like its samples) gave p < 1e-30
 # with 50,000 runs in the cases they affect; at 20,000, residual = p still gives chi2 > 7,600
@@ -122,6 +137,7 @@ CASES = {
     "ties-at-the-top-k-top-p-cut": (TIED, TIED_CUT, lambda: model_drafter(NEAR_TIED)),
     "auto-k-controller": (TARGET, T08, lambda: model_drafter(OTHER)),
     "hybrid-lookup-then-draft": (TARGET, T08, lambda: hybrid_drafter(OTHER)),
+    "suffix-drafts": (TARGET, T08, suffix_drafter),
     # the draft stops after a token its own softmax gave < 0.3: draft lengths vary with the draft's samples
     "draft-confidence-stop": (TARGET, T08, lambda: model_drafter(OTHER, confidence=0.3)),
     # a catch-up window of 1: the draft model starts over from the last token whenever it is further behind
@@ -195,6 +211,8 @@ def sample_runs(case: str, seeds: range) -> dict:
             chosen.update(k.chosen)
         if isinstance(drafter, HybridDrafter):
             sources.update(drafter.proposals)
+        if isinstance(drafter, SuffixDrafter):
+            sources.update(drafter.drafted_from)
         assert len(out.token_ids) == MAX_NEW and out.finish_reason == "length"
         counts[tuple(out.token_ids)] += 1
         restarted += isinstance(drafter, ModelDrafter) and drafter.cache.offset > 0  # the window was used
@@ -240,6 +258,8 @@ def test_speculative_sampling_matches_the_target_distribution(case):
         assert totals["trees"] >= RUNS  # every run verified trees
     if case == "hybrid-lookup-then-draft":
         assert totals["sources"]["lookup"] > 0 and totals["sources"]["model"] > 0
+    if case == "suffix-drafts":
+        assert totals["sources"]["context"] > 0 and totals["sources"]["store"] > 0
     if case in CONTROLLERS:
         assert {0, 1, GAMMA} <= set(totals["chosen"])  # k followed the history: plain steps, probes, full drafts
     if case == "draft=target":

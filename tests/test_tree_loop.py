@@ -3,7 +3,8 @@
 Targets: the toy second-order chain with tree verification (tests/toy.ToyTreeRunner) and tiny int8 llama /
 qwen2 models on the lean runner, whose tree forward is bitwise the chain's (specdec.backends.lean), so the
 output is plain greedy's token for token.  Drafters: fixed proposals with second choices, prompt lookup
-over several matches, a draft model's chain with its runner-ups, and the hybrid; fixed γ and the
+over several matches, suffix drafts (the context and a store of earlier answers: their most frequent
+continuations), a draft model's chain with its runner-ups, and the hybrids; fixed γ and the
 cost-model controller; widths 2 and 3.  Sampling through trees is the chi-square of
 tests/test_sampling_loop.py (the tree-* cases).
 """
@@ -18,6 +19,7 @@ from specdec.control import AutoK
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import ModelDrafter
+from specdec.drafters.suffix import HYBRID_MIN_SCORE, SuffixDrafter, SuffixStore
 from specdec.drafters.tree import TreeShape
 from specdec.loop import StopCondition, run
 from specdec.profile import step_costs
@@ -52,29 +54,47 @@ DRAFT = {arch: tiny_model(arch, 1) for arch in ("llama", "qwen2")}
 REPEATING = [5, 9, 13, 21, 8, 5, 9, 13, 30, 8, 5, 9, 13, 21, 44, 5, 9]  # lookup matches with several continuations
 
 
+EARLIER = ([13, 21, 8, 5, 9, 13, 30], [5, 9, 13, 44, 2], [3, 17, 40, 41, 3, 17, 42])  # earlier answers: branches
+
+
+def suffix_drafter(**options) -> SuffixDrafter:
+    store = SuffixStore(1000)
+    for output in EARLIER:
+        store.add(output)
+    return SuffixDrafter(store, **options)
+
+
 def drafter_of(kind: str, arch: str):
     from specdec.backends.hf import HFRunner
 
     if kind == "lookup":
         return LookupDrafter()
+    if kind == "suffix":
+        return suffix_drafter()
     model = ModelDrafter(HFRunner(DRAFT[arch]))
+    if kind == "suffix-hybrid":
+        return HybridDrafter(model, suffix_drafter(min_ngram=2, min_score=HYBRID_MIN_SCORE))
     return model if kind == "model" else HybridDrafter(model)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize("kind", ["lookup", "model", "hybrid"])
+@pytest.mark.parametrize("kind", ["lookup", "suffix", "model", "hybrid", "suffix-hybrid"])
 @pytest.mark.parametrize("width,gamma", [(2, 3), (3, 5)])
 def test_int8_tree_greedy_equals_plain(arch, kind, width, gamma):
     target = LeanRunner(INT8[arch])
     assert target.capabilities.tree
+    trees = 0
     for prompt in (REPEATING, [3, 17, 40]):
         reference = run(LeanRunner(INT8[arch]), prompt, StopCondition(24)).token_ids
         out = run(target, prompt, StopCondition(24), drafter=drafter_of(kind, arch), num_speculative_tokens=gamma,
                   tree=TreeShape(width, depth=gamma))
         assert out.token_ids == reference
+        trees += out.stats.tree_steps
+    if kind == "suffix":
+        assert trees > 0  # the matches' several continuations were verified as trees
 
 
-@pytest.mark.parametrize("kind", ["model", "hybrid"])
+@pytest.mark.parametrize("kind", ["model", "hybrid", "suffix-hybrid"])
 def test_int8_tree_with_the_controller_equals_plain(kind):
     target = LeanRunner(INT8["qwen2"])
     drafter = drafter_of(kind, "qwen2")
