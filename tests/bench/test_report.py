@@ -46,6 +46,24 @@ def test_markdown_tables():
     assert "dtype fp32, greedy," in md
 
 
+def test_acceptance_by_draft_source():
+    rs = records()
+    for r, counts in zip([r for r in rs if r.method == "specdec-g3"], ({"suffix": [2, 5, 4], "model": [1, 1, 0]},
+                                                                      {"suffix": [1, 3, 3]})):
+        r.measurement.by_source = counts
+    rs = [Record.from_dict(json.loads(json.dumps(r.to_dict()))) for r in rs]  # through results.jsonl
+    summary = aggregate(rs)
+    by_source = summary.method("specdec-g3").overall.acceptance_by_source
+    assert by_source == {"model": {"draft_steps": 1, "drafted": 1, "accepted": 0, "acceptance_rate": 0.0},
+                         "suffix": {"draft_steps": 3, "drafted": 8, "accepted": 7, "acceptance_rate": 7 / 8}}
+    assert summary.method("specdec-g3").by_category["chat"].acceptance_by_source["suffix"]["drafted"] == 3
+    assert summary.method("specdec-g1").overall.acceptance_by_source is None  # not reported
+    assert report.summary_json(summary, META)["methods"][2]["acceptance_by_source"] == by_source
+    md = report.summary_markdown(summary, META)
+    assert "## Acceptance by draft source" in md
+    assert "| method | model | suffix |" in md and "| `specdec-g3` | 0% (1) | 88% (8) |" in md
+
+
 def test_markdown_header_names_sampling_and_backends():
     meta = {**META, "backend": "llamacpp", "draft_backend": "hf",
             "sampling": {"temperature": 0.7, "top_k": 0, "top_p": 0.9, "seed": 1}}

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specdec.cli import app as cli
-from tests.serve.conftest import MODEL, metric, metric_samples, streamed_text
+from tests.serve.conftest import MODEL, metric, metric_samples, serve, streamed_text
 
 PROMPT = "def fibonacci(n):"
 GREEDY = dict(model=MODEL, temperature=0, max_tokens=24)
@@ -131,6 +131,9 @@ def test_metrics_add_up_to_the_responses(server):
     assert stats[1]["tree_drafts"] > 0 and stats[0]["tree_drafts"] == 0  # the second asked for token trees
     assert delta("spec_decode_num_tree_drafts_total") == sum(s["tree_drafts"] for s in stats)
     assert delta("spec_decode_num_tree_nodes_total") == sum(s["tree_nodes"] for s in stats)
+    assert all(set(s["by_source"]) == {"model"} for s in stats)  # a draft model alone
+    assert delta("spec_decode_num_draft_tokens_by_source_total", source="model") == sum(s["drafted"] for s in stats)
+    assert delta("spec_decode_num_accepted_tokens_by_source_total", source="model") == sum(s["accepted"] for s in stats)
     for pos in range(3):
         assert delta("spec_decode_num_accepted_tokens_per_pos_total", position=str(pos)) == sum(
             s["accepted_per_position"][pos] for s in stats if len(s["accepted_per_position"]) > pos)
@@ -144,6 +147,29 @@ def test_metrics_add_up_to_the_responses(server):
     assert delta("time_to_first_token_seconds_count") == 3
     assert metric(after, "num_requests_running") == 0 and metric(after, "num_requests_waiting") == 0
     assert metric(after, "predicted_tokens_seconds") > 0
+
+
+def test_suffix_drafts_learn_across_requests_and_are_counted_by_source(tiny_dirs):
+    from specdec.engine import Engine
+
+    engine = Engine.load(tiny_dirs["target"], "suffix+" + tiny_dirs["draft"], dtype="fp32", suffix_memory=5000)
+    with serve(engine, k=4) as server:
+        client = server.client()
+        before = metric_samples(httpx.get(server.url + "/metrics").text)
+        responses = [client.completions.create(prompt=PROMPT, **GREEDY) for _ in range(2)]
+        after = metric_samples(httpx.get(server.url + "/metrics").text)
+    first, second = (r.speculative_decoding["by_source"] for r in responses)
+    assert responses[0].choices[0].text == responses[1].choices[0].text == cli_text(tiny_dirs, PROMPT)
+    assert second["suffix"]["drafted"] > first.get("suffix", {}).get("drafted", 0)  # the first answer, drafted again
+    assert second["suffix"]["acceptance_rate"] >= 0.85 and second["suffix"]["drafted"] >= 16  # 16 of 18
+    forwards = [r.speculative_decoding["target_forwards"] for r in responses]
+    assert forwards[1] < forwards[0] / 2
+    assert len(engine.suffix_store) == 2
+    for source in ("suffix", "model", "suffix-short"):
+        for counter, key in (("drafts", "draft_steps"), ("draft_tokens", "drafted"), ("accepted_tokens", "accepted")):
+            name = f"spec_decode_num_{counter}_by_source_total"
+            assert metric(after, name, source=source) - metric(before, name, source=source) == sum(
+                r.speculative_decoding["by_source"].get(source, {}).get(key, 0) for r in responses)
 
 
 def test_models_health_and_playground(server):
