@@ -38,7 +38,8 @@ def generate(
     target / draft: a zoo name (``specdec models``), a .gguf path, a model
     directory, a Hugging Face hub id, or an already-loaded ``(model, tokenizer)``
     pair, "lookup" (prompt lookup), "lookup+<model>" (lookup where it matches, the draft model
-    elsewhere), "head" / "head:<dir>" / "lookup+head[:<dir>]" (a draft head trained for the target:
+    elsewhere), "suffix" / "suffix+<model>" (suffix drafts: the context and the engine's recent answers,
+    specdec.drafters.suffix), "head" / "head:<dir>" / "lookup+head[:<dir>]" (a draft head trained for the target:
     specdec train-drafter), or "auto" (the default: "lookup+head" when a head was trained for the
     target and it runs on transformers, else "lookup+qwen2.5-coder-0.5b", the draft's backend chosen
     by draft_backend "auto").  draft=None (or "none") decodes plainly with the target alone.

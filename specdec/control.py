@@ -109,8 +109,8 @@ class Controller(Protocol):
 
 
 def outlook(drafter: Drafter, context: Sequence[int]) -> tuple[str, int]:
-    """(source, lag) of `drafter`'s next proposal for `context`: where it will come from (MODEL or
-    LOOKUP) and how many context tokens the drafter will first feed its model to catch up (the bonus
+    """(source, lag) of `drafter`'s next proposal for `context`: where it will come from (MODEL, LOOKUP,
+    SUFFIX, ...) and how many context tokens the drafter will first feed its model to catch up (the bonus
     token in steady state, more after plain steps or at a generation's start).
 
     A drafter says so with an ``outlook(context)`` method, or a ``lag(context)`` method (a model);
