@@ -84,12 +84,12 @@ def _engine(dtype: str, draft: str) -> Engine:
         from specdec.backends.quant import quantize_model
 
         target = quantize_model(target)
-    if draft == "lookup":
-        return Engine(target, tok, lookup=True)
+    if draft in ("lookup", "suffix"):
+        return Engine(target, tok, lookup=draft == "lookup", suffix=draft == "suffix")
     model = tiny_model("llama", 3, vocab_size=len(tok))  # another network: drafts right and wrong
     if draft == "self":
         model = target  # the target drafting for itself: long accepted runs
-    return Engine(target, tok, model, tok, lookup=draft == "hybrid")
+    return Engine(target, tok, model, tok, lookup=draft == "hybrid", suffix=draft == "suffix-hybrid")
 
 
 PROMPTS = ["def fibonacci(n):", "The quick brown fox", "for i in range(10):", "Once upon a time",
@@ -118,8 +118,8 @@ def _run_concurrently(jobs):
     return results
 
 
-@pytest.mark.parametrize("dtype,draft", [("int8", "self"), ("int8", "lookup"), ("int8", "other"),
-                                         ("fp32", "hybrid"), ("fp32", "other")])
+@pytest.mark.parametrize("dtype,draft", [("int8", "self"), ("int8", "lookup"), ("int8", "other"), ("int8", "suffix"),
+                                         ("fp32", "hybrid"), ("fp32", "other"), ("fp32", "suffix-hybrid")])
 def test_batched_greedy_equals_each_request_alone(dtype, draft):
     engine = _engine(dtype, draft)
     engine.enable_batching(4)
@@ -149,6 +149,8 @@ def test_batched_greedy_equals_each_request_alone(dtype, draft):
         assert outs == alone
     assert batch.target.forwards > 0 and batch.target.batched > batch.target.forwards  # really batched
     assert batch.target.active == 0
+    if engine.suffix_store is not None:  # one store for every slot: each request's answer, each time
+        assert len(engine.suffix_store) == sum(len(a) > 2 for a in alone) * 3
 
 
 def test_a_cancelled_request_leaves_and_the_others_go_on():
