@@ -212,14 +212,14 @@ class Engine:
         self.pool = BatchPool(self, max_batch)
 
     def forget(self) -> None:
-        """Drop what drafters learned from this engine's earlier requests, so that the next request
-        drafts from its own context only.  No drafter keeps anything across requests yet: a no-op.
-
-        The seam for a drafter that does (SuffixDecoding's tree over earlier outputs, arXiv 2411.04975):
-        make a new, empty store here rather than emptying the one the engine holds, for a fork
+        """Drop what drafters learned from this engine's earlier requests (the suffix drafts' store of
+        recent answers, specdec.drafters.suffix), so that the next request drafts from its own context
+        only: a new, empty store of the same memory, not the one the engine holds emptied, for a fork
         (:meth:`fork`) shares its parent's objects until its forget() runs.  The cost-model
         controller is not such state (what it learns is the machine's speed): it is kept.
         """
+        if self.suffix_store is not None:
+            self.suffix_store = SuffixStore(self.suffix_store.memory)
 
     def fork(self) -> "Engine":
         """Another engine over the same loaded models (runners, tokenizers, head, and the `-k auto`

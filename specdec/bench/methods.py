@@ -187,9 +187,9 @@ class Method(ABC):
 
     def before_session(self) -> None:
         """Called before a session's first turn (and before every one-turn prompt): the method's
-        engine forgets what its drafters learned from earlier requests (:meth:`Engine.forget`; a
-        no-op while no drafter keeps anything across requests), so a session's turns learn from
-        that session's earlier turns only, and no run drafts from its own earlier repeat."""
+        engine forgets what its drafters learned from earlier requests (:meth:`Engine.forget`: the
+        suffix drafts' store of answers), so a session's turns learn from that session's earlier turns
+        only, and no run drafts from its own earlier repeat."""
         self.engine.forget()
 
     def __repr__(self) -> str:

@@ -311,14 +311,6 @@ class SuffixStore:
             self._size += len(tokens)
             self.version += 1
 
-    def clear(self) -> None:
-        """Forget every output (a benchmark's runs of one prompt must not draft from each other's answers)."""
-        with self._lock:
-            self._index = SuffixIndex(self._index.anchor, buckets=table_size(self.memory))
-            self._outputs.clear()
-            self._size = 0
-            self.version += 1
-
     def continuation(self, context: Sequence[int], limit: int, max_depth: int, spec_factor: float,
                      min_prob: float, nodes: int = 0) -> Continuation:
         """SuffixIndex.continuation over the store, under its lock."""

@@ -157,6 +157,20 @@ def test_each_method_runs_on_a_fork_of_its_own(engine, monkeypatch):
     assert forgotten[-1] is engines[1]  # a session starts with the method's own engine forgetting
 
 
+def test_suffix_methods_never_draft_from_another_run():
+    tok = tiny_tokenizer(0)
+    suffix = Engine(tiny_model("llama", 0, vocab_size=len(tok)), tok, suffix=True, suffix_memory=1000)
+    plain, spec = build_methods(suffix, ["plain", "specdec"], [3], max_new_tokens=16)
+    ids = suffix.encode("def fibonacci(n):")
+    reference = suffix.generate(ids, max_new_tokens=16, use_draft=False).token_ids
+    for m in (plain, spec, spec):
+        m.before_session()
+        assert len(m.engine.suffix_store) == 0  # not plain's answer, nor its own earlier repeat
+        assert m.run(ids).token_ids == reference
+        assert len(m.engine.suffix_store) == 1
+    assert len(suffix.suffix_store) == 1 and suffix.suffix_store is not spec.engine.suffix_store
+
+
 def test_auto_methods_share_one_controller_across_forks(engine, monkeypatch):
     def controller(self):
         if self._auto is None:

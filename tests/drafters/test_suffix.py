@@ -266,8 +266,9 @@ def test_the_engine_learns_across_requests():
     engine = Engine(tiny_model("qwen2", 0, vocab_size=len(tok)), tok, suffix=True, suffix_memory=10_000)
     prompt = "def fibonacci(n):"
     plain = engine.generate(prompt, max_new_tokens=48, use_draft=False)
-    assert engine.suffix_store.tokens == 48  # a plain request's answer is remembered too
-    engine.suffix_store.clear()
+    assert engine.suffix_store.tokens == len(plain.token_ids)  # a plain request's answer is remembered too
+    engine.forget()
+    assert engine.suffix_store.tokens == 0
     first = engine.generate(prompt, max_new_tokens=48, k=8)
     second = engine.generate(prompt, max_new_tokens=48, k=8)  # the same answer again: drafted from the store
     assert first.token_ids == second.token_ids == plain.token_ids
@@ -280,6 +281,17 @@ def test_the_engine_learns_across_requests():
     assert engine.make_drafter(SamplingParams()).store is engine.suffix_store
     assert engine.make_drafter(SamplingParams(temperature=0.7, seed=3)).store is None  # its own context only
     assert engine.make_drafter(SamplingParams(temperature=0.7)).store is engine.suffix_store
+
+
+def test_a_fork_forgets_and_keeps_its_own_store():
+    tok = tiny_tokenizer(0)
+    engine = Engine(tiny_model("qwen2", 0, vocab_size=len(tok)), tok, suffix=True, suffix_memory=777)
+    engine.generate("def fibonacci(n):", max_new_tokens=12)
+    parent = engine.suffix_store
+    twin = engine.fork()
+    assert twin.suffix_store is not parent and len(twin.suffix_store) == 0 and twin.suffix_store.memory == 777
+    twin.generate("def fibonacci(n):", max_new_tokens=12)
+    assert len(twin.suffix_store) == 1 and engine.suffix_store is parent and len(parent) == 1  # apart
 
 
 def test_engine_refuses_lookup_with_suffix():
