@@ -49,15 +49,19 @@ Drafts carry no probabilities (``q = None``): verified as deterministic proposal
 decoding, distribution-preserving under sampling.  A seeded sampled request drafts from its own
 context only: its text then depends on its seed and tokens, not on what other requests wrote.
 
-**ArcticInference, evaluated** (arctic-inference 0.3.0 on PyPI, Apache-2.0): no wheel for any platform
-since 0.0.4 (sdists only; 0.3.0's is 226 kB); building it needs a C++20 compiler, CMake and, in the
-build environment, torch >= 2.10, nanobind 2.9.2, protobuf and grpcio-tools (pip fetches torch for
-the isolated build); the suffix tree itself (csrc/suffix_decoding, ~1,700 lines of C++ with nanobind
-bindings) needs no CUDA.  Its API (``SuffixDecodingCache``: start_request / add_active_response /
-stop_request / speculate(req_id, context, max_spec_tokens, max_spec_factor, min_token_prob,
-use_tree_spec) -> token_ids, parents, probs, score) bounds the store by a number of requests, not
-tokens.  So specdec carries this Python index instead of a compiled optional dependency: the same
-queries (longest match, frequency scoring, factor-capped length, trees), a bound in tokens.
+**ArcticInference, evaluated** (arctic-inference 0.3.0 on PyPI; Apache-2.0 by its LICENSE file and
+SPDX headers): no wheel for this or any platform since 0.0.4 (0.0.1-0.0.4 are pure-Python wheels;
+0.0.6-0.3.0 sdists only, 0.3.0's 226 kB), so ``pip download`` takes the sdist and starts building it
+in an isolated environment whose requirements include torch >= 2.10, CMake, ninja, nanobind 2.9.2,
+protobuf and grpcio-tools; the extension needs a C++20 compiler.  The suffix tree itself
+(csrc/suffix_decoding: ~1,700 lines of C++ with nanobind bindings, a CMake project in C++ only)
+needs no CUDA, and its Python module imports numpy and that extension only.  Its API
+(``SuffixDecodingCache(max_tree_depth, max_cached_requests)``: start_request(req_id, prompt) /
+add_active_response / stop_request / speculate(req_id, context, max_spec_tokens, max_spec_factor,
+max_spec_offset, min_token_prob, use_tree_spec) -> token_ids, parents, probs, score, match_len)
+bounds the store by a number of requests, not tokens.  So specdec carries this Python index instead
+of a compiled optional dependency that most installs would have to build: the same queries (longest
+match, frequency scoring, a match-capped length, trees) and a bound in tokens.
 """
 
 from __future__ import annotations
