@@ -278,7 +278,8 @@ def decode(
         if tree is not None and k > 0:
             k = min(tree.depth or k, limit)
             nodes = min(tree.budget(k), target.max_context - len(context) - 1)
-            pays = getattr(controller, "tree_nodes", None)  # a controller that prices trees decides
+            # auto (no fixed depth): a controller that prices trees decides tree or chain; WxD: always a tree
+            pays = getattr(controller, "tree_nodes", None) if tree.depth is None else None
             nodes = pays(k, nodes, source) if pays is not None else nodes
             shape = replace(tree, nodes=nodes) if nodes > k else None
         t0 = time.perf_counter()
