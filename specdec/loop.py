@@ -23,6 +23,7 @@ from specdec.control import Controller, FixedK, plan, propose
 from specdec.drafters.base import Draft, Drafter, tell_prefilled
 from specdec.drafters.tree import TreeShape
 from specdec.errors import SpecdecError
+from specdec.trees import depths
 from specdec.verify import GreedyVerifier, Verifier
 
 
@@ -332,17 +333,14 @@ def verify_tree(target: ModelRunner, verifier: Verifier, draft: Draft, pending: 
     the accepted path.  Returns (the tree's depth, the tokens emitted: the accepted path's and the next,
     how many more the tree accepted than its first branch alone: the chain 0, 1, .. the drafters put first)."""
     assert draft.parents is not None
-    depths: list[int] = []
-    for parent in draft.parents:
-        depths.append(1 if parent < 0 else depths[parent] + 1)
-    if len(draft.tokens) > nodes or max(depths) > k:
-        raise ValueError(f"the drafter proposed a tree of {len(draft.tokens)} tokens, {max(depths)} deep, "
+    depth = max(depths(draft.parents)) + 1  # tokens on the longest path
+    if len(draft.tokens) > nodes or depth > k:
+        raise ValueError(f"the drafter proposed a tree of {len(draft.tokens)} tokens, {depth} deep, "
                          f"where at most {nodes} tokens, {k} deep were asked for")
     cached = len(target.tokens)
     logits = target.forward_tree([pending, *draft.tokens], [-1, *(p + 1 for p in draft.parents)])  # [nodes + 1, V]
     verdict = verifier.verify_tree(draft, logits)
     target.keep_rows(cached, [0, *(i + 1 for i in verdict.path)])  # pending + the accepted path
-    depth = max(depths)
     stats.record_draft(depth, verdict.num_accepted)
     stats.tree_steps += 1
     stats.tree_nodes += len(draft.tokens)
