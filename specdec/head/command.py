@@ -1,8 +1,9 @@
 """`specdec train-drafter`: train a draft head for a target on this CPU within a time budget.
 
 Loads the target (fp32, the head's reference: its embedding table, final norm and LM head), a cheaper
-copy of it for producing features (``quantize_dynamic`` int8 where torch has a quantized CPU engine,
-else the fp32 model itself), gathers the offline material (``specdec.head.data``) and trains
+copy of it for producing features (specdec's int8 target on its lean runner where the int8 kernel runs
+in SIMD -- the features drafting will read; else ``quantize_dynamic`` int8 where torch has a quantized
+CPU engine; else the fp32 model itself), gathers the offline material (``specdec.head.data``) and trains
 (``specdec.head.train``): the target answers the built-in prompts in batches while the head learns
 from those answers and from the text.  The agreement is measured on the target's answers to held-out
 prompts, generated first.  Checkpoints go to ``$SPECDEC_HOME/drafters/<target>-head/`` (or --out) at
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 
+from specdec import loading
 from specdec.backends.hf import model_eos_token_ids
 from specdec.errors import SpecdecError
 
@@ -29,16 +31,24 @@ MAX_PROMPT_TOKENS = 768
 
 def load_target(spec: str) -> tuple[Any, Any]:
     """The fp32 transformers model and tokenizer of a target spec (zoo name, directory, .gguf, hub id)."""
-    from specdec import loading
-
     kind, location = loading.resolve(spec)
     model, tokenizer = loading._load_float(kind, location, torch.float32, None)
     return model.eval(), tokenizer
 
 
-def int8_extractor(model: Any) -> Any:
-    """A dynamically quantized int8 copy of `model` for producing features, or `model` where torch has no
-    quantized CPU engine."""
+def int8_extractor(model: Any, target: str | None = None, batch: int = 16) -> Any:
+    """The cheapest copy of `model` that produces its int8 features: for a `target` spec whose int8 model
+    the lean runner runs where specdec's int8 kernel multiplies in SIMD, that runner
+    (specdec.head.features.LeanExtractor, `batch` prompts a forward); else a dynamically quantized int8
+    copy of `model`; else `model` itself, where torch has no quantized CPU engine."""
+    if target is not None and loading.fastest_dtype(target) == "int8":
+        from specdec.backends import lean
+        from specdec.head.features import LeanExtractor
+
+        kind, location = loading.resolve(target)
+        int8, _ = loading._load_int8(kind, location, None)
+        if lean.supports(int8):
+            return LeanExtractor(lean.LeanRunner(int8), batch)
     if not {"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines):
         return model
     with warnings.catch_warnings():
@@ -88,7 +98,7 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
                   answer_tokens: int = 128, batch: int = 16) -> dict[str, Any]:
     """Train and save a head for `target` (see the module docstring); returns the saved manifest."""
     from specdec.head import data, store
-    from specdec.head.features import GenerationSource
+    from specdec.head.features import GenerationSource, LeanExtractor
     from specdec.head.train import TrainConfig, train
 
     began = time.monotonic()
@@ -96,8 +106,9 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
         if not Path(path).exists():
             raise SpecdecError(f"--text {path}: no such file or directory")
     model, tokenizer = load_target(target)
-    extractor = int8_extractor(model) if int8 else model
-    say(began, f"loaded {target} ({'int8' if extractor is not model else 'fp32'} features)")
+    extractor = int8_extractor(model, target, batch) if int8 else model
+    kind = "int8, lean runner" if isinstance(extractor, LeanExtractor) else "int8" if extractor is not model else "fp32"
+    say(began, f"loaded {target} ({kind} features)")
     material = data.gather(seed=seed, extra=texts, builtin=builtin)
     streams = [tokenizer(t)["input_ids"] for t in material.texts]
     prompts = [encode_prompt(tokenizer, p) for p in material.prompts]
@@ -109,10 +120,11 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
     say(began, "material: " + "; ".join(material.describe()))
     # the target's answers to held-out prompts measure the agreement; with only the user's text, its tail
     heldout = [ids for ids, _ in generation.answer(prompts[:HELDOUT_PROMPTS])] if len(prompts) > HELDOUT_PROMPTS else None
+    starts = [len(p) for p in prompts[:HELDOUT_PROMPTS]] if heldout else None  # drafts count in the answers
     say(began, f"held-out answers: {len(heldout or [])}")
     directory = Path(out) if out else store.default_directory(target)
     identity = store.target_identity(model, target)
-    config = TrainConfig(draft_vocab=draft_vocab, seed=seed, eval_every_s=120.0,
+    config = TrainConfig(draft_vocab=draft_vocab, seed=seed, eval_every_s=120.0, eval_tokens=1024, eval_stride=8,
                          minutes=max(minutes - (time.monotonic() - began) / 60, 0.1))
     bar = Bar(minutes)
     sources = [generation] if generation.prompts else []
@@ -120,7 +132,7 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
         result = train(model, streams, config, heldout=heldout, progress=bar,
                        checkpoint=store.checkpointer(directory, identity, material.describe()),
                        sources=sources, shares=[1.0] + [2.0] * len(sources) if streams else None,
-                       extractor=extractor)
+                       extractor=extractor, heldout_starts=starts)
     finally:
         bar.close()
     return store.read_manifest(directory) | {"directory": str(directory), "tokens_seen": result.tokens}

@@ -15,13 +15,18 @@ Two sources produce them, a chunk at a time, so that training can start before a
   looks exactly like what the head will be asked to draft, at no extra pass.  (Medusa-2 and EAGLE-3 /
   HASS train on the target's own outputs for the same reason.)
 
-The extractor may be a cheaper copy of the target (``quantize_dynamic``'d int8 on a CPU, 2x faster
-here): the features at inference come from the int8 target too.
+The extractor may be a cheaper copy of the target: ``LeanExtractor``, specdec's own int8 runner
+(specdec.backends.lean, the target that drafts will serve: its features are exactly the inference-time
+ones), which answers a batch of prompts with packed forwards (one [batch, hidden] matrix a decoding step)
+and prefills text chunk by chunk; or a transformers model (``quantize_dynamic``'d int8 on a CPU where
+specdec's kernel does not run, else the fp32 target).  Measured on a 2-core Zen 4 (AVX512-VNNI), 1.5B
+target, chat prompts of ~170 tokens answered with up to 128 tokens, batches of 16: 91 positions a second
+on the lean runner against 51 with ``generate`` on the ``quantize_dynamic`` copy.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 from torch import nn
@@ -29,10 +34,68 @@ from torch import nn
 Chunk = tuple[list[int], torch.Tensor]  # token ids [L] and their features [L, H]
 
 
-def features(extractor: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+def features(extractor: "nn.Module | LeanExtractor", ids: torch.Tensor) -> torch.Tensor:
     """Teacher-forced features of ids [B, T] -> [B, T, H] fp32 (the decoder's post-norm output; no LM head)."""
+    if isinstance(extractor, LeanExtractor):
+        return torch.stack([extractor.features(row.tolist()) for row in ids])
     with torch.no_grad():
         return extractor.get_decoder()(input_ids=ids).last_hidden_state.float()
+
+
+class LeanExtractor:
+    """The target's int8 lean runner as a feature source (see the module docstring): ``features`` over a
+    token stream, ``answer`` a batch of prompts greedily with every fed position's feature."""
+
+    def __init__(self, runner: Any, batch: int = 16) -> None:
+        self.runners = [runner] + [runner.clone() for _ in range(batch - 1)]  # one cache each, shared weights
+
+    def features(self, ids: Sequence[int]) -> torch.Tensor:
+        """ids [L] -> the target's features [L, H] fp32 (one prefill; the LM head over the last row only)."""
+        runner = self.runners[0]
+        runner.reset()
+        runner.keep_hidden_rows(len(ids))
+        try:
+            runner.forward(list(ids), last_n=1)
+            return runner.hidden_tail().clone()  # [L, H]
+        finally:
+            runner.keep_hidden_rows(0)
+            runner.reset()
+
+    def answer(self, prompts: Sequence[Sequence[int]], eos: set[int], max_new_tokens: int) -> list[Chunk]:
+        """Answer `prompts` greedily, len(self.runners) at a time, up to max_new_tokens each (ending after the
+        first end-of-sequence token) -> (prompt + answer ids, their features) each, every fed position's."""
+        from specdec.backends.lean import forward_packed
+
+        out: list[Chunk] = []
+        for start in range(0, len(prompts), len(self.runners)):
+            group = [list(p) for p in prompts[start: start + len(self.runners)]]
+            runners = self.runners[: len(group)]
+            for runner, prompt in zip(runners, group):
+                runner.reset()
+                runner.keep_hidden_rows(len(prompt))
+            logits = forward_packed(runners, group, [1] * len(group))  # one packed prefill
+            fed = [[r.hidden_tail().clone()] for r in runners]  # per prompt [[P, H], then [1, H] a step]
+            for runner in runners:
+                runner.keep_hidden_rows(0)
+            streams = [list(p) for p in group]
+            live = list(range(len(group)))
+            for step in range(max_new_tokens):
+                tokens = [int(row[-1].argmax()) for row in logits]  # greedy, one per live prompt
+                for b, token in zip(live, tokens):
+                    streams[b].append(token)
+                going = [(b, t) for b, t in zip(live, tokens) if t not in eos]
+                if not going or step + 1 == max_new_tokens:
+                    break  # the last token is never fed: it has no feature
+                live = [b for b, _ in going]
+                logits = forward_packed([runners[b] for b in live], [[t] for _, t in going], [1] * len(live))
+                for b in live:
+                    fed[b].append(runners[b].hidden())
+            for b, stream in enumerate(streams):
+                feats = torch.cat(fed[b])  # [L, H]: every fed position
+                out.append((stream[: len(feats)], feats))
+            for runner in runners:
+                runner.reset()
+        return out
 
 
 class FeatureBank:
@@ -116,6 +179,8 @@ class GenerationSource:
 
     def answer(self, group: list[list[int]]) -> list[Chunk]:
         """Generate for one batch of prompts; (prompt + answer ids, their features) each."""
+        if isinstance(self.extractor, LeanExtractor):
+            return self.extractor.answer(group, self.eos, self.max_new_tokens)
         width = max(map(len, group))
         ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in group])  # [B, P], left-padded
         mask = (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in group])[:, None]).long()

@@ -50,3 +50,34 @@ def test_an_answer_ends_after_its_end_token(target: torch.nn.Module) -> None:
     (ids, feats), = GenerationSource(target, [prompt], [stop], pad_id=0, max_new_tokens=12).produce()
     end = greedy.index(stop, len(prompt))  # the end token itself is kept only where it was fed
     assert ids in (greedy[:end], greedy[: end + 1]) and len(feats) == len(ids)
+
+
+def test_lean_answers_are_the_int8_runners_greedy_tokens_and_features() -> None:
+    """The lean extractor's packed batch answers each prompt as the int8 runner alone does, and its features
+    are a teacher-forced prefill's, bitwise (int8 is batch-invariant)."""
+    from specdec.backends.lean import LeanRunner
+    from specdec.backends.quant import quantize_model
+    from specdec.head.features import LeanExtractor
+    from tests.tiny import tiny_model
+
+    runner = LeanRunner(quantize_model(tiny_model("qwen2", 0)))
+    extractor = LeanExtractor(runner, batch=2)
+    prompts = [[1, 5, 9, 2, 7, 3], [1, 40], [1, 12, 8]]  # three prompts, two a batch: a second batch
+    alone = LeanRunner(runner.model)
+
+    def greedy(prompt: list[int], n: int) -> list[int]:
+        alone.reset()
+        out, logits = list(prompt), alone.forward(prompt, last_n=1)
+        for _ in range(n):
+            out.append(int(logits[-1].argmax()))
+            logits = alone.forward(out[-1:], last_n=1)
+        return out
+
+    stop = greedy(prompts[1], 4)[-1]  # prompt 1's 4th answer token plays the end-of-sequence token
+    chunks = extractor.answer(prompts, {stop}, max_new_tokens=10)
+    for prompt, (ids, feats) in zip(prompts, chunks):
+        full = greedy(prompt, 10)
+        end = next((i for i in range(len(prompt), len(full)) if full[i] == stop), len(full) - 1)
+        assert ids == full[:end]  # up to the end token or the 10th answer token, neither ever fed
+        assert torch.equal(feats, extractor.features(ids)) and torch.equal(feats, features(extractor, torch.tensor([ids]))[0])
+    assert len(chunks[1][0]) == len(prompts[1]) + 3

@@ -64,3 +64,64 @@ def test_an_interrupted_run_keeps_its_last_checkpoint(target: torch.nn.Module, t
               checkpoint=store.checkpointer(tmp_path, store.target_identity(target, "tiny")))
     head, manifest = store.load(tmp_path, target, "tiny")
     assert manifest["steps"] == 4 and len(head.vocab) == QUICK.draft_vocab
+
+
+@pytest.mark.parametrize("steps", [2, 3])
+def test_unrolled_steps_are_the_heads_own_drafts(target: torch.nn.Module, steps: int) -> None:
+    """Training-time test: step d's logits at position t are DraftHead's d-th draft after the context's
+    pairs 0..t, fed its own predicted features (with the true tokens as the earlier drafts)."""
+    from specdec.head.model import DraftHead, HeadCache
+    from specdec.head.train import unrolled
+
+    torch.manual_seed(1)
+    head = DraftHead(target, torch.arange(target.config.vocab_size)).eval()
+    length, hidden = 9, target.config.hidden_size
+    ids = torch.randint(0, target.config.vocab_size, (2, length + 1))  # [B, T+1]
+    feats = torch.randn(2, length, hidden)  # [B, T, H]
+    with torch.no_grad():
+        passes = list(unrolled(head, feats, ids, steps))
+    assert [d for d, _, _ in passes] == list(range(1, steps + 1))
+    for b in range(2):
+        for t in range(length - steps + 1):
+            cache = HeadCache()
+            with torch.no_grad():
+                feature, logits = head.extend(cache, feats[b, : t + 1], ids[b, 1: t + 2])
+                for d, predicted, draft_logits in passes:
+                    assert torch.allclose(logits, draft_logits[b, t], atol=1e-5), (b, t, d)
+                    assert torch.allclose(feature, predicted[b, t], atol=1e-5), (b, t, d)
+                    if d < steps:
+                        feature, logits = head.extend(cache, feature[None], ids[b, t + d + 1: t + d + 2])
+
+
+def test_bf16_autocast_is_chosen_by_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from specdec import machine
+    from specdec.head.train import autocast_dtype
+
+    monkeypatch.setattr(machine, "cpu_info", lambda: {"features": ["AVX2", "AVX-512", "AVX512-BF16"]})
+    assert autocast_dtype("auto") is torch.bfloat16
+    monkeypatch.setattr(machine, "cpu_info", lambda: {"features": ["AVX2"]})
+    assert autocast_dtype("auto") is None and autocast_dtype("bf16") is torch.bfloat16
+    assert autocast_dtype("fp32") is None
+    with pytest.raises(SpecdecError, match="autocast"):
+        autocast_dtype("fp16")
+
+
+def test_held_out_answers_count_from_their_start(target: torch.nn.Module) -> None:
+    """Drafts in a held-out prompt do not count: with start S, position 1 counts the pairs from S - 1 on."""
+    from specdec.head.model import DraftHead
+    from specdec.head.train import Heldout, agreement
+
+    torch.manual_seed(2)
+    head = DraftHead(target, torch.arange(target.config.vocab_size)).eval()
+    ids = torch.randint(0, target.config.vocab_size, (30,)).tolist()
+    feats = torch.randn(30, target.config.hidden_size)
+    with torch.no_grad():
+        _, logits = head(feats[None], torch.tensor(ids[1:] + [0])[None])
+    drafts = logits[0].argmax(-1).tolist()  # pair t drafts x_{t+2}
+    start = 12
+    # the target agrees with every draft in the answer and with none in the prompt
+    greedy = [0] + [d if t >= start - 1 else (d + 1) % target.config.vocab_size for t, d in enumerate(drafts[:-1])]
+    answer_only = agreement(head, [Heldout(ids, feats, greedy, start)], positions=1)
+    everything = agreement(head, [Heldout(ids, feats, greedy)], positions=1)
+    counted = len(ids) - 2 - (start - 1)  # n = L - positions - 1 pairs, from start - 1 on
+    assert answer_only == (1.0,) and everything[0] == counted / (len(ids) - 2)
