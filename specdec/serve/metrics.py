@@ -21,6 +21,7 @@ tokens_predicted_seconds_total                           -                      
 predicted_tokens_seconds                                 -                      the same
 n_decode_total                                           -                      the same
 num_requests_running, num_requests_waiting               the same               requests_processing, requests_deferred
+suffix_store_tokens                                      -                      -
 request_success_total{finished_reason}                   the same               -
 e2e_request_latency_seconds                              the same               -
 time_to_first_token_seconds                              the same               -
@@ -37,7 +38,8 @@ the ``by_source`` counters split drafts, draft tokens and accepted tokens by whe
 (``source``: model, lookup, lookup-short, suffix, suffix-short: specdec.control), so acceptance by
 source is accepted ÷ draft tokens of one label;
 tokens_predicted_seconds = seconds spent generating, prefills included, and predicted_tokens_seconds
-the mean tokens/s from it; n_decode = target forward passes, prefills included; the latencies are
+the mean tokens/s from it; suffix_store_tokens = the tokens the suffix drafts' store of recent
+answers holds now (at most ``--suffix-memory``; 0 without suffix drafts); n_decode = target forward passes, prefills included; the latencies are
 histograms from each request's arrival.
 
 requests_total counts the answers of /v1/completions and /v1/chat/completions by HTTP status; a
@@ -70,7 +72,8 @@ class Metrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, running: Callable[[], float], waiting: Callable[[], float]) -> None:
+    def __init__(self, running: Callable[[], float], waiting: Callable[[], float],
+                 store_tokens: Callable[[], float] = lambda: 0.0) -> None:
         import prometheus_client
 
         prometheus_client.disable_created_metrics()  # no *_created series: noise on every scrape
@@ -112,6 +115,8 @@ class Metrics:
               registry=registry).set_function(running)
         Gauge(PREFIX + "num_requests_waiting", "Requests queued behind the running one.",
               registry=registry).set_function(waiting)
+        Gauge(PREFIX + "suffix_store_tokens", "Tokens the suffix drafts' store of recent answers holds.",
+              registry=registry).set_function(store_tokens)
         Gauge(PREFIX + "predicted_tokens_seconds", "Mean generation speed since start, tokens/s.",
               registry=registry).set_function(self._tokens_per_s)
 

@@ -106,7 +106,8 @@ class Worker:
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.active: set[Job] = set()  # the jobs running now
         self._lock = threading.Lock()
-        self.metrics = Metrics(running=lambda: float(len(self.active)), waiting=self.jobs.qsize)
+        self.metrics = Metrics(running=lambda: float(len(self.active)), waiting=self.jobs.qsize,
+                               store_tokens=lambda: float(engine.suffix_store.tokens if engine.suffix_store else 0))
         self._threads = [threading.Thread(target=self._run, name=f"specdec-worker-{i}", daemon=True)
                          for i in range(max_batch)]
         self._closing = False

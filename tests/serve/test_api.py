@@ -165,6 +165,9 @@ def test_suffix_drafts_learn_across_requests_and_are_counted_by_source(tiny_dirs
     forwards = [r.speculative_decoding["target_forwards"] for r in responses]
     assert forwards[1] < forwards[0] / 2
     assert len(engine.suffix_store) == 2
+    assert metric(before, "suffix_store_tokens") == 0  # the gauge: what the store holds
+    assert metric(after, "suffix_store_tokens") == engine.suffix_store.tokens == sum(
+        r.usage.completion_tokens for r in responses)
     for source in ("suffix", "model", "suffix-short"):
         for counter, key in (("drafts", "draft_steps"), ("draft_tokens", "drafted"), ("accepted_tokens", "accepted")):
             name = f"spec_decode_num_{counter}_by_source_total"
