@@ -115,6 +115,7 @@ def save(head: DraftHead, directory: str | Path, identity: dict[str, Any], resul
         "format": FORMAT,
         "target": identity,
         "draft_vocab": head.vocab.tolist(),
+        "intermediate_size": int(head.config.intermediate_size),
         "tokens_seen": result.tokens if result else 0,
         "steps": result.steps if result else 0,
         "agreement_by_position": list(result.agreement) if result else [],
@@ -175,7 +176,8 @@ def load(directory: str | Path, target: nn.Module, name: str = "") -> tuple[Draf
     try:
         state = from_bytes(blob)
         float_head = isinstance(getattr(target.get_output_embeddings(), "weight", None), torch.Tensor)
-        head = DraftHead(target if float_head else _Skeleton(target), state["vocab"])
+        width = state["layer.mlp.gate_proj.weight"].shape[0]  # the MLP width it was trained with
+        head = DraftHead(target if float_head else _Skeleton(target), state["vocab"], width)
         head.load_state_dict(state)
     except (SafetensorError, KeyError, RuntimeError) as e:
         raise SpecdecError(f"draft head weights {path} do not fit the head: {str(e).splitlines()[0]}") from None

@@ -59,3 +59,14 @@ def test_draft_rolls_its_own_positions_back(target: torch.nn.Module, text: list[
 def test_other_architectures_are_refused_in_one_line() -> None:
     with pytest.raises(SpecdecError, match="llama or qwen2 target, not gemma3"):
         DraftHead(tiny_model("gemma3"), torch.arange(10))
+
+
+def test_the_heads_mlp_width_is_two_thirds_of_its_hidden_size_at_most_the_targets() -> None:
+    from types import SimpleNamespace
+
+    from specdec.head.model import head_intermediate
+
+    assert head_intermediate(SimpleNamespace(hidden_size=1536, intermediate_size=8960)) == 1024
+    assert head_intermediate(SimpleNamespace(hidden_size=896, intermediate_size=4864)) == 576
+    assert head_intermediate(SimpleNamespace(hidden_size=32, intermediate_size=64)) == 64  # never below 64
+    assert head_intermediate(SimpleNamespace(hidden_size=1536, intermediate_size=768)) == 768  # nor above the target's

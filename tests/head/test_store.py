@@ -39,6 +39,15 @@ def test_round_trip_proposes_the_same_tokens(saved: Path, target: torch.nn.Modul
     assert sorted(p.name for p in saved.iterdir()) == sorted([MANIFEST, manifest["weights"]])  # no temp files left
 
 
+def test_a_narrower_head_round_trips(tmp_path: Path, target: torch.nn.Module, text: list[list[int]]) -> None:
+    """A head whose MLP is narrower than the target's layer reloads with its own width."""
+    result = train(target, text[1:], dataclasses.replace(QUICK, max_steps=3, intermediate=32), heldout=text[0])
+    assert result.head.layer.mlp.gate_proj.out_features == 32 < target.config.intermediate_size
+    head, manifest = load(save(result.head, tmp_path / "narrow", target_identity(target, "tiny")), target, "tiny")
+    assert manifest["intermediate_size"] == head.config.intermediate_size == 32
+    assert proposals(head, target, text[0]) == proposals(result.head, target, text[0])
+
+
 @pytest.mark.parametrize("other", [("llama", 1), ("qwen2", 0)], ids=["other-seed", "other-config"])
 def test_a_head_for_another_target_is_refused(saved: Path, other: tuple[str, int]) -> None:
     with pytest.raises(SpecdecError, match=r"trained for another target \(tiny: (checksum|architecture) ") as e:
