@@ -32,6 +32,8 @@ import httpx
 import psutil
 from openai import OpenAI
 
+CHAT_TEMPLATE = ("{% for m in messages %}<bos>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<bos>assistant:{% endif %}")
 WORDS = ("def return value list index parse request token model draft server memory store answer tool call "
          "json file edit line change update function class import print error result query table select "
          "where order limit agent observation step plan write read test pass fail").split()
@@ -94,7 +96,12 @@ def main() -> None:
             sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
             from tests.tiny import save_tiny
 
+            from transformers import AutoTokenizer
+
             target = save_tiny(Path(scratch) / "tiny", "llama", seed=0, positions=1024)
+            tokenizer = AutoTokenizer.from_pretrained(target)
+            tokenizer.chat_template = CHAT_TEMPLATE  # for /v1/chat/completions
+            tokenizer.save_pretrained(target)
         url, process = start_server(target, args.suffix_memory, Path(scratch) / "serve.log")
         client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
         memory = psutil.Process(process.pid)
