@@ -50,25 +50,34 @@ class LeanExtractor:
         self.runners = [runner] + [runner.clone() for _ in range(batch - 1)]  # one cache each, shared weights
 
     def features(self, ids: Sequence[int]) -> torch.Tensor:
-        """ids [L] -> the target's features [L, H] fp32 (one prefill; the LM head over the last row only)."""
-        runner = self.runners[0]
-        runner.reset()
-        runner.keep_hidden_rows(len(ids))
+        """ids [L] -> the target's features [L, H] fp32 (a prefill; the LM head over the last row only).  A
+        stream longer than the target's window is read in pieces of the window, each from an empty cache
+        (as TextSource's chunks are)."""
+        runner, ids = self.runners[0], list(ids)
+        window = runner.max_context
+        pieces = []
         try:
-            runner.forward(list(ids), last_n=1)
-            return runner.hidden_tail().clone()  # [L, H]
+            for start in range(0, len(ids), window):
+                piece = ids[start: start + window]
+                runner.reset()
+                runner.keep_hidden_rows(len(piece))
+                runner.forward(piece, last_n=1)
+                pieces.append(runner.hidden_tail().clone())  # [len(piece), H]
         finally:
             runner.keep_hidden_rows(0)
             runner.reset()
+        return torch.cat(pieces)  # [L, H]
 
     def answer(self, prompts: Sequence[Sequence[int]], eos: set[int], max_new_tokens: int) -> list[Chunk]:
         """Answer `prompts` greedily, len(self.runners) at a time, up to max_new_tokens each (ending after the
-        first end-of-sequence token) -> (prompt + answer ids, their features) each, every fed position's."""
+        first end-of-sequence token, or where the target's window is full) -> (prompt + answer ids, their
+        features) each, every fed position's."""
         from specdec.backends.lean import forward_packed
 
         out: list[Chunk] = []
+        window = self.runners[0].max_context  # a prompt keeps its last window - 1 tokens, an answer the rest
         for start in range(0, len(prompts), len(self.runners)):
-            group = [list(p) for p in prompts[start: start + len(self.runners)]]
+            group = [list(p)[-(window - 1):] for p in prompts[start: start + len(self.runners)]]
             runners = self.runners[: len(group)]
             for runner, prompt in zip(runners, group):
                 runner.reset()
@@ -83,7 +92,7 @@ class LeanExtractor:
                 tokens = [int(row[-1].argmax()) for row in logits]  # greedy, one per live prompt
                 for b, token in zip(live, tokens):
                     streams[b].append(token)
-                going = [(b, t) for b, t in zip(live, tokens) if t not in eos]
+                going = [(b, t) for b, t in zip(live, tokens) if t not in eos and len(streams[b]) <= window]
                 if not going or step + 1 == max_new_tokens:
                     break  # the last token is never fed: it has no feature
                 live = [b for b, _ in going]

@@ -81,3 +81,19 @@ def test_lean_answers_are_the_int8_runners_greedy_tokens_and_features() -> None:
         assert ids == full[:end]  # up to the end token or the 10th answer token, neither ever fed
         assert torch.equal(feats, extractor.features(ids)) and torch.equal(feats, features(extractor, torch.tensor([ids]))[0])
     assert len(chunks[1][0]) == len(prompts[1]) + 3
+    long = list(range(3, 3 + 90)) * 3  # 270 tokens, a window of 256: two pieces, each from an empty cache
+    feats = extractor.features(long)
+    assert feats.shape == (270, runner.model.config.hidden_size)
+    assert torch.equal(feats[:256], extractor.features(long[:256])) and torch.equal(feats[256:], extractor.features(long[256:]))
+
+
+def test_lean_answers_stay_within_the_targets_window() -> None:
+    from specdec.backends.lean import LeanRunner
+    from specdec.backends.quant import quantize_model
+    from specdec.head.features import LeanExtractor
+    from tests.tiny import tiny_model
+
+    extractor = LeanExtractor(LeanRunner(quantize_model(tiny_model("llama", 0, positions=64))), batch=2)
+    (ids, feats), (short, _) = extractor.answer([list(range(3, 83)), [1, 5]], eos=set(), max_new_tokens=30)
+    assert ids[:63] == list(range(20, 83)) and len(ids) == feats.shape[0] == 64  # the prompt's last 63, then 1 fed
+    assert len(short) == 2 + 29  # the other answer as long as asked (its 30th token never fed)
