@@ -418,12 +418,15 @@ def fastest_spec_draft_dtype(draft: ModelSpec | None, backend: str, device: str)
     Only for a transformers target on the CPU and a zoo draft (decoder-only models that int8 runs; a
     directory or hub model may be an encoder-decoder one, so those keep llama.cpp), as measured with
     `specdec profile` (a draft's numerics never change the output):
-    - "int8" on CPUs where the int8 kernel multiplies with AVX-512 VNNI (faster than llama.cpp there:
-      BENCHMARKS.md, Xeon component timings);
-    - "int4" on other CPUs with AVX2, for the drafts lean runs in int4 (llama family, Gemma 3): in
-      the Q4_1-like format (kernels/int4_linear.c), with the layers in one C call, both a drafted
-      token and a prompt catch-up cost about half of llama.cpp's (BENCHMARKS.md, Zen 3 component
-      timings)."""
+    - "int4" on CPUs with AVX2 or AVX-512 VNNI, for the drafts lean runs in int4 (llama family, Gemma
+      3): in the Q4_1-like format (kernels/int4_linear.c), with the layers in one C call, both a
+      drafted token and a prompt catch-up cost about half of llama.cpp's (BENCHMARKS.md, Zen 3
+      component timings); where the int8 kernel takes its VNNI path the draft's catch-ups run on its
+      int8 weights (specdec.backends.lean.CatchUpLayers): on a Zen 4 a drafted token of the 0.5B took
+      13 ms this way against 27 ms in int8, and a catch-up 2.0 ms a token against 4.4 in int4 alone
+      (BENCHMARKS.md, Zen 4 component timings);
+    - "int8" for the other drafts where the int8 kernel takes its VNNI path (faster than llama.cpp
+      there: BENCHMARKS.md, Xeon component timings)."""
     if backend != "hf" or device != "cpu" or not isinstance(draft, str):
         return None
     try:
@@ -435,12 +438,11 @@ def fastest_spec_draft_dtype(draft: ModelSpec | None, backend: str, device: str)
         isa = kernels.int8.isa()
     except SpecdecError:  # no C compiler for the kernel, or a name that loading will report
         return None
-    if isa == "avx512-vnni":
-        return "int8"
-    entry = zoo.get(location)
-    if isa == "avx2" and entry.arch in INT4_ZOO_ARCHS:
+    if isa not in ("avx512-vnni", "avx2"):
+        return None
+    if zoo.get(location).arch in INT4_ZOO_ARCHS:
         return "int4"
-    return None
+    return "int8" if isa == "avx512-vnni" else None
 
 
 def int4_draft_backend(draft_backend: str | None, draft_dtype: str | None) -> str | None:

@@ -82,7 +82,7 @@ def test_int4_draft_keeps_the_int8_targets_output_and_is_refused_where_it_cannot
     assert summary.exit_code == 0 and "on specdec int4" in summary.output
     engine = Engine.load(tiny_dirs["target"], "lookup+" + tiny_dirs["draft"], dtype="int8", draft_dtype="int4",
                          draft_backend="auto")
-    assert isinstance(engine.draft_runner, LeanRunner) and engine.draft_runner.describe() == "specdec int4"
+    assert isinstance(engine.draft_runner, LeanRunner) and engine.draft_runner.describe().startswith("specdec int4")
     assert engine.target_runner.describe() != "specdec int4"
     assert_user_error(generate("hi", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"],
                                "--draft-dtype", "int4", "--draft-backend", "llamacpp"), "--draft-backend hf")

@@ -148,7 +148,7 @@ def test_real_load_zoo_model(real_hf):
     assert "Paris" in tokenizer.decode(out[0, ids.shape[1]:])
 
 
-@pytest.mark.parametrize("isa,expected", [("avx512-vnni", "int8"), ("avx2", "int4"), ("c", None)])
+@pytest.mark.parametrize("isa,expected", [("avx512-vnni", "int4"), ("avx2", "int4"), ("c", None)])
 def test_the_auto_draft_runs_on_specdecs_kernels_where_that_was_measured_faster(tmp_path, monkeypatch, isa, expected):
     from specdec.backends import kernels
     from specdec.loading import fastest_spec_draft_dtype
@@ -180,7 +180,7 @@ def test_engine_auto_draft_backend_loads_an_int8_or_int4_draft_where_that_is_fas
     assert asked == [(model_dir, "hf", "cpu")]
     assert not is_int8(engine.target_runner.model)  # the target keeps the dtype it was given
     assert is_int8(engine.draft_runner.model) is (faster is not None)
-    assert (engine.draft_runner.describe() == "specdec int4") is (faster == "int4")
+    assert engine.draft_runner.describe().startswith("specdec int4") is (faster == "int4")
     explicit = Engine.load(model_dir, model_dir, dtype="fp32", draft_backend="hf")
     assert not is_int8(explicit.draft_runner.model)  # only "auto" asks
     given = Engine.load(model_dir, model_dir, dtype="fp32", draft_backend="auto", draft_dtype="fp32")

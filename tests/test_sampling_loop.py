@@ -90,7 +90,7 @@ def model_drafter(table: torch.Tensor, confidence: float | None = None,
 def int4_drafter() -> Callable[[SamplingParams], ModelDrafter]:
     """A tiny int8 qwen2 model (V = 6, unrelated to the toy target) run as an int4 draft: its q comes from
     specdec's int4 kernel and C layers (LeanRunner(int4=True)), as a real int4 draft's does."""
-    runner = LeanRunner(quantize_model(tiny_model("qwen2", 0, vocab_size=VOCAB)), int4=True)
+    runner = LeanRunner(quantize_model(tiny_model("qwen2", 0, vocab_size=VOCAB)), int4=True, int8_catch_up=False)
     assert runner.layer_set.native
     return lambda params: ModelDrafter(runner, params)
 

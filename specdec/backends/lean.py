@@ -60,7 +60,10 @@ text models (gemma3-270m) run as int4 drafts too (INT4_ARCHITECTURES): the
 same layers with Gemma's extra norms (per-head q / k norms, norms on the
 attention's and the MLP's outputs, each scaling by 1 + w), a tanh-GELU gate,
 a scaled embedding and one rotary table per layer type (tested against the
-transformers model with the same int4 linears).
+transformers model with the same int4 linears).  Where the int8 kernel takes
+its AVX-512 VNNI path, an int4 draft's forwards of several rows -- its
+catch-ups -- run on the int8 weights instead (:class:`CatchUpLayers`): a
+drafted token is bound by memory, a catch-up by arithmetic.
 
 **Hidden states** (``hidden()``, specdec.backends.base.HiddenStateRunner):
 the head's input, the final norm's output at the rows whose logits a forward
@@ -496,15 +499,69 @@ class NativeInt4Layers(LayerSet):
         return x
 
 
-def choose_layers(model: Any, fp32: bool = False, int4: bool = False) -> LayerSet:
+class CatchUpLayers(LayerSet):
+    """An int4 draft whose forwards of many rows (its catch-ups: the prompt at a generation's first draft, the
+    tokens of plain steps it did not see) run on the int8 model's own weights, and its few-row forwards (a
+    drafted token, the bonus token) on the int4 ones.
+
+    A one-row step reads every weight once and is bound by memory, so fewer bytes win: on an AMD EPYC Zen 4
+    (AVX-512 VNNI) the 0.5B draft's one-token step took 13 ms in int4 against 29 ms in int8.  A forward of
+    many rows is bound by arithmetic, where the int8 kernel's VNNI path beats the int4 kernel's unpacking:
+    there 64 rows took 136 ms in int8 against 254 ms in int4, and int8 was already the faster from 4 rows
+    (BENCHMARKS.md, Zen 4 component timings).  Both write the same caches (keys and values in fp32), so
+    the runner's rows may come from either; the drafted numbers are an approximation of the model's
+    either way, which a draft's may be (specdec.backends.int4): they never change the output."""
+
+    dtype = "int4+int8"  # what its timings are keyed by: not those of an int4 draft that catches up in int4
+    batch_invariant = False  # a row's numbers depend on how many rows its forward has
+
+    def __init__(self, small: LayerSet, large: LayerSet, rows: int) -> None:
+        super().__init__(small.layers, small.head)
+        self.small, self.large, self.rows = small, large, rows
+        self.backend = f"{small.backend} (catch-ups of {rows}+ tokens in int8)"
+        self.native = small.native
+        self.tree = small.tree and large.tree
+
+    @classmethod
+    def build(cls: type[_Set], model: Any) -> _Set:
+        small = (NativeInt4Layers if _activation_code(model.config) >= 0 else Int4Layers).of(model)
+        return cls(small, Int8Layers.of(model), INT8_CATCH_UP_ROWS)  # type: ignore[call-arg]
+
+    def run(self, runners: Sequence["LeanRunner"], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
+            cos: torch.Tensor, sin: torch.Tensor, trees: Sequence[Tree | None] | None = None) -> torch.Tensor:
+        side = self.large if x.shape[0] >= self.rows else self.small
+        return side.run(runners, starts, offsets, x, cos, sin, trees)
+
+
+# Rows from which an int4 draft's forward runs on the int8 weights where the int8 kernel takes its VNNI path
+# (CatchUpLayers; Zen 4, the 0.5B, after 64 cached tokens: 1 / 2 / 3 / 4 / 8 rows 13 / 15 / 18 / 29 / 47 ms
+# in int4 against 29 / 23 / 23 / 24 / 33 ms in int8, best of 5).
+INT8_CATCH_UP_ROWS = 4
+
+
+def int8_catch_ups() -> bool:
+    """Whether int4 drafts run their catch-ups on the int8 weights by default: where the int8 kernel's
+    AVX-512 VNNI path runs (on AVX2 both kernels multiply many rows at about the same speed, and the int8
+    copy would cost memory for nothing)."""
+    try:
+        return kernels.int8.isa() == "avx512-vnni"
+    except SpecdecError:  # no C compiler: no kernel at all
+        return False
+
+
+def choose_layers(model: Any, fp32: bool = False, int4: bool = False, int8_catch_up: bool | None = None) -> LayerSet:
     """The layer set a LeanRunner computes `model` with: an int8 model's own (Int8Layers), with fp32=True an
     fp32 model's (Fp32Layers), with int4=True an int8 model's weights in int4 (NativeInt4Layers, or
-    Int4Layers for an activation the C layers lack); a SpecdecError for a model it cannot compute."""
+    Int4Layers for an activation the C layers lack), whose catch-ups run on its int8 weights
+    (CatchUpLayers) where int8_catch_up says so (None: int8_catch_ups()); a SpecdecError for a model it
+    cannot compute."""
     if not supports(model, fp32=fp32, int4=int4) or (int4 and not is_int8(model)):
         kinds = "an int8 or fp32" if fp32 else "an int8"
         archs = INT4_ARCHITECTURES if int4 else ARCHITECTURES
         raise SpecdecError(f"the lean runner needs {kinds} model of a {'/'.join(archs)} architecture")
     if int4:
+        if int8_catch_up if int8_catch_up is not None else int8_catch_ups():
+            return CatchUpLayers.of(model)
         return (NativeInt4Layers if _activation_code(model.config) >= 0 else Int4Layers).of(model)
     return Int8Layers.of(model) if is_int8(model) else Fp32Layers.of(model)
 
@@ -517,8 +574,9 @@ class LeanRunner:
     directly (one of this model's, e.g. a runner's own: LeanRunner.clone)."""
 
     def __init__(self, model: Any, max_context: int | None = None, fp32: bool = False, int4: bool = False,
-                 layer_set: LayerSet | None = None) -> None:
-        self.layer_set = layer_set or choose_layers(model, fp32=fp32, int4=int4)  # shared by the model's runners
+                 layer_set: LayerSet | None = None, int8_catch_up: bool | None = None) -> None:
+        # shared by the model's runners
+        self.layer_set = layer_set or choose_layers(model, fp32=fp32, int4=int4, int8_catch_up=int8_catch_up)
         config = model.config
         self.model = model  # kept for its config, generation config and eos ids
         # int8 models are batch-invariant (specdec.backends.quant); fp32 ones are not

@@ -25,7 +25,7 @@ import torch
 
 from specdec.backends import kernels
 from specdec.backends.int4 import Int4Linear, quantize_int4
-from specdec.backends.lean import Int4Layers, LeanRunner, forward_packed
+from specdec.backends.lean import INT8_CATCH_UP_ROWS, CatchUpLayers, Int4Layers, Int8Layers, LeanRunner, forward_packed
 from specdec.backends.quant import Int8Linear, quantize_model
 from specdec.control import AutoK, Costs
 from specdec.drafters.model import ModelDrafter
@@ -127,7 +127,7 @@ def test_from_int8_in_c_is_bitwise_the_torch_quantization_of_the_int8_weights():
 
 def test_int4_runner_is_batch_invariant_through_forward_and_rollback():
     model = quantize_model(tiny_model("qwen2", 0))
-    batched, single = LeanRunner(model, int4=True), LeanRunner(model, int4=True)
+    batched, single = (LeanRunner(model, int4=True, int8_catch_up=False) for _ in range(2))
     assert batched.layer_set is single.layer_set and batched.head is single.head  # weights shared, caches not
     rng = random.Random(0)
     for _ in range(30):
@@ -143,7 +143,8 @@ def test_int4_runner_is_batch_invariant_through_forward_and_rollback():
         rows = batched.forward(new)
         one = torch.cat([single.forward([t]) for t in new])
         assert torch.equal(rows, one)
-    assert not torch.equal(LeanRunner(model).forward([1, 2, 3]), LeanRunner(model, int4=True).forward([1, 2, 3]))
+    int4 = LeanRunner(model, int4=True, int8_catch_up=False)
+    assert not torch.equal(LeanRunner(model).forward([1, 2, 3]), int4.forward([1, 2, 3]))
 
 
 def tiny_gemma(seed: int = 0, layers: int = 3):
@@ -188,7 +189,7 @@ def test_an_int4_gemma3_runner_computes_the_transformers_models_network():
     norms, the norms on the attention's and MLP's outputs, the embedding scale, the tanh-GELU, and the local
     and global rotary tables."""
     model = tiny_gemma()
-    runner, torch_path = LeanRunner(model, int4=True), LeanRunner(model, layer_set=Int4Layers.of(model))
+    runner, torch_path = LeanRunner(model, int4=True, int8_catch_up=False), LeanRunner(model, layer_set=Int4Layers.of(model))
     assert runner.layer_set.native and len(runner._rope_kinds) == 2
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
@@ -217,7 +218,7 @@ def test_int4_layers_in_c_compute_the_torch_path_numbers(arch):
     numbers up to fp32 rounding (sums in another order), through several forwards and a rollback."""
     got, expected = [], []
     model = tiny_gemma() if arch == "gemma3" else quantize_model(tiny_model(arch, 0))
-    native, torch_path = LeanRunner(model, int4=True), LeanRunner(model, layer_set=Int4Layers.of(model))
+    native, torch_path = LeanRunner(model, int4=True, int8_catch_up=False), LeanRunner(model, layer_set=Int4Layers.of(model))
     assert native.layer_set.native
     rng = random.Random(1)
     for chunk in (12, 3, 1, 1, 7):
@@ -237,8 +238,8 @@ def test_packed_int4_runners_get_each_runners_own_logits():
     rng = random.Random(2)
     prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (5, 150, 9)]
     windows = (None, None, 40)  # the last runner's cache holds 40 positions, the others 256
-    packed = [LeanRunner(model, max_context=w, int4=True) for w in windows]
-    alone = [LeanRunner(model, max_context=w, int4=True) for w in windows]
+    packed = [LeanRunner(model, max_context=w, int4=True, int8_catch_up=False) for w in windows]
+    alone = [LeanRunner(model, max_context=w, int4=True, int8_catch_up=False) for w in windows]
     for p, q, prompt in zip(packed, alone, prompts):
         p.forward(prompt)
         q.forward(prompt)
@@ -248,8 +249,9 @@ def test_packed_int4_runners_get_each_runners_own_logits():
         assert torch.equal(rows, runner.forward(chunk, last_n=last_n))
 
 
+@pytest.mark.parametrize("int8_catch_up", [False, True])
 @pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
-def test_an_int4_draft_leaves_greedy_output_equal_to_plain(arch):
+def test_an_int4_draft_leaves_greedy_output_equal_to_plain(arch, int8_catch_up):
     target = quantize_model(tiny_model("qwen2", 0))
     # the target's own weights in int4: a close draft (or a Gemma 3 model with the same vocabulary)
     draft_model = tiny_gemma(1) if arch == "gemma3" else quantize_model(tiny_model("qwen2", 0))
@@ -257,7 +259,8 @@ def test_an_int4_draft_leaves_greedy_output_equal_to_plain(arch):
     plain = run(LeanRunner(target), prompt, StopCondition(40))
     for k in (1, 3, 5, AutoK(Costs({1: 10.0, 4: 11.0}, 1.0), max_k=6)):
         spec = run(LeanRunner(target), prompt, StopCondition(40),
-                   drafter=ModelDrafter(LeanRunner(draft_model, int4=True)), num_speculative_tokens=k)
+                   drafter=ModelDrafter(LeanRunner(draft_model, int4=True, int8_catch_up=int8_catch_up)),
+                   num_speculative_tokens=k)
         assert spec.token_ids == plain.token_ids and spec.stats.drafted > 0
         if isinstance(k, int) and arch == "qwen2":  # the target's own weights in int4 agree with it often
             assert spec.stats.accepted > 0
@@ -265,4 +268,51 @@ def test_an_int4_draft_leaves_greedy_output_equal_to_plain(arch):
 
 def test_int4_needs_an_int8_model():
     with pytest.raises(SpecdecError, match="lean runner"):
-        LeanRunner(tiny_model("qwen2", 0), int4=True)
+        LeanRunner(tiny_model("qwen2", 0), int4=True, int8_catch_up=False)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
+def test_catch_ups_run_on_the_int8_weights_and_drafted_tokens_on_the_int4_ones(arch):
+    """CatchUpLayers: a forward of INT8_CATCH_UP_ROWS rows or more is bitwise the int8 layers' (the same cache
+    before it: the same final hidden states; the logits are the int4 head's), a shorter one bitwise the int4
+    layers' over the same cache, whichever side wrote that cache."""
+    model = tiny_gemma() if arch == "gemma3" else quantize_model(tiny_model(arch, 0))
+    split = LeanRunner(model, int4=True, int8_catch_up=True)
+    assert isinstance(split.layer_set, CatchUpLayers) and split.layer_set.rows == INT8_CATCH_UP_ROWS
+    assert split.layer_set.dtype == "int4+int8" and split.describe().startswith("specdec int4")
+    int8 = LeanRunner(model, layer_set=Int8Layers.of(model))
+    int4 = LeanRunner(model, int4=True, int8_catch_up=False)
+    rng = random.Random(4)
+    prompt = [rng.randrange(VOCAB) for _ in range(INT8_CATCH_UP_ROWS + 7)]
+    split.forward(prompt)
+    int8.forward(prompt)
+    assert torch.equal(split.hidden(), int8.hidden())
+    for step in range(3):  # drafted tokens, on the cache the int8 catch-up (then int4 steps) wrote
+        int4.reset()
+        int4._reserve(len(split.tokens) + 1)
+        for mine, theirs in zip((*int4.keys, *int4.values), (*split.keys, *split.values)):
+            mine[:, : len(split.tokens)] = theirs[:, : len(split.tokens)]
+        int4.tokens = list(split.tokens)
+        token = [rng.randrange(VOCAB)]
+        assert torch.equal(split.forward(token), int4.forward(token))
+    int8.rollback(0)
+    int8.forward(split.tokens)  # the int8 cache over the same tokens
+    more = [rng.randrange(VOCAB) for _ in range(INT8_CATCH_UP_ROWS)]
+    split.forward(more, last_n=1)
+    int8.forward(more, last_n=1)
+    assert not torch.equal(split.hidden(), int8.hidden())  # three of its cached rows were written in int4
+    split.rollback(len(prompt))
+    int8.rollback(len(prompt))
+    split.forward(more, last_n=1)
+    int8.forward(more, last_n=1)
+    assert torch.equal(split.hidden(), int8.hidden())  # after a rollback to the rows written in int8
+
+
+@pytest.mark.parametrize("isa,split", [("avx512-vnni", True), ("avx2", False), ("c", False)])
+def test_int4_drafts_catch_up_in_int8_where_the_int8_kernel_takes_its_vnni_path(monkeypatch, isa, split):
+    from specdec.backends import lean
+
+    monkeypatch.setattr(kernels.int8, "isa", lambda: isa)
+    model = quantize_model(tiny_model("qwen2", 0))
+    assert lean.int8_catch_ups() is split
+    assert isinstance(LeanRunner(model, int4=True).layer_set, CatchUpLayers) is split

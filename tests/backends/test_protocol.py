@@ -35,7 +35,7 @@ def runners() -> dict[str, tuple[ModelRunner, str]]:
         "hf int8": (HFRunner(INT8), "transformers int8"),
         "lean int8": (LeanRunner(INT8), "transformers int8"),
         "lean fp32": (LeanRunner(FP32, fp32=True), "transformers"),
-        "lean int4": (LeanRunner(INT8, int4=True), "specdec int4"),
+        "lean int4": (LeanRunner(INT8, int4=True, int8_catch_up=False), "specdec int4"),
         "seq2seq": (Seq2SeqRunner(tiny_t5()), "transformers"),
         "llama.cpp": (LlamaCppRunner(FakeSession(), eos_token_ids=frozenset({7})), "llama.cpp"),
         "stairs": (stairs_runner(HFRunner(FP32)), "stairs"),
@@ -67,7 +67,7 @@ def test_the_lean_runner_chooses_its_layer_set_once():
     assert type(LeanRunner(INT8).layer_set) is Int8Layers
     assert type(LeanRunner(INT8, fp32=True).layer_set) is Int8Layers  # fp32=True allows fp32, an int8 model stays int8
     assert type(LeanRunner(FP32, fp32=True).layer_set) is Fp32Layers
-    assert type(LeanRunner(INT8, int4=True).layer_set) is NativeInt4Layers
+    assert type(LeanRunner(INT8, int4=True, int8_catch_up=False).layer_set) is NativeInt4Layers
     assert LeanRunner(INT8).layer_set is LeanRunner(INT8).layer_set  # built once per model
 
 
