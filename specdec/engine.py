@@ -78,6 +78,17 @@ def as_runner(model: PreTrainedModel | ModelRunner) -> ModelRunner:
     raise TypeError(f"expected a transformers model or a ModelRunner, got {type(model).__name__}")
 
 
+def _own_runner(runner: ModelRunner | None) -> tuple[ModelRunner | None, bool]:
+    """(a runner over the same weights with a cache of its own, False), or (`runner` itself, True) where
+    it cannot be cloned."""
+    if runner is None:
+        return None, False
+    try:
+        return runner.clone(), False
+    except SpecdecError:
+        return runner, True
+
+
 def check_seq2seq_pair(target: ModelRunner, draft: ModelRunner | None, same_vocab: bool,
                        target_name: str = "target", draft_name: str = "draft") -> None:
     """Refuse a draft model across the encoder-decoder divide: an encoder-decoder target drafts with an
@@ -158,6 +169,13 @@ class Engine:
     engine's store of recent requests' outputs (`suffix_store`: at most `suffix_memory` tokens, shared by
     every request and batch slot; each request's output enters it when the request ends); with a draft
     model or a head too, suffix drafts where they score well and the model elsewhere (the hybrid).
+
+    Prefix reuse (`prefix_cache`, on by default): one request at a time, the runners keep their caches
+    between requests, and a request whose prompt starts with what the target's cache holds (the earlier
+    turns of a conversation, a system prompt) prefills only the rest -- where that is exact, a
+    batch-invariant target (int8; specdec.backends.base.reusable_prefix); the draft model's cache does
+    the same (specdec.drafters.model.DraftCache).  Like vLLM's automatic prefix caching, but of the last
+    request only (in a batch, enable_batching: of the last request its slot ran).
     """
 
     def __init__(
@@ -195,6 +213,7 @@ class Engine:
         self._auto: AutoK | None = None
         self._measured_costs: Costs | None = None
         self._stairs: StairsRunner | None = None
+        self.prefix_cache = True  # requests reuse the target's cached prefix where exact (see the class doc)
         self.dtype = "as loaded"  # the target's dtype, as Engine.load resolved it ("gguf" on llama.cpp)
         self.draft_dtype = "as loaded" if draft is not None else None  # the draft model's, likewise
         self.pool: RunnerPool = self._single_pool()  # lends the runners to requests (specdec.pool)
@@ -212,23 +231,34 @@ class Engine:
         self.pool = BatchPool(self, max_batch)
 
     def forget(self) -> None:
-        """Drop what drafters learned from this engine's earlier requests (the suffix drafts' store of
-        recent answers, specdec.drafters.suffix), so that the next request drafts from its own context
-        only: a new, empty store of the same memory, not the one the engine holds emptied, for a fork
+        """Drop what this engine keeps of its earlier requests: what drafters learned (the suffix drafts'
+        store of recent answers, specdec.drafters.suffix) and the runners' cached prompts (prefix reuse),
+        so that the next request drafts from its own context only and prefills all of it.  The store is
+        a new, empty one of the same memory, not the one the engine holds emptied, for a fork
         (:meth:`fork`) shares its parent's objects until its forget() runs.  The cost-model
         controller is not such state (what it learns is the machine's speed): it is kept.
         """
         if self.suffix_store is not None:
             self.suffix_store = SuffixStore(self.suffix_store.memory)
+        for runner in (self.target_runner, self.draft_runner):
+            if runner is not None:
+                runner.reset()
 
     def fork(self) -> "Engine":
-        """Another engine over the same loaded models (runners, tokenizers, head, and the `-k auto`
-        controller if this engine has made it; one request at a time) whose drafters remember
-        nothing of this one's requests (:meth:`forget`).
+        """Another engine over the same loaded models (tokenizers, head, and the `-k auto` controller if
+        this engine has made it; one request at a time) whose drafters remember nothing of this one's
+        requests (:meth:`forget`), with runners of its own over the same weights (ModelRunner.clone), so
+        that its cached prompts are its own.  Where a runner cannot be cloned (llama.cpp) the fork
+        shares it and reuses no prefix: two engines taking turns on one cache would each find the
+        other's prompt there.
 
         The benchmark gives every method a fork of its own: one method's answers never reach
-        another's drafts, while each still learns from its own earlier turns of a session."""
+        another's drafts or caches, while each still learns from its own earlier turns of a session."""
         twin = copy.copy(self)
+        twin.target_runner, shared = _own_runner(self.target_runner)
+        twin.draft_runner, draft_shared = _own_runner(self.draft_runner)
+        twin.prefix_cache = self.prefix_cache and not (shared or draft_shared)
+        twin._stairs = None  # built over the twin's own target when asked for
         twin.pool = twin._single_pool()  # leases bound to the twin, not to this engine
         twin.forget()
         return twin
@@ -523,7 +553,8 @@ class Engine:
             self._set_sources(prompt_ids)
             prompt_ids = lease.target.decoder_prompt()
         return decode(target, prompt_ids, condition, drafter=drafter, num_speculative_tokens=k,
-                      verifier=make_verifier(sampling, block=config.verify == "block"), tree=config.tree_shape)
+                      verifier=make_verifier(sampling, block=config.verify == "block"), tree=config.tree_shape,
+                      reuse_prefix=self.prefix_cache)
 
     def stop_condition(self, max_new_tokens: int, stop: Sequence[str] = ()) -> StopCondition:
         """When a request ends: max_new_tokens, the target's end-of-sequence tokens, stop strings."""

@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Sequence
 
-from specdec.backends.base import ModelRunner
+from specdec.backends.base import ModelRunner, reusable_prefix
 from specdec.control import Controller, FixedK, plan, propose
 from specdec.drafters.base import Draft, Drafter, tell_prefilled
 from specdec.drafters.tree import TreeShape
@@ -33,6 +33,7 @@ class Stats:
 
     new_tokens: int = 0
     target_forwards: int = 0  # including the prompt's prefill
+    reused_prompt_tokens: int = 0  # the prompt's first tokens taken from the target's cache (decode's reuse_prefix)
     drafted: int = 0  # draft tokens proposed
     accepted: int = 0  # draft tokens accepted
     draft_steps: int = 0  # steps that verified a draft
@@ -203,6 +204,7 @@ def decode(
     num_speculative_tokens: int | Controller = 5,
     verifier: Verifier | None = None,
     tree: TreeShape | None = None,
+    reuse_prefix: bool = False,
 ) -> Iterator[Step]:
     """Generate after `prompt_ids`, yielding the tokens of each step.
 
@@ -212,6 +214,9 @@ def decode(
     verifier: how target logits become tokens (default greedy).
     tree: drafts may be token trees of this shape (specdec.drafters.tree), verified in one forward
     where the target can (capabilities.tree); None: chains only.
+    reuse_prefix: keep the part of the target's cache that the prompt starts with (an earlier turn of
+    the conversation) and prefill only the rest, where that is exact (specdec.backends.base.reusable_prefix:
+    batch-invariant targets); False: the whole prompt is prefilled from an empty cache.
     """
     prompt_ids = list(prompt_ids)
     verifier = verifier or GreedyVerifier()
@@ -235,13 +240,19 @@ def decode(
 
     stats = Stats()
     start = time.perf_counter()
-    target.reset()
+    reused = reusable_prefix(target, prompt_ids) if reuse_prefix else 0
+    if reused:
+        target.rollback(reused)
+    else:
+        target.reset()
     if drafter is not None:
         drafter.reset()
         controller.reset()
 
-    # Prefill: the prompt in one forward; its last logits give the first token.
-    first = verifier.choose(target.forward(prompt_ids, last_n=1)[-1])
+    # Prefill: the prompt (what the cache does not hold of it) in one forward; its last logits give the
+    # first token.
+    first = verifier.choose(target.forward(prompt_ids[reused:], last_n=1)[-1])
+    stats.reused_prompt_tokens = reused
     if drafter is not None:
         tell_prefilled(drafter, prompt_ids)  # a draft head keeps the prompt's last hidden states now
     stats.target_forwards += 1

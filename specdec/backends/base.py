@@ -173,3 +173,17 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def reusable_prefix(runner: ModelRunner, prompt: Sequence[int]) -> int:
+    """How many of `prompt`'s first tokens a new generation may take from what `runner`'s cache already holds
+    (a multi-turn conversation's earlier turns, a shared system prompt), leaving at least its last token to
+    feed for the first logits: its common prefix with the cache, where the runner is batch-invariant and
+    rolls back, else 0.  Batch invariance makes that exact: the cached rows and the logits after them are
+    bitwise those of one prefill over the whole prompt, however the prompt was split into forwards; an fp32
+    runner's would differ in rounding, so it prefills anew."""
+    caps = runner.capabilities
+    if not (caps.batch_invariant and caps.rollback) or not prompt:
+        return 0
+    return min(common_prefix_length(runner.tokens, prompt), len(prompt) - 1)
+

@@ -79,6 +79,7 @@ class Measurement:
     draft_s: float | None = None  # seconds in the drafter (our loop)
     steps: list[list[float]] | None = None  # our loop: [draft tokens, tokens emitted, seconds] per step
     by_source: dict[str, list[int]] | None = None  # our loop: {draft source: [draft steps, drafted, accepted]}
+    reused_prompt_tokens: int | None = None  # our loop: the prompt's first tokens taken from the cache (prefix reuse)
 
     @property
     def new_tokens(self) -> int:
@@ -128,13 +129,14 @@ class Measurement:
             "draft_s": self.draft_s,
             "steps": self.steps,
             "by_source": self.by_source,
+            "reused_prompt_tokens": self.reused_prompt_tokens,
             "token_ids": self.token_ids,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Measurement":
         keys = ("wall_s", "target_forwards", "drafted", "accepted", "draft_steps", "proposed_at", "accepted_at",
-                "plain_steps", "draft_s", "steps", "by_source")
+                "plain_steps", "draft_s", "steps", "by_source", "reused_prompt_tokens")
         return cls(token_ids=list(d["token_ids"]), **{k: d.get(k) for k in keys})
 
 
@@ -208,7 +210,7 @@ class Plain(Method):
         result = self.engine.generate(prompt_ids, max_new_tokens=self.max_new_tokens, use_draft=False,
                                       sampling=self.sampling)
         return Measurement(result.token_ids, target_forwards=result.stats.target_forwards,
-                           steps=result.stats.step_records())
+                           steps=result.stats.step_records(), reused_prompt_tokens=result.stats.reused_prompt_tokens)
 
 
 class Specdec(Method):
@@ -239,6 +241,7 @@ class Specdec(Method):
             draft_s=s.draft_s,
             steps=s.step_records(),
             by_source={source: list(counts) for source, counts in s.by_source.items()},
+            reused_prompt_tokens=s.reused_prompt_tokens,
         )
 
     def k(self) -> int | str:

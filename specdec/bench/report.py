@@ -172,6 +172,11 @@ def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str
         "",
     ]
     lines += _table(METRIC_HEADER, [_metric_row(s, s.overall) for s in summary.methods])
+    reusing = [s for s in summary.methods if s.overall.prompt_reused_share]
+    if reusing:
+        lines += ["", "Prompt tokens taken from the target's cache (prefix reuse: a turn's prompt starts with "
+                  "the earlier turns): " + ", ".join(f"`{s.name}` {pct(s.overall.prompt_reused_share)}"
+                                                     for s in reusing) + "."]
 
     cats = summary.categories
     lines += _group_tables(summary, "category", cats, lambda s: s.by_category)

@@ -104,6 +104,8 @@ class PromptResult:
     turn: int | None = None  # a workload's turn index
     history_identical: bool | None = None  # the method's history equalled plain's in every repeat
     by_source: dict[str, list[int]] | None = None  # summed over repeats: {source: [draft steps, drafted, accepted]}
+    prompt_tokens: int = 0  # summed over repeats
+    reused_prompt_tokens: int | None = None  # summed over repeats: taken from the cache (prefix reuse)
 
 
 @dataclass
@@ -128,6 +130,7 @@ class Aggregate:
     history_identical_rate: float | None = None  # workloads: share of turns whose history equalled plain's
     # {draft source: {draft_steps, drafted, accepted, acceptance_rate}}, pooled
     acceptance_by_source: dict[str, dict[str, float]] | None = None
+    prompt_reused_share: float | None = None  # share of the prompts' tokens taken from the cache (prefix reuse)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -229,6 +232,8 @@ def per_prompt(records: Sequence[Record], reference: str = REFERENCE, compare_ou
                 draft_s=_sum_optional([m.draft_s for m in ms]),
                 wall_total_s=sum(m.wall_s for m in ms),
                 by_source=_sum_sources([m.by_source for m in ms]),
+                prompt_tokens=sum(r.prompt_tokens for r in rs),
+                reused_prompt_tokens=_sum_optional([m.reused_prompt_tokens for m in ms]),
                 identical=None if not compare_outputs or pid not in ref_ids else all(m.token_ids == ref_ids[pid] for m in ms),
                 turn=rs[0].turn,
                 history_identical=_all_optional([r.history_identical_to_plain for r in rs]),
@@ -260,6 +265,8 @@ def combine(results: Sequence[PromptResult]) -> Aggregate:
     wall_total = sum(p.wall_total_s for p in results)
     loop_steps = (steps or 0) + plain_steps if plain_steps is not None and drafted is not None else None
     by_source = _sum_sources([p.by_source for p in results])
+    reused = _sum_optional([p.reused_prompt_tokens for p in results])
+    prompt_tokens = sum(p.prompt_tokens for p in results)
     return Aggregate(
         prompts=len(results),
         new_tokens=new_tokens,
@@ -286,6 +293,7 @@ def combine(results: Sequence[PromptResult]) -> Aggregate:
         acceptance_by_source=None if not by_source else {
             source: {"draft_steps": n, "drafted": d, "accepted": a, "acceptance_rate": a / d if d else None}
             for source, (n, d, a) in sorted(by_source.items())},
+        prompt_reused_share=reused / prompt_tokens if reused is not None and prompt_tokens else None,
     )
 
 

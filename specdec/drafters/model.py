@@ -11,13 +11,15 @@ batched prefill, bounded only by its own context window): a draft that sees the
 function signature or the document it is asked about proposes what the target
 will write far more often than one that sees only the prompt's tail (measured
 in BENCHMARKS.md).  Later catch-ups feed what the draft missed (the tokens of
-the plain steps the speculation controller chose), never starting over.  Either
+the plain steps the speculation controller chose), never starting over.  Each
 is a batched forward whose cost the controller prices before it drafts (see
 specdec.control: a catch-up is paid once, not per drafted token), so where a
 prefill of the prompt costs more than drafting would save, the controller
 drafts from prompt lookup or decodes plainly instead.  An optional `window`
 bounds catch-ups the old way: a draft more than `window` tokens behind starts
-over from the context's last `window` tokens.  What the draft sees never
+over from the context's last `window` tokens.  A new generation keeps what the
+draft's cache holds of its prompt (an earlier turn of the same conversation, a
+shared system prompt) and reads only the rest.  What the draft sees never
 changes the output: verification decides.
 
 Greedy: the draft proposes its argmax (q = None, verified as one-hot).
@@ -85,7 +87,11 @@ class DraftCache:
         return len(context) - offset - keep
 
     def reset(self) -> None:
-        self.runner.reset()
+        """A new generation: the cache keeps what it holds where it follows the context from its start
+        (plan() then keeps the common prefix with the new context -- an earlier turn of the conversation,
+        a shared system prompt -- and feeds the rest); one that followed a later view starts empty."""
+        if self.offset:
+            self.runner.reset()
         self.offset = 0
 
 

@@ -150,7 +150,11 @@ def test_each_method_runs_on_a_fork_of_its_own(engine, monkeypatch):
     methods = build_methods(engine, ["plain", "specdec", "hf"], [3], max_new_tokens=8)
     engines = [m.engine for m in methods]
     assert len({id(e) for e in engines}) == 3 and all(e is not engine for e in engines)
-    assert all(e.target_runner is engine.target_runner and e.draft_runner is engine.draft_runner for e in engines)
+    # runners of its own (so are their cached prompts) over the same weights
+    assert len({id(e.target_runner) for e in [engine, *engines]}) == 4
+    assert len({id(e.draft_runner) for e in [engine, *engines]}) == 4
+    assert all(e.target_runner.model is engine.target_runner.model and e.draft_runner.model is engine.draft_runner.model
+               for e in engines)
     assert all(e.pool is not engine.pool and e.pool._lease.controller.__self__ is e for e in engines)
     assert forgotten == engines  # a fork forgets what its parent's drafters learned
     methods[1].before_session()

@@ -1,0 +1,130 @@
+"""Prefix reuse across requests (specdec.loop.decode's reuse_prefix, Engine.prefix_cache): a later turn of a
+conversation prefills only what the target's cache does not hold, with the output of a fresh prefill, bit
+for bit, on batch-invariant (int8) targets; other targets prefill anew."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specdec.backends.base import common_prefix_length, reusable_prefix
+from specdec.backends.lean import LeanRunner
+from specdec.backends.quant import quantize_model
+from specdec.control import AutoK, Costs
+from specdec.drafters.hybrid import HybridDrafter
+from specdec.drafters.model import ModelDrafter
+from specdec.engine import Engine
+from specdec.loop import StopCondition, run
+from specdec.sampling import SamplingParams
+from specdec.verify import make_verifier
+from tests.tiny import VOCAB, tiny_model, tiny_tokenizer
+
+TARGET = quantize_model(tiny_model("qwen2", 0))
+DRAFT = quantize_model(tiny_model("qwen2", 1))
+
+
+def conversation(seed: int) -> tuple[list[int], list[int]]:
+    """A first prompt and the user's next message."""
+    rng = random.Random(seed)
+    return [rng.randrange(3, VOCAB) for _ in range(rng.randint(5, 40))], [rng.randrange(3, VOCAB) for _ in range(7)]
+
+
+def drafter(kind: str, sampling: SamplingParams, runner: LeanRunner | None = None) -> ModelDrafter | HybridDrafter | None:
+    """No drafter (plain), the draft model, or prompt lookup before it; over `runner` (default: a new one)."""
+    if kind == "plain":
+        return None
+    model = ModelDrafter(runner or LeanRunner(DRAFT), sampling)
+    return model if kind == "model" else HybridDrafter(model)
+
+
+def k_for(kind: str) -> int | AutoK:
+    return AutoK(Costs({1: 10.0, 4: 11.0, 8: 13.0}, 2.0), max_k=6) if kind == "hybrid" else 3
+
+
+@pytest.mark.parametrize("kind", ["plain", "model", "hybrid"])
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("edited", [False, True])
+def test_a_later_turn_reuses_the_cached_prefix_and_decodes_what_a_fresh_prefill_decodes(kind, temperature, seed,
+                                                                                      edited):
+    """The next turn's prompt holds the first turn's answer (or, edited, only its first half: the cache holds
+    more than the prompt shares with it, and must drop the rest)."""
+    sampling = SamplingParams(temperature=temperature, seed=seed)
+    first, message = conversation(seed)
+    target, draft_runner = LeanRunner(TARGET), LeanRunner(DRAFT)  # both keep their caches between the turns
+    turn1 = run(target, first, StopCondition(20), drafter=drafter(kind, sampling, draft_runner),
+                num_speculative_tokens=k_for(kind), verifier=make_verifier(sampling), reuse_prefix=True)
+    assert turn1.stats.reused_prompt_tokens == 0  # an empty cache
+    answer = turn1.token_ids[: len(turn1.token_ids) // 2] if edited else turn1.token_ids
+    second = first + answer + message
+    cached = list(target.tokens)
+    sampling2 = SamplingParams(temperature=temperature, seed=seed + 10)
+    turn2 = run(target, second, StopCondition(20), drafter=drafter(kind, sampling2, draft_runner),
+                num_speculative_tokens=k_for(kind),
+                verifier=make_verifier(sampling2), reuse_prefix=True)
+    fresh = run(LeanRunner(TARGET), second, StopCondition(20), drafter=drafter(kind, sampling2),
+                num_speculative_tokens=k_for(kind), verifier=make_verifier(sampling2))
+    assert turn2.token_ids == fresh.token_ids  # bit for bit: int8 rows do not depend on how forwards split
+    reused = turn2.stats.reused_prompt_tokens
+    assert reused == common_prefix_length(cached, second) >= len(first) + len(answer) - 1
+    assert fresh.stats.reused_prompt_tokens == 0
+
+
+def test_the_draft_model_keeps_its_cached_prompt_across_generations():
+    """A ModelDrafter's reset keeps its runner's cache where it follows the context from its start: the next
+    generation's first draft feeds only what is new (Draft.synced), and drafts what a fresh draft drafts."""
+    first, message = conversation(3)
+    target = LeanRunner(TARGET)
+    draft = ModelDrafter(LeanRunner(DRAFT))
+    out = run(target, first, StopCondition(12), drafter=draft, num_speculative_tokens=3, reuse_prefix=True)
+    second = first + out.token_ids + message
+    held = common_prefix_length(draft.runner.tokens, second)
+    assert held >= len(first)
+    draft.reset()
+    assert draft.cache.lag(second) == len(second) - held
+    proposal = draft.propose(second, 4)
+    assert proposal.synced == len(second) - held
+    assert proposal.tokens == ModelDrafter(LeanRunner(DRAFT)).propose(second, 4).tokens
+
+
+def test_targets_that_are_not_batch_invariant_prefill_anew():
+    fp32 = LeanRunner(tiny_model("qwen2", 0), fp32=True)
+    assert not fp32.capabilities.batch_invariant
+    first, message = conversation(4)
+    out = run(fp32, first, StopCondition(8), reuse_prefix=True)
+    second = first + out.token_ids + message
+    assert reusable_prefix(fp32, second) == 0
+    again = run(fp32, second, StopCondition(8), reuse_prefix=True)
+    assert again.stats.reused_prompt_tokens == 0 and fp32.tokens[: len(second)] == second
+    int8 = LeanRunner(TARGET)
+    int8.forward(first)
+    assert reusable_prefix(int8, first) == len(first) - 1  # the last token is fed again, for its logits
+    assert reusable_prefix(int8, first[:1] + [0]) == 1
+
+
+def _engine() -> Engine:
+    tok = tiny_tokenizer(0)
+    target = quantize_model(tiny_model("qwen2", 0, vocab_size=len(tok)))
+    draft = quantize_model(tiny_model("llama", 3, vocab_size=len(tok)))
+    return Engine(target, tok, draft, tok, lookup=True)
+
+
+def test_engine_turns_reuse_their_prefix_forks_keep_their_own_and_forget_drops_it():
+    engine = _engine()
+    reference = _engine()
+    reference.prefix_cache = False
+    history = "def fibonacci(n):"
+    for turn in range(3):
+        got = engine.generate(history, max_new_tokens=12, k="auto")
+        want = reference.generate(history, max_new_tokens=12, k="auto")
+        assert got.token_ids == want.token_ids and want.stats.reused_prompt_tokens == 0
+        assert (got.stats.reused_prompt_tokens > 0) is (turn > 0)
+        history += got.text + f" # turn {turn}\n"
+    twin = engine.fork()
+    assert twin.target_runner is not engine.target_runner and twin.draft_runner is not engine.draft_runner
+    assert twin.target_runner.model is engine.target_runner.model and twin.prefix_cache
+    assert twin.generate(history, max_new_tokens=4).stats.reused_prompt_tokens == 0  # its own, empty cache
+    assert engine.generate(history, max_new_tokens=4).stats.reused_prompt_tokens > 0
+    engine.forget()
+    assert engine.generate(history, max_new_tokens=4).stats.reused_prompt_tokens == 0
