@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from specdec.backends.base import ModelRunner, reusable_prefix
 from specdec.control import Controller, FixedK, plan, propose
-from specdec.drafters.base import Draft, Drafter, tell_prefilled
+from specdec.drafters.base import Draft, Drafter, tell_plain_step, tell_prefilled
 from specdec.drafters.tree import TreeShape
 from specdec.errors import SpecdecError
 from specdec.trees import depths
@@ -303,6 +303,8 @@ def decode(
             new = [verifier.choose(logits[-1])]
             k = n = 0
             stats.plain_steps += 1
+            if drafter is not None:
+                tell_plain_step(drafter, context)
         elif draft.is_tree:
             if shape is None or shape.nodes is None:
                 raise ValueError("the drafter proposed a tree where a chain was asked for")

@@ -6,7 +6,9 @@ with the target (see specdec.verify) and reports back how many tokens were
 accepted, which a drafter may use (e.g. to adapt k).  A drafter that reads
 what the target computed may also hear that the prompt's prefill has just run
 (an optional ``prefilled(prompt)``, :func:`tell_prefilled`), before any other
-forward replaces what the runner kept of it.
+forward replaces what the runner kept of it, and that a plain step has just run
+(an optional ``plain_step(context)``, :func:`tell_plain_step`); ``observe``
+follows every verification, whichever of a hybrid's sources proposed.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ class Drafter(Protocol):
         ...
 
     def observe(self, context: Sequence[int], num_accepted: int) -> None:
-        """Feedback after verification: `num_accepted` of the last proposal's tokens were kept."""
+        """Feedback after verification: `num_accepted` of the proposal's tokens after `context` were kept."""
         ...
 
     def reset(self) -> None:
@@ -80,3 +82,12 @@ def tell_prefilled(drafter: Drafter, prompt: Sequence[int]) -> None:
     method = getattr(drafter, "prefilled", None)
     if method is not None:
         method(prompt)
+
+
+def tell_plain_step(drafter: Drafter, context: Sequence[int]) -> None:
+    """Tell `drafter` the target has just run a plain one-token step on `context`'s last (pending) token: its
+    optional ``plain_step(context)`` method, where it has one (a draft head reads that position's hidden
+    state before the next forward replaces it)."""
+    method = getattr(drafter, "plain_step", None)
+    if method is not None:
+        method(context)

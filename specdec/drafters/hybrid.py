@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from specdec.control import MODEL, outlook
-from specdec.drafters.base import Draft, Drafter, tell_prefilled
+from specdec.drafters.base import Draft, Drafter, tell_plain_step, tell_prefilled
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.drafters.tree import TreeShape, propose_tree
@@ -90,12 +90,17 @@ class HybridDrafter:
         return self.sources(context)[0]
 
     def observe(self, context: Sequence[int], num_accepted: int) -> None:
-        if self.last_source == MODEL:
-            self.model.observe(context, num_accepted)
+        """The model hears every verification, its own and the lookups' (a draft head reads the features of
+        the accepted positions from any of them)."""
+        self.model.observe(context, num_accepted)
 
     def prefilled(self, prompt: Sequence[int]) -> None:
         """The target has just run the prompt's prefill: the model hears it (specdec.drafters.base.tell_prefilled)."""
         tell_prefilled(self.model, prompt)
+
+    def plain_step(self, context: Sequence[int]) -> None:
+        """The target has just run a plain step: the model hears it (specdec.drafters.base.tell_plain_step)."""
+        tell_plain_step(self.model, context)
 
     def reset(self) -> None:
         self.model.reset()

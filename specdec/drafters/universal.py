@@ -89,9 +89,11 @@ class UniversalDrafter:
         return Draft(self.bridge.to_target(context, text)[:k], synced=synced)
 
     def observe(self, context: Sequence[int], num_accepted: int) -> None:
-        """Nothing to learn (the cache is re-synchronised at the next proposal); the accepted
-        tokens are in the draft's cache already, which lag() counts."""
-        self._seen += num_accepted
+        """Nothing to learn (the cache is re-synchronised at the next proposal); after its own proposal
+        the accepted tokens are in the draft's cache already, which lag() counts (a hybrid reports its
+        lookups' verifications too: their tokens are not)."""
+        if self._seen == len(context):
+            self._seen += num_accepted
 
     def lag(self, context: Sequence[int]) -> int:
         """About how many tokens the next proposal feeds the draft model to catch up: the target

@@ -12,10 +12,13 @@ positions the target has just verified, at no cost:
   costs the final norm of those rows in each forward that returns fewer logits, the prefill); the loop
   tells it the prefill has run (``prefilled``, specdec.drafters.base.tell_prefilled) and it keeps the
   rows then, before another drafter's step may replace them;
-- after a verification of this drafter's k tokens with n accepted: the pending token's and the n
-  accepted tokens' positions, the first n + 1 rows (the rows after them are of rejected tokens);
-  ``observe`` keeps them, since a plain step may come before the next proposal;
-- after a plain step: the one position it computed.
+- after a verification of k tokens with n accepted, this drafter's or (in a hybrid) a lookup's: the
+  pending token's and the n accepted tokens' positions, the first n + 1 rows (the rows after them are
+  of rejected tokens); ``observe`` keeps them, since a plain step may come before the next proposal;
+- after a plain step: the one position it computed (``plain_step``, specdec.drafters.base.tell_plain_step).
+
+So the head sees the feature of every position the target verifies; until it drafts again it keeps
+the last ``window`` of them.
 
 Before each proposal the head's own KV cache is rolled back to the longest prefix whose tokens still
 match the context and fed the new pairs, the last one being (f of the last position the target has
@@ -23,12 +26,12 @@ cached, the pending token).  At a request's first proposal that is the prompt's 
 (the last one's token the first generated token), fed in one head forward: the head starts, as it
 was trained, with up to a window of past pairs, as EAGLE runs its head over the prompt's features.
 Where the features of some positions were never seen (the prompt before its last ``window``
-positions; the steps another drafter verified, and the prompt's rows when such a step came first),
-the head's cache starts over at the first position whose feature it has: its attention then sees its
-own past from there on (a head trained on windows that start anywhere drafts from a short past as it
-was trained to).  When no feature of the last cached position can be known (another drafter's
-verification just before), the head proposes nothing and the loop takes a plain step, whose row it
-reads next time.
+positions, the positions of more than a window of steps it did not draft, a prompt's part taken from
+the target's cache: specdec.loop's reuse_prefix), the head's cache starts over at the first position
+whose feature it has: its attention then sees its own past from there on (a head trained on windows
+that start anywhere drafts from a short past as it was trained to).  When no feature of the last
+cached position can be known (a loop that does not report plain steps or verifications to it), the
+head proposes nothing and the loop takes a plain step, whose row it reads next time.
 
 Greedy: the head's argmax (q None).  Sampling: q = the warped head distribution over the target's
 vocabulary, zero outside the draft vocabulary (the head's logits placed at their target ids, -inf
@@ -85,7 +88,6 @@ class HeadDrafter:
         self.fed: list[int] = []  # x_{t+1} of each pair in the cache
         self.rows: torch.Tensor | None = None  # [m, H]: features of verified positions not fed yet ...
         self.rows_at = 0  # ... from this position on
-        self.proposed_at: int | None = None  # len(context) at the last proposal
         self.target.keep_hidden_rows(self.window)  # before the loop's prefill: its last rows' features
 
     def prefilled(self, prompt: Sequence[int]) -> None:
@@ -96,12 +98,25 @@ class HeadDrafter:
 
     def observe(self, context: Sequence[int], num_accepted: int) -> None:
         """Keep the features of the pending token and the accepted draft tokens: rows 0..num_accepted of
-        the verification's (a plain step may run before the next proposal)."""
-        if self.proposed_at != len(context):
-            return  # not the verification of this drafter's last proposal
-        rows = self.target.hidden()  # [k + 1, H]
+        the verification's, whichever drafter proposed (a hybrid's lookup too; a plain step may run before
+        the next proposal)."""
+        rows = self.target.hidden()  # [k + 1, H] (a tree's: its kept path's)
         if rows.shape[0] > num_accepted:
-            self.rows, self.rows_at = rows[: num_accepted + 1].clone(), len(context) - 1
+            self._keep(rows[: num_accepted + 1], len(context) - 1)
+
+    def plain_step(self, context: Sequence[int]) -> None:
+        """The target has just run a plain step on the pending token (specdec.drafters.base.tell_plain_step):
+        keep its position's feature, so that plain steps in a row lose none."""
+        self._keep(self.target.hidden()[-1:], len(context) - 1)
+
+    def _keep(self, rows: torch.Tensor, at: int) -> None:
+        """Features [m, H] of positions at.. verified just now: after the unfed ones kept so far where they
+        meet, else in their place."""
+        end = at + len(rows)  # the first position after them
+        if self.rows is not None and self.rows_at + len(self.rows) == at:
+            rows = torch.cat([self.rows, rows])
+        rows = rows[-self.window:].clone()  # [<= window, H]: a head that drafted from none of them starts over
+        self.rows, self.rows_at = rows, end - len(rows)
 
     def known(self, context: Sequence[int]) -> tuple[torch.Tensor, int] | None:
         """(features [m, H], s): the features of positions s..len(context) - 2 that the head may still
@@ -152,7 +167,6 @@ class HeadDrafter:
     def _pairs(self, context: Sequence[int], k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Sync the head with `context` before drafting k tokens -> the new pairs to feed it (features
         [n, H], tokens [n]), or None when the head cannot draft now."""
-        self.proposed_at = len(context)
         pairs = self.sync(context) if context and k > 0 else None
         if pairs is None:
             return None

@@ -36,11 +36,11 @@ def test_lookup_first_then_the_model():
     assert hybrid.propose([1, 2, 3, 1, 2], 2).tokens == [3, 1]  # "1 2" occurred before, followed by "3 1"
     assert hybrid.last_source == "lookup"
     hybrid.observe([1, 2, 3, 1, 2], 1)
-    assert model.observed == []  # the lookup's feedback is not the model's
+    assert model.observed == [1]  # the model hears the lookup's verifications too (a head reads their features)
     assert hybrid.propose([1, 2, 3, 4], 3).tokens == [99, 99, 99]  # only one-token matches: the model
     assert hybrid.last_source == "model"
     hybrid.observe([1, 2, 3, 4], 2)
-    assert model.observed == [2]
+    assert model.observed == [1, 2]
     assert hybrid.proposals == {"lookup": 1, "model": 1, "lookup-short": 0}
     hybrid.reset()
     assert model.resets == 1 and hybrid.proposals == {"lookup": 0, "model": 0, "lookup-short": 0}
@@ -55,7 +55,7 @@ def test_short_matches_come_after_the_model():
     assert hybrid.propose([1, 2, 3, 4, 2], 2, "lookup-short").tokens == [3, 4]  # what followed "2"
     assert hybrid.last_source == "lookup-short"
     hybrid.observe([1, 2, 3, 4, 2], 0)
-    assert model.observed == []
+    assert model.observed == [0]
     assert hybrid.propose([1, 2, 3, 4, 2], 2, "model").tokens == [99, 99]
     assert hybrid.proposals == {"lookup": 0, "model": 1, "lookup-short": 1}
     assert HybridDrafter(model, LookupDrafter(max_ngram=3, min_ngram=2), short_matches=False).sources(

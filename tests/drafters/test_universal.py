@@ -124,3 +124,17 @@ def test_same_model_through_the_text_bridge():
     drafter = UniversalDrafter(ToyRunner(TARGET), bridge)
     out = run(target, PROMPT, StopCondition(40), drafter=drafter, num_speculative_tokens=4)
     assert out.token_ids == run(ToyRunner(TARGET), PROMPT, StopCondition(40)).token_ids
+
+
+def test_lag_counts_only_its_own_accepted_tokens_as_seen():
+    """observe after its own proposal: the accepted tokens are in the draft's cache; after another source's
+    verification (a hybrid reports its lookups' too), they are not, so lag still counts them."""
+    tok = TARGET_TOK
+    drafter = UniversalDrafter(ToyRunner(TARGET), TextBridge(tok, tok))
+    context = [3, 2, 1, 0]
+    drafter.propose(context, 2)
+    drafter.observe(context, 2)  # its own two tokens accepted
+    grown = context + [1, 1, 0]  # the two accepted and the target's bonus token
+    assert drafter.lag(grown) == 1
+    drafter.observe(grown, 2)  # a lookup's verification at `grown`: not its tokens
+    assert drafter.lag(grown + [1, 1, 0]) == 4  # the bonus token before, and the three of that step

@@ -120,16 +120,29 @@ class Pattern:
 @pytest.mark.parametrize("pattern", [[3], [3, 0], [2, 0, 0], [4, 0, 1]])
 def test_the_heads_cache_follows_the_context(pattern: list[int], target: torch.nn.Module, text: list[list[int]],
                                              trained: TrainResult) -> None:
-    """Draft steps, one plain step between them (its row joins the verification's kept rows) and two (the
-    head starts over from the last row): the pairs fed are always the target's features and the next tokens."""
+    """Draft steps with one or two plain steps between them (their rows join the verification's kept rows: the
+    head never starts over): the pairs fed are always the target's features and the next tokens."""
     runner = HFRunner(target)
     prompt = text[4][:6]
     drafter = Checked(trained.head, runner, model=target)
     out = run(runner, prompt, STOP, drafter, Pattern(pattern))
     assert_near_tie_parting(target, prompt, out.token_ids, run(runner, prompt, STOP).token_ids)
     assert drafter.synced[0] == len(prompt)  # the prompt's rows (fewer than the window) seed the head
-    assert all(1 <= n <= max(pattern) + 2 for n in drafter.synced[1:])
-    assert (drafter.restarts > 0) == (pattern.count(0) > 1)  # two plain steps in a row lose a feature
+    assert all(1 <= n <= max(pattern) + 1 + pattern.count(0) for n in drafter.synced[1:])
+    assert drafter.restarts == 0  # no feature is lost, however many plain steps come in a row
+
+
+def test_a_head_that_drafts_nothing_for_more_than_its_window_starts_over(target: torch.nn.Module,
+                                                                         text: list[list[int]],
+                                                                         trained: TrainResult) -> None:
+    """It keeps the features of the last `window` positions only: three plain steps after a draft of two, with a
+    window of 2, lose the first ones, and the head starts over from the kept ones; the output is plain's."""
+    runner = HFRunner(target)
+    prompt = text[4][:6]
+    drafter = Checked(trained.head, runner, None, 2, model=target)
+    out = run(runner, prompt, STOP, drafter, Pattern([2, 0, 0, 0]))
+    assert_near_tie_parting(target, prompt, out.token_ids, run(runner, prompt, STOP).token_ids)
+    assert drafter.restarts > 0 and all(n <= 2 for n in drafter.synced)
 
 
 def test_sampling_q_lives_on_the_draft_vocabulary(target: torch.nn.Module, text: list[list[int]],
@@ -163,9 +176,9 @@ def test_a_target_without_hidden_states_or_of_another_vocabulary_is_refused(trai
 
 def test_behind_prompt_lookup_in_a_hybrid(target: torch.nn.Module, text: list[list[int]],
                                           trained: TrainResult) -> None:
-    """Lookup verifications the head never sees (which of their rows were accepted is unknown to it): the head
-    proposes nothing right after one (a plain step follows) or starts over from a one-row forward, and what it
-    feeds is still the target's own features; the output is plain greedy's."""
+    """The hybrid reports its lookups' verifications to the head (observe), whose accepted rows it keeps: the head
+    drafts right after one and never starts over, and what it feeds is the target's own features; the output
+    is plain greedy's."""
     from specdec.drafters.hybrid import HybridDrafter
     from specdec.drafters.lookup import LookupDrafter
 
@@ -178,4 +191,4 @@ def test_behind_prompt_lookup_in_a_hybrid(target: torch.nn.Module, text: list[li
         assert_near_tie_parting(target, prompt, out.token_ids, run(runner, prompt, STOP).token_ids)
         model, lookup = model + drafter.proposals["model"], lookup + drafter.proposals["lookup"]
         restarts += head.restarts
-    assert model > 0 and lookup > 0 and restarts > 0
+    assert model > 0 and lookup > 0 and restarts == 0
