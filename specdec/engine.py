@@ -531,13 +531,21 @@ class Engine:
                drafting: bool) -> Iterator[Step]:
         """The request's steps, decoded over runners the pool lends for as long as they run; with suffix
         drafts, its output (all of it, or what was decoded before its steps were closed) then enters the
-        engine's store of recent answers."""
+        engine's store of recent answers.  A request that fails inside a step empties the runners' caches:
+        a forward or a token tree it left half done must not reach the next request's prefix reuse (steps
+        closed between two steps leave them consistent, and reusable)."""
         output: list[int] = []
         try:
             with self.pool.lease(config) as lease:
-                for step in self._decode(lease, prompt_ids, condition, config, drafting):
-                    output.extend(step.tokens)
-                    yield step
+                try:
+                    for step in self._decode(lease, prompt_ids, condition, config, drafting):
+                        output.extend(step.tokens)
+                        yield step
+                except Exception:
+                    for runner in (lease.target, lease.draft):
+                        if runner is not None:
+                            runner.reset()
+                    raise
         finally:
             if self.suffix_store is not None:
                 self.suffix_store.add(output)
