@@ -114,8 +114,10 @@ class HeadDrafter:
         meet, else in their place."""
         end = at + len(rows)  # the first position after them
         if self.rows is not None and self.rows_at + len(self.rows) == at:
-            rows = torch.cat([self.rows, rows])
-        rows = rows[-self.window:].clone()  # [<= window, H]: a head that drafted from none of them starts over
+            rows = torch.cat([self.rows, rows])  # a copy: the runner's rows are replaced by its next forward
+        else:
+            rows = rows.clone()
+        rows = rows[-self.window:]  # [<= window, H]: a head that drafted from none of them starts over
         self.rows, self.rows_at = rows, end - len(rows)
 
     def known(self, context: Sequence[int]) -> tuple[torch.Tensor, int] | None:
