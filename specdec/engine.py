@@ -263,6 +263,46 @@ class Engine:
         twin.forget()
         return twin
 
+    @property
+    def copier(self) -> str | None:
+        """The model-free drafter: LOOKUP, SUFFIX or None."""
+        return LOOKUP if self.lookup else SUFFIX if self.suffix_store is not None else None
+
+    def fork_drafting(self, copier: str | None, model: bool) -> "Engine":
+        """A fork (:meth:`fork`) that drafts otherwise over the same loaded models: with the model-free
+        drafter `copier` (LOOKUP, SUFFIX or None) in front of this engine's draft model or head when
+        `model`, without them when not -- so that one benchmark run compares drafters on one target
+        (``specdec-auto@lookup`` beside ``specdec-auto`` with ``--draft suffix``).  Where it drafts
+        otherwise than this engine, its `-k auto` controller is its own (what it prices depends on the
+        drafters: specdec.profile.step_costs)."""
+        if copier not in (None, LOOKUP, SUFFIX):
+            raise ValueError(f"copier must be {LOOKUP!r}, {SUFFIX!r} or None, not {copier!r}")
+        has_model = self.draft_runner is not None or self.head is not None
+        if model and not has_model:
+            raise SpecdecError("this engine has no draft model or head to draft with: name a model-free drafter "
+                               f"({LOOKUP} or {SUFFIX}) alone")
+        if copier is None and not model:
+            raise SpecdecError(f"a drafter needs {LOOKUP}, {SUFFIX}, a draft model or a head")
+        twin = self.fork()
+        if (copier, model) == (self.copier, has_model):
+            return twin
+        twin.lookup = copier == LOOKUP
+        memory = self.suffix_store.memory if self.suffix_store is not None else DEFAULT_SUFFIX_MEMORY
+        twin.suffix_store = SuffixStore(memory) if copier == SUFFIX else None
+        name = self.draft_name  # the model's name, without the copier Engine.load puts before it
+        if self.copier is not None and has_model and name.startswith(f"{self.copier}+"):
+            name = name[len(self.copier) + 1:]
+        if not model:
+            twin.draft_runner, twin.head, twin.draft_dtype = None, None, None
+            twin.same_vocabulary = False
+            twin.pool = twin._single_pool()
+            name = copier or name
+        elif copier is not None:
+            name = f"{copier}+{name}"
+        twin.draft_name = name
+        twin._auto, twin._measured_costs = None, None  # priced for its own drafters on first use
+        return twin
+
     def _single_pool(self) -> SinglePool:
         """The default pool: this engine's own runners, one request at a time."""
         return SinglePool(Lease(self.target_runner, self.draft_runner, self.speculation))

@@ -526,18 +526,71 @@ def default_methods(drafts: bool, draft_model: bool, backend: str, draft_backend
     return families
 
 
+DRAFTER_SEPARATOR = "@"  # "specdec-auto@lookup": a method of our loop that drafts with another drafter
+
+
+def split_method(entry: str) -> tuple[str, str | None]:
+    """"specdec-auto@lookup" -> ("specdec-auto", "lookup"); "specdec" -> ("specdec", None)."""
+    family, sep, drafter = entry.partition(DRAFTER_SEPARATOR)
+    return family, (drafter if sep else None)
+
+
 def parse_methods(text: str) -> list[str]:
-    """"plain,specdec,hf" -> method families, validated, duplicates dropped; plain is always included (first)."""
-    names = [n.strip().lower() for n in text.split(",")]
-    if not any(names):
+    """"plain,specdec,hf" -> method entries, validated, duplicates dropped; plain is always included (first).
+
+    An entry of our loop's families may name its own drafter after "@" ("specdec-auto@lookup",
+    "specdec-tree@suffix+qwen2.5-coder-0.5b"): the run's loaded models drafting otherwise, so that
+    drafters are compared in one run (check_drafters says which drafters a run can give)."""
+    entries = []
+    for raw in text.split(","):
+        family, drafter = split_method(raw.strip())
+        family = family.strip().lower()
+        if drafter is not None:
+            drafter = drafter.strip()
+            if family in METHODS and not issubclass(METHODS[family], Specdec):
+                raise SpecdecError(f"method '{family}' drafts as transformers or llama.cpp do: only our loop's "
+                                   f"methods (specdec, specdec-auto, ...) take a drafter after '{DRAFTER_SEPARATOR}'")
+            if not drafter:
+                raise SpecdecError(f"method '{raw.strip()}': name a drafter after '{DRAFTER_SEPARATOR}' "
+                                   "(lookup, suffix, lookup+<the run's draft>, ...)")
+        entries.append(family if drafter is None else f"{family}{DRAFTER_SEPARATOR}{drafter}")
+    if not any(entries):
         raise SpecdecError(f"--methods is empty: expected a comma-separated list of {', '.join(METHODS)}")
-    unknown = [n for n in names if n not in METHODS]
+    unknown = [e for e in entries if e and split_method(e)[0] not in METHODS]
     if unknown:
-        raise SpecdecError(f"unknown method '{unknown[0]}': expected a comma-separated list of {', '.join(METHODS)}")
-    families = list(dict.fromkeys(n for n in names if n))
+        raise SpecdecError(f"unknown method '{split_method(unknown[0])[0]}': expected a comma-separated list of "
+                           f"{', '.join(METHODS)}")
+    families = list(dict.fromkeys(e for e in entries if e))
     if REFERENCE not in families:
         families.insert(0, REFERENCE)
     return families
+
+
+def check_drafters(entries: Sequence[str], copier: str | None, draft_model: Any, head: str | None) -> dict[str, tuple[str | None, bool]]:
+    """The drafters of the entries that name one ("specdec-auto@lookup"), as (model-free drafter, whether
+    the run's draft model or head drafts too) for Engine.fork_drafting, keyed by entry; a one-line
+    SpecdecError for a drafter the run cannot give.  `copier`, `draft_model`, `head`: the run's own
+    drafter (specdec.loading.split_drafter of --draft): a method may name another model-free drafter
+    and the run's draft model or head, or leave them out, but not load another model."""
+    from specdec.loading import split_drafter
+
+    drafters: dict[str, tuple[str | None, bool]] = {}
+    for entry in entries:
+        family, spec = split_method(entry)
+        if spec is None:
+            continue
+        if spec.lower() == "auto":
+            raise SpecdecError(f"method '{entry}': name the drafter (lookup, suffix, lookup+<model>...), not auto")
+        other_copier, model, other_head = split_drafter(spec)
+        if model is not None and model != draft_model:
+            loaded = f"the draft {draft_model}" if draft_model is not None else "no draft model"
+            raise SpecdecError(f"method '{entry}' drafts with {model}, but this run loads {loaded} (--draft): "
+                               f"a method's drafter after '{DRAFTER_SEPARATOR}' uses the run's models only")
+        if other_head is not None and other_head != head:
+            raise SpecdecError(f"method '{entry}' drafts with {other_head}, but this run loads "
+                               f"{'the head ' + head if head else 'no head'} (--draft)")
+        drafters[entry] = (other_copier, model is not None or other_head is not None)
+    return drafters
 
 
 def parse_gammas(text: str) -> list[int]:
@@ -559,14 +612,14 @@ def parse_gammas(text: str) -> list[int]:
 
 def needs_draft(families: Sequence[str]) -> list[str]:
     """The families in `families` that need a draft model."""
-    return [f for f in families if METHODS[f].needs_draft]
+    return [f for f in families if METHODS[split_method(f)[0]].needs_draft]
 
 
 def check_backends(families: Sequence[str], backend: str, draft_backend: str, draft_dtype: str | None = None) -> None:
     """Raise a one-line SpecdecError if a family calls transformers on a model loaded with llama.cpp, or
     on an int4 draft (transformers has no int4 form of it: its generate would draft in int8)."""
     backends = {"target": backend, "draft": draft_backend}
-    for family in families:
+    for family in (split_method(f)[0] for f in families):
         if draft_dtype == "int4" and "draft" in METHODS[family].needs_hf:
             raise SpecdecError(f"method {family} runs transformers' generate with the draft model, which has no int4 "
                                "form there: drop it from --methods or use --draft-dtype int8")
@@ -587,18 +640,37 @@ def build_methods(
     each on a fork of `engine` (the same models; what drafters learn across requests stays the
     method's own: Engine.fork).
 
-    llamacpp_target: (LlamaCppRunner, tokenizer) of the target's GGUF, for the llamacpp peer."""
-    if any(issubclass(METHODS[f], SpecdecAuto) for f in families):
+    llamacpp_target: (LlamaCppRunner, tokenizer) of the target's GGUF, for the llamacpp peer.
+
+    An entry "family@drafter" (parse_methods) runs on a fork drafting with that drafter
+    (Engine.fork_drafting) and keeps the entry as its name ("specdec-g3@lookup" in a sweep)."""
+    drafters = check_drafters(families, *engine_drafter(engine))
+    if any(issubclass(METHODS[split_method(f)[0]], SpecdecAuto) for f in families):
         engine.auto_controller()  # made before the forks, so they share it as methods always have
+
+    def fork(entry: str) -> "Engine":
+        return engine.fork_drafting(*drafters[entry]) if entry in drafters else engine.fork()
+
     methods: list[Method] = []
-    for family in families:
+    for entry in families:
+        family, drafter = split_method(entry)
         cls = METHODS[family]
         if cls.uses_gamma:
             for g in gammas:
-                name = family if len(gammas) == 1 else f"{family}-g{g}"
-                methods.append(cls(engine.fork(), max_new_tokens, gamma=g, name=name, sampling=sampling))
+                name = entry if len(gammas) == 1 else f"{family}-g{g}" + (f"@{drafter}" if drafter else "")
+                methods.append(cls(fork(entry), max_new_tokens, gamma=g, name=name, sampling=sampling))
         elif cls is LlamaCppPlain:
             methods.append(cls(engine.fork(), max_new_tokens, sampling=sampling, llamacpp_target=llamacpp_target))
         else:
-            methods.append(cls(engine.fork(), max_new_tokens, sampling=sampling))
+            methods.append(cls(fork(entry), max_new_tokens, sampling=sampling, name=entry))
     return methods
+
+
+def engine_drafter(engine: "Engine") -> tuple[str | None, str | None, str | None]:
+    """(model-free drafter, draft model's name, head's name) of what `engine` drafts with, as check_drafters
+    takes them (Engine.load names a drafter as its spec: "lookup+qwen2.5-coder-0.5b")."""
+    from specdec.loading import split_drafter
+
+    if engine.draft_runner is None and engine.head is None:
+        return engine.copier, None, None
+    return split_drafter(engine.draft_name)

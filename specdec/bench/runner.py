@@ -179,8 +179,8 @@ def run_bench(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from specdec.bench import report
-    from specdec.bench.methods import (DEFAULT, build_methods, check_backends, default_methods, needs_draft,
-                                       parse_gammas, parse_methods)
+    from specdec.bench.methods import (DEFAULT, build_methods, check_backends, check_drafters, default_methods,
+                                       needs_draft, parse_gammas, parse_methods)
     from specdec.loading import llamacpp_can_run, resolve_draft, resolve_drafter, split_drafter
     from specdec.bench.prompts import load_prompts
     from specdec.bench.workloads import load_workloads, parse_workloads
@@ -191,7 +191,7 @@ def run_bench(
                               seed=options.seed)
     check_run_options(options)
     drafter = resolve_drafter(options.draft, options.target, options.backend)  # "auto": a head, or the 0.5B
-    _, draft_model, _ = split_drafter(drafter)
+    copier, draft_model, head = split_drafter(drafter)
     # The draft's backend and dtype as Engine.load takes them (the same defaults as `specdec generate`).
     _, draft_backend, draft_dtype = resolve_draft(draft_model, options.backend, options.draft_backend,
                                                   options.draft_dtype, options.device)
@@ -201,6 +201,7 @@ def run_bench(
     else:
         families = parse_methods(options.methods)
     check_backends(families, options.backend, draft_backend, draft_dtype)
+    own_drafters = check_drafters(families, copier, draft_model, head)  # "specdec-auto@lookup": the run's models only
     if "llamacpp" in families:
         from specdec.loading import check_spec
 
@@ -211,7 +212,7 @@ def run_bench(
     # a workload's sessions, or a prompt set
     sessions = load_workloads(options.workload, options.limit_per_category) if options.workload is not None else []
     prompts = load_prompts(options.prompts, options.limit_per_category) if options.workload is None else []
-    wanting = needs_draft(families)
+    wanting = [f for f in needs_draft(families) if f not in own_drafters]
     if wanting and options.draft is None:
         raise SpecdecError(f"method(s) {', '.join(wanting)} need a draft model: give --draft or drop them")
     out = output_dir(options)

@@ -79,12 +79,33 @@ def assert_user_error(result, fragment):
         (["--draft", "lookup", "--methods", "plain,specdec,hf"], "not prompt lookup"),
         (["--concurrency", "0,2"], "client counts >= 1"),
         (["--concurrency", "1,2", "--methods", "plain,hf"], "drop hf"),
+        (["--methods", "plain,specdec@lookup+/no/other/model"], "drafts with /no/other/model, but this run loads"),
+        (["--methods", "plain,hf@lookup"], "only our loop's methods"),
+        (["--concurrency", "1", "--methods", "plain,specdec-auto@lookup"], "drop specdec-auto@lookup"),
     ],
 )
 def test_user_errors(tiny_dirs, tmp_path, args, fragment):
     base = ["--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--prompts", tiny_dirs["prompts"],
             "--out", str(tmp_path / "out")]
     assert_user_error(bench(*base, *args), fragment)
+
+
+def test_methods_with_their_own_drafters_in_one_run(tiny_dirs, tmp_path):
+    result = bench("--target", tiny_dirs["target"], "--draft", f"suffix+{tiny_dirs['draft']}", "--prompts",
+                   tiny_dirs["prompts"], "--max-new-tokens", "12", "--methods", "plain,specdec,specdec@lookup",
+                   "--gammas", "3", "--out", str(tmp_path / "out"), "--json")
+    assert result.exit_code == 0, result.output
+    methods = {m["name"]: m for m in json.loads(result.stdout)["methods"]}
+    assert list(methods) == ["plain", "specdec", "specdec@lookup"]
+    assert all(m["identical_rate"] == 1.0 for m in methods.values())
+    rows = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    lookup = [r for r in rows if r["method"] == "specdec@lookup"]
+    assert lookup and all(r["family"] == "specdec" and set(r["by_source"] or {}) <= {"lookup"} for r in lookup)
+    # no draft model loaded: a model-free drafter still makes a method
+    result = bench("--target", tiny_dirs["target"], "--prompts", tiny_dirs["prompts"], "--max-new-tokens", "8",
+                   "--methods", "plain,specdec@suffix", "--gammas", "2", "--out", str(tmp_path / "out2"), "--json")
+    assert result.exit_code == 0, result.output
+    assert [m["name"] for m in json.loads(result.stdout)["methods"]] == ["plain", "specdec@suffix"]
 
 
 def test_empty_prompt_file(tiny_dirs, tmp_path):

@@ -3,7 +3,8 @@
 import pytest
 
 from specdec.bench.methods import (
-    DraftCounter, HFAssisted, Measurement, build_methods, generation_settings, parse_gammas, parse_methods,
+    DraftCounter, HFAssisted, Measurement, build_methods, check_drafters, generation_settings, parse_gammas,
+    parse_methods, split_method,
 )
 from specdec.engine import Engine
 from specdec.errors import SpecdecError
@@ -185,3 +186,76 @@ def test_auto_methods_share_one_controller_across_forks(engine, monkeypatch):
     base = engine.fork()  # its own, so the module's engine keeps no controller
     methods = build_methods(base, ["specdec-auto", "specdec-tree"], [3], max_new_tokens=8)
     assert base._auto is not None and all(m.engine._auto is base._auto for m in methods)
+
+
+def test_parse_methods_keeps_a_drafter_after_the_family():
+    assert parse_methods("SPECDEC-AUTO@Lookup, specdec-auto,specdec@suffix+Dir/M") == [
+        "plain", "specdec-auto@Lookup", "specdec-auto", "specdec@suffix+Dir/M"]
+    assert split_method("specdec-tree@lookup+head") == ("specdec-tree", "lookup+head")
+    assert split_method("hf") == ("hf", None)
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("hf-pld@lookup", "only our loop's methods"), ("specdec@", "name a drafter"), ("fast@lookup", "unknown method 'fast'"),
+])
+def test_parse_methods_refuses_a_drafter_where_none_can_go(text, fragment):
+    with pytest.raises(SpecdecError, match=fragment):
+        parse_methods(text)
+
+
+def test_check_drafters_allows_the_runs_own_models_only():
+    entries = ["plain", "specdec-auto", "specdec-auto@lookup", "specdec@suffix+m0", "specdec-tree@m0"]
+    assert check_drafters(entries, "suffix", "m0", None) == {
+        "specdec-auto@lookup": ("lookup", False), "specdec@suffix+m0": ("suffix", True), "specdec-tree@m0": (None, True)}
+    with pytest.raises(SpecdecError, match="drafts with m1, but this run loads the draft m0"):
+        check_drafters(["specdec@lookup+m1"], "lookup", "m0", None)
+    with pytest.raises(SpecdecError, match="loads no draft model"):
+        check_drafters(["specdec@m1"], "lookup", None, None)
+    with pytest.raises(SpecdecError, match="loads no head"):
+        check_drafters(["specdec@lookup+head"], "lookup", "m0", None)
+    with pytest.raises(SpecdecError, match="not auto"):
+        check_drafters(["specdec@auto"], "lookup", "m0", None)
+
+
+def test_methods_with_their_own_drafters_share_the_runs_models():
+    tok = tiny_tokenizer()
+    target = tiny_model("llama", seed=0, vocab_size=len(tok))
+    draft = tiny_model("llama", seed=1, vocab_size=len(tok))
+    engine = Engine(target, tok, draft, tok, draft_name="m0", suffix=True)
+    entries = ["plain", "specdec", "specdec@lookup", "specdec@lookup+m0", "specdec@m0", "specdec@suffix"]
+    methods = build_methods(engine, entries, [3], max_new_tokens=16)
+    assert [m.name for m in methods] == entries
+    by_name = {m.name: m.engine for m in methods}
+    assert [(e.copier, e.draft_runner is not None) for e in by_name.values()] == [
+        ("suffix", True), ("suffix", True), ("lookup", False), ("lookup", True), (None, True), ("suffix", False)]
+    assert by_name["specdec@lookup"].draft_name == "lookup" and by_name["specdec@lookup+m0"].draft_name == "lookup+m0"
+    assert by_name["specdec@m0"].draft_runner.model is draft and by_name["specdec@lookup"].pool._lease.draft is None
+    ids = engine.encode("def fibonacci(n): return fibonacci(n - 1) + fibonacci(n")
+    runs = {m.name: m.run(ids) for m in methods}
+    assert all(r.token_ids == runs["plain"].token_ids for r in runs.values())
+    assert set(runs["specdec@lookup"].by_source) <= {"lookup"} and "suffix" not in runs["specdec@m0"].by_source
+    sweep = build_methods(engine, ["specdec@lookup"], [1, 3], max_new_tokens=8)
+    assert [m.name for m in sweep] == ["specdec-g1@lookup", "specdec-g3@lookup"]
+    with pytest.raises(SpecdecError, match="drafts with m1"):
+        build_methods(engine, ["specdec@m1"], [3], max_new_tokens=8)
+
+
+def test_a_method_drafting_otherwise_prices_its_own_drafters(engine, monkeypatch):
+    made = []
+
+    def controller(self):
+        if self._auto is None:
+            self._auto = object()
+            made.append(self)
+        return self._auto
+
+    monkeypatch.setattr(Engine, "auto_controller", controller)
+    base = engine.fork()
+    same, other = build_methods(base, ["specdec-auto", "specdec-auto@lookup"], [3], max_new_tokens=8)
+    assert same.engine._auto is base._auto and other.engine._auto is not base._auto
+    assert made == [base, other.engine]
+    assert engine.fork_drafting(None, True)._auto is engine._auto  # drafting as its parent: the parent's
+    with pytest.raises(SpecdecError, match="needs lookup, suffix"):
+        engine.fork_drafting(None, False)
+    with pytest.raises(SpecdecError, match="no draft model or head"):
+        Engine(engine.target_runner.model, engine.tokenizer, lookup=True).fork_drafting("suffix", True)
