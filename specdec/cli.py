@@ -453,6 +453,7 @@ def bench(
     draft_backend: DraftBackend = typer.Option(DraftBackend.auto, "--draft-backend", help="Draft's backend, as for generate (the same default: auto)."),
     n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
     suffix_memory: int = typer.Option(DEFAULT_SUFFIX_MEMORY, "--suffix-memory", min=0, help=SUFFIX_MEMORY_HELP),
+    across_sessions: bool = typer.Option(False, "--across-sessions", help="With --workload: each method's suffix store and cached prompt keep the run's earlier sessions, as a server's do (default: every session starts afresh); --repeats 1."),
     temperature: float = typer.Option(0.0, "--temperature", help="> 0: every method samples (then no identical-output rate is reported)."),
     top_k: int = typer.Option(0, "--top-k", help="0 = off."),
     top_p: float = typer.Option(1.0, "--top-p", help="1.0 = off."),
@@ -477,6 +478,7 @@ def bench(
         draft_dtype=draft_dtype.value if draft_dtype else None,
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, backend=backend.value,
         draft_backend=draft_backend.value, n_ctx=n_ctx, device=device.value, suffix_memory=suffix_memory,
+        across_sessions=across_sessions,
     )
     try:
         if concurrency is not None:

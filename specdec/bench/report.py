@@ -146,7 +146,10 @@ def inputs_note(m: dict[str, Any]) -> str:
     per = ", ".join(f"{c} {n}/{turns.get(c)}" for c, n in sessions.items())
     return (f"- workload `{', '.join(m['workload'])}`: {sum(sessions.values())} sessions, {m.get('num_prompts')} turns "
             f"(sessions/turns: {per}), {how}; a session's turns in order, each method's prompt built from its "
-            "own earlier answers, methods interleaved per turn, a repeat runs the whole session again")
+            "own earlier answers, methods interleaved per turn, "
+            + ("each method's drafters and caches keeping the run's earlier sessions (--across-sessions, as a "
+               "server's do)" if m.get("across_sessions") else "every session starting afresh (its drafters "
+               "learn from its own turns only), a repeat runs the whole session again"))
 
 
 def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str] = (), plot_note: str = "") -> str:

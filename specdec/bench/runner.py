@@ -100,6 +100,7 @@ class BenchOptions:
     draft_backend: str | None = "auto"  # the draft's: as `specdec generate` picks (loading.resolve_draft)
     n_ctx: int | None = None  # llama.cpp's context size
     suffix_memory: int = DEFAULT_SUFFIX_MEMORY  # with suffix drafts: tokens of recent answers the engine keeps
+    across_sessions: bool = False  # workloads: drafters and caches keep earlier sessions (sessions.run_sessions)
 
 
 def encode_prompt(engine: Any, prompt: Prompt, chat: bool, max_new_tokens: int,
@@ -190,6 +191,11 @@ def run_bench(
     sampling = SamplingParams(temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
                               seed=options.seed)
     check_run_options(options)
+    if options.across_sessions and options.workload is None:
+        raise SpecdecError("--across-sessions is for --workload sessions: a prompt set's prompts start afresh")
+    if options.across_sessions and options.repeats > 1:
+        raise SpecdecError("--across-sessions keeps what drafters learned, so a repeat would draft from its own "
+                           "earlier answers: use --repeats 1")
     drafter = resolve_drafter(options.draft, options.target, options.backend)  # "auto": a head, or the 0.5B
     copier, draft_model, head = split_drafter(drafter)
     # The draft's backend and dtype as Engine.load takes them (the same defaults as `specdec generate`).
@@ -274,7 +280,7 @@ def run_bench(
                 return engine.decode_text(token_ids).strip()
 
             records = run_sessions(methods, sessions, encode, decode, options.repeats, options.warmup, advance,
-                                   write, compare_outputs=sampling.greedy)
+                                   write, compare_outputs=sampling.greedy, across_sessions=options.across_sessions)
 
     summary = aggregate(records, compare_outputs=sampling.greedy)
     meta = {
@@ -300,6 +306,7 @@ def run_bench(
     if options.workload is not None:
         meta["workload"] = parse_workloads(options.workload)
         meta["sessions_per_category"] = {c: sum(s.category == c for s in sessions) for c in summary.categories}
+        meta["across_sessions"] = options.across_sessions
     if options.device != "cpu":
         meta["device"] = f"{options.device}: {meta['device']}"
     return report.write_all(summary, meta, out, records)

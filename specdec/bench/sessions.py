@@ -12,7 +12,9 @@ Schedule.  Optionally one warm-up generation per method on the first turn of
 the first session (not recorded).  Then per session, per repeat (a repeat is
 the whole session again, from its first turn), every method's
 ``before_session()`` (its engine forgets what drafters learned from earlier
-requests: :meth:`specdec.engine.Engine.forget`), then per turn every method once,
+requests: :meth:`specdec.engine.Engine.forget`; with ``across_sessions`` only before the first
+session, so that a method's suffix store keeps the run's earlier sessions as a server's does), then per
+turn every method once,
 in an order rotated by one place per turn (:func:`rotated`, as
 :func:`specdec.bench.runner.run_interleaved` rotates per prompt).  Each method runs on an engine of its own (a fork:
 :meth:`specdec.engine.Engine.fork`), so a drafter that learns across requests
@@ -55,6 +57,7 @@ def run_sessions(
     on_turn_done: Callable[[list[Record]], None] | None = None,
     compare_outputs: bool = True,
     reference: str = REFERENCE,
+    across_sessions: bool = False,
 ) -> list[Record]:
     """Run every session turn by turn, every method on its own history, `repeats` times; returns the records.
 
@@ -65,6 +68,9 @@ def run_sessions(
     """
     if repeats < 1:
         raise SpecdecError(f"--repeats must be >= 1, got {repeats}")
+    if across_sessions and repeats > 1:
+        raise SpecdecError("--across-sessions keeps what drafters learned, so a repeat would draft from its own "
+                           "earlier answers: use --repeats 1")
     advance = advance or (lambda _: None)
     if warmup and sessions:
         first = encode(sessions[0].prompt(1, ()))
@@ -75,10 +81,11 @@ def run_sessions(
     records: list[Record] = []
     reference_ids: dict[str, list[int]] = {}  # turn prompt id -> the reference's repeat-0 answer
     slot = 0  # the rotation: one place per turn run
-    for session in sessions:
+    for index, session in enumerate(sessions):
         for r in range(repeats):
-            for m in methods:
-                m.before_session()
+            if index == 0 or not across_sessions:  # (across sessions: repeats == 1)
+                for m in methods:
+                    m.before_session()
             answers: dict[str, list[list[int]]] = {m.name: [] for m in methods}  # token ids, turn by turn
             replies: dict[str, list[str]] = {m.name: [] for m in methods}  # the same as text
             for turn in range(1, len(session.turns) + 1):

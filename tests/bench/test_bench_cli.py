@@ -159,11 +159,13 @@ def test_bench_workloads(wide_dirs, tmp_path):
     assert list(data["by_turn"])[:2] == ["1", "2+"]
     assert data["config"]["workload"] == list(WORKLOADS) and data["config"]["prompts"] is None
     assert data["config"]["sessions_per_category"] == {w: 1 for w in WORKLOADS}
+    assert data["config"]["across_sessions"] is False
     assert data["config"]["num_prompts"] == len(expected)
     spec = {m["name"]: m for m in data["methods"]}["specdec"]
     assert spec["identical_rate"] == 1.0 and spec["history_identical_rate"] == 1.0
     md = (out / "summary.md").read_text()
     assert "## Speedup vs plain by turn" in md and "sessions, " in md and "`specdec` 100%." in md
+    assert "every session starting afresh" in md
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -171,6 +173,8 @@ def test_bench_workloads(wide_dirs, tmp_path):
     (["--workload", ","], "--workload is empty"),
     (["--workload", "edit", "--prompts", "short"], "give --prompts or --workload, not both"),
     (["--workload", "edit", "--concurrency", "1,2"], "drop --concurrency"),
+    (["--across-sessions"], "--across-sessions is for --workload"),
+    (["--workload", "edit", "--across-sessions", "--repeats", "2"], "use --repeats 1"),
 ])
 def test_workload_errors(tiny_dirs, tmp_path, args, fragment):
     result = bench("--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--out", str(tmp_path / "out"),

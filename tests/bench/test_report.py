@@ -97,3 +97,13 @@ def test_the_step_plot_follows_one_generation_of_the_controller(tmp_path):
     assert prompt == "2" and set(traces) == {"plain", "specdec-auto"} and traces["specdec-auto"] == auto
     path = report.plot_steps(rs, aggregate(rs), tmp_path)
     assert path == tmp_path / "steps.png" and path.stat().st_size > 0
+
+
+def test_inputs_note_says_whether_sessions_start_afresh():
+    from specdec.bench.report import inputs_note
+
+    meta = {"workload": ["agent"], "sessions_per_category": {"agent": 2}, "prompts_per_category": {"agent": 9},
+            "num_prompts": 9, "chat": True, "repeats": 1}
+    assert "every session starting afresh" in inputs_note(meta) and "agent 2/9" in inputs_note(meta)
+    note = inputs_note({**meta, "across_sessions": True})
+    assert "keeping the run's earlier sessions (--across-sessions" in note and "afresh" not in note

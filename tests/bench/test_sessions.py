@@ -85,6 +85,20 @@ def test_warmup_and_repeats_run_whole_sessions_again():
     assert all(r.identical_to_plain and r.history_identical_to_plain for r in records)
 
 
+def test_across_sessions_methods_start_afresh_once_after_the_warmup():
+    log = []
+    methods = [Echo("plain", log), Echo("b", log)]
+    records, seen = run(methods, across_sessions=True)
+    assert seen[:2] == ["warm-up plain", "warm-up b"] and len(records) == 2 * 5
+    # the warm-up's session, then one for the whole run: s2 keeps what s1 left (a server's store)
+    assert [m.sessions for m in methods] == [2, 2]
+    assert [i for i, (who, what) in enumerate(log) if what == "session"] == [0, 2, 4, 5]  # none after s1
+    from specdec.errors import SpecdecError
+
+    with pytest.raises(SpecdecError, match="--repeats 1"):
+        run(methods, across_sessions=True, repeats=2)
+
+
 def test_sampled_sessions_leave_identity_unmarked_but_record_histories():
     log = []
     records, _ = run([Echo("plain", log), Echo("b", log, shift=2)], warmup=False, compare_outputs=False)
