@@ -587,8 +587,9 @@ class Engine:
                             runner.reset()
                     raise
         finally:
-            if self.suffix_store is not None:
-                self.suffix_store.add(output)
+            if self.suffix_store is not None:  # after its prompt's end (an encoder's input is not the context)
+                lead = () if isinstance(self.target_runner, Seq2SeqRunner) else prompt_ids
+                self.suffix_store.add(output, lead)
 
     def _decode(self, lease: Lease, prompt_ids: list[int], condition: StopCondition, config: RequestConfig,
                 drafting: bool) -> Iterator[Step]:

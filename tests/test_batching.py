@@ -150,7 +150,7 @@ def test_batched_greedy_equals_each_request_alone(dtype, draft):
     assert batch.target.forwards > 0 and batch.target.batched > batch.target.forwards  # really batched
     assert batch.target.active == 0
     if engine.suffix_store is not None:  # one store for every slot: each request's answer, each time
-        assert len(engine.suffix_store) == sum(len(a) > 2 for a in alone) * 3
+        assert len(engine.suffix_store) == sum(len(a) > 0 for a in alone) * 3  # each after its prompt's end
 
 
 def test_a_cancelled_request_leaves_and_the_others_go_on():

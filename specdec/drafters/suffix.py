@@ -42,8 +42,12 @@ window (recent text weighs more: the paper too keeps only recent requests).
 holds the outputs of recent requests, at most ``memory`` tokens (``--suffix-memory``; default
 specdec.defaults.DEFAULT_SUFFIX_MEMORY), the oldest output evicted first; a lock makes it safe for the
 server's worker threads.  Prompts are not stored (as in the paper): a request's own prompt is in its
-own context, which every drafter indexes, and an agent's next prompt repeats the conversation anyway.
-An output enters the store when its request ends (Engine: ``_steps``), also a cancelled one's, part way.
+own context, which every drafter indexes, and an agent's next prompt repeats the conversation anyway --
+except each prompt's last ``STORE_LEAD`` tokens, kept just before its output (a chat template's
+assistant header, typically): then the store knows how answers begin, and a request's first tokens,
+whose context is the prompt alone, draft from the answers that followed the same header (an agent's
+``{"tool": ...`` in a new session, a template's format).  An output enters the store when its request
+ends (Engine: ``_steps``), also a cancelled one's, part way.
 
 Drafts carry no probabilities (``q = None``): verified as deterministic proposals, exact under greedy
 decoding, distribution-preserving under sampling.  A seeded sampled request drafts from its own
@@ -85,6 +89,7 @@ OCCURRENCES = 256  # latest occurrences of the last window a query looks at: wha
 SPEC_FACTOR = 1.0  # a draft is at most this many times the match's length (vLLM's max_spec_factor)
 MIN_PROB = 0.1  # a draft token's estimated probability (count / the match's count) must reach this (vLLM's)
 STORE_ANCHOR = 2  # the shortest match used in the shared store
+STORE_LEAD = 8  # the prompt's last tokens kept before each output in the shared store (how answers begin)
 HYBRID_MIN_SCORE = 1.0  # in a hybrid, suffix drafts go first when they expect this many tokens accepted
 
 
@@ -299,9 +304,13 @@ class SuffixStore:
         """Outputs kept."""
         return len(self._outputs)
 
-    def add(self, tokens: Sequence[int]) -> None:
-        """Remember an output (evicting the oldest ones until it fits)."""
-        tokens = list(tokens[-self.memory:]) if self.memory else []
+    def add(self, tokens: Sequence[int], lead: Sequence[int] = ()) -> None:
+        """Remember an output (evicting the oldest ones until it fits) after `lead`, the end of its prompt
+        (its last STORE_LEAD tokens are kept; nothing for an empty output)."""
+        if not tokens:
+            return
+        tokens = [*lead[-STORE_LEAD:], *tokens]
+        tokens = tokens[-self.memory:] if self.memory else []
         if len(tokens) <= self._index.anchor:  # nothing follows any window of it
             return
         with self._lock:

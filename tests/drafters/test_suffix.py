@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from specdec.backends.hf import HFRunner
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.model import ModelDrafter
-from specdec.drafters.suffix import SuffixDrafter, SuffixIndex, SuffixStore, greedy_chain
+from specdec.drafters.suffix import STORE_LEAD, SuffixDrafter, SuffixIndex, SuffixStore, greedy_chain
 from specdec.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.loop import StopCondition, run
@@ -127,6 +127,21 @@ def test_the_better_scoring_source_drafts():
     context = ids("... a b y")  # only the store has "a b y"
     assert drafter.propose(context, 3).tokens == ids("= f( a")
     assert drafter.drafted_from == {"context": 0, "store": 1}  # a new context: the drafter started over
+
+
+def test_the_store_knows_how_answers_begin_after_the_same_prompt_end():
+    store = SuffixStore(100)
+    store.add(ids("a ) ..."), lead=ids("z b y = f( z"))  # the prompt ends "... f( z", its answer "a ) ..."
+    assert store.tokens == 3 + 6
+    drafter = SuffixDrafter(store)
+    assert drafter.propose(ids("b b = f( z"), 8).tokens == ids("a ) ...")  # another prompt, the same end
+    store.add(ids("b"), lead=list(range(100)))  # only the prompt's last STORE_LEAD tokens
+    assert store.tokens == 3 + 6 + 1 + STORE_LEAD
+    store.add([], lead=ids("y = f("))  # no output: nothing, not even its lead
+    assert store.tokens == 3 + 6 + 1 + STORE_LEAD and len(store) == 2
+    bare = SuffixStore(100)
+    bare.add(ids("a ) ..."))
+    assert SuffixDrafter(bare).propose(ids("b b = f( z"), 8).tokens == []  # without its lead: no match
 
 
 def test_a_store_of_no_memory_and_a_seeded_drafter_use_the_context_only():
@@ -266,7 +281,8 @@ def test_the_engine_learns_across_requests():
     engine = Engine(tiny_model("qwen2", 0, vocab_size=len(tok)), tok, suffix=True, suffix_memory=10_000)
     prompt = "def fibonacci(n):"
     plain = engine.generate(prompt, max_new_tokens=48, use_draft=False)
-    assert engine.suffix_store.tokens == len(plain.token_ids)  # a plain request's answer is remembered too
+    # a plain request's answer is remembered too, after its prompt's end
+    assert engine.suffix_store.tokens == len(plain.token_ids) + min(STORE_LEAD, len(engine.encode(prompt)))
     engine.forget()
     assert engine.suffix_store.tokens == 0
     first = engine.generate(prompt, max_new_tokens=48, k=8)

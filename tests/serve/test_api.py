@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specdec.cli import app as cli
+from specdec.drafters.suffix import STORE_LEAD
 from tests.serve.conftest import MODEL, metric, metric_samples, serve, streamed_text
 
 PROMPT = "def fibonacci(n):"
@@ -166,8 +167,8 @@ def test_suffix_drafts_learn_across_requests_and_are_counted_by_source(tiny_dirs
     assert forwards[1] < forwards[0] / 2
     assert len(engine.suffix_store) == 2
     assert metric(before, "suffix_store_tokens") == 0  # the gauge: what the store holds
-    assert metric(after, "suffix_store_tokens") == engine.suffix_store.tokens == sum(
-        r.usage.completion_tokens for r in responses)
+    assert metric(after, "suffix_store_tokens") == engine.suffix_store.tokens == sum(  # each after its prompt's end
+        r.usage.completion_tokens + min(STORE_LEAD, r.usage.prompt_tokens) for r in responses)
     for source in ("suffix", "model", "suffix-short"):
         for counter, key in (("drafts", "draft_steps"), ("draft_tokens", "drafted"), ("accepted_tokens", "accepted")):
             name = f"spec_decode_num_{counter}_by_source_total"
