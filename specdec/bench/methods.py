@@ -566,7 +566,8 @@ def parse_methods(text: str) -> list[str]:
     return families
 
 
-def check_drafters(entries: Sequence[str], copier: str | None, draft_model: Any, head: str | None) -> dict[str, tuple[str | None, bool]]:
+def check_drafters(entries: Sequence[str], copier: str | None, draft_model: Any,
+                   head: str | None) -> dict[str, tuple[str | None, bool]]:
     """The drafters of the entries that name one ("specdec-auto@lookup"), as (model-free drafter, whether
     the run's draft model or head drafts too) for Engine.fork_drafting, keyed by entry; a one-line
     SpecdecError for a drafter the run cannot give.  `copier`, `draft_model`, `head`: the run's own

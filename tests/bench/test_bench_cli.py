@@ -102,8 +102,9 @@ def test_methods_with_their_own_drafters_in_one_run(tiny_dirs, tmp_path):
     lookup = [r for r in rows if r["method"] == "specdec@lookup"]
     assert lookup and all(r["family"] == "specdec" and set(r["by_source"] or {}) <= {"lookup"} for r in lookup)
     # no draft model loaded: a model-free drafter still makes a method
-    result = bench("--target", tiny_dirs["target"], "--prompts", tiny_dirs["prompts"], "--max-new-tokens", "8",
-                   "--methods", "plain,specdec@suffix", "--gammas", "2", "--out", str(tmp_path / "out2"), "--json")
+    result = bench("--target", tiny_dirs["target"], "--draft", "none", "--prompts", tiny_dirs["prompts"],
+                   "--max-new-tokens", "8", "--methods", "plain,specdec@suffix", "--gammas", "2",
+                   "--out", str(tmp_path / "out2"), "--json")
     assert result.exit_code == 0, result.output
     assert [m["name"] for m in json.loads(result.stdout)["methods"]] == ["plain", "specdec@suffix"]
 
