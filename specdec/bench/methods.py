@@ -566,13 +566,12 @@ def parse_methods(text: str) -> list[str]:
     return families
 
 
-def check_drafters(entries: Sequence[str], copier: str | None, draft_model: Any,
-                   head: str | None) -> dict[str, tuple[str | None, bool]]:
+def check_drafters(entries: Sequence[str], draft_model: Any, head: str | None) -> dict[str, tuple[str | None, bool]]:
     """The drafters of the entries that name one ("specdec-auto@lookup"), as (model-free drafter, whether
     the run's draft model or head drafts too) for Engine.fork_drafting, keyed by entry; a one-line
-    SpecdecError for a drafter the run cannot give.  `copier`, `draft_model`, `head`: the run's own
-    drafter (specdec.loading.split_drafter of --draft): a method may name another model-free drafter
-    and the run's draft model or head, or leave them out, but not load another model."""
+    SpecdecError for a drafter the run cannot give.  `draft_model`, `head`: the run's own (the model and
+    head of specdec.loading.split_drafter of --draft): a method may name any model-free drafter and the
+    run's draft model or head, or leave them out, but not load another model."""
     from specdec.loading import split_drafter
 
     drafters: dict[str, tuple[str | None, bool]] = {}
@@ -667,11 +666,12 @@ def build_methods(
     return methods
 
 
-def engine_drafter(engine: "Engine") -> tuple[str | None, str | None, str | None]:
-    """(model-free drafter, draft model's name, head's name) of what `engine` drafts with, as check_drafters
-    takes them (Engine.load names a drafter as its spec: "lookup+qwen2.5-coder-0.5b")."""
+def engine_drafter(engine: "Engine") -> tuple[str | None, str | None]:
+    """(draft model's name, head's name) of what `engine` drafts with, as check_drafters takes them
+    (Engine.load names a drafter as its spec: "lookup+qwen2.5-coder-0.5b")."""
     from specdec.loading import split_drafter
 
     if engine.draft_runner is None and engine.head is None:
-        return engine.copier, None, None
-    return split_drafter(engine.draft_name)
+        return None, None
+    _, model, head = split_drafter(engine.draft_name)
+    return model, head

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 from specdec.bench.methods import Method
 from specdec.bench.prompts import Prompt, conversation_text
 from specdec.bench.results import Record, aggregate, mark_identical
-from specdec.bench.sessions import rotated, run_sessions
+from specdec.bench.sessions import check_across_sessions, rotated, run_sessions
 from specdec.defaults import DEFAULT_SUFFIX_MEMORY
 from specdec.errors import SpecdecError
 
@@ -193,11 +193,9 @@ def run_bench(
     check_run_options(options)
     if options.across_sessions and options.workload is None:
         raise SpecdecError("--across-sessions is for --workload sessions: a prompt set's prompts start afresh")
-    if options.across_sessions and options.repeats > 1:
-        raise SpecdecError("--across-sessions keeps what drafters learned, so a repeat would draft from its own "
-                           "earlier answers: use --repeats 1")
+    check_across_sessions(options.across_sessions, options.repeats)
     drafter = resolve_drafter(options.draft, options.target, options.backend)  # "auto": a head, or the 0.5B
-    copier, draft_model, head = split_drafter(drafter)
+    _, draft_model, head = split_drafter(drafter)
     # The draft's backend and dtype as Engine.load takes them (the same defaults as `specdec generate`).
     _, draft_backend, draft_dtype = resolve_draft(draft_model, options.backend, options.draft_backend,
                                                   options.draft_dtype, options.device)
@@ -207,7 +205,7 @@ def run_bench(
     else:
         families = parse_methods(options.methods)
     check_backends(families, options.backend, draft_backend, draft_dtype)
-    own_drafters = check_drafters(families, copier, draft_model, head)  # "specdec-auto@lookup": the run's models only
+    own_drafters = check_drafters(families, draft_model, head)  # "specdec-auto@lookup": the run's models only
     if "llamacpp" in families:
         from specdec.loading import check_spec
 

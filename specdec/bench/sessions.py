@@ -46,6 +46,14 @@ def rotated(items: Sequence[Any], k: int) -> list[Any]:
     return list(items[k:]) + list(items[:k])
 
 
+def check_across_sessions(across_sessions: bool, repeats: int) -> None:
+    """--across-sessions needs --repeats 1: a method keeps what its drafters learned, so a repeat would
+    draft from its own earlier answer to the same turn (a one-line SpecdecError)."""
+    if across_sessions and repeats > 1:
+        raise SpecdecError("--across-sessions keeps what drafters learned, so a repeat would draft from its own "
+                           "earlier answers: use --repeats 1")
+
+
 def run_sessions(
     methods: Sequence[Method],
     sessions: Sequence[Session],
@@ -68,9 +76,7 @@ def run_sessions(
     """
     if repeats < 1:
         raise SpecdecError(f"--repeats must be >= 1, got {repeats}")
-    if across_sessions and repeats > 1:
-        raise SpecdecError("--across-sessions keeps what drafters learned, so a repeat would draft from its own "
-                           "earlier answers: use --repeats 1")
+    check_across_sessions(across_sessions, repeats)
     advance = advance or (lambda _: None)
     if warmup and sessions:
         first = encode(sessions[0].prompt(1, ()))

@@ -205,16 +205,16 @@ def test_parse_methods_refuses_a_drafter_where_none_can_go(text, fragment):
 
 def test_check_drafters_allows_the_runs_own_models_only():
     entries = ["plain", "specdec-auto", "specdec-auto@lookup", "specdec@suffix+m0", "specdec-tree@m0"]
-    assert check_drafters(entries, "suffix", "m0", None) == {
+    assert check_drafters(entries, "m0", None) == {
         "specdec-auto@lookup": ("lookup", False), "specdec@suffix+m0": ("suffix", True), "specdec-tree@m0": (None, True)}
     with pytest.raises(SpecdecError, match="drafts with m1, but this run loads the draft m0"):
-        check_drafters(["specdec@lookup+m1"], "lookup", "m0", None)
+        check_drafters(["specdec@lookup+m1"], "m0", None)
     with pytest.raises(SpecdecError, match="loads no draft model"):
-        check_drafters(["specdec@m1"], "lookup", None, None)
+        check_drafters(["specdec@m1"], None, None)
     with pytest.raises(SpecdecError, match="loads no head"):
-        check_drafters(["specdec@lookup+head"], "lookup", "m0", None)
+        check_drafters(["specdec@lookup+head"], "m0", None)
     with pytest.raises(SpecdecError, match="not auto"):
-        check_drafters(["specdec@auto"], "lookup", "m0", None)
+        check_drafters(["specdec@auto"], "m0", None)
 
 
 def test_methods_with_their_own_drafters_share_the_runs_models():
