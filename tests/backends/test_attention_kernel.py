@@ -64,6 +64,21 @@ def test_every_path_gives_the_same_bits_close_to_float64(heads, kv_heads, d, win
             assert torch.equal(out, kernels.attention.causal(q, keys, values, start, scale, window, path=path)), path
 
 
+@pytest.mark.parametrize("heads,kv_heads,d,window", [(12, 2, 128, None), (14, 2, 64, 150), (7, 1, 128, 40)])
+def test_long_contexts_and_large_groups_give_every_path_the_same_bits(heads, kv_heads, d, window):
+    # the AVX-512 path scores 16 keys at a time for up to 6 heads of a kv head together: contexts of many
+    # blocks, groups of more heads than one block (the 0.5B's 7), windows that end inside a block
+    for start, n in [(203, 1), (300, 37)]:
+        q, keys, values = inputs(heads, kv_heads, d, start + n, n, seed=start + n + d)
+        scale = d ** -0.5
+        out = kernels.attention.causal(q, keys, values, start, scale, window)
+        assert torch.allclose(out.double(), reference(q, keys, values, start, scale, window), atol=2e-6, rtol=1e-5)
+        for path in kernels.attention.paths():
+            assert torch.equal(out, kernels.attention.causal(q, keys, values, start, scale, window, path=path)), path
+        # a row alone (a one-token step) is the same bits as among the others (a prefill)
+        assert torch.equal(out[-1], kernels.attention.causal(q[:, -1:], keys, values, start + n - 1, scale, window)[0])
+
+
 def test_a_row_is_the_same_alone_among_others_and_at_any_thread_count():
     q, keys, values = inputs(12, 2, 128, 60, 19, seed=1)
     start, scale = 40, 0.09

@@ -282,6 +282,163 @@ AVX512 static void weighted_avx512(const float *e, const rows_view *v, int d, fl
 }
 #undef FMA4_AVX512
 
+/* ------------------------------------------------------------------ AVX-512: a kv head's query heads together
+ * Grouped-query attention gives the `group` query heads of one kv head the same keys and values; computed one
+ * (row, head) at a time, every head streams them again from L2, which bounds the attention (Zen 4: ~47 cycles
+ * per key and head against ~16 of arithmetic).  Here one task is a (row, kv head): its keys and values are read
+ * once per block of heads, and each head's numbers are those of the per-head functions above, operation for
+ * operation:
+ *   - scores 16 keys at a time: key t's 16-lane products in its own register, in the same fused multiply-add
+ *     order as dot_avx512; then the 16 registers are reduced together by a transposing network whose every
+ *     addition is one of tree16's (t8_l = p_l + p_{l+8}, t4_l = t8_l + t8_{l+4}, t2_l = t4_l + t4_{l+2},
+ *     t2_0 + t2_1), the operands only sitting in other lanes; keys past the last whole block take dot_avx512;
+ *   - the weighted sums of up to GROUP_BLOCK heads at once, each column's chain of multiply-adds over j in
+ *     order as in weighted_avx512, a value row loaded once for all of them. */
+
+#define GROUP_BLOCK 6 /* heads whose weighted sums run together: 6 x 4 accumulators + 4 value registers */
+
+/* out[t] = tree16 of acc[t] for t = 0..15 (see above).  The network leaves key 4c + b's sum in lane 4b + c;
+ * acc is read through that transposition so that lane t holds key t's. */
+AVX512 static inline __m512 tree16_x16(const __m512 *acc) {
+    __m512 b[8], c[4], d[2];
+    for (int m = 0; m < 8; m++) { /* t8: lanes 0-7 of key 2m's sum in 0-7 and of key 2m + 1's in 8-15 */
+        const __m512 p = acc[(2 * m) % 4 * 4 + (2 * m) / 4], q = acc[(2 * m + 1) % 4 * 4 + (2 * m + 1) / 4];
+        b[m] = _mm512_add_ps(_mm512_shuffle_f32x4(p, q, 0x44), _mm512_shuffle_f32x4(p, q, 0xee));
+    }
+    for (int m = 0; m < 4; m++) /* t4: one 4-lane block per key */
+        c[m] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * m], b[2 * m + 1], 0x88),
+                             _mm512_shuffle_f32x4(b[2 * m], b[2 * m + 1], 0xdd));
+    for (int m = 0; m < 2; m++) /* t2: two lanes per key */
+        d[m] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * m], c[2 * m + 1], 0x44),
+                             _mm512_shuffle_ps(c[2 * m], c[2 * m + 1], 0xee));
+    return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xdd));
+}
+
+/* s_r[j] = dot_avx512(q_r, k_j, D) * scale for `heads` query heads r (s_r = s + r * n) and the keys j of whole
+ * 16-key blocks, D (64 or 128) a constant so that a head's q stays in registers beside the 16 accumulators; a
+ * block of keys is read for every head while it sits in L1.  Returns how many keys it scored. */
+#define SCORES_BLOCKS(D)                                                                                    \
+    AVX512 static int score_blocks_##D(const float *const *qs, int heads, const rows_view *k, int n,         \
+                                       float scale, float *s) {                                             \
+        const __m512 vscale = _mm512_set1_ps(scale);                                                        \
+        const int fixed = k->stride == D; /* consecutive rows (a runner's cache): keys at fixed offsets */   \
+        int j = 0;                                                                                          \
+        for (; j + LANES <= n; j += LANES) {                                                                \
+            const float *rows[LANES];                                                                       \
+            for (int t = 0; t < LANES; t++) rows[t] = row_of(k, j + t);                                     \
+            const int run = fixed && j + LANES <= k->n1;                                                    \
+            for (int r = 0; r < heads; r++) {                                                               \
+                __m512 qc[D / LANES], acc[LANES];                                                           \
+                _Pragma("GCC unroll 8") for (int c = 0; c < D / LANES; c++) qc[c] = _mm512_loadu_ps(qs[r] + c * LANES); \
+                _Pragma("GCC unroll 16") for (int t = 0; t < LANES; t++) acc[t] = _mm512_setzero_ps();     \
+                if (run) { /* each key's products in order, interleaved across the keys */                   \
+                    const float *base = rows[0];                                                            \
+                    _Pragma("GCC unroll 8") for (int c = 0; c < D / LANES; c++)                             \
+                        _Pragma("GCC unroll 16") for (int t = 0; t < LANES; t++)                            \
+                            acc[t] = _mm512_fmadd_ps(qc[c], _mm512_loadu_ps(base + t * D + c * LANES), acc[t]); \
+                } else {                                                                                    \
+                    _Pragma("GCC unroll 16") for (int t = 0; t < LANES; t++)                                \
+                        _Pragma("GCC unroll 8") for (int c = 0; c < D / LANES; c++)                         \
+                            acc[t] = _mm512_fmadd_ps(qc[c], _mm512_loadu_ps(rows[t] + c * LANES), acc[t]);  \
+                }                                                                                           \
+                _mm512_storeu_ps(s + (int64_t)r * n + j, _mm512_mul_ps(tree16_x16(acc), vscale));          \
+            }                                                                                               \
+        }                                                                                                   \
+        return j;                                                                                           \
+    }
+SCORES_BLOCKS(64)
+SCORES_BLOCKS(128)
+#undef SCORES_BLOCKS
+
+/* s_r[j] = dot_avx512(q_r, k_j, d) * scale for j in [0, n) and `heads` query heads r (s_r = s + r * n); m[r]:
+ * the maximum of s_r (as attend's loop takes it). */
+AVX512 static void scores_avx512(const float *const *qs, int heads, const rows_view *k, int n, int d, float scale,
+                                 float *s, float *m) {
+    const int whole = d == 128 ? score_blocks_128(qs, heads, k, n, scale, s)
+                      : d == 64 ? score_blocks_64(qs, heads, k, n, scale, s) : 0;
+    for (int r = 0; r < heads; r++) {
+        float *sr = s + (int64_t)r * n, top = -INFINITY;
+        for (int j = whole; j < n; j++) sr[j] = dot_avx512(qs[r], row_of(k, j), d) * scale;
+        for (int j = 0; j < n; j++) top = sr[j] > top ? sr[j] : top;
+        m[r] = top;
+    }
+}
+
+/* out_r[c] = (sum_j e_r[j] v_j,c) / z_r for R heads r (e_r = e + r * stride), columns c in [c0, c0 + 64). */
+#define WEIGHTED_GROUP(R)                                                                                   \
+    AVX512 static inline void weighted64_x##R(const float *e, int64_t stride, const rows_view *v, int c0,     \
+                                              const float *z, float *const *out) {                          \
+        __m512 acc[R][4];                                                                                   \
+        _Pragma("GCC unroll 6") for (int r = 0; r < R; r++)                                                                         \
+            _Pragma("GCC unroll 4") for (int x = 0; x < 4; x++) acc[r][x] = _mm512_setzero_ps();                                   \
+        const int n = v->n1 + v->n2;                                                                        \
+        for (int j = 0; j < n; j++) {                                                                       \
+            const float *vj = row_of(v, j) + c0;                                                            \
+            const __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16);                           \
+            const __m512 v2 = _mm512_loadu_ps(vj + 32), v3 = _mm512_loadu_ps(vj + 48);                      \
+            _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) {                                                                   \
+                const __m512 w = _mm512_set1_ps(e[r * stride + j]);                                        \
+                acc[r][0] = _mm512_fmadd_ps(w, v0, acc[r][0]);                                              \
+                acc[r][1] = _mm512_fmadd_ps(w, v1, acc[r][1]);                                              \
+                acc[r][2] = _mm512_fmadd_ps(w, v2, acc[r][2]);                                              \
+                acc[r][3] = _mm512_fmadd_ps(w, v3, acc[r][3]);                                              \
+            }                                                                                               \
+        }                                                                                                   \
+        _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) {                                                                       \
+            const __m512 vz = _mm512_set1_ps(z[r]);                                                         \
+            _Pragma("GCC unroll 4") for (int x = 0; x < 4; x++) _mm512_storeu_ps(out[r] + c0 + 16 * x, _mm512_div_ps(acc[r][x], vz)); \
+        }                                                                                                   \
+    }
+WEIGHTED_GROUP(1)
+WEIGHTED_GROUP(2)
+WEIGHTED_GROUP(3)
+WEIGHTED_GROUP(4)
+WEIGHTED_GROUP(5)
+WEIGHTED_GROUP(6)
+#undef WEIGHTED_GROUP
+
+/* Columns [c0, c0 + 16) of one head: weighted_avx512's one-register tail. */
+AVX512 static void weighted16(const float *e, const rows_view *v, int c0, float z, float *out) {
+    __m512 a = _mm512_setzero_ps();
+    const int n = v->n1 + v->n2;
+    for (int j = 0; j < n; j++) a = _mm512_fmadd_ps(_mm512_set1_ps(e[j]), _mm512_loadu_ps(row_of(v, j) + c0), a);
+    _mm512_storeu_ps(out + c0, _mm512_div_ps(a, _mm512_set1_ps(z)));
+}
+
+/* The heads h0 .. h0 + count - 1 of one row over the same keys and values (k, v: n visible rows); s: room for
+ * count * n scores. */
+AVX512 static void attend_group_avx512(const sd_attention_params *job, int i, int h0, int count, const rows_view *k,
+                                       const rows_view *v, int n, float *s) {
+    const int d = job->d;
+    float z[GROUP_BLOCK];
+    float *outs[GROUP_BLOCK];
+    for (int b = 0; b < count; b += GROUP_BLOCK) {
+        const int heads = count - b < GROUP_BLOCK ? count - b : GROUP_BLOCK;
+        const float *qs[GROUP_BLOCK];
+        float m[GROUP_BLOCK];
+        for (int r = 0; r < heads; r++) {
+            const int h = h0 + b + r;
+            qs[r] = job->q + (int64_t)h * job->q_head + (int64_t)i * job->q_row;
+            outs[r] = job->out + (int64_t)i * job->out_row + (int64_t)h * job->out_head;
+        }
+        scores_avx512(qs, heads, k, n, d, job->scale, s, m);
+        for (int r = 0; r < heads; r++) z[r] = softmax_avx512(s + (int64_t)r * n, n, m[r]);
+        int c = 0;
+        for (; c + 64 <= d; c += 64) {
+            switch (heads) {
+            case 6: weighted64_x6(s, n, v, c, z, outs); break;
+            case 5: weighted64_x5(s, n, v, c, z, outs); break;
+            case 4: weighted64_x4(s, n, v, c, z, outs); break;
+            case 3: weighted64_x3(s, n, v, c, z, outs); break;
+            case 2: weighted64_x2(s, n, v, c, z, outs); break;
+            default: weighted64_x1(s, n, v, c, z, outs); break;
+            }
+        }
+        for (; c < d; c += LANES)
+            for (int r = 0; r < heads; r++) weighted16(s + (int64_t)r * n, v, c, z[r], outs[r]);
+    }
+}
+
 static int best_isa(void) {
     static int cached = -1;
     if (cached < 0) {
@@ -299,10 +456,9 @@ static int best_isa(void) { return ATT_C; }
 
 /* ------------------------------------------------------------------ one (row, head) */
 
-/* Query row i, head h of the job; s: room for start + n scores.  The vector paths need d % 16 == 0
- * (sd_attention takes the C path otherwise: the same numbers). */
-static void attend(const sd_attention_params *job, int i, int h, float *s) {
-    /* The visible positions: the cached ones [lo, cut), then (tree mode) the new rows tail[0 .. n2). */
+/* The keys and values query row i sees in the kv head at offset kvh of job->k / job->v (the cached positions
+ * [lo, cut), then in tree mode the new rows tail[0 .. n2)); returns how many. */
+static int visible(const sd_attention_params *job, int i, int64_t kvh, rows_view *k, rows_view *v) {
     const int *tail = NULL;
     int end, cut, n2 = 0;
     if (job->tree_at) {
@@ -320,11 +476,18 @@ static void attend(const sd_attention_params *job, int i, int h, float *s) {
         n2 -= lo - cut;
         cut = lo;
     }
-    const int n = cut - lo + n2, d = job->d;
+    const int64_t new_rows = (int64_t)job->start * job->kv_row;
+    *k = (rows_view){job->k + kvh + (int64_t)lo * job->kv_row, job->k + kvh + new_rows, tail, cut - lo, n2, job->kv_row};
+    *v = (rows_view){job->v + kvh + (int64_t)lo * job->kv_row, job->v + kvh + new_rows, tail, cut - lo, n2, job->kv_row};
+    return cut - lo + n2;
+}
+
+/* Query row i, head h of the job; s: room for start + n scores.  The vector paths need d % 16 == 0
+ * (sd_attention takes the C path otherwise: the same numbers). */
+static void attend(const sd_attention_params *job, int i, int h, float *s) {
+    rows_view k, v;
+    const int n = visible(job, i, (int64_t)(h / (job->heads / job->kv_heads)) * job->kv_head, &k, &v), d = job->d;
     const float *q = job->q + (int64_t)h * job->q_head + (int64_t)i * job->q_row;
-    const int64_t kvh = (int64_t)(h / (job->heads / job->kv_heads)) * job->kv_head, new_rows = (int64_t)job->start * job->kv_row;
-    const rows_view k = {job->k + kvh + (int64_t)lo * job->kv_row, job->k + kvh + new_rows, tail, cut - lo, n2, job->kv_row};
-    const rows_view v = {job->v + kvh + (int64_t)lo * job->kv_row, job->v + kvh + new_rows, tail, cut - lo, n2, job->kv_row};
     float *out = job->out + (int64_t)i * job->out_row + (int64_t)h * job->out_head;
     float m = -INFINITY;
 /* The three steps of the top of the file, on one path's functions (dot_P, softmax_P, weighted_P). */
@@ -350,6 +513,16 @@ static void attend(const sd_attention_params *job, int i, int h, float *s) {
 #undef ATTEND_ON
 }
 
+#ifdef SD_X86
+/* Query row i, every head of kv head g (the AVX-512 path); s: room for (heads / kv_heads) * (start + n) scores. */
+static void attend_kv_head(const sd_attention_params *job, int i, int g, float *s) {
+    rows_view k, v;
+    const int group = job->heads / job->kv_heads;
+    const int n = visible(job, i, (int64_t)g * job->kv_head, &k, &v);
+    attend_group_avx512(job, i, g * group, group, &k, &v, n, s);
+}
+#endif
+
 /* out[i, h, :] = attention of query row i (position start + i, or start + its depth in tree mode), head h (see
  * sd_attention_params and the top of the file).  Rows and heads are shared among up to p->threads threads (which thread computes one changes no
  * number).  p->isa: 0 for the best path, else at most that path (the tests compare them).  Returns 0, or -1
@@ -358,19 +531,32 @@ int sd_attention(const sd_attention_params *p) {
     sd_attention_params job = *p;
     if (job.isa <= 0 || job.isa > best_isa()) job.isa = best_isa();
     if (job.d % LANES) job.isa = ATT_C;
-    const int n = job.n, heads = job.heads;
+    /* A task: one (row, head), or on the AVX-512 path one (row, kv head) with all its query heads */
+    const int grouped = job.isa == ATT_AVX512, per_row = grouped ? job.kv_heads : job.heads;
+    const int n = job.n, group = job.heads / job.kv_heads;
     int threads = job.threads;
-    const int tasks = n * heads, room = job.start + n; /* each thread's scores: at most start + n of them */
+    const int tasks = n * per_row;
+    const size_t room = (size_t)(job.start + n) * (grouped ? (size_t)group : 1); /* a task's scores at most */
     if (threads < 1 || tasks < 2) threads = 1;
     if (threads > tasks) threads = tasks;
-    float *scores = malloc(sizeof(float) * (size_t)room * (size_t)threads);
+    float *scores = malloc(sizeof(float) * room * (size_t)threads);
     if (!scores) return -1;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (int t = 0; t < tasks; t++) attend(&job, t / heads, t % heads, scores + (size_t)room * omp_get_thread_num());
+    for (int t = 0; t < tasks; t++) {
+        float *s = scores + room * omp_get_thread_num();
 #else
-    for (int t = 0; t < tasks; t++) attend(&job, t / heads, t % heads, scores);
+    for (int t = 0; t < tasks; t++) {
+        float *s = scores;
 #endif
+#ifdef SD_X86
+        if (grouped) {
+            attend_kv_head(&job, t / per_row, t % per_row, s);
+            continue;
+        }
+#endif
+        attend(&job, t / per_row, t % per_row, s);
+    }
     free(scores);
     return 0;
 }
