@@ -401,8 +401,8 @@ void sd_pack(const int8_t *w, int n, int k, int kp, int8_t *out) {
  * (stride ldx) -> q[i * kp ..] (zero padded to kp), qabs = |q|, xs[i] = its scale s / QMAX, qsum[i] = the sum
  * of its q (the VNNI path's offset).  isa: the path's activation code (ISA_C or at least ISA_AVX2: the same
  * numbers).  Returns the block to free(), or NULL when out of memory. */
-static void *sd_activations(const float *x, int64_t ldx, int m, int k, int kp, int isa, int8_t **q, uint8_t **qabs,
-                            float **xs, int32_t **qsum) {
+static void *sd_activations(const float *x, int64_t ldx, int m, int k, int kp, int isa, int threads, int8_t **q,
+                            uint8_t **qabs, float **xs, int32_t **qsum) {
     const size_t bytes = (size_t)m * kp, rows = (size_t)(m > 0 ? m : 1);
     const size_t room = (bytes * 2 + 63) / 64 * 64 + 64 + rows * (sizeof(float) + sizeof(int32_t));
     uint8_t *block = aligned_alloc(64, (room + 63) / 64 * 64);
@@ -411,6 +411,11 @@ static void *sd_activations(const float *x, int64_t ldx, int m, int k, int kp, i
     *qabs = block + bytes;
     *xs = (float *)(block + (bytes * 2 + 63) / 64 * 64 + 64);
     *qsum = (int32_t *)(*xs + rows);
+    (void)threads;
+    /* rows on their own: which thread quantizes one changes nothing (a prefill's many rows, in parallel) */
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && m >= 16)
+#endif
     for (int i = 0; i < m; i++) {
         int8_t *qi = *q + (int64_t)i * kp;
 #ifdef SD_X86
@@ -435,7 +440,7 @@ int sd_linear(const sd_linear_params *p) {
     uint8_t *qabs;
     float *xs;
     int32_t *qsum;
-    void *block = sd_activations(p->x, p->ldx, p->m, p->k, p->kp, isa, &q, &qabs, &xs, &qsum);
+    void *block = sd_activations(p->x, p->ldx, p->m, p->k, p->kp, isa, p->threads, &q, &qabs, &xs, &qsum);
     if (!block) return -1;
     job_t job = {p->w, p->scales, p->bias, xs, q, qabs, qsum, p->y, p->ldy, p->n, p->kp, p->m, isa};
     run_job(&job, p->threads);
