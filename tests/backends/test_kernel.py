@@ -44,8 +44,9 @@ def layer(n: int, k: int, seed: int, bias: bool = True):
 @pytest.mark.parametrize("bias", [True, False])
 def test_outputs_are_the_exact_integer_formula(n, k, bias):
     values, scale, b, packed = layer(n, k, seed=n * 1000 + k, bias=bias)
-    x = torch.randn(19, k, generator=torch.Generator().manual_seed(k)) * torch.logspace(-3, 3, 19)[:, None]
-    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 19):  # every row-block size of every path, and blocks after blocks
+    x = torch.randn(35, k, generator=torch.Generator().manual_seed(k)) * torch.logspace(-3, 3, 35)[:, None]
+    # every row-block size of every path, blocks after blocks, and the VNNI path's row groups of 16+ rows
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 19, 35):
         y = kernels.int8.linear(x[:m], packed, k, scale, b)
         assert y.shape == (m, n) and torch.equal(y, reference(x[:m], values, scale, b)), m
         for path in kernels.int8.paths():  # the best path == AVX2 == portable C

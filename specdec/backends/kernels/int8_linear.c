@@ -287,9 +287,14 @@ VTILE(8, 2)
 VNNI static void gemm_tiles_vnni(const int8_t *w, const float *ws, const float *bias, int n, int t0, int t1,
                                  int kp, const int8_t *q, const int32_t *qsum, const float *xs, int m, float *y,
                                  int64_t ldy) {
+    /* Many rows: a group of 8 rows' activations stays in L1 while the chunk's tiles (sized for L2 by run_job)
+     * pass under it, rather than every tile reading all the rows again */
+    int i0 = 0;
+    for (; m >= 16 && i0 + 8 <= m; i0 += 8)
+        for (int t = t0; t < t1; t++) vtile_x8(w + tile_offset(t, kp), ws, bias, t * TILE_N, n, kp, q, qsum, xs, i0, y, ldy);
     for (int t = t0; t < t1; t++) {
         const int8_t *tile = w + tile_offset(t, kp);
-        int col = t * TILE_N, i = 0;
+        int col = t * TILE_N, i = i0;
         for (; i + 8 <= m; i += 8) vtile_x8(tile, ws, bias, col, n, kp, q, qsum, xs, i, y, ldy);
         switch (m - i) {
         case 7: vtile_x7(tile, ws, bias, col, n, kp, q, qsum, xs, i, y, ldy); break;
@@ -360,6 +365,8 @@ static void run_job(const job_t *job, int threads) {
 #ifdef _OPENMP
     if (threads > 1 && tiles >= 2 * TILE_N) {
         int chunk_tiles = tiles / (8 * threads);
+        const int l2_tiles = (256 << 10) / (TILE_N * job->kp); /* many rows: a chunk's weights stay in L2 */
+        if (job->m >= 16 && chunk_tiles > l2_tiles) chunk_tiles = l2_tiles;
         if (chunk_tiles < 4) chunk_tiles = 4;
         int chunks = (tiles + chunk_tiles - 1) / chunk_tiles;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
