@@ -293,7 +293,9 @@ class BatchPool:
         chosen, shared = self.engine.speculation(k, sampling), self.engine.auto_controller()
         if chosen is not shared:
             return chosen
-        auto = AutoK(self.costs(), max_k=shared.max_k, cost_ewma=0.0, load=lambda: self.target.load(slot))
+        # the engine's lengths of recent answers (shared: each request adds its own) and share of model steps
+        auto = AutoK(self.costs(), max_k=shared.max_k, cost_ewma=0.0, load=lambda: self.target.load(slot),
+                     lengths=shared.lengths, model_share=shared.model_share)
         self.target.controllers[slot] = auto
         return auto
 

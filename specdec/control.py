@@ -73,6 +73,9 @@ from specdec.drafters.tree import TreeShape, propose_tree
 from specdec.errors import SpecdecError
 
 AUTO = "auto"  # num_speculative_tokens: the cost-model controller chooses k each step
+# Recent generations (AutoK.lengths) that must have gone on past this one's length so far before what they
+# had left bounds the span a catch-up is priced over
+MIN_LENGTHS = 3
 # Tokens a draft model feeds to catch up between two consecutive draft steps: the bonus token, and
 # the last draft token when every token was accepted (it was proposed, never fed).
 STEADY_SYNC = 2
@@ -407,6 +410,15 @@ class AutoK:
     tree_gain: dict[str, float] = field(default_factory=dict)
     tree_wait: dict[str, int] = field(default_factory=dict)
     tree_prior: float = 0.25  # extra tokens a tree is assumed to buy before one was verified
+    # What is left of an answer, the span over which a catch-up must pay (span()): the lengths of recent
+    # generations (finish(); the list the batch's controllers share), and this generation's tokens so far
+    lengths: list[int] = field(default_factory=list)
+    length_window: int = 32
+    generated: int = 0
+    # the share of recent steps in which a source that costs time (MODEL) was an option at all: in a
+    # hybrid, the steps its free source (prompt lookup, suffix drafts) left to the model
+    model_share: float = 1.0
+    _model_asked: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.max_k < 1:
@@ -461,12 +473,38 @@ class AutoK:
         top = min(self.max_k, limit)
         return max(range(top + 1), key=lambda k: (self.rate(k, alphas, source, load), -k))
 
+    def finish(self, tokens: int) -> None:
+        """A generation ended after `tokens` tokens (the decode loop says so): the next generations
+        price their catch-ups over what such answers have left (span)."""
+        self.lengths.append(tokens)
+        del self.lengths[: -self.length_window]
+
+    def remaining(self) -> float | None:
+        """Tokens this generation is expected to have left: the mean of what the recent generations that
+        went on past this one's length so far had left at that point (their lengths as the loop ended
+        them: one cut at max_new_tokens counts as that long); None while fewer than MIN_LENGTHS did."""
+        left = [n - self.generated for n in self.lengths if n > self.generated]
+        return sum(left) / len(left) if len(left) >= MIN_LENGTHS else None
+
+    def span(self, limit: int, source: str = MODEL) -> float:
+        """Tokens over which drafting from `source` must repay a catch-up: the next min(limit + 1, horizon),
+        no more than what recent answers had left at this length (remaining), and for a draft model only
+        its share of the steps (model_share: a hybrid's free source drafts the others).  A 256-token horizon
+        priced a 0.5B draft's catch-up of each new agent observation against tool calls of 40 tokens that
+        suffix drafts mostly covered: the catch-ups took a quarter of the time and lost to suffix drafts
+        alone."""
+        tokens = float(min(limit + 1, self.horizon))
+        left = self.remaining()
+        if left is not None:
+            tokens = min(tokens, left)
+        return tokens * self.model_share if source == MODEL else tokens
+
     def saving(self, k: int, limit: int, alphas: list[float] | None = None, source: str = MODEL,
                load: Load = NO_LOAD) -> float:
         """ms that drafting k tokens a step is expected to save over plain steps, over the next
-        min(limit + 1, horizon) tokens (alone: 1 / rate(0) = t(1))."""
-        tokens = min(limit + 1, self.horizon)
-        return tokens * (1.0 / self.rate(0, alphas, source, load) - 1.0 / self.rate(k, alphas, source, load))
+        span(limit, source) tokens (alone: 1 / rate(0) = t(1))."""
+        return self.span(limit, source) * (1.0 / self.rate(0, alphas, source, load)
+                                           - 1.0 / self.rate(k, alphas, source, load))
 
     def probe_cost(self, lag: int, source: str = MODEL, load: Load = NO_LOAD) -> float:
         """ms a one-token probe costs over a plain step: the catch-up, the draft, the longer verification."""
@@ -475,17 +513,19 @@ class AutoK:
 
     def prospect(self, limit: int, lag: int = 0, source: str = MODEL) -> float:
         """Expected ms per emitted token if the next steps draft from `source` at its best k, with a
-        catch-up of `lag` tokens spread over the min(limit + 1, horizon) tokens it buys (a plain step's
+        catch-up of `lag` tokens spread over the span(limit, source) tokens it buys (a plain step's
         t(1) if drafting from it does not pay).  The decode loop ranks a drafter's sources by it
         (plan)."""
+        self._model_asked |= source == MODEL
         load = self.load() if self.load is not None else NO_LOAD
         alphas = self.alphas(source)
         k = self.best(limit, alphas, source, load) if limit > 0 else 0
         if k == 0:
             return 1.0 / self.rate(0, alphas, source, load)
-        return 1.0 / self.rate(k, alphas, source, load) + self.costs.catch_up(lag) / min(limit + 1, self.horizon)
+        return 1.0 / self.rate(k, alphas, source, load) + self.costs.catch_up(lag) / max(self.span(limit, source), 1.0)
 
     def choose(self, limit: int, lag: int = 0, source: str = MODEL) -> int:
+        self._model_asked |= source == MODEL
         load = self.load() if self.load is not None else NO_LOAD
         k = self._choose(limit, lag, source, load)
         alphas = self.alphas(source)
@@ -509,6 +549,10 @@ class AutoK:
     def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float, synced: int = 0,
                 source: str = MODEL) -> None:
         w = self.cost_ewma  # times <= 0 mean "not measured" and leave the scales alone
+        self.generated += accepted + 1
+        asked = self._model_asked or (drafted > 0 and source == MODEL)  # plan() asked, or a model drafted
+        self.model_share += (1 - self.forget) * (asked - self.model_share)
+        self._model_asked = False
         if target_s > 0:  # frozen costs (cost_ewma 0) learn no shape either
             self.costs.learn_target(drafted + 1, 1000 * target_s, w, self.shape_ewma if w > 0 else 0.0)
         # Every step is time in which the sources that did not draft were not tried: their probe budgets
@@ -586,6 +630,8 @@ class AutoK:
         be tried again)."""
         for counts in (*self.hits.values(), *self.trials.values()):
             counts[:] = [c / 2 for c in counts]
+        self.generated = 1  # the prefill's token
+        self._model_asked = False
 
     def describe(self) -> str:
         return f"auto (<= {self.max_k})"

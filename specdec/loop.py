@@ -276,6 +276,9 @@ def decode(
     while True:
         stats.new_tokens = len(generated)
         stats.wall_s = time.perf_counter() - start
+        finish = getattr(controller, "finish", None) if reason is not None and drafter is not None else None
+        if finish is not None:  # before the last yield: a caller may stop at the last step
+            finish(len(generated))  # the answer's length: what the next answers' catch-ups are priced over
         yield Step(emitted, reason, stats)
         if reason is not None:
             return

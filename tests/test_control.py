@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.control import LOOKUP, MODEL, AutoK, Costs, FixedK, expected_tokens, isotonic
+from specdec.control import LOOKUP, MODEL, SUFFIX, AutoK, Costs, FixedK, expected_tokens, isotonic
 
 FLAT = {1: 100.0, 16: 100.0}  # verifying 16 tokens costs one step (a GPU-like target)
 CPU = {1: 100.0, 2: 115.0, 4: 170.0, 6: 230.0, 8: 290.0, 16: 600.0}  # grows with k (int8 on AVX2)
@@ -215,6 +215,51 @@ def test_a_catch_up_is_paid_only_when_drafting_wins_it_back():
     assert (steps - 1) * STEP_S * 1000 * controller.probe_budget < controller.probe_cost(40)
 
 
+def test_a_catch_up_is_priced_over_what_recent_answers_had_left():
+    # 200 tokens allowed, but the last answers ended after 12, 15 and 30 tokens: a 1 s catch-up (200
+    # tokens behind) is won back over 200 tokens, not over the ~18 such an answer has left
+    costs = Costs(CPU, draft_ms=10, sync_ms=5)
+    controller = trained(AutoK(costs, max_k=8), accept_prob=0.9)
+    controller.reset()
+    k = controller.choose(200, lag=200)
+    assert k > 0 and controller.span(200) == 201 and controller.remaining() is None  # no answers seen yet
+    for tokens in (12, 15, 30):
+        controller.finish(tokens)
+    controller.reset()  # the next answer: its prefill's token so far
+    assert controller.remaining() == pytest.approx((11 + 14 + 29) / 3)
+    assert controller.span(200) == pytest.approx(18) and controller.span(10) == 11  # never past the limit
+    assert controller.saving(k, 200) < costs.catch_up(200) and controller.choose(200, lag=200) == 0
+    assert controller.choose(200, lag=20) == k  # a 100 ms catch-up still pays over 18 tokens
+    # past 14 tokens only one recent answer went on: too few to say, the limit bounds the span again
+    controller.observe(8, 8, 0.0, 0.0)
+    controller.observe(4, 4, 0.0, 0.0)
+    assert controller.generated == 15 and controller.remaining() is None and controller.span(200) == 201
+    # the window keeps the latest answers only
+    for tokens in range(100):
+        controller.finish(tokens)
+    assert controller.lengths == list(range(100 - controller.length_window, 100))
+
+
+def test_a_draft_model_in_a_hybrid_prices_its_catch_up_over_its_own_share_of_the_steps():
+    # Suffix drafts cover 9 steps in 10; the model is an option (plan asks it) in one: its catch-up is
+    # won back over its tenth of the span, the free source's is its whole span
+    controller = trained(AutoK(Costs(CPU, draft_ms=10, sync_ms=5), max_k=8), accept_prob=0.9)
+    assert controller.model_share == pytest.approx(1.0)
+    for step in range(200):
+        if step % 10 == 0:
+            controller.choose(200, lag=2, source=MODEL)
+            controller.observe(4, 4, 0.04, 0.17, synced=1, source=MODEL)
+        else:
+            controller.choose(200, source=SUFFIX)
+            controller.observe(4, 3, 0.0, 0.17, source=SUFFIX)
+    assert 0.05 < controller.model_share < 0.2
+    assert controller.span(200, MODEL) == pytest.approx(201 * controller.model_share)
+    assert controller.span(200, SUFFIX) == 201
+    k = controller.best(200)
+    assert controller.choose(200, lag=2) == k  # steady: nothing to win back
+    assert controller.choose(200, lag=200) == 0  # 1 s of catch-up for the model's few steps: not worth it
+
+
 def test_short_generations_still_earn_a_probe():
     # Each generation is 20 plain steps (2 s) and a probe must first catch up on 40 tokens of prompt
     # (200 ms + its draft): 3% of one generation's plain time never pays for it, so the plain time is
@@ -237,8 +282,12 @@ def test_prospect_prices_a_source_with_its_catch_up():
     # A model right 90% of the time and a free lookup right 50%: in steady state the model is faster
     # per token; 40 tokens behind (200 ms) with 8 tokens left, the lookup is.
     controller = AutoK(Costs(CPU, draft_ms=10, sync_ms=5), max_k=8)
-    for _ in range(40):
+    for _ in range(40):  # each step the loop weighs both sources (plan() asks prospect), then one drafts
+        for source in (MODEL, "lookup-short"):
+            controller.prospect(200, 0, source)
         controller.observe(4, 4, 0.04, 0.17, synced=1, source=MODEL)
+        for source in (MODEL, "lookup-short"):
+            controller.prospect(200, 0, source)
         controller.observe(2, 1, 0.0, 0.115, source="lookup-short")
     model, lookup = controller.prospect(200, 2, MODEL), controller.prospect(200, 0, "lookup-short")
     k = controller.best(200, source=MODEL)

@@ -91,6 +91,18 @@ def test_cost_model_controller_equals_plain_greedy(arch, kind):
         assert out.token_ids == plain(arch, prompt, max_new).token_ids
 
 
+def test_the_loop_tells_the_controller_each_answers_length():
+    # what the controller prices a catch-up over (AutoK.span): the lengths of recent answers, told before
+    # the last step is yielded (a caller may stop reading there)
+    target, drafter = HFRunner(MODELS[("llama", 0)]), make_drafter("self", "llama")
+    controller = AutoK(step_costs(target, drafter.runner, max_k=4), max_k=4)
+    lengths = []
+    for max_new in (5, 9, 1):
+        out = run(target, [5, 9, 13, 2], StopCondition(max_new), drafter=drafter, num_speculative_tokens=controller)
+        lengths.append(len(out.token_ids))
+    assert controller.lengths == lengths == [5, 9, 1]
+
+
 def assert_equal_up_to_a_near_tie(arch: str, prompt: list[int], out: list[int], reference: list[int]) -> None:
     """fp32 speculative output equals plain but for a parting at a near-tie (tests.tiny.assert_near_tie_parting)."""
     assert_near_tie_parting(MODELS[(arch, 0)], prompt, out, reference)
