@@ -44,6 +44,7 @@
 #endif
 
 #define LANES 16
+#define ROWS_MAX 8 /* a chain's rows taken together by one AVX-512 task (at most 64 query vectors) */
 
 /* ------------------------------------------------------------------ exp_sd
  * exp(x) for the x = s_j - m <= 0 of a softmax: x < EXP_MIN gives 0; else n = round_half_even(x log2 e),
@@ -285,15 +286,17 @@ AVX512 static void weighted_avx512(const float *e, const rows_view *v, int d, fl
 /* ------------------------------------------------------------------ AVX-512: a kv head's query heads together
  * Grouped-query attention gives the `group` query heads of one kv head the same keys and values; computed one
  * (row, head) at a time, every head streams them again from L2, which bounds the attention (Zen 4: ~47 cycles
- * per key and head against ~16 of arithmetic).  Here one task is a (row, kv head): its keys and values are read
- * once per block of heads, and each head's numbers are those of the per-head functions above, operation for
+ * per key and head against ~16 of arithmetic).  Here one task is a kv head and a row, or up to ROWS_MAX rows of
+ * a chain without a window (row i0 + r sees the same keys as row i0 and r more): a block of keys is read once for
+ * all their query heads, and each head's numbers are those of the per-head functions above, operation for
  * operation:
  *   - scores 16 keys at a time: key t's 16-lane products in its own register, in the same fused multiply-add
  *     order as dot_avx512; then the 16 registers are reduced together by a transposing network whose every
  *     addition is one of tree16's (t8_l = p_l + p_{l+8}, t4_l = t8_l + t8_{l+4}, t2_l = t4_l + t4_{l+2},
  *     t2_0 + t2_1), the operands only sitting in other lanes; keys past the last whole block take dot_avx512;
- *   - the weighted sums of up to GROUP_BLOCK heads at once, each column's chain of multiply-adds over j in
- *     order as in weighted_avx512, a value row loaded once for all of them. */
+ *   - a row's weighted sums, up to GROUP_BLOCK heads at once, each column's chain of multiply-adds over j in
+ *     order as in weighted_avx512, a value row loaded once for all of them (the next rows of the task find the
+ *     values in L2). */
 
 #define GROUP_BLOCK 6 /* heads whose weighted sums run together: 6 x 4 accumulators + 4 value registers */
 
@@ -314,20 +317,23 @@ AVX512 static inline __m512 tree16_x16(const __m512 *acc) {
     return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xdd));
 }
 
-/* s_r[j] = dot_avx512(q_r, k_j, D) * scale for `heads` query heads r (s_r = s + r * n) and the keys j of whole
- * 16-key blocks, D (64 or 128) a constant so that a head's q stays in registers beside the 16 accumulators; a
- * block of keys is read for every head while it sits in L1.  Returns how many keys it scored. */
+/* s_r[j] = dot_avx512(q_r, k_j, D) * scale for `count` query vectors r (s_r = s + r * stride) over the first
+ * ns[r] keys of k, for the keys of their whole 16-key blocks; D (64 or 128) a constant so that a vector's q
+ * stays in registers beside the 16 accumulators.  A block of keys is read for every vector that sees all of
+ * it (a row's heads, the rows of a chain) while it sits in L1. */
 #define SCORES_BLOCKS(D)                                                                                    \
-    AVX512 static int score_blocks_##D(const float *const *qs, int heads, const rows_view *k, int n,         \
-                                       float scale, float *s) {                                             \
+    AVX512 static void score_blocks_##D(const float *const *qs, const int *ns, int count, const rows_view *k, \
+                                        float scale, float *s, int64_t stride) {                            \
         const __m512 vscale = _mm512_set1_ps(scale);                                                        \
         const int fixed = k->stride == D; /* consecutive rows (a runner's cache): keys at fixed offsets */   \
-        int j = 0;                                                                                          \
-        for (; j + LANES <= n; j += LANES) {                                                                \
+        int most = 0;                                                                                       \
+        for (int r = 0; r < count; r++) most = ns[r] > most ? ns[r] : most;                                 \
+        for (int j = 0; j + LANES <= most; j += LANES) {                                                    \
             const float *rows[LANES];                                                                       \
             for (int t = 0; t < LANES; t++) rows[t] = row_of(k, j + t);                                     \
             const int run = fixed && j + LANES <= k->n1;                                                    \
-            for (int r = 0; r < heads; r++) {                                                               \
+            for (int r = 0; r < count; r++) {                                                               \
+                if (j + LANES > ns[r]) continue;                                                            \
                 __m512 qc[D / LANES], acc[LANES];                                                           \
                 _Pragma("GCC unroll 8") for (int c = 0; c < D / LANES; c++) qc[c] = _mm512_loadu_ps(qs[r] + c * LANES); \
                 _Pragma("GCC unroll 16") for (int t = 0; t < LANES; t++) acc[t] = _mm512_setzero_ps();     \
@@ -341,25 +347,25 @@ AVX512 static inline __m512 tree16_x16(const __m512 *acc) {
                         _Pragma("GCC unroll 8") for (int c = 0; c < D / LANES; c++)                         \
                             acc[t] = _mm512_fmadd_ps(qc[c], _mm512_loadu_ps(rows[t] + c * LANES), acc[t]);  \
                 }                                                                                           \
-                _mm512_storeu_ps(s + (int64_t)r * n + j, _mm512_mul_ps(tree16_x16(acc), vscale));          \
+                _mm512_storeu_ps(s + r * stride + j, _mm512_mul_ps(tree16_x16(acc), vscale));               \
             }                                                                                               \
         }                                                                                                   \
-        return j;                                                                                           \
     }
 SCORES_BLOCKS(64)
 SCORES_BLOCKS(128)
 #undef SCORES_BLOCKS
 
-/* s_r[j] = dot_avx512(q_r, k_j, d) * scale for j in [0, n) and `heads` query heads r (s_r = s + r * n); m[r]:
- * the maximum of s_r (as attend's loop takes it). */
-AVX512 static void scores_avx512(const float *const *qs, int heads, const rows_view *k, int n, int d, float scale,
-                                 float *s, float *m) {
-    const int whole = d == 128 ? score_blocks_128(qs, heads, k, n, scale, s)
-                      : d == 64 ? score_blocks_64(qs, heads, k, n, scale, s) : 0;
-    for (int r = 0; r < heads; r++) {
-        float *sr = s + (int64_t)r * n, top = -INFINITY;
-        for (int j = whole; j < n; j++) sr[j] = dot_avx512(qs[r], row_of(k, j), d) * scale;
-        for (int j = 0; j < n; j++) top = sr[j] > top ? sr[j] : top;
+/* s_r[j] = dot_avx512(q_r, k_j, d) * scale for j in [0, ns[r]) and `count` query vectors r (s_r = s + r *
+ * stride); m[r]: the maximum of s_r (as attend's loop takes it). */
+AVX512 static void scores_avx512(const float *const *qs, const int *ns, int count, const rows_view *k, int d,
+                                 float scale, float *s, int64_t stride, float *m) {
+    if (d == 128) score_blocks_128(qs, ns, count, k, scale, s, stride);
+    if (d == 64) score_blocks_64(qs, ns, count, k, scale, s, stride);
+    for (int r = 0; r < count; r++) {
+        float *sr = s + r * stride, top = -INFINITY;
+        for (int j = d == 128 || d == 64 ? ns[r] / LANES * LANES : 0; j < ns[r]; j++)
+            sr[j] = dot_avx512(qs[r], row_of(k, j), d) * scale;
+        for (int j = 0; j < ns[r]; j++) top = sr[j] > top ? sr[j] : top;
         m[r] = top;
     }
 }
@@ -405,37 +411,49 @@ AVX512 static void weighted16(const float *e, const rows_view *v, int c0, float 
     _mm512_storeu_ps(out + c0, _mm512_div_ps(a, _mm512_set1_ps(z)));
 }
 
-/* The heads h0 .. h0 + count - 1 of one row over the same keys and values (k, v: n visible rows); s: room for
- * count * n scores. */
-AVX512 static void attend_group_avx512(const sd_attention_params *job, int i, int h0, int count, const rows_view *k,
-                                       const rows_view *v, int n, float *s) {
-    const int d = job->d;
-    float z[GROUP_BLOCK];
-    float *outs[GROUP_BLOCK];
-    for (int b = 0; b < count; b += GROUP_BLOCK) {
-        const int heads = count - b < GROUP_BLOCK ? count - b : GROUP_BLOCK;
-        const float *qs[GROUP_BLOCK];
-        float m[GROUP_BLOCK];
-        for (int r = 0; r < heads; r++) {
-            const int h = h0 + b + r;
-            qs[r] = job->q + (int64_t)h * job->q_head + (int64_t)i * job->q_row;
-            outs[r] = job->out + (int64_t)i * job->out_row + (int64_t)h * job->out_head;
-        }
-        scores_avx512(qs, heads, k, n, d, job->scale, s, m);
-        for (int r = 0; r < heads; r++) z[r] = softmax_avx512(s + (int64_t)r * n, n, m[r]);
-        int c = 0;
-        for (; c + 64 <= d; c += 64) {
-            switch (heads) {
-            case 6: weighted64_x6(s, n, v, c, z, outs); break;
-            case 5: weighted64_x5(s, n, v, c, z, outs); break;
-            case 4: weighted64_x4(s, n, v, c, z, outs); break;
-            case 3: weighted64_x3(s, n, v, c, z, outs); break;
-            case 2: weighted64_x2(s, n, v, c, z, outs); break;
-            default: weighted64_x1(s, n, v, c, z, outs); break;
+/* Query rows i0 .. i0 + rows - 1, every head of kv head g, over the keys and values k, v (rows_view of the
+ * first row; row r sees ns[r] of them: a chain without a window, rows > 1, sees one run of them); s: room for
+ * rows * group * stride scores. */
+AVX512 static void attend_rows_avx512(const sd_attention_params *job, int i0, int rows, int g, const rows_view *k,
+                                      const rows_view *v, const int *ns, int stride, float *s) {
+    const int d = job->d, group = job->heads / job->kv_heads, count = rows * group;
+    const float *qs[64];
+    int vn[64];
+    float m[64];
+    for (int x = 0; x < count; x++) {
+        const int r = x / group, h = g * group + x % group;
+        qs[x] = job->q + (int64_t)h * job->q_head + (int64_t)(i0 + r) * job->q_row;
+        vn[x] = ns[r];
+    }
+    scores_avx512(qs, vn, count, k, d, job->scale, s, stride, m);
+    for (int r = 0; r < rows; r++) {
+        rows_view vr = *v; /* row r's values: the first ns[r] (a chain's run, or the one row's view) */
+        vr.n1 = ns[r] - v->n2;
+        const float *e = s + (int64_t)r * group * stride;
+        for (int b = 0; b < group; b += GROUP_BLOCK) {
+            const int heads = group - b < GROUP_BLOCK ? group - b : GROUP_BLOCK;
+            float z[GROUP_BLOCK];
+            float *outs[GROUP_BLOCK];
+            for (int x = 0; x < heads; x++) {
+                const float *ex = e + (int64_t)(b + x) * stride;
+                z[x] = softmax_avx512((float *)ex, ns[r], m[r * group + b + x]);
+                outs[x] = job->out + (int64_t)(i0 + r) * job->out_row + (int64_t)(g * group + b + x) * job->out_head;
             }
+            const float *eb = e + (int64_t)b * stride;
+            int c = 0;
+            for (; c + 64 <= d; c += 64) {
+                switch (heads) {
+                case 6: weighted64_x6(eb, stride, &vr, c, z, outs); break;
+                case 5: weighted64_x5(eb, stride, &vr, c, z, outs); break;
+                case 4: weighted64_x4(eb, stride, &vr, c, z, outs); break;
+                case 3: weighted64_x3(eb, stride, &vr, c, z, outs); break;
+                case 2: weighted64_x2(eb, stride, &vr, c, z, outs); break;
+                default: weighted64_x1(eb, stride, &vr, c, z, outs); break;
+                }
+            }
+            for (; c < d; c += LANES)
+                for (int x = 0; x < heads; x++) weighted16(eb + (int64_t)x * stride, &vr, c, z[x], outs[x]);
         }
-        for (; c < d; c += LANES)
-            for (int r = 0; r < heads; r++) weighted16(s + (int64_t)r * n, v, c, z[r], outs[r]);
     }
 }
 
@@ -514,12 +532,15 @@ static void attend(const sd_attention_params *job, int i, int h, float *s) {
 }
 
 #ifdef SD_X86
-/* Query row i, every head of kv head g (the AVX-512 path); s: room for (heads / kv_heads) * (start + n) scores. */
-static void attend_kv_head(const sd_attention_params *job, int i, int g, float *s) {
+/* Query rows i0 .. i0 + rows - 1 (rows > 1: a chain without a window), every head of kv head g (the AVX-512
+ * path); s: room for rows * (heads / kv_heads) * stride scores, stride >= start + n. */
+static void attend_kv_rows(const sd_attention_params *job, int i0, int rows, int g, float *s, int stride) {
     rows_view k, v;
-    const int group = job->heads / job->kv_heads;
-    const int n = visible(job, i, (int64_t)g * job->kv_head, &k, &v);
-    attend_group_avx512(job, i, g * group, group, &k, &v, n, s);
+    int ns[ROWS_MAX];
+    ns[0] = visible(job, i0, (int64_t)g * job->kv_head, &k, &v);
+    for (int r = 1; r < rows; r++) ns[r] = ns[0] + r; /* row i0 + r sees the same run, r keys longer */
+    k.n1 = v.n1 = ns[rows - 1] - k.n2;
+    attend_rows_avx512(job, i0, rows, g, &k, &v, ns, stride, s);
 }
 #endif
 
@@ -531,12 +552,16 @@ int sd_attention(const sd_attention_params *p) {
     sd_attention_params job = *p;
     if (job.isa <= 0 || job.isa > best_isa()) job.isa = best_isa();
     if (job.d % LANES) job.isa = ATT_C;
-    /* A task: one (row, head), or on the AVX-512 path one (row, kv head) with all its query heads */
-    const int grouped = job.isa == ATT_AVX512, per_row = grouped ? job.kv_heads : job.heads;
+    /* A task: one (row, head), or on the AVX-512 path a block of rows (a chain's, without a window: up to
+     * ROWS_MAX; else one row) with every query head of one kv head */
     const int n = job.n, group = job.heads / job.kv_heads;
+    const int grouped = job.isa == ATT_AVX512 && group <= 64;
+    int block = grouped && !job.tree_at && job.window <= 0 ? 64 / group : 1;
+    block = block < ROWS_MAX ? block : ROWS_MAX;
+    const int blocks = (n + block - 1) / block, tasks = grouped ? blocks * job.kv_heads : n * job.heads;
+    const int stride = job.start + n; /* a query vector's scores at most */
+    const size_t room = (size_t)stride * (grouped ? (size_t)block * group : 1);
     int threads = job.threads;
-    const int tasks = n * per_row;
-    const size_t room = (size_t)(job.start + n) * (grouped ? (size_t)group : 1); /* a task's scores at most */
     if (threads < 1 || tasks < 2) threads = 1;
     if (threads > tasks) threads = tasks;
     float *scores = malloc(sizeof(float) * room * (size_t)threads);
@@ -551,11 +576,12 @@ int sd_attention(const sd_attention_params *p) {
 #endif
 #ifdef SD_X86
         if (grouped) {
-            attend_kv_head(&job, t / per_row, t % per_row, s);
+            const int i0 = t / job.kv_heads * block, rows = n - i0 < block ? n - i0 : block;
+            attend_kv_rows(&job, i0, rows, t % job.kv_heads, s, stride);
             continue;
         }
 #endif
-        attend(&job, t / per_row, t % per_row, s);
+        attend(&job, t / job.heads, t % job.heads, s);
     }
     free(scores);
     return 0;
