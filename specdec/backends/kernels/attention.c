@@ -249,40 +249,6 @@ AVX512 static float softmax_avx512(float *s, int n, float m) {
     return tree16(p);
 }
 
-/* One weight times one value row into four (AVX-512: 64 columns) accumulators. */
-#define FMA4_AVX512(w, vj)                                     \
-    do {                                                       \
-        a0 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj), a0);       \
-        a1 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 16), a1);  \
-        a2 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 32), a2);  \
-        a3 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 48), a3);  \
-    } while (0)
-
-AVX512 static void weighted_avx512(const float *e, const rows_view *v, int d, float z, float *out) {
-    const __m512 vz = _mm512_set1_ps(z);
-    const float *et = e + v->n1;
-    const int64_t vstride = v->stride;
-    int c = 0;
-    for (; c + 64 <= d; c += 64) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int j = 0; j < v->n1; j++) FMA4_AVX512(_mm512_set1_ps(e[j]), v->run + (int64_t)j * vstride + c);
-        for (int j = 0; j < v->n2; j++) FMA4_AVX512(_mm512_set1_ps(et[j]), v->slots + (int64_t)v->tail[j] * vstride + c);
-        _mm512_storeu_ps(out + c, _mm512_div_ps(a0, vz));
-        _mm512_storeu_ps(out + c + 16, _mm512_div_ps(a1, vz));
-        _mm512_storeu_ps(out + c + 32, _mm512_div_ps(a2, vz));
-        _mm512_storeu_ps(out + c + 48, _mm512_div_ps(a3, vz));
-    }
-    for (; c < d; c += LANES) {
-        __m512 a = _mm512_setzero_ps();
-        for (int j = 0; j < v->n1; j++)
-            a = _mm512_fmadd_ps(_mm512_set1_ps(e[j]), _mm512_loadu_ps(v->run + (int64_t)j * vstride + c), a);
-        for (int j = 0; j < v->n2; j++)
-            a = _mm512_fmadd_ps(_mm512_set1_ps(et[j]), _mm512_loadu_ps(v->slots + (int64_t)v->tail[j] * vstride + c), a);
-        _mm512_storeu_ps(out + c, _mm512_div_ps(a, vz));
-    }
-}
-#undef FMA4_AVX512
-
 /* ------------------------------------------------------------------ AVX-512: a kv head's query heads together
  * Grouped-query attention gives the `group` query heads of one kv head the same keys and values; computed one
  * (row, head) at a time, every head streams them again from L2, which bounds the attention (Zen 4: ~47 cycles
@@ -295,7 +261,7 @@ AVX512 static void weighted_avx512(const float *e, const rows_view *v, int d, fl
  *     addition is one of tree16's (t8_l = p_l + p_{l+8}, t4_l = t8_l + t8_{l+4}, t2_l = t4_l + t4_{l+2},
  *     t2_0 + t2_1), the operands only sitting in other lanes; keys past the last whole block take dot_avx512;
  *   - a row's weighted sums, up to GROUP_BLOCK heads at once, each column's chain of multiply-adds over j in
- *     order as in weighted_avx512, a value row loaded once for all of them (the next rows of the task find the
+ *     order as in weighted_avx2 and weighted_c, a value row loaded once for all of them (the next rows of the task find the
  *     values in L2). */
 
 #define GROUP_BLOCK 6 /* heads whose weighted sums run together: 6 x 4 accumulators + 4 value registers */
@@ -403,7 +369,7 @@ WEIGHTED_GROUP(5)
 WEIGHTED_GROUP(6)
 #undef WEIGHTED_GROUP
 
-/* Columns [c0, c0 + 16) of one head: weighted_avx512's one-register tail. */
+/* Columns [c0, c0 + 16) of one head (what weighted64_x1 leaves of a head size that is not a multiple of 64). */
 AVX512 static void weighted16(const float *e, const rows_view *v, int c0, float z, float *out) {
     __m512 a = _mm512_setzero_ps();
     const int n = v->n1 + v->n2;
@@ -518,11 +484,7 @@ static void attend(const sd_attention_params *job, int i, int h, float *s) {
         weighted_##P(s, &v, d, softmax_##P(s, n, m), out);                                          \
     } while (0)
 #ifdef SD_X86
-    if (job->isa == ATT_AVX512) {
-        ATTEND_ON(avx512);
-        return;
-    }
-    if (job->isa == ATT_AVX2) {
+    if (job->isa == ATT_AVX2) { /* (the AVX-512 path takes a kv head's heads together: attend_kv_rows) */
         ATTEND_ON(avx2);
         return;
     }
@@ -555,7 +517,8 @@ int sd_attention(const sd_attention_params *p) {
     /* A task: one (row, head), or on the AVX-512 path a block of rows (a chain's, without a window: up to
      * ROWS_MAX; else one row) with every query head of one kv head */
     const int n = job.n, group = job.heads / job.kv_heads;
-    const int grouped = job.isa == ATT_AVX512 && group <= 64;
+    if (job.isa == ATT_AVX512 && group > 64) job.isa = ATT_AVX2; /* the AVX-512 task's 64 query vectors at most */
+    const int grouped = job.isa == ATT_AVX512;
     int block = grouped && !job.tree_at && job.window <= 0 ? 64 / group : 1;
     block = block < ROWS_MAX ? block : ROWS_MAX;
     const int blocks = (n + block - 1) / block, tasks = grouped ? blocks * job.kv_heads : n * job.heads;
