@@ -45,7 +45,9 @@ from specdec.vocab import same_vocabulary
 if TYPE_CHECKING:
     from specdec.head.use import LoadedHead
 
-MAX_AUTO_K = 8  # the most tokens the controller drafts in one step
+# The most tokens the controller drafts in one step: a free source's long match (a suffix draft after a
+# 16-token match is right 98% of the time per token) pays up to here; a draft model's rate stops it sooner
+MAX_AUTO_K = 24
 
 
 

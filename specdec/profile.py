@@ -178,6 +178,11 @@ def agrees(cached: float, now: float) -> bool:
     return cached / SPOT_TOLERANCE <= now <= cached * SPOT_TOLERANCE
 
 
+# A draft model's ms per token is timed over this many drafted tokens (at most max_k): what a model drafts
+# in a step; the controller's larger k (up to specdec.engine.MAX_AUTO_K) are for free sources' long matches
+DRAFT_TIMED_TOKENS = 8
+
+
 def control_ks(max_k: int) -> list[int]:
     """Forward sizes timed for the controller: every n up to 4, then every other, and max_k + 1."""
     return sorted({n for n in (1, 2, 3, 4, 6, 8, 12, 16) if n <= max_k + 1} | {max_k + 1})
@@ -211,10 +216,11 @@ def step_costs(
                           measure_forwards(target, ks, prefix=prefix, repeats=CONTROL_REPEATS).ms.items()},
                  cache_dir, target_now)
     if draft is not None:
-        d_prefix = room(draft, max_k)
-        draft_ms = _cached("draft", draft, {"tokens": max_k, "prefix": d_prefix, "repeats": CONTROL_REPEATS,
+        drafted = min(max_k, DRAFT_TIMED_TOKENS)
+        d_prefix = room(draft, drafted)
+        draft_ms = _cached("draft", draft, {"tokens": drafted, "prefix": d_prefix, "repeats": CONTROL_REPEATS,
                                             "stat": "min"},
-                           lambda: measure_drafting(draft, tokens=max_k, prefix=d_prefix, repeats=CONTROL_REPEATS),
+                           lambda: measure_drafting(draft, tokens=drafted, prefix=d_prefix, repeats=CONTROL_REPEATS),
                            cache_dir,
                            lambda cached: agrees(cached, measure_drafting(draft, tokens=2, prefix=d_prefix,
                                                                           repeats=SPOT_REPEATS)))

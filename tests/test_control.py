@@ -321,6 +321,26 @@ def test_sources_keep_their_own_acceptance_and_costs():
     assert controller.choose(8, lag=40, source="lookup") >= 4  # a lookup never catches up
 
 
+def test_grades_of_one_source_keep_their_own_acceptance():
+    # A suffix drafter's proposals after long matches are right, after weak ones wrong; ungraded, one
+    # rate per source would draft both alike.  Told the grade, choose() drafts the first long and the
+    # second not at all, and what each grade learnt also counts for the source.
+    slope = {1: 70.0, 2: 74.0, 9: 115.0, 25: 200.0}  # int8 1.5B on 2 Zen 4 cores, roughly
+    controller = AutoK(Costs(slope, draft_ms=0), max_k=24, cost_ewma=0.0)
+    for _ in range(30):
+        assert controller.choose(24, 0, SUFFIX, "match 16+ p=1") > 0
+        controller.observe(12, 12, 0.0, 0.0, source=SUFFIX)
+        controller.choose(24, 0, SUFFIX, "match 1 p<.5")
+        controller.observe(2, 0, 0.0, 0.0, source=SUFFIX)
+    assert controller.alphas(SUFFIX, "match 16+ p=1")[0] > 0.95 and controller.alphas(SUFFIX, "match 1 p<.5")[0] < 0.1
+    assert controller.choose(24, 0, SUFFIX, "match 16+ p=1") == 24
+    assert controller.choose(24, 0, SUFFIX, "match 1 p<.5") == 0
+    assert 0.3 < controller.alphas(SUFFIX)[0] < 0.7  # the source's own: both grades pooled
+    # a grade not seen yet starts from the source's record
+    assert controller.alphas(SUFFIX, "match 4-7 p=1")[0] == pytest.approx(controller.source_prior(SUFFIX), abs=0.1)
+    assert controller.alphas(MODEL, "match 16+ p=1")[0] == pytest.approx(controller.prior)  # another source's
+
+
 def test_the_cost_table_is_made_non_decreasing():
     # a profile taken on a busy machine (fp32 1.5B, 2-core AMD EPYC): t(4) < t(3), t(8) < t(6)
     measured = {1: 569.0, 2: 755.0, 3: 882.0, 4: 754.0, 6: 1044.0, 8: 1009.0, 9: 1326.0}

@@ -166,7 +166,7 @@ class Recorded:
     def __init__(self, inner) -> None:
         self.inner, self.chosen = inner, Counter()
 
-    def choose(self, limit: int, lag: int = 0, source: str = "model") -> int:
+    def choose(self, limit: int, lag: int = 0, source: str = "model", grade: str | None = None) -> int:
         k = self.inner.choose(limit, lag, source)
         if limit > 0:
             self.chosen[k] += 1

@@ -221,7 +221,7 @@ class RandomK:
         self.rng = random.Random(seed)
         self.max_k = max_k
 
-    def choose(self, limit: int, lag: int = 0, source: str = "model") -> int:
+    def choose(self, limit: int, lag: int = 0, source: str = "model", grade: str | None = None) -> int:
         return self.rng.randint(0, min(limit, self.max_k))
 
     def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float, synced: int = 0,

@@ -85,6 +85,12 @@ class HybridDrafter:
         self.proposals[source] += 1
         return propose_tree(self.by_source[source], context, k, TreeShape(width, nodes=nodes))
 
+    def grade(self, context: Sequence[int], source: str) -> str | None:
+        """The class of evidence behind `source`'s proposal for `context`, as that source's drafter grades
+        it (specdec.control.grade); None for a source that does not."""
+        method = getattr(self.by_source.get(source), "grade", None)
+        return method(context, source) if method is not None else None
+
     def outlook(self, context: Sequence[int]) -> tuple[str, int]:
         """The lookup's when it matches (nothing to catch up), else the model's."""
         return self.sources(context)[0]

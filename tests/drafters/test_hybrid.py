@@ -69,7 +69,7 @@ class Refusing:
     def __init__(self, *refused):
         self.refused, self.asked, self.observed = refused, [], []
 
-    def choose(self, limit, lag=0, source="model"):
+    def choose(self, limit, lag=0, source="model", grade=None):
         self.asked.append(source)
         return 0 if source in self.refused else min(2, limit)
 
@@ -92,7 +92,7 @@ def test_plan_walks_the_sources_in_order():
     assert plan(LookupDrafter(), context, Refusing(), 8) == ("lookup", 2)  # a drafter with one source
     # a controller that prices the sources asks the fastest first
     ranking = Refusing()
-    ranking.prospect = lambda limit, lag, source: {"model": 90.0, "lookup-short": 60.0}[source]
+    ranking.prospect = lambda limit, lag, source, grade: {"model": 90.0, "lookup-short": 60.0}[source]
     assert plan(hybrid, context, ranking, 8) == ("lookup-short", 2) and ranking.asked == ["lookup-short"]
 
 

@@ -98,12 +98,30 @@ def test_worked_example_from_the_docstring():
 
 def test_draft_length_follows_the_match_length():
     context = ids("a b a b y = f( z b y = f(")  # "b y = f(" occurred (4 tokens), followed by "z b y = f("
-    assert SuffixDrafter().propose(context, 8).tokens == ids("z b y =")  # 4 tokens
-    assert SuffixDrafter().propose(ids("a b z a"), 8).tokens == ids("b")  # a one-token match: one token
+    assert SuffixDrafter(spec_factor=1.0).propose(context, 8).tokens == ids("z b y =")  # 4 tokens
+    assert SuffixDrafter().propose(context, 8).tokens == ids("z b y = f(")  # the default factor 2: up to 8
+    one = ids("a b z a")  # a one-token match
+    assert SuffixDrafter(spec_factor=1.0).propose(one, 8).tokens == ids("b")
+    assert SuffixDrafter().propose(one, 8).tokens == ids("b z")
     context = ids("a b z ... y = f( a b z ... y")  # a 5-token match
-    assert SuffixDrafter().propose(context, 8).tokens == ids("= f( a b z")
+    assert SuffixDrafter(spec_factor=1.0).propose(context, 8).tokens == ids("= f( a b z")
     assert SuffixDrafter(spec_factor=0.5).propose(context, 8).tokens == ids("= f(")  # 2.5 tokens
     assert SuffixDrafter().propose(context, 3).tokens == ids("= f( a")  # k caps it too
+
+
+def test_grade_classes_the_match_and_the_first_tokens_count():
+    store = SuffixStore(100)
+    for output in ("y = f( a )", "y = f( a )", "y = f( b )"):
+        store.add(ids(output))
+    drafter = SuffixDrafter(store)
+    assert drafter.grade(ids("... z = f(")) == "match 2-3 p>=.5"  # the docstring's example: 2 of 3 say "a"
+    assert drafter.grade(ids("z ...")) is None  # nothing to propose
+    run = list(range(10, 30))
+    assert SuffixDrafter().grade(run + run[:19]) == "match 16+ p=1"  # its own context: a 19-token match
+    assert SuffixDrafter().grade(run + run[:7]) == "match 4-7 p=1"
+    assert SuffixDrafter().grade([1, 2, 9, 1]) == "match 1 p=1"
+    assert SuffixDrafter().grade([1, 2, 1, 3, 1]) == "match 1 p>=.5"  # 2 and 3 after 1
+    assert SuffixDrafter().grade([1, 2, 1, 3, 1, 4, 1]) == "match 1 p<.5"
 
 
 def test_frequency_beats_recency_and_min_prob_cuts():
@@ -164,7 +182,7 @@ def test_eviction_keeps_memory_within_the_limit_and_forgets_the_oldest():
     assert store.tokens == sum(map(len, kept))
     drafter = SuffixDrafter(store)
     for output in kept:  # every kept output is drafted from its first two tokens (random tokens: unique)
-        assert drafter.propose(output[:2], 8).tokens == output[2:4]  # a 2-token match drafts 2
+        assert drafter.propose(output[:2], 8).tokens == output[2:6]  # a 2-token match drafts 2 x 2
     gone = outputs[-len(store) - 1]
     assert drafter.propose(gone[:2], 8).tokens == []
     store.add(list(range(5000)))  # longer than the memory: its last 1000 tokens
@@ -200,7 +218,7 @@ def test_concurrent_requests_do_not_corrupt_the_store():
                 first = (thread * 1000 + j) * 100
                 output = list(range(first, first + rng.randint(20, 90)))
                 store.add(output)
-                drafter = SuffixDrafter(store)
+                drafter = SuffixDrafter(store, spec_factor=1.0)  # a 2-token match drafts 2
                 for start in rng.sample(range(len(output) - 3), 3):
                     draft = drafter.propose(output[start:start + 2], 4).tokens
                     # evicted meanwhile (nothing) or the output's own continuation: consecutive numbers
@@ -245,7 +263,7 @@ def test_hybrid_puts_well_scored_suffix_drafts_first():
     store = SuffixStore(100)
     for output in ("y = a", "y = b", "y = f( a )"):
         store.add(ids(output))
-    hybrid = HybridDrafter(Scripted(99), SuffixDrafter(store, min_ngram=2, min_score=1.0))
+    hybrid = HybridDrafter(Scripted(99), SuffixDrafter(store, min_ngram=2, spec_factor=1.0, min_score=1.0))
     assert hybrid.sources(ids("... = f(")) == [("suffix", 0)]  # "= f(" -> "a )": score 2
     assert hybrid.propose(ids("... = f("), 3).tokens == ids("a )")
     assert hybrid.sources(ids("z y =")) == [("model", 0), ("suffix-short", 0)]  # "a", "b", "f(": 1/3 each

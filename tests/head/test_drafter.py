@@ -105,7 +105,7 @@ class Pattern:
     def __init__(self, pattern: list[int]) -> None:
         self.pattern, self.step = pattern, 0
 
-    def choose(self, limit: int, lag: int = 0, source: str = "model") -> int:
+    def choose(self, limit: int, lag: int = 0, source: str = "model", grade: str | None = None) -> int:
         k = min(self.pattern[self.step % len(self.pattern)], limit)
         self.step += 1
         return k
