@@ -76,6 +76,19 @@ class Drafter(Protocol):
         ...
 
 
+LENGTH_CLASSES = ("1", "2-3", "4-7", "8-15", "16+")  # a match's length in match_grade, powers of two
+
+
+def match_grade(length: int, agreement: float) -> str:
+    """The grade of a copying drafter's proposal (its optional ``grade(context, source)``, which the
+    speculation controller keeps acceptance per: specdec.control.grade): the length of the match it copies
+    after, in powers of two, and the share of the match's occurrences whose next token is the proposal's
+    first (all, at least half, fewer): "match 4-7 p=1"."""
+    top = min(max(length, 1).bit_length(), len(LENGTH_CLASSES)) - 1
+    sure = "p=1" if agreement >= 1.0 else "p>=.5" if agreement >= 0.5 else "p<.5"
+    return f"match {LENGTH_CLASSES[top]} {sure}"
+
+
 def tell_prefilled(drafter: Drafter, prompt: Sequence[int]) -> None:
     """Tell `drafter` the target has just run the prefill of `prompt` (and nothing since): its optional
     ``prefilled(prompt)`` method, where it has one (a draft head reads the prompt's last hidden states)."""

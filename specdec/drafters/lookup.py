@@ -21,6 +21,11 @@ under sampling.  Finding a match costs a dictionary lookup: the drafter keeps
 an index from every n-gram (n in min..max) to the latest positions where it was
 followed by a token, and extends it as the context grows.
 
+Each proposal is graded (``grade``: the match's length, followed back past the n-gram up to
+16 tokens, and how many of the n-gram's latest occurrences go on with the same token), and the
+speculation controller keeps acceptance per grade (specdec.control.grade): a long copy of the
+prompt drafts long, a one-token match whose occurrences disagree not at all.
+
 As a tree (``propose_tree``, specdec.drafters.tree) it proposes the continuations of
 several earlier occurrences of the longest matching n-gram at once, the most recent
 first, merged where they agree: lookup has several candidates for free.
@@ -31,10 +36,11 @@ from __future__ import annotations
 from typing import Sequence
 
 from specdec.control import LOOKUP, SHORT_LOOKUP
-from specdec.drafters.base import Draft
+from specdec.drafters.base import Draft, match_grade
 from specdec.drafters.tree import tree_draft
 
-MATCHES = 8  # earlier occurrences of an n-gram remembered for trees (the latest ones)
+MATCHES = 8  # earlier occurrences of an n-gram remembered for trees and grades (the latest ones)
+GRADE_LENGTH = 16  # grade(): how far back a match with the latest occurrence is followed
 
 
 class LookupDrafter:
@@ -101,6 +107,23 @@ class LookupDrafter:
         if k <= 0 or not starts:
             return Draft([])
         return tree_draft([context[s + n : s + n + k] for s in starts], width, nodes)
+
+    def grade(self, context: Sequence[int], source: str = LOOKUP) -> str | None:
+        """The class of evidence behind the proposal for `context` (specdec.control.grade; None for no
+        proposal): how long the match with its latest occurrence really is (the n-gram, extended
+        backwards up to GRADE_LENGTH tokens: a long copy of the prompt matches far back) and how many of
+        the n-gram's remembered occurrences go on with the proposal's first token."""
+        n, starts = self._matches(context)
+        if not starts:
+            return None
+        latest, end = starts[0], len(context) - n
+        length = n
+        while length < GRADE_LENGTH and latest + n - length - 1 >= 0 \
+                and context[latest + n - length - 1] == context[end - (length - n) - 1]:
+            length += 1
+        first = context[latest + n]
+        agreement = sum(context[s + n] == first for s in starts) / len(starts)
+        return match_grade(length, agreement)
 
     def observe(self, context: Sequence[int], num_accepted: int) -> None:
         """Nothing to learn: the index grows with the context at the next proposal."""

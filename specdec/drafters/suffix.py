@@ -84,7 +84,7 @@ from typing import Sequence
 
 from specdec.control import SHORT_SUFFIX, SUFFIX
 from specdec.defaults import DEFAULT_SUFFIX_MEMORY
-from specdec.drafters.base import Draft
+from specdec.drafters.base import Draft, match_grade
 from specdec.drafters.tree import tree_draft
 from specdec.errors import SpecdecError
 
@@ -96,7 +96,6 @@ MIN_PROB = 0.1  # a draft token's estimated probability (count / the match's cou
 STORE_ANCHOR = 2  # the shortest match used in the shared store
 STORE_LEAD = 8  # the prompt's last tokens kept before each output in the shared store (how answers begin)
 HYBRID_MIN_SCORE = 1.0  # in a hybrid, suffix drafts go first when they expect this many tokens accepted
-LENGTH_CLASSES = ("1", "2-3", "4-7", "8-15", "16+")  # a match's length in SuffixDrafter.grade
 
 
 def window_key(window: Sequence[int]) -> int:
@@ -403,11 +402,7 @@ class SuffixDrafter:
         token match that all occurrences agree on 50-76%, after one that fewer than half do 5-10%: the
         controller learns each class's rate and drafts each accordingly."""
         best = self._best(context)[0]
-        if not best.chain:
-            return None
-        top = min(best.length.bit_length(), len(LENGTH_CLASSES)) - 1
-        sure = "p=1" if best.probs[0] >= 1.0 else "p>=.5" if best.probs[0] >= 0.5 else "p<.5"
-        return f"match {LENGTH_CLASSES[top]} {sure}"
+        return match_grade(best.length, best.probs[0]) if best.chain else None
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
         best, where = self._best(context)

@@ -55,6 +55,17 @@ def test_repeated_ngrams_use_the_latest_occurrence():
     assert LookupDrafter(max_ngram=2).propose(context, 1).tokens == [3]
 
 
+def test_grade_follows_the_match_back_and_counts_the_occurrences():
+    run = list(range(10, 40))
+    # a 4-gram whose latest occurrence matches 20 tokens back: a copy of the prompt
+    assert LookupDrafter().grade(run + [1] + run[:20]) == "match 16+ p=1"
+    assert LookupDrafter().grade(run + [1] + run[:6]) == "match 4-7 p=1"
+    assert LookupDrafter().grade([1, 2, 9, 1]) == "match 1 p=1"
+    assert LookupDrafter().grade([5, 6, 1, 5, 6, 2, 5, 6]) == "match 2-3 p>=.5"  # 1 and 2 after "5 6"
+    assert LookupDrafter().grade([5, 6, 1, 5, 6, 2, 5, 6, 3, 5, 6]) == "match 2-3 p<.5"
+    assert LookupDrafter().grade([1, 2, 3, 4, 5]) is None
+
+
 def test_k_limits_the_proposal():
     context = [1, 2, 3, 4, 5, 6, 1, 2]
     assert LookupDrafter().propose(context, 0).tokens == []
