@@ -458,8 +458,13 @@ async def collect(reply: Reply, job: Job, event: StepEvent | ErrorEvent,
             return None
 
 
+LISTEN_BACKLOG = 2048  # connections the kernel queues before the server accepts them (uvicorn's default)
+
+
 def bind(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port for the server; a SpecdecError when it cannot be had (in use...)."""
+    """A socket bound to host:port for the server, listening (a client that connects as soon as the
+    "serving ... at" line is printed waits in the backlog until the server accepts, instead of being
+    refused while the app starts); a SpecdecError when it cannot be had (in use...)."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                              flags=socket.AI_PASSIVE)[0]
@@ -469,6 +474,7 @@ def bind(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
+        sock.listen(LISTEN_BACKLOG)
     except OSError as e:
         sock.close()
         reason = "the address is already in use" if e.errno == errno.EADDRINUSE else e.strerror or str(e)

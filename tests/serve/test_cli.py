@@ -38,6 +38,19 @@ def test_a_port_in_use_fails_before_any_model_loads():
         assert_user_error(serve("--target", "no-such-model", "--port", str(port)), "already in use")
 
 
+def test_the_bound_socket_listens_before_the_server_starts():
+    # the "serving ... at" line is printed once the socket is bound: a client that connects at once is
+    # queued until the server accepts, not refused (seen: a test's first /health refused while uvicorn started)
+    from specdec.serve.app import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        with socket.create_connection(sock.getsockname()[:2], timeout=5):
+            pass
+    finally:
+        sock.close()
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--max-queue", "0"], "--max-queue must be >= 1"),
     (["--max-batch", "0"], "--max-batch must be >= 1"),
