@@ -85,7 +85,7 @@ class RequestConfig:
     k: int | str | Controller = option(
         AUTO, "--num-speculative-tokens", "-k", cli_type=str, per_request=True, json_type=int | str,
         server_max=MAX_SERVED_K, label="the number of speculative tokens", aliases=("num_speculative_tokens",),
-        help="Draft tokens per step: 'auto' (a cost model picks 0..8 each step from measured speeds and "
+        help="Draft tokens per step: 'auto' (a cost model picks 0..24 each step from measured speeds and "
              "acceptance; 0 = a plain step) or a fixed γ.")
     speculative: bool = option(True, per_request=True, wire="enabled", json_type=bool, aliases=("use_draft",))
     draft_mode: str = option(

@@ -250,7 +250,7 @@ class Specdec(Method):
 
 
 class SpecdecAuto(Specdec):
-    """Our decode loop with the cost-model controller choosing k (0..8) each step (`-k auto`)."""
+    """Our decode loop with the cost-model controller choosing k (0..24) each step (`-k auto`)."""
 
     family = "specdec-auto"
     uses_gamma = False
