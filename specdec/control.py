@@ -494,23 +494,21 @@ class AutoK:
         """Expected tokens per ms when drafting k tokens from `source` (with `load`: the whole batch's
         tokens per ms of the step)."""
         alphas = self.alphas(source) if alphas is None else alphas
-        return ((load.expected + expected_tokens(alphas, k))
+        return self._per_ms(expected_tokens(alphas, k), k, source, load)
+
+    def _per_ms(self, emitted: float, k: int, source: str, load: Load) -> float:
+        """rate(k) for a step expected to emit `emitted` tokens (E[tokens | k])."""
+        return ((load.expected + emitted)
                 / (load.draft_ms + self.draft_cost(k, source) + self.costs.target(load.tokens + k + 1)))
 
     def best(self, limit: int, alphas: list[float] | None = None, source: str = MODEL, load: Load = NO_LOAD) -> int:
         """The k in 0..min(max_k, limit) with the highest steady-state rate (ties: the smaller k)."""
         alphas = self.alphas(source) if alphas is None else alphas
         top = min(self.max_k, limit)
-        best_k, best_rate, emitted, survive = 0, -1.0, 1.0, 1.0
-        for k in range(top + 1):  # rate(k), with E[tokens | k] summed as k grows
-            if k:
-                survive *= alphas[k - 1]
-                emitted += survive
-            rate = ((load.expected + emitted)
-                    / (load.draft_ms + self.draft_cost(k, source) + self.costs.target(load.tokens + k + 1)))
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        return best_k
+        survival = accumulate(alphas[:top], lambda survive, alpha: survive * alpha)  # Π_{j<=i} α_j
+        emitted = accumulate(survival, initial=1.0)  # E[tokens | k] for k = 0..top, summed as k grows
+        rates = [self._per_ms(e, k, source, load) for k, e in enumerate(emitted)]
+        return max(range(len(rates)), key=lambda k: (rates[k], -k))
 
     def finish(self, tokens: int) -> None:
         """A generation ended after `tokens` tokens (the decode loop says so): the next generations
@@ -562,6 +560,10 @@ class AutoK:
         if k == 0:
             return 1.0 / self.rate(0, alphas, source, load)
         return 1.0 / self.rate(k, alphas, source, load) + self.costs.catch_up(lag) / max(self.span(limit, source), 1.0)
+
+    def _step_grade(self, source: str) -> str | None:
+        """The grade choose() was last told for `source`'s proposal (this step's), None for another source."""
+        return self._chosen[1] if self._chosen[0] == source else None
 
     def choose(self, limit: int, lag: int = 0, source: str = MODEL, grade: str | None = None) -> int:
         self._model_asked |= source == MODEL
@@ -621,9 +623,8 @@ class AutoK:
         # drafted drifts to the pooled rate instead of keeping a stale one); position j was tried if
         # every earlier token was accepted: j = 0..min(accepted, drafted - 1).  The source's evidence
         # learns from every step of it, a grade's from that grade's steps (what choose() was told).
-        level = self._chosen[1] if self._chosen[0] == source else None
         tried = min(accepted + 1, drafted)
-        for key in {source, graded(source, level)}:
+        for key in {source, graded(source, self._step_grade(source))}:
             hits, trials = self._evidence(key)
             for j in range(self.max_k):
                 hits[j] *= self.forget
@@ -643,8 +644,7 @@ class AutoK:
         if budget <= k or k <= 0:
             return k
         load = self.load() if self.load is not None else NO_LOAD
-        level = self._chosen[1] if self._chosen[0] == source else None  # the step's grade (choose)
-        chain = load.expected + expected_tokens(self.alphas(source, level), k)
+        chain = load.expected + expected_tokens(self.alphas(source, self._step_grade(source)), k)
         fixed = load.draft_ms + self.draft_cost(k, source)
         gain = self.tree_gain.get(source, self.tree_prior)
         tree_rate = (chain + gain) / (fixed + self.costs.target(load.tokens + budget + 1))

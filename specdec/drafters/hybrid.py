@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from specdec.control import MODEL, outlook
+from specdec.control import MODEL, grade, outlook
 from specdec.drafters.base import Draft, Drafter, tell_plain_step, tell_prefilled
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.suffix import SuffixDrafter
@@ -88,8 +88,7 @@ class HybridDrafter:
     def grade(self, context: Sequence[int], source: str) -> str | None:
         """The class of evidence behind `source`'s proposal for `context`, as that source's drafter grades
         it (specdec.control.grade); None for a source that does not."""
-        method = getattr(self.by_source.get(source), "grade", None)
-        return method(context, source) if method is not None else None
+        return grade(self.by_source[source], context, source)
 
     def outlook(self, context: Sequence[int]) -> tuple[str, int]:
         """The lookup's when it matches (nothing to catch up), else the model's."""
