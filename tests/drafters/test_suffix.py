@@ -294,6 +294,27 @@ def test_suffix_speculative_equals_plain_greedy(gamma):
     assert spec.stats.by_source["suffix"][2] > 0  # the hybrid drafted from the earlier answer, accepted
 
 
+def test_graded_drafts_of_up_to_24_tokens_equal_plain_greedy():
+    # -k auto with grades: the whole earlier answer in the store is a long sure match, so steps draft
+    # past the old 8-token cap; every grade and k, the output is plain's token for token
+    from specdec.control import AutoK, Costs
+    from specdec.drafters.lookup import LookupDrafter
+
+    model = tiny_model("llama", 0)
+    prompt = [5, 9, 13, 21, 34, 55, 7, 5, 9, 13, 21, 34, 7, 8, 5, 9]
+    plain = run(HFRunner(model), prompt, StopCondition(60))
+    store = SuffixStore(1000)
+    store.add(plain.token_ids)  # an earlier identical answer
+    store.add([int(t) for t in random.Random(0).choices(range(VOCAB), k=200)])  # and noise
+    for drafter in (SuffixDrafter(store), LookupDrafter(),
+                    HybridDrafter(ModelDrafter(HFRunner(tiny_model("llama", 1))), SuffixDrafter(store, min_score=1.0))):
+        controller = AutoK(Costs({1: 70.0, 2: 74.0, 9: 115.0, 25: 200.0}, draft_ms=10.0), max_k=24, cost_ewma=0.0)
+        spec = run(HFRunner(model), prompt, StopCondition(60), drafter=drafter, num_speculative_tokens=controller)
+        assert spec.token_ids == plain.token_ids
+        if not isinstance(drafter, LookupDrafter):
+            assert max(k for k, _, _ in spec.stats.steps) > 8  # the sure grade drafted long
+
+
 def test_the_engine_learns_across_requests():
     tok = tiny_tokenizer(0)
     engine = Engine(tiny_model("qwen2", 0, vocab_size=len(tok)), tok, suffix=True, suffix_memory=10_000)
