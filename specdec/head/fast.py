@@ -106,6 +106,7 @@ class FastHead:
         layer, attention, mlp = head.layer, head.layer.self_attn, head.layer.mlp
         self.config = config
         self.vocab = head.vocab  # [N] draft id -> target id
+        self.window = head.window  # the positions a query attends to (None: all)
         embed, self.rotary = head._shared  # the target's embedding table and rotary embedding
         self.embed = embed.weight.detach()  # [V, H]
         self._cos = self._sin = torch.empty(0, 0)  # [positions, D]: the rotary table, grown by doubling
@@ -174,7 +175,9 @@ class FastHead:
         v = qkv[:, (h_q + h_kv) * d :].view(n, h_kv, d).transpose(0, 1)  # [Hkv, n, D]
         keys, values = cache.update(qk[None, h_q:], v[None], 0)  # each [1, Hkv, past + n, D]
         if mask is None and n > 1:
-            mask = causal_mask(n, past, x.dtype)  # [1, 1, n, past + n]
+            mask = causal_mask(n, past, x.dtype, self.window)  # [1, 1, n, past + n]
+        elif mask is None and self.window is not None and past + 1 > self.window:  # one query: the last keys
+            keys, values = keys[:, :, -self.window:], values[:, :, -self.window:]
         attn = F.scaled_dot_product_attention(qk[None, :h_q], keys, values, attn_mask=mask, scale=self.scaling,
                                               enable_gqa=h_q != h_kv)  # [1, Hq, n, D]
         x = x + self.o(attn[0].transpose(0, 1).reshape(n, h_q * d))  # [n, H]
@@ -197,7 +200,7 @@ class FastHead:
         """As DraftHead.extend_tree: one level of a tree, all at `position`, seeing what `visible` [q, t]
         allows of the tree's positions -> (predicted features [q, H], draft logits [q, N])."""
         prefix = cache.length + len(tokens) - visible.shape[1]
-        return self.forward(features, tokens, cache, position, tree_mask(prefix, visible, torch.float32))
+        return self.forward(features, tokens, cache, position, tree_mask(prefix, visible, torch.float32, self.window))
 
     # The autoregressive draft and the tree are the fp32 head's own (they call only extend, extend_tree and
     # target_ids).

@@ -77,16 +77,32 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
 
 
-def causal_mask(queries: int, past: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask [1, 1, queries, past + queries]: query i sees the past and new positions <= i."""
-    return additive_mask(torch.ones(queries, past + queries, dtype=torch.bool).tril(diagonal=past), dtype)
+def band(queries: int, past: int, window: int | None = None) -> torch.Tensor:
+    """Which keys each query sees, [queries, past + queries] (bool): query i, at position past + i, sees the
+    positions up to its own, and with a `window` only the last `window` of them (itself included)."""
+    allowed = torch.ones(queries, past + queries, dtype=torch.bool).tril(diagonal=past)
+    if window is not None:
+        allowed &= ~torch.ones(queries, past + queries, dtype=torch.bool).tril(diagonal=past - window)
+    return allowed
 
 
-def tree_mask(prefix: int, visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def causal_mask(queries: int, past: int, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
+    """Additive mask [1, 1, queries, past + queries]: query i sees the past and new positions <= i (with a
+    `window`, the last `window` of them)."""
+    return additive_mask(band(queries, past, window), dtype)
+
+
+def tree_mask(prefix: int, visible: torch.Tensor, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
     """Additive mask [1, 1, q, prefix + t] of a tree forward: every query sees the cache's first `prefix`
     positions (the verified pairs), and of the t tree positions after them (the nodes fed by earlier levels,
-    then this forward's q) those `visible` [q, t] (bool) allows: its ancestors and itself."""
-    return additive_mask(torch.cat([visible.new_ones(visible.shape[0], prefix), visible], dim=1), dtype)
+    then this forward's q) those `visible` [q, t] (bool) allows: its ancestors and itself.  With a `window`,
+    a query whose path holds c of the tree's positions sees only the last window - c verified pairs: the
+    keys a chain forward over its path would see (causal_mask's band)."""
+    seen = visible.new_ones(visible.shape[0], prefix)  # [q, prefix]
+    if window is not None:
+        keep = (window - visible.sum(dim=1)).clamp(min=0)  # [q]: verified pairs each query still sees
+        seen = torch.arange(prefix)[None] >= (prefix - keep)[:, None]  # [q, prefix]
+    return additive_mask(torch.cat([seen, visible], dim=1), dtype)
 
 
 def head_intermediate(config: Any, ratio: float = 2 / 3) -> int:
@@ -112,9 +128,12 @@ def draft_vocabulary(streams: list[list[int]], size: int, vocab_size: int) -> to
 class DraftHead(nn.Module):
     """The head of one target (a transformers llama/qwen2 causal LM); see the module docstring."""
 
-    def __init__(self, target: nn.Module, vocab: torch.Tensor, intermediate: int | None = None) -> None:
-        """`intermediate`: the decoder layer's MLP width (default the target's; see head_intermediate)."""
+    def __init__(self, target: nn.Module, vocab: torch.Tensor, intermediate: int | None = None,
+                 window: int | None = None) -> None:
+        """`intermediate`: the decoder layer's MLP width (default the target's; see head_intermediate).
+        `window`: the head attends to the last `window` positions only (itself included; None: all)."""
         super().__init__()
+        self.window = window
         config = copy.deepcopy(target.config)
         if config.model_type not in ARCHITECTURES:
             raise SpecdecError(f"a draft head needs a {' or '.join(ARCHITECTURES)} target, not {config.model_type}")
@@ -157,7 +176,7 @@ class DraftHead(nn.Module):
         if positions is None:
             positions = torch.arange(start, start + length).expand(batch, length)  # [B, T]
         if mask is None:
-            mask = causal_mask(length, past, x.dtype)  # [1, 1, T, past + T]
+            mask = causal_mask(length, past, x.dtype, self.window)  # [1, 1, T, past + T]
         rotary = self._shared[1](x, positions)  # (cos, sin), each [B, T, head_dim]
         out = self.layer(x, mask, positions, cache, position_embeddings=rotary)
         predicted = self.norm(out[0] if isinstance(out, tuple) else out)  # [B, T, H]
@@ -180,7 +199,7 @@ class DraftHead(nn.Module):
         prefix = cache.length + len(tokens) - visible.shape[1]
         predicted, logits = self(features[None], tokens[None], cache=cache,
                                  positions=torch.full((1, len(tokens)), position),
-                                 mask=tree_mask(prefix, visible, self.fc.weight.dtype))
+                                 mask=tree_mask(prefix, visible, self.fc.weight.dtype, self.window))
         return predicted[0], logits[0]
 
     @torch.no_grad()

@@ -36,6 +36,7 @@ from specdec.zoo import home
 
 MANIFEST = "manifest.json"
 FORMAT = 1
+OLD_WINDOW = None  # the attention window of a head saved before manifests recorded one: all positions
 _ROWS = 4096  # rows hashed at a time (bounds the fp32 copy of a large embedding table)
 
 
@@ -116,6 +117,7 @@ def save(head: DraftHead, directory: str | Path, identity: dict[str, Any], resul
         "target": identity,
         "draft_vocab": head.vocab.tolist(),
         "intermediate_size": int(head.config.intermediate_size),
+        "attention_window": head.window,
         "tokens_seen": result.tokens if result else 0,
         "steps": result.steps if result else 0,
         "agreement_by_position": list(result.agreement) if result else [],
@@ -179,6 +181,7 @@ def load(directory: str | Path, target: nn.Module, name: str = "") -> tuple[Draf
         width = state["layer.mlp.gate_proj.weight"].shape[0]  # the MLP width it was trained with
         head = DraftHead(target if float_head else _Skeleton(target), state["vocab"], width)
         head.load_state_dict(state)
+        head.window = manifest.get("attention_window", OLD_WINDOW)
     except (SafetensorError, KeyError, RuntimeError) as e:
         raise SpecdecError(f"draft head weights {path} do not fit the head: {str(e).splitlines()[0]}") from None
     return head.eval(), manifest

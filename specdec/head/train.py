@@ -61,7 +61,7 @@ from specdec.head.model import DraftHead, HeadCache, additive_mask, draft_vocabu
 class TrainConfig:
     draft_vocab: int = 16384  # N, the draft vocabulary's size (capped at the target's)
     intermediate: int | None = None  # the head's MLP width (None: model.head_intermediate of the target)
-    window: int = 64  # T: positions per training window
+    window: int = 64  # T: positions per training window, and what the head attends to when drafting
     batch: int = 8  # windows per step
     lr: float = 1e-3
     warmup_steps: int = 20
@@ -340,7 +340,7 @@ def train(target: nn.Module, streams: list[list[int]], config: TrainConfig = Tra
     vocab = draft_vocabulary([known], config.draft_vocab, target.config.vocab_size)
     with torch.random.fork_rng():
         torch.manual_seed(config.seed)
-        head = DraftHead(target, vocab, config.intermediate or head_intermediate(target.config))
+        head = DraftHead(target, vocab, config.intermediate or head_intermediate(target.config), config.window)
     head.lm_head.requires_grad_(False)  # the target's own rows: p is read off them
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad],
                                   lr=config.lr, weight_decay=config.weight_decay)

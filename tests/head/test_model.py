@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.head.model import DraftHead, HeadCache, draft_vocabulary
+from specdec.head.model import DraftHead, HeadCache, band, draft_vocabulary, tree_mask
 from specdec.head.train import target_pass
 from tests.tiny import tiny_model
 
@@ -28,8 +28,35 @@ def test_reduced_vocabulary_maps_back_to_target_ids(target: torch.nn.Module, tex
     assert torch.equal(head.target_ids(draft_ids), restricted.argmax(-1))
 
 
-def test_cache_feeds_in_pieces_as_in_one_forward_and_rolls_back(target: torch.nn.Module) -> None:
-    head = DraftHead(target, torch.arange(50))
+def test_band_sees_the_last_window_positions() -> None:
+    assert band(2, 3).int().tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    assert band(2, 3, window=2).int().tolist() == [[0, 0, 1, 1, 0], [0, 0, 0, 1, 1]]
+    assert band(3, 0, window=1).int().tolist() == [[1, 0, 0], [0, 1, 0], [0, 0, 1]]
+    visible = torch.tensor([[True, False], [True, True]])  # two tree positions: a node, then its child
+    allowed = tree_mask(3, visible, torch.float32, window=3)[0, 0] == 0  # [2, 5]
+    assert allowed.int().tolist() == [[0, 1, 1, 1, 0], [0, 0, 1, 1, 1]]  # each sees 3 keys, its path's last
+    assert (tree_mask(3, visible, torch.float32)[0, 0] == 0).int().tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+
+
+def test_a_windowed_head_reads_only_its_last_window_of_pairs(target: torch.nn.Module) -> None:
+    """With a window of w, the head's output at a position is its output over just the last w pairs up to
+    there (rotary attention depends on distances only): what it saw in training windows of w positions."""
+    head = DraftHead(target, torch.arange(50), window=4)
+    free = DraftHead(target, torch.arange(50))
+    free.load_state_dict(head.state_dict())
+    torch.manual_seed(2)
+    features, tokens = torch.randn(1, 10, 32), torch.randint(0, 96, (1, 10))  # [1, 10, H], [1, 10]
+    with torch.no_grad():
+        windowed = head(features, tokens)[1]  # [1, 10, N]
+        for end in (3, 7, 10):
+            alone = free(features[:, max(end - 4, 0): end], tokens[:, max(end - 4, 0): end], max(end - 4, 0))[1]
+            assert torch.allclose(windowed[0, end - 1], alone[0, -1], atol=1e-5)
+        assert not torch.allclose(windowed[0, -1], free(features, tokens)[1][0, -1], atol=1e-3)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_cache_feeds_in_pieces_as_in_one_forward_and_rolls_back(window: int | None, target: torch.nn.Module) -> None:
+    head = DraftHead(target, torch.arange(50), window=window)
     torch.manual_seed(1)
     features, tokens = torch.randn(1, 9, 32), torch.randint(0, 96, (1, 9))  # [1, 9, H], [1, 9]
     whole = head(features, tokens)[1]  # [1, 9, N]

@@ -37,6 +37,15 @@ def test_round_trip_proposes_the_same_tokens(saved: Path, target: torch.nn.Modul
     assert manifest["draft_vocab"] == trained.head.vocab.tolist() and manifest["data"] == ["own greedy text"]
     assert manifest["target"]["architecture"] == "llama" and manifest["target"]["vocab_size"] == 96
     assert sorted(p.name for p in saved.iterdir()) == sorted([MANIFEST, manifest["weights"]])  # no temp files left
+    assert manifest["attention_window"] == head.window == trained.head.window == QUICK.window  # as it was trained
+
+
+def test_a_head_saved_without_an_attention_window_attends_to_all(saved: Path, target: torch.nn.Module) -> None:
+    """Manifests from before the window was recorded: the head attends to every position, as it did then."""
+    manifest = json.loads((saved / MANIFEST).read_text())
+    del manifest["attention_window"]
+    (saved / MANIFEST).write_text(json.dumps(manifest))
+    assert load(saved, target, "tiny")[0].window is None
 
 
 def test_a_narrower_head_round_trips(tmp_path: Path, target: torch.nn.Module, text: list[list[int]]) -> None:

@@ -5,6 +5,8 @@ first, width 1 is the chain, the head's cache is rolled back exactly, and greedy
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -50,13 +52,18 @@ def depths_of(parents: list[int]) -> list[int]:
     return out
 
 
+@pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("form", ["trained", "fp32", "int8"])
 @pytest.mark.parametrize("depth,top_k", [(4, 3), (3, 2)])
-def test_each_nodes_logits_are_the_chains_over_its_path(depth: int, top_k: int, form: str, target: torch.nn.Module,
-                                                        text: list[list[int]], trained: TrainResult) -> None:
+def test_each_nodes_logits_are_the_chains_over_its_path(depth: int, top_k: int, form: str, window: int | None,
+                                                        target: torch.nn.Module, text: list[list[int]],
+                                                        trained: TrainResult) -> None:
     """The trained head and its inference forms (specdec.head.fast; int8 where the kernel runs): a node's logits in
-    the level's forward are those of the same head's chain forward over the node's path."""
-    head = trained.head if form == "trained" else FastHead(trained.head, form)
+    the level's forward are those of the same head's chain forward over the node's path, with an attention
+    window too (a node then sees the last verified pairs its path leaves room for)."""
+    head = copy.deepcopy(trained.head)
+    head.window = window
+    head = head if form == "trained" else FastHead(head, form)
     for features, tokens in contexts(target, text):
         tree = head.grow(HeadCache(), features, tokens, depth, top_k)
         expanded = [node for node in tree.logits if node >= 0]
