@@ -68,7 +68,11 @@ class TrainConfig:
     weight_decay: float = 0.0
     feature_weight: float = 0.1  # w of the smooth-L1 feature regression (0.1: a higher agreement than 1.0, measured)
     noise: float = 0.0  # amplitude of the uniform noise added to input features
-    unroll: int = 2  # draft steps trained per window (> 1: training-time test on the head's own features)
+    # draft steps trained per window (> 1: training-time test on the head's own features).  3 rather than 2:
+    # on qwen2.5-coder-1.5b (Zen 4, 15 minutes each, the same data) the third drafted token agreed 0.75
+    # instead of 0.28 where the first two had (first token 0.47 against 0.48), and greedy chains of 4-6
+    # tokens accepted 0.96-1.00 tokens a step on held-out answers instead of 0.80.
+    unroll: int = 3
     unroll_decay: float = 1.0  # weight of step d's loss: unroll_decay ** (d - 1)
     autocast: str = "auto"  # "bf16", "fp32" or "auto" (bf16 where the CPU has AVX512-BF16 or AMX)
     replay: float = 2.0  # training positions per produced position before more data is produced
