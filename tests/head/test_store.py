@@ -46,6 +46,11 @@ def test_a_head_saved_without_an_attention_window_attends_to_all(saved: Path, ta
     del manifest["attention_window"]
     (saved / MANIFEST).write_text(json.dumps(manifest))
     assert load(saved, target, "tiny")[0].window is None
+    for broken in (0, "64", 2.5, True):
+        manifest["attention_window"] = broken
+        (saved / MANIFEST).write_text(json.dumps(manifest))
+        with pytest.raises(SpecdecError, match="attention_window .* is not a positive whole number"):
+            load(saved, target, "tiny")
 
 
 def test_a_narrower_head_round_trips(tmp_path: Path, target: torch.nn.Module, text: list[list[int]]) -> None:
