@@ -153,18 +153,12 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
         missing = [key for key in ("weights", "weights_sha256", "draft_vocab") if key not in manifest]
         if missing:
             raise KeyError(missing[0])
+        window = manifest.get("attention_window", OLD_WINDOW)  # a positive int, or None: all positions
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"attention_window {window!r} is not a positive whole number")
     except (ValueError, KeyError, TypeError) as e:
         raise SpecdecError(f"broken draft-head manifest {path}: {e}") from None
     return manifest
-
-
-def _window(manifest: dict[str, Any], directory: Path) -> int | None:
-    """The manifest's attention window (a positive int, or None: all positions), or a one-line SpecdecError."""
-    window = manifest.get("attention_window", OLD_WINDOW)
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise SpecdecError(f"broken draft-head manifest {directory / MANIFEST}: attention_window {window!r} "
-                           "is not a positive whole number")
-    return window
 
 
 def load(directory: str | Path, target: nn.Module, name: str = "") -> tuple[DraftHead, dict[str, Any]]:
@@ -190,7 +184,7 @@ def load(directory: str | Path, target: nn.Module, name: str = "") -> tuple[Draf
         width = state["layer.mlp.gate_proj.weight"].shape[0]  # the MLP width it was trained with
         head = DraftHead(target if float_head else _Skeleton(target), state["vocab"], width)
         head.load_state_dict(state)
-        head.window = _window(manifest, path.parent)
+        head.window = manifest.get("attention_window", OLD_WINDOW)  # checked by read_manifest
     except (SafetensorError, KeyError, RuntimeError) as e:
         raise SpecdecError(f"draft head weights {path} do not fit the head: {str(e).splitlines()[0]}") from None
     return head.eval(), manifest
