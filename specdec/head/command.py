@@ -17,7 +17,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -58,13 +58,28 @@ def int8_extractor(model: Any, target: str | None = None, batch: int = 16) -> An
 
 def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     """A user turn through the chat template (plain "User: ... Assistant:" without one), capped in length."""
+    return encode_messages(tokenizer, [("user", prompt)])
+
+
+def encode_messages(tokenizer: Any, messages: Sequence[tuple[str, str]]) -> list[int]:
+    """(role, content) turns, a user turn last, through the chat template with the assistant's turn opened
+    (plain "User: ...\n\nAssistant: ..." turns without one); its last MAX_PROMPT_TOKENS tokens."""
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                            tokenize=True)
+        ids = tokenizer.apply_chat_template([{"role": role, "content": text} for role, text in messages],
+                                            add_generation_prompt=True, tokenize=True)
         ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
     else:
-        ids = tokenizer(f"User: {prompt}\n\nAssistant:")["input_ids"]
+        plain = "".join(f"{'User' if role == 'user' else 'Assistant'}: {text}\n\n" for role, text in messages)
+        ids = tokenizer(plain + "Assistant:")["input_ids"]
     return list(ids)[-MAX_PROMPT_TOKENS:]
+
+
+def follow_up(tokenizer: Any, material: Any, index: int, answer: Sequence[int]) -> list[int] | None:
+    """The prompt ids that follow the target's `answer` (ids) to material.prompts[index]: its
+    data.FollowUp through the chat template; None where it has none or the answer is empty."""
+    then = material.follow_ups.get(index)
+    text = tokenizer.decode(list(answer), skip_special_tokens=True).strip() if then else ""
+    return encode_messages(tokenizer, then.messages(material.prompts[index], text)) if text else None
 
 
 class Bar:
@@ -116,7 +131,8 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
         raise SpecdecError("no training material: give --text files or keep the built-in data")
     eos = sorted(model_eos_token_ids(model) | ({tokenizer.eos_token_id} - {None}))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
-    generation = GenerationSource(extractor, prompts[HELDOUT_PROMPTS:], eos, pad, answer_tokens, batch)
+    generation = GenerationSource(extractor, prompts[HELDOUT_PROMPTS:], eos, pad, answer_tokens, batch,
+                                  lambda i, answer: follow_up(tokenizer, material, HELDOUT_PROMPTS + i, answer))
     say(began, "material: " + "; ".join(material.describe()))
     # the target's answers to held-out prompts measure the agreement; with only the user's text, its tail
     heldout = [ids for ids, _ in generation.answer(prompts[:HELDOUT_PROMPTS])] if len(prompts) > HELDOUT_PROMPTS else None

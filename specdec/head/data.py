@@ -8,8 +8,12 @@ translation and writing, and plain code and prose.  Nothing here is downloaded; 
 - **documentation**: the installed packages' descriptions (``*.dist-info/METADATA``, most are their
   READMEs), ``/usr/share/doc`` text files and manual pages (``/usr/share/man``, troff stripped to text),
   as plain text and as summarize / answer-from-the-document / translate prompts;
-- **prompts written here** (math word problems with drawn numbers, writing tasks over a list of topics),
-  whose answers the target itself generates (``specdec.head.train`` runs the generation in batches).
+- **prompts written here** (math word problems with drawn numbers, writing tasks over a list of topics,
+  questions that ask for an explanation, a comparison or a fix, writing in another language), whose
+  answers the target itself generates (``specdec.head.train`` runs the generation in batches);
+- **follow-ups** to some of them (``FollowUp``): a second user turn after the target's answer (a chat
+  that goes on), or a new prompt that quotes the answer (what the target wrote in another language, to
+  be translated into English).  Their answers are the target's too.
 
 Every choice is drawn from a seeded generator, so the same machine and seed give the same material.
 ``Material.describe`` records what was used (the manifest's "data").  Prompts are the user's turn of a
@@ -73,6 +77,79 @@ MATH = (
     "What is the sum of all integers from 1 to {c}? Explain your reasoning.",
     "A tank holds {c} liters and is filled at {a} liters per minute. How long does it take to fill it?",
 )
+# Questions a user asks a chat model: an explanation of a subject, a comparison, a fix for a problem.
+SUBJECTS = (
+    "compound interest", "how vaccines train the immune system", "photosynthesis", "the greenhouse effect",
+    "how a refrigerator keeps food cold", "public-key cryptography", "how DNS resolves a domain name",
+    "garbage collection in programming languages", "the causes of the First World War", "supply and demand",
+    "how noise-cancelling headphones work", "the placebo effect", "black holes", "how credit scores are computed",
+    "plate tectonics", "how a CPU cache works", "the Roman Republic's fall", "how GPS finds your position",
+    "recursion", "the water cycle", "how antibiotics work and why resistance appears", "the stock market",
+    "how airplanes stay in the air", "machine learning overfitting", "the theory of evolution", "how tides work",
+    "database transactions and isolation levels", "the difference between weather and climate",
+    "how a mortgage works", "the Pythagorean theorem", "how sleep affects memory", "how solar panels make electricity",
+    "what a REST API is", "the French Revolution", "how yeast makes bread rise", "containers and virtual machines",
+    "how the heart pumps blood", "Big-O notation", "how elections with ranked-choice voting are counted",
+    "how batteries store energy", "why the ocean is salty", "how a hash table works", "the scientific method",
+)
+QUESTION_TASKS = (
+    "Explain {subject} in simple terms.", "How does {subject} work? Keep it short and concrete.",
+    "Can you explain {subject} to someone with no background in it?",
+    "What are the most common misconceptions about {subject}?",
+    "I'm trying to understand {subject}. What are the key ideas, and is there a good analogy?",
+    "Give a concrete example of {subject} and walk me through it.",
+)
+COMPARISONS = (
+    ("a list", "a tuple in Python"), ("renting", "buying a home"), ("TCP", "UDP"), ("a virus", "a bacterium"),
+    ("stocks", "bonds"), ("SQL", "NoSQL databases"), ("weather", "climate"), ("a debit card", "a credit card"),
+    ("machine learning", "traditional programming"), ("baking soda", "baking powder"), ("HTTP", "HTTPS"),
+    ("an LLC", "a sole proprietorship"), ("RAM", "storage"), ("aerobic", "anaerobic exercise"),
+    ("a compiler", "an interpreter"), ("mean", "median"), ("a Roth IRA", "a traditional IRA"),
+    ("unit tests", "integration tests"), ("an index fund", "a hedge fund"), ("concurrency", "parallelism"),
+)
+COMPARISON_TASKS = (
+    "What is the difference between {a} and {b}?",
+    "When should I choose {a} over {b}, and why?",
+    "{A} or {b}: what are the trade-offs?",
+)
+PROBLEMS = (
+    "houseplants keep getting yellow leaves", "laptop gets very hot and the fan is loud", "bread does not rise",
+    "Python script is much slower than I expected", "Wi-Fi keeps dropping every few minutes",
+    "tomato seedlings are tall and thin", "code works locally but fails in CI", "cat stopped using its litter box",
+    "phone battery drains in half a day", "git push is rejected with 'non-fast-forward'", "sleep is poor although I go to bed early",
+    "web page takes ten seconds to load", "running times are not improving after three months of training",
+    "SQL query got slow after the table grew", "dishwasher leaves white spots on glasses",
+)
+PROBLEM_TASKS = (
+    "My {problem}. What are the most likely causes, and how do I fix each of them?",
+    "Help! My {problem}. What should I check first?",
+)
+# A second user turn after the target's answer: the chat goes on.
+FOLLOW_UP_TURNS = (
+    "Thanks! Can you give me a concrete example?", "Can you make that shorter?", "Why is that? I don't fully follow.",
+    "What would you change if I were a complete beginner?", "Can you put the main points in a table?",
+    "What are the risks or downsides?", "Great. What should I do next?", "Can you rewrite it in a friendlier, more casual tone?",
+    "That helps. What is a common mistake people make here?", "OK. How would that change if I had less time or money?",
+)
+# A new prompt quoting what the target wrote in another language.
+TO_ENGLISH = (
+    "Translate into English:\n\n{answer}", "Can you translate this into English? Keep the tone.\n\n{answer}",
+    "Please translate the following text to English:\n\n{answer}", "Translate to English, please:\n\n{answer}",
+)
+
+
+@dataclass(frozen=True)
+class FollowUp:
+    """What comes after the target's answer to a prompt: another user turn of the same chat, or, where
+    `text` holds "{answer}", a new one-turn prompt that quotes the answer."""
+
+    text: str
+
+    def messages(self, prompt: str, answer: str) -> list[tuple[str, str]]:
+        """The (role, content) turns of the follow-up conversation, a user turn last."""
+        if "{answer}" in self.text:
+            return [("user", self.text.replace("{answer}", answer))]
+        return [("user", prompt), ("assistant", answer), ("user", self.text)]
 
 
 @dataclass
@@ -82,11 +159,13 @@ class Material:
     texts: list[str] = field(default_factory=list)
     prompts: list[str] = field(default_factory=list)
     sources: dict[str, int] = field(default_factory=dict)  # where the texts came from -> how many
+    follow_ups: dict[int, FollowUp] = field(default_factory=dict)  # index in prompts -> what follows its answer
 
     def describe(self) -> list[str]:
         """What was used, one line each (the manifest's "data")."""
         return [f"{name}: {count}" for name, count in sorted(self.sources.items())] + [
-            f"prompts: {len(self.prompts)} (answers generated by the target)"]
+            f"prompts: {len(self.prompts)} (answers generated by the target), "
+            f"{len(self.follow_ups)} of them followed up"]
 
 
 def site_packages() -> list[Path]:
@@ -233,7 +312,7 @@ def gather(seed: int = 0, files: int = 400, extra: Iterable[str | Path] = (), bu
     material.texts += docs
     material.sources.update({"python sources (installed packages)": len(codes),
                              "documents (package descriptions, /usr/share/doc, manual pages)": len(docs)})
-    material.prompts = prompts(rng, codes, docs)
+    material.prompts, material.follow_ups = prompts(rng, codes, docs)
     return material
 
 
@@ -251,18 +330,38 @@ def math_prompt(rng: random.Random) -> str:
                                    d=rng.randint(2, 12))
 
 
-def prompts(rng: random.Random, codes: list[str], docs: list[str], per_kind: int | None = None) -> list[str]:
-    """Chat prompts over the material, an even mix of code, documents, math and writing, shuffled."""
+def question(rng: random.Random) -> str:
+    """A user's question: an explanation of a subject, a comparison, or a fix for a problem."""
+    kind = rng.random()
+    if kind < 0.5:
+        return rng.choice(QUESTION_TASKS).format(subject=rng.choice(SUBJECTS))
+    if kind < 0.75:
+        a, b = rng.choice(COMPARISONS)
+        return rng.choice(COMPARISON_TASKS).format(a=a, A=a[0].upper() + a[1:], b=b)
+    return rng.choice(PROBLEM_TASKS).format(problem=rng.choice(PROBLEMS))
+
+
+def prompts(rng: random.Random, codes: list[str], docs: list[str],
+            per_kind: int | None = None) -> tuple[list[str], dict[int, FollowUp]]:
+    """Chat prompts over the material, shuffled, and the follow-ups of some (by index): for every n code
+    and n document prompts, n questions (a third followed by a second turn), n/2 math problems, n/2
+    writing tasks (a quarter followed up), and n/4 writing tasks in another language, each followed by
+    a prompt to translate the target's text into English."""
     n = per_kind or max(len(codes), len(docs)) // 2 or 40
-    out = [rng.choice(CODE_TASKS).format(code=rng.choice(codes)) for _ in range(n if codes else 0)]
+    items: list[tuple[str, FollowUp | None]] = [
+        (rng.choice(CODE_TASKS).format(code=rng.choice(codes)), None) for _ in range(n if codes else 0)]
     for _ in range(n if docs else 0):
         doc = rng.choice(docs)
         task = rng.choice(DOC_TASKS)
         sentences = _sentences(doc, rng, 3)
         if "{sentences}" in task and not sentences:
             continue
-        out.append(task.format(doc=doc, language=rng.choice(LANGUAGES), sentences=sentences))
-    out += [math_prompt(rng) for _ in range(n // 2)]
-    out += ["Write " + rng.choice(WRITING).format(topic=rng.choice(TOPICS)) + "." for _ in range(n // 2)]
-    rng.shuffle(out)
-    return out
+        items.append((task.format(doc=doc, language=rng.choice(LANGUAGES), sentences=sentences), None))
+    turn = lambda share: FollowUp(rng.choice(FOLLOW_UP_TURNS)) if rng.random() < share else None  # noqa: E731
+    items += [(question(rng), turn(1 / 3)) for _ in range(n)]
+    items += [(math_prompt(rng), None) for _ in range(n // 2)]
+    items += [("Write " + rng.choice(WRITING).format(topic=rng.choice(TOPICS)) + ".", turn(1 / 4)) for _ in range(n // 2)]
+    items += [(f"In {rng.choice(LANGUAGES)}, write {rng.choice(WRITING).format(topic=rng.choice(TOPICS))}.",
+               FollowUp(rng.choice(TO_ENGLISH))) for _ in range(n // 4)]
+    rng.shuffle(items)
+    return [p for p, _ in items], {i: f for i, (_, f) in enumerate(items) if f is not None}

@@ -26,7 +26,7 @@ on the lean runner against 51 with ``generate`` on the ``quantize_dynamic`` copy
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 from torch import nn
@@ -167,24 +167,38 @@ class TextSource:
 class GenerationSource:
     """Prompts (token ids, chat template applied) answered greedily by the extractor, `batch` at a time,
     up to `max_new_tokens` each; yields prompt + answer (cut after the first end-of-sequence token)
-    with the features captured during generation."""
+    with the features captured during generation.
+
+    `follow_up(i, answer ids)`, where given, is called after prompt i (its index in `prompts`) is
+    answered; the prompt ids it returns (a chat that goes on, a prompt quoting the answer), if any, are
+    answered next, before the remaining prompts."""
 
     def __init__(self, extractor: nn.Module, prompts: Sequence[Sequence[int]], eos_ids: Sequence[int],
-                 pad_id: int, max_new_tokens: int = 128, batch: int = 16) -> None:
+                 pad_id: int, max_new_tokens: int = 128, batch: int = 16,
+                 follow_up: Callable[[int, list[int]], list[int] | None] | None = None) -> None:
         self.extractor, self.eos, self.pad = extractor, set(eos_ids), pad_id
-        self.max_new_tokens, self.batch = max_new_tokens, batch
+        self.max_new_tokens, self.batch, self.follow_up = max_new_tokens, batch, follow_up
         block = 8 * batch  # prompts sorted by length within blocks: less padding in a batch
-        listed = [list(p) for p in prompts]
-        self.prompts = [p for i in range(0, len(listed), block) for p in sorted(listed[i: i + block], key=len)]
+        listed = [(list(p), i) for i, p in enumerate(prompts)]
+        queue = [item for i in range(0, len(listed), block) for item in sorted(listed[i: i + block], key=lambda x: len(x[0]))]
+        self.prompts = [p for p, _ in queue]
+        self.keys: list[int | None] = [i for _, i in queue]  # each queued prompt's index in `prompts` (None: a follow-up)
         self.next = 0
 
     def tokens(self) -> list[int]:
         return [t for p in self.prompts for t in p]
 
     def produce(self) -> list[Chunk]:
-        group = self.prompts[self.next: self.next + self.batch]
+        group, keys = self.prompts[self.next: self.next + self.batch], self.keys[self.next: self.next + self.batch]
         self.next += len(group)
-        return self.answer(group) if group else []
+        chunks = self.answer(group) if group else []
+        if self.follow_up is not None:
+            more = [self.follow_up(key, ids[len(prompt):]) for prompt, key, (ids, _) in zip(group, keys, chunks)
+                    if key is not None]
+            more = [p for p in more if p]
+            self.prompts[self.next: self.next] = more
+            self.keys[self.next: self.next] = [None] * len(more)
+        return chunks
 
     def answer(self, group: list[list[int]]) -> list[Chunk]:
         """Generate for one batch of prompts; (prompt + answer ids, their features) each."""

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from specdec.cli import app
 from specdec.head import store
-from specdec.head.command import load_target
+from specdec.head import data
+from specdec.head.command import encode_messages, follow_up, load_target
 from tests.tiny import save_tiny
 
 
@@ -47,3 +48,19 @@ def test_bad_input_is_one_line(tiny_target: str, tmp_path: Path, args: list[str]
 def test_an_unknown_target_is_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["train-drafter", "--target", str(tmp_path / "nothing"), "--minutes", "0.1"])
     assert result.exit_code == 2 and "unknown model" in result.output
+
+
+def test_a_follow_up_is_the_conversation_or_the_quote_through_the_template(tiny_target: str) -> None:
+    _, tokenizer = load_target(tiny_target)
+    material = data.Material(prompts=["Tell me about tides.", "In French, write a poem.", "Hi."],
+                             follow_ups={0: data.FollowUp("Shorter, please."),
+                                         1: data.FollowUp("Translate into English:\n\n{answer}")})
+    answer = tokenizer("the moon pulls the sea")["input_ids"]
+    text = tokenizer.decode(answer, skip_special_tokens=True).strip()
+    assert follow_up(tokenizer, material, 0, answer) == encode_messages(
+        tokenizer, [("user", "Tell me about tides."), ("assistant", text), ("user", "Shorter, please.")])
+    assert follow_up(tokenizer, material, 1, answer) == encode_messages(
+        tokenizer, [("user", "Translate into English:\n\n" + text)])
+    assert follow_up(tokenizer, material, 2, answer) is None and follow_up(tokenizer, material, 0, []) is None
+    assert not getattr(tokenizer, "chat_template", None)  # the tiny tokenizer has none: plain turns
+    assert tokenizer.decode(follow_up(tokenizer, material, 0, answer)).endswith("Shorter, please.\n\nAssistant:")

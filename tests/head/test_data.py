@@ -61,7 +61,22 @@ def test_the_users_text_and_a_record_of_it(tmp_path: Path) -> None:
 def test_builtin_prompts_cover_every_kind_and_repeat_with_the_seed() -> None:
     a, b = data.gather(seed=3, files=12), data.gather(seed=3, files=12)
     assert a.prompts == b.prompts and a.texts == b.texts
-    kinds = {"code": "```python", "document": "text", "math": "?", "writing": "Write "}
+    kinds = {"code": "```python", "document": "text", "math": "?", "writing": "Write ", "question": "xplain"}
     for kind, mark in kinds.items():
         assert any(mark in p for p in a.prompts), kind
     assert data.gather(seed=4, files=12).prompts != a.prompts
+    assert a.follow_ups == b.follow_ups
+
+
+def test_some_prompts_are_followed_up_by_a_second_turn_or_a_translation_of_the_answer() -> None:
+    material = data.gather(seed=3, files=12)
+    turns = [(i, f) for i, f in material.follow_ups.items() if "{answer}" not in f.text]
+    quotes = [(i, f) for i, f in material.follow_ups.items() if "{answer}" in f.text]
+    assert turns and quotes and all(0 <= i < len(material.prompts) for i in material.follow_ups)
+    assert all(any(f" {language}" in material.prompts[i] for language in data.LANGUAGES) for i, _ in quotes)
+    i, turn = turns[0]
+    assert turn.messages(material.prompts[i], "An answer.") == [
+        ("user", material.prompts[i]), ("assistant", "An answer."), ("user", turn.text)]
+    (role, text), = quotes[0][1].messages("In French, write a poem.", "Un poème {pas} formaté.")
+    assert role == "user" and text.endswith("\n\nUn poème {pas} formaté.") and "English" in text
+    assert f"{len(material.follow_ups)} of them followed up" in material.describe()[-1]

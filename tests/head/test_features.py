@@ -43,6 +43,25 @@ def test_answers_are_greedy_and_their_features_those_of_a_teacher_forced_pass(ta
         assert torch.allclose(feats, features(target, torch.tensor([ids]))[0], atol=1e-4)
 
 
+def test_a_follow_up_prompt_is_answered_next_with_the_answer_it_was_built_from(target: torch.nn.Module) -> None:
+    prompts = [[1, 5, 9], [1, 40, 3], [1, 12, 8], [1, 7, 7]]  # one length: answered in this order
+    seen: dict[int, list[int]] = {}
+
+    def follow_up(i: int, answer: list[int]) -> list[int] | None:
+        seen[i] = answer
+        return [1, 33] + answer[:2] if i == 0 else None  # only the first prompt goes on
+
+    source = GenerationSource(target, prompts, eos_ids=[], pad_id=0, max_new_tokens=6, batch=2, follow_up=follow_up)
+    batches = [[ids for ids, _ in source.produce()] for _ in range(3)]
+    assert source.produce() == []
+    assert [[ids[:3] for ids in batch] for batch in batches] == [
+        prompts[:2], [[1, 33] + seen[0][:1], prompts[2]], [prompts[3]]]  # the follow-up before the rest
+    for i, prompt in enumerate(prompts):
+        ids = next(ids for batch in batches for ids in batch if ids[:3] == prompt)
+        assert seen[i] == ids[3:] and len(seen[i]) >= 5  # the answer, less a last token never fed
+    assert batches[1][0][:4] == [1, 33] + seen[0][:2] and sorted(seen) == [0, 1, 2, 3]
+
+
 def test_an_answer_ends_after_its_end_token(target: torch.nn.Module) -> None:
     prompt = [1, 40]
     greedy = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)[0].tolist()
