@@ -270,23 +270,26 @@ class Engine:
         """The model-free drafter: LOOKUP, SUFFIX or None."""
         return LOOKUP if self.lookup else SUFFIX if self.suffix_store is not None else None
 
-    def fork_drafting(self, copier: str | None, model: bool) -> "Engine":
+    def fork_drafting(self, copier: str | None, model: bool, head: LoadedHead | None = None) -> "Engine":
         """A fork (:meth:`fork`) that drafts otherwise over the same loaded models: with the model-free
         drafter `copier` (LOOKUP, SUFFIX or None) in front of this engine's draft model or head when
-        `model`, without them when not -- so that one benchmark run compares drafters on one target
-        (``specdec-auto@lookup`` beside ``specdec-auto`` with ``--draft suffix``).  Where it drafts
-        otherwise than this engine, its `-k auto` controller is its own (what it prices depends on the
-        drafters: specdec.profile.step_costs)."""
+        `model`, without them when not, or in front of another `head` loaded for this engine's target
+        (specdec.head.use.load_head) in their place -- so that one benchmark run compares drafters on one
+        target (``specdec-auto@lookup`` beside ``specdec-auto`` with ``--draft suffix``; a head beside
+        the draft model).  Where it drafts otherwise than this engine, its `-k auto` controller is its
+        own (what it prices depends on the drafters: specdec.profile.step_costs)."""
         if copier not in (None, LOOKUP, SUFFIX):
             raise ValueError(f"copier must be {LOOKUP!r}, {SUFFIX!r} or None, not {copier!r}")
+        if head is not None and model:
+            raise ValueError("a fork drafts with this engine's draft model or head, or with another head: not both")
         has_model = self.draft_runner is not None or self.head is not None
         if model and not has_model:
             raise SpecdecError("this engine has no draft model or head to draft with: name a model-free drafter "
                                f"({LOOKUP} or {SUFFIX}) alone")
-        if copier is None and not model:
+        if copier is None and not model and head is None:
             raise SpecdecError(f"a drafter needs {LOOKUP}, {SUFFIX}, a draft model or a head")
         twin = self.fork()
-        if (copier, model) == (self.copier, has_model):
+        if (copier, model, head) == (self.copier, has_model, None):
             return twin
         twin.lookup = copier == LOOKUP
         memory = self.suffix_store.memory if self.suffix_store is not None else DEFAULT_SUFFIX_MEMORY
@@ -295,11 +298,11 @@ class Engine:
         if self.copier is not None and has_model and name.startswith(f"{self.copier}+"):
             name = name[len(self.copier) + 1:]
         if not model:
-            twin.draft_runner, twin.head, twin.draft_dtype = None, None, None
+            twin.draft_runner, twin.head, twin.draft_dtype = None, head, None
             twin.same_vocabulary = False
             twin.pool = twin._single_pool()
-            name = copier or name
-        elif copier is not None:
+            name = head.name if head is not None else copier or name
+        if copier is not None and (model or head is not None):
             name = f"{copier}+{name}"
         twin.draft_name = name
         twin._auto, twin._measured_costs = None, None  # priced for its own drafters on first use

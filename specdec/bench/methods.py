@@ -566,15 +566,17 @@ def parse_methods(text: str) -> list[str]:
     return families
 
 
-def check_drafters(entries: Sequence[str], draft_model: Any, head: str | None) -> dict[str, tuple[str | None, bool]]:
+def check_drafters(entries: Sequence[str], draft_model: Any,
+                   head: str | None) -> dict[str, tuple[str | None, bool, str | None]]:
     """The drafters of the entries that name one ("specdec-auto@lookup"), as (model-free drafter, whether
-    the run's draft model or head drafts too) for Engine.fork_drafting, keyed by entry; a one-line
-    SpecdecError for a drafter the run cannot give.  `draft_model`, `head`: the run's own (the model and
-    head of specdec.loading.split_drafter of --draft): a method may name any model-free drafter and the
-    run's draft model or head, or leave them out, but not load another model."""
+    the run's draft model or head drafts too, a head the run must load for it or None) for
+    Engine.fork_drafting, keyed by entry; a one-line SpecdecError for a drafter the run cannot give.
+    `draft_model`, `head`: the run's own (the model and head of specdec.loading.split_drafter of
+    --draft): a method may name any model-free drafter, the run's draft model and any head ("head",
+    "head:<dir>": small, it reads the run's target), or leave them out, but not load another model."""
     from specdec.loading import split_drafter
 
-    drafters: dict[str, tuple[str | None, bool]] = {}
+    drafters: dict[str, tuple[str | None, bool, str | None]] = {}
     for entry in entries:
         family, spec = split_method(entry)
         if spec is None:
@@ -585,12 +587,19 @@ def check_drafters(entries: Sequence[str], draft_model: Any, head: str | None) -
         if model is not None and model != draft_model:
             loaded = f"the draft {draft_model}" if draft_model is not None else "no draft model"
             raise SpecdecError(f"method '{entry}' drafts with {model}, but this run loads {loaded} (--draft): "
-                               f"a method's drafter after '{DRAFTER_SEPARATOR}' uses the run's models only")
-        if other_head is not None and other_head != head:
-            raise SpecdecError(f"method '{entry}' drafts with {other_head}, but this run loads "
-                               f"{'the head ' + head if head else 'no head'} (--draft)")
-        drafters[entry] = (other_copier, model is not None or other_head is not None)
+                               f"a method's drafter after '{DRAFTER_SEPARATOR}' loads no other draft model")
+        own = model is not None or (other_head is not None and other_head == head)
+        drafters[entry] = (other_copier, own, None if own else other_head)
     return drafters
+
+
+def load_method_heads(engine: "Engine", drafters: dict[str, tuple[str | None, bool, str | None]]) -> dict[str, Any]:
+    """The heads the entries of check_drafters name beside the run's drafter, loaded once each for the
+    engine's target (specdec.head.use.load_head), by spec."""
+    from specdec.head.use import load_head
+
+    specs = dict.fromkeys(head for _, _, head in drafters.values() if head is not None)
+    return {spec: load_head(spec, engine.target_runner, engine.target_name) for spec in specs}
 
 
 def parse_gammas(text: str) -> list[int]:
@@ -645,11 +654,15 @@ def build_methods(
     An entry "family@drafter" (parse_methods) runs on a fork drafting with that drafter
     (Engine.fork_drafting) and keeps the entry as its name ("specdec-g3@lookup" in a sweep)."""
     drafters = check_drafters(families, *engine_drafter(engine))
+    heads = load_method_heads(engine, drafters)
     if any(issubclass(METHODS[split_method(f)[0]], SpecdecAuto) for f in families):
         engine.auto_controller()  # made before the forks, so they share it as methods always have
 
     def fork(entry: str) -> "Engine":
-        return engine.fork_drafting(*drafters[entry]) if entry in drafters else engine.fork()
+        if entry not in drafters:
+            return engine.fork()
+        copier, own, head = drafters[entry]
+        return engine.fork_drafting(copier, own, heads[head] if head is not None else None)
 
     methods: list[Method] = []
     for entry in families:

@@ -197,8 +197,8 @@ def run_bench(
     drafter = resolve_drafter(options.draft, options.target, options.backend)  # "auto": a head, or the 0.5B
     _, draft_model, head = split_drafter(drafter)
     # The draft's backend and dtype as Engine.load takes them (the same defaults as `specdec generate`).
-    _, draft_backend, draft_dtype = resolve_draft(draft_model, options.backend, options.draft_backend,
-                                                  options.draft_dtype, options.device)
+    backend, draft_backend, draft_dtype = resolve_draft(draft_model, options.backend, options.draft_backend,
+                                                        options.draft_dtype, options.device)
     if options.methods.strip().lower() == DEFAULT:
         families = default_methods(options.draft is not None, draft_model is not None, options.backend, draft_backend,
                                    draft_dtype, llamacpp_can_run(options.target))
@@ -206,6 +206,11 @@ def run_bench(
         families = parse_methods(options.methods)
     check_backends(families, options.backend, draft_backend, draft_dtype)
     own_drafters = check_drafters(families, draft_model, head)  # "specdec-auto@lookup": the run's models only
+    for _, _, method_head in own_drafters.values():  # "specdec-auto@lookup+head" beside a draft model
+        if method_head is not None:
+            from specdec.head.use import precheck
+
+            precheck(method_head, backend, options.target)
     if "llamacpp" in families:
         from specdec.loading import check_spec
 

@@ -93,11 +93,11 @@ SUBJECTS = (
     "how batteries store energy", "why the ocean is salty", "how a hash table works", "the scientific method",
 )
 QUESTION_TASKS = (
-    "Explain {subject} in simple terms.", "How does {subject} work? Keep it short and concrete.",
+    "Explain {subject} in simple terms.", "What should I know about {subject}? Keep it short and concrete.",
     "Can you explain {subject} to someone with no background in it?",
     "What are the most common misconceptions about {subject}?",
     "I'm trying to understand {subject}. What are the key ideas, and is there a good analogy?",
-    "Give a concrete example of {subject} and walk me through it.",
+    "Walk me through {subject} with a concrete example.",
 )
 COMPARISONS = (
     ("a list", "a tuple in Python"), ("renting", "buying a home"), ("TCP", "UDP"), ("a virus", "a bacterium"),
@@ -186,7 +186,7 @@ def _read(path: Path) -> str:
         return ""
 
 
-_TROFF_FONT = re.compile(r"\\f[BIRP1-4]|\\f\(..|\\f\[[^]]*\]")
+_TROFF_FONT = re.compile(r"\\f[BIRPC0-9]|\\f\(..|\\f\[[^]]*\]")
 _TROFF_ESCAPE = re.compile(r"\\(\(..|\[[^]]*\]|[-e&|^/,%:~ 0])")
 
 

@@ -81,6 +81,7 @@ def assert_user_error(result, fragment):
         (["--concurrency", "1,2", "--methods", "plain,hf"], "drop hf"),
         (["--methods", "plain,specdec@lookup+/no/other/model"], "drafts with /no/other/model, but this run loads"),
         (["--methods", "plain,hf@lookup"], "only our loop's methods"),
+        (["--methods", "plain,specdec@lookup+head:/no/head"], "no draft head in /no/head"),
         (["--concurrency", "1", "--methods", "plain,specdec-auto@lookup"], "drop specdec-auto@lookup"),
     ],
 )

@@ -203,18 +203,22 @@ def test_parse_methods_refuses_a_drafter_where_none_can_go(text, fragment):
         parse_methods(text)
 
 
-def test_check_drafters_allows_the_runs_own_models_only():
+def test_check_drafters_allows_the_runs_own_models_and_any_head():
     entries = ["plain", "specdec-auto", "specdec-auto@lookup", "specdec@suffix+m0", "specdec-tree@m0"]
-    assert check_drafters(entries, "m0", None) == {
-        "specdec-auto@lookup": ("lookup", False), "specdec@suffix+m0": ("suffix", True), "specdec-tree@m0": (None, True)}
+    assert check_drafters(entries, "m0", None) == {"specdec-auto@lookup": ("lookup", False, None),
+                                                   "specdec@suffix+m0": ("suffix", True, None),
+                                                   "specdec-tree@m0": (None, True, None)}
     with pytest.raises(SpecdecError, match="drafts with m1, but this run loads the draft m0"):
         check_drafters(["specdec@lookup+m1"], "m0", None)
     with pytest.raises(SpecdecError, match="loads no draft model"):
         check_drafters(["specdec@m1"], None, None)
-    with pytest.raises(SpecdecError, match="loads no head"):
-        check_drafters(["specdec@lookup+head"], "m0", None)
     with pytest.raises(SpecdecError, match="not auto"):
         check_drafters(["specdec@auto"], "m0", None)
+    # a head beside the run's draft model, or another than the run's head, is loaded for its methods
+    assert check_drafters(["specdec@lookup+head", "specdec-tree@head:/h"], "m0", None) == {
+        "specdec@lookup+head": ("lookup", False, "head"), "specdec-tree@head:/h": (None, False, "head:/h")}
+    assert check_drafters(["specdec@head:/h", "specdec@suffix+head:/g"], None, "head:/h") == {
+        "specdec@head:/h": (None, True, None), "specdec@suffix+head:/g": ("suffix", False, "head:/g")}
 
 
 def test_methods_with_their_own_drafters_share_the_runs_models():

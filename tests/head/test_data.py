@@ -17,6 +17,9 @@ directory by default).
 .TP
 \fB\-a\fR, \fB\-\-all\fR
 do not ignore entries
+.TP
+\f5\-\-color\fP, \fC\-\-width\fR
+colorize the output
 """
 
 SOURCE = '''
@@ -37,6 +40,7 @@ def test_manual_pages_become_plain_text() -> None:
     assert text.startswith("NAME\n\nls - list directory contents\n\nDESCRIPTION")
     assert "List information about the FILEs (the current directory by default)." in text
     assert "-a, --all do not ignore entries" in text and "comment" not in text and "\\f" not in text
+    assert "--color, --width colorize the output" in text  # font escapes by number and C (constant width)
 
 
 def test_documented_functions_are_found() -> None:

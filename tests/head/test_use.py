@@ -58,6 +58,30 @@ def install(saved: dict[str, str]) -> Path:
     return directory
 
 
+def test_a_bench_method_drafts_with_a_head_beside_the_runs_draft_model(saved) -> None:
+    """`specdec bench --draft lookup+<model> --methods ...,specdec-auto@lookup+head:<dir>`: the head is
+    loaded once for the run's target; every method's output is plain greedy's."""
+    from specdec.bench.methods import build_methods
+
+    engine = Engine.load(saved["target"], f"lookup+{saved['other']}", dtype="fp32")
+    spec = f"lookup+head:{saved['head']}"
+    entries = ["plain", "specdec-auto", f"specdec-auto@{spec}", f"specdec-tree@head:{saved['head']}"]
+    methods = build_methods(engine, entries, [3], max_new_tokens=24)
+    by_name = {m.name: m.engine for m in methods}
+    with_head, tree = by_name[entries[2]], by_name[entries[3]]
+    assert (with_head.head, with_head.draft_runner, with_head.copier, with_head.draft_name) == (
+        tree.head, None, "lookup", spec) and with_head.head is not None
+    assert (tree.copier, tree.draft_name) == (None, f"head:{saved['head']}")
+    assert by_name["specdec-auto"].head is None and by_name["specdec-auto"].draft_runner is not None
+    assert engine.head is None and engine.draft_name == f"lookup+{saved['other']}"  # the run's engine as it was
+    for prompt in PROMPTS:
+        ids = engine.encode(prompt)
+        runs = {m.name: m.run(ids) for m in methods}
+        assert all(r.token_ids == runs["plain"].token_ids for r in runs.values()), prompt
+    with pytest.raises(ValueError, match="not both"):
+        engine.fork_drafting("lookup", True, with_head.head)
+
+
 def plain(engine: Engine, prompt: str) -> list[int]:
     return engine.generate(prompt, max_new_tokens=30, use_draft=False).token_ids
 
