@@ -13,8 +13,7 @@ translation and writing, and plain code and prose.  Nothing here is downloaded; 
   answers the target itself generates (``specdec.head.train`` runs the generation in batches);
 - **follow-ups** to some of them (``FollowUp``): a second user turn after the target's answer (a chat
   that goes on), or a new prompt that quotes the answer (what the target wrote in another language, to
-  be translated into English; a user's request the target was asked to invent, self-instruct style,
-  then asked as it is).  Their answers are the target's too.
+  be translated into English).  Their answers are the target's too.
 
 Every choice is drawn from a seeded generator, so the same machine and seed give the same material.
 ``Material.describe`` records what was used (the manifest's "data").  Prompts are the user's turn of a
@@ -132,22 +131,6 @@ FOLLOW_UP_TURNS = (
     "What are the risks or downsides?", "Great. What should I do next?", "Can you rewrite it in a friendlier, more casual tone?",
     "That helps. What is a common mistake people make here?", "OK. How would that change if I had less time or money?",
 )
-# Requests the target invents itself (self-instruct: Wang et al. 2022, arXiv 2212.10560): a user's message of
-# some kind from some person about some topic, then asked as a prompt of its own (FollowUp(ASKED)), so the
-# head learns from answers to requests as varied as the target can make them, not from our templates only.
-PERSONAS = (
-    "a student", "a software developer", "a small business owner", "a retired teacher", "a nurse", "a parent",
-    "a traveler", "a data analyst", "a gardener", "a first-time home buyer", "a chef", "a marketing manager",
-    "a graduate student", "a journalist", "a personal trainer", "a mechanic", "a musician", "a lawyer",
-)
-REQUEST_KINDS = (
-    "a question", "a request for advice", "a request to write something", "a request to explain a concept",
-    "a programming question", "a request to compare two options", "a question that needs some arithmetic",
-    "a request to fix a problem", "a request to plan something", "a request to edit or shorten a text",
-)
-INVENT = ("Write {kind} that {persona} might send to an AI assistant about {topic}. Reply with the message "
-          "only, as they would type it, in one to three sentences.")
-ASKED = "{answer}"  # the invented message, asked as it is
 # A new prompt quoting what the target wrote in another language.
 TO_ENGLISH = (
     "Translate into English:\n\n{answer}", "Can you translate this into English? Keep the tone.\n\n{answer}",
@@ -164,8 +147,6 @@ class FollowUp:
 
     def messages(self, prompt: str, answer: str) -> list[tuple[str, str]]:
         """The (role, content) turns of the follow-up conversation, a user turn last."""
-        if self.text == ASKED:  # an invented request: asked without the quotes a model may put around it
-            return [("user", answer.strip().strip('"\u201c\u201d').strip())]
         if "{answer}" in self.text:
             return [("user", self.text.replace("{answer}", answer))]
         return [("user", prompt), ("assistant", answer), ("user", self.text)]
@@ -364,9 +345,8 @@ def prompts(rng: random.Random, codes: list[str], docs: list[str],
             per_kind: int | None = None) -> tuple[list[str], dict[int, FollowUp]]:
     """Chat prompts over the material, shuffled, and the follow-ups of some (by index): for every n code
     and n document prompts, n questions (a third followed by a second turn), n/2 math problems, n/2
-    writing tasks (a quarter followed up), n/4 writing tasks in another language, each followed by
-    a prompt to translate the target's text into English, and n requests for the target to invent
-    (INVENT), each then asked."""
+    writing tasks (a quarter followed up), and n/4 writing tasks in another language, each followed by
+    a prompt to translate the target's text into English."""
     n = per_kind or max(len(codes), len(docs)) // 2 or 40
     items: list[tuple[str, FollowUp | None]] = [
         (rng.choice(CODE_TASKS).format(code=rng.choice(codes)), None) for _ in range(n if codes else 0)]
@@ -383,7 +363,5 @@ def prompts(rng: random.Random, codes: list[str], docs: list[str],
     items += [("Write " + rng.choice(WRITING).format(topic=rng.choice(TOPICS)) + ".", turn(1 / 4)) for _ in range(n // 2)]
     items += [(f"In {rng.choice(LANGUAGES)}, write {rng.choice(WRITING).format(topic=rng.choice(TOPICS))}.",
                FollowUp(rng.choice(TO_ENGLISH))) for _ in range(n // 4)]
-    items += [(INVENT.format(kind=rng.choice(REQUEST_KINDS), persona=rng.choice(PERSONAS),
-                             topic=rng.choice(TOPICS + SUBJECTS)), FollowUp(ASKED)) for _ in range(n)]
     rng.shuffle(items)
     return [p for p, _ in items], {i: f for i, (_, f) in enumerate(items) if f is not None}

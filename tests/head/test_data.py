@@ -75,12 +75,8 @@ def test_builtin_prompts_cover_every_kind_and_repeat_with_the_seed() -> None:
 def test_some_prompts_are_followed_up_by_a_second_turn_or_a_translation_of_the_answer() -> None:
     material = data.gather(seed=3, files=12)
     turns = [(i, f) for i, f in material.follow_ups.items() if "{answer}" not in f.text]
-    quotes = [(i, f) for i, f in material.follow_ups.items() if "{answer}" in f.text and f.text != data.ASKED]
-    asked = [i for i, f in material.follow_ups.items() if f.text == data.ASKED]
-    assert turns and quotes and asked and all(0 <= i < len(material.prompts) for i in material.follow_ups)
-    assert all(material.prompts[i].endswith("in one to three sentences.") for i in asked)  # invented, then asked
-    assert data.FollowUp(data.ASKED).messages(material.prompts[asked[0]], ' "How do I oil a bike chain?"\n') == [
-        ("user", "How do I oil a bike chain?")]
+    quotes = [(i, f) for i, f in material.follow_ups.items() if "{answer}" in f.text]
+    assert turns and quotes and all(0 <= i < len(material.prompts) for i in material.follow_ups)
     assert all(any(f" {language}" in material.prompts[i] for language in data.LANGUAGES) for i, _ in quotes)
     i, turn = turns[0]
     assert turn.messages(material.prompts[i], "An answer.") == [
