@@ -80,6 +80,8 @@ class Measurement:
     steps: list[list[float]] | None = None  # our loop: [draft tokens, tokens emitted, seconds] per step
     by_source: dict[str, list[int]] | None = None  # our loop: {draft source: [draft steps, drafted, accepted]}
     reused_prompt_tokens: int | None = None  # our loop: the prompt's first tokens taken from the cache (prefix reuse)
+    tree_steps: int | None = None  # our loop: draft steps that verified a token tree
+    tree_nodes: int | None = None  # our loop: draft tokens those trees held
 
     @property
     def new_tokens(self) -> int:
@@ -130,13 +132,15 @@ class Measurement:
             "steps": self.steps,
             "by_source": self.by_source,
             "reused_prompt_tokens": self.reused_prompt_tokens,
+            "tree_steps": self.tree_steps,
+            "tree_nodes": self.tree_nodes,
             "token_ids": self.token_ids,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Measurement":
         keys = ("wall_s", "target_forwards", "drafted", "accepted", "draft_steps", "proposed_at", "accepted_at",
-                "plain_steps", "draft_s", "steps", "by_source", "reused_prompt_tokens")
+                "plain_steps", "draft_s", "steps", "by_source", "reused_prompt_tokens", "tree_steps", "tree_nodes")
         return cls(token_ids=list(d["token_ids"]), **{k: d.get(k) for k in keys})
 
 
@@ -242,6 +246,8 @@ class Specdec(Method):
             steps=s.step_records(),
             by_source={source: list(counts) for source, counts in s.by_source.items()},
             reused_prompt_tokens=s.reused_prompt_tokens,
+            tree_steps=s.tree_steps,
+            tree_nodes=s.tree_nodes,
         )
 
     def k(self) -> int | str:

@@ -44,7 +44,7 @@ def test_draft_counter_matches_stats_semantics():
 
 def test_measurement_rates():
     m = Measurement([1, 2, 3, 4], wall_s=2.0, target_forwards=2, drafted=6, accepted=3, draft_steps=2,
-                    proposed_at=[2, 2, 2], accepted_at=[2, 1, 0])
+                    proposed_at=[2, 2, 2], accepted_at=[2, 1, 0], tree_steps=1, tree_nodes=5)
     assert m.tokens_per_s == 2.0 and m.acceptance_rate == 0.5 and m.mean_accepted_per_step == 1.5
     assert m.tokens_per_target_forward == 2.0 and m.per_position_acceptance == [1.0, 0.5, 0.0]
     assert Measurement.from_dict(m.to_dict()) == m

@@ -78,6 +78,8 @@ def test_a_bench_method_drafts_with_a_head_beside_the_runs_draft_model(saved) ->
         ids = engine.encode(prompt)
         runs = {m.name: m.run(ids) for m in methods}
         assert all(r.token_ids == runs["plain"].token_ids for r in runs.values()), prompt
+        tree = runs[entries[3]]  # its trees are counted in the record (results.jsonl)
+        assert tree.tree_steps is not None and tree.tree_nodes >= tree.tree_steps and runs["plain"].tree_steps is None
     with pytest.raises(ValueError, match="not both"):
         engine.fork_drafting("lookup", True, with_head.head)
 
