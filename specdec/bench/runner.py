@@ -205,7 +205,7 @@ def run_bench(
     else:
         families = parse_methods(options.methods)
     check_backends(families, options.backend, draft_backend, draft_dtype)
-    own_drafters = check_drafters(families, draft_model, head)  # "specdec-auto@lookup": the run's models only
+    own_drafters = check_drafters(families, draft_model, head)  # "specdec-auto@lookup": the run's draft model only
     for _, _, method_head in own_drafters.values():  # "specdec-auto@lookup+head" beside a draft model
         if method_head is not None:
             from specdec.head.use import precheck

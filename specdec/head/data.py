@@ -357,7 +357,10 @@ def prompts(rng: random.Random, codes: list[str], docs: list[str],
         if "{sentences}" in task and not sentences:
             continue
         items.append((task.format(doc=doc, language=rng.choice(LANGUAGES), sentences=sentences), None))
-    turn = lambda share: FollowUp(rng.choice(FOLLOW_UP_TURNS)) if rng.random() < share else None  # noqa: E731
+
+    def turn(share: float) -> FollowUp | None:  # a second user turn after `share` of the answers
+        return FollowUp(rng.choice(FOLLOW_UP_TURNS)) if rng.random() < share else None
+
     items += [(question(rng), turn(1 / 3)) for _ in range(n)]
     items += [(math_prompt(rng), None) for _ in range(n // 2)]
     items += [("Write " + rng.choice(WRITING).format(topic=rng.choice(TOPICS)) + ".", turn(1 / 4)) for _ in range(n // 2)]
