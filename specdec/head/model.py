@@ -116,13 +116,25 @@ def head_intermediate(config: Any, ratio: float = 2 / 3) -> int:
     return min(width, int(config.intermediate_size))
 
 
-def draft_vocabulary(streams: list[list[int]], size: int, vocab_size: int) -> torch.Tensor:
-    """The `size` most frequent target ids of `streams` (ties and unseen ids by id): [N] draft id -> target id."""
+def draft_vocabulary(streams: list[list[int]], size: int, vocab_size: int, text_share: float = 1.0) -> torch.Tensor:
+    """The draft vocabulary, [N] draft id -> target id: the round(`text_share` x `size`) most frequent target
+    ids of `streams` (ties and unseen ids by id), then the lowest ids not taken, up to `size`.
+
+    Why ids: a BPE tokenizer numbers its tokens in merge order, and a merge is made when the pair is frequent
+    in the tokenizer's own (broad, multilingual) corpus, so low ids are the tokens common in any text, where
+    the training text here is mostly installed code and manuals.  Measured on qwen2.5-coder-1.5b's greedy
+    answers to 79 chat prompts of all eight bench categories (64 tokens each), the share of answer tokens a
+    16,384-token vocabulary covers: 0.847 by text frequency alone (translation 0.70: " September",
+    " education", " salary" were missing), 0.874 by id alone, 0.883 with a quarter by frequency (translation
+    0.84); 24,576 tokens cover 0.918 but cost the head's LM head half as much again."""
     counts = torch.zeros(vocab_size, dtype=torch.long)  # [V]
     for stream in streams:
         counts += torch.bincount(torch.tensor(stream, dtype=torch.long), minlength=vocab_size)[:vocab_size]
-    order = sorted(range(vocab_size), key=lambda i: (-int(counts[i]), i))
-    return torch.tensor(order[: min(size, vocab_size)], dtype=torch.long)
+    size = min(size, vocab_size)
+    by_text = sorted(range(vocab_size), key=lambda i: (-int(counts[i]), i))[: round(size * text_share)]
+    taken = set(by_text)
+    rest = (i for i in range(vocab_size) if i not in taken)
+    return torch.tensor(by_text + [next(rest) for _ in range(size - len(by_text))], dtype=torch.long)
 
 
 class DraftHead(nn.Module):

@@ -60,6 +60,7 @@ from specdec.head.model import DraftHead, HeadCache, additive_mask, draft_vocabu
 @dataclass(frozen=True)
 class TrainConfig:
     draft_vocab: int = 16384  # N, the draft vocabulary's size (capped at the target's)
+    vocab_from_text: float = 0.25  # its share chosen by frequency in the training text, the rest by id (draft_vocabulary)
     intermediate: int | None = None  # the head's MLP width (None: model.head_intermediate of the target)
     window: int = 64  # T: positions per training window, and what the head attends to when drafting
     batch: int = 8  # windows per step
@@ -341,7 +342,7 @@ def train(target: nn.Module, streams: list[list[int]], config: TrainConfig = Tra
     target.eval().requires_grad_(False)
     if isinstance(extractor, nn.Module):
         extractor.eval().requires_grad_(False)
-    vocab = draft_vocabulary([known], config.draft_vocab, target.config.vocab_size)
+    vocab = draft_vocabulary([known], config.draft_vocab, target.config.vocab_size, config.vocab_from_text)
     with torch.random.fork_rng():
         torch.manual_seed(config.seed)
         head = DraftHead(target, vocab, config.intermediate or head_intermediate(target.config), config.window)

@@ -17,6 +17,16 @@ def test_draft_vocabulary_is_most_frequent_first_then_by_id() -> None:
     assert draft_vocabulary([[1]], size=50, vocab_size=10).tolist() == [1, 0, 2, 3, 4, 5, 6, 7, 8, 9]
 
 
+def test_draft_vocabulary_fills_by_id_beyond_the_texts_share() -> None:
+    text = [[9, 9, 9, 8, 8, 7]]
+    # half of 6 by frequency (9, 8, 7), then the lowest ids not taken (0, 1, 2)
+    assert draft_vocabulary(text, size=6, vocab_size=10, text_share=0.5).tolist() == [9, 8, 7, 0, 1, 2]
+    # a third: 9 and 8, then ids; a frequent id already taken is skipped in the fill
+    assert draft_vocabulary([[1, 1, 5]], size=6, vocab_size=10, text_share=1 / 3).tolist() == [1, 5, 0, 2, 3, 4]
+    assert draft_vocabulary(text, size=4, vocab_size=10, text_share=0.0).tolist() == [0, 1, 2, 3]
+    assert sorted(draft_vocabulary(text, size=50, vocab_size=10, text_share=0.25).tolist()) == list(range(10))
+
+
 def test_reduced_vocabulary_maps_back_to_target_ids(target: torch.nn.Module, text: list[list[int]]) -> None:
     vocab = draft_vocabulary(text, 40, target.config.vocab_size)
     head = DraftHead(target, vocab)
