@@ -44,7 +44,8 @@ token than a free lookup on the same text is passed over, catch-up and all
 that were right less often than the lookup's).
 
 **Grades.**  A drafter that knows how sure it is of a proposal classes it
-(grade(): a suffix draft by its match's length and its first token's count),
+(grade(): a suffix draft by its match's length and its first token's count, a
+draft head by its own probability of its first token),
 and α_j is then estimated per source and grade, shrunk toward the source's
 own record: long verbatim matches (an edit that rewrites the previous answer)
 draft up to 24 tokens a step (specdec.engine.MAX_AUTO_K) where each is right

@@ -287,6 +287,7 @@ def decode(
         # max_new_tokens, and the verification forward must fit the window.
         limit = min(stop.max_new_tokens - len(generated) - 1, target.max_context - len(context))
         k, source = 0, ""
+        t0 = time.perf_counter()  # planning is drafting time: a drafter may run its first forward to grade (a head)
         if drafter is not None and limit > 0:
             source, k = plan(drafter, context, controller, limit)
         shape = None
@@ -297,7 +298,6 @@ def decode(
             pays = getattr(controller, "tree_nodes", None) if tree.depth is None else None
             nodes = pays(k, nodes, source) if pays is not None else nodes
             shape = replace(tree, nodes=nodes) if nodes > k else None
-        t0 = time.perf_counter()
         draft = propose(drafter, context, k, source, shape) if drafter is not None and k > 0 else None
         t1 = time.perf_counter()
 

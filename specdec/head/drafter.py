@@ -33,6 +33,13 @@ that start anywhere drafts from a short past as it was trained to).  When no fea
 cached position can be known (a loop that does not report plain steps or verifications to it), the
 head proposes nothing and the loop takes a plain step, whose row it reads next time.
 
+Grades (``grade``, specdec.control.grade): before the controller chooses k it is told how sure the head
+is of its first token -- the top probability of the head's draft softmax, in CONFIDENCE_GRADES -- and
+keeps acceptance per grade, so it drafts where the head is sure and takes plain steps where it is
+not, where one rate for all of the head's proposals drafted both alike.  Grading is the draft's first
+head forward (the feed of the new pairs); the proposal that follows reuses it, so a step feeds the
+head once whether it drafts or not.
+
 Greedy: the head's argmax (q None).  Sampling: q = the warped head distribution over the target's
 vocabulary, zero outside the draft vocabulary (the head's logits placed at their target ids, -inf
 elsewhere, then the target's temperature / top-k / top-p), as the draft model's q is; a token is
@@ -61,6 +68,15 @@ from specdec.sampling import SamplingParams, make_generator, sample_from, warp_p
 
 WINDOW = 64  # the prompt's positions whose features seed the head: specdec.head.train's default window
 
+# The grades of a head's proposal (HeadDrafter.grade): its draft softmax's top probability for the first
+# token, at least each bound (the controller keeps acceptance per grade, specdec.control).
+CONFIDENCE_GRADES = (0.8, 0.5, 0.2, 0.0)
+
+
+def confidence_grade(top: float) -> str:
+    """The grade of a proposal whose first token the head gave probability `top`: "q>=0.8", ..., "q>=0"."""
+    return f"q>={next((bound for bound in CONFIDENCE_GRADES if top >= bound), 0.0):g}"  # NaN: the lowest
+
 
 class HeadDrafter:
     """Proposes k tokens with a draft head over `target`'s hidden states (see the module docstring)."""
@@ -88,6 +104,8 @@ class HeadDrafter:
         self.fed: list[int] = []  # x_{t+1} of each pair in the cache
         self.rows: torch.Tensor | None = None  # [m, H]: features of verified positions not fed yet ...
         self.rows_at = 0  # ... from this position on
+        # (len(context), (feature [H], logits [N], pairs fed)): the feed _start() made for that context
+        self._fed_for: tuple[int, tuple[torch.Tensor, torch.Tensor, int]] | None = None
         self.target.keep_hidden_rows(self.window)  # before the loop's prefill: its last rows' features
 
     def prefilled(self, prompt: Sequence[int]) -> None:
@@ -179,13 +197,39 @@ class HeadDrafter:
         self.fed.extend(tokens)
         return features, torch.tensor(tokens)
 
+    def _start(self, context: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+        """Feed the head the new pairs of `context` (once: grade() and the proposal after it share the feed)
+        -> (its predicted feature [H] and draft logits [N] after the last pair, the number of pairs fed),
+        or None when the head cannot draft now."""
+        start = self._fed_for
+        if start is not None and start[0] == len(context) and self.fed == list(context[self.base + 1:]):
+            return start[1]
+        pairs = self._pairs(context, 1) if context else None
+        if pairs is None:
+            return None
+        feature, logits = self.head.extend(self.cache, *pairs)  # [H], [N]
+        self._fed_for = (len(context), (feature, logits, len(pairs[1])))
+        return self._fed_for[1]
+
+    def grade(self, context: Sequence[int], source: str) -> str | None:
+        """The head's confidence in its first draft token for `context` (specdec.control.grade): the top
+        probability of its draft softmax, in CONFIDENCE_GRADES.  Computing it is the draft's first head
+        forward, which the proposal then reuses; None when the head cannot draft now."""
+        start = self._start(context)
+        if start is None:
+            return None
+        return confidence_grade(float(torch.softmax(start[1].float(), dim=-1).max()))
+
     def propose(self, context: Sequence[int], k: int) -> Draft:
         qs: list[torch.Tensor] = []
-        pairs = self._pairs(context, k)
-        if pairs is None:
+        start = self._start(context) if k > 0 else None
+        if start is None:
             return Draft([])
-        proposed = self.head.draft(self.cache, *pairs, k, None if self.params.greedy else self._sample(qs))
-        return Draft(proposed, torch.stack(qs) if qs else None, len(pairs[1]))  # q: [k, V_target]
+        feature, logits, fed = start
+        self._fed_for = None  # drafting again from this context feeds its last pair again
+        proposed = self.head.draft_from(self.cache, feature, logits, k,
+                                        None if self.params.greedy else self._sample(qs))
+        return Draft(proposed, torch.stack(qs) if qs else None, fed)  # q: [k, V_target]
 
     def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int) -> Draft:
         """EAGLE-2's dynamic tree (DraftHead.expand: k levels, the `width` best nodes of each expanded into
@@ -193,9 +237,12 @@ class HeadDrafter:
         far as the tree kept it (all k tokens with keep_chain).  A sampled draft stays a chain."""
         if not self.params.greedy:
             return self.propose(context, k)
-        pairs = self._pairs(context, k)
-        if pairs is None:
+        start = self._start(context) if k > 0 else None
+        if start is None:
             return Draft([])
-        tokens, parents, _ = self.head.expand(self.cache, *pairs, k, width, nodes, self.keep_chain)
-        draft = Draft(tokens, None, len(pairs[1]), parents)
-        return draft if draft.is_tree else Draft(tokens, None, len(pairs[1]))
+        feature, logits, fed = start
+        self._fed_for = None
+        tokens, parents, _ = self.head.expand(self.cache, None, None, k, width, nodes, self.keep_chain,
+                                              (feature, logits))
+        draft = Draft(tokens, None, fed, parents)
+        return draft if draft.is_tree else Draft(tokens, None, fed)

@@ -31,7 +31,7 @@ target's (shared, not copied).
 
 Its proposals are an approximation of the fp32 head's (tested: nearly all greedy drafts agree); what a
 head proposes never changes the output, since the loop verifies every token.  It has the interface
-HeadDrafter uses (draft / expand / extend / extend_tree / vocab / config / target_ids / eval), so the
+HeadDrafter uses (draft / draft_from / expand / extend / extend_tree / vocab / config / target_ids / eval), so the
 drafter runs either form, chains and EAGLE-2 trees alike.
 """
 
@@ -205,6 +205,7 @@ class FastHead:
     # The autoregressive draft and the tree are the fp32 head's own (they call only extend, extend_tree and
     # target_ids).
     draft = DraftHead.draft
+    draft_from = DraftHead.draft_from
     grow = DraftHead.grow
     expand = DraftHead.expand
 

@@ -223,8 +223,14 @@ class DraftHead(nn.Module):
         Needs at least one new pair (to re-draft from the same context, crop one position and feed it again)."""
         if len(tokens) < 1:
             raise ValueError("a draft needs at least one new (feature, token) pair")
+        return self.draft_from(cache, *self.extend(cache, features, tokens), k, choose)
+
+    @torch.no_grad()
+    def draft_from(self, cache: HeadCache, feature: torch.Tensor, logits: torch.Tensor, k: int,
+                   choose: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[int]:
+        """draft() after its feed: from the last fed pair's (predicted feature [H], draft logits [N]), as
+        extend() returned them for the cache as it is."""
         choose = choose or (lambda logits: self.target_ids(logits.argmax()))
-        feature, logits = self.extend(cache, features, tokens)
         verified = cache.length
         out: list[int] = []
         for i in range(k):
@@ -236,8 +242,9 @@ class DraftHead(nn.Module):
         return out
 
     @torch.no_grad()
-    def grow(self, cache: HeadCache, features: torch.Tensor, tokens: torch.Tensor, depth: int,
-             top_k: int, keep_chain: bool = False) -> GrownTree:
+    def grow(self, cache: HeadCache, features: torch.Tensor | None, tokens: torch.Tensor | None, depth: int,
+             top_k: int, keep_chain: bool = False,
+             start: tuple[torch.Tensor, torch.Tensor] | None = None) -> GrownTree:
         """EAGLE-2's expansion phase: feed the new verified pairs (features [n, H], tokens [n]) as draft()
         does, then grow a tree level by level, one head forward per level after the first, and roll the
         tree's positions back.  The root's `top_k` likeliest tokens are the first level; each later level
@@ -246,12 +253,14 @@ class DraftHead(nn.Module):
         and itself, at position verified + its depth - 1), and each of them proposes its `top_k` likeliest
         children.  `depth` levels: `depth` head forwards in all, as a chain of `depth` tokens costs.
         keep_chain: the greedy chain's node of each level is expanded even when it is not among the best
-        (it then takes the place of the last of them), so the tree holds the whole greedy chain."""
-        if len(tokens) < 1:
+        (it then takes the place of the last of them), so the tree holds the whole greedy chain.
+        `start`: the pairs were fed already (features and tokens None); extend()'s (predicted feature [H],
+        draft logits [N]) for the cache as it is (draft_from's start)."""
+        if start is None and (tokens is None or len(tokens) < 1):
             raise ValueError("a draft needs at least one new (feature, token) pair")
         if depth < 1 or top_k < 1:
             raise ValueError(f"a tree needs depth and top_k >= 1, got {depth} and {top_k}")
-        feature, logits = self.extend(cache, features, tokens)  # [H], [N]
+        feature, logits = start if start is not None else self.extend(cache, features, tokens)  # [H], [N]
         verified = cache.length
         tree = GrownTree([], [], [], {-1: logits})
         predicted = {-1: feature}  # node -> the head's predicted feature after it [H]
@@ -285,14 +294,15 @@ class DraftHead(nn.Module):
         return tree
 
     @torch.no_grad()
-    def expand(self, cache: HeadCache, features: torch.Tensor, tokens: torch.Tensor, depth: int, top_k: int,
-               nodes: int, keep_chain: bool = False) -> tuple[list[int], list[int], list[float]]:
+    def expand(self, cache: HeadCache, features: torch.Tensor | None, tokens: torch.Tensor | None, depth: int,
+               top_k: int, nodes: int, keep_chain: bool = False,
+               start: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[list[int], list[int], list[float]]:
         """An EAGLE-2 dynamic draft tree: grow() it, then rerank (specdec.drafters.tree.rerank): keep the
         `nodes` best nodes by path score, the best path first -> (target ids [n], parents [n] (-1: a child
         of the context's end, parents[i] < i), log path probabilities [n]).  The best path is the greedy
         chain as far as the tree kept it; keep_chain: the whole chain (up to `nodes` tokens), kept first
-        whatever its scores, the rest of the budget for the best other nodes."""
-        tree = self.grow(cache, features, tokens, min(depth, nodes), top_k, keep_chain)
+        whatever its scores, the rest of the budget for the best other nodes.  `start`: as grow()'s."""
+        tree = self.grow(cache, features, tokens, min(depth, nodes), top_k, keep_chain, start)
         order, parents = rerank(tree.parents, tree.scores, nodes, tree.chain if keep_chain else ())
         return [tree.tokens[i] for i in order], parents, [tree.scores[i] for i in order]
 

@@ -16,7 +16,8 @@ from specdec.control import FixedK
 from specdec.drafters.base import Draft
 from specdec.drafters.tree import TreeShape
 from specdec.errors import SpecdecError
-from specdec.head.drafter import HeadDrafter
+from specdec.head.drafter import CONFIDENCE_GRADES, HeadDrafter, confidence_grade
+from specdec.head.model import HeadCache
 from specdec.head.train import TrainResult, target_pass
 from specdec.loop import StopCondition, run
 from specdec.sampling import SamplingParams
@@ -130,6 +131,55 @@ def test_the_heads_cache_follows_the_context(pattern: list[int], target: torch.n
     assert drafter.synced[0] == len(prompt)  # the prompt's rows (fewer than the window) seed the head
     assert all(1 <= n <= max(pattern) + 1 + pattern.count(0) for n in drafter.synced[1:])
     assert drafter.restarts == 0  # no feature is lost, however many plain steps come in a row
+
+
+class Graded(Pattern):
+    """A Pattern controller that keeps the grade it is told at each step."""
+
+    def __init__(self, pattern: list[int]) -> None:
+        super().__init__(pattern)
+        self.grades: list[str | None] = []
+
+    def choose(self, limit: int, lag: int = 0, source: str = "model", grade: str | None = None) -> int:
+        self.grades.append(grade)
+        return super().choose(limit, lag, source, grade)
+
+
+def test_confidence_grades() -> None:
+    assert [confidence_grade(p) for p in (1.0, 0.8, 0.79, 0.5, 0.2, 0.19, 0.0)] == [
+        "q>=0.8", "q>=0.8", "q>=0.5", "q>=0.5", "q>=0.2", "q>=0", "q>=0"]
+    assert confidence_grade(float("nan")) == "q>=0"
+
+
+@pytest.mark.parametrize("pattern", [[3], [2, 0], [1, 0, 0]])
+def test_the_head_grades_each_step_by_its_confidence_and_feeds_once(pattern: list[int], target: torch.nn.Module,
+                                                                     text: list[list[int]],
+                                                                     trained: TrainResult) -> None:
+    """The controller is told the head's confidence in its first token at every step; grading runs the draft's
+    first head forward, which the proposal reuses: one feed a step, drafting or not, and the output is plain's."""
+    runner = HFRunner(target)
+    prompt = text[4][:6]
+    drafter, controller = Checked(trained.head, runner, model=target), Graded(pattern)
+    out = run(runner, prompt, STOP, drafter, controller)
+    assert_near_tie_parting(target, prompt, out.token_ids, run(runner, prompt, STOP).token_ids)
+    assert controller.grades and set(controller.grades) <= {confidence_grade(b) for b in CONFIDENCE_GRADES}
+    assert len(drafter.synced) == len(controller.grades) and drafter.restarts == 0
+
+
+def test_a_graded_proposal_is_the_ungraded_one(target: torch.nn.Module, text: list[list[int]],
+                                               trained: TrainResult) -> None:
+    runner = HFRunner(target)
+    for prompt in prompts(text):
+        runner.reset()
+        runner.forward(prompt[:-1], last_n=1)
+        ungraded = HeadDrafter(trained.head, runner).propose(prompt, 4)
+        drafter = HeadDrafter(trained.head, runner)
+        grade = drafter.grade(prompt, "model")
+        graded = drafter.propose(prompt, 4)
+        assert graded.tokens == ungraded.tokens and graded.synced == ungraded.synced
+        _, logits = trained.head.extend(HeadCache(), runner.hidden()[-1:], torch.tensor(prompt[-1:]))
+        assert grade == confidence_grade(float(torch.softmax(logits, -1).max()))
+        assert drafter.propose(prompt, 4).tokens == ungraded.tokens  # drafted again from the same context
 
 
 def test_a_head_that_drafts_nothing_for_more_than_its_window_starts_over(target: torch.nn.Module,
