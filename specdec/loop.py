@@ -47,6 +47,7 @@ class Stats:
     wall_s: float = 0.0
     draft_s: float = 0.0  # in the drafter (proposals)
     target_s: float = 0.0  # in target forwards and verification, the prefill included
+    prefill_s: float = 0.0  # from the loop's start to the first token: the prompt's prefill (the drafter's too)
     steps: list[tuple[int, int, float]] = field(default_factory=list)  # per step after the prefill:
     # (draft tokens proposed, tokens emitted, seconds from drafting to the emitted tokens)
 
@@ -94,6 +95,12 @@ class Stats:
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first one per second after it: the decoding speed, the prefill left out."""
+        decode_s = self.wall_s - self.prefill_s
+        return (self.new_tokens - 1) / decode_s if self.new_tokens > 1 and decode_s > 0 else 0.0
+
     def record_draft(self, num_drafted: int, num_accepted: int) -> None:
         self.draft_steps += 1
         self.drafted += num_drafted
@@ -135,6 +142,7 @@ class Stats:
             mean_tree_nodes=self.mean_tree_nodes,
             per_position_acceptance=self.per_position_acceptance,
             tokens_per_s=self.tokens_per_s,
+            decode_tokens_per_s=self.decode_tokens_per_s,
             mean_k=self.mean_k,
             plain_fraction=self.plain_fraction,
             other_s=self.other_s,
@@ -257,6 +265,7 @@ def decode(
         tell_prefilled(drafter, prompt_ids)  # a draft head keeps the prompt's last hidden states now
     stats.target_forwards += 1
     stats.target_s = time.perf_counter() - start
+    stats.prefill_s = stats.target_s
     context = list(prompt_ids)  # prompt + generated; the target caches all of it but the last token
     generated: list[int] = []
 

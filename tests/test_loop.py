@@ -195,8 +195,12 @@ def test_stats_per_position_acceptance():
     assert stats.accepted_at[0] >= stats.accepted_at[1] >= stats.accepted_at[2]
     d = stats.to_dict()
     for key in ("new_tokens", "target_forwards", "drafted", "accepted", "acceptance_rate",
-                "mean_accepted_per_step", "per_position_acceptance", "wall_s", "tokens_per_s"):
+                "mean_accepted_per_step", "per_position_acceptance", "wall_s", "tokens_per_s", "prefill_s",
+                "decode_tokens_per_s"):
         assert key in d
+    # the prefill is timed up to the first token; decoding is what follows it
+    assert 0 < stats.prefill_s < stats.wall_s
+    assert stats.decode_tokens_per_s == pytest.approx((stats.new_tokens - 1) / (stats.wall_s - stats.prefill_s))
 
 
 @pytest.mark.parametrize("bad", [

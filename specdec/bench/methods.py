@@ -82,6 +82,8 @@ class Measurement:
     reused_prompt_tokens: int | None = None  # our loop: the prompt's first tokens taken from the cache (prefix reuse)
     tree_steps: int | None = None  # our loop: draft steps that verified a token tree
     tree_nodes: int | None = None  # our loop: draft tokens those trees held
+    first_token_s: float | None = None  # seconds to the first output: the prompt's prefill (None: not reported)
+    first_tokens: int = 1  # the tokens that first output held (transformers' assisted generation: a step's)
 
     @property
     def new_tokens(self) -> int:
@@ -90,6 +92,14 @@ class Measurement:
     @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """The tokens after the first output per second after it (decoding without the prefill); None when
+        the time to the first output is not known or nothing followed it."""
+        if self.first_token_s is None or self.new_tokens <= self.first_tokens or self.wall_s <= self.first_token_s:
+            return None
+        return (self.new_tokens - self.first_tokens) / (self.wall_s - self.first_token_s)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -134,14 +144,18 @@ class Measurement:
             "reused_prompt_tokens": self.reused_prompt_tokens,
             "tree_steps": self.tree_steps,
             "tree_nodes": self.tree_nodes,
+            "first_token_s": self.first_token_s,
+            "first_tokens": self.first_tokens,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
             "token_ids": self.token_ids,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Measurement":
         keys = ("wall_s", "target_forwards", "drafted", "accepted", "draft_steps", "proposed_at", "accepted_at",
-                "plain_steps", "draft_s", "steps", "by_source", "reused_prompt_tokens", "tree_steps", "tree_nodes")
-        return cls(token_ids=list(d["token_ids"]), **{k: d.get(k) for k in keys})
+                "plain_steps", "draft_s", "steps", "by_source", "reused_prompt_tokens", "tree_steps", "tree_nodes",
+                "first_token_s")
+        return cls(token_ids=list(d["token_ids"]), first_tokens=d.get("first_tokens", 1), **{k: d.get(k) for k in keys})
 
 
 class DraftCounter(Stats):
@@ -214,7 +228,8 @@ class Plain(Method):
         result = self.engine.generate(prompt_ids, max_new_tokens=self.max_new_tokens, use_draft=False,
                                       sampling=self.sampling)
         return Measurement(result.token_ids, target_forwards=result.stats.target_forwards,
-                           steps=result.stats.step_records(), reused_prompt_tokens=result.stats.reused_prompt_tokens)
+                           steps=result.stats.step_records(), reused_prompt_tokens=result.stats.reused_prompt_tokens,
+                           first_token_s=result.stats.prefill_s)
 
 
 class Specdec(Method):
@@ -248,6 +263,7 @@ class Specdec(Method):
             reused_prompt_tokens=s.reused_prompt_tokens,
             tree_steps=s.tree_steps,
             tree_nodes=s.tree_nodes,
+            first_token_s=s.prefill_s,
         )
 
     def k(self) -> int | str:
@@ -356,6 +372,26 @@ def generation_settings(model: "PreTrainedModel", **settings: Any) -> Iterator[N
                 setattr(config, k, v)
 
 
+class FirstToken:
+    """A streamer for transformers' ``generate`` that notes when the first new tokens come: generate hands
+    it the prompt first, then the tokens of each step (assisted generation: every step's accepted ones)."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.calls = 0
+        self.seconds: float | None = None  # from construction to the first new tokens
+        self.tokens = 1  # how many came then
+
+    def put(self, value: Any) -> None:
+        self.calls += 1
+        if self.calls == 2:
+            self.seconds = time.perf_counter() - self.start
+            self.tokens = max(int(value.numel()), 1)
+
+    def end(self) -> None:
+        pass
+
+
 class HFGenerate(Method):
     """Base of the methods that call transformers' ``model.generate`` on the engine's target."""
 
@@ -395,19 +431,23 @@ class HFGenerate(Method):
             kwargs.update(temperature=self.sampling.temperature, top_k=self.sampling.top_k, top_p=self.sampling.top_p)
             torch.manual_seed(self.sampling.seed or 0)
         counter = DraftCounter()
+        first = FirstToken()
         with self.settings(), observe_candidates(model, counter) as observed, torch.inference_mode():
             try:
-                out = model.generate(input_ids, **kwargs)  # [1, prompt + new]
+                out = model.generate(input_ids, streamer=first, **kwargs)  # [1, prompt + new]
             except (AttributeError, ValueError, TypeError) as e:  # a combination transformers cannot run
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise SpecdecError(f"method {self.name}: transformers' generate failed here ({first})") from e
         token_ids = out[0, len(prompt_ids) :].tolist()
-        if not self.observes_drafts:
-            return Measurement(token_ids, target_forwards=len(token_ids))  # one forward per token
+        if not self.observes_drafts:  # one forward per token
+            return Measurement(token_ids, target_forwards=len(token_ids), first_token_s=first.seconds,
+                               first_tokens=first.tokens)
         if not observed or counter.forwards == 0:
-            return Measurement(token_ids)
+            return Measurement(token_ids, first_token_s=first.seconds, first_tokens=first.tokens)
         return Measurement(
             token_ids,
+            first_token_s=first.seconds,
+            first_tokens=first.tokens,
             target_forwards=counter.forwards,
             drafted=counter.drafted,
             accepted=counter.accepted,
@@ -502,7 +542,8 @@ class LlamaCppPlain(Method):
     def generate(self, prompt_ids: list[int]) -> Measurement:
         result = self.peer.generate(prompt_ids, max_new_tokens=self.max_new_tokens, use_draft=False,
                                     sampling=self.sampling)
-        return Measurement(result.token_ids, target_forwards=result.stats.target_forwards)
+        return Measurement(result.token_ids, target_forwards=result.stats.target_forwards,
+                           first_token_s=result.stats.prefill_s)
 
 
 METHODS: dict[str, type[Method]] = {

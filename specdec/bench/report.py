@@ -72,15 +72,16 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 METRIC_HEADER = ("method", "γ", "prompts", "tokens", "wall s", "tok/s", "speedup vs plain", "range",
-                 "acceptance", "accepted/step", "tokens/target fwd", "mean k", "plain steps", "draft time",
-                 "identical")
+                 "decode speedup", "first token", "acceptance", "accepted/step", "tokens/target fwd", "mean k",
+                 "plain steps", "draft time", "identical")
 
 
 def _metric_row(m: MethodSummary, a: Aggregate) -> list[str]:
     span = "–" if a.speedup_min is None else f"{a.speedup_min:.2f}–{a.speedup_max:.2f}"
     return [
         f"`{m.name}`", fmt(m.gamma, "d"), str(a.prompts), fmt(a.new_tokens, ".0f"), fmt(a.wall_s, ".2f"),
-        fmt(a.tokens_per_s, ".1f"), fmt(a.speedup_vs_plain, ".2f", "×"), span, pct(a.acceptance_rate),
+        fmt(a.tokens_per_s, ".1f"), fmt(a.speedup_vs_plain, ".2f", "×"), span,
+        fmt(a.decode_speedup_vs_plain, ".2f", "×"), pct(a.first_token_share), pct(a.acceptance_rate),
         fmt(a.mean_accepted_per_step), fmt(a.tokens_per_target_forward), fmt(a.mean_k),
         pct(a.plain_fraction), pct(a.draft_time_share), pct(a.identical_rate),
     ]
@@ -96,6 +97,23 @@ def _group_tables(summary: Summary, what: str, groups: Sequence[str],
         for s in summary.methods
     ]
     lines += _table(["method", *groups, ALL], rows)
+    decoding = [s for s in summary.methods if s.overall.decode_speedup_vs_plain is not None]
+    if decoding:
+        lines += ["", f"## Decode speedup vs plain by {what}", "",
+                  "The same from the first output on: the prompt's prefill, which no drafter speeds up, left out "
+                  "(its share of plain's wall time in brackets).", ""]
+        ref = next((s for s in summary.methods if s.name == summary.reference), None)
+
+        def share(g: str) -> str:  # the prefill's share of plain's wall time in group g
+            a = None if ref is None else ref.overall if g == ALL else by(ref).get(g)
+            return f" ({pct(a.first_token_share)})" if a is not None and a.first_token_share is not None else ""
+
+        rows = [
+            [f"`{s.name}`"] + [fmt(by(s)[g].decode_speedup_vs_plain if g in by(s) else None, ".2f", "×") for g in groups]
+            + [fmt(s.overall.decode_speedup_vs_plain, ".2f", "×")]
+            for s in decoding
+        ]
+        lines += _table(["method", *(g + share(g) for g in groups), ALL + share(ALL)], rows)
     lines += ["", f"## Acceptance rate by {what}", ""]
     rows = [
         [f"`{s.name}`"] + [pct(by(s)[g].acceptance_rate if g in by(s) else None) for g in groups]
@@ -165,7 +183,9 @@ def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str
         f"torch {m.get('torch')}, transformers {m.get('transformers')}, {m.get('date_utc')} UTC",
         "",
         "Speedup: per prompt tokens/s ÷ plain's tokens/s, geometric mean over prompts (range: min–max). "
-        "tok/s: all new tokens ÷ all wall time. Acceptance: accepted ÷ drafted draft tokens; accepted/step: "
+        "tok/s: all new tokens ÷ all wall time. Decode speedup: the same from the first output on (the "
+        "prompt's prefill left out; a draft model reads the prompt in its first proposal, so its prefill "
+        "counts there); first token: the share of the wall time before the first output. Acceptance: accepted ÷ drafted draft tokens; accepted/step: "
         "accepted draft tokens per verification; mean k: draft tokens proposed per step (a plain step "
         "counts 0); plain steps: share of steps that drafted nothing (`-k auto` chooses them); draft time: "
         "share of the wall time in the drafter; identical: share of prompts whose token ids equal `plain`'s. "
@@ -415,12 +435,13 @@ def console_table(data: dict[str, Any]) -> Any:
 
     table = Table(title="specdec bench (speedup: geometric mean vs plain)")
     table.add_column("method", no_wrap=True)
-    for header in ("γ", "tok/s", "speedup", "accept", "acc/step", "tok/fwd", "mean k", "plain", "identical"):
+    for header in ("γ", "tok/s", "speedup", "decode", "accept", "acc/step", "tok/fwd", "mean k", "plain", "identical"):
         table.add_column(header, justify="right", no_wrap=True)
     for m in data["methods"]:
         table.add_row(
             m["name"], fmt(m["gamma"], "d"), fmt(m["tokens_per_s"], ".1f"), fmt(m["speedup_vs_plain"], ".2f", "×"),
-            pct(m["acceptance_rate"]), fmt(m["mean_accepted_per_step"]), fmt(m["tokens_per_target_forward"]),
+            fmt(m.get("decode_speedup_vs_plain"), ".2f", "×"), pct(m["acceptance_rate"]),
+            fmt(m["mean_accepted_per_step"]), fmt(m["tokens_per_target_forward"]),
             fmt(m.get("mean_k")), pct(m.get("plain_fraction")), pct(m["identical_rate"]),
         )
     return table

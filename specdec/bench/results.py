@@ -11,6 +11,11 @@ Aggregation (:func:`aggregate`), per method, overall and per category:
 * ``acceptance_rate``, ``mean_accepted_per_step``, ``tokens_per_target_forward``
   and ``per_position_acceptance``: pooled counts over prompts and repeats
   (e.g. all accepted / all drafted), None where a method has no drafts;
+* ``decode_speedup_vs_plain``: the same over the decoding alone, from the first output on (per prompt
+  the median over repeats of (new tokens - the first output's) / (wall time - time to the first
+  output), over plain's): what speculative decoding speeds up, the prompt's prefill left out; and
+  ``first_token_share``: the prefill's share of the wall time.  None where a method does not report
+  its time to the first output;
 * ``identical_rate``: the fraction of prompts whose token ids equal plain's
   (repeat 0) in every repeat;
 * ``acceptance_by_source``: per draft source (model, lookup, suffix, ...: specdec.control) its pooled
@@ -106,6 +111,9 @@ class PromptResult:
     by_source: dict[str, list[int]] | None = None  # summed over repeats: {source: [draft steps, drafted, accepted]}
     prompt_tokens: int = 0  # summed over repeats
     reused_prompt_tokens: int | None = None  # summed over repeats: taken from the cache (prefix reuse)
+    first_token_s: float | None = None  # median over repeats: time to the first output (the prefill)
+    decode_tokens_per_s: float | None = None  # median over repeats: tokens/s after the first output
+    decode_speedup: float | None = None  # decode_tokens_per_s / plain's
 
 
 @dataclass
@@ -131,6 +139,8 @@ class Aggregate:
     # {draft source: {draft_steps, drafted, accepted, acceptance_rate}}, pooled
     acceptance_by_source: dict[str, dict[str, float]] | None = None
     prompt_reused_share: float | None = None  # share of the prompts' tokens taken from the cache (prefix reuse)
+    decode_speedup_vs_plain: float | None = None  # geometric mean of per-prompt decode speedups (prefill left out)
+    first_token_share: float | None = None  # share of the wall time before the first output (the prefill)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -167,6 +177,11 @@ def geometric_mean(values: Iterable[float]) -> float | None:
     if not vals:
         return None
     return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+def _median_optional(values: Sequence[float | None]) -> float | None:
+    """The median, or None when any value is None (a repeat that did not report it)."""
+    return None if not values or any(v is None for v in values) else statistics.median(values)  # type: ignore[type-var]
 
 
 def _sum_optional(values: Sequence[int | None]) -> int | None:
@@ -237,12 +252,17 @@ def per_prompt(records: Sequence[Record], reference: str = REFERENCE, compare_ou
                 identical=None if not compare_outputs or pid not in ref_ids else all(m.token_ids == ref_ids[pid] for m in ms),
                 turn=rs[0].turn,
                 history_identical=_all_optional([r.history_identical_to_plain for r in rs]),
+                first_token_s=_median_optional([m.first_token_s for m in ms]),
+                decode_tokens_per_s=_median_optional([m.decode_tokens_per_s for m in ms]),
             )
         )
     ref_tps = {p.prompt_id: p.tokens_per_s for p in results if p.method == reference}
+    ref_decode = {p.prompt_id: p.decode_tokens_per_s for p in results if p.method == reference}
     for p in results:
         base = ref_tps.get(p.prompt_id)
         p.speedup = p.tokens_per_s / base if base and p.tokens_per_s > 0 else None
+        base = ref_decode.get(p.prompt_id)
+        p.decode_speedup = p.decode_tokens_per_s / base if base and p.decode_tokens_per_s else None
     return results
 
 
@@ -294,7 +314,17 @@ def combine(results: Sequence[PromptResult]) -> Aggregate:
             source: {"draft_steps": n, "drafted": d, "accepted": a, "acceptance_rate": a / d if d else None}
             for source, (n, d, a) in sorted(by_source.items())},
         prompt_reused_share=reused / prompt_tokens if reused is not None and prompt_tokens else None,
+        decode_speedup_vs_plain=geometric_mean(p.decode_speedup for p in results if p.decode_speedup is not None),
+        first_token_share=first_token_share(results),
     )
+
+
+def first_token_share(results: Sequence[PromptResult]) -> float | None:
+    """Time to the first output over wall time, summed over the prompts (None unless every prompt reports it)."""
+    wall = sum(p.wall_s for p in results)
+    if not results or wall <= 0 or any(p.first_token_s is None for p in results):
+        return None
+    return sum(p.first_token_s or 0.0 for p in results) / wall
 
 
 def aggregate(records: Sequence[Record], reference: str = REFERENCE, compare_outputs: bool = True) -> Summary:

@@ -83,6 +83,10 @@ def test_every_method_gives_plain_greedy_output(engine):
     assert runs["specdec"].acceptance_rate == 1.0 and runs["hf"].acceptance_rate == 1.0
     assert runs["specdec-stairs"].acceptance_rate == 1.0
     assert runs["plain"].drafted is None and runs["hf-plain"].drafted is None
+    for name, m in runs.items():  # the time to the first output: our loop's prefill, transformers' streamer
+        assert m.first_token_s is not None and 0 < m.first_token_s < m.wall_s, name
+        assert m.decode_tokens_per_s is not None and m.decode_tokens_per_s > 0, name
+    assert runs["hf-plain"].first_tokens == 1 and runs["hf"].first_tokens > 1  # a perfect draft's first step
 
 
 def test_hf_drafts_gamma_tokens_per_step(engine):

@@ -46,6 +46,20 @@ def test_markdown_tables():
     assert "dtype fp32, greedy," in md
 
 
+def test_decode_speedup_table_only_where_methods_report_the_first_token():
+    assert "## Decode speedup" not in report.summary_markdown(aggregate(records()), META)
+    rs = records()
+    for r in rs:
+        if r.method in ("plain", "specdec-g3"):
+            r.measurement.first_token_s = 0.25
+    md = report.summary_markdown(aggregate(rs), META)
+    assert "## Decode speedup vs plain by category" in md
+    assert "| method | code (25%) | chat (25%) | all (25%) |" in md  # the prefill's share of plain's wall time
+    # specdec-g3: 7 tokens in 0.55 s against plain's 7 in 0.75 s
+    assert f"| `specdec-g3` | {0.75 / 0.55:.2f}× | {0.75 / 0.55:.2f}× | {0.75 / 0.55:.2f}× |" in md
+    assert "| `specdec-g1` |" not in md.split("## Decode speedup")[1].split("##")[0]
+
+
 def test_acceptance_by_draft_source():
     rs = records()
     for r, counts in zip([r for r in rs if r.method == "specdec-g3"], ({"suffix": [2, 5, 4], "model": [1, 1, 0]},

@@ -87,6 +87,28 @@ def test_speedup_is_the_geometric_mean_of_per_prompt_token_rate_ratios():
     assert summary.method("plain").overall.speedup_vs_plain == pytest.approx(1.0)
 
 
+def test_decode_speedup_leaves_the_prefill_out():
+    # a: 11 tokens, the first after 1.0 s (the prefill) -> 10 tokens in 1.0 s against plain's 10 in 2.0 s: 2x
+    # (3.0 s against 2.0 s of wall: 1.5x overall); b: assisted generation's first output holds 3 tokens
+    records = [
+        rec("a", "plain", range(11), 3.0, first_token_s=1.0),
+        rec("a", "spec", range(11), 2.0, first_token_s=1.0),
+        rec("b", "plain", range(11), 2.0, first_token_s=0.0),
+        rec("b", "spec", range(11), 1.0, first_token_s=0.2, first_tokens=3),  # 8 tokens in 0.8 s: 10 tok/s, 2x
+        rec("a", "hf", range(11), 2.0),  # no time to the first output: no decode speedup
+        rec("b", "hf", range(11), 2.0),
+    ]
+    summary = aggregate(records)
+    spec = summary.method("spec").overall
+    assert spec.speedup_vs_plain == pytest.approx(math.sqrt(1.5 * 2.0))
+    assert spec.decode_speedup_vs_plain == pytest.approx(2.0)
+    assert summary.method("plain").overall.first_token_share == pytest.approx(1.0 / 5.0)
+    assert summary.method("hf").overall.decode_speedup_vs_plain is None
+    assert summary.method("hf").overall.first_token_share is None
+    assert rec("c", "spec", [1], 1.0, first_token_s=1.0).measurement.decode_tokens_per_s is None  # nothing after it
+    assert Measurement.from_dict(records[3].measurement.to_dict()) == records[3].measurement
+
+
 def test_identical_rate():
     records = [
         rec("a", "plain", [1, 2], 1.0), rec("a", "spec", [1, 2], 1.0),
