@@ -431,23 +431,22 @@ class HFGenerate(Method):
             kwargs.update(temperature=self.sampling.temperature, top_k=self.sampling.top_k, top_p=self.sampling.top_p)
             torch.manual_seed(self.sampling.seed or 0)
         counter = DraftCounter()
-        first = FirstToken()
+        timer = FirstToken()
         with self.settings(), observe_candidates(model, counter) as observed, torch.inference_mode():
             try:
-                out = model.generate(input_ids, streamer=first, **kwargs)  # [1, prompt + new]
+                out = model.generate(input_ids, streamer=timer, **kwargs)  # [1, prompt + new]
             except (AttributeError, ValueError, TypeError) as e:  # a combination transformers cannot run
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise SpecdecError(f"method {self.name}: transformers' generate failed here ({first})") from e
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise SpecdecError(f"method {self.name}: transformers' generate failed here ({reason})") from e
         token_ids = out[0, len(prompt_ids) :].tolist()
-        if not self.observes_drafts:  # one forward per token
-            return Measurement(token_ids, target_forwards=len(token_ids), first_token_s=first.seconds,
-                               first_tokens=first.tokens)
+        first: dict[str, Any] = dict(first_token_s=timer.seconds, first_tokens=timer.tokens)
+        if not self.observes_drafts:
+            return Measurement(token_ids, target_forwards=len(token_ids), **first)  # one forward per token
         if not observed or counter.forwards == 0:
-            return Measurement(token_ids, first_token_s=first.seconds, first_tokens=first.tokens)
+            return Measurement(token_ids, **first)
         return Measurement(
             token_ids,
-            first_token_s=first.seconds,
-            first_tokens=first.tokens,
+            **first,
             target_forwards=counter.forwards,
             drafted=counter.drafted,
             accepted=counter.accepted,

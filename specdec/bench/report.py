@@ -185,8 +185,8 @@ def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str
         "Speedup: per prompt tokens/s ÷ plain's tokens/s, geometric mean over prompts (range: min–max). "
         "tok/s: all new tokens ÷ all wall time. Decode speedup: the same from the first output on (the "
         "prompt's prefill left out; a draft model reads the prompt in its first proposal, so its prefill "
-        "counts there); first token: the share of the wall time before the first output. Acceptance: accepted ÷ drafted draft tokens; accepted/step: "
-        "accepted draft tokens per verification; mean k: draft tokens proposed per step (a plain step "
+        "counts there); first token: the share of the wall time before the first output. Acceptance: "
+        "accepted ÷ drafted draft tokens; accepted/step: accepted draft tokens per verification; mean k: draft tokens proposed per step (a plain step "
         "counts 0); plain steps: share of steps that drafted nothing (`-k auto` chooses them); draft time: "
         "share of the wall time in the drafter; identical: share of prompts whose token ids equal `plain`'s. "
         "– : not applicable or not reported.",
