@@ -135,7 +135,7 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
                                   lambda i, answer: follow_up(tokenizer, material, HELDOUT_PROMPTS + i, answer))
     say(began, "material: " + "; ".join(material.describe()))
     # the target's answers to held-out prompts measure the agreement; with only the user's text, its tail
-    heldout = [ids for ids, _ in generation.answer(prompts[:HELDOUT_PROMPTS])] if len(prompts) > HELDOUT_PROMPTS else None
+    heldout = [chunk.ids for chunk in generation.answer(prompts[:HELDOUT_PROMPTS])] if len(prompts) > HELDOUT_PROMPTS else None
     starts = [len(p) for p in prompts[:HELDOUT_PROMPTS]] if heldout else None  # drafts count in the answers
     say(began, f"held-out answers: {len(heldout or [])}")
     directory = Path(out) if out else store.default_directory(target)

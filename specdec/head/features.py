@@ -26,12 +26,19 @@ on the lean runner against 51 with ``generate`` on the ``quantize_dynamic`` copy
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import torch
 from torch import nn
 
-Chunk = tuple[list[int], torch.Tensor]  # token ids [L] and their features [L, H]
+
+class Chunk(NamedTuple):
+    """A produced stream: token ids [L], their features [L, H], and where the target's own answer begins
+    (the first answer token's position; L where the stream holds no answer: teacher-forced text)."""
+
+    ids: list[int]
+    features: torch.Tensor
+    start: int
 
 
 def features(extractor: "nn.Module | LeanExtractor", ids: torch.Tensor) -> torch.Tensor:
@@ -101,38 +108,61 @@ class LeanExtractor:
                     fed[b].append(runners[b].hidden())
             for b, stream in enumerate(streams):
                 feats = torch.cat(fed[b])  # [L, H]: every fed position
-                out.append((stream[: len(feats)], feats))
+                out.append(Chunk(stream[: len(feats)], feats, min(len(group[b]), len(feats))))
             for runner in runners:
                 runner.reset()
         return out
 
 
 class FeatureBank:
-    """Every produced position's token id and feature, one after another; training windows cut from them."""
+    """Every produced position's token id, feature and whether it is an answer token (the target's own
+    output, where a head drafts), one after another; training windows cut from them."""
 
     def __init__(self, hidden: int, dtype: torch.dtype = torch.float16) -> None:
         self.ids = torch.zeros(0, dtype=torch.long)  # [L]
         self.features = torch.zeros(0, hidden, dtype=dtype)  # [L, H]
+        self.answer = torch.zeros(0, dtype=torch.bool)  # [L]
         self.length = 0
+        self._answers = (0, torch.zeros(0, dtype=torch.long))  # (length when listed, answer positions)
 
-    def add(self, ids: Sequence[int], feats: torch.Tensor) -> None:
-        """Append a stream's ids [n] and features [n, H]."""
+    def add(self, ids: Sequence[int], feats: torch.Tensor, start: int | None = None) -> None:
+        """Append a stream's ids [n] and features [n, H], its answer from position `start` on (None: none)."""
         n = len(ids)
         if self.length + n > len(self.ids):  # grow by doubling
             size = max(2 * len(self.ids), self.length + n, 4096)
             grown_ids = torch.zeros(size, dtype=torch.long)
             grown = torch.zeros(size, self.features.shape[1], dtype=self.features.dtype)
+            grown_answer = torch.zeros(size, dtype=torch.bool)
             grown_ids[: self.length], grown[: self.length] = self.ids[: self.length], self.features[: self.length]
-            self.ids, self.features = grown_ids, grown
+            grown_answer[: self.length] = self.answer[: self.length]
+            self.ids, self.features, self.answer = grown_ids, grown, grown_answer
         self.ids[self.length: self.length + n] = torch.as_tensor(ids, dtype=torch.long)
         self.features[self.length: self.length + n] = feats.to(self.features.dtype)
+        if start is not None and start < n:
+            self.answer[self.length + start: self.length + n] = True
         self.length += n
 
-    def windows(self, count: int, window: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """`count` random windows of window + 1 positions -> (ids [B, T+1], features [B, T+1, H] fp32)."""
-        starts = torch.randint(0, self.length - window, (count,), generator=generator)  # [B]
+    def answers(self) -> torch.Tensor:
+        """The positions of answer tokens, [A]."""
+        if self._answers[0] != self.length:
+            self._answers = (self.length, self.answer[: self.length].nonzero().flatten())
+        return self._answers[1]
+
+    def windows(self, count: int, window: int, generator: torch.Generator,
+                focus: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`count` random windows of window + 1 positions -> (ids [B, T+1], features [B, T+1, H] fp32, answer
+        [B, T+1] bool).  A `focus` share of them (drawn per window) holds an answer position drawn uniformly
+        among all, at a uniformly drawn place in the window: training spends that share on what is drafted."""
+        last = self.length - window - 1  # the last possible start
+        starts = torch.randint(0, last + 1, (count,), generator=generator)  # [B]
+        answers = self.answers()
+        if focus > 0 and len(answers):
+            chosen = torch.rand(count, generator=generator) < focus  # [B]
+            picked = answers[torch.randint(0, len(answers), (count,), generator=generator)]  # [B]
+            offset = torch.randint(0, window + 1, (count,), generator=generator)  # [B]
+            starts = torch.where(chosen, (picked - offset).clamp(0, last), starts)
         index = starts[:, None] + torch.arange(window + 1)  # [B, T+1]
-        return self.ids[index], self.features[index].float()
+        return self.ids[index], self.features[index].float(), self.answer[index]
 
 
 class Source(Protocol):
@@ -158,7 +188,7 @@ class TextSource:
             return []
         piece = self.pieces[self.next]
         self.next += 1
-        return [(piece, features(self.extractor, torch.tensor([piece]))[0])]
+        return [Chunk(piece, features(self.extractor, torch.tensor([piece]))[0], len(piece))]
 
     def tokens(self) -> list[int]:
         return [t for piece in self.pieces for t in piece]
@@ -193,7 +223,7 @@ class GenerationSource:
         self.next += len(group)
         chunks = self.answer(group) if group else []
         if self.follow_up is not None:
-            more = [self.follow_up(key, ids[len(prompt):]) for prompt, key, (ids, _) in zip(group, keys, chunks)
+            more = [self.follow_up(key, ids[len(prompt):]) for prompt, key, (ids, _, _) in zip(group, keys, chunks)
                     if key is not None]
             more = [p for p in more if p]
             self.prompts[self.next: self.next] = more
@@ -224,5 +254,5 @@ class GenerationSource:
             stream = prompt + answer[:end]
             start = width - len(prompt)
             kept = min(len(stream), fed.shape[1] - start)  # the last generated token was never fed
-            chunks.append((stream[:kept], fed[b, start: start + kept]))
+            chunks.append(Chunk(stream[:kept], fed[b, start: start + kept], min(len(prompt), kept)))
         return chunks

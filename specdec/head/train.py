@@ -31,6 +31,10 @@ Matrix products run in bfloat16 under autocast where the CPU multiplies bf16 nat
 AMX; `autocast` "auto"): 1.8x the steps a second of fp32 on a Zen 4 at the same agreement per position
 seen; fp32 elsewhere, where bf16 is emulated and slower.
 
+Where the head drafts is the target's own answers, and a run's bank holds far more prompt and text
+positions than answer positions; a share `answer_focus` of the windows is drawn around answer positions
+(``FeatureBank.windows``), and positions that are not answers weigh `context_weight` in the loss.
+
 AdamW, linear warm-up, cosine decay to a tenth over the run (over max_steps when given, else over the
 time budget).  The progress callback sees tokens/s, the loss and the latest held-out agreement: how
 often the head's d-th drafted token (d = 1..positions, drafted autoregressively on its own predicted
@@ -75,6 +79,13 @@ class TrainConfig:
     # tokens accepted 0.96-1.00 tokens a step on held-out answers instead of 0.80.
     unroll: int = 3
     unroll_decay: float = 1.0  # weight of step d's loss: unroll_decay ** (d - 1)
+    # share of training windows drawn around the target's answer tokens (FeatureBank.windows), and the loss
+    # weight of the positions that are not answers (prompts, teacher-forced text) against the answers' 1.
+    # Measured on qwen2.5-coder-1.5b (Zen 4, 7 minutes each on the same 189k produced positions, 31% of them
+    # answers): first-token agreement on the target's answers to 55 chat prompts outside the training
+    # templates 0.232 unfocused, 0.258 at focus 0.8, 0.248 at focus 0.8 with context weight 0.2.
+    answer_focus: float = 0.8
+    context_weight: float = 1.0
     autocast: str = "auto"  # "bf16", "fp32" or "auto" (bf16 where the CPU has AVX512-BF16 or AMX)
     replay: float = 2.0  # training positions per produced position before more data is produced
     minutes: float = 60.0  # time budget
@@ -123,23 +134,31 @@ def target_pass(target: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, tor
 
 def head_loss(head: DraftHead, feats: torch.Tensor, ids: torch.Tensor, feature_weight: float,
               noise: float = 0.0, generator: torch.Generator | None = None, unroll: int = 1,
-              decay: float = 1.0) -> torch.Tensor:
+              decay: float = 1.0, weights: torch.Tensor | None = None) -> torch.Tensor:
     """Distillation loss on windows ids [B, T+1] with the target's features [B, T+1, H] (see the module doc):
-    `unroll` draft steps, step d's loss weighted by decay ** (d - 1), averaged."""
+    `unroll` draft steps, step d's loss weighted by decay ** (d - 1), averaged.  `weights` [B, T+1] weigh
+    each position's loss by the position of the feature it predicts (default all 1)."""
     inputs = feats[:, :-1]  # [B, T, H]
     if noise:
         inputs = inputs + (torch.rand(inputs.shape, generator=generator) * 2 - 1) * noise
-    total, weights = feats.new_zeros(()), 0.0
+    if weights is None:
+        weights = feats.new_ones(feats.shape[:2])  # [B, T+1]
+    with torch.no_grad():  # p on the draft vocabulary at every predicted position, once for all steps
+        log_p_all = F.log_softmax(head.lm_head(feats[:, 1:]).float(), dim=-1)  # [B, T, N]
+    total, steps = feats.new_zeros(()), 0.0
     for d, predicted, draft_logits in unrolled(head, inputs, ids, unroll):
-        truth = feats[:, d: d + predicted.shape[1]]  # [B, n, H]: f_{t+d}
-        with torch.no_grad():
-            log_p = F.log_softmax(head.lm_head(truth).float(), dim=-1)  # [B, n, N]: p on the draft vocab
+        n = predicted.shape[1]
+        truth = feats[:, d: d + n]  # [B, n, H]: f_{t+d}
+        log_p = log_p_all[:, d - 1: d - 1 + n]  # [B, n, N]
         log_q = F.log_softmax(draft_logits.float(), dim=-1)  # [B, n, N]
-        kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
-        weight = decay ** (d - 1)
-        total = total + weight * (kl + feature_weight * F.smooth_l1_loss(predicted.float(), truth))
-        weights += weight
-    return total / weights
+        kl = (log_p.exp() * (log_p - log_q)).sum(-1)  # [B, n]
+        regression = F.smooth_l1_loss(predicted.float(), truth, reduction="none").mean(-1)  # [B, n]
+        w = weights[:, d: d + n]  # [B, n]
+        mean = ((kl + feature_weight * regression) * w).sum() / w.sum().clamp(min=1e-9)
+        step = decay ** (d - 1)
+        total = total + step * mean
+        steps += step
+    return total / steps
 
 
 def unrolled(head: DraftHead, inputs: torch.Tensor, ids: torch.Tensor,
@@ -277,9 +296,9 @@ class _Producer:
             if not chunks:
                 self.done[i] = True
                 continue
-            for ids, feats in chunks:
-                bank.add(ids, feats)
-                self.produced[i] += len(ids)
+            for chunk in chunks:
+                bank.add(chunk.ids, chunk.features, chunk.start)
+                self.produced[i] += len(chunk.ids)
             return True
         return False
 
@@ -373,13 +392,14 @@ def train(target: nn.Module, streams: list[list[int]], config: TrainConfig = Tra
         window = min(config.window, bank.length - 1)
         if window < 2:
             raise SpecdecError(f"too little training text: {bank.length} tokens")
-        ids, feats = bank.windows(config.batch, window, generator)  # [B, T+1], [B, T+1, H]
+        ids, feats, answer = bank.windows(config.batch, window, generator, config.answer_focus)  # [B, T+1], [B, T+1, H], [B, T+1]
+        weights = answer.float() + (~answer).float() * config.context_weight  # [B, T+1]
         fraction = result.steps / config.max_steps if config.max_steps else (time.monotonic() - began) / budget
         for group in optimizer.param_groups:
             group["lr"] = _lr(config, result.steps, fraction)
         with torch.autocast("cpu", dtype=precision, enabled=precision is not None):
             loss = head_loss(head, feats, ids, config.feature_weight, config.noise, generator, config.unroll,
-                             config.unroll_decay)
+                             config.unroll_decay, weights)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -14,15 +14,32 @@ def test_the_bank_keeps_ids_and_features_aligned() -> None:
         ids = list(range(start, start + 40))
         bank.add(ids, torch.tensor(ids, dtype=torch.float32)[:, None].expand(40, 3))
     assert bank.length == 120
-    ids, feats = bank.windows(16, 8, torch.Generator().manual_seed(0))  # [16, 9], [16, 9, 3]
+    ids, feats, answer = bank.windows(16, 8, torch.Generator().manual_seed(0))  # [16, 9], [16, 9, 3], [16, 9]
     assert ids.shape == (16, 9) and feats.shape == (16, 9, 3)
     assert torch.equal(feats[..., 0], ids.float()) and torch.equal(feats[..., 2], ids.float())
+    assert not answer.any()
+
+
+def test_focused_windows_hold_answer_positions() -> None:
+    """A stream's answer is marked from its start on; with focus 1 every window holds an answer position, and
+    the answer flags travel with their ids."""
+    bank = FeatureBank(hidden=2, dtype=torch.float32)
+    for start in range(0, 10_000, 100):  # streams of 100 tokens whose last 10 are the answer
+        ids = list(range(start, start + 100))
+        bank.add(ids, torch.zeros(100, 2), start=90)
+    generator = torch.Generator().manual_seed(0)
+    ids, _, answer = bank.windows(200, 16, generator, focus=1.0)  # [200, 17] each
+    assert torch.equal(answer, ids % 100 >= 90)
+    assert answer.any(dim=1).all()
+    ids, _, answer = bank.windows(200, 16, generator)  # unfocused: a window of 17 misses the answers often
+    assert not answer.any(dim=1).all()
+    assert torch.equal(answer, ids % 100 >= 90)
 
 
 def test_text_features_are_the_targets_post_norm_states(target: torch.nn.Module, text: list[list[int]]) -> None:
     source = TextSource(target, [text[0], text[1]], chunk=40)
     chunks = [c for produced in iter(source.produce, []) for c in produced]
-    assert [ids for ids, _ in chunks] == [text[0][:40], text[0][40:], text[1][:40], text[1][40:]]
+    assert [c.ids for c in chunks] == [text[0][:40], text[0][40:], text[1][:40], text[1][40:]]
     expected, _ = target_pass(target, torch.tensor([text[0][:40]]))  # [1, 40, H] via the final norm's hook
     assert torch.allclose(chunks[0][1], expected[0], atol=1e-5)
     assert source.tokens() == text[0] + text[1]
@@ -34,7 +51,8 @@ def test_answers_are_greedy_and_their_features_those_of_a_teacher_forced_pass(ta
     source = GenerationSource(target, prompts, eos_ids=[] if eos is None else [eos], pad_id=0, max_new_tokens=12, batch=3)
     chunks = source.produce()
     assert source.produce() == []
-    by_prompt = {tuple(ids[: len(p)]): (ids, feats) for p, (ids, feats) in zip(sorted(prompts, key=len), chunks)}
+    by_prompt = {tuple(ids[: len(p)]): (ids, feats) for p, (ids, feats, start) in zip(sorted(prompts, key=len), chunks)}
+    assert [c.start for c in chunks] == sorted(map(len, prompts))  # the answers begin after the prompts
     for prompt in prompts:
         ids, feats = by_prompt[tuple(prompt)]
         alone = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)[0].tolist()
@@ -52,7 +70,7 @@ def test_a_follow_up_prompt_is_answered_next_with_the_answer_it_was_built_from(t
         return [1, 33] + answer[:2] if i == 0 else None  # only the first prompt goes on
 
     source = GenerationSource(target, prompts, eos_ids=[], pad_id=0, max_new_tokens=6, batch=2, follow_up=follow_up)
-    batches = [[ids for ids, _ in source.produce()] for _ in range(3)]
+    batches = [[c.ids for c in source.produce()] for _ in range(3)]
     assert source.produce() == []
     assert [[ids[:3] for ids in batch] for batch in batches] == [
         prompts[:2], [[1, 33] + seen[0][:1], prompts[2]], [prompts[3]]]  # the follow-up before the rest
@@ -66,7 +84,7 @@ def test_an_answer_ends_after_its_end_token(target: torch.nn.Module) -> None:
     prompt = [1, 40]
     greedy = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)[0].tolist()
     stop = greedy[len(prompt) + 3]  # the 4th answer token plays the end-of-sequence token
-    (ids, feats), = GenerationSource(target, [prompt], [stop], pad_id=0, max_new_tokens=12).produce()
+    (ids, feats, _), = GenerationSource(target, [prompt], [stop], pad_id=0, max_new_tokens=12).produce()
     end = greedy.index(stop, len(prompt))  # the end token itself is kept only where it was fed
     assert ids in (greedy[:end], greedy[: end + 1]) and len(feats) == len(ids)
 
@@ -94,7 +112,8 @@ def test_lean_answers_are_the_int8_runners_greedy_tokens_and_features() -> None:
 
     stop = greedy(prompts[1], 4)[-1]  # prompt 1's 4th answer token plays the end-of-sequence token
     chunks = extractor.answer(prompts, {stop}, max_new_tokens=10)
-    for prompt, (ids, feats) in zip(prompts, chunks):
+    for prompt, (ids, feats, start) in zip(prompts, chunks):
+        assert start == len(prompt)
         full = greedy(prompt, 10)
         end = next((i for i in range(len(prompt), len(full)) if full[i] == stop), len(full) - 1)
         assert ids == full[:end]  # up to the end token or the 10th answer token, neither ever fed
@@ -113,6 +132,7 @@ def test_lean_answers_stay_within_the_targets_window() -> None:
     from tests.tiny import tiny_model
 
     extractor = LeanExtractor(LeanRunner(quantize_model(tiny_model("llama", 0, positions=64))), batch=2)
-    (ids, feats), (short, _) = extractor.answer([list(range(3, 83)), [1, 5]], eos=set(), max_new_tokens=30)
+    (ids, feats, start), (short, _, _) = extractor.answer([list(range(3, 83)), [1, 5]], eos=set(), max_new_tokens=30)
     assert ids[:63] == list(range(20, 83)) and len(ids) == feats.shape[0] == 64  # the prompt's last 63, then 1 fed
+    assert start == 63
     assert len(short) == 2 + 29  # the other answer as long as asked (its 30th token never fed)

@@ -125,3 +125,30 @@ def test_held_out_answers_count_from_their_start(target: torch.nn.Module) -> Non
     everything = agreement(head, [Heldout(ids, feats, greedy)], positions=1)
     counted = len(ids) - 2 - (start - 1)  # n = L - positions - 1 pairs, from start - 1 on
     assert answer_only == (1.0,) and everything[0] == counted / (len(ids) - 2)
+
+
+@pytest.mark.parametrize("unroll", [1, 3])
+def test_position_weights_weigh_each_predicted_positions_loss(target: torch.nn.Module, unroll: int) -> None:
+    """The loss is a weighted mean over the positions it predicts: weights of one set of positions and of
+    another add up as their weighted means do, a uniform weight is no weight, and weight 0 drops a position."""
+    from specdec.head.model import DraftHead
+    from specdec.head.train import head_loss
+
+    torch.manual_seed(3)
+    head = DraftHead(target, torch.arange(target.config.vocab_size)).eval()
+    ids = torch.randint(0, target.config.vocab_size, (2, 11))  # [B, T+1]
+    feats = torch.randn(2, 11, target.config.hidden_size)  # [B, T+1, H]
+
+    def loss(weights: torch.Tensor | None) -> float:
+        with torch.no_grad():
+            return float(head_loss(head, feats, ids, 0.1, unroll=unroll, weights=weights))
+
+    assert loss(None) == pytest.approx(loss(torch.full((2, 11), 3.0)), rel=1e-5)
+    if unroll == 1:  # step 1 predicts positions 1..T: sets A and B split them
+        a = torch.zeros(2, 11)
+        a[:, 1:6] = 1.0
+        b = 1.0 - a
+        b[:, 0] = 0.0  # position 0 is never predicted
+        whole = loss(None) * 2 * 10
+        assert loss(a) * a.sum() + loss(b) * b.sum() == pytest.approx(whole, rel=1e-4)
+        assert loss(a) != pytest.approx(loss(b))
