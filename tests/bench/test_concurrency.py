@@ -36,7 +36,9 @@ def test_every_method_at_every_level_equals_plain(tmp_path):
     assert {(r.method, r.concurrency) for r in results} == {(m, c) for m, _ in methods for c in (1, 4)}
     for r in results:
         assert r.requests == 8 and r.identical == r.requests
-        assert r.mean_batch > 2 if r.concurrency == 4 else r.mean_batch == 1
+        # 4 clients share forwards (how many at once depends on the threads' timing: > 1, not a count; a
+        # loaded 2-core CI machine gave 2 or less once); 1 client never does
+        assert r.mean_batch > 1 if r.concurrency == 4 else r.mean_batch == 1
     assert any(r.drafted for r in results if r.method == "specdec")
     data = concurrency.write_all(results, {"target": "tiny"}, tmp_path)
     assert len(data["levels"]) == 6 and (tmp_path / "summary.md").read_text().count("| specdec-auto |") == 2
