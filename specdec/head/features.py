@@ -123,7 +123,6 @@ class FeatureBank:
         self.features = torch.zeros(0, hidden, dtype=dtype)  # [L, H]
         self.answer = torch.zeros(0, dtype=torch.bool)  # [L]
         self.length = 0
-        self._answers = (0, torch.zeros(0, dtype=torch.long))  # (length when listed, answer positions)
 
     def add(self, ids: Sequence[int], feats: torch.Tensor, start: int | None = None) -> None:
         """Append a stream's ids [n] and features [n, H], its answer from position `start` on (None: none)."""
@@ -142,12 +141,6 @@ class FeatureBank:
             self.answer[self.length + start: self.length + n] = True
         self.length += n
 
-    def answers(self) -> torch.Tensor:
-        """The positions of answer tokens, [A]."""
-        if self._answers[0] != self.length:
-            self._answers = (self.length, self.answer[: self.length].nonzero().flatten())
-        return self._answers[1]
-
     def windows(self, count: int, window: int, generator: torch.Generator,
                 focus: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`count` random windows of window + 1 positions -> (ids [B, T+1], features [B, T+1, H] fp32, answer
@@ -155,8 +148,8 @@ class FeatureBank:
         among all, at a uniformly drawn place in the window: training spends that share on what is drafted."""
         last = self.length - window - 1  # the last possible start
         starts = torch.randint(0, last + 1, (count,), generator=generator)  # [B]
-        answers = self.answers()
-        if focus > 0 and len(answers):
+        answers = self.answer[: self.length].nonzero().flatten() if focus > 0 else None  # [A]: answer positions
+        if answers is not None and len(answers):
             chosen = torch.rand(count, generator=generator) < focus  # [B]
             picked = answers[torch.randint(0, len(answers), (count,), generator=generator)]  # [B]
             offset = torch.randint(0, window + 1, (count,), generator=generator)  # [B]

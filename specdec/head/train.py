@@ -396,7 +396,7 @@ def train(target: nn.Module, streams: list[list[int]], config: TrainConfig = Tra
         if window < 2:
             raise SpecdecError(f"too little training text: {bank.length} tokens")
         ids, feats, answer = bank.windows(config.batch, window, generator, config.answer_focus)  # [B, T+1], [B, T+1, H], [B, T+1]
-        weights = answer.float() + (~answer).float() * config.context_weight  # [B, T+1]
+        weights = torch.where(answer, 1.0, config.context_weight)  # [B, T+1]
         fraction = result.steps / config.max_steps if config.max_steps else (time.monotonic() - began) / budget
         for group in optimizer.param_groups:
             group["lr"] = _lr(config, result.steps, fraction)
