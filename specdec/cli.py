@@ -688,6 +688,7 @@ def train_drafter(
     target: str = typer.Option(..., "--target", help="The model to train a draft head for (zoo name, directory, .gguf, hub id)."),
     minutes: float = typer.Option(60.0, "--minutes", min=0.1, help="Time budget of the whole run after loading."),
     text: list[str] = typer.Option([], "--text", help="Your own training text: a file or a directory (repeatable)."),
+    prompts: list[str] = typer.Option([], "--prompts", help="Your own chat prompts, answered by the target first and a tenth of them held out to measure the agreement (repeatable): .jsonl (a string, {\"prompt\": ...} or {\"messages\": [...]} a line), .json (a list of them), else one prompt a line."),
     builtin: bool = typer.Option(True, "--builtin/--no-builtin", help="Also the built-in offline material."),
     out: Optional[str] = typer.Option(None, "--out", help="Where to save (default $SPECDEC_HOME/drafters/<target>-head/)."),
     draft_vocab: int = typer.Option(16384, "--draft-vocab", min=16, help="Draft vocabulary: the N most frequent tokens."),
@@ -698,7 +699,8 @@ def train_drafter(
 
     quiet_libraries()
     try:
-        manifest = run_training(target, minutes, tuple(text), out, builtin, draft_vocab, seed)
+        manifest = run_training(target, minutes, tuple(text), out, builtin, draft_vocab, seed,
+                                prompt_files=tuple(prompts))
     except SpecdecError as e:
         fail(str(e))
     except KeyboardInterrupt:

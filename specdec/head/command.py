@@ -5,8 +5,9 @@ copy of it for producing features (specdec's int8 target on its lean runner wher
 in SIMD -- the features drafting will read; else ``quantize_dynamic`` int8 where torch has a quantized
 CPU engine; else the fp32 model itself), gathers the offline material (``specdec.head.data``) and trains
 (``specdec.head.train``): the target answers the built-in prompts in batches while the head learns
-from those answers and from the text.  The agreement is measured on the target's answers to held-out
-prompts, generated first.  Checkpoints go to ``$SPECDEC_HOME/drafters/<target>-head/`` (or --out) at
+from those answers and from the text; the user's own prompts (--prompts) are answered first.  The
+agreement is measured on the target's answers to held-out prompts (a tenth of the user's where they gave
+enough, else built-in ones), generated first.  Checkpoints go to ``$SPECDEC_HOME/drafters/<target>-head/`` (or --out) at
 every evaluation, so an interrupted run keeps its last one; the time budget covers the whole command
 after loading.
 """
@@ -17,7 +18,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 
@@ -69,7 +70,7 @@ def encode_messages(tokenizer: Any, messages: Sequence[tuple[str, str]]) -> list
                                             add_generation_prompt=True, tokenize=True)
         ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
     else:
-        plain = "".join(f"{'User' if role == 'user' else 'Assistant'}: {text}\n\n" for role, text in messages)
+        plain = "".join(f"{role.capitalize()}: {text}\n\n" for role, text in messages)
         ids = tokenizer(plain + "Assistant:")["input_ids"]
     return list(ids)[-MAX_PROMPT_TOKENS:]
 
@@ -80,6 +81,29 @@ def follow_up(tokenizer: Any, material: Any, index: int, answer: Sequence[int]) 
     then = material.follow_ups.get(index)
     text = tokenizer.decode(list(answer), skip_special_tokens=True).strip() if then else ""
     return encode_messages(tokenizer, then.messages(material.prompts[index], text)) if text else None
+
+
+class Split(NamedTuple):
+    """Which prompts measure the agreement and which are trained on (token ids each)."""
+
+    heldout: list[list[int]]
+    train: list[list[int]]  # the user's own first, then the built-in ones
+    builtin_from: int  # train[i] for i >= builtin_from is material.prompts[i - builtin_from + builtin_held]
+    builtin_held: int  # built-in prompts held out (the first ones)
+    described: str
+
+
+def split_heldout(mine: list[list[int]], builtin: list[list[int]]) -> Split:
+    """Split the user's own prompts `mine` and the built-in ones.  The agreement is measured on what the user
+    asks where they gave enough prompts: a tenth of theirs, at most HELDOUT_PROMPTS (at least one when the
+    built-in prompts cannot stand in); else on the first HELDOUT_PROMPTS built-in prompts."""
+    spare = len(builtin) > HELDOUT_PROMPTS
+    count = min(HELDOUT_PROMPTS, len(mine) // 10 if spare else max(len(mine) // 10, int(len(mine) > 1)))
+    if count:
+        return Split(mine[:count], mine[count:] + builtin, len(mine) - count, 0, f"{count} of your prompts")
+    held = HELDOUT_PROMPTS if spare else 0
+    return Split(builtin[:held], mine + builtin[held:], len(mine), held,
+                 f"{held} built-in prompts" if held else "none: the training text's tail")
 
 
 class Bar:
@@ -110,34 +134,46 @@ def say(began: float, what: str) -> None:
 
 def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (), out: str | None = None,
                   builtin: bool = True, draft_vocab: int = 16384, seed: int = 0, int8: bool = True,
-                  answer_tokens: int = 128, batch: int = 16) -> dict[str, Any]:
+                  answer_tokens: int = 128, batch: int = 16, prompt_files: tuple[str, ...] = ()) -> dict[str, Any]:
     """Train and save a head for `target` (see the module docstring); returns the saved manifest."""
     from specdec.head import data, store
     from specdec.head.features import GenerationSource, LeanExtractor
     from specdec.head.train import TrainConfig, train
 
     began = time.monotonic()
-    for path in texts:
-        if not Path(path).exists():
-            raise SpecdecError(f"--text {path}: no such file or directory")
+    for option, paths in (("--text", texts), ("--prompts", prompt_files)):
+        for path in paths:
+            if not Path(path).exists():
+                raise SpecdecError(f"{option} {path}: no such file or directory")
+    for path in prompt_files:  # read now: a bad file is refused before the minutes of loading
+        if Path(path).is_dir():
+            raise SpecdecError(f"--prompts {path}: a directory; give the prompt files")
+        data.read_prompts(path)
     model, tokenizer = load_target(target)
     extractor = int8_extractor(model, target, batch) if int8 else model
     kind = "int8, lean runner" if isinstance(extractor, LeanExtractor) else "int8" if extractor is not model else "fp32"
     say(began, f"loaded {target} ({kind} features)")
-    material = data.gather(seed=seed, extra=texts, builtin=builtin)
+    material = data.gather(seed=seed, extra=texts, builtin=builtin, prompt_files=prompt_files)
     streams = [tokenizer(t)["input_ids"] for t in material.texts]
-    prompts = [encode_prompt(tokenizer, p) for p in material.prompts]
-    if not streams and not prompts:
-        raise SpecdecError("no training material: give --text files or keep the built-in data")
+    builtin_prompts = [encode_prompt(tokenizer, p) for p in material.prompts]
+    mine = [encode_messages(tokenizer, chat) for chat in material.chats]
+    if not streams and not builtin_prompts and not mine:
+        raise SpecdecError("no training material: give --text or --prompts files or keep the built-in data")
+    split = split_heldout(mine, builtin_prompts)
+
+    def then(i: int, answer: list[int]) -> list[int] | None:  # what follows the target's answer to split.train[i]
+        if i < split.builtin_from:
+            return None  # the user's own prompts have no follow-ups
+        return follow_up(tokenizer, material, i - split.builtin_from + split.builtin_held, answer)
+
     eos = sorted(model_eos_token_ids(model) | ({tokenizer.eos_token_id} - {None}))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
-    generation = GenerationSource(extractor, prompts[HELDOUT_PROMPTS:], eos, pad, answer_tokens, batch,
-                                  lambda i, answer: follow_up(tokenizer, material, HELDOUT_PROMPTS + i, answer))
+    generation = GenerationSource(extractor, split.train, eos, pad, answer_tokens, batch, then)
     say(began, "material: " + "; ".join(material.describe()))
     # the target's answers to held-out prompts measure the agreement; with only the user's text, its tail
-    heldout = [chunk.ids for chunk in generation.answer(prompts[:HELDOUT_PROMPTS])] if len(prompts) > HELDOUT_PROMPTS else None
-    starts = [len(p) for p in prompts[:HELDOUT_PROMPTS]] if heldout else None  # drafts count in the answers
-    say(began, f"held-out answers: {len(heldout or [])}")
+    heldout = [chunk.ids for chunk in generation.answer(split.heldout)] if split.heldout else None
+    starts = [len(p) for p in split.heldout] if heldout else None  # drafts count in the answers
+    say(began, f"held-out answers: {len(heldout or [])} ({split.described})")
     directory = Path(out) if out else store.default_directory(target)
     identity = store.target_identity(model, target)
     config = TrainConfig(draft_vocab=draft_vocab, seed=seed, eval_every_s=120.0, eval_tokens=1024, eval_stride=8,

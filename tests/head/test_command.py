@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from specdec.cli import app
 from specdec.head import store
 from specdec.head import data
-from specdec.head.command import encode_messages, follow_up, load_target
+from specdec.head.command import HELDOUT_PROMPTS, encode_messages, follow_up, load_target, split_heldout
 from tests.tiny import save_tiny
 
 
@@ -64,3 +64,43 @@ def test_a_follow_up_is_the_conversation_or_the_quote_through_the_template(tiny_
     assert follow_up(tokenizer, material, 2, answer) is None and follow_up(tokenizer, material, 0, []) is None
     assert not getattr(tokenizer, "chat_template", None)  # the tiny tokenizer has none: plain turns
     assert tokenizer.decode(follow_up(tokenizer, material, 0, answer)).endswith("Shorter, please.\n\nAssistant:")
+
+
+def test_the_users_prompts_are_answered_first_and_a_tenth_held_out() -> None:
+    mine = [[i] for i in range(25)]
+    builtin = [[100 + i] for i in range(20)]
+    split = split_heldout(mine, builtin)
+    assert split.heldout == mine[:2] and split.train == mine[2:] + builtin and split.builtin_from == 23
+    assert split.builtin_held == 0 and split.described == "2 of your prompts"
+    few = split_heldout(mine[:5], builtin)  # too few of the user's: the built-in ones measure
+    assert few.heldout == builtin[:HELDOUT_PROMPTS] and few.train == mine[:5] + builtin[HELDOUT_PROMPTS:]
+    assert (few.builtin_from, few.builtin_held) == (5, HELDOUT_PROMPTS)
+    alone = split_heldout(mine[:5], [])  # no built-in prompts: one of the user's
+    assert alone.heldout == mine[:1] and alone.train == mine[1:5]
+    assert split_heldout(mine[:1], []).heldout == [] and split_heldout([], builtin[:3]).train == builtin[:3]
+    many = split_heldout([[i] for i in range(500)], builtin)
+    assert len(many.heldout) == HELDOUT_PROMPTS
+
+
+def test_trains_on_the_users_prompts(tiny_target: str, tmp_path: Path) -> None:
+    prompts = tmp_path / "asked.jsonl"
+    prompts.write_text("".join(json.dumps({"messages": [{"role": "system", "content": "Be brief."},
+                                                        {"role": "user", "content": f"Question {i} about tides?"}]}) + "\n"
+                               for i in range(12)))
+    out = tmp_path / "head"
+    result = CliRunner().invoke(app, ["train-drafter", "--target", tiny_target, "--prompts", str(prompts), "--no-builtin",
+                                      "--minutes", "0.15", "--out", str(out), "--draft-vocab", "64"])
+    assert result.exit_code == 0, result.output
+    assert "held-out answers: 1 (1 of your prompts)" in result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert f"--prompts {prompts}: 12" in manifest["data"] and manifest["agreement_by_position"][0] is not None
+
+
+def test_a_missing_or_bad_prompt_file_is_one_line(tiny_target: str, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "fine"}\n{"prompt": "no end"\n')
+    for args, message in ((["--prompts", "/no/such.jsonl"], "--prompts /no/such.jsonl: no such file or directory"),
+                          (["--prompts", str(bad)], f"--prompts {bad}:2: not JSON"),
+                          (["--prompts", str(tmp_path)], "a directory; give the prompt files")):
+        result = CliRunner().invoke(app, ["train-drafter", "--target", tiny_target, "--out", str(tmp_path / "h"), *args])
+        assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output

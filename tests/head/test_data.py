@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import pytest
+
+from specdec.errors import SpecdecError
 from specdec.head import data
 
 TROFF = r""".\" a comment
@@ -84,3 +88,39 @@ def test_some_prompts_are_followed_up_by_a_second_turn_or_a_translation_of_the_a
     (role, text), = quotes[0][1].messages("In French, write a poem.", "Un poème {pas} formaté.")
     assert role == "user" and text.endswith("\n\nUn poème {pas} formaté.") and "English" in text
     assert f"{len(material.follow_ups)} of them followed up" in material.describe()[-1]
+
+
+def test_the_users_prompts_in_every_format(tmp_path: Path) -> None:
+    lines = tmp_path / "log.jsonl"
+    lines.write_text('"Explain tides."\n\n{"prompt": "Fix my loop."}\n'
+                     '{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},'
+                     ' {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Sum 2+2."}]}\n')
+    assert data.read_prompts(lines) == [
+        [("user", "Explain tides.")], [("user", "Fix my loop.")],
+        [("system", "Be brief."), ("user", "Hi"), ("assistant", "Hello!"), ("user", "Sum 2+2.")]]
+    listed = tmp_path / "prompts.json"
+    listed.write_text('["One?", {"prompt": "Two?"}]')
+    assert data.read_prompts(listed) == [[("user", "One?")], [("user", "Two?")]]
+    plain = tmp_path / "prompts.txt"
+    plain.write_text("First question\n\n  Second question  \n")
+    assert data.read_prompts(plain) == [[("user", "First question")], [("user", "Second question")]]
+    material = data.gather(builtin=False, prompt_files=[lines, plain])
+    assert len(material.chats) == 5 and not material.prompts
+    assert f"--prompts {lines}: 3" in material.describe() and f"--prompts {plain}: 2" in material.describe()
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("a.jsonl", '{"prompt": "ok"}\n{"prompt": \n', "a.jsonl:2: not JSON"),
+    ("a.jsonl", '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}',
+     "the last message must be the user's"),
+    ("a.jsonl", '{"messages": [{"role": "robot", "content": "q"}]}', "a message is {\"role\""),
+    ("a.jsonl", '{"text": "q"}', "a prompt is a string"),
+    ("a.json", '{"prompt": "q"}', "a .json file holds a list"),
+    ("a.json", '["q",', "not JSON"),
+    ("a.txt", "\n\n", "no prompts in it"),
+])
+def test_bad_prompt_files_are_named_in_one_line(tmp_path: Path, name: str, content: str, message: str) -> None:
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(SpecdecError, match=re.escape(message)):
+        data.read_prompts(path)
