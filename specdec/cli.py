@@ -14,7 +14,7 @@ import json
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 from rich.console import Console
@@ -84,9 +84,19 @@ SUFFIX_MEMORY_HELP = (f"With suffix drafts: the tokens of recent answers the eng
 DEVICE_HELP = "Where transformers models run: cpu, cuda, or auto (cuda when available). int8 is CPU-only."
 
 
+def status(what: str) -> Any:
+    """A spinner on stderr saying what runs; `what` is plain text (it quotes model names and paths)."""
+    from rich.markup import escape
+
+    return err.status(escape(what))
+
+
 def fail(message: str) -> NoReturn:
-    """Print a one-line error and exit with status 2."""
-    err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    """Print a one-line error and exit with status 2.  The message is plain text, never markup: it may quote a
+    user's path or input with brackets in it."""
+    from rich.markup import escape
+
+    err.print(f"[bold red]error:[/] {escape(message)}", markup=True, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -258,7 +268,7 @@ def load_engine(target: str, draft_spec: str | None, dtype: DType, draft_dtype: 
         import torch
 
         torch.set_num_threads(threads)
-    with err.status(f"loading {target}" + (f" and {draft_spec}" if draft_spec else "")):
+    with status(f"loading {target}" + (f" and {draft_spec}" if draft_spec else "")):
         engine = Engine.load(
             target, draft_spec, dtype=dtype.value, progress=progress, backend=backend.value,
             draft_dtype=draft_dtype.value if draft_dtype else None,
@@ -309,14 +319,12 @@ def serve(
     Prometheus metrics at /metrics and a playground page at /. Requests run one at a time, or up to
     --max-batch together; -k, --draft-mode, --draft-confidence and --verify are their defaults, and a
     request may set its own ("speculative": {"k": ..., "draft_mode": ...}). With --replicas, the same server runs as Ray Serve replicas."""
-    from rich.markup import escape  # the hints' [serve] and [ray] are not markup
-
     from specdec.serve import INSTALL_HINT, missing_extra
     from specdec.serve.access import split_values
 
     missing = missing_extra()
     if missing:
-        fail(escape(f"specdec serve needs the serve extra ({', '.join(missing)} missing): {INSTALL_HINT}"))
+        fail(f"specdec serve needs the serve extra ({', '.join(missing)} missing): {INSTALL_HINT}")
     from specdec.serve.app import ServeOptions, bind, create_app, run
     from specdec.serve.connections import ConnectionLimits
 
@@ -391,8 +399,6 @@ def warn_if_exposed(host: str, keys: tuple[str, ...]) -> None:
 
 def replica_plan(replicas: str | None, ray_address: str | None, replica_cpus: float | None) -> ReplicaPlan | None:
     """serve's --replicas, checked (None: one process, no Ray); the ray extra must be installed."""
-    from rich.markup import escape
-
     if replicas is None:
         if ray_address is not None or replica_cpus is not None:
             fail("--ray-address and --replica-cpus go with --replicas")
@@ -405,7 +411,7 @@ def replica_plan(replicas: str | None, ray_address: str | None, replica_cpus: fl
         fail(str(e))
     missing = missing_extra()
     if missing:
-        fail(escape(f"--replicas needs Ray Serve, the ray extra ({', '.join(missing)} missing): {INSTALL_HINT}"))
+        fail(f"--replicas needs Ray Serve, the ray extra ({', '.join(missing)} missing): {INSTALL_HINT}")
     return plan
 
 
@@ -557,7 +563,7 @@ def profile(
         if threads:
             torch.set_num_threads(threads)
         draft_spec, _ = split_head_spec(None if draft.lower() == "none" else draft)  # a head is timed below
-        with err.status(f"loading {target}" + (f" and {draft_spec}" if draft_spec else "")):
+        with status(f"loading {target}" + (f" and {draft_spec}" if draft_spec else "")):
             engine = Engine.load(
                 target, draft_spec, dtype=dtype.value, progress=progress, backend=backend.value,
                 draft_dtype=draft_dtype.value if draft_dtype else None,
@@ -573,18 +579,18 @@ def profile(
                     "cpu": cpu,
                     "batch_invariant": runner.capabilities.batch_invariant}
 
-        with err.status(f"timing {target}: k = {k_values[0]}..{k_values[-1]}, {repeats} repeats"):
+        with status(f"timing {target}: k = {k_values[0]}..{k_values[-1]}, {repeats} repeats"):
             table = measure_forwards(engine.target_runner, k_values, prefix=prefix, repeats=repeats)
         table.info = describe(engine.target_runner, target, backend.value, engine.dtype)
         out: dict = {"target": table.to_dict()}
         draft_ms = None
         if engine.draft_runner is not None:
             d_backend = (draft_backend or backend).value
-            with err.status(f"timing {draft_spec} per drafted token"):
+            with status(f"timing {draft_spec} per drafted token"):
                 draft_ms = measure_drafting(engine.draft_runner, prefix=prefix, repeats=repeats)
             out["draft"] = {**describe(engine.draft_runner, draft_spec, d_backend, engine.draft_dtype),
                             "prefix": prefix, "repeats": repeats, "ms_per_token": round(draft_ms, 3)}
-        with err.status("timing the draft head per drafted token"):
+        with status("timing the draft head per drafted token"):
             head = profile_head(None if draft.lower() == "none" else draft, target, engine.target_runner, prefix,
                                 repeats, table.ms.get(1))
         if head is not None:
@@ -644,21 +650,21 @@ def quality(
 
             torch.set_num_threads(threads)
         prompt_set = load_prompts(prompts, limit_per_category)
-        with err.status(f"loading {target} (fp32 and {backend.value} {dtype.value})"):
+        with status(f"loading {target} (fp32 and {backend.value} {dtype.value})"):
             reference = Engine.load(target, dtype="fp32", progress=progress)
             candidate = Engine.load(target, dtype=dtype.value, backend=backend.value, progress=progress,
                                     threads=threads)
         progress.close()
         label = f"{backend.value} {candidate.dtype}" if backend == Backend.hf else "llamacpp (exact)"
         outputs: dict[str, list[list[int]]] = {"fp32": [], label: []}
-        with err.status(f"greedy decoding {len(prompt_set)} prompts with both"):
+        with status(f"greedy decoding {len(prompt_set)} prompts with both"):
             for p in prompt_set:
                 ids = reference.encode_messages(p.messages) if chat else reference.encode(p.plain_text)
                 for name, engine in (("fp32", reference), (label, candidate)):
                     outputs[name].append(engine.generate(ids, max_new_tokens=max_new_tokens, use_draft=False).token_ids)
         agree = agreement(outputs["fp32"], outputs[label])
         ppl: dict[str, dict[str, float]] = {}
-        with err.status("perplexity on the reference texts"):
+        with status("perplexity on the reference texts"):
             for text_name, text in reference_texts().items():
                 ids = reference.encode(text)[: min(1024, reference.target_runner.max_context)]
                 ppl[text_name] = {name: perplexity(engine.target_runner, ids)

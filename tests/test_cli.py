@@ -124,6 +124,14 @@ def test_unknown_model():
     assert_user_error(generate("hi", "--target", "no-such-model-anywhere"), "unknown model")
 
 
+@pytest.mark.parametrize("name", ["no-such-[x]-model", "no-such-[/x]-model"])
+def test_an_error_quoting_brackets_prints_them_as_given(name):
+    """A user's input in an error is text, not markup: '[x]' stays, and '[/x]' is no traceback."""
+    result = generate("hi", "--target", name)
+    assert_user_error(result, "unknown model")
+    assert name in result.output
+
+
 def test_draft_with_other_vocabulary_forced_same(tiny_dirs):
     result = generate("hi", "--target", tiny_dirs["target"], "--draft", tiny_dirs["other_vocab"], "--draft-mode", "same")
     assert_user_error(result, "different vocabulary")

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from rich.markup import escape
+
 from specdec.bench.methods import Method
 from specdec.bench.prompts import Prompt, conversation_text
 from specdec.bench.results import Record, aggregate, mark_identical
@@ -232,7 +234,7 @@ def run_bench(
 
     if options.threads:
         torch.set_num_threads(options.threads)
-    status = console.status(f"loading {options.target}" + (f" and {options.draft}" if options.draft else "")) if console else nullcontext()
+    status = console.status(escape(f"loading {options.target}" + (f" and {options.draft}" if options.draft else ""))) if console else nullcontext()
     with status:
         engine = Engine.load(options.target, drafter, dtype=options.dtype, progress=load_progress,
                              backend=options.backend, draft_backend=draft_backend, n_ctx=options.n_ctx,
@@ -363,7 +365,7 @@ def run_concurrency_bench(
     draft_backend = "hf" if options.draft_backend in (None, "auto") else options.draft_backend
     from contextlib import nullcontext
 
-    status = console.status(f"loading {options.target}") if console else nullcontext()
+    status = console.status(escape(f"loading {options.target}")) if console else nullcontext()
     with status:
         engine = Engine.load(options.target, options.draft, dtype=options.dtype, progress=load_progress,
                              backend="hf", draft_backend=draft_backend, threads=options.threads,
