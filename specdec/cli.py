@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # the serve extra's modules load only when serving
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Lossless speculative decoding.")
 models_app = typer.Typer(help="The offline model zoo: list models, pull them; and the draft heads trained here.")
 app.add_typer(models_app, name="models")
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, markup=False)  # plain text unless a print asks for markup: lines quote paths
 
 
 
