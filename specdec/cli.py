@@ -694,7 +694,7 @@ def train_drafter(
     target: str = typer.Option(..., "--target", help="The model to train a draft head for (zoo name, directory, .gguf, hub id)."),
     minutes: float = typer.Option(60.0, "--minutes", min=0.1, help="Time budget of the whole run after loading."),
     text: list[str] = typer.Option([], "--text", help="Your own training text: a file or a directory (repeatable)."),
-    prompts: list[str] = typer.Option([], "--prompts", help="Your own chat prompts, answered by the target first and a tenth of them held out to measure the agreement (repeatable): .jsonl (a string, {\"prompt\": ...} or {\"messages\": [...]} a line), .json (a list of them), else one prompt a line."),
+    prompts: list[str] = typer.Option([], "--prompts", help="Your own chat prompts, answered by the target first and a tenth of them held out to measure the agreement (repeatable): .jsonl (a string, {\"prompt\": ...} or {\"messages\": [...]} a line), .json (a list of them), or a bench prompt file (Spec-Bench \"turns\" records, or one prompt a line with \\n escapes)."),
     builtin: bool = typer.Option(True, "--builtin/--no-builtin", help="Also the built-in offline material."),
     out: Optional[str] = typer.Option(None, "--out", help="Where to save (default $SPECDEC_HOME/drafters/<target>-head/)."),
     draft_vocab: int = typer.Option(16384, "--draft-vocab", min=16, help="Draft vocabulary: the N most frequent tokens."),

@@ -110,7 +110,9 @@ def unescape_line(line: str) -> str:
     return "".join(out)
 
 
-def _looks_like_jsonl(lines: list[str]) -> bool:
+def looks_like_jsonl(lines: list[str]) -> bool:
+    """Whether the first non-blank line is a JSON object with a "turns" list: a prompt file in this format,
+    whatever its name."""
     first = next((line for line in lines if line.strip()), "")
     try:
         obj = json.loads(first)
@@ -224,7 +226,7 @@ def load_prompts(source: str | Path = BUILTIN, limit: int | None = None) -> list
     except (OSError, UnicodeDecodeError) as e:
         raise SpecdecError(f"cannot read prompts file '{source}': {e}") from None
     lines = text.splitlines()
-    if path.suffix.lower() == ".jsonl" or _looks_like_jsonl(lines):
+    if path.suffix.lower() == ".jsonl" or looks_like_jsonl(lines):
         prompts = parse_jsonl(lines, name=path.name)
     else:
         prompts = parse_text(lines)

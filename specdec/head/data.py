@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from specdec.bench.prompts import looks_like_jsonl, parse_jsonl, unescape_line
 from specdec.errors import SpecdecError
 
 MAX_FILE_BYTES = 200_000  # larger source/doc files are skipped (generated tables, vendored bundles)
@@ -339,14 +340,20 @@ def read_prompts(path: str | Path) -> list[list[Turn]]:
     """The chat prompts in one --prompts file, each a list of (role, content) turns ending with the user's.
 
     ``.jsonl``: one JSON value a line, ``.json``: a list of them; a value is a string (one user turn),
-    ``{"prompt": str}``, or ``{"messages": [{"role": ..., "content": ...}, ...]}`` (an OpenAI chat request or
-    log record: system, user and assistant turns, the last the user's).  Any other file: every non-empty
-    line is one user turn.  Bad input raises a SpecdecError naming the file and line."""
+    ``{"prompt": str}``, ``{"messages": [{"role": ..., "content": ...}, ...]}`` (an OpenAI chat request or
+    log record: system, user and assistant turns, the last the user's; a content may be a list of text
+    parts), or a `specdec bench` prompt record (``{"turns": [...]}``, Spec-Bench's format, with optional
+    ``"replies"``: read as the bench reads it).  Any other file: every non-empty line is one user turn,
+    with the bench's escapes (``\\n``, ``\\t``, ``\\\\``), so one file serves both commands.  Bad input
+    raises a SpecdecError naming the file and line."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise SpecdecError(f"--prompts {path}: cannot read it ({e.__class__.__name__})") from None
+    lines = text.splitlines()
+    if looks_like_jsonl(lines):  # a bench prompt file ({"turns": [...]} records): read as the bench reads it
+        return [list(prompt.messages) for prompt in parse_jsonl(lines, name=f"--prompts {path}")] or _none(path)
     if path.suffix == ".json":
         try:
             values = json.loads(text)
@@ -357,36 +364,51 @@ def read_prompts(path: str | Path) -> list[list[Turn]]:
         items = [(f"{path} item {i + 1}", v) for i, v in enumerate(values)]
     elif path.suffix == ".jsonl":
         items = []
-        for number, line in enumerate(text.splitlines(), 1):
+        for number, line in enumerate(lines, 1):
             if line.strip():
                 try:
                     items.append((f"{path}:{number}", json.loads(line)))
                 except json.JSONDecodeError as e:
                     raise SpecdecError(f"--prompts {path}:{number}: not JSON ({e.msg})") from None
     else:
-        items = [(f"{path}:{n}", line.strip()) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
-    chats = [_chat(where, value) for where, value in items]
-    if not chats:
-        raise SpecdecError(f"--prompts {path}: no prompts in it")
-    return chats
+        items = [(f"{path}:{n}", unescape_line(line)) for n, line in enumerate(lines, 1) if line.strip()]
+    return [_chat(where, value) for where, value in items] or _none(path)
+
+
+def _none(path: Path) -> list[list[Turn]]:
+    raise SpecdecError(f"--prompts {path}: no prompts in it")
 
 
 def _chat(where: str, value: Any) -> list[Turn]:
     """One prompt value (see read_prompts) as (role, content) turns."""
     if isinstance(value, str):
         value = {"prompt": value}
-    if isinstance(value, dict) and isinstance(value.get("prompt"), str) and value["prompt"].strip():
+    if isinstance(value, dict) and isinstance(value.get("prompt"), str):
+        if not value["prompt"].strip():
+            raise SpecdecError(f"--prompts {where}: an empty prompt")
         return [("user", value["prompt"])]
     if isinstance(value, dict) and isinstance(value.get("messages"), list) and value["messages"]:
         turns = []
         for message in value["messages"]:
-            if not (isinstance(message, dict) and message.get("role") in ROLES and isinstance(message.get("content"), str)):
+            content = _content(message.get("content")) if isinstance(message, dict) else None
+            if content is None or message.get("role") not in ROLES:
                 raise SpecdecError(f"--prompts {where}: a message is {{\"role\": system|user|assistant, \"content\": text}}")
-            turns.append((message["role"], message["content"]))
+            turns.append((message["role"], content))
         if turns[-1][0] != "user":
             raise SpecdecError(f"--prompts {where}: the last message must be the user's (the target answers it)")
         return turns
     raise SpecdecError(f"--prompts {where}: a prompt is a string, {{\"prompt\": text}} or {{\"messages\": [...]}}")
+
+
+def _content(content: Any) -> str | None:
+    """A chat message's content as text: a string, or OpenAI's list of parts ({"type": "text", "text": ...}
+    each) joined; None for anything else."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content and all(
+            isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str) for part in content):
+        return "".join(part["text"] for part in content)
+    return None
 
 
 def _expand(paths: Iterable[str | Path]) -> Iterator[Path]:

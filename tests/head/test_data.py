@@ -102,8 +102,17 @@ def test_the_users_prompts_in_every_format(tmp_path: Path) -> None:
     listed.write_text('["One?", {"prompt": "Two?"}]')
     assert data.read_prompts(listed) == [[("user", "One?")], [("user", "Two?")]]
     plain = tmp_path / "prompts.txt"
-    plain.write_text("First question\n\n  Second question  \n")
-    assert data.read_prompts(plain) == [[("user", "First question")], [("user", "Second question")]]
+    plain.write_text("First question\n\nComplete:\\ndef f(x):\n")  # the bench's escapes: \n is a newline
+    assert data.read_prompts(plain) == [[("user", "First question")], [("user", "Complete:\ndef f(x):")]]
+    parts = tmp_path / "parts.jsonl"
+    parts.write_text('{"messages": [{"role": "user", "content": [{"type": "text", "text": "Hel"}, '
+                     '{"type": "text", "text": "lo"}]}]}\n')
+    assert data.read_prompts(parts) == [[("user", "Hello")]]
+    bench = tmp_path / "bench.jsonl"  # a `specdec bench` prompt file, read as the bench reads it
+    bench.write_text('{"turns": ["Only the first", "not this"]}\n'
+                     '{"turns": ["Hi", "And now?"], "replies": ["Hello!"]}\n')
+    assert data.read_prompts(bench) == [[("user", "Only the first")],
+                                        [("user", "Hi"), ("assistant", "Hello!"), ("user", "And now?")]]
     material = data.gather(builtin=False, prompt_files=[lines, plain])
     assert len(material.chats) == 5 and not material.prompts
     assert f"--prompts {lines}: 3" in material.describe() and f"--prompts {plain}: 2" in material.describe()
@@ -115,6 +124,9 @@ def test_the_users_prompts_in_every_format(tmp_path: Path) -> None:
      "the last message must be the user's"),
     ("a.jsonl", '{"messages": [{"role": "robot", "content": "q"}]}', "a message is {\"role\""),
     ("a.jsonl", '{"text": "q"}', "a prompt is a string"),
+    ("a.jsonl", '"ok"\n""', "a.jsonl:2: an empty prompt"),
+    ("a.jsonl", '{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', "a message is"),
+    ("a.jsonl", '{"turns": ["ok"]}\n{"turns": []}', "line 2: expected a non-empty \"turns\" list"),
     ("a.json", '{"prompt": "q"}', "a .json file holds a list"),
     ("a.json", '["q",', "not JSON"),
     ("a.txt", "\n\n", "no prompts in it"),
