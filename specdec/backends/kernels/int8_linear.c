@@ -172,9 +172,10 @@ AVX2 static float quantize_row_avx2(const float *row, int k, int kp, int8_t *q, 
     } while (0)
 /* The VNNI path's prefetch is tuned per vendor (the numbers are the same either way).  Intel (Xeon): 2 KiB ahead
  * into L1 and 8 KiB into L2 (BENCHMARKS.md, Xeon component timings).  AMD (Zen 4): 4 KiB ahead into L1 only,
- * with two accumulator chains from 2 input rows on (VTILE's S); measured over the 1.5B's 113 linears out of
- * cache, the two builds interleaved in one process: 4% less time than Intel's tuning at 1 row, 10% at 2 and
- * 3, 6% at 4, 8% at 6, the same at 16, 3% less at 256. */
+ * with two accumulator chains from 2 input rows on (VTILE's S).  Measured on a Zen 4 over the 1.5B's 113
+ * linears out of cache, the two tunings alternated in one process: 7% less time than Intel's at 1 row, 18% at
+ * 2, 16% at 3, 7% at 4 (a run of a first version: 4 / 10 / 10 / 6%, 8% at 6 rows, the same at 16, 3% less at
+ * 256).  The VM's bandwidth moves from minute to minute, so only alternated builds compare. */
 #define PREFETCH_VNNI_INTEL(wj)                                                                   \
     do {                                                                                          \
         for (int l = 0; l < 4; l++) {                                                             \
