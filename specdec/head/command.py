@@ -145,15 +145,15 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
         for path in paths:
             if not Path(path).exists():
                 raise SpecdecError(f"{option} {path}: no such file or directory")
-    for path in prompt_files:  # read now: a bad file is refused before the minutes of loading
+    for path in prompt_files:
         if Path(path).is_dir():
             raise SpecdecError(f"--prompts {path}: a directory; give the prompt files")
-        data.read_prompts(path)
+    # gathered before loading: a bad --prompts file is refused before the minutes of loading
+    material = data.gather(seed=seed, extra=texts, builtin=builtin, prompt_files=prompt_files)
     model, tokenizer = load_target(target)
     extractor = int8_extractor(model, target, batch) if int8 else model
     kind = "int8, lean runner" if isinstance(extractor, LeanExtractor) else "int8" if extractor is not model else "fp32"
     say(began, f"loaded {target} ({kind} features)")
-    material = data.gather(seed=seed, extra=texts, builtin=builtin, prompt_files=prompt_files)
     streams = [tokenizer(t)["input_ids"] for t in material.texts]
     builtin_prompts = [encode_prompt(tokenizer, p) for p in material.prompts]
     mine = [encode_messages(tokenizer, chat) for chat in material.chats]
