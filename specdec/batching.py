@@ -211,6 +211,13 @@ class SlotRunner:
         """The slot's last forward's last hidden rows [m, hidden] (HiddenStateRunner.hidden_tail)."""
         return self.runner.hidden_tail()
 
+    def tap_layers(self, layers: Sequence[int]) -> None:
+        """The slot's runner keeps these layers' outputs with its hidden rows (HiddenStateRunner.tap_layers)."""
+        tap = getattr(self.runner, "tap_layers", None)
+        if tap is None:
+            raise SpecdecError(f"a {self.runner.describe()} runner keeps no intermediate layers' rows")
+        tap(layers)
+
     def rollback(self, n: int) -> None:
         self.runner.rollback(n)
 

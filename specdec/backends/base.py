@@ -109,7 +109,12 @@ class HiddenStateRunner(ModelRunner, Protocol):
         """The final hidden states of the last rows of the last forward, fp32 [m, H]: m = max(rows of
         hidden(), min(n, new rows)) for n of keep_hidden_rows, so its last rows are hidden()'s (a runner
         that cannot keep more, Seq2SeqRunner, gives hidden()'s).  Row i is of position L - m + i, L the
-        tokens cached right after that forward.  Rollback keeps them; a RuntimeError where hidden() has one."""
+        tokens cached right after that forward.  Rollback keeps them; a RuntimeError where hidden() has one.
+
+        Optional, where a runner has it (the lean and transformers runners): ``tap_layers(layers)`` makes
+        every row of hidden() and hidden_tail() carry, after the final hidden state, the outputs of those
+        decoder layers (0-based, the residual stream after each, before any norm): [n, H x (1 + len(layers))],
+        what a fused-feature draft head reads (specdec.head.model.DraftHead.fused); () turns it off."""
         ...
 
 

@@ -64,6 +64,8 @@ from specdec.errors import SpecdecError
 _HEAD_INPUTS: ContextVar[list[torch.Tensor] | None] = ContextVar("specdec_head_inputs", default=None)
 # The outputs of watched base models seen by the forward running in this thread (base_outputs), else None
 _BASE_OUTPUTS: ContextVar[list[torch.Tensor] | None] = ContextVar("specdec_base_outputs", default=None)
+# decoder layer -> its output [B, n, H] in the forward running in this thread (tap_layers), while collecting
+_LAYER_OUTPUTS: ContextVar[dict[nn.Module, torch.Tensor] | None] = ContextVar("specdec_layer_outputs", default=None)
 _WATCHED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()  # output layers and base models with our hook
 # architectures whose layers' sliding windows layer_window knows, so HFRunner can mask a token tree
 TREE_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text")
@@ -209,6 +211,31 @@ def watch_base_output(model: PreTrainedModel) -> None:
         _WATCHED.add(base)
 
 
+def _keep_layer_output(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    outputs = _LAYER_OUTPUTS.get()
+    if outputs is not None and module in outputs:
+        outputs[module] = output[0] if isinstance(output, tuple) else output  # [B, n, H]: a reference
+
+
+def watch_layer_output(layer: nn.Module) -> None:
+    """Give a decoder layer the forward hook that keeps its output for layer_outputs (once per layer)."""
+    if layer not in _WATCHED:
+        layer.register_forward_hook(_keep_layer_output)
+        _WATCHED.add(layer)
+
+
+@contextmanager
+def layer_outputs(layers: Sequence[nn.Module]) -> Iterator[dict[nn.Module, torch.Tensor]]:
+    """A dict that holds, after a forward in this thread inside the block, the output [B, n, H] of each of
+    `layers` (watched by watch_layer_output); empty, collecting nothing, for no layers."""
+    seen: dict[nn.Module, torch.Tensor] = dict.fromkeys(layers)  # type: ignore[arg-type]
+    token = _LAYER_OUTPUTS.set(seen if layers else None)
+    try:
+        yield seen
+    finally:
+        _LAYER_OUTPUTS.reset(token)
+
+
 def tail_rows(base_output: torch.Tensor | None, head_input: torch.Tensor, keep: int) -> torch.Tensor:
     """The last max(m, min(keep, n)) rows [t, H] of the base model's output base_output [1, n, H] when the
     output layer's input head_input [1, m, H] is its last m rows (the very memory: transformers' slice for
@@ -266,6 +293,7 @@ class HFRunner:
         self._hidden: torch.Tensor | None = None  # [n, H]: the output layer's input in the last forward
         self._tail: torch.Tensor | None = None  # [m, H]: the last forward's last m rows, _hidden their end
         self.hidden_rows = 0  # keep_hidden_rows: rows of each forward to keep beyond the logits'
+        self.taps: tuple[int, ...] = ()  # tap_layers: layers whose outputs follow the final hidden states' columns
         self.device = next(model.parameters()).device
         self.vocab_size = model_vocab_size(model)
         self.max_context = max_context or model_max_context(model)
@@ -327,8 +355,9 @@ class HFRunner:
         input_ids = torch.tensor([new_tokens], dtype=torch.long, device=self.device)  # [1, n]
         # A few tokens over a cache (a verification): the fast fp32 product; a prompt's prefill keeps
         # the model's own kernel, so plain decoding stays bitwise the model's (see fastlinear).
+        layers = [self.model.get_decoder().layers[i] for i in self.taps]
         with (fastlinear.enabled(bool(self.tokens) and len(new_tokens) <= fastlinear.MAX_ROWS), head_inputs() as seen,
-              base_outputs(self.hidden_rows > 0) as bases):
+              base_outputs(self.hidden_rows > 0) as bases, layer_outputs(layers) as tapped):
             out = self.model(
                 input_ids=input_ids,
                 cache=self.cache,
@@ -338,6 +367,9 @@ class HFRunner:
             )
         self.tokens.extend(new_tokens)
         self._tail = own_rows(tail_rows(bases[-1] if bases else None, seen[-1], self.hidden_rows)) if seen else None
+        if self._tail is not None and layers:  # [m, H (1 + taps)]: the tapped layers' rows after the final ones
+            m = self._tail.shape[0]
+            self._tail = torch.cat([self._tail, *(tapped[layer][0, -m:] for layer in layers)], dim=1)
         # [n, H]: the rows the head computed the logits of, the tail's last
         self._hidden = None if self._tail is None else self._tail[self._tail.shape[0] - seen[-1].shape[1]:]
         return out.logits[0].float().cpu()  # [n, V]
@@ -354,6 +386,20 @@ class HFRunner:
     def hidden_tail(self) -> torch.Tensor:
         """The last forward's final hidden states of its last rows [m, H] fp32 (HiddenStateRunner.hidden_tail)."""
         return last_hidden(self._tail, self)
+
+    def tap_layers(self, layers: Sequence[int]) -> None:
+        """From the next forward on, hidden() and hidden_tail() rows hold the outputs of these decoder layers
+        after the final hidden state (HiddenStateRunner.tap_layers)."""
+        decoder = self.model.get_decoder()
+        stack = getattr(decoder, "layers", None)
+        taps = tuple(int(i) for i in layers)
+        if taps and not isinstance(stack, nn.ModuleList):
+            raise SpecdecError(f"a {self.describe()} model has no decoder layers to tap")
+        if any(not 0 <= i < len(stack) for i in taps):  # type: ignore[arg-type]
+            raise ValueError(f"tapped layers must be in [0, {len(stack)}), got {taps}")  # type: ignore[arg-type]
+        for i in taps:
+            watch_layer_output(stack[i])  # type: ignore[index]
+        self.taps = taps
 
     def rollback(self, n: int) -> None:
         check_rollback(self._tree, n)

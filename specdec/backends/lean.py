@@ -71,6 +71,8 @@ returns, is kept by reference: each runner of a packed forward gets its own rows
 A runner asked to keep more (``keep_hidden_rows(n)``) gets the final norm over
 its chunk's last n rows (``hidden_tail()``); the head runs on the logits' rows
 only, the last of them, as before: the norm is per row, so nothing changes.
+With ``tap_layers`` the kept rows carry the outputs of those decoder layers
+after the final hidden state (a fused-feature head's input; specdec.head.model).
 
 **Token trees** (``forward_tree`` / ``keep_rows``, specdec.backends.base.TreeRunner;
 issue 39, SpecInfer's tree attention, Miao et al. 2024, arXiv 2305.09781): a
@@ -358,12 +360,14 @@ class LayerSet:
         raise NotImplementedError
 
     def run(self, runners: Sequence["LeanRunner"], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
-            cos: torch.Tensor, sin: torch.Tensor, trees: Sequence[Tree | None] | None = None) -> torch.Tensor:
+            cos: torch.Tensor, sin: torch.Tensor, trees: Sequence[Tree | None] | None = None,
+            tapped: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         """All layers over the packed new rows x [total, hidden] of `runners` (over this set's model); returns
         the last layer's output [total, hidden].  Chunk r is rows offsets[r] .. offsets[r + 1] at positions
         starts[r] on, or where trees[r] is a Tree the nodes of that tree (row i's keys and values at cache
         position starts[r] + i); cos, sin [tables, total, D]: each row's position's.  The rows' keys and
-        values go into their runners' caches."""
+        values go into their runners' caches.  `tapped`, where given, maps layer indices to the output of
+        that layer [total, hidden] (the residual stream after it), filled in by the call."""
         raise NotImplementedError
 
 
@@ -388,7 +392,8 @@ class TorchLayers(LayerSet):
         return kernels.attention.causal(q, keys, values, start, scaling, window, tree=tree)
 
     def run(self, runners: Sequence["LeanRunner"], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
-            cos: torch.Tensor, sin: torch.Tensor, trees: Sequence[Tree | None] | None = None) -> torch.Tensor:
+            cos: torch.Tensor, sin: torch.Tensor, trees: Sequence[Tree | None] | None = None,
+            tapped: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         lead, total = runners[0], x.shape[0]
         trees = trees or [None] * len(runners)
         h_q, h_kv, d = lead.num_heads, lead.num_kv_heads, lead.head_dim
@@ -421,6 +426,8 @@ class TorchLayers(LayerSet):
             if layer.mlp_out_norm is not None:
                 out = rms_norm(out, layer.mlp_out_norm, lead.eps)
             x = x + out
+            if tapped is not None and i in tapped:
+                tapped[i] = x  # [total, hidden]: a new tensor each layer, never written in place
         return x
 
 
@@ -486,10 +493,13 @@ class NativeInt4Layers(LayerSet):
         return cls(torch_path.layers, torch_path.head, _activation_code(model.config))  # type: ignore[call-arg]
 
     def run(self, runners: Sequence["LeanRunner"], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
-            cos: torch.Tensor, sin: torch.Tensor, trees: Sequence[Tree | None] | None = None) -> torch.Tensor:
+            cos: torch.Tensor, sin: torch.Tensor, trees: Sequence[Tree | None] | None = None,
+            tapped: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         """In place: x is the last layer's output after the call.  Chains only (trees: None each)."""
         if trees and any(t is not None for t in trees):
             raise ValueError("the native int4 layers compute no token trees (LayerSet.tree)")
+        if tapped:
+            raise ValueError("the native int4 layers keep no intermediate layers' rows")
         lead = runners[0]
         sizes = [hi - lo for lo, hi in zip(offsets, offsets[1:])]
         assert x.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
@@ -528,9 +538,10 @@ class CatchUpLayers(LayerSet):
         return cls(small, Int8Layers.of(model), INT8_CATCH_UP_ROWS)  # type: ignore[call-arg]
 
     def run(self, runners: Sequence["LeanRunner"], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
-            cos: torch.Tensor, sin: torch.Tensor, trees: Sequence[Tree | None] | None = None) -> torch.Tensor:
+            cos: torch.Tensor, sin: torch.Tensor, trees: Sequence[Tree | None] | None = None,
+            tapped: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         side = self.large if x.shape[0] >= self.rows else self.small
-        return side.run(runners, starts, offsets, x, cos, sin, trees)
+        return side.run(runners, starts, offsets, x, cos, sin, trees, tapped)
 
 
 # Rows from which an int4 draft's forward runs on the int8 weights where the int8 kernel takes its VNNI path
@@ -607,6 +618,7 @@ class LeanRunner:
         self._hidden: torch.Tensor | None = None  # [n, hidden]: the head's input in the last forward
         self._tail: torch.Tensor | None = None  # [m, hidden]: the last forward's last m rows, _hidden their end
         self.hidden_rows = 0  # keep_hidden_rows: rows of each forward to keep beyond the logits'
+        self.taps: tuple[int, ...] = ()  # tap_layers: layers whose outputs follow the final hidden states' columns
         # the last forward_tree's (cached, tree) until keep_rows, rollback or reset settles it
         self._tree: tuple[int, Tree] | None = None
 
@@ -686,6 +698,17 @@ class LeanRunner:
         """The last forward's final hidden states of its last rows [m, hidden] fp32 (HiddenStateRunner.hidden_tail)."""
         return last_hidden(self._tail, self)
 
+    def tap_layers(self, layers: Sequence[int]) -> None:
+        """From the next forward on, hidden() and hidden_tail() rows hold the outputs of these decoder layers
+        (0-based: the residual stream after layer i, before any norm) after the final hidden state: [n, hidden
+        x (1 + len(layers))].  A fused-feature head reads them (EAGLE-3's low, middle and high layers)."""
+        taps = tuple(int(i) for i in layers)
+        if any(not 0 <= i < len(self.layer_set.layers) for i in taps):
+            raise ValueError(f"tapped layers must be in [0, {len(self.layer_set.layers)}), got {taps}")
+        if taps and self.layer_set.native:
+            raise SpecdecError(f"the {self.describe()} lean runner keeps no intermediate layers' rows")
+        self.taps = taps
+
     def rollback(self, n: int) -> None:
         check_rollback(self._tree, n)
         self._tree = None
@@ -744,24 +767,34 @@ def forward_packed(runners: Sequence[LeanRunner], chunks: Sequence[Sequence[int]
     x = F.embedding(torch.tensor([t for c in chunks for t in c]), lead.embed)  # [total, hidden]
     if lead.embed_scale is not None:
         x = x * lead.embed_scale
-    x = lead.layer_set.run(runners, starts, offsets, x, cos, sin, trees)  # [total, hidden]
+    taps = sorted({i for r in runners for i in r.taps})  # every layer some runner taps (tap_layers)
+    tapped = dict.fromkeys(taps, x) if taps else None  # layer -> its output [total, hidden], set by run()
+    x = lead.layer_set.run(runners, starts, offsets, x, cos, sin, trees, tapped)  # [total, hidden]
     keeps = [n if last_n is None else min(last_n, n) for n, last_n in zip(sizes, last_ns)]
     # the rows to norm: the logits' and, where a runner keeps more hidden rows, its chunk's last ones
     tails = [max(keep, min(r.hidden_rows, n)) for r, keep, n in zip(runners, keeps, sizes)]
-    if len(runners) == 1:
-        kept = x[total - tails[0] :]
-    else:
-        kept = torch.cat([x[hi - tail : hi] for hi, tail in zip(offsets[1:], tails)])  # [sum tails, hidden]
-    normed = rms_norm(kept, lead.final_norm, lead.eps)  # [sum tails, hidden]: the final hidden states
-    rows = normed.split(tails)  # runner r's [tail_r, hidden]
-    hiddens = [tail[tail.shape[0] - keep :] for tail, keep in zip(rows, keeps)]  # runner r's [keep_r, hidden]
+
+    def pick(rows: torch.Tensor) -> torch.Tensor:  # [total, hidden] -> the kept rows [sum tails, hidden]
+        if len(runners) == 1:
+            return rows[total - tails[0] :]
+        return torch.cat([rows[hi - tail : hi] for hi, tail in zip(offsets[1:], tails)])
+
+    normed = rms_norm(pick(x), lead.final_norm, lead.eps)  # [sum tails, hidden]: the final hidden states
+    finals = normed.split(tails)  # runner r's [tail_r, hidden]
+    rows = finals  # runner r's [tail_r, F]: its final hidden states, then its tapped layers' rows
+    if tapped:
+        columns = {i: pick(tapped[i]).split(tails) for i in taps}  # layer -> runner r's [tail_r, hidden]
+        rows = tuple(torch.cat([final, *(columns[i][j] for i in r.taps)], dim=1) if r.taps else final
+                     for j, (r, final) in enumerate(zip(runners, finals)))
+    hiddens = [tail[tail.shape[0] - keep :] for tail, keep in zip(rows, keeps)]  # runner r's [keep_r, F]
     if tails == keeps:
         logits = lead.head(normed)  # [sum keeps, V]
     else:  # the head over the logits' rows only
-        logits = lead.head(hiddens[0] if len(runners) == 1 else torch.cat(hiddens))  # [sum keeps, V]
+        ends = [final[final.shape[0] - keep :] for final, keep in zip(finals, keeps)]  # runner r's [keep_r, hidden]
+        logits = lead.head(ends[0] if len(runners) == 1 else torch.cat(ends))  # [sum keeps, V]
     for r, c, tail, hidden, start, tree in zip(runners, chunks, rows, hiddens, starts, trees):
         r.tokens.extend(c)
-        r._tail, r._hidden = tail, hidden  # [tail_r, hidden], [keep_r, hidden]: views, no copy
+        r._tail, r._hidden = tail, hidden  # [tail_r, F], [keep_r, F]: views, no copy where F is hidden
         r._tree = None if tree is None else (start, tree)
     return list(logits.split(keeps)) if len(runners) > 1 else [logits]
 

@@ -134,7 +134,8 @@ def say(began: float, what: str) -> None:
 
 def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (), out: str | None = None,
                   builtin: bool = True, draft_vocab: int = 16384, seed: int = 0, int8: bool = True,
-                  answer_tokens: int = 128, batch: int = 16, prompt_files: tuple[str, ...] = ()) -> dict[str, Any]:
+                  answer_tokens: int = 128, batch: int = 16, prompt_files: tuple[str, ...] = (),
+                  taps: tuple[int, ...] = ()) -> dict[str, Any]:
     """Train and save a head for `target` (see the module docstring); returns the saved manifest."""
     from specdec.head import data, store
     from specdec.head.features import GenerationSource, LeanExtractor
@@ -168,7 +169,7 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
 
     eos = sorted(model_eos_token_ids(model) | ({tokenizer.eos_token_id} - {None}))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
-    generation = GenerationSource(extractor, split.train, eos, pad, answer_tokens, batch, then)
+    generation = GenerationSource(extractor, split.train, eos, pad, answer_tokens, batch, then, taps)
     say(began, "material: " + "; ".join(material.describe()))
     # the target's answers to held-out prompts measure the agreement; with only the user's text, its tail
     heldout = [chunk.ids for chunk in generation.answer(split.heldout)] if split.heldout else None
@@ -176,7 +177,7 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
     say(began, f"held-out answers: {len(heldout or [])} ({split.described})")
     directory = Path(out) if out else store.default_directory(target)
     identity = store.target_identity(model, target)
-    config = TrainConfig(draft_vocab=draft_vocab, seed=seed, eval_every_s=120.0, eval_tokens=1024, eval_stride=8,
+    config = TrainConfig(draft_vocab=draft_vocab, seed=seed, eval_every_s=120.0, eval_tokens=1024, eval_stride=8, taps=taps,
                          minutes=max(minutes - (time.monotonic() - began) / 60, 0.1))
     bar = Bar(minutes)
     sources = [generation] if generation.prompts else []

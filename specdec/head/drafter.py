@@ -18,7 +18,9 @@ positions the target has just verified, at no cost:
 - after a plain step: the one position it computed (``plain_step``, specdec.drafters.base.tell_plain_step).
 
 So the head sees the feature of every position the target verifies; until it drafts again it keeps
-the last ``window`` of them.
+the last ``window`` of them.  A head that fuses the target's intermediate layers (``taps``,
+specdec.head.model.DraftHead.fused) has the runner keep those layers' rows too (``tap_layers``, at
+``reset``): a feature below is then [F], the final hidden state followed by the tapped layers' outputs.
 
 Before each proposal the head's own KV cache is rolled back to the longest prefix whose tokens still
 match the context and fed the new pairs, the last one being (f of the last position the target has
@@ -90,6 +92,9 @@ class HeadDrafter:
         if not target.capabilities.hidden_states:
             raise SpecdecError(f"a draft head reads the target's hidden states, which a {target.describe()} "
                                "target does not give: use another draft")
+        if head.taps and not callable(getattr(target, "tap_layers", None)):
+            raise SpecdecError(f"this draft head reads the target's layers {list(head.taps)}, whose rows a "
+                               f"{target.describe()} target does not keep: use another draft")
         if int(head.vocab.max()) >= target.vocab_size:
             raise SpecdecError(f"the draft head's vocabulary has ids up to {int(head.vocab.max())}, "
                                f"beyond the target's {target.vocab_size}: it was trained for another target")
@@ -102,11 +107,13 @@ class HeadDrafter:
         self.cache = HeadCache()
         self.base = 0  # context position t of the cache's first pair (f_t, x_{t+1})
         self.fed: list[int] = []  # x_{t+1} of each pair in the cache
-        self.rows: torch.Tensor | None = None  # [m, H]: features of verified positions not fed yet ...
+        self.rows: torch.Tensor | None = None  # [m, F]: features of verified positions not fed yet ...
         self.rows_at = 0  # ... from this position on
         # (len(context), (feature [H], logits [N], pairs fed)): the feed _start() made for that context
         self._fed_for: tuple[int, tuple[torch.Tensor, torch.Tensor, int]] | None = None
         self.target.keep_hidden_rows(self.window)  # before the loop's prefill: its last rows' features
+        if self.head.taps:  # each row then carries the tapped layers' outputs too: [.., F]
+            self.target.tap_layers(self.head.taps)  # type: ignore[attr-defined]
 
     def prefilled(self, prompt: Sequence[int]) -> None:
         """The target has just run the prefill of `prompt`: keep the features of its last `window` positions
@@ -191,8 +198,8 @@ class HeadDrafter:
         if pairs is None:
             return None
         features, tokens = pairs
-        if features.shape[-1] != self.head.config.hidden_size:
-            raise SpecdecError(f"the draft head reads features of size {self.head.config.hidden_size}, the "
+        if features.shape[-1] != self.head.width:
+            raise SpecdecError(f"the draft head reads features of size {self.head.width}, the "
                                f"target gives {features.shape[-1]}: it was trained for another target")
         self.fed.extend(tokens)
         return features, torch.tensor(tokens)

@@ -47,7 +47,7 @@ from specdec.backends.int4 import Int4Linear
 from specdec.backends.lean import FloatLinear, rms_norm, rotate
 from specdec.backends.quant import Int8Linear, pack_all, quantize_weight
 from specdec.errors import SpecdecError
-from specdec.head.model import DraftHead, HeadCache, causal_mask, tree_mask
+from specdec.head.model import DraftHead, HeadCache, causal_mask, fuse_features, tree_mask
 
 DTYPES = ("auto", "int8", "int4", "fp32")
 SIMD = ("avx512-vnni", "avx2")  # the int8 kernel's paths that beat fp32 (specdec.backends.kernels.int8.isa)
@@ -107,6 +107,7 @@ class FastHead:
         self.config = config
         self.vocab = head.vocab  # [N] draft id -> target id
         self.window = head.window  # the positions a query attends to (None: all)
+        self.taps = head.taps  # the target's layers its verified pairs' features carry (DraftHead.fused)
         embed, self.rotary = head._shared  # the target's embedding table and rotary embedding
         self.embed = embed.weight.detach()  # [V, H]
         self._cos = self._sin = torch.empty(0, 0)  # [positions, D]: the rotary table, grown by doubling
@@ -126,6 +127,8 @@ class FastHead:
             hidden = config.hidden_size
             self.fc_feature = _quantize(head.fc.weight[:, :hidden], head.fc.bias, "fp32")  # H -> H
             self.fc_embed = _quantize(head.fc.weight[:, hidden:], None, self.dtype)  # H -> H
+            # the tapped layers' projection stays fp32 as the feature's half of fc does (a verified pair's only)
+            self.fuse = _quantize(head.fuse.weight, None, "fp32") if self.taps else None  # taps H -> H
             qkv = [attention.q_proj, attention.k_proj, attention.v_proj]
             self.qkv = _side_by_side(qkv, self.dtype)  # H -> (Hq + 2 Hkv) D
             self.o = _side_by_side([attention.o_proj], self.dtype)  # Hq D -> H
@@ -134,6 +137,11 @@ class FastHead:
             self.lm_head = _side_by_side([head.lm_head], self.dtype)  # H -> N
         linears = (self.fc_feature, self.fc_embed, self.qkv, self.o, self.gate_up, self.down, self.lm_head)
         pack_all([lin for lin in linears if isinstance(lin, Int8Linear)])
+
+    @property
+    def width(self) -> int:
+        """F, a verified pair's feature width (DraftHead.width)."""
+        return self.config.hidden_size * (1 + len(self.taps))
 
     def eval(self) -> "FastHead":
         """Already an inference form (HeadDrafter calls eval() on the head it is given)."""
@@ -158,13 +166,14 @@ class FastHead:
 
     def forward(self, features: torch.Tensor, tokens: torch.Tensor, cache: HeadCache, position: int | None = None,
                 mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """features [n, H] (f_t), tokens [n] (x_{t+1}) after the cache's positions -> (predicted features
+        """features [n, H or F] (f_t; DraftHead.fused), tokens [n] (x_{t+1}) after the cache's positions -> (predicted features
         [n, H], draft logits [n, N]); their keys and values go into `cache`.  A tree level (extend_tree)
         puts all n at one rotary `position` under its additive mask [1, 1, n, past + n] (tree_mask)."""
         n, past = tokens.shape[0], cache.length
         h_q, h_kv, d = self.heads, self.kv_heads, self.head_dim
         embedded = self.embed.index_select(0, tokens).float()  # [n, H]
-        x = self.fc_feature(features.float()) + self.fc_embed(embedded)  # [n, H]: fc(concat(f, e))
+        features = fuse_features(features.float(), self.config.hidden_size, len(self.taps), self.fuse)  # [n, H]
+        x = self.fc_feature(features) + self.fc_embed(embedded)  # [n, H]: fc(concat(f, e))
         if position is None:
             cos, sin = self.rope(past, n)  # each [n, D]
         else:

@@ -5,6 +5,8 @@ hidden state after its final norm (the LM head's input, what the runners' ``hidd
 inference).  The target's next-token distribution at t+1 is its LM head applied to f_{t+1}, so the
 features are all a training run has to keep: ``FeatureBank`` holds token ids [L] and features [L, H]
 (fp16, half the memory) of every position produced so far, and cuts random training windows from them.
+A head that fuses the target's intermediate layers (``taps``; specdec.head.model.DraftHead.fused) gets
+those layers' outputs too, after the final feature: [L, H x (1 + taps)].
 
 Two sources produce them, a chunk at a time, so that training can start before all data is there:
 
@@ -41,12 +43,25 @@ class Chunk(NamedTuple):
     start: int
 
 
-def features(extractor: "nn.Module | LeanExtractor", ids: torch.Tensor) -> torch.Tensor:
-    """Teacher-forced features of ids [B, T] -> [B, T, H] fp32 (the decoder's post-norm output; no LM head)."""
+def features(extractor: "nn.Module | LeanExtractor", ids: torch.Tensor, taps: Sequence[int] = ()) -> torch.Tensor:
+    """Teacher-forced features of ids [B, T] -> [B, T, F] fp32: the decoder's post-norm output [.., H] (no LM
+    head), then the outputs of the `taps` layers (0-based; the residual stream after each, before any norm),
+    F = H x (1 + len(taps))."""
     if isinstance(extractor, LeanExtractor):
-        return torch.stack([extractor.features(row.tolist()) for row in ids])
+        return torch.stack([extractor.features(row.tolist(), taps) for row in ids])
     with torch.no_grad():
-        return extractor.get_decoder()(input_ids=ids).last_hidden_state.float()
+        out = extractor.get_decoder()(input_ids=ids, output_hidden_states=bool(taps))
+    # hidden_states[0] is the embeddings' output, hidden_states[i + 1] layer i's
+    return torch.cat([out.last_hidden_state, *(out.hidden_states[i + 1] for i in taps)], dim=-1).float()
+
+
+def check_taps(taps: Sequence[int], layers: int) -> tuple[int, ...]:
+    """The tapped layers as a tuple, or a ValueError: each in [0, layers - 1) (the last layer's output is the
+    final feature's input already), ascending, no repeats."""
+    taps = tuple(int(i) for i in taps)
+    if list(taps) != sorted(set(taps)) or any(not 0 <= i < layers - 1 for i in taps):
+        raise ValueError(f"tapped layers must ascend within [0, {layers - 1}), got {taps}")
+    return taps
 
 
 class LeanExtractor:
@@ -56,10 +71,16 @@ class LeanExtractor:
     def __init__(self, runner: Any, batch: int = 16) -> None:
         self.runners = [runner] + [runner.clone() for _ in range(batch - 1)]  # one cache each, shared weights
 
-    def features(self, ids: Sequence[int]) -> torch.Tensor:
-        """ids [L] -> the target's features [L, H] fp32 (a prefill; the LM head over the last row only).  A
-        stream longer than the target's window is read in pieces of the window, each from an empty cache
-        (as TextSource's chunks are)."""
+    def tap(self, taps: Sequence[int]) -> None:
+        """Every runner's rows from now on: the final feature, then these layers' outputs (LeanRunner.tap_layers)."""
+        for runner in self.runners:
+            runner.tap_layers(taps)
+
+    def features(self, ids: Sequence[int], taps: Sequence[int] = ()) -> torch.Tensor:
+        """ids [L] -> the target's features [L, F] fp32 (a prefill; the LM head over the last row only; F as
+        :func:`features`).  A stream longer than the target's window is read in pieces of the window, each
+        from an empty cache (as TextSource's chunks are)."""
+        self.tap(taps)
         runner, ids = self.runners[0], list(ids)
         window = runner.max_context
         pieces = []
@@ -75,12 +96,14 @@ class LeanExtractor:
             runner.reset()
         return torch.cat(pieces)  # [L, H]
 
-    def answer(self, prompts: Sequence[Sequence[int]], eos: set[int], max_new_tokens: int) -> list[Chunk]:
+    def answer(self, prompts: Sequence[Sequence[int]], eos: set[int], max_new_tokens: int,
+               taps: Sequence[int] = ()) -> list[Chunk]:
         """Answer `prompts` greedily, len(self.runners) at a time, up to max_new_tokens each (ending after the
         first end-of-sequence token, or where the target's window is full) -> (prompt + answer ids, their
-        features) each, every fed position's."""
+        features [L, F]) each, every fed position's."""
         from specdec.backends.lean import forward_packed
 
+        self.tap(taps)
         out: list[Chunk] = []
         window = self.runners[0].max_context  # a prompt keeps its last window - 1 tokens, an answer the rest
         for start in range(0, len(prompts), len(self.runners)):
@@ -127,6 +150,8 @@ class FeatureBank:
     def add(self, ids: Sequence[int], feats: torch.Tensor, start: int | None = None) -> None:
         """Append a stream's ids [n] and features [n, H], its answer from position `start` on (None: none)."""
         n = len(ids)
+        if feats.shape != (n, self.features.shape[1]):
+            raise ValueError(f"features {tuple(feats.shape)} for {n} positions; this bank holds [n, {self.features.shape[1]}]")
         if self.length + n > len(self.ids):  # grow by doubling
             size = max(2 * len(self.ids), self.length + n, 4096)
             grown_ids = torch.zeros(size, dtype=torch.long)
@@ -171,8 +196,9 @@ class Source(Protocol):
 class TextSource:
     """Token streams run through the extractor teacher-forced, `chunk` tokens at a time."""
 
-    def __init__(self, extractor: nn.Module, streams: Sequence[Sequence[int]], chunk: int = 512) -> None:
-        self.extractor, self.chunk = extractor, chunk
+    def __init__(self, extractor: nn.Module, streams: Sequence[Sequence[int]], chunk: int = 512,
+                 taps: Sequence[int] = ()) -> None:
+        self.extractor, self.chunk, self.taps = extractor, chunk, tuple(taps)
         self.pieces = [list(s[i: i + chunk]) for s in streams for i in range(0, len(s), chunk) if len(s[i: i + chunk]) > 1]
         self.next = 0
 
@@ -181,7 +207,7 @@ class TextSource:
             return []
         piece = self.pieces[self.next]
         self.next += 1
-        return [Chunk(piece, features(self.extractor, torch.tensor([piece]))[0], len(piece))]
+        return [Chunk(piece, features(self.extractor, torch.tensor([piece]), self.taps)[0], len(piece))]
 
     def tokens(self) -> list[int]:
         return [t for piece in self.pieces for t in piece]
@@ -198,8 +224,9 @@ class GenerationSource:
 
     def __init__(self, extractor: nn.Module, prompts: Sequence[Sequence[int]], eos_ids: Sequence[int],
                  pad_id: int, max_new_tokens: int = 128, batch: int = 16,
-                 follow_up: Callable[[int, list[int]], list[int] | None] | None = None) -> None:
-        self.extractor, self.eos, self.pad = extractor, set(eos_ids), pad_id
+                 follow_up: Callable[[int, list[int]], list[int] | None] | None = None,
+                 taps: Sequence[int] = ()) -> None:
+        self.extractor, self.eos, self.pad, self.taps = extractor, set(eos_ids), pad_id, tuple(taps)
         self.max_new_tokens, self.batch, self.follow_up = max_new_tokens, batch, follow_up
         block = 8 * batch  # prompts sorted by length within blocks: less padding in a batch
         listed = [(list(p), i) for i, p in enumerate(prompts)]
@@ -226,20 +253,27 @@ class GenerationSource:
     def answer(self, group: list[list[int]]) -> list[Chunk]:
         """Generate for one batch of prompts; (prompt + answer ids, their features) each."""
         if isinstance(self.extractor, LeanExtractor):
-            return self.extractor.answer(group, self.eos, self.max_new_tokens)
+            return self.extractor.answer(group, self.eos, self.max_new_tokens, self.taps)
         width = max(map(len, group))
         ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in group])  # [B, P], left-padded
         mask = (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in group])[:, None]).long()
-        captured: list[torch.Tensor] = []  # per forward [B, T, H]
-        hook = self.extractor.get_decoder().norm.register_forward_hook(lambda _m, _i, out: captured.append(out.float()))
+        decoder = self.extractor.get_decoder()
+        captured: list[list[torch.Tensor]] = [[] for _ in range(1 + len(self.taps))]  # per module, per forward [B, T, H]
+
+        def keep(into: list[torch.Tensor]) -> Callable[..., None]:
+            return lambda _m, _i, out: into.append((out[0] if isinstance(out, tuple) else out).float())
+
+        hooks = [decoder.norm.register_forward_hook(keep(captured[0]))]
+        hooks += [decoder.layers[i].register_forward_hook(keep(into)) for i, into in zip(self.taps, captured[1:])]
         try:
             with torch.no_grad():
                 out = self.extractor.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new_tokens,
                                               do_sample=False, pad_token_id=self.pad,
                                               eos_token_id=sorted(self.eos) or None)
         finally:
-            hook.remove()
-        fed = torch.cat(captured, dim=1)  # [B, P + steps, H]: the feature of every fed position
+            for hook in hooks:
+                hook.remove()
+        fed = torch.cat([torch.cat(c, dim=1) for c in captured], dim=2)  # [B, P + steps, F]: every fed position's
         chunks = []
         for b, prompt in enumerate(group):
             answer = out[b, width:].tolist()

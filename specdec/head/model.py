@@ -137,15 +137,32 @@ def draft_vocabulary(streams: list[list[int]], size: int, vocab_size: int, text_
     return torch.tensor(by_text + [next(rest) for _ in range(size - len(by_text))], dtype=torch.long)
 
 
+def fuse_features(features: torch.Tensor, hidden: int, taps: int,
+                  project: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor:
+    """DraftHead.fused for a head of `taps` tapped layers whose fuse projection is `project` ([.., taps H]
+    -> [.., H]): features [.., H] as they are, [.., H (1 + taps)] -> final + project(RMS-normalised taps)."""
+    if features.shape[-1] == hidden:
+        return features
+    if project is None or features.shape[-1] != hidden * (1 + taps):
+        raise ValueError(f"features of width {features.shape[-1]}: this head reads {hidden}"
+                         + (f" or {hidden * (1 + taps)}" if project is not None else ""))
+    final, tapped = features[..., :hidden], features[..., hidden:].unflatten(-1, (taps, hidden))  # [.., H], [.., taps, H]
+    tapped = tapped * torch.rsqrt(tapped.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(tapped.dtype)
+    return final + project(tapped.flatten(-2))
+
+
 class DraftHead(nn.Module):
     """The head of one target (a transformers llama/qwen2 causal LM); see the module docstring."""
 
     def __init__(self, target: nn.Module, vocab: torch.Tensor, intermediate: int | None = None,
-                 window: int | None = None) -> None:
+                 window: int | None = None, taps: tuple[int, ...] = ()) -> None:
         """`intermediate`: the decoder layer's MLP width (default the target's; see head_intermediate).
-        `window`: the head attends to the last `window` positions only (itself included; None: all)."""
+        `window`: the head attends to the last `window` positions only (itself included; None: all).
+        `taps`: the target's layers whose outputs the verified pairs' features carry too (fused features,
+        :meth:`fused`; () reads the final feature alone)."""
         super().__init__()
         self.window = window
+        self.taps = tuple(int(i) for i in taps)
         config = copy.deepcopy(target.config)
         if config.model_type not in ARCHITECTURES:
             raise SpecdecError(f"a draft head needs a {' or '.join(ARCHITECTURES)} target, not {config.model_type}")
@@ -158,6 +175,9 @@ class DraftHead(nn.Module):
         self.config = config
         self.register_buffer("vocab", vocab.clone().long())  # [N] draft id -> target id
         self.fc = nn.Linear(2 * hidden, hidden)
+        if self.taps:  # zero at first: a fused head starts as the head of the final feature alone
+            self.fuse = nn.Linear(len(self.taps) * hidden, hidden, bias=False)
+            nn.init.zeros_(self.fuse.weight)
         self.layer = type(backbone.layers[0])(config, 0)
         self.norm = copy.deepcopy(backbone.norm)
         self.lm_head = nn.Linear(hidden, len(vocab), bias=False)
@@ -170,6 +190,19 @@ class DraftHead(nn.Module):
     def embed(self) -> nn.Module:
         return self._shared[0]
 
+    @property
+    def width(self) -> int:
+        """F, the width of a verified pair's feature: the hidden size H x (1 + the tapped layers)."""
+        return self.config.hidden_size * (1 + len(self.taps))
+
+    def fused(self, features: torch.Tensor) -> torch.Tensor:
+        """features [.., F] of verified pairs (the final feature, then the tapped layers' outputs) or [.., H]
+        (the head's own predicted features) -> [.., H]: the final feature plus a learnt projection of the
+        tapped layers' outputs, each RMS-normalised first (a residual stream's scale grows with depth).
+        EAGLE-3 (arXiv 2503.01840) fuses low, middle and high layers' features into the head's input, as the
+        final layer's alone is shaped for the next token only."""
+        return fuse_features(features, self.config.hidden_size, len(self.taps), self.fuse if self.taps else None)
+
     def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft ids -> target ids (same shape)."""
         return self.vocab[draft_ids]
@@ -177,11 +210,12 @@ class DraftHead(nn.Module):
     def forward(self, features: torch.Tensor, tokens: torch.Tensor, start: int = 0, cache: HeadCache | None = None,
                 positions: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """features [B, T, H] (f_t), tokens [B, T] (target ids of x_{t+1}) at positions start..start+T-1
-        -> (predicted features [B, T, H] (f_{t+1}), draft logits [B, T, N] (for x_{t+2})).
+        """features [B, T, H or F] (f_t; :meth:`fused`), tokens [B, T] (target ids of x_{t+1}) at positions
+        start..start+T-1 -> (predicted features [B, T, H] (f_{t+1}), draft logits [B, T, N] (for x_{t+2})).
         A tree forward gives its own positions [B, T] and additive mask [1, 1, T, past + T] (tree_mask)."""
         batch, length = tokens.shape
         past = cache.length if cache is not None else 0
+        features = self.fused(features)  # [B, T, H]
         with torch.no_grad():
             embedded = self.embed(tokens).to(features.dtype)  # [B, T, H], frozen
         x = self.fc(torch.cat([features, embedded], dim=-1))  # [B, T, H]

@@ -118,6 +118,7 @@ def save(head: DraftHead, directory: str | Path, identity: dict[str, Any], resul
         "draft_vocab": head.vocab.tolist(),
         "intermediate_size": int(head.config.intermediate_size),
         "attention_window": head.window,
+        "tapped_layers": list(head.taps),
         "tokens_seen": result.tokens if result else 0,
         "steps": result.steps if result else 0,
         "agreement_by_position": list(result.agreement) if result else [],
@@ -156,6 +157,9 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
         window = manifest.get("attention_window", OLD_WINDOW)  # a positive int, or None: all positions
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise ValueError(f"attention_window {window!r} is not a positive whole number")
+        taps = manifest.get("tapped_layers", [])
+        if not isinstance(taps, list) or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in taps):
+            raise ValueError(f"tapped_layers {taps!r} is not a list of layer indices")
     except (ValueError, KeyError, TypeError) as e:
         raise SpecdecError(f"broken draft-head manifest {path}: {e}") from None
     return manifest
@@ -182,7 +186,8 @@ def load(directory: str | Path, target: nn.Module, name: str = "") -> tuple[Draf
         state = from_bytes(blob)
         float_head = isinstance(getattr(target.get_output_embeddings(), "weight", None), torch.Tensor)
         width = state["layer.mlp.gate_proj.weight"].shape[0]  # the MLP width it was trained with
-        head = DraftHead(target if float_head else _Skeleton(target), state["vocab"], width)
+        head = DraftHead(target if float_head else _Skeleton(target), state["vocab"], width,
+                         taps=tuple(manifest.get("tapped_layers", [])))
         head.load_state_dict(state)
         head.window = manifest.get("attention_window", OLD_WINDOW)  # checked by read_manifest
     except (SafetensorError, KeyError, RuntimeError) as e:

@@ -57,7 +57,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from specdec.errors import SpecdecError
-from specdec.head.features import FeatureBank, LeanExtractor, Source, TextSource, features
+from specdec.head.features import FeatureBank, LeanExtractor, Source, TextSource, check_taps, features
 from specdec.head.model import DraftHead, HeadCache, additive_mask, draft_vocabulary, head_intermediate
 
 
@@ -99,6 +99,7 @@ class TrainConfig:
     positions: int = 3  # draft positions whose agreement is measured
     heldout_fraction: float = 0.1  # of the training tokens, when no held-out stream is given
     seed: int = 0
+    taps: tuple[int, ...] = ()  # the target's layers fused into the verified pairs' features (DraftHead.fused)
 
 
 @dataclass(frozen=True)
@@ -138,10 +139,12 @@ def target_pass(target: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, tor
 def head_loss(head: DraftHead, feats: torch.Tensor, ids: torch.Tensor, feature_weight: float,
               noise: float = 0.0, generator: torch.Generator | None = None, unroll: int = 1,
               decay: float = 1.0, weights: torch.Tensor | None = None) -> torch.Tensor:
-    """Distillation loss on windows ids [B, T+1] with the target's features [B, T+1, H] (see the module doc):
+    """Distillation loss on windows ids [B, T+1] with the target's features [B, T+1, F] (the final feature
+    [.., :H] first, then any tapped layers' outputs: DraftHead.fused; see the module doc):
     `unroll` draft steps, step d's loss weighted by decay ** (d - 1), averaged.  `weights` [B, T+1] weigh
     each position's loss by the position of the feature it predicts (default all 1)."""
-    inputs = feats[:, :-1]  # [B, T, H]
+    inputs = feats[:, :-1]  # [B, T, F]
+    feats = feats[..., : head.config.hidden_size]  # [B, T+1, H]: the final features, what is predicted
     if noise:
         inputs = inputs + (torch.rand(inputs.shape, generator=generator) * 2 - 1) * noise
     if weights is None:
@@ -218,7 +221,7 @@ def autocast_dtype(choice: str = "auto") -> torch.dtype | None:
 
 @dataclass(frozen=True)
 class Heldout:
-    """A held-out stream: ids [L], the target's features [L, H] and greedy tokens [L] (greedy[t] follows
+    """A held-out stream: ids [L], the target's features [L, F] and greedy tokens [L] (greedy[t] follows
     ids[:t+1]); drafts count from token `start` on (a prompt's answer: its first token, the target's,
     is at `start`, so the first draft is x_{start+1}, from the pair (f_{start-1}, x_start))."""
 
@@ -229,11 +232,11 @@ class Heldout:
 
     @classmethod
     def of(cls, target: nn.Module, extractor: nn.Module | LeanExtractor, stream: Sequence[int],
-           start: int = 0) -> "Heldout":
+           start: int = 0, taps: Sequence[int] = ()) -> "Heldout":
         ids = list(stream)
-        feats = features(extractor, torch.tensor([ids]))[0]  # [L, H]
-        with torch.no_grad():
-            greedy = target.get_output_embeddings()(feats).argmax(-1).tolist()  # the full LM head
+        feats = features(extractor, torch.tensor([ids]), taps)[0]  # [L, F]
+        with torch.no_grad():  # the full LM head over the final features
+            greedy = target.get_output_embeddings()(feats[:, : target.config.hidden_size]).argmax(-1).tolist()
         return cls(ids, feats, greedy, start)
 
 
@@ -318,7 +321,7 @@ def _heldout(target: nn.Module, extractor: nn.Module | LeanExtractor, heldout: S
         first = max(start - 1, 0)
         stream = stream[: first + room + config.positions + 1]
         room -= len(stream) - config.positions - 1 - first
-        out.append(Heldout.of(target, extractor, stream, start))
+        out.append(Heldout.of(target, extractor, stream, start, config.taps))
     return out
 
 
@@ -354,10 +357,14 @@ def train(target: nn.Module, streams: list[list[int]], config: TrainConfig = Tra
     last checkpoint) and at the end.
     """
     extractor = extractor if extractor is not None else target
+    try:
+        check_taps(config.taps, target.config.num_hidden_layers)
+    except ValueError as e:
+        raise SpecdecError(str(e)) from None
     streams = [list(s) for s in streams if len(s) > 1]
     if heldout is None:
         streams, heldout = _hold_out(streams, config)
-    all_sources = ([TextSource(extractor, streams)] if streams else []) + list(sources)
+    all_sources = ([TextSource(extractor, streams, taps=config.taps)] if streams else []) + list(sources)
     known = [t for source in all_sources for t in source.tokens()]
     if len(known) < 3 and not sources:
         raise SpecdecError(f"too little training text: {len(known)} tokens")
@@ -367,13 +374,14 @@ def train(target: nn.Module, streams: list[list[int]], config: TrainConfig = Tra
     vocab = draft_vocabulary([known], config.draft_vocab, target.config.vocab_size, config.vocab_from_text)
     with torch.random.fork_rng():
         torch.manual_seed(config.seed)
-        head = DraftHead(target, vocab, config.intermediate or head_intermediate(target.config), config.window)
+        head = DraftHead(target, vocab, config.intermediate or head_intermediate(target.config), config.window,
+                         config.taps)
     head.lm_head.requires_grad_(False)  # the target's own rows: p is read off them
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad],
                                   lr=config.lr, weight_decay=config.weight_decay)
     generator = torch.Generator().manual_seed(config.seed)
     held = _heldout(target, extractor, heldout, config, heldout_starts)
-    bank = FeatureBank(target.config.hidden_size)
+    bank = FeatureBank(head.width)
     producer = _Producer(all_sources, shares or [1.0] * len(all_sources))
     result = TrainResult(head, 0, 0.0, 0, (None,) * config.positions)
     began = last_eval = time.monotonic()

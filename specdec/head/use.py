@@ -145,9 +145,8 @@ def measure_head(head: Any, tokens: int = 8, prefix: int = 16, repeats: int = 3,
     features and tokens), the fastest of `repeats` runs after a warm-up."""
     from specdec.head.model import HeadCache
 
-    hidden = int(head.config.hidden_size)
     generator = torch.Generator().manual_seed(0)
-    features = torch.randn(prefix, hidden, generator=generator)  # [P, H]
+    features = torch.randn(prefix, int(head.width), generator=generator)  # [P, F]: a fused head's fuse runs too
     ids = head.vocab[torch.randint(len(head.vocab), (prefix,), generator=generator)]  # [P] target ids
     cache = HeadCache()
     head.eval()

@@ -310,3 +310,75 @@ def test_batch_slots_and_encoder_decoder_runners_keep_tails():
     runner.keep_hidden_rows(6)
     runner.forward([*runner.decoder_prompt(), 5, 9], 1)
     assert torch.equal(runner.hidden_tail(), runner.hidden())
+
+
+def layer_outputs(model, tokens: list[int], taps: tuple[int, ...]) -> torch.Tensor:
+    """The transformers model's outputs of decoder layers `taps` over `tokens`, no cache: [len(tokens), H x taps]."""
+    with torch.inference_mode():
+        states = model.model(torch.tensor([tokens]), output_hidden_states=True).hidden_states  # [0]: embeddings
+    return torch.cat([states[i + 1][0].float() for i in taps], dim=1)
+
+
+@pytest.mark.parametrize("name", ["lean-int8", "transformers-fp32"])
+def test_tapped_rows_follow_the_final_hidden_states(name):
+    """With tap_layers, hidden() and hidden_tail() rows are the final hidden states (as untapped, bitwise) then
+    the tapped layers' outputs (the model's own: bitwise for int8), through steps, a rollback and a tree; the
+    logits do not change; () turns it off."""
+    int8 = name == "lean-int8"
+    model = quantize_model(tiny_model("llama", 0, layers=3)) if int8 else tiny_model("llama", 0, layers=3)
+    make = (lambda: LeanRunner(model)) if int8 else (lambda: HFRunner(model))
+    tapped, plain = make(), make()
+    tapped.tap_layers((0, 1))
+    tapped.keep_hidden_rows(4)
+    h = model.config.hidden_size
+    tokens: list[int] = []
+    for new, last_n in [(PROMPT, 1), *STEPS, ("rollback", 3), ([44, 45, 46], None)]:
+        if new == "rollback":
+            tokens = tokens[:-last_n]
+            tapped.rollback(len(tokens))
+            plain.rollback(len(tokens))
+            continue
+        assert torch.equal(tapped.forward(new, last_n), plain.forward(new, last_n))
+        tokens += new
+        hidden, tail = tapped.hidden(), tapped.hidden_tail()  # [n, 3H], [m, 3H]
+        assert hidden.shape[1] == tail.shape[1] == 3 * h and torch.equal(hidden[:, :h], plain.hidden())
+        expected = layer_outputs(model, tokens, (0, 1))[-tail.shape[0]:]
+        assert torch.equal(tail[:, h:], expected) if int8 else torch.allclose(tail[:, h:], expected, atol=1e-4)
+        assert torch.equal(tail[tail.shape[0] - hidden.shape[0]:], hidden)
+    cached = len(tokens)
+    tapped.forward_tree([5, 6, 7], [-1, -1, 1])
+    tapped.keep_rows(cached, [1, 2])
+    expected = layer_outputs(model, tokens + [6, 7], (0, 1))[-2:]
+    assert torch.allclose(tapped.hidden()[:, h:], expected, atol=1e-4)
+    tapped.tap_layers(())
+    tapped.forward([8], None)
+    assert tapped.hidden().shape == (1, h)
+    with pytest.raises(ValueError, match="tapped layers"):
+        tapped.tap_layers((3,))
+
+
+def test_packed_runners_tap_their_own_layers():
+    """int8 runners tapping different layers (or none) in one forward_packed call: each gets, bit for bit, what
+    it gets alone, and the same logits."""
+    model = quantize_model(tiny_model("qwen2", 0, layers=3))
+    taps, prompts, last_ns = [(0, 1), (), (1,)], [PROMPT, PROMPT[:3], [9, 9, 1, 4, 5]], [1, None, 2]
+    packed, alone = [LeanRunner(model) for _ in taps], [LeanRunner(model) for _ in taps]
+    for r, a, t in zip(packed, alone, taps):
+        r.tap_layers(t)
+        a.tap_layers(t)
+        r.keep_hidden_rows(3)
+        a.keep_hidden_rows(3)
+    logits = forward_packed(packed, prompts, last_ns)
+    for r, a, p, last_n, lg, t in zip(packed, alone, prompts, last_ns, logits, taps):
+        assert torch.equal(a.forward(p, last_n), lg)
+        assert torch.equal(r.hidden(), a.hidden()) and torch.equal(r.hidden_tail(), a.hidden_tail())
+        assert r.hidden().shape[1] == model.config.hidden_size * (1 + len(t))
+    target = BatchedTarget(model, 1)
+    slot = target.acquire()
+    slot.tap_layers((1,))
+    slot.forward(PROMPT, 1)
+    fresh = LeanRunner(model)
+    fresh.tap_layers((1,))
+    fresh.forward(PROMPT, 1)
+    assert torch.equal(slot.hidden(), fresh.hidden()) and slot.hidden().shape[1] == 2 * model.config.hidden_size
+    slot.release()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specdec.head.features import FeatureBank, GenerationSource, TextSource, features
 from specdec.head.train import target_pass
+from tests.tiny import tiny_model
 
 
 def test_the_bank_keeps_ids_and_features_aligned() -> None:
@@ -136,3 +138,48 @@ def test_lean_answers_stay_within_the_targets_window() -> None:
     assert ids[:63] == list(range(20, 83)) and len(ids) == feats.shape[0] == 64  # the prompt's last 63, then 1 fed
     assert start == 63
     assert len(short) == 2 + 29  # the other answer as long as asked (its 30th token never fed)
+
+
+def test_tapped_layers_follow_the_final_feature() -> None:
+    """With taps, a position's feature is the final feature, then the residual stream after each tapped layer:
+    what hooks on those layers see, teacher-forced and while the target answers."""
+    target = tiny_model("llama", 0, layers=3)
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3, 11]])
+    seen: dict[int, torch.Tensor] = {}
+    layers = target.get_decoder().layers
+    hooks = [layers[i].register_forward_hook(lambda _m, _i, out, i=i: seen.__setitem__(
+        i, out[0] if isinstance(out, tuple) else out)) for i in (0, 1)]
+    try:
+        final, _ = target_pass(target, ids)  # [1, 7, H]
+    finally:
+        for hook in hooks:
+            hook.remove()
+    h = target.config.hidden_size
+    tapped = features(target, ids, taps=(0, 1))  # [1, 7, 3H]
+    assert tapped.shape == (1, 7, 3 * h)
+    assert torch.allclose(tapped[..., :h], final, atol=1e-5)
+    assert torch.allclose(tapped[..., h: 2 * h], seen[0], atol=1e-5) and torch.allclose(tapped[..., 2 * h:], seen[1], atol=1e-5)
+    (answer, feats, _), = GenerationSource(target, [[1, 5, 9]], eos_ids=[], pad_id=0, max_new_tokens=6, taps=(1,)).produce()
+    assert feats.shape == (len(answer), 2 * h)
+    assert torch.allclose(feats, features(target, torch.tensor([answer]), taps=(1,))[0], atol=1e-4)
+
+
+def test_lean_tapped_rows_are_the_int8_models_layer_outputs() -> None:
+    """The lean runner's tapped rows are the quantized transformers model's layer outputs, bitwise (its numbers
+    are that model's), in a prefill and in the packed answers alike; taps off gives the final feature alone."""
+    from specdec.backends.lean import LeanRunner
+    from specdec.backends.quant import quantize_model
+    from specdec.head.features import LeanExtractor, check_taps
+
+    model = quantize_model(tiny_model("qwen2", 0, layers=3))
+    extractor = LeanExtractor(LeanRunner(model), batch=2)
+    h = model.config.hidden_size
+    (ids, feats, _), _ = extractor.answer([[1, 5, 9, 2], [1, 40]], eos=set(), max_new_tokens=6, taps=(0, 1))
+    assert feats.shape == (len(ids), 3 * h)
+    assert torch.equal(feats, extractor.features(ids, taps=(0, 1)))
+    assert torch.equal(feats, features(model, torch.tensor([ids]), taps=(0, 1))[0])
+    assert torch.equal(extractor.features(ids), feats[:, :h])
+    assert check_taps([0, 1], 3) == (0, 1)
+    for bad in ([2], [1, 0], [0, 0], [-1]):
+        with pytest.raises(ValueError, match="tapped layers"):
+            check_taps(bad, 3)

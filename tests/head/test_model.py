@@ -107,3 +107,27 @@ def test_the_heads_mlp_width_is_two_thirds_of_its_hidden_size_at_most_the_target
     assert head_intermediate(SimpleNamespace(hidden_size=896, intermediate_size=4864)) == 576
     assert head_intermediate(SimpleNamespace(hidden_size=32, intermediate_size=64)) == 64  # never below 64
     assert head_intermediate(SimpleNamespace(hidden_size=1536, intermediate_size=768)) == 768  # nor above the target's
+
+
+def test_a_fused_head_starts_as_the_final_features_head_and_learns_from_its_taps(target: torch.nn.Module) -> None:
+    """A head with tapped layers reads [.., F] features: at first (its fuse projection zero) exactly what the
+    head of the final feature alone computes from their first H columns; a fuse weight makes the taps count,
+    each tap RMS-normalised (its scale does not matter).  Predicted features [.., H] go in as they are."""
+    torch.manual_seed(0)
+    plain = DraftHead(target, torch.arange(50))
+    fused = DraftHead(target, torch.arange(50), taps=(0,))
+    fused.load_state_dict(plain.state_dict() | {"fuse.weight": fused.fuse.weight})
+    h = target.config.hidden_size
+    features, tokens = torch.randn(1, 6, 2 * h), torch.randint(0, 96, (1, 6))  # [1, 6, F], [1, 6]
+    assert fused.width == 2 * h
+    for a, b in zip(fused(features, tokens), plain(features[..., :h], tokens)):
+        assert torch.equal(a, b)
+    assert torch.equal(fused(features[..., :h], tokens)[1], plain(features[..., :h], tokens)[1])
+    with torch.no_grad():
+        fused.fuse.weight.normal_()
+    moved = fused(features, tokens)[1]
+    assert not torch.allclose(moved, plain(features[..., :h], tokens)[1], atol=1e-3)
+    scaled = torch.cat([features[..., :h], 100 * features[..., h:]], dim=-1)
+    assert torch.allclose(fused(scaled, tokens)[1], moved, atol=1e-4)
+    with pytest.raises(ValueError, match="width"):
+        fused(torch.randn(1, 6, 3 * h), tokens)

@@ -109,3 +109,22 @@ def test_default_directory_is_under_specdec_home(tmp_path: Path, monkeypatch: py
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
     assert default_directory("qwen2.5-1.5b") == tmp_path / "drafters" / "qwen2.5-1.5b-head"
     assert default_directory("/models/org/name/") == tmp_path / "drafters" / "models--org--name-head"
+
+
+def test_a_fused_head_trains_and_round_trips_with_its_taps(tmp_path: Path) -> None:
+    """Trained with a tapped layer, the head's fuse projection learns (it starts at zero); the manifest records
+    the taps and the reloaded head drafts the same tokens from the same tapped features."""
+    from specdec.head.features import features
+    from tests.head.conftest import own_text
+
+    target = tiny_model("llama", 0, layers=3)
+    text = own_text(target)
+    result = train(target, text[1:], dataclasses.replace(QUICK, max_steps=20, taps=(1,)), heldout=text[0])
+    assert result.head.taps == (1,) and result.head.fuse.weight.abs().sum() > 0
+    head, manifest = load(save(result.head, tmp_path / "fused", target_identity(target, "tiny")), target, "tiny")
+    assert manifest["tapped_layers"] == [1] and head.taps == (1,)
+    feats, ids = features(target, torch.tensor([text[0]]), taps=(1,))[0], torch.tensor(text[0])  # [T, 2H], [T]
+    drafts = [[h.draft(HeadCache(), feats[: n], ids[1: n + 1], 3) for n in (3, 9, 20)] for h in (head, result.head)]
+    assert drafts[0] == drafts[1]
+    with pytest.raises(SpecdecError, match="tapped layers"):
+        train(target, text[1:], dataclasses.replace(QUICK, max_steps=1, taps=(2,)), heldout=text[0])
