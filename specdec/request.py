@@ -32,6 +32,22 @@ DRAFT_MODES = ("auto", "same", "text", "intersection")
 VERIFY_MODES = ("causal", "block", "stairs")  # how a draft is checked (specdec.block, specdec.stairs)
 MAX_SERVED_K = 32  # the most draft tokens a server request may ask for per step (a forward's size stays bounded)
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed")
+# The roles of a chat message that specdec reads (OpenAI's; "developer" is its newer name for "system").
+CHAT_ROLES = ("system", "developer", "user", "assistant")
+
+
+def message_text(content: Any) -> str | None:
+    """A chat message's content as text, as OpenAI's API takes it: a string, a list of text parts
+    ({"type": "text", "text": ...} each; joined), or null (""); None for anything else.  The server's
+    requests and ``train-drafter --prompts`` files read messages alike."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+            isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str) for part in content):
+        return "".join(part["text"] for part in content)
+    return None
 
 
 class RequestError(SpecdecError):

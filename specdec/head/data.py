@@ -40,6 +40,7 @@ from typing import Any, Iterable, Iterator
 
 from specdec.bench.prompts import looks_like_jsonl, parse_jsonl, unescape_line
 from specdec.errors import SpecdecError
+from specdec.request import CHAT_ROLES, message_text
 
 MAX_FILE_BYTES = 200_000  # larger source/doc files are skipped (generated tables, vendored bundles)
 CHUNK_CHARS = 1800  # a plain-text chunk: about 400-500 tokens
@@ -333,7 +334,6 @@ def gather(seed: int = 0, files: int = 400, extra: Iterable[str | Path] = (), bu
 
 
 Turn = tuple[str, str]  # (role, content)
-ROLES = ("system", "user", "assistant")
 
 
 def read_prompts(path: str | Path) -> list[list[Turn]]:
@@ -390,25 +390,16 @@ def _chat(where: str, value: Any) -> list[Turn]:
     if isinstance(value, dict) and isinstance(value.get("messages"), list) and value["messages"]:
         turns = []
         for message in value["messages"]:
-            content = _content(message.get("content")) if isinstance(message, dict) else None
-            if content is None or message.get("role") not in ROLES:
-                raise SpecdecError(f"--prompts {where}: a message is {{\"role\": system|user|assistant, \"content\": text}}")
+            content = message_text(message.get("content")) if isinstance(message, dict) else None
+            if content is None or message.get("role") not in CHAT_ROLES:
+                raise SpecdecError(f"--prompts {where}: a message is {{\"role\": {'|'.join(CHAT_ROLES)}, \"content\": text}}")
             turns.append((message["role"], content))
         if turns[-1][0] != "user":
             raise SpecdecError(f"--prompts {where}: the last message must be the user's (the target answers it)")
+        if not turns[-1][1].strip():
+            raise SpecdecError(f"--prompts {where}: an empty prompt (the last user message has no text)")
         return turns
     raise SpecdecError(f"--prompts {where}: a prompt is a string, {{\"prompt\": text}} or {{\"messages\": [...]}}")
-
-
-def _content(content: Any) -> str | None:
-    """A chat message's content as text: a string, or OpenAI's list of parts ({"type": "text", "text": ...}
-    each) joined; None for anything else."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and content and all(
-            isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str) for part in content):
-        return "".join(part["text"] for part in content)
-    return None
 
 
 def _expand(paths: Iterable[str | Path]) -> Iterator[Path]:

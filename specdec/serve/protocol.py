@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from specdec.request import RequestError, served_fields
+from specdec.request import RequestError, message_text, served_fields
 
 MAX_STOP_STRINGS = 8
 MAX_STOP_LENGTH = 256
@@ -162,20 +162,16 @@ class CompletionRequest(GenerationRequest):
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant"]  # specdec.request.CHAT_ROLES
     content: Any = ""  # a string, a list of {"type": "text", "text": ...} parts, or null
 
     @field_validator("content")
     @classmethod
     def _content(cls, value: Any) -> str:
-        if value is None:
-            return ""
-        if isinstance(value, str):
-            return value
-        if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                           and isinstance(p.get("text"), str) for p in value):
-            return "".join(p["text"] for p in value)
-        raise ValueError("must be a string or a list of text parts ({'type': 'text', 'text': ...})")
+        text = message_text(value)
+        if text is None:
+            raise ValueError("must be a string or a list of text parts ({'type': 'text', 'text': ...})")
+        return text
 
 
 class ChatRequest(GenerationRequest):

@@ -108,6 +108,10 @@ def test_the_users_prompts_in_every_format(tmp_path: Path) -> None:
     parts.write_text('{"messages": [{"role": "user", "content": [{"type": "text", "text": "Hel"}, '
                      '{"type": "text", "text": "lo"}]}]}\n')
     assert data.read_prompts(parts) == [[("user", "Hello")]]
+    served = tmp_path / "served.jsonl"  # what the server accepts: a developer turn, null and empty contents
+    served.write_text('{"messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": []},'
+                      ' {"role": "assistant", "content": null}, {"role": "user", "content": "Go on."}]}\n')
+    assert data.read_prompts(served) == [[("developer", "Be brief."), ("user", ""), ("assistant", ""), ("user", "Go on.")]]
     bench = tmp_path / "bench.jsonl"  # a `specdec bench` prompt file, read as the bench reads it
     bench.write_text('{"turns": ["Only the first", "not this"]}\n'
                      '{"turns": ["Hi", "And now?"], "replies": ["Hello!"]}\n')
@@ -126,6 +130,7 @@ def test_the_users_prompts_in_every_format(tmp_path: Path) -> None:
     ("a.jsonl", '{"text": "q"}', "a prompt is a string"),
     ("a.jsonl", '"ok"\n""', "a.jsonl:2: an empty prompt"),
     ("a.jsonl", '{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', "a message is"),
+    ("a.jsonl", '{"messages": [{"role": "user", "content": null}]}', "a.jsonl:1: an empty prompt"),
     ("a.jsonl", '{"turns": ["ok"]}\n{"turns": []}', "line 2: expected a non-empty \"turns\" list"),
     ("a.json", '{"prompt": "q"}', "a .json file holds a list"),
     ("a.json", '["q",', "not JSON"),
