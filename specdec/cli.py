@@ -699,6 +699,7 @@ def train_drafter(
     out: Optional[str] = typer.Option(None, "--out", help="Where to save (default $SPECDEC_HOME/drafters/<target>-head/)."),
     draft_vocab: int = typer.Option(16384, "--draft-vocab", min=16, help="Draft vocabulary: the N most frequent tokens."),
     seed: int = typer.Option(0, "--seed"),
+    fuse_layers: str = typer.Option("none", "--fuse-layers", help="The target's layers the head reads besides its final hidden state (EAGLE-3's fused features): none, auto (a low and a middle layer) or 0-based indices such as 2,14."),
 ) -> None:
     """Train a draft head (EAGLE-style) for TARGET on this CPU: the target's own answers and text, distilled."""
     from specdec.head.command import train_drafter as run_training
@@ -706,7 +707,7 @@ def train_drafter(
     quiet_libraries()
     try:
         manifest = run_training(target, minutes, tuple(text), out, builtin, draft_vocab, seed,
-                                prompt_files=tuple(prompts))
+                                prompt_files=tuple(prompts), fuse_layers=fuse_layers)
     except SpecdecError as e:
         fail(str(e))
     except KeyboardInterrupt:

@@ -135,10 +135,10 @@ def say(began: float, what: str) -> None:
 def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (), out: str | None = None,
                   builtin: bool = True, draft_vocab: int = 16384, seed: int = 0, int8: bool = True,
                   answer_tokens: int = 128, batch: int = 16, prompt_files: tuple[str, ...] = (),
-                  taps: tuple[int, ...] = ()) -> dict[str, Any]:
+                  fuse_layers: str = "none") -> dict[str, Any]:
     """Train and save a head for `target` (see the module docstring); returns the saved manifest."""
     from specdec.head import data, store
-    from specdec.head.features import GenerationSource, LeanExtractor
+    from specdec.head.features import GenerationSource, LeanExtractor, parse_taps
     from specdec.head.train import TrainConfig, train
 
     began = time.monotonic()
@@ -152,6 +152,10 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
     # gathered before loading: a bad --prompts file is refused before the minutes of loading
     material = data.gather(seed=seed, extra=texts, builtin=builtin, prompt_files=prompt_files)
     model, tokenizer = load_target(target)
+    try:
+        taps = parse_taps(fuse_layers, int(model.config.num_hidden_layers))
+    except ValueError as e:
+        raise SpecdecError(str(e)) from None
     extractor = int8_extractor(model, target, batch) if int8 else model
     kind = "int8, lean runner" if isinstance(extractor, LeanExtractor) else "int8" if extractor is not model else "fp32"
     say(began, f"loaded {target} ({kind} features)")

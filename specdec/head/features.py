@@ -55,6 +55,28 @@ def features(extractor: "nn.Module | LeanExtractor", ids: torch.Tensor, taps: Se
     return torch.cat([out.last_hidden_state, *(out.hidden_states[i + 1] for i in taps)], dim=-1).float()
 
 
+def parse_taps(text: str, layers: int) -> tuple[int, ...]:
+    """`--fuse-layers`' value for a target of `layers` decoder layers -> the tapped layers: "none" (the final
+    feature alone), "auto" (:func:`default_taps`) or a comma-separated list of 0-based layer indices; a
+    ValueError naming what is wrong else."""
+    value = text.strip().lower()
+    if value in ("none", "off", ""):
+        return ()
+    if value == "auto":
+        return default_taps(layers)
+    try:
+        taps = [int(part) for part in value.split(",")]
+    except ValueError:
+        raise ValueError(f"--fuse-layers takes auto, none or layer indices such as 2,14; got {text!r}") from None
+    return check_taps(taps, layers)
+
+
+def default_taps(layers: int) -> tuple[int, ...]:
+    """The layers a fused head reads besides the final one: a low and a middle layer, EAGLE-3's choice
+    (its high layer is the final feature here); none for a target of fewer than 8 layers."""
+    return (2, layers // 2) if layers >= 8 else ()
+
+
 def check_taps(taps: Sequence[int], layers: int) -> tuple[int, ...]:
     """The tapped layers as a tuple, or a ValueError: each in [0, layers - 1) (the last layer's output is the
     final feature's input already), ascending, no repeats."""

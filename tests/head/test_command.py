@@ -33,12 +33,36 @@ def test_trains_and_saves_a_head_its_target_loads(tiny_target: str, tmp_path: Pa
     assert any(str(text) in line for line in manifest["data"]) and len(manifest["draft_vocab"]) == 64
     model, _ = load_target(tiny_target)
     head, _ = store.load(out, model, tiny_target)
-    assert len(head.vocab) == 64
+    assert len(head.vocab) == 64 and head.taps == () and manifest["tapped_layers"] == []
+
+
+def test_a_fused_head_records_its_layers(tiny_target: str, tmp_path: Path) -> None:
+    text = tmp_path / "text.txt"
+    text.write_text(("The quick brown fox jumps over the lazy dog. " * 8 + "\n\n") * 30)
+    out = tmp_path / "head"
+    result = CliRunner().invoke(app, ["train-drafter", "--target", tiny_target, "--text", str(text), "--no-builtin",
+                                      "--minutes", "0.1", "--out", str(out), "--draft-vocab", "64", "--fuse-layers", "0"])
+    assert result.exit_code == 0, result.output
+    model, _ = load_target(tiny_target)
+    head, manifest = store.load(out, model, tiny_target)
+    assert head.taps == (0,) and manifest["tapped_layers"] == [0]
+
+
+def test_fuse_layers_values() -> None:
+    from specdec.head.features import parse_taps
+
+    assert parse_taps("none", 28) == () and parse_taps("auto", 28) == (2, 14) and parse_taps("auto", 4) == ()
+    assert parse_taps(" 3,9 ", 28) == (3, 9)
+    for bad in ("27", "9,3", "2,2", "x"):
+        with pytest.raises(ValueError):
+            parse_taps(bad, 28)
 
 
 @pytest.mark.parametrize("args, message", [
     (["--text", "/no/such/file", "--no-builtin"], "--text /no/such/file: no such file or directory"),
     (["--no-builtin"], "no training material"),
+    (["--fuse-layers", "1"], "tapped layers must ascend within [0, 1)"),
+    (["--fuse-layers", "low"], "--fuse-layers takes auto, none or layer indices"),
 ])
 def test_bad_input_is_one_line(tiny_target: str, tmp_path: Path, args: list[str], message: str) -> None:
     result = CliRunner().invoke(app, ["train-drafter", "--target", tiny_target, "--out", str(tmp_path), *args])
