@@ -641,21 +641,24 @@ class AutoK:
         """Draft tokens for this step's proposal of depth k: `budget` (a tree) when its expected tokens per
         ms beat the chain's, from the measured t(n) and the extra tokens trees from `source` have bought
         (tree_gain), else k (the chain).  A source whose trees do not pay tries one again after
-        probe_every chains, so a text where they start to pay is noticed."""
+        probe_every chains, so a text where they start to pay is noticed.  Gains are kept per grade of
+        the step's proposal too (choose()'s grade; a grade not tried yet starts from its source's): a head
+        unsure of its first token gains from a second branch where a sure one does not."""
         if budget <= k or k <= 0:
             return k
         load = self.load() if self.load is not None else NO_LOAD
         chain = load.expected + expected_tokens(self.alphas(source, self._step_grade(source)), k)
         fixed = load.draft_ms + self.draft_cost(k, source)
-        gain = self.tree_gain.get(source, self.tree_prior)
+        key = graded(source, self._step_grade(source))
+        gain = self.tree_gain.get(key, self.tree_gain.get(source, self.tree_prior))
         tree_rate = (chain + gain) / (fixed + self.costs.target(load.tokens + budget + 1))
         chain_rate = chain / (fixed + self.costs.target(load.tokens + k + 1))
-        waited = self.tree_wait.get(source, 0)
+        waited = self.tree_wait.get(key, 0)
         if tree_rate > chain_rate or waited >= self.probe_every:
-            self.tree_wait[source] = 0
+            self.tree_wait[key] = 0
             self.planned = Load(budget + 1, chain + gain, self.planned.draft_ms)
             return budget
-        self.tree_wait[source] = waited + 1
+        self.tree_wait[key] = waited + 1
         return k
 
     def observe_tree(self, rows: int, target_s: float, extra: int, source: str = MODEL) -> None:
@@ -663,8 +666,10 @@ class AutoK:
         learnt as any step's), `extra` tokens emitted beyond what its first branch would have."""
         if target_s > 0 and self.cost_ewma > 0:
             self.costs.learn_target(rows, 1000 * target_s, self.cost_ewma, self.shape_ewma)
-        old = self.tree_gain.get(source, self.tree_prior)
-        self.tree_gain[source] = old + (1 - self.forget) * (extra - old)
+        start = self.tree_gain.get(source, self.tree_prior)  # a grade's first tree starts from its source's gain
+        for key in dict.fromkeys([source, graded(source, self._step_grade(source))]):
+            old = self.tree_gain.get(key, start)
+            self.tree_gain[key] = old + (1 - self.forget) * (extra - old)
 
     def reset(self) -> None:
         """Keep what the last generation learnt, at half weight, as the next one's prior (each source's

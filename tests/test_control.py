@@ -455,3 +455,23 @@ def test_trees_where_the_extra_rows_pay_and_chains_where_they_do_not():
         flat.observe_tree(7, 0.0, 0, "lookup")  # trees that never beat the chain
     assert flat.tree_nodes(3, 6, "lookup") == 3
     assert flat.tree_nodes(3, 3, "lookup") == 3 and flat.tree_nodes(0, 6, "lookup") == 0
+
+
+def test_tree_gains_are_kept_per_grade():
+    """Trees from unsure proposals rescue a token, from sure ones none: the controller grows trees for the first
+    and chains for the second; a grade not tried yet starts from the source's gain."""
+    auto = AutoK(Costs({1: 10.0, 16: 40.0}, draft_ms=0.0), cost_ewma=0.0, probe_every=1000)  # 2 ms a row
+    for _ in range(40):
+        for grade, extra in (("q>=0.2", 1), ("q>=0.8", 0)):
+            auto.choose(3, source="model", grade=grade)
+            auto.observe_tree(7, 0.0, extra, "model")
+    assert auto.tree_gain["model q>=0.2"] == pytest.approx(1.0, abs=0.02) and auto.tree_gain["model q>=0.8"] < 0.02
+    assert 0.3 < auto.tree_gain["model"] < 0.7
+    auto.choose(3, source="model", grade="q>=0.2")
+    assert auto.tree_nodes(3, 6, "model") == 6
+    auto.choose(3, source="model", grade="q>=0.8")
+    assert auto.tree_nodes(3, 6, "model") == 3
+    source = auto.tree_gain["model"]
+    auto.choose(3, source="model", grade="q>=0.5")
+    auto.observe_tree(7, 0.0, 1, "model")
+    assert auto.tree_gain["model q>=0.5"] == pytest.approx(source + (1 - auto.forget) * (1 - source))
