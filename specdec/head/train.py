@@ -27,6 +27,10 @@ Loss on pairs (f_t, x_{t+1}) of a window (EAGLE, Li et al. 2024, arXiv 2401.1507
   exactly the head's d-th draft after the context up to t (tested against ``DraftHead.draft``).  The
   passes' losses add with weights `unroll_decay`^(d-1).
 
+Fused features (``taps``; EAGLE-3): the bank's features then carry the tapped layers' outputs after the
+final feature, the head's inputs at the verified pairs read them all (DraftHead.fused), and what is
+predicted and distilled stays the final feature alone.
+
 Matrix products run in bfloat16 under autocast where the CPU multiplies bf16 natively (AVX512-BF16 or
 AMX; `autocast` "auto"): 1.8x the steps a second of fp32 on a Zen 4 at the same agreement per position
 seen; fp32 elsewhere, where bf16 is emulated and slower.
