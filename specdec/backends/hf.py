@@ -276,6 +276,7 @@ class HFRunner:
 
     capabilities = Capabilities()
     _tree: tuple[int, Tree] | None = None  # the last forward_tree's (cached, tree) until keep_rows settles it
+    taps: tuple[int, ...] = ()  # tap_layers: layers whose outputs follow the final hidden states' columns
 
     def __init__(self, model: PreTrainedModel, max_context: int | None = None) -> None:
         from specdec.backends.quant import Int8Linear, is_int8, pack_all
@@ -293,7 +294,6 @@ class HFRunner:
         self._hidden: torch.Tensor | None = None  # [n, H]: the output layer's input in the last forward
         self._tail: torch.Tensor | None = None  # [m, H]: the last forward's last m rows, _hidden their end
         self.hidden_rows = 0  # keep_hidden_rows: rows of each forward to keep beyond the logits'
-        self.taps: tuple[int, ...] = ()  # tap_layers: layers whose outputs follow the final hidden states' columns
         self.device = next(model.parameters()).device
         self.vocab_size = model_vocab_size(model)
         self.max_context = max_context or model_max_context(model)
