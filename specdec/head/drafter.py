@@ -112,8 +112,9 @@ class HeadDrafter:
         # (len(context), (feature [H], logits [N], pairs fed)): the feed _start() made for that context
         self._fed_for: tuple[int, tuple[torch.Tensor, torch.Tensor, int]] | None = None
         self.target.keep_hidden_rows(self.window)  # before the loop's prefill: its last rows' features
-        if self.head.taps:  # each row then carries the tapped layers' outputs too: [.., F]
-            self.target.tap_layers(self.head.taps)  # type: ignore[attr-defined]
+        tap = getattr(self.target, "tap_layers", None)
+        if tap is not None:  # each row then carries this head's tapped layers' outputs, or none: [.., F]
+            tap(self.head.taps)  # (and a runner another head tapped before is set back)
 
     def prefilled(self, prompt: Sequence[int]) -> None:
         """The target has just run the prefill of `prompt`: keep the features of its last `window` positions

@@ -113,3 +113,15 @@ def test_a_runner_that_keeps_no_layer_rows_is_refused(fused: TrainResult) -> Non
 
     with pytest.raises(SpecdecError, match="layers \\[0, 1\\]"):
         HeadDrafter(fused.head, NoTaps(tiny_model("llama", seed=0, layers=3)))
+
+
+def test_a_plain_head_after_a_fused_one_on_the_same_runner(fused: TrainResult, fused_text: list[list[int]]) -> None:
+    """A runner a fused head tapped is set back by the next head's reset: a plain head drafts from it as ever."""
+    target = tiny_model("llama", seed=0, layers=3)
+    plain = train(target, fused_text, dataclasses.replace(QUICK, max_steps=5), heldout=fused_text[0])
+    runner = LeanRunner(quantize_model(target))
+    prompt = fused_text[1][:5]
+    reference = run(runner, prompt, STOP).token_ids
+    for head in (fused.head, plain.head, fused.head):
+        out = run(runner, prompt, STOP, HeadDrafter(head, runner), 3)
+        assert out.token_ids == reference and out.stats.drafted > 0
