@@ -141,6 +141,14 @@ class TreeRunner(ModelRunner, Protocol):
         ...
 
 
+def checked_taps(layers: Sequence[int], count: int) -> tuple[int, ...]:
+    """tap_layers' argument as a tuple of layer indices, or a ValueError for one outside [0, count)."""
+    taps = tuple(int(i) for i in layers)
+    if any(not 0 <= i < count for i in taps):
+        raise ValueError(f"tapped layers must be in [0, {count}), got {taps}")
+    return taps
+
+
 def last_hidden(hidden: torch.Tensor | None, runner: object) -> torch.Tensor:
     """A runner's kept hidden states [n, H] as HiddenStateRunner.hidden returns them (fp32, on the CPU), or
     the RuntimeError of a runner that has run no forward since it was built or reset."""

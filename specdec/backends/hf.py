@@ -56,7 +56,7 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from specdec.backends import fastlinear
-from specdec.backends.base import Capabilities, checked_new_tokens, last_hidden
+from specdec.backends.base import Capabilities, checked_new_tokens, checked_taps, last_hidden
 from specdec.backends.tree import Tree, check_forward, check_rollback, kept_rows
 from specdec.errors import SpecdecError
 
@@ -392,11 +392,9 @@ class HFRunner:
         after the final hidden state (HiddenStateRunner.tap_layers)."""
         decoder = self.model.get_decoder()
         stack = getattr(decoder, "layers", None)
-        taps = tuple(int(i) for i in layers)
-        if taps and not isinstance(stack, nn.ModuleList):
+        if layers and not isinstance(stack, nn.ModuleList):
             raise SpecdecError(f"a {self.describe()} model has no decoder layers to tap")
-        if any(not 0 <= i < len(stack) for i in taps):  # type: ignore[arg-type]
-            raise ValueError(f"tapped layers must be in [0, {len(stack)}), got {taps}")  # type: ignore[arg-type]
+        taps = checked_taps(layers, len(stack) if stack is not None else 0)
         for i in taps:
             watch_layer_output(stack[i])  # type: ignore[index]
         self.taps = taps

@@ -102,7 +102,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.backends import kernels
-from specdec.backends.base import Capabilities, last_hidden
+from specdec.backends.base import Capabilities, checked_taps, last_hidden
 from specdec.backends.fastlinear import is_fp32_cpu_linear, weight_major_linear
 from specdec.backends.hf import layer_window, model_eos_token_ids, model_identity, model_max_context
 from specdec.backends.int4 import Int4Linear
@@ -702,9 +702,7 @@ class LeanRunner:
         """From the next forward on, hidden() and hidden_tail() rows hold the outputs of these decoder layers
         (0-based: the residual stream after layer i, before any norm) after the final hidden state: [n, hidden
         x (1 + len(layers))].  A fused-feature head reads them (EAGLE-3's low, middle and high layers)."""
-        taps = tuple(int(i) for i in layers)
-        if any(not 0 <= i < len(self.layer_set.layers) for i in taps):
-            raise ValueError(f"tapped layers must be in [0, {len(self.layer_set.layers)}), got {taps}")
+        taps = checked_taps(layers, len(self.layer_set.layers))
         if taps and self.layer_set.native:
             raise SpecdecError(f"the {self.describe()} lean runner keeps no intermediate layers' rows")
         self.taps = taps
