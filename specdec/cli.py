@@ -697,9 +697,10 @@ def train_drafter(
     prompts: list[str] = typer.Option([], "--prompts", help="Your own chat prompts, answered by the target first and a tenth of them held out to measure the agreement (repeatable): .jsonl (a string, {\"prompt\": ...} or {\"messages\": [...]} a line), .json (a list of them), or a bench prompt file (Spec-Bench \"turns\" records, or one prompt a line with \\n escapes)."),
     builtin: bool = typer.Option(True, "--builtin/--no-builtin", help="Also the built-in offline material."),
     out: Optional[str] = typer.Option(None, "--out", help="Where to save (default $SPECDEC_HOME/drafters/<target>-head/)."),
-    draft_vocab: int = typer.Option(16384, "--draft-vocab", min=16, help="Draft vocabulary: the N most frequent tokens."),
+    draft_vocab: Optional[int] = typer.Option(None, "--draft-vocab", min=16, help="Draft vocabulary: the N most frequent tokens (default 16384)."),
     seed: int = typer.Option(0, "--seed"),
-    fuse_layers: str = typer.Option("none", "--fuse-layers", help="The target's layers the head reads besides its final hidden state (EAGLE-3's fused features): none, auto (a low and a middle layer) or 0-based indices such as 2,14."),
+    fuse_layers: Optional[str] = typer.Option(None, "--fuse-layers", help="The target's layers the head reads besides its final hidden state (EAGLE-3's fused features): none (the default), auto (a low and a middle layer) or 0-based indices such as 2,14."),
+    resume: bool = typer.Option(False, "--resume", help="Go on training the head saved in --out (or the default directory) for --minutes more, from the material its runs did not reach; its shape is kept."),
 ) -> None:
     """Train a draft head (EAGLE-style) for TARGET on this CPU: the target's own answers and text, distilled."""
     from specdec.head.command import train_drafter as run_training
@@ -707,14 +708,16 @@ def train_drafter(
     quiet_libraries()
     try:
         manifest = run_training(target, minutes, tuple(text), out, builtin, draft_vocab, seed,
-                                prompt_files=tuple(prompts), fuse_layers=fuse_layers)
+                                prompt_files=tuple(prompts), fuse_layers=fuse_layers, resume=resume)
     except SpecdecError as e:
         fail(str(e))
     except KeyboardInterrupt:
         fail("interrupted: the last checkpoint (if any) is kept")
     agree = ", ".join(f"{i + 1}: {a:.2f}" for i, a in enumerate(manifest["agreement_by_position"]) if a is not None)
+    runs = int(manifest.get("runs", 1))
     err.print(f"saved {manifest['directory']}: {manifest['tokens_seen']:,} training tokens in "
-              f"{manifest['training_seconds'] / 60:.1f} min; held-out agreement by position {agree}")
+              f"{manifest['training_seconds'] / 60:.1f} min{f' over {runs} runs' if runs > 1 else ''}; "
+              f"held-out agreement by position {agree}")
 
 
 @models_app.callback(invoke_without_command=True)

@@ -26,6 +26,7 @@ from specdec import loading
 from specdec.backends.hf import model_eos_token_ids
 from specdec.errors import SpecdecError
 
+DRAFT_VOCAB = 16384  # a new head's draft vocabulary: the N most frequent tokens (train-drafter --draft-vocab)
 HELDOUT_PROMPTS = 8  # prompts whose answers measure the agreement (never trained on)
 MAX_PROMPT_TOKENS = 768
 
@@ -133,10 +134,13 @@ def say(began: float, what: str) -> None:
 
 
 def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (), out: str | None = None,
-                  builtin: bool = True, draft_vocab: int = 16384, seed: int = 0, int8: bool = True,
+                  builtin: bool = True, draft_vocab: int | None = None, seed: int = 0, int8: bool = True,
                   answer_tokens: int = 128, batch: int = 16, prompt_files: tuple[str, ...] = (),
-                  fuse_layers: str = "none") -> dict[str, Any]:
-    """Train and save a head for `target` (see the module docstring); returns the saved manifest."""
+                  fuse_layers: str | None = None, resume: bool = False) -> dict[str, Any]:
+    """Train and save a head for `target` (see the module docstring); returns the saved manifest.
+    `draft_vocab` (default DRAFT_VOCAB) and `fuse_layers` (default none) shape a new head.  `resume`: go on
+    training the head saved in `out` (or the default directory) for this target instead, from the material
+    its runs did not reach (the same material options give the same material), its shape kept."""
     from specdec.head import data, store
     from specdec.head.features import GenerationSource, LeanExtractor, parse_taps
     from specdec.head.train import TrainConfig, train
@@ -151,11 +155,24 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
             raise SpecdecError(f"--prompts {path}: a directory; give the prompt files")
     # gathered before loading: a bad --prompts file is refused before the minutes of loading
     material = data.gather(seed=seed, extra=texts, builtin=builtin, prompt_files=prompt_files)
+    directory = Path(out) if out else store.default_directory(target)
+    if resume and not (directory / store.MANIFEST).is_file():
+        raise SpecdecError(f"--resume: no draft head in {directory} to go on training (train one first, "
+                           "or give its directory with --out)")
     model, tokenizer = load_target(target)
+    head, before = store.load(directory, model, target) if resume else (None, None)
     try:
-        taps = parse_taps(fuse_layers, int(model.config.num_hidden_layers))
+        taps = parse_taps(fuse_layers or "none", int(model.config.num_hidden_layers))
     except ValueError as e:
         raise SpecdecError(str(e)) from None
+    if head is not None:
+        for option, given, saved in (("--draft-vocab", draft_vocab, len(head.vocab)),
+                                     ("--fuse-layers", taps if fuse_layers is not None else None, head.taps)):
+            if given is not None and given != saved:
+                raise SpecdecError(f"--resume keeps the saved head's shape: its {option} is "
+                                   f"{','.join(map(str, saved)) or 'none' if isinstance(saved, tuple) else saved}; "
+                                   f"drop {option}")
+        taps = head.taps
     extractor = int8_extractor(model, target, batch) if int8 else model
     kind = "int8, lean runner" if isinstance(extractor, LeanExtractor) else "int8" if extractor is not model else "fp32"
     say(began, f"loaded {target} ({kind} features)")
@@ -179,17 +196,20 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
     heldout = [chunk.ids for chunk in generation.answer(split.heldout)] if split.heldout else None
     starts = [len(p) for p in split.heldout] if heldout else None  # drafts count in the answers
     say(began, f"held-out answers: {len(heldout or [])} ({split.described})")
-    directory = Path(out) if out else store.default_directory(target)
     identity = store.target_identity(model, target)
-    config = TrainConfig(draft_vocab=draft_vocab, seed=seed, eval_every_s=120.0, eval_tokens=1024, eval_stride=8, taps=taps,
+    if head is not None:
+        say(began, f"going on from {directory}: {before.get('tokens_seen', 0):,} training tokens in "
+                   f"{before.get('steps', 0):,} steps so far")
+    config = TrainConfig(draft_vocab=draft_vocab or DRAFT_VOCAB, seed=seed, eval_every_s=120.0, eval_tokens=1024, eval_stride=8, taps=taps,
                          minutes=max(minutes - (time.monotonic() - began) / 60, 0.1))
     bar = Bar(minutes)
     sources = [generation] if generation.prompts else []
     try:
         result = train(model, streams, config, heldout=heldout, progress=bar,
-                       checkpoint=store.checkpointer(directory, identity, material.describe()),
+                       checkpoint=store.checkpointer(directory, identity, material.describe(), before),
                        sources=sources, shares=[1.0] + [2.0] * len(sources) if streams else None,
-                       extractor=extractor, heldout_starts=starts)
+                       extractor=extractor, heldout_starts=starts, head=head,
+                       cursor=before.get("cursor", []) if before else ())
     finally:
         bar.close()
-    return store.read_manifest(directory) | {"directory": str(directory), "tokens_seen": result.tokens}
+    return store.read_manifest(directory) | {"directory": str(directory)}

@@ -206,6 +206,10 @@ class FeatureBank:
 
 
 class Source(Protocol):
+    """Where a run's features come from.  A source may also tell how far it got (``consumed``, an int) and
+    start there (``skip(count)``), so that a resumed run (specdec.head.train.train's `head`) learns from
+    material the run before did not reach."""
+
     def produce(self) -> list[Chunk]:
         """The next chunk(s) of (ids, features); [] when exhausted."""
         ...
@@ -234,6 +238,16 @@ class TextSource:
     def tokens(self) -> list[int]:
         return [t for piece in self.pieces for t in piece]
 
+    @property
+    def consumed(self) -> int:
+        """Pieces produced so far: where a run resumed after this one starts (:meth:`skip`)."""
+        return self.next
+
+    def skip(self, count: int) -> None:
+        """Start at piece `count` (a resumed run: the run before produced those), past the end from the
+        start again."""
+        self.next = count % len(self.pieces) if self.pieces else 0
+
 
 class GenerationSource:
     """Prompts (token ids, chat template applied) answered greedily by the extractor, `batch` at a time,
@@ -259,6 +273,23 @@ class GenerationSource:
 
     def tokens(self) -> list[int]:
         return [t for p in self.prompts for t in p]
+
+    @property
+    def consumed(self) -> int:
+        """The given prompts answered so far (follow-ups not counted): where a run resumed after this one
+        starts (:meth:`skip`)."""
+        return sum(key is not None for key in self.keys[: self.next])
+
+    def skip(self, count: int) -> None:
+        """Start after the first `count` given prompts of the queue (a resumed run: the run before answered
+        them, and their follow-ups), past the end from the start again.  Call before producing."""
+        given = sum(key is not None for key in self.keys)
+        count = count % given if given else 0
+        at = 0
+        while count:
+            count -= self.keys[at] is not None
+            at += 1
+        self.next = at
 
     def produce(self) -> list[Chunk]:
         group, keys = self.prompts[self.next: self.next + self.batch], self.keys[self.next: self.next + self.batch]

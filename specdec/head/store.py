@@ -102,8 +102,11 @@ def _replace(path: Path, data: bytes) -> None:
 
 
 def save(head: DraftHead, directory: str | Path, identity: dict[str, Any], result: TrainResult | None = None,
-         data: Sequence[str] = ()) -> Path:
-    """Save `head` (trained for the target of `identity`) with its training record; returns the directory."""
+         data: Sequence[str] = (), before: dict[str, Any] | None = None) -> Path:
+    """Save `head` (trained for the target of `identity`) with its training record; returns the directory.
+    `before`: the manifest of the run this one went on from (train-drafter --resume): tokens, steps and
+    seconds are then counted over every run, and the data of each is listed."""
+    before = before or {}
     from safetensors.torch import save as to_bytes
 
     directory = Path(directory)
@@ -119,11 +122,13 @@ def save(head: DraftHead, directory: str | Path, identity: dict[str, Any], resul
         "intermediate_size": int(head.config.intermediate_size),
         "attention_window": head.window,
         "tapped_layers": list(head.taps),
-        "tokens_seen": result.tokens if result else 0,
-        "steps": result.steps if result else 0,
+        "tokens_seen": int(before.get("tokens_seen", 0)) + (result.tokens if result else 0),
+        "steps": int(before.get("steps", 0)) + (result.steps if result else 0),
         "agreement_by_position": list(result.agreement) if result else [],
-        "training_seconds": round(result.seconds, 3) if result else 0.0,
-        "data": list(data),
+        "training_seconds": round(float(before.get("training_seconds", 0.0)) + (result.seconds if result else 0.0), 3),
+        "runs": int(before.get("runs", 1 if before else 0)) + 1,
+        "cursor": list(result.cursor) if result else [],
+        "data": list(dict.fromkeys([*before.get("data", []), *data])),
         "weights": weights,
         "weights_sha256": digest,
     }
@@ -134,10 +139,11 @@ def save(head: DraftHead, directory: str | Path, identity: dict[str, Any], resul
     return directory
 
 
-def checkpointer(directory: str | Path, identity: dict[str, Any], data: Sequence[str] = ()) -> Callable[[TrainResult], None]:
-    """A train() checkpoint callback that saves each checkpoint to `directory`."""
+def checkpointer(directory: str | Path, identity: dict[str, Any], data: Sequence[str] = (),
+                 before: dict[str, Any] | None = None) -> Callable[[TrainResult], None]:
+    """A train() checkpoint callback that saves each checkpoint to `directory` (`before`: see save)."""
     def save_checkpoint(result: TrainResult) -> None:
-        save(result.head, directory, identity, result, data)
+        save(result.head, directory, identity, result, data, before)
 
     return save_checkpoint
 
@@ -157,9 +163,10 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
         window = manifest.get("attention_window", OLD_WINDOW)  # a positive int, or None: all positions
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise ValueError(f"attention_window {window!r} is not a positive whole number")
-        taps = manifest.get("tapped_layers", [])
-        if not isinstance(taps, list) or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in taps):
-            raise ValueError(f"tapped_layers {taps!r} is not a list of layer indices")
+        for key, what in (("tapped_layers", "layer indices"), ("cursor", "counts")):
+            values = manifest.get(key, [])
+            if not isinstance(values, list) or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in values):
+                raise ValueError(f"{key} {values!r} is not a list of {what}")
     except (ValueError, KeyError, TypeError) as e:
         raise SpecdecError(f"broken draft-head manifest {path}: {e}") from None
     return manifest

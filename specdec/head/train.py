@@ -95,6 +95,10 @@ class TrainConfig:
     context_weight: float = 1.0
     autocast: str = "auto"  # "bf16", "fp32" or "auto" (bf16 where the CPU has AVX512-BF16 or AMX)
     replay: float = 2.0  # training positions per produced position before more data is produced
+    # a resumed run's peak learning rate, a share of lr (its schedule as a new run's): the run before ended at a
+    # tenth of lr, and going on at the full lr undid it (a 60-minute head resumed for 20 minutes at 1e-3 agreed
+    # 0.223 on other prompts' answers where it had agreed 0.242; at 0.2 of it, 0.238)
+    resume_lr: float = 0.2
     minutes: float = 60.0  # time budget
     max_steps: int | None = None  # stop after this many steps too (tests, reproducible runs)
     eval_every_s: float = 60.0  # held-out agreement this often (and at the end)
@@ -126,6 +130,7 @@ class TrainResult:
     agreement: tuple[float | None, ...]
     losses: list[float] = field(default_factory=list)  # per step
     produced: int = 0  # positions whose features were produced
+    cursor: list[int] = field(default_factory=list)  # per source, how far it got (Source.consumed; 0: unknown)
 
 
 def target_pass(target: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -283,10 +288,12 @@ def _agreement_counts(head: DraftHead, heldout: Heldout, positions: int, stride:
     return hits, counted
 
 
-def _lr(config: TrainConfig, step: int, fraction: float) -> float:
-    """Linear warm-up over warmup_steps, then cosine decay to a tenth at fraction 1 of the run."""
+def _lr(config: TrainConfig, step: int, fraction: float, resumed: bool = False) -> float:
+    """Linear warm-up over warmup_steps, then cosine decay to a tenth at fraction 1 of the run; a resumed
+    run's from resume_lr times lr."""
     warm = min(1.0, (step + 1) / max(config.warmup_steps, 1))
-    return config.lr * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * min(fraction, 1.0))))
+    peak = config.lr * (config.resume_lr if resumed else 1.0)
+    return peak * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * min(fraction, 1.0))))
 
 
 class _Producer:
@@ -347,7 +354,8 @@ def train(target: nn.Module, streams: list[list[int]], config: TrainConfig = Tra
           heldout: Sequence[int] | Sequence[Sequence[int]] | None = None, progress: Callable[[Progress], None] | None = None,
           checkpoint: Callable[[TrainResult], None] | None = None, sources: Sequence[Source] = (),
           shares: Sequence[float] | None = None, extractor: nn.Module | LeanExtractor | None = None,
-          heldout_starts: Sequence[int] | None = None) -> TrainResult:
+          heldout_starts: Sequence[int] | None = None, head: DraftHead | None = None,
+          cursor: Sequence[int] = ()) -> TrainResult:
     """Train a head for `target` within config.minutes on token `streams` (the target's ids, run through
     the extractor teacher-forced) and any other `sources` (their `shares` of the produced positions:
     default equal, the streams' source first).
@@ -359,6 +367,11 @@ def train(target: nn.Module, streams: list[list[int]], config: TrainConfig = Tra
     is frozen) and shared, not copied: the head uses its embedding table.  `checkpoint` is called with
     the result so far at every evaluation (the store saves it there, so an interrupted run keeps its
     last checkpoint) and at the end.
+
+    `head`: go on training this head (a saved one: its draft vocabulary, width and taps stay; config.taps
+    must be its taps) instead of a new one; `cursor`: where each source starts (the run before's
+    TrainResult.cursor, the streams' source first), so that it learns from material that run did not reach.
+    The optimizer starts afresh, warm-up and schedule included, at config.resume_lr times the learning rate.
     """
     extractor = extractor if extractor is not None else target
     try:
@@ -375,11 +388,18 @@ def train(target: nn.Module, streams: list[list[int]], config: TrainConfig = Tra
     target.eval().requires_grad_(False)
     if isinstance(extractor, nn.Module):
         extractor.eval().requires_grad_(False)
-    vocab = draft_vocabulary([known], config.draft_vocab, target.config.vocab_size, config.vocab_from_text)
-    with torch.random.fork_rng():
-        torch.manual_seed(config.seed)
-        head = DraftHead(target, vocab, config.intermediate or head_intermediate(target.config), config.window,
-                         config.taps)
+    resumed = head is not None
+    if head is None:
+        vocab = draft_vocabulary([known], config.draft_vocab, target.config.vocab_size, config.vocab_from_text)
+        with torch.random.fork_rng():
+            torch.manual_seed(config.seed)
+            head = DraftHead(target, vocab, config.intermediate or head_intermediate(target.config), config.window,
+                             config.taps)
+    elif head.taps != tuple(config.taps):
+        raise SpecdecError(f"the head to go on training reads layers {list(head.taps)}, not {list(config.taps)}")
+    for source, count in zip(all_sources, cursor):
+        if count and callable(getattr(source, "skip", None)):
+            source.skip(count)
     head.lm_head.requires_grad_(False)  # the target's own rows: p is read off them
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad],
                                   lr=config.lr, weight_decay=config.weight_decay)
@@ -394,6 +414,7 @@ def train(target: nn.Module, streams: list[list[int]], config: TrainConfig = Tra
     def evaluate() -> None:
         head.eval()
         result.agreement = agreement(head, held, config.positions, config.eval_stride)
+        result.cursor = [int(getattr(source, "consumed", 0)) for source in all_sources]
         head.train()
         if checkpoint is not None:
             checkpoint(result)
@@ -411,7 +432,7 @@ def train(target: nn.Module, streams: list[list[int]], config: TrainConfig = Tra
         weights = torch.where(answer, 1.0, config.context_weight)  # [B, T+1]
         fraction = result.steps / config.max_steps if config.max_steps else (time.monotonic() - began) / budget
         for group in optimizer.param_groups:
-            group["lr"] = _lr(config, result.steps, fraction)
+            group["lr"] = _lr(config, result.steps, fraction, resumed)
         with torch.autocast("cpu", dtype=precision, enabled=precision is not None):
             loss = head_loss(head, feats, ids, config.feature_weight, config.noise, generator, config.unroll,
                              config.unroll_decay, weights)

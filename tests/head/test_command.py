@@ -128,3 +128,41 @@ def test_a_missing_or_bad_prompt_file_is_one_line(tiny_target: str, tmp_path: Pa
                           (["--prompts", str(tmp_path)], "a directory; give the prompt files")):
         result = CliRunner().invoke(app, ["train-drafter", "--target", tiny_target, "--out", str(tmp_path / "h"), *args])
         assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def short_run(tiny_target: str, tmp_path: Path) -> tuple[Path, list[str]]:
+    """(the head's directory, train-drafter's arguments for a short run on a text file there)."""
+    text = tmp_path / "text.txt"
+    text.write_text(("The quick brown fox jumps over the lazy dog. " * 8 + "\n\n") * 30)
+    out = tmp_path / "head"
+    return out, ["train-drafter", "--target", tiny_target, "--text", str(text), "--no-builtin", "--minutes", "0.1",
+                 "--out", str(out)]
+
+
+def test_resume_goes_on_training_the_saved_head(tiny_target: str, tmp_path: Path) -> None:
+    out, args = short_run(tiny_target, tmp_path)
+    assert CliRunner().invoke(app, [*args, "--draft-vocab", "64"]).exit_code == 0
+    first = json.loads((out / "manifest.json").read_text())
+    assert first["runs"] == 1 and len(first["cursor"]) == 1  # the text's source
+    result = CliRunner().invoke(app, [*args, "--resume"])
+    assert result.exit_code == 0, result.output
+    assert f"going on from {out}: {first['tokens_seen']:,} training tokens" in result.output
+    assert "over 2 runs" in result.output
+    second = json.loads((out / "manifest.json").read_text())
+    assert second["runs"] == 2 and second["draft_vocab"] == first["draft_vocab"]  # its shape kept
+    for key in ("tokens_seen", "steps", "training_seconds"):  # counted over both runs
+        assert second[key] > first[key], key
+
+
+def test_resume_refuses_in_one_line(tiny_target: str, tmp_path: Path) -> None:
+    out, args = short_run(tiny_target, tmp_path)
+    missing = CliRunner().invoke(app, [*args, "--resume"])
+    assert missing.exit_code == 2 and f"--resume: no draft head in {out}" in missing.output
+    assert CliRunner().invoke(app, [*args, "--draft-vocab", "64"]).exit_code == 0
+    for extra, message in ((["--draft-vocab", "32"], "its --draft-vocab is 64; drop --draft-vocab"),
+                           (["--fuse-layers", "0"], "its --fuse-layers is none; drop --fuse-layers")):
+        result = CliRunner().invoke(app, [*args, "--resume", *extra])
+        assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+    other = save_tiny(tmp_path / "other", "llama", seed=1)
+    result = CliRunner().invoke(app, [*args[:2], other, *args[3:], "--resume"])
+    assert result.exit_code == 2 and "was trained for another target" in result.output

@@ -183,3 +183,30 @@ def test_lean_tapped_rows_are_the_int8_models_layer_outputs() -> None:
     for bad in ([2], [1, 0], [0, 0], [-1]):
         with pytest.raises(ValueError, match="tapped layers"):
             check_taps(bad, 3)
+
+
+def test_a_source_skips_what_an_earlier_run_consumed(target: torch.nn.Module, text: list[list[int]]) -> None:
+    text_source = TextSource(target, text[:2], chunk=25)
+    text_source.produce()
+    text_source.produce()
+    assert text_source.consumed == 2
+    later = TextSource(target, text[:2], chunk=25)
+    later.skip(text_source.consumed)
+    assert later.produce()[0].ids == text_source.produce()[0].ids
+    later.skip(len(later.pieces) + 1)  # past the end: from the start again
+    assert later.produce()[0].ids == later.pieces[1]
+
+    prompts = [[1, 5, 9], [1, 40, 3], [1, 12, 8], [1, 7, 7], [1, 9, 2]]  # one length: answered in this order
+
+    def follow_up(i: int, answer: list[int]) -> list[int] | None:
+        return [1, 33] + answer[:2] if i == 0 else None
+
+    source = GenerationSource(target, prompts, eos_ids=[], pad_id=0, max_new_tokens=4, batch=2, follow_up=follow_up)
+    source.produce()
+    source.produce()  # the follow-up to prompt 0, then prompt 2
+    assert source.consumed == 3  # given prompts answered: 0, 1 and 2 (the follow-up is not one)
+    resumed = GenerationSource(target, prompts, eos_ids=[], pad_id=0, max_new_tokens=4, batch=2)
+    resumed.skip(source.consumed)
+    assert [c.ids[:3] for c in resumed.produce()] == [prompts[3], prompts[4]]
+    resumed.skip(len(prompts) + 1)
+    assert resumed.consumed == 1 and resumed.produce()[0].ids[:3] == prompts[1]

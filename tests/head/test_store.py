@@ -128,3 +128,15 @@ def test_a_fused_head_trains_and_round_trips_with_its_taps(tmp_path: Path) -> No
     assert drafts[0] == drafts[1]
     with pytest.raises(SpecdecError, match="tapped layers"):
         train(target, text[1:], dataclasses.replace(QUICK, max_steps=1, taps=(2,)), heldout=text[0])
+
+
+def test_a_resumed_runs_record_counts_every_run(saved: Path, target: torch.nn.Module, trained: TrainResult) -> None:
+    first = json.loads((saved / MANIFEST).read_text())
+    assert first["runs"] == 1 and first["tokens_seen"] == trained.tokens
+    save(trained.head, saved, target_identity(target, "tiny"), trained, data=["more text"], before=first)
+    second = json.loads((saved / MANIFEST).read_text())
+    assert second["runs"] == 2 and second["tokens_seen"] == 2 * trained.tokens and second["steps"] == 2 * trained.steps
+    assert second["data"] == ["own greedy text", "more text"]
+    (saved / MANIFEST).write_text(json.dumps(second | {"cursor": [3, -1]}))
+    with pytest.raises(SpecdecError, match=r"broken draft-head manifest .*cursor \[3, -1\] is not a list of counts"):
+        load(saved, target)

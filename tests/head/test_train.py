@@ -152,3 +152,50 @@ def test_position_weights_weigh_each_predicted_positions_loss(target: torch.nn.M
         whole = loss(None) * 2 * 10
         assert loss(a) * a.sum() + loss(b) * b.sum() == pytest.approx(whole, rel=1e-4)
         assert loss(a) != pytest.approx(loss(b))
+
+
+def test_a_resumed_run_goes_on_from_the_given_head(trained: TrainResult, target: torch.nn.Module,
+                                                    text: list[list[int]]) -> None:
+    import copy
+
+    config = dataclasses.replace(QUICK, max_steps=5)
+    before = copy.deepcopy(trained.head)
+    fresh = train(target, text, config, heldout=text[0])
+    resumed = train(target, text, config, heldout=text[0], head=before)
+    assert resumed.head is before and torch.equal(resumed.head.vocab, trained.head.vocab)
+    # it starts where the first run ended (a loss near that run's last), not where a new head starts
+    assert resumed.losses[0] < 0.5 * fresh.losses[0], (resumed.losses[0], fresh.losses[0])
+    assert abs(resumed.losses[0] - sum(trained.losses[-10:]) / 10) < 0.5 * fresh.losses[0]
+    with pytest.raises(SpecdecError, match=r"reads layers \[\], not \[0\]"):
+        train(target, text, dataclasses.replace(config, taps=(0,)), heldout=text[0], head=before)
+
+
+def test_a_resumed_run_starts_each_source_where_the_last_run_stopped(target: torch.nn.Module,
+                                                                    text: list[list[int]]) -> None:
+    from specdec.head.features import TextSource
+
+    class Recorded(TextSource):  # the pieces produced, in order
+        def produce(self):
+            chunks = super().produce()
+            produced.extend(c.ids for c in chunks)
+            return chunks
+
+    produced: list[list[int]] = []
+    config = dataclasses.replace(QUICK, max_steps=3, window=8, batch=2, replay=1.0)
+    first = train(target, [], config, heldout=text[0], sources=[Recorded(target, text[1:], chunk=12)])
+    pieces = TextSource(target, text[1:], chunk=12).pieces
+    assert first.cursor == [len(produced)] and 0 < len(produced) < len(pieces)  # it stopped part of the way
+    assert produced == pieces[: len(produced)]
+    done = len(produced)
+    produced.clear()
+    train(target, [], config, heldout=text[0], sources=[Recorded(target, text[1:], chunk=12)], cursor=first.cursor,
+          head=first.head)
+    assert produced == pieces[done: done + len(produced)]  # the material the first run did not reach
+
+
+def test_a_resumed_run_learns_at_a_share_of_the_rate() -> None:
+    from specdec.head.train import _lr
+
+    for step, fraction in ((0, 0.0), (100, 0.5), (500, 1.0)):
+        assert _lr(QUICK, step, fraction, resumed=True) == pytest.approx(QUICK.resume_lr * _lr(QUICK, step, fraction))
+    assert _lr(QUICK, 500, 1.0) == pytest.approx(0.1 * QUICK.lr)  # where a run ends
