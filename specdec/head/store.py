@@ -167,6 +167,13 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
             values = manifest.get(key, [])
             if not isinstance(values, list) or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in values):
                 raise ValueError(f"{key} {values!r} is not a list of {what}")
+        for key in ("tokens_seen", "steps", "runs", "training_seconds"):  # what a resumed run adds to
+            value = manifest.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or \
+                    (key != "training_seconds" and not isinstance(value, int)):
+                raise ValueError(f"{key} {value!r} is not a count")
+        if not isinstance(manifest.get("data", []), list):
+            raise ValueError(f"data {manifest['data']!r} is not a list")
     except (ValueError, KeyError, TypeError) as e:
         raise SpecdecError(f"broken draft-head manifest {path}: {e}") from None
     return manifest

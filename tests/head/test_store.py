@@ -137,6 +137,8 @@ def test_a_resumed_runs_record_counts_every_run(saved: Path, target: torch.nn.Mo
     second = json.loads((saved / MANIFEST).read_text())
     assert second["runs"] == 2 and second["tokens_seen"] == 2 * trained.tokens and second["steps"] == 2 * trained.steps
     assert second["data"] == ["own greedy text", "more text"]
-    (saved / MANIFEST).write_text(json.dumps(second | {"cursor": [3, -1]}))
-    with pytest.raises(SpecdecError, match=r"broken draft-head manifest .*cursor \[3, -1\] is not a list of counts"):
-        load(saved, target)
+    for broken, message in (({"cursor": [3, -1]}, r"cursor \[3, -1\] is not a list of counts"),
+                            ({"steps": "7"}, "steps '7' is not a count"), ({"data": "text"}, "data 'text' is not a list")):
+        (saved / MANIFEST).write_text(json.dumps(second | broken))
+        with pytest.raises(SpecdecError, match=f"broken draft-head manifest .*{message}"):
+            load(saved, target)
