@@ -162,7 +162,7 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
     model, tokenizer = load_target(target)
     head, before = store.load(directory, model, target) if resume else (None, None)
     try:
-        taps = parse_taps(fuse_layers or "none", int(model.config.num_hidden_layers))
+        taps = parse_taps("none" if fuse_layers is None else fuse_layers, int(model.config.num_hidden_layers))
     except ValueError as e:
         raise SpecdecError(str(e)) from None
     if head is not None:
