@@ -166,12 +166,11 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
     except ValueError as e:
         raise SpecdecError(str(e)) from None
     if head is not None:
-        for option, given, saved in (("--draft-vocab", draft_vocab, len(head.vocab)),
-                                     ("--fuse-layers", taps if fuse_layers is not None else None, head.taps)):
-            if given is not None and given != saved:
-                raise SpecdecError(f"--resume keeps the saved head's shape: its {option} is "
-                                   f"{','.join(map(str, saved)) or 'none' if isinstance(saved, tuple) else saved}; "
-                                   f"drop {option}")
+        for option, differs, saved in (
+                ("--draft-vocab", draft_vocab not in (None, len(head.vocab)), len(head.vocab)),
+                ("--fuse-layers", fuse_layers is not None and taps != head.taps, ",".join(map(str, head.taps)) or "none")):
+            if differs:
+                raise SpecdecError(f"--resume keeps the saved head's shape: its {option} is {saved}; drop {option}")
         taps = head.taps
     extractor = int8_extractor(model, target, batch) if int8 else model
     kind = "int8, lean runner" if isinstance(extractor, LeanExtractor) else "int8" if extractor is not model else "fp32"
