@@ -42,7 +42,7 @@ def test_the_signature_table_is_the_header():
     assert declared and set(declared) == set(bindings.SIGNATURES)
     for name, (result, params) in declared.items():
         restype, argtypes = bindings.SIGNATURES[name]
-        assert restype == {"int": ctypes.c_int, "void": None}[result], name
+        assert restype == {"int": ctypes.c_int, "int64_t": ctypes.c_int64, "void": None}[result], name
         assert argtypes == [ctype_of(p) for p in params], name
     lib = bindings.library()
     assert lib.sd_int4_layers.argtypes == bindings.SIGNATURES["sd_int4_layers"][1]  # the table typed the library

@@ -50,8 +50,21 @@ class Int4Rows(ctypes.Structure):
                 ("threads", c_int)]
 
 
+class GGUFPart(ctypes.Structure):
+    """sd_gguf_part: one block of output columns of a linear on a GGUF file's blocks (gguf_linear.c)."""
+
+    _fields_ = [("w", c_void_p), ("bias", c_void_p), ("type", c_int), ("n", c_int), ("col", c_int64)]
+
+
+class GGUFParams(ctypes.Structure):
+    """sd_gguf_params: y = x [W_0 | W_1 | ...]^T on a GGUF file's blocks (gguf_linear.c)."""
+
+    _fields_ = [("parts", c_void_p), ("nparts", c_int), ("k", c_int), ("x", c_void_p), ("ldx", c_int64),
+                ("m", c_int), ("y", c_void_p), ("ldy", c_int64), ("threads", c_int), ("isa", c_int)]
+
+
 STRUCTS = {"sd_linear_params": LinearParams, "sd_attention_params": AttentionParams, "sd_int4_model": Int4Model,
-           "sd_int4_rows": Int4Rows}  # the header's name of each
+           "sd_int4_rows": Int4Rows, "sd_gguf_part": GGUFPart, "sd_gguf_params": GGUFParams}  # the header's name of each
 
 _ptr, _i32 = c_void_p, c_int
 # Every function the header exports: name -> (result type, argument types).
@@ -67,6 +80,12 @@ SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     "sd_attention": (c_int, [POINTER(AttentionParams)]),
     "sd_attention_isa": (c_int, []),
     "sd_int4_layers": (c_int, [POINTER(Int4Model), POINTER(Int4Rows)]),
+    "sd_gguf_linear": (c_int, [POINTER(GGUFParams)]),
+    "sd_gguf_pack": (c_int, [_i32, _ptr, _i32, _i32, _ptr, _i32]),
+    "sd_gguf_packed_bytes": (c_int64, [_i32, _i32, _i32]),
+    "sd_gguf_supported": (c_int, [_i32]),
+    "sd_gguf_rows": (c_int, [_i32, _ptr, _i32, _ptr, _i32, _ptr]),
+    "sd_gguf_isa": (c_int, []),
 }
 
 _lock = threading.Lock()

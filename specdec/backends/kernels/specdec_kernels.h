@@ -47,6 +47,39 @@ void sd_pack4_int8(const int8_t *v8, const float *row_scale, int n, int k, int k
                    uint16_t *out_scales, int threads);
 int sd_isa4(void);
 
+/* ------------------------------------------------------------------ GGUF blocks (gguf_linear.c)
+ * A linear on a GGUF file's own quantised blocks, repacked 16 output channels side by side (sd_gguf_pack).  The
+ * types are ggml's ids. */
+enum { GG_Q4_1 = 3, GG_Q5_0 = 6, GG_Q8_0 = 8, GG_Q4_K = 12, GG_Q6_K = 14 };
+
+/* One block of output columns: a packed tensor [n, k] and its bias, written to y's columns col .. col + n - 1. */
+typedef struct {
+    const void *w;      /* sd_gguf_pack's layout */
+    const float *bias;  /* [n], or NULL */
+    int type, n;
+    int64_t col;
+} sd_gguf_part;
+
+/* y [m, *] (row stride ldy) = x [m, k] (row stride ldx) [W_0 | W_1 | ...]^T, the parts' columns side by side. */
+typedef struct {
+    const sd_gguf_part *parts;
+    int nparts, k;
+    const float *x;
+    int64_t ldx;
+    int m;
+    float *y;
+    int64_t ldy;
+    int threads, isa;  /* isa: ISA_C, ISA_AVX2, ISA_VNNI, or 0 for the best this CPU runs */
+} sd_gguf_params;
+
+/* Returns 0, -1 when out of memory, -2 for a type it lacks or k not a multiple of the type's block. */
+int sd_gguf_linear(const sd_gguf_params *p);
+int sd_gguf_pack(int type, const uint8_t *src, int n, int k, uint8_t *out, int threads);
+int64_t sd_gguf_packed_bytes(int type, int n, int k);
+int sd_gguf_supported(int type);
+int sd_gguf_rows(int type, const void *w, int k, const int64_t *rows, int count, float *out);
+int sd_gguf_isa(void);
+
 /* ------------------------------------------------------------------ attention (attention.c)
  * out[i, h, :] = exact causal attention of query row i (position start + i), head h, over the keys and values
  * at positions [lo, start + i + 1), lo = max(0, start + i + 1 - window) when window > 0 (else 0).  Tree mode

@@ -1,0 +1,991 @@
+/* specdec's linear on a GGUF file's own quantised blocks: y = x W^T (+ b), W in Q4_K, Q6_K, Q5_0, Q8_0 or Q4_1.
+ *
+ * The weights are the file's integers and scales, unchanged: repacked (sd_gguf_pack) so that 16 output channels
+ * ("a group") sit side by side, one 32-bit SIMD lane each, but every quant, scale and minimum is the file's.  The
+ * activations are quantised per token to 8 bits in blocks (256 columns for the K types, 32 for the others, as
+ * llama.cpp's Q8_K and Q8_0), and every product is summed exactly in integers.  Per output element, per weight
+ * block b (the type's block: 256 or 32 columns), with x's block scale dx = amax / 127 and its quants xq:
+ *
+ *   Q4_K  T = sum_j sc_j * S_j,  M = sum_j m_j * X32_j            (j: the 8 sub-blocks of 32; S_j = sum q xq)
+ *         acc += dx * (d * (float)T - dmin * (float)M)
+ *   Q6_K  T = sum_j sc_j * (S_j - 32 X16_j)                        (j: the 16 sub-blocks of 16; q in 0..63)
+ *         acc += dx * (d * (float)T)
+ *   Q5_0  S = sum q xq - 16 X32  (q in 0..31);   Q8_0  S = sum q xq  (q in -128..127)
+ *         acc += dx * (d * (float)S)
+ *   Q4_1  S = sum q xq;  acc += dx * (d * (float)S + m * (float)X32)
+ *
+ * with acc = 0 before the first block, the blocks in order, and y = acc (+ bias).  X16 / X32 are sums of xq over
+ * 16 / 32 columns.  Every integer is exact (|T| < 2^31), so the order of the integer sums, the SIMD width, the
+ * tiling and the threads do not matter; the float operations are the same sequence for every element of every
+ * call.  A token's outputs are therefore a function of its own row and the weights only -- **batch-invariant**:
+ * the same bits alone, in a verification of several rows and in a prefill -- and the AVX-512 VNNI, AVX2 and
+ * portable C paths give the same bits.  Compile with -ffp-contract=off (no FMA may fuse the epilogue).
+ *
+ * Paths: AVX-512 VNNI multiplies with vpdpbusd (unsigned quants times signed activations, four products a lane;
+ * Q8_0's signed quants are stored + 128 and the offset taken back through X32), the sub-block scales with
+ * vpmulld, the Q4_K minimums with vpdpwssd.  AVX2 multiplies with vpmaddubsw and folds each sub-block's scale
+ * into the widening vpmaddwd.  Several activation rows share each unpacked weight vector (up to R_MAX rows a
+ * pass), so a forward of 8 rows reads and unpacks the weights once.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "specdec_kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define SD_X86 1
+#endif
+
+#define LANES 16  /* output channels per group */
+#define R_MAX 8   /* activation rows per pass over a group */
+
+/* ------------------------------------------------------------------ the types */
+
+enum { BLOCK_K = 256, BLOCK_0 = 32 };
+
+/* Bytes of one group's block (16 channels, one weight block) in the packed layout, and the block's columns. */
+static int group_block_bytes(int type) {
+    switch (type) {
+    case GG_Q4_K: return 2368; /* d[16], dmin[16] fp16; sc u8 [8][16]; m u8 [4][16][2]; 8 sub-blocks x 256 B */
+    case GG_Q6_K: return 3360; /* d[16] fp16; sc s8 [16][16]; 8 chunks x (256 B nibbles + 128 B crumbs) */
+    case GG_Q5_0: return 352;  /* d[16] fp16; 256 B nibbles; 64 B fifth bits */
+    case GG_Q8_0: return 544;  /* d[16] fp16; 512 B quants + 128 */
+    case GG_Q4_1: return 320;  /* d[16], m[16] fp16; 256 B nibbles */
+    default: return 0;
+    }
+}
+
+static int block_columns(int type) { return type == GG_Q4_K || type == GG_Q6_K ? BLOCK_K : BLOCK_0; }
+
+/* The file's block bytes (ggml's block_* structs). */
+static int file_block_bytes(int type) {
+    switch (type) {
+    case GG_Q4_K: return 144;
+    case GG_Q6_K: return 210;
+    case GG_Q5_0: return 22;
+    case GG_Q8_0: return 34;
+    case GG_Q4_1: return 20;
+    default: return 0;
+    }
+}
+
+int sd_gguf_supported(int type) { return group_block_bytes(type) > 0; }
+
+int64_t sd_gguf_packed_bytes(int type, int n, int k) {
+    const int bytes = group_block_bytes(type), cols = block_columns(type);
+    if (!bytes || k % cols) return -1;
+    return (int64_t)((n + LANES - 1) / LANES) * (k / cols) * bytes;
+}
+
+/* fp16 <-> fp32 in plain C (the packed layout keeps the file's fp16 scales; the kernels widen them exactly). */
+static float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) bits = sign;
+        else { /* subnormal: normalise */
+            int e = -1;
+            uint32_t m = man;
+            do { e++; m <<= 1; } while (!(m & 0x400));
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((m & 0x3ff) << 13);
+        }
+    } else if (exp == 31) bits = sign | 0x7f800000u | (man << 13);
+    else bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static uint16_t read16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+/* ------------------------------------------------------------------ packing
+ * The unsigned quant the kernels multiply: Q4_K, Q4_1 0..15; Q6_K 0..63 (the file's q, the -32 taken through
+ * X16); Q5_0 0..31 (-16 through X32); Q8_0 q + 128 (0..255; -128 through X32).  Within a group's block, column
+ * e of a 32-column chunk lives in 4-column group g = (e % 32) / 4 at byte e % 4 of channel c's lane: the
+ * nibble layout puts groups 0..3 in the low nibbles of four 64-byte vectors and groups 4..7 in their high
+ * nibbles; Q6_K's two high bits of group g sit at bits 2 (g % 4) of a 64-byte vector g / 4; Q5_0's fifth
+ * bit of group g at bit g of one 64-byte vector. */
+
+static void q4k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Column e's quant of one file block (see above). */
+static int file_quant(int type, const uint8_t *blk, int e) {
+    switch (type) {
+    case GG_Q4_K: {
+        const uint8_t *qs = blk + 16 + 32 * (e / 64);
+        const int l = e % 64;
+        return l < 32 ? qs[l] & 0xF : qs[l - 32] >> 4;
+    }
+    case GG_Q6_K: {
+        const uint8_t *ql = blk + 64 * (e / 128), *qh = blk + 128 + 32 * (e / 128);
+        const int l = e % 128, part = l / 32, i = l % 32; /* part 0..3: ql[i], ql[i+32], ql[i]>>4, ql[i+32]>>4 */
+        const int low = part == 0 ? ql[i] & 0xF : part == 1 ? ql[i + 32] & 0xF : part == 2 ? ql[i] >> 4 : ql[i + 32] >> 4;
+        return low | (((qh[i] >> (2 * part)) & 3) << 4);
+    }
+    case GG_Q5_0: {
+        const uint32_t qh = (uint32_t)blk[2] | ((uint32_t)blk[3] << 8) | ((uint32_t)blk[4] << 16) | ((uint32_t)blk[5] << 24);
+        const uint8_t *qs = blk + 6;
+        return e < 16 ? (qs[e] & 0xF) | (((qh >> e) & 1) << 4) : (qs[e - 16] >> 4) | (((qh >> e) & 1) << 4);
+    }
+    case GG_Q8_0: return (int)(int8_t)blk[2 + e] + 128;
+    case GG_Q4_1: {
+        const uint8_t *qs = blk + 4;
+        return e < 16 ? qs[e] & 0xF : qs[e - 16] >> 4;
+    }
+    default: return 0;
+    }
+}
+
+/* Write the 32-column chunk `chunk` of channel c's quants v[32] into the nibble layout at out (256 bytes). */
+static void put_nibbles(uint8_t *out, int c, const uint8_t *v) {
+    for (int e = 0; e < 32; e++) {
+        const int g = e / 4, b = e % 4;
+        uint8_t *byte = out + 64 * (g % 4) + 4 * c + b;
+        *byte = g < 4 ? (uint8_t)((*byte & 0xF0) | (v[e] & 0xF)) : (uint8_t)((*byte & 0x0F) | ((v[e] & 0xF) << 4));
+    }
+}
+
+static void pack_block(int type, const uint8_t *src, int c, uint8_t *dst) {
+    const int cols = block_columns(type);
+    uint8_t v[BLOCK_K];
+    for (int e = 0; e < cols; e++) v[e] = (uint8_t)file_quant(type, src, e);
+    switch (type) {
+    case GG_Q4_K:
+        memcpy(dst + 2 * c, src, 2);          /* d */
+        memcpy(dst + 32 + 2 * c, src + 2, 2); /* dmin */
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            q4k_scale_min(src + 4, j, &sc, &m);
+            dst[64 + 16 * j + c] = sc;
+            dst[192 + 32 * (j / 2) + 2 * c + j % 2] = m;
+        }
+        for (int j = 0; j < 8; j++) put_nibbles(dst + 320 + 256 * j, c, v + 32 * j);
+        break;
+    case GG_Q6_K:
+        memcpy(dst + 2 * c, src + 208, 2); /* d */
+        for (int j = 0; j < 16; j++) dst[32 + 16 * j + c] = src[192 + j];
+        for (int t = 0; t < 8; t++) {
+            uint8_t *chunk = dst + 288 + 384 * t;
+            put_nibbles(chunk, c, v + 32 * t);
+            for (int e = 0; e < 32; e++) {
+                const int g = e / 4, b = e % 4;
+                uint8_t *byte = chunk + 256 + 64 * (g / 4) + 4 * c + b;
+                *byte = (uint8_t)((*byte & ~(3 << (2 * (g % 4)))) | ((v[32 * t + e] >> 4) << (2 * (g % 4))));
+            }
+        }
+        break;
+    case GG_Q5_0:
+        memcpy(dst + 2 * c, src, 2);
+        put_nibbles(dst + 32, c, v);
+        for (int e = 0; e < 32; e++) {
+            const int g = e / 4, b = e % 4;
+            uint8_t *byte = dst + 288 + 4 * c + b;
+            *byte = (uint8_t)((*byte & ~(1 << g)) | ((v[e] >> 4) << g));
+        }
+        break;
+    case GG_Q8_0:
+        memcpy(dst + 2 * c, src, 2);
+        for (int e = 0; e < 32; e++) dst[32 + 64 * (e / 4) + 4 * c + e % 4] = v[e];
+        break;
+    case GG_Q4_1:
+        memcpy(dst + 2 * c, src, 2);          /* d */
+        memcpy(dst + 32 + 2 * c, src + 2, 2); /* m */
+        put_nibbles(dst + 64, c, v);
+        break;
+    }
+}
+
+/* Repack n rows of k columns of the file's blocks (row-major, as the file stores a tensor) into out
+ * (sd_gguf_packed_bytes of them; channels past n are zero).  Returns 0, or -1 for a type or shape it cannot. */
+int sd_gguf_pack(int type, const uint8_t *src, int n, int k, uint8_t *out, int threads) {
+    const int64_t total = sd_gguf_packed_bytes(type, n, k);
+    if (total < 0) return -1;
+    const int gbytes = group_block_bytes(type), fbytes = file_block_bytes(type), nb = k / block_columns(type);
+    const int groups = (n + LANES - 1) / LANES;
+    (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && groups > 8)
+#endif
+    for (int g = 0; g < groups; g++) {
+        uint8_t *grp = out + (int64_t)g * nb * gbytes;
+        memset(grp, 0, (size_t)nb * gbytes);
+        for (int c = 0; c < LANES && g * LANES + c < n; c++) {
+            const uint8_t *row = src + (int64_t)(g * LANES + c) * nb * fbytes;
+            for (int b = 0; b < nb; b++) pack_block(type, row + (int64_t)b * fbytes, c, grp + (int64_t)b * gbytes);
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ activations
+ * Row i of x: xq[i * k ..] int8 in [-127, 127], block scales dx (per BLOCK_K or BLOCK_0 columns), X16 int32 (per
+ * 16 columns) and X32 (int32 per 32; for Q4_K's vpdpwssd also as int16 pairs). */
+typedef struct {
+    int8_t *q;
+    float *dx;     /* [m, k / block] */
+    int32_t *x16;  /* [m, k / 16] */
+    int32_t *x32;  /* [m, k / 32] */
+    int16_t *x32h; /* [m, k / 32] */
+    int k, block;
+} acts_t;
+
+static float quantize_block_c(const float *x, int n, int8_t *q) {
+    float amax = 0.0f;
+    for (int j = 0; j < n; j++) {
+        const float a = fabsf(x[j]);
+        if (a > amax || a != a) amax = a;
+    }
+    if (amax == 0.0f || !isfinite(amax)) {
+        memset(q, 0, (size_t)n);
+        return amax == 0.0f ? 0.0f : NAN;
+    }
+    const float inv = 127.0f / amax;
+    for (int j = 0; j < n; j++) {
+        float v = nearbyintf(x[j] * inv); /* round half to even, as cvtps2dq */
+        v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
+        q[j] = (int8_t)v;
+    }
+    return amax / 127.0f;
+}
+
+#ifdef SD_X86
+#define AVX512Q __attribute__((target("avx512f,avx512bw")))
+AVX512Q static float quantize_block_avx512(const float *x, int n, int8_t *q) {
+    /* n is 32 or 256: whole vectors.  max |x| is exact in any order; NaN: cmp unordered */
+    __m512 vmax = _mm512_setzero_ps();
+    __mmask16 nan = 0;
+    for (int j = 0; j < n; j += 16) {
+        __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + j));
+        nan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+        vmax = _mm512_max_ps(vmax, a);
+    }
+    float amax = _mm512_reduce_max_ps(vmax);
+    if (nan) amax = NAN;
+    if (amax == 0.0f || !isfinite(amax)) {
+        memset(q, 0, (size_t)n);
+        return amax == 0.0f ? 0.0f : NAN;
+    }
+    const float inv = 127.0f / amax;
+    const __m512 vinv = _mm512_set1_ps(inv), hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
+    for (int j = 0; j < n; j += 16) {
+        __m512 f = _mm512_mul_ps(_mm512_loadu_ps(x + j), vinv);
+        f = _mm512_roundscale_ps(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        f = _mm512_min_ps(_mm512_max_ps(f, lo), hi);
+        _mm_storeu_si128((__m128i *)(q + j), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(f)));
+    }
+    return amax / 127.0f;
+}
+#endif
+
+static int has_avx512(void) {
+#ifdef SD_X86
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    }
+    return cached;
+#else
+    return 0;
+#endif
+}
+
+static void quantize_row(const float *x, acts_t *a, int i, int isa) {
+    const int k = a->k, nb = k / a->block;
+    int8_t *q = a->q + (int64_t)i * k;
+    for (int b = 0; b < nb; b++) {
+#ifdef SD_X86
+        if (isa > ISA_C && has_avx512())
+            a->dx[(int64_t)i * nb + b] = quantize_block_avx512(x + (int64_t)b * a->block, a->block, q + (int64_t)b * a->block);
+        else
+#endif
+            a->dx[(int64_t)i * nb + b] = quantize_block_c(x + (int64_t)b * a->block, a->block, q + (int64_t)b * a->block);
+    }
+    (void)isa;
+    for (int j = 0; j < k / 16; j++) {
+        int32_t s = 0;
+        for (int e = 0; e < 16; e++) s += q[16 * j + e];
+        a->x16[(int64_t)i * (k / 16) + j] = s;
+    }
+    for (int j = 0; j < k / 32; j++) {
+        const int32_t s = a->x16[(int64_t)i * (k / 16) + 2 * j] + a->x16[(int64_t)i * (k / 16) + 2 * j + 1];
+        a->x32[(int64_t)i * (k / 32) + j] = s;
+        a->x32h[(int64_t)i * (k / 32) + j] = (int16_t)s; /* |s| <= 32 * 127 */
+    }
+}
+
+static void *alloc_acts(acts_t *a, int m, int k, int block) {
+    const size_t rows = (size_t)(m > 0 ? m : 1);
+    const size_t qb = (rows * k + 63) / 64 * 64, db = rows * (k / block) * 4, x16 = rows * (k / 16) * 4,
+                 x32 = rows * (k / 32) * 4, x32h = rows * (k / 32) * 2;
+    const size_t total = qb + ((db + 63) / 64 + (x16 + 63) / 64 + (x32 + 63) / 64 + (x32h + 63) / 64 + 1) * 64;
+    uint8_t *block_mem = aligned_alloc(64, (total + 63) / 64 * 64);
+    if (!block_mem) return NULL;
+    uint8_t *p = block_mem;
+    a->q = (int8_t *)p; p += qb;
+    a->dx = (float *)p; p += (db + 63) / 64 * 64;
+    a->x16 = (int32_t *)p; p += (x16 + 63) / 64 * 64;
+    a->x32 = (int32_t *)p; p += (x32 + 63) / 64 * 64;
+    a->x32h = (int16_t *)p;
+    a->k = k;
+    a->block = block;
+    return block_mem;
+}
+
+/* ------------------------------------------------------------------ portable path
+ * Reads the packed layout back and computes the integers and the epilogue of the top comment, element by element. */
+
+static int packed_quant(int type, const uint8_t *blk, int c, int e) {
+    const int g = (e % 32) / 4, b = e % 4;
+    switch (type) {
+    case GG_Q4_K: {
+        const uint8_t byte = blk[320 + 256 * (e / 32) + 64 * (g % 4) + 4 * c + b];
+        return g < 4 ? byte & 0xF : byte >> 4;
+    }
+    case GG_Q6_K: {
+        const uint8_t *chunk = blk + 288 + 384 * (e / 32);
+        const uint8_t byte = chunk[64 * (g % 4) + 4 * c + b], hi = chunk[256 + 64 * (g / 4) + 4 * c + b];
+        return (g < 4 ? byte & 0xF : byte >> 4) | (((hi >> (2 * (g % 4))) & 3) << 4);
+    }
+    case GG_Q5_0: {
+        const uint8_t byte = blk[32 + 64 * (g % 4) + 4 * c + b], hi = blk[288 + 4 * c + b];
+        return (g < 4 ? byte & 0xF : byte >> 4) | (((hi >> g) & 1) << 4);
+    }
+    case GG_Q8_0: return blk[32 + 64 * g + 4 * c + b];
+    case GG_Q4_1: {
+        const uint8_t byte = blk[64 + 64 * (g % 4) + 4 * c + b];
+        return g < 4 ? byte & 0xF : byte >> 4;
+    }
+    default: return 0;
+    }
+}
+
+/* Channel c of a group: the value its block b adds to acc for row i (the top comment's epilogue). */
+static float block_c(int type, const uint8_t *blk, int c, const acts_t *a, int i, int b) {
+    const int cols = block_columns(type), k = a->k;
+    const int8_t *xq = a->q + (int64_t)i * k + (int64_t)b * cols;
+    const float dx = a->dx[(int64_t)i * (k / a->block) + b];
+    const int32_t *x16 = a->x16 + (int64_t)i * (k / 16) + (int64_t)b * (cols / 16);
+    const int32_t *x32 = a->x32 + (int64_t)i * (k / 32) + (int64_t)b * (cols / 32);
+    const float d = half_to_float(read16(blk + 2 * c));
+    switch (type) {
+    case GG_Q4_K: {
+        int32_t t = 0, mm = 0;
+        for (int j = 0; j < 8; j++) {
+            int32_t s = 0;
+            for (int e = 32 * j; e < 32 * j + 32; e++) s += packed_quant(type, blk, c, e) * xq[e];
+            t += (int32_t)blk[64 + 16 * j + c] * s;
+            mm += (int32_t)blk[192 + 32 * (j / 2) + 2 * c + j % 2] * x32[j];
+        }
+        const float dmin = half_to_float(read16(blk + 32 + 2 * c));
+        return dx * (d * (float)t - dmin * (float)mm);
+    }
+    case GG_Q6_K: {
+        int32_t t = 0;
+        for (int j = 0; j < 16; j++) {
+            int32_t s = -32 * x16[j];
+            for (int e = 16 * j; e < 16 * j + 16; e++) s += packed_quant(type, blk, c, e) * xq[e];
+            t += (int32_t)(int8_t)blk[32 + 16 * j + c] * s;
+        }
+        return dx * (d * (float)t);
+    }
+    case GG_Q5_0:
+    case GG_Q8_0: {
+        int32_t s = (type == GG_Q5_0 ? -16 : -128) * x32[0];
+        for (int e = 0; e < 32; e++) s += packed_quant(type, blk, c, e) * xq[e];
+        return dx * (d * (float)s);
+    }
+    case GG_Q4_1: {
+        int32_t s = 0;
+        for (int e = 0; e < 32; e++) s += packed_quant(type, blk, c, e) * xq[e];
+        const float m = half_to_float(read16(blk + 32 + 2 * c));
+        return dx * (d * (float)s + m * (float)x32[0]);
+    }
+    default: return 0.0f;
+    }
+}
+
+static void group_c(int type, const uint8_t *grp, int nb, const acts_t *a, int i0, int rows, float out[R_MAX][LANES]) {
+    const int gbytes = group_block_bytes(type);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < LANES; c++) {
+            float acc = 0.0f;
+            for (int b = 0; b < nb; b++) acc += block_c(type, grp + (int64_t)b * gbytes, c, a, i0 + r, b);
+            out[r][c] = acc;
+        }
+}
+
+/* ------------------------------------------------------------------ AVX-512 VNNI path */
+#ifdef SD_X86
+#define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define INLINE __attribute__((always_inline)) static inline
+
+VNNI INLINE __m512 load_half16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+VNNI INLINE __m512i bcast32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* Q4_K: one group's blocks against rows i0 .. i0 + R - 1 (R a constant once inlined). */
+VNNI INLINE void q4k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, float out[R_MAX][LANES]) {
+    const int k = a->k;
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    __m512 acc[R_MAX];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)b * 2368;
+        _mm_prefetch((const char *)blk + 2368 * 2, _MM_HINT_T0);
+        __m512i t[R_MAX];
+        for (int r = 0; r < R; r++) t[r] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *qs = blk + 320 + 256 * j;
+            for (int l = 0; l < 4; l++) _mm_prefetch((const char *)qs + 4096 + 64 * l, _MM_HINT_T0);
+            const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 64 + 16 * j)));
+            __m512i w[8];
+            for (int z = 0; z < 4; z++) {
+                const __m512i v = _mm512_loadu_si512(qs + 64 * z);
+                w[z] = _mm512_and_si512(v, low);
+                w[z + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            }
+            for (int r = 0; r < R; r++) {
+                const int8_t *xq = a->q + (int64_t)(i0 + r) * k + (int64_t)b * 256 + 32 * j;
+                __m512i s = _mm512_setzero_si512();
+                for (int g = 0; g < 8; g++) s = _mm512_dpbusd_epi32(s, w[g], bcast32(xq + 4 * g));
+                t[r] = _mm512_add_epi32(t[r], _mm512_mullo_epi32(s, sc));
+            }
+        }
+        const __m512 d = load_half16(blk), dmin = load_half16(blk + 32);
+        __m512i mp[4];
+        for (int p = 0; p < 4; p++) mp[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 192 + 32 * p)));
+        for (int r = 0; r < R; r++) {
+            const int16_t *x32 = a->x32h + (int64_t)(i0 + r) * (k / 32) + (int64_t)b * 8;
+            __m512i mm = _mm512_setzero_si512();
+            for (int p = 0; p < 4; p++) mm = _mm512_dpwssd_epi32(mm, mp[p], bcast32(x32 + 2 * p));
+            const __m512 dx = _mm512_set1_ps(a->dx[(int64_t)(i0 + r) * (k / 256) + b]);
+            const __m512 v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(t[r])), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mm)));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(dx, v));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(out[r], acc[r]);
+}
+
+/* Q6_K: w = low nibble | the two high bits moved to bits 4..5 (vpternlogd: a | (b & c)). */
+VNNI INLINE __m512i q6_high(__m512i h, int s) {
+    switch (s) {
+    case 0: return _mm512_slli_epi16(h, 4);
+    case 1: return _mm512_slli_epi16(h, 2);
+    case 2: return h;
+    default: return _mm512_srli_epi16(h, 2);
+    }
+}
+
+VNNI INLINE void q6k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, float out[R_MAX][LANES]) {
+    const int k = a->k;
+    const __m512i low = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+    __m512 acc[R_MAX];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)b * 3360;
+        __m512i t[R_MAX];
+        for (int r = 0; r < R; r++) t[r] = _mm512_setzero_si512();
+        for (int c = 0; c < 8; c++) {
+            const uint8_t *chunk = blk + 288 + 384 * c;
+            for (int l = 0; l < 6; l++) _mm_prefetch((const char *)chunk + 4096 + 64 * l, _MM_HINT_T0);
+            const __m512i h0 = _mm512_loadu_si512(chunk + 256), h1 = _mm512_loadu_si512(chunk + 320);
+            __m512i w[8];
+            for (int z = 0; z < 4; z++) {
+                const __m512i v = _mm512_loadu_si512(chunk + 64 * z);
+                w[z] = _mm512_ternarylogic_epi32(_mm512_and_si512(v, low), q6_high(h0, z), bits45, 0xF8);
+                w[z + 4] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), q6_high(h1, z),
+                                                     bits45, 0xF8);
+            }
+            const __m512i sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * (2 * c))));
+            const __m512i sc1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * (2 * c + 1))));
+            for (int r = 0; r < R; r++) {
+                const int8_t *xq = a->q + (int64_t)(i0 + r) * k + (int64_t)b * 256 + 32 * c;
+                const int32_t *x16 = a->x16 + (int64_t)(i0 + r) * (k / 16) + (int64_t)b * 16 + 2 * c;
+                __m512i s0 = _mm512_set1_epi32(-32 * x16[0]), s1 = _mm512_set1_epi32(-32 * x16[1]);
+                for (int g = 0; g < 4; g++) s0 = _mm512_dpbusd_epi32(s0, w[g], bcast32(xq + 4 * g));
+                for (int g = 4; g < 8; g++) s1 = _mm512_dpbusd_epi32(s1, w[g], bcast32(xq + 4 * g));
+                t[r] = _mm512_add_epi32(t[r], _mm512_add_epi32(_mm512_mullo_epi32(s0, sc0), _mm512_mullo_epi32(s1, sc1)));
+            }
+        }
+        const __m512 d = load_half16(blk);
+        for (int r = 0; r < R; r++) {
+            const __m512 dx = _mm512_set1_ps(a->dx[(int64_t)(i0 + r) * (k / 256) + b]);
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(dx, _mm512_mul_ps(d, _mm512_cvtepi32_ps(t[r]))));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(out[r], acc[r]);
+}
+
+/* The 32-column types: Q5_0 (fifth bit of group g at bit g), Q8_0 (bytes), Q4_1 (nibbles and a minimum). */
+VNNI INLINE __m512i q5_high(__m512i h, int g) {
+    switch (g) {
+    case 0: return _mm512_slli_epi16(h, 4);
+    case 1: return _mm512_slli_epi16(h, 3);
+    case 2: return _mm512_slli_epi16(h, 2);
+    case 3: return _mm512_slli_epi16(h, 1);
+    case 4: return h;
+    case 5: return _mm512_srli_epi16(h, 1);
+    case 6: return _mm512_srli_epi16(h, 2);
+    default: return _mm512_srli_epi16(h, 3);
+    }
+}
+
+VNNI INLINE void q32_vnni(int type, const uint8_t *grp, int nb, const acts_t *a, int i0, const int R,
+                          float out[R_MAX][LANES]) {
+    const int k = a->k, gbytes = type == GG_Q5_0 ? 352 : type == GG_Q8_0 ? 544 : 320;
+    const __m512i low = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
+    __m512 acc[R_MAX];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)b * gbytes;
+        for (int l = 0; l < gbytes; l += 64) _mm_prefetch((const char *)blk + 8 * gbytes + l, _MM_HINT_T0);
+        __m512i w[8];
+        if (type == GG_Q8_0) {
+            for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512(blk + 32 + 64 * g);
+        } else {
+            const uint8_t *qs = blk + (type == GG_Q5_0 ? 32 : 64);
+            for (int z = 0; z < 4; z++) {
+                const __m512i v = _mm512_loadu_si512(qs + 64 * z);
+                w[z] = _mm512_and_si512(v, low);
+                w[z + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            }
+            if (type == GG_Q5_0) {
+                const __m512i h = _mm512_loadu_si512(blk + 288);
+                for (int g = 0; g < 8; g++) w[g] = _mm512_ternarylogic_epi32(w[g], q5_high(h, g), bit4, 0xF8);
+            }
+        }
+        const __m512 d = load_half16(blk);
+        const __m512 m = type == GG_Q4_1 ? load_half16(blk + 32) : _mm512_setzero_ps();
+        const int32_t offset = type == GG_Q5_0 ? -16 : type == GG_Q8_0 ? -128 : 0;
+        for (int r = 0; r < R; r++) {
+            const int8_t *xq = a->q + (int64_t)(i0 + r) * k + (int64_t)b * 32;
+            const int32_t x32 = a->x32[(int64_t)(i0 + r) * (k / 32) + b];
+            __m512i s = _mm512_set1_epi32(offset * x32);
+            for (int g = 0; g < 8; g++) s = _mm512_dpbusd_epi32(s, w[g], bcast32(xq + 4 * g));
+            const __m512 dx = _mm512_set1_ps(a->dx[(int64_t)(i0 + r) * (k / 32) + b]);
+            __m512 v = _mm512_mul_ps(d, _mm512_cvtepi32_ps(s));
+            if (type == GG_Q4_1) v = _mm512_add_ps(v, _mm512_mul_ps(m, _mm512_set1_ps((float)x32)));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(dx, v));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(out[r], acc[r]);
+}
+
+#define VNNI_ROWS(NAME, CALL)                                                                                      \
+    VNNI static void NAME(int type, const uint8_t *grp, int nb, const acts_t *a, int i0, int rows,                   \
+                          float out[R_MAX][LANES]) {                                                                \
+        (void)type;                                                                                                 \
+        switch (rows) {                                                                                             \
+        case 1: CALL(1); break;                                                                                     \
+        case 2: CALL(2); break;                                                                                     \
+        case 3: CALL(3); break;                                                                                     \
+        case 4: CALL(4); break;                                                                                     \
+        case 5: CALL(5); break;                                                                                     \
+        case 6: CALL(6); break;                                                                                     \
+        case 7: CALL(7); break;                                                                                     \
+        default: CALL(8); break;                                                                                    \
+        }                                                                                                           \
+    }
+#define Q4K_CALL(R) q4k_vnni(grp, nb, a, i0, R, out)
+#define Q6K_CALL(R) q6k_vnni(grp, nb, a, i0, R, out)
+#define Q50_CALL(R) q32_vnni(GG_Q5_0, grp, nb, a, i0, R, out)
+#define Q80_CALL(R) q32_vnni(GG_Q8_0, grp, nb, a, i0, R, out)
+#define Q41_CALL(R) q32_vnni(GG_Q4_1, grp, nb, a, i0, R, out)
+VNNI_ROWS(group_q4k_vnni, Q4K_CALL)
+VNNI_ROWS(group_q6k_vnni, Q6K_CALL)
+VNNI_ROWS(group_q50_vnni, Q50_CALL)
+VNNI_ROWS(group_q80_vnni, Q80_CALL)
+VNNI_ROWS(group_q41_vnni, Q41_CALL)
+
+/* ------------------------------------------------------------------ AVX2 path
+ * The same integers: vpmaddubsw (u8 quants x s8 activations, pairs summed in s16 without saturating: at most
+ * 2 * 63 * 127) then vpmaddwd with each lane's sub-block scale (or ones), on the two halves (lanes 0-7, 8-15)
+ * of a group in turn.  Q8_0's quants + 128 would saturate vpmaddubsw: there the signed quants are multiplied
+ * as |x| and sign(x) * q (at most 2 * 127 * 128 < 2^15), the offset then not taken. */
+#define AVX2F __attribute__((target("avx2,fma,f16c")))
+
+AVX2F INLINE __m256 load_half8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+AVX2F INLINE __m256i bcast32_8(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+/* Each lane's 16-bit scale twice (for vpmaddwd): from 8 consecutive u8 (zero-extended) or s8. */
+AVX2F INLINE __m256i pair16_u8(const uint8_t *p) {
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
+}
+AVX2F INLINE __m256i pair16_s8(const uint8_t *p) {
+    const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+}
+
+AVX2F INLINE void q4k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, int half,
+                           float out[R_MAX][LANES]) {
+    const int k = a->k, h32 = 32 * half;
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256 acc[R_MAX];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)b * 2368;
+        __m256i t[R_MAX];
+        for (int r = 0; r < R; r++) t[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *qs = blk + 320 + 256 * j + h32;
+            const __m256i sc = pair16_u8(blk + 64 + 16 * j + 8 * half);
+            __m256i w[8];
+            for (int z = 0; z < 4; z++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * z));
+                w[z] = _mm256_and_si256(v, low);
+                w[z + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            }
+            for (int r = 0; r < R; r++) {
+                const int8_t *xq = a->q + (int64_t)(i0 + r) * k + (int64_t)b * 256 + 32 * j;
+                __m256i p = _mm256_setzero_si256();
+                for (int g = 0; g < 8; g++) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[g], bcast32_8(xq + 4 * g)));
+                /* eight pair sums of 2 * 15 * 127 each stay within s16 */
+                t[r] = _mm256_add_epi32(t[r], _mm256_madd_epi16(p, sc));
+            }
+        }
+        const __m256 d = load_half8(blk + 16 * half), dmin = load_half8(blk + 32 + 16 * half);
+        __m256i mp[4];
+        for (int p = 0; p < 4; p++) mp[p] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192 + 32 * p + 16 * half)));
+        for (int r = 0; r < R; r++) {
+            const int16_t *x32 = a->x32h + (int64_t)(i0 + r) * (k / 32) + (int64_t)b * 8;
+            __m256i mm = _mm256_setzero_si256();
+            for (int p = 0; p < 4; p++) mm = _mm256_add_epi32(mm, _mm256_madd_epi16(mp[p], bcast32_8(x32 + 2 * p)));
+            const __m256 dx = _mm256_set1_ps(a->dx[(int64_t)(i0 + r) * (k / 256) + b]);
+            const __m256 v = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(t[r])), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mm)));
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, v));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r] + 8 * half, acc[r]);
+}
+
+AVX2F INLINE __m256i q6_high8(__m256i h, int s) {
+    switch (s) {
+    case 0: return _mm256_slli_epi16(h, 4);
+    case 1: return _mm256_slli_epi16(h, 2);
+    case 2: return h;
+    default: return _mm256_srli_epi16(h, 2);
+    }
+}
+
+AVX2F INLINE void q6k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, int half,
+                           float out[R_MAX][LANES]) {
+    const int k = a->k, h32 = 32 * half;
+    const __m256i low = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
+    __m256 acc[R_MAX];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)b * 3360;
+        __m256i t[R_MAX];
+        for (int r = 0; r < R; r++) t[r] = _mm256_setzero_si256();
+        for (int c = 0; c < 8; c++) {
+            const uint8_t *chunk = blk + 288 + 384 * c + h32;
+            const __m256i h0 = _mm256_loadu_si256((const __m256i *)(chunk + 256));
+            const __m256i h1 = _mm256_loadu_si256((const __m256i *)(chunk + 320));
+            __m256i w[8];
+            for (int z = 0; z < 4; z++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(chunk + 64 * z));
+                w[z] = _mm256_or_si256(_mm256_and_si256(v, low), _mm256_and_si256(q6_high8(h0, z), bits45));
+                w[z + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low),
+                                           _mm256_and_si256(q6_high8(h1, z), bits45));
+            }
+            const __m256i sc0 = pair16_s8(blk + 32 + 16 * (2 * c) + 8 * half);
+            const __m256i sc1 = pair16_s8(blk + 32 + 16 * (2 * c + 1) + 8 * half);
+            const __m256i sc0d = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 32 + 16 * (2 * c) + 8 * half)));
+            const __m256i sc1d = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 32 + 16 * (2 * c + 1) + 8 * half)));
+            for (int r = 0; r < R; r++) {
+                const int8_t *xq = a->q + (int64_t)(i0 + r) * k + (int64_t)b * 256 + 32 * c;
+                const int32_t *x16 = a->x16 + (int64_t)(i0 + r) * (k / 16) + (int64_t)b * 16 + 2 * c;
+                __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
+                /* four pair sums of 2 * 63 * 127 each would pass s16: widen every second one */
+                for (int g = 0; g < 4; g += 2) {
+                    p0 = _mm256_add_epi32(p0, _mm256_madd_epi16(_mm256_add_epi16(
+                        _mm256_maddubs_epi16(w[g], bcast32_8(xq + 4 * g)),
+                        _mm256_maddubs_epi16(w[g + 1], bcast32_8(xq + 4 * g + 4))), sc0));
+                    p1 = _mm256_add_epi32(p1, _mm256_madd_epi16(_mm256_add_epi16(
+                        _mm256_maddubs_epi16(w[g + 4], bcast32_8(xq + 16 + 4 * g)),
+                        _mm256_maddubs_epi16(w[g + 5], bcast32_8(xq + 16 + 4 * g + 4))), sc1));
+                }
+                /* minus 32 sc_j X16_j */
+                const __m256i off = _mm256_add_epi32(_mm256_mullo_epi32(sc0d, _mm256_set1_epi32(-32 * x16[0])),
+                                                     _mm256_mullo_epi32(sc1d, _mm256_set1_epi32(-32 * x16[1])));
+                t[r] = _mm256_add_epi32(t[r], _mm256_add_epi32(_mm256_add_epi32(p0, p1), off));
+            }
+        }
+        const __m256 d = load_half8(blk + 16 * half);
+        for (int r = 0; r < R; r++) {
+            const __m256 dx = _mm256_set1_ps(a->dx[(int64_t)(i0 + r) * (k / 256) + b]);
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, _mm256_mul_ps(d, _mm256_cvtepi32_ps(t[r]))));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r] + 8 * half, acc[r]);
+}
+
+AVX2F INLINE __m256i q5_high8(__m256i h, int g) {
+    switch (g) {
+    case 0: return _mm256_slli_epi16(h, 4);
+    case 1: return _mm256_slli_epi16(h, 3);
+    case 2: return _mm256_slli_epi16(h, 2);
+    case 3: return _mm256_slli_epi16(h, 1);
+    case 4: return h;
+    case 5: return _mm256_srli_epi16(h, 1);
+    case 6: return _mm256_srli_epi16(h, 2);
+    default: return _mm256_srli_epi16(h, 3);
+    }
+}
+
+AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, int half,
+                           float out[R_MAX][LANES]) {
+    const int k = a->k, h32 = 32 * half, gbytes = type == GG_Q5_0 ? 352 : type == GG_Q8_0 ? 544 : 320;
+    const __m256i low = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    __m256 acc[R_MAX];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)b * gbytes;
+        __m256i w[8];
+        if (type == GG_Q8_0) {
+            for (int g = 0; g < 8; g++) w[g] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 32 + 64 * g + h32)), flip);
+        } else {
+            const uint8_t *qs = blk + (type == GG_Q5_0 ? 32 : 64) + h32;
+            for (int z = 0; z < 4; z++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * z));
+                w[z] = _mm256_and_si256(v, low);
+                w[z + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            }
+            if (type == GG_Q5_0) {
+                const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 288 + h32));
+                for (int g = 0; g < 8; g++) w[g] = _mm256_or_si256(w[g], _mm256_and_si256(q5_high8(h, g), bit4));
+            }
+        }
+        const __m256 d = load_half8(blk + 16 * half);
+        const __m256 m = type == GG_Q4_1 ? load_half8(blk + 32 + 16 * half) : _mm256_setzero_ps();
+        for (int r = 0; r < R; r++) {
+            const int8_t *xq = a->q + (int64_t)(i0 + r) * k + (int64_t)b * 32;
+            const int32_t x32 = a->x32[(int64_t)(i0 + r) * (k / 32) + b];
+            __m256i s = _mm256_set1_epi32(type == GG_Q5_0 ? -16 * x32 : 0);
+            for (int g = 0; g < 8; g += 2) {
+                const __m256i x0 = bcast32_8(xq + 4 * g), x1 = bcast32_8(xq + 4 * g + 4);
+                __m256i p;
+                if (type == GG_Q8_0) /* signed quants: |q| (128 for -128, as u8) times sign(q) x */
+                    p = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w[g]), _mm256_sign_epi8(x0, w[g])), ones),
+                                         _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w[g + 1]), _mm256_sign_epi8(x1, w[g + 1])), ones));
+                else
+                    p = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w[g], x0), _mm256_maddubs_epi16(w[g + 1], x1)), ones);
+                s = _mm256_add_epi32(s, p);
+            }
+            const __m256 dx = _mm256_set1_ps(a->dx[(int64_t)(i0 + r) * (k / 32) + b]);
+            __m256 v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(s));
+            if (type == GG_Q4_1) v = _mm256_add_ps(v, _mm256_mul_ps(m, _mm256_set1_ps((float)x32)));
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, v));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r] + 8 * half, acc[r]);
+}
+
+#define AVX2_ROWS(NAME, CALL)                                                                                      \
+    AVX2F static void NAME(int type, const uint8_t *grp, int nb, const acts_t *a, int i0, int rows,                  \
+                           float out[R_MAX][LANES]) {                                                               \
+        (void)type;                                                                                                 \
+        for (int half = 0; half < 2; half++) switch (rows) {                                                        \
+            case 1: CALL(1); break;                                                                                 \
+            case 2: CALL(2); break;                                                                                 \
+            case 3: CALL(3); break;                                                                                 \
+            case 4: CALL(4); break;                                                                                 \
+            case 5: CALL(5); break;                                                                                 \
+            case 6: CALL(6); break;                                                                                 \
+            case 7: CALL(7); break;                                                                                 \
+            default: CALL(8); break;                                                                                \
+            }                                                                                                       \
+    }
+#define Q4K_CALL2(R) q4k_avx2(grp, nb, a, i0, R, half, out)
+#define Q6K_CALL2(R) q6k_avx2(grp, nb, a, i0, R, half, out)
+#define Q50_CALL2(R) q32_avx2(GG_Q5_0, grp, nb, a, i0, R, half, out)
+#define Q80_CALL2(R) q32_avx2(GG_Q8_0, grp, nb, a, i0, R, half, out)
+#define Q41_CALL2(R) q32_avx2(GG_Q4_1, grp, nb, a, i0, R, half, out)
+AVX2_ROWS(group_q4k_avx2, Q4K_CALL2)
+AVX2_ROWS(group_q6k_avx2, Q6K_CALL2)
+AVX2_ROWS(group_q50_avx2, Q50_CALL2)
+AVX2_ROWS(group_q80_avx2, Q80_CALL2)
+AVX2_ROWS(group_q41_avx2, Q41_CALL2)
+#endif /* SD_X86 */
+
+/* ------------------------------------------------------------------ dispatch */
+
+static int best_isa(void) {
+#ifdef SD_X86
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c"))
+            cached = ISA_VNNI;
+        else
+            cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? ISA_AVX2 : ISA_C;
+    }
+    return cached;
+#else
+    return ISA_C;
+#endif
+}
+
+int sd_gguf_isa(void) { return best_isa(); }
+
+typedef void (*group_fn)(int, const uint8_t *, int, const acts_t *, int, int, float[R_MAX][LANES]);
+
+static void group_portable(int type, const uint8_t *grp, int nb, const acts_t *a, int i0, int rows,
+                           float out[R_MAX][LANES]) {
+    group_c(type, grp, nb, a, i0, rows, out);
+}
+
+static group_fn group_function(int type, int isa) {
+#ifdef SD_X86
+    if (isa == ISA_VNNI) switch (type) {
+        case GG_Q4_K: return group_q4k_vnni;
+        case GG_Q6_K: return group_q6k_vnni;
+        case GG_Q5_0: return group_q50_vnni;
+        case GG_Q8_0: return group_q80_vnni;
+        case GG_Q4_1: return group_q41_vnni;
+        }
+    if (isa == ISA_AVX2) switch (type) {
+        case GG_Q4_K: return group_q4k_avx2;
+        case GG_Q6_K: return group_q6k_avx2;
+        case GG_Q5_0: return group_q50_avx2;
+        case GG_Q8_0: return group_q80_avx2;
+        case GG_Q4_1: return group_q41_avx2;
+        }
+#endif
+    (void)isa;
+    return group_portable;
+}
+
+/* One unit of work: groups [g0, g1) of part p, all rows. */
+typedef struct {
+    int part, g0, g1;
+} unit_t;
+
+static void run_unit(const sd_gguf_params *p, const acts_t *acts[2], int isa, unit_t u) {
+    const sd_gguf_part *part = &p->parts[u.part];
+    const int type = part->type, nb = p->k / block_columns(type), gbytes = group_block_bytes(type);
+    const acts_t *a = acts[block_columns(type) == BLOCK_K ? 0 : 1];
+    const group_fn fn = group_function(type, isa);
+    float out[R_MAX][LANES];
+    for (int i0 = 0; i0 < p->m; i0 += R_MAX) {
+        const int rows = p->m - i0 < R_MAX ? p->m - i0 : R_MAX;
+        for (int g = u.g0; g < u.g1; g++) {
+            fn(type, (const uint8_t *)part->w + (int64_t)g * nb * gbytes, nb, a, i0, rows, out);
+            const int lanes = part->n - g * LANES < LANES ? part->n - g * LANES : LANES;
+            for (int r = 0; r < rows; r++) {
+                float *y = p->y + (int64_t)(i0 + r) * p->ldy + part->col + (int64_t)g * LANES;
+                for (int c = 0; c < lanes; c++) y[c] = part->bias ? out[r][c] + part->bias[g * LANES + c] : out[r][c];
+            }
+        }
+    }
+}
+
+/* y = x W^T (+ bias) over the parts (see sd_gguf_params).  Returns 0, -1 when out of memory, -2 for a part it
+ * cannot multiply (a type it lacks, or k not a multiple of the type's block). */
+int sd_gguf_linear(const sd_gguf_params *p) {
+    const int isa = p->isa <= 0 || p->isa > best_isa() ? best_isa() : p->isa;
+    int need[2] = {0, 0}, groups = 0;
+    for (int i = 0; i < p->nparts; i++) {
+        const int type = p->parts[i].type;
+        if (!sd_gguf_supported(type) || p->k % block_columns(type)) return -2;
+        need[block_columns(type) == BLOCK_K ? 0 : 1] = 1;
+        groups += (p->parts[i].n + LANES - 1) / LANES;
+    }
+    acts_t ak = {0}, a0 = {0};
+    void *mk = NULL, *m0 = NULL;
+    if (need[0] && !(mk = alloc_acts(&ak, p->m, p->k, BLOCK_K))) return -1;
+    if (need[1] && !(m0 = alloc_acts(&a0, p->m, p->k, BLOCK_0))) {
+        free(mk);
+        return -1;
+    }
+    const int threads = p->threads > 0 ? p->threads : 1;
+    (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && p->m >= 4)
+#endif
+    for (int i = 0; i < p->m; i++) {
+        if (need[0]) quantize_row(p->x + (int64_t)i * p->ldx, &ak, i, isa);
+        if (need[1]) quantize_row(p->x + (int64_t)i * p->ldx, &a0, i, isa);
+    }
+    const acts_t *acts[2] = {&ak, &a0};
+    /* units of a few groups each, claimed dynamically; many rows: fewer, larger units */
+    const int per = p->m > R_MAX ? 2 : 4;
+    int units = 0;
+    for (int i = 0; i < p->nparts; i++) units += ((p->parts[i].n + LANES - 1) / LANES + per - 1) / per;
+    unit_t *list = malloc(sizeof(unit_t) * (size_t)(units > 0 ? units : 1));
+    if (!list) {
+        free(mk);
+        free(m0);
+        return -1;
+    }
+    int u = 0;
+    for (int i = 0; i < p->nparts; i++) {
+        const int g = (p->parts[i].n + LANES - 1) / LANES;
+        for (int g0 = 0; g0 < g; g0 += per) list[u++] = (unit_t){i, g0, g0 + per < g ? g0 + per : g};
+    }
+    (void)groups;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && units > 1)
+#endif
+    for (int i = 0; i < units; i++) run_unit(p, acts, isa, list[i]);
+    free(list);
+    free(mk);
+    free(m0);
+    return 0;
+}
+
+/* Dequantise rows (e.g. an embedding's) of a tensor in the packed layout: out[r, :] = W[rows[r], :] as floats,
+ * the file's value (d * sc) * q - (dmin * m) for Q4_K, (d * sc) * (q - 32) for Q6_K, d * (q - 16) for Q5_0,
+ * d * q for Q8_0, d * q + m for Q4_1.  Returns 0, or -2 for a type it lacks. */
+int sd_gguf_rows(int type, const void *w, int k, const int64_t *rows, int count, float *out) {
+    if (!sd_gguf_supported(type) || k % block_columns(type)) return -2;
+    const int cols = block_columns(type), nb = k / cols, gbytes = group_block_bytes(type);
+    for (int r = 0; r < count; r++) {
+        const int64_t row = rows[r];
+        const uint8_t *grp = (const uint8_t *)w + (row / LANES) * nb * gbytes;
+        const int c = (int)(row % LANES);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = grp + (int64_t)b * gbytes;
+            float *o = out + (int64_t)r * k + (int64_t)b * cols;
+            const float d = half_to_float(read16(blk + 2 * c));
+            for (int e = 0; e < cols; e++) {
+                const int q = packed_quant(type, blk, c, e);
+                switch (type) {
+                case GG_Q4_K: {
+                    const float dmin = half_to_float(read16(blk + 32 + 2 * c));
+                    const int j = e / 32;
+                    const float sc = d * (float)blk[64 + 16 * j + c], mn = dmin * (float)blk[192 + 32 * (j / 2) + 2 * c + j % 2];
+                    o[e] = sc * (float)q - mn;
+                    break;
+                }
+                case GG_Q6_K: o[e] = (d * (float)(int8_t)blk[32 + 16 * (e / 16) + c]) * (float)(q - 32); break;
+                case GG_Q5_0: o[e] = d * (float)(q - 16); break;
+                case GG_Q8_0: o[e] = d * (float)(q - 128); break;
+                case GG_Q4_1: o[e] = d * (float)q + half_to_float(read16(blk + 32 + 2 * c)); break;
+                }
+            }
+        }
+    }
+    return 0;
+}
