@@ -51,7 +51,7 @@ same int4 network in one C call).  The forward itself has no branches on the
 kind of model.
 
 **int4 drafts** (``int4=True``, :mod:`specdec.backends.int4`) run all their
-layers in one C call (``kernels/int4_layers.c``, :class:`NativeInt4Layers`):
+layers in one C call (``kernels/layers.c``, :class:`NativeInt4Layers`):
 norms, rotary embeddings and the MLP's SiLU are plain per-row loops there
 instead of ~35 torch operations per layer, which made one-token steps of the small drafts much faster
 (BENCHMARKS.md, Zen 3 component timings).  Its numbers are the torch path's up to
@@ -106,7 +106,7 @@ from specdec.backends.base import Capabilities, checked_taps, last_hidden
 from specdec.backends.fastlinear import is_fp32_cpu_linear, weight_major_linear
 from specdec.backends.hf import layer_window, model_eos_token_ids, model_identity, model_max_context
 from specdec.backends.int4 import Int4Linear
-from specdec.backends.kernels.bindings import Int4Model
+from specdec.backends.kernels.bindings import LayersModel
 from specdec.backends.quant import Int8Linear, is_int8, pack_all
 from specdec.backends.tree import Tree, check_forward, check_rollback, kept_rows
 from specdec.errors import SpecdecError
@@ -114,7 +114,7 @@ from specdec.errors import SpecdecError
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 GEMMA = ("gemma3_text",)  # Gemma3ForCausalLM's model_type: int4 drafts only (see the module doc)
 INT4_ARCHITECTURES = (*ARCHITECTURES, *GEMMA)
-ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}  # the gate activations kernels/int4_layers.c computes (ACT_*)
+ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}  # the gate activations kernels/layers.c computes (ACT_*)
 STATIC_ROPE = ("default", "linear", "llama3")  # inv_freq does not change with the sequence length
 _INITIAL_CAPACITY = 256
 
@@ -225,7 +225,7 @@ class _Layer:
 
 @dataclass
 class _NativeTable:
-    """An int4 model's layers as kernels/int4_layers.c reads them: the tensors' addresses, one row of
+    """An int4 model's layers as kernels/layers.c reads them: the tensors' addresses, one row of
     L_FIELDS per layer (the _Layer objects keep the tensors alive), attention scales and sliding windows."""
 
     tensors: torch.Tensor  # [layers, 19] int64
@@ -299,7 +299,7 @@ def _rope_kinds(config: Any) -> list[str | None]:
 
 
 def _activation_code(config: Any) -> int:
-    """The gate activation's code in kernels/int4_layers.c (ACT_*), or -1 for one it does not compute."""
+    """The gate activation's code in kernels/layers.c (ACT_*), or -1 for one it does not compute."""
     name = "hidden_activation" if config.model_type in GEMMA else "hidden_act"
     return ACTIVATIONS.get(getattr(config, name, None), -1)
 
@@ -339,13 +339,17 @@ class LayerSet:
     backend: str  # ModelRunner.describe(): the CLI's name for it
     dtype: str | None = None  # what its timings are keyed by where not the model's dtype (int8, or its parameters')
     batch_invariant = True  # a row's numbers do not depend on the other rows of the forward
-    native = False  # the whole stack runs in one C call (kernels/int4_layers.c)
+    native = False  # the whole stack runs in one C call (kernels/layers.c)
     tree = True  # run() takes token trees
 
     def __init__(self, layers: list[_Layer], head: Linear) -> None:
         self.layers = layers
         self.head = head  # hidden -> V
         self.intermediate = layers[0].gate_up.out_features // 2  # I
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """The final norm of rows x [n, hidden] (transformers' RMSNorm, op for op)."""
+        return rms_norm(x, weight, eps)
 
     @classmethod
     def of(cls: type[_Set], model: Any) -> _Set:
@@ -449,7 +453,7 @@ class Fp32Layers(TorchLayers):
 
 class Int4Layers(TorchLayers):
     """An int8 model's weights requantized to int4 (a draft's: specdec.backends.int4), op by op in torch;
-    where kernels/int4_layers.c lacks the model's activation, and the C layers' reference in tests."""
+    where kernels/layers.c lacks the model's activation, and the C layers' reference in tests."""
 
     backend = "specdec int4"
     dtype = "int4"
@@ -462,29 +466,30 @@ class Int4Layers(TorchLayers):
 
 
 class NativeInt4Layers(LayerSet):
-    """:class:`Int4Layers`' network (the same int4 weights) in one call of kernels/int4_layers.c: its numbers
+    """:class:`Int4Layers`' network (the same int4 weights) in one call of kernels/layers.c: its numbers
     up to fp32 rounding."""
 
     backend = "specdec int4"
     dtype = "int4"
     native = True
-    tree = False  # int4_layers.c computes chains only
+    tree = False  # layers.c computes chains only
 
     def __init__(self, layers: list[_Layer], head: Linear, act_code: int) -> None:
         super().__init__(layers, head)
         self.table = _NativeTable.of(layers)
         self.act_code = act_code  # the gate activation (ACTIVATIONS)
-        self._model: Int4Model | None = None  # the kernel's view of the model, made at the first forward
+        self._model: LayersModel | None = None  # the kernel's view of the model, made at the first forward
 
-    def kernel_model(self, lead: "LeanRunner", hidden: int) -> Int4Model:
-        """The model as kernels.int4.layers takes it (its table's addresses and shapes), made once: nothing
+    def kernel_model(self, lead: "LeanRunner", hidden: int) -> LayersModel:
+        """The model as kernels.layers.run takes it (its table's addresses and shapes), made once: nothing
         in it changes between forwards."""
         if self._model is None:
             table = self.table
-            self._model = Int4Model(tensors=table.tensors.data_ptr(), scaling=table.scaling.data_ptr(),
-                                    window=table.window.data_ptr(), layers=len(self.layers), hidden=hidden,
-                                    heads=lead.num_heads, kv_heads=lead.num_kv_heads, d=lead.head_dim,
-                                    intermediate=self.intermediate, act=self.act_code, eps=lead.eps)
+            self._model = LayersModel(tensors=table.tensors.data_ptr(), scaling=table.scaling.data_ptr(),
+                                      window=table.window.data_ptr(), layers=len(self.layers), hidden=hidden,
+                                      heads=lead.num_heads, kv_heads=lead.num_kv_heads, d=lead.head_dim,
+                                      intermediate=self.intermediate, act=self.act_code, eps=lead.eps,
+                                      linear=kernels.layers.INT4)
         return self._model
 
     @classmethod
@@ -505,7 +510,7 @@ class NativeInt4Layers(LayerSet):
         assert x.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
         model = self.kernel_model(lead, x.shape[1])
         caches = [a for r in runners for a in r._addresses]  # [R * layers * 2]
-        kernels.int4.layers(model, x, starts, sizes, caches, [r.capacity * lead.head_dim for r in runners], cos, sin)
+        kernels.layers.run(model, x, starts, sizes, caches, [r.capacity * lead.head_dim for r in runners], cos, sin)
         return x
 
 
@@ -590,37 +595,55 @@ class LeanRunner:
         self.layer_set = layer_set or choose_layers(model, fp32=fp32, int4=int4, int8_catch_up=int8_catch_up)
         config = model.config
         self.model = model  # kept for its config, generation config and eos ids
+        inner = model.model
+        gemma = config.model_type in GEMMA
+        num_heads = int(config.num_attention_heads)
+        self.embed = inner.embed_tokens.weight.detach()  # [V, hidden]
+        self.act: Callable[[torch.Tensor], torch.Tensor] = inner.layers[0].mlp.act_fn
+        self._setup(
+            embed_rows=self.embed.shape[0],
+            # Gemma scales its embeddings (by sqrt(hidden), an fp32 0-d tensor) and its norms by 1 + w
+            embed_scale=inner.embed_tokens.embed_scale.float() if gemma else None,
+            final_norm=_gemma_norm(inner.norm) if gemma else inner.norm.weight.detach(),
+            eps=float(config.rms_norm_eps), num_heads=num_heads,
+            num_kv_heads=int(getattr(config, "num_key_value_heads", None) or num_heads),
+            head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // num_heads),
+            max_context=max_context or model_max_context(model), rotary=inner.rotary_emb,
+            rope_kinds=_rope_kinds(config))
+
+    def _setup(self, embed_rows: int, embed_scale: torch.Tensor | None, final_norm: torch.Tensor, eps: float,
+               num_heads: int, num_kv_heads: int, head_dim: int, max_context: int, rotary: Any,
+               rope_kinds: list[str | None]) -> None:
+        """The model's shapes and shared tensors (after layer_set and model are set), and an empty cache."""
         # int8 models are batch-invariant (specdec.backends.quant); fp32 ones are not
         self.capabilities = Capabilities(batch_invariant=self.layer_set.batch_invariant, hidden_states=True,
                                          tree=self.layer_set.tree)
-        inner = model.model
-        self.embed = inner.embed_tokens.weight.detach()  # [V, hidden]
-        gemma = config.model_type in GEMMA
-        # Gemma scales its embeddings (by sqrt(hidden), an fp32 0-d tensor) and its norms by 1 + w
-        self.embed_scale: torch.Tensor | None = inner.embed_tokens.embed_scale.float() if gemma else None
-        self.final_norm = _gemma_norm(inner.norm) if gemma else inner.norm.weight.detach()
-        self.eps = float(config.rms_norm_eps)
+        self.embed_rows = embed_rows  # the token ids the embedding has
+        self.embed_scale = embed_scale
+        self.final_norm = final_norm  # [hidden]
+        self.eps = eps
         self.head: Linear = self.layer_set.head
         self.vocab_size = self.head.out_features
-        self.num_heads = int(config.num_attention_heads)
-        self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
-        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.num_heads)
-        self.max_context = max_context or model_max_context(model)
-        self.act: Callable[[torch.Tensor], torch.Tensor] = inner.layers[0].mlp.act_fn
-        self._rotary = inner.rotary_emb
-        self._rope_kinds = _rope_kinds(config)
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.max_context = max_context
+        self._rotary = rotary
+        self._rope_kinds = rope_kinds
         self._cos = self._sin = torch.empty(len(self._rope_kinds), 0, self.head_dim)  # [tables, positions, D]
         self.tokens: list[int] = []
         self.capacity = 0
         self.keys: list[torch.Tensor] = []  # per layer [H_kv, capacity, D]
         self.values: list[torch.Tensor] = []
-        self._addresses: list[int] = []  # keys[0], values[0], keys[1], ... for int4_layers.c (set by _reserve)
+        self._addresses: list[int] = []  # keys[0], values[0], keys[1], ... for layers.c (set by _reserve)
         self._hidden: torch.Tensor | None = None  # [n, hidden]: the head's input in the last forward
         self._tail: torch.Tensor | None = None  # [m, hidden]: the last forward's last m rows, _hidden their end
         self.hidden_rows = 0  # keep_hidden_rows: rows of each forward to keep beyond the logits'
         self.taps: tuple[int, ...] = ()  # tap_layers: layers whose outputs follow the final hidden states' columns
         # the last forward_tree's (cached, tree) until keep_rows, rollback or reset settles it
         self._tree: tuple[int, Tree] | None = None
+
+    def embed_tokens(self, tokens: Sequence[int]) -> torch.Tensor:
+        """The embedding's rows of `tokens` [n, hidden] fp32 (before any scaling)."""
+        return F.embedding(torch.tensor(list(tokens)), self.embed)
 
     def _reserve(self, length: int) -> None:
         """Room in the cache and the rotary table for `length` positions."""
@@ -639,7 +662,8 @@ class LeanRunner:
                     cache.append(grown)
         positions = torch.arange(capacity)[None]  # [1, capacity]
         # [1, capacity, D] each per table, the model's own computation
-        tables = [self._rotary(self.embed[:1], positions, *(() if kind is None else (kind,))) for kind in self._rope_kinds]
+        probe = torch.zeros(1, 1)  # the rotary module reads only its dtype and device
+        tables = [self._rotary(probe, positions, *(() if kind is None else (kind,))) for kind in self._rope_kinds]
         self._cos = torch.cat([cos for cos, _ in tables])  # [tables, capacity, D]
         self._sin = torch.cat([sin for _, sin in tables])
         self.capacity = capacity
@@ -653,8 +677,8 @@ class LeanRunner:
         if len(self.tokens) + len(new_tokens) > self.max_context:
             raise SpecdecError(f"context of {len(self.tokens) + len(new_tokens)} tokens exceeds the model's window "
                                f"of {self.max_context}")
-        if min(new_tokens) < 0 or max(new_tokens) >= self.embed.shape[0]:
-            raise ValueError(f"token ids must be in [0, {self.embed.shape[0]})")
+        if min(new_tokens) < 0 or max(new_tokens) >= self.embed_rows:
+            raise ValueError(f"token ids must be in [0, {self.embed_rows})")
         return new_tokens
 
     def forward(self, new_tokens: Sequence[int], last_n: int | None = None) -> torch.Tensor:
@@ -762,7 +786,7 @@ def forward_packed(runners: Sequence[LeanRunner], chunks: Sequence[Sequence[int]
     at = [slice(s, s + n) if t is None else s + t.depth_index for s, n, t in zip(starts, sizes, trees)]
     cos = torch.cat([r._cos[:, a] for r, a in zip(runners, at)], dim=1)  # [tables, total, D]
     sin = torch.cat([r._sin[:, a] for r, a in zip(runners, at)], dim=1)
-    x = F.embedding(torch.tensor([t for c in chunks for t in c]), lead.embed)  # [total, hidden]
+    x = lead.embed_tokens([t for c in chunks for t in c])  # [total, hidden]
     if lead.embed_scale is not None:
         x = x * lead.embed_scale
     taps = sorted({i for r in runners for i in r.taps})  # every layer some runner taps (tap_layers)
@@ -777,7 +801,7 @@ def forward_packed(runners: Sequence[LeanRunner], chunks: Sequence[Sequence[int]
             return rows[total - tails[0] :]
         return torch.cat([rows[hi - tail : hi] for hi, tail in zip(offsets[1:], tails)])
 
-    normed = rms_norm(pick(x), lead.final_norm, lead.eps)  # [sum tails, hidden]: the final hidden states
+    normed = lead.layer_set.norm(pick(x), lead.final_norm, lead.eps)  # [sum tails, hidden]: the final hidden states
     finals = normed.split(tails)  # runner r's [tail_r, hidden]
     rows = finals  # runner r's [tail_r, F]: its final hidden states, then its tapped layers' rows
     if tapped:

@@ -5,7 +5,7 @@
 - Batch invariance: a row's outputs alone equal its outputs inside any forward.
 - Parts side by side (q | k | v of mixed types, with biases) equal the parts alone.
 - The reference's reading of the blocks is llama.cpp's (gguf's own de-quantisation), and rows() de-quantises
-  the packed layout back to the file's values.
+  the file's blocks as llama.cpp does.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def test_the_blocks_read_as_llama_cpp_reads_them(type_id):
     ours = dequantize(type_id, raw, n, k)
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-7)
     ids = [18, 0, 5, 16, 5]
-    np.testing.assert_array_equal(gguf.rows(part, k, ids).numpy(), ours[ids])
+    np.testing.assert_array_equal(gguf.rows(type_id, raw, k, ids).numpy(), ours[ids])
 
 
 def test_a_non_finite_row_spoils_only_itself():

@@ -42,10 +42,10 @@ def test_the_signature_table_is_the_header():
     assert declared and set(declared) == set(bindings.SIGNATURES)
     for name, (result, params) in declared.items():
         restype, argtypes = bindings.SIGNATURES[name]
-        assert restype == {"int": ctypes.c_int, "int64_t": ctypes.c_int64, "void": None}[result], name
+        assert restype == {"int": ctypes.c_int, "int64_t": ctypes.c_int64, "double": ctypes.c_double, "void": None}[result], name
         assert argtypes == [ctype_of(p) for p in params], name
     lib = bindings.library()
-    assert lib.sd_int4_layers.argtypes == bindings.SIGNATURES["sd_int4_layers"][1]  # the table typed the library
+    assert lib.sd_layers.argtypes == bindings.SIGNATURES["sd_layers"][1]  # the table typed the library
 
 
 def test_the_structs_have_the_compilers_layout(tmp_path):
@@ -80,7 +80,7 @@ def test_the_header_is_hashed_with_the_sources(tmp_path, monkeypatch):
     assert build.version() != before
 
 
-@pytest.mark.parametrize("name", ["int8_linear.c", "int4_linear.c", "attention.c", "int4_layers.c"])
+@pytest.mark.parametrize("name", ["int8_linear.c", "int4_linear.c", "gguf_linear.c", "attention.c", "layers.c", "bandwidth.c"])
 def test_every_source_includes_the_header_and_declares_no_export_itself(name):
     text = (build.FOLDER / name).read_text()
     assert '#include "specdec_kernels.h"' in text

@@ -34,20 +34,21 @@ class AttentionParams(ctypes.Structure):
                 ("tree_at", c_void_p), ("tree_rows", c_void_p)]
 
 
-class Int4Model(ctypes.Structure):
-    """sd_int4_model: an int4 draft's decoder layers, the same in every call (int4_layers.c)."""
+class LayersModel(ctypes.Structure):
+    """sd_layers_model: a model's decoder layers, the same in every call (layers.c): an int4 draft's or the gguf
+    target's."""
 
     _fields_ = [("tensors", c_void_p), ("scaling", c_void_p), ("window", c_void_p), ("layers", c_int),
                 ("hidden", c_int), ("heads", c_int), ("kv_heads", c_int), ("d", c_int), ("intermediate", c_int),
-                ("act", c_int), ("eps", c_float)]
+                ("act", c_int), ("eps", c_float), ("linear", c_int)]
 
 
-class Int4Rows(ctypes.Structure):
-    """sd_int4_rows: the new rows of one call of sd_int4_layers, of one or more sequences."""
+class LayersRows(ctypes.Structure):
+    """sd_layers_rows: the new rows of one call of sd_layers, of one or more sequences (chains or token trees)."""
 
     _fields_ = [("x", c_void_p), ("total", c_int), ("runners", c_int), ("starts", c_void_p), ("sizes", c_void_p),
                 ("caches", c_void_p), ("kv_head", c_void_p), ("cos", c_void_p), ("sin", c_void_p),
-                ("threads", c_int)]
+                ("threads", c_int), ("trees", c_void_p), ("taps", c_void_p)]
 
 
 class GGUFPart(ctypes.Structure):
@@ -63,8 +64,8 @@ class GGUFParams(ctypes.Structure):
                 ("m", c_int), ("y", c_void_p), ("ldy", c_int64), ("threads", c_int), ("isa", c_int)]
 
 
-STRUCTS = {"sd_linear_params": LinearParams, "sd_attention_params": AttentionParams, "sd_int4_model": Int4Model,
-           "sd_int4_rows": Int4Rows, "sd_gguf_part": GGUFPart, "sd_gguf_params": GGUFParams}  # the header's name of each
+STRUCTS = {"sd_linear_params": LinearParams, "sd_attention_params": AttentionParams, "sd_layers_model": LayersModel,
+           "sd_layers_rows": LayersRows, "sd_gguf_part": GGUFPart, "sd_gguf_params": GGUFParams}  # the header's name of each
 
 _ptr, _i32 = c_void_p, c_int
 # Every function the header exports: name -> (result type, argument types).
@@ -79,13 +80,15 @@ SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     "sd_isa4": (c_int, []),
     "sd_attention": (c_int, [POINTER(AttentionParams)]),
     "sd_attention_isa": (c_int, []),
-    "sd_int4_layers": (c_int, [POINTER(Int4Model), POINTER(Int4Rows)]),
+    "sd_layers": (c_int, [POINTER(LayersModel), POINTER(LayersRows)]),
+    "sd_rms_norm": (None, [_ptr, _i32, _i32, _ptr, c_float, _ptr]),
     "sd_gguf_linear": (c_int, [POINTER(GGUFParams)]),
-    "sd_gguf_pack": (c_int, [_i32, _ptr, _i32, _i32, _ptr, _i32]),
+    "sd_gguf_pack": (c_int, [_i32, _ptr, _i32, _i32, _ptr, _ptr, _i32]),
     "sd_gguf_packed_bytes": (c_int64, [_i32, _i32, _i32]),
     "sd_gguf_supported": (c_int, [_i32]),
     "sd_gguf_rows": (c_int, [_i32, _ptr, _i32, _ptr, _i32, _ptr]),
     "sd_gguf_isa": (c_int, []),
+    "sd_read_bandwidth": (ctypes.c_double, [c_int64, _i32, _i32, _ptr]),
 }
 
 _lock = threading.Lock()

@@ -48,18 +48,43 @@ def supported(type_id: int) -> bool:
     return bool(library().sd_gguf_supported(int(type_id)))
 
 
-def pack(type_id: int, raw: np.ndarray | torch.Tensor, n: int, k: int) -> torch.Tensor:
+def _bytes(raw: np.ndarray | torch.Tensor) -> tuple[np.ndarray | torch.Tensor, int]:
+    """A contiguous array of bytes (a memory-mapped file's stay mapped: no copy) and its address."""
+    if isinstance(raw, torch.Tensor):
+        raw = raw.contiguous()
+        return raw, raw.data_ptr()
+    raw = np.ascontiguousarray(raw)
+    return raw, raw.ctypes.data
+
+
+def packed_bytes(type_id: int, n: int, k: int) -> int:
+    """Bytes of pack()'s layout of an [n, k] tensor, or -1 for a type or shape the kernel cannot multiply."""
+    return int(library().sd_gguf_packed_bytes(int(type_id), n, k))
+
+
+def pack(type_id: int, raw: np.ndarray | torch.Tensor, n: int, k: int, order: Sequence[int] | None = None,
+         out: torch.Tensor | None = None) -> torch.Tensor:
     """A tensor's blocks as the file stores them (n rows of k columns, row-major bytes) -> the kernel's layout
-    (uint8, 16 channels side by side; the same integers and scales)."""
-    size = int(library().sd_gguf_packed_bytes(int(type_id), n, k))
+    (uint8, 16 channels side by side; the same integers and scales).  order: output channel c is the file's
+    row order[c] (a permutation of range(n); None: the file's order).  out: where to write it (packed_bytes
+    uint8, contiguous), else a new tensor."""
+    size = packed_bytes(type_id, n, k)
     if size < 0:
         raise ValueError(f"the GGUF kernel cannot multiply {NAMES.get(type_id, type_id)} blocks of {k} columns")
-    data = torch.as_tensor(np.ascontiguousarray(raw)).view(torch.uint8).reshape(-1)
+    if out is not None and (out.dtype != torch.uint8 or out.numel() != size or not out.is_contiguous()):
+        raise ValueError(f"pack: out must be {size} contiguous bytes")
+    data, address = _bytes(raw)
     expected = n * k // BLOCK[type_id] * FILE_BYTES[type_id]
-    if data.numel() != expected:
-        raise ValueError(f"{NAMES[type_id]} [{n}, {k}] needs {expected} bytes, got {data.numel()}")
-    out = torch.empty(size, dtype=torch.uint8)
-    if library().sd_gguf_pack(int(type_id), data.data_ptr(), n, k, out.data_ptr(), torch.get_num_threads()) != 0:
+    if data.nbytes != expected:
+        raise ValueError(f"{NAMES[type_id]} [{n}, {k}] needs {expected} bytes, got {data.nbytes}")
+    rows = None
+    if order is not None:
+        rows = torch.as_tensor(list(order), dtype=torch.int32)
+        if rows.shape != (n,) or not torch.equal(rows.sort().values, torch.arange(n, dtype=torch.int32)):
+            raise ValueError(f"order must be a permutation of range({n})")
+    out = torch.empty(size, dtype=torch.uint8) if out is None else out
+    if library().sd_gguf_pack(int(type_id), address, n, k, None if rows is None else rows.data_ptr(), out.data_ptr(),
+                              torch.get_num_threads()) != 0:
         raise ValueError(f"cannot pack {NAMES[type_id]} [{n}, {k}]")
     return out
 
@@ -112,11 +137,14 @@ class Parts:
         return y
 
 
-def rows(part: Part, k: int, ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
-    """Rows `ids` of a packed tensor as fp32 [len(ids), k]: the file's de-quantised values (an embedding)."""
+def rows(type_id: int, blocks: np.ndarray | torch.Tensor, k: int, ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of a tensor as the file stores it (its blocks, row-major: e.g. a memory-mapped embedding) as
+    fp32 [len(ids), k]: llama.cpp's de-quantised values."""
     index = torch.as_tensor(ids, dtype=torch.int64).contiguous()
+    data, address = _bytes(blocks)
+    if index.numel() and (int(index.min()) < 0 or (int(index.max()) + 1) * k // BLOCK[type_id] * FILE_BYTES[type_id] > data.nbytes):
+        raise ValueError("row index out of range")
     out = torch.empty(index.numel(), k)
-    if library().sd_gguf_rows(part.type_id, part.packed.data_ptr(), k, index.data_ptr(), index.numel(),
-                              out.data_ptr()) != 0:
-        raise ValueError(f"cannot read rows of {NAMES.get(part.type_id, part.type_id)} [*, {k}]")
+    if library().sd_gguf_rows(int(type_id), address, k, index.data_ptr(), index.numel(), out.data_ptr()) != 0:
+        raise ValueError(f"cannot read rows of {NAMES.get(type_id, type_id)} [*, {k}]")
     return out

@@ -119,47 +119,59 @@ static void q4k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
     }
 }
 
-/* Column e's quant of one file block (see above). */
-static int file_quant(int type, const uint8_t *blk, int e) {
+/* A file block's quants, column by column (see above), into v[block_columns(type)]. */
+static void decode_block(int type, const uint8_t *blk, uint8_t *v) {
     switch (type) {
-    case GG_Q4_K: {
-        const uint8_t *qs = blk + 16 + 32 * (e / 64);
-        const int l = e % 64;
-        return l < 32 ? qs[l] & 0xF : qs[l - 32] >> 4;
-    }
-    case GG_Q6_K: {
-        const uint8_t *ql = blk + 64 * (e / 128), *qh = blk + 128 + 32 * (e / 128);
-        const int l = e % 128, part = l / 32, i = l % 32; /* part 0..3: ql[i], ql[i+32], ql[i]>>4, ql[i+32]>>4 */
-        const int low = part == 0 ? ql[i] & 0xF : part == 1 ? ql[i + 32] & 0xF : part == 2 ? ql[i] >> 4 : ql[i + 32] >> 4;
-        return low | (((qh[i] >> (2 * part)) & 3) << 4);
-    }
+    case GG_Q4_K:
+        for (int c = 0; c < 4; c++) {
+            const uint8_t *qs = blk + 16 + 32 * c;
+            for (int l = 0; l < 32; l++) {
+                v[64 * c + l] = qs[l] & 0xF;
+                v[64 * c + 32 + l] = qs[l] >> 4;
+            }
+        }
+        break;
+    case GG_Q6_K:
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
+            uint8_t *o = v + 128 * h;
+            for (int i = 0; i < 32; i++) {
+                o[i] = (uint8_t)((ql[i] & 0xF) | ((qh[i] & 3) << 4));
+                o[i + 32] = (uint8_t)((ql[i + 32] & 0xF) | (((qh[i] >> 2) & 3) << 4));
+                o[i + 64] = (uint8_t)((ql[i] >> 4) | (((qh[i] >> 4) & 3) << 4));
+                o[i + 96] = (uint8_t)((ql[i + 32] >> 4) | (((qh[i] >> 6) & 3) << 4));
+            }
+        }
+        break;
     case GG_Q5_0: {
         const uint32_t qh = (uint32_t)blk[2] | ((uint32_t)blk[3] << 8) | ((uint32_t)blk[4] << 16) | ((uint32_t)blk[5] << 24);
-        const uint8_t *qs = blk + 6;
-        return e < 16 ? (qs[e] & 0xF) | (((qh >> e) & 1) << 4) : (qs[e - 16] >> 4) | (((qh >> e) & 1) << 4);
+        for (int e = 0; e < 16; e++) {
+            v[e] = (uint8_t)((blk[6 + e] & 0xF) | (((qh >> e) & 1) << 4));
+            v[e + 16] = (uint8_t)((blk[6 + e] >> 4) | (((qh >> (e + 16)) & 1) << 4));
+        }
+        break;
     }
-    case GG_Q8_0: return (int)(int8_t)blk[2 + e] + 128;
-    case GG_Q4_1: {
-        const uint8_t *qs = blk + 4;
-        return e < 16 ? qs[e] & 0xF : qs[e - 16] >> 4;
-    }
-    default: return 0;
+    case GG_Q8_0:
+        for (int e = 0; e < 32; e++) v[e] = (uint8_t)((int)(int8_t)blk[2 + e] + 128);
+        break;
+    case GG_Q4_1:
+        for (int e = 0; e < 16; e++) {
+            v[e] = blk[4 + e] & 0xF;
+            v[e + 16] = blk[4 + e] >> 4;
+        }
+        break;
     }
 }
 
-/* Write the 32-column chunk `chunk` of channel c's quants v[32] into the nibble layout at out (256 bytes). */
+/* Channel c's 32 quants v[32] into the nibble layout at out (four 64-byte vectors). */
 static void put_nibbles(uint8_t *out, int c, const uint8_t *v) {
-    for (int e = 0; e < 32; e++) {
-        const int g = e / 4, b = e % 4;
-        uint8_t *byte = out + 64 * (g % 4) + 4 * c + b;
-        *byte = g < 4 ? (uint8_t)((*byte & 0xF0) | (v[e] & 0xF)) : (uint8_t)((*byte & 0x0F) | ((v[e] & 0xF) << 4));
-    }
+    for (int z = 0; z < 4; z++)
+        for (int b = 0; b < 4; b++) out[64 * z + 4 * c + b] = (uint8_t)((v[4 * z + b] & 0xF) | ((v[16 + 4 * z + b] & 0xF) << 4));
 }
 
 static void pack_block(int type, const uint8_t *src, int c, uint8_t *dst) {
-    const int cols = block_columns(type);
     uint8_t v[BLOCK_K];
-    for (int e = 0; e < cols; e++) v[e] = (uint8_t)file_quant(type, src, e);
+    decode_block(type, src, v);
     switch (type) {
     case GG_Q4_K:
         memcpy(dst + 2 * c, src, 2);          /* d */
@@ -177,21 +189,23 @@ static void pack_block(int type, const uint8_t *src, int c, uint8_t *dst) {
         for (int j = 0; j < 16; j++) dst[32 + 16 * j + c] = src[192 + j];
         for (int t = 0; t < 8; t++) {
             uint8_t *chunk = dst + 288 + 384 * t;
-            put_nibbles(chunk, c, v + 32 * t);
-            for (int e = 0; e < 32; e++) {
-                const int g = e / 4, b = e % 4;
-                uint8_t *byte = chunk + 256 + 64 * (g / 4) + 4 * c + b;
-                *byte = (uint8_t)((*byte & ~(3 << (2 * (g % 4)))) | ((v[32 * t + e] >> 4) << (2 * (g % 4))));
-            }
+            const uint8_t *w = v + 32 * t;
+            put_nibbles(chunk, c, w);
+            for (int h = 0; h < 2; h++)
+                for (int b = 0; b < 4; b++) {
+                    uint8_t byte = 0;
+                    for (int s = 0; s < 4; s++) byte |= (uint8_t)((w[16 * h + 4 * s + b] >> 4) << (2 * s));
+                    chunk[256 + 64 * h + 4 * c + b] = byte;
+                }
         }
         break;
     case GG_Q5_0:
         memcpy(dst + 2 * c, src, 2);
         put_nibbles(dst + 32, c, v);
-        for (int e = 0; e < 32; e++) {
-            const int g = e / 4, b = e % 4;
-            uint8_t *byte = dst + 288 + 4 * c + b;
-            *byte = (uint8_t)((*byte & ~(1 << g)) | ((v[e] >> 4) << g));
+        for (int b = 0; b < 4; b++) {
+            uint8_t byte = 0;
+            for (int g = 0; g < 8; g++) byte |= (uint8_t)((v[4 * g + b] >> 4) << g);
+            dst[288 + 4 * c + b] = byte;
         }
         break;
     case GG_Q8_0:
@@ -207,8 +221,9 @@ static void pack_block(int type, const uint8_t *src, int c, uint8_t *dst) {
 }
 
 /* Repack n rows of k columns of the file's blocks (row-major, as the file stores a tensor) into out
- * (sd_gguf_packed_bytes of them; channels past n are zero).  Returns 0, or -1 for a type or shape it cannot. */
-int sd_gguf_pack(int type, const uint8_t *src, int n, int k, uint8_t *out, int threads) {
+ * (sd_gguf_packed_bytes of them; channels past n are zero): output channel c is the file's row order[c] (order
+ * NULL: row c).  Returns 0, or -1 for a type or shape it cannot. */
+int sd_gguf_pack(int type, const uint8_t *src, int n, int k, const int32_t *order, uint8_t *out, int threads) {
     const int64_t total = sd_gguf_packed_bytes(type, n, k);
     if (total < 0) return -1;
     const int gbytes = group_block_bytes(type), fbytes = file_block_bytes(type), nb = k / block_columns(type);
@@ -221,7 +236,8 @@ int sd_gguf_pack(int type, const uint8_t *src, int n, int k, uint8_t *out, int t
         uint8_t *grp = out + (int64_t)g * nb * gbytes;
         memset(grp, 0, (size_t)nb * gbytes);
         for (int c = 0; c < LANES && g * LANES + c < n; c++) {
-            const uint8_t *row = src + (int64_t)(g * LANES + c) * nb * fbytes;
+            const int64_t at = order ? order[g * LANES + c] : g * LANES + c;
+            const uint8_t *row = src + at * nb * fbytes;
             for (int b = 0; b < nb; b++) pack_block(type, row + (int64_t)b * fbytes, c, grp + (int64_t)b * gbytes);
         }
     }
@@ -431,6 +447,18 @@ static void group_c(int type, const uint8_t *grp, int nb, const acts_t *a, int i
 #define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 #define INLINE __attribute__((always_inline)) static inline
 
+#ifndef PF_DIST
+#define PF_DIST 4096
+#endif
+#ifndef PF_HINT
+#define PF_HINT _MM_HINT_T0
+#endif
+/* Software prefetch of the weight stream, PF_DIST bytes ahead: the lines of [p, p + bytes) (each group's blocks
+ * follow one another, and a thread's groups too, so the stream runs on). */
+VNNI INLINE void prefetch_ahead(const uint8_t *p, int bytes) {
+    for (int l = 0; l < bytes; l += 64) _mm_prefetch((const char *)p + PF_DIST + l, PF_HINT);
+}
+
 VNNI INLINE __m512 load_half16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 VNNI INLINE __m512i bcast32(const void *p) {
     int32_t v;
@@ -446,12 +474,11 @@ VNNI INLINE void q4k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = grp + (int64_t)b * 2368;
-        _mm_prefetch((const char *)blk + 2368 * 2, _MM_HINT_T0);
         __m512i t[R_MAX];
         for (int r = 0; r < R; r++) t[r] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
             const uint8_t *qs = blk + 320 + 256 * j;
-            for (int l = 0; l < 4; l++) _mm_prefetch((const char *)qs + 4096 + 64 * l, _MM_HINT_T0);
+            prefetch_ahead(blk + 296 * j, 320); /* 8 x 296 = 2368: the whole stream, headers included */
             const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 64 + 16 * j)));
             __m512i w[8];
             for (int z = 0; z < 4; z++) {
@@ -502,7 +529,7 @@ VNNI INLINE void q6k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
         for (int r = 0; r < R; r++) t[r] = _mm512_setzero_si512();
         for (int c = 0; c < 8; c++) {
             const uint8_t *chunk = blk + 288 + 384 * c;
-            for (int l = 0; l < 6; l++) _mm_prefetch((const char *)chunk + 4096 + 64 * l, _MM_HINT_T0);
+            prefetch_ahead(blk + 420 * c, 448); /* 8 x 420 = 3360 */
             const __m512i h0 = _mm512_loadu_si512(chunk + 256), h1 = _mm512_loadu_si512(chunk + 320);
             __m512i w[8];
             for (int z = 0; z < 4; z++) {
@@ -553,7 +580,7 @@ VNNI INLINE void q32_vnni(int type, const uint8_t *grp, int nb, const acts_t *a,
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = grp + (int64_t)b * gbytes;
-        for (int l = 0; l < gbytes; l += 64) _mm_prefetch((const char *)blk + 8 * gbytes + l, _MM_HINT_T0);
+        prefetch_ahead(blk, gbytes);
         __m512i w[8];
         if (type == GG_Q8_0) {
             for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512(blk + 32 + 64 * g);
@@ -616,7 +643,7 @@ VNNI_ROWS(group_q41_vnni, Q41_CALL)
  * The same integers: vpmaddubsw (u8 quants x s8 activations, pairs summed in s16 without saturating: at most
  * 2 * 63 * 127) then vpmaddwd with each lane's sub-block scale (or ones), on the two halves (lanes 0-7, 8-15)
  * of a group in turn.  Q8_0's quants + 128 would saturate vpmaddubsw: there the signed quants are multiplied
- * as |x| and sign(x) * q (at most 2 * 127 * 128 < 2^15), the offset then not taken. */
+ * as |q| (unsigned: 128 for -128) and sign(q) * x (at most 2 * 128 * 127 < 2^15), the offset then not taken. */
 #define AVX2F __attribute__((target("avx2,fma,f16c")))
 
 AVX2F INLINE __m256 load_half8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
@@ -930,7 +957,12 @@ int sd_gguf_linear(const sd_gguf_params *p) {
     }
     const acts_t *acts[2] = {&ak, &a0};
     /* units of a few groups each, claimed dynamically; many rows: fewer, larger units */
-    const int per = p->m > R_MAX ? 2 : 4;
+#ifndef UNITS_PER_THREAD
+#define UNITS_PER_THREAD 2
+#endif
+    int per = groups / (UNITS_PER_THREAD * threads);
+    if (p->m > R_MAX && per > 2) per = 2;
+    if (per < 1) per = 1;
     int units = 0;
     for (int i = 0; i < p->nparts; i++) units += ((p->parts[i].n + LANES - 1) / LANES + per - 1) / per;
     unit_t *list = malloc(sizeof(unit_t) * (size_t)(units > 0 ? units : 1));
@@ -944,7 +976,6 @@ int sd_gguf_linear(const sd_gguf_params *p) {
         const int g = (p->parts[i].n + LANES - 1) / LANES;
         for (int g0 = 0; g0 < g; g0 += per) list[u++] = (unit_t){i, g0, g0 + per < g ? g0 + per : g};
     }
-    (void)groups;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && units > 1)
 #endif
@@ -955,35 +986,47 @@ int sd_gguf_linear(const sd_gguf_params *p) {
     return 0;
 }
 
-/* Dequantise rows (e.g. an embedding's) of a tensor in the packed layout: out[r, :] = W[rows[r], :] as floats,
- * the file's value (d * sc) * q - (dmin * m) for Q4_K, (d * sc) * (q - 32) for Q6_K, d * (q - 16) for Q5_0,
- * d * q for Q8_0, d * q + m for Q4_1.  Returns 0, or -2 for a type it lacks. */
-int sd_gguf_rows(int type, const void *w, int k, const int64_t *rows, int count, float *out) {
+/* Dequantise rows of a tensor as the file stores them (row-major blocks; e.g. an embedding's): out[r, :] =
+ * W[rows[r], :] as llama.cpp de-quantises it, (d * sc) * q - (dmin * m) for Q4_K, (d * sc) * (q - 32) for Q6_K,
+ * d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1.  Returns 0, or -2 for a type it lacks. */
+int sd_gguf_rows(int type, const void *blocks, int k, const int64_t *rows, int count, float *out) {
     if (!sd_gguf_supported(type) || k % block_columns(type)) return -2;
-    const int cols = block_columns(type), nb = k / cols, gbytes = group_block_bytes(type);
+    const int cols = block_columns(type), nb = k / cols, fbytes = file_block_bytes(type);
+    uint8_t v[BLOCK_K];
     for (int r = 0; r < count; r++) {
-        const int64_t row = rows[r];
-        const uint8_t *grp = (const uint8_t *)w + (row / LANES) * nb * gbytes;
-        const int c = (int)(row % LANES);
+        const uint8_t *row = (const uint8_t *)blocks + rows[r] * nb * fbytes;
         for (int b = 0; b < nb; b++) {
-            const uint8_t *blk = grp + (int64_t)b * gbytes;
+            const uint8_t *blk = row + (int64_t)b * fbytes;
             float *o = out + (int64_t)r * k + (int64_t)b * cols;
-            const float d = half_to_float(read16(blk + 2 * c));
-            for (int e = 0; e < cols; e++) {
-                const int q = packed_quant(type, blk, c, e);
-                switch (type) {
-                case GG_Q4_K: {
-                    const float dmin = half_to_float(read16(blk + 32 + 2 * c));
-                    const int j = e / 32;
-                    const float sc = d * (float)blk[64 + 16 * j + c], mn = dmin * (float)blk[192 + 32 * (j / 2) + 2 * c + j % 2];
-                    o[e] = sc * (float)q - mn;
-                    break;
+            decode_block(type, blk, v);
+            switch (type) {
+            case GG_Q4_K: {
+                const float d = half_to_float(read16(blk)), dmin = half_to_float(read16(blk + 2));
+                for (int j = 0; j < 8; j++) {
+                    uint8_t sc, m;
+                    q4k_scale_min(blk + 4, j, &sc, &m);
+                    const float d1 = d * (float)sc, m1 = dmin * (float)m;
+                    for (int e = 32 * j; e < 32 * j + 32; e++) o[e] = d1 * (float)v[e] - m1;
                 }
-                case GG_Q6_K: o[e] = (d * (float)(int8_t)blk[32 + 16 * (e / 16) + c]) * (float)(q - 32); break;
-                case GG_Q5_0: o[e] = d * (float)(q - 16); break;
-                case GG_Q8_0: o[e] = d * (float)(q - 128); break;
-                case GG_Q4_1: o[e] = d * (float)q + half_to_float(read16(blk + 32 + 2 * c)); break;
-                }
+                break;
+            }
+            case GG_Q6_K: {
+                const float d = half_to_float(read16(blk + 208));
+                for (int e = 0; e < 256; e++) o[e] = (d * (float)(int8_t)blk[192 + e / 16]) * (float)(v[e] - 32);
+                break;
+            }
+            case GG_Q5_0:
+            case GG_Q8_0: {
+                const float d = half_to_float(read16(blk));
+                const int offset = type == GG_Q5_0 ? 16 : 128;
+                for (int e = 0; e < 32; e++) o[e] = d * (float)(v[e] - offset);
+                break;
+            }
+            case GG_Q4_1: {
+                const float d = half_to_float(read16(blk)), m = half_to_float(read16(blk + 2));
+                for (int e = 0; e < 32; e++) o[e] = d * (float)v[e] + m;
+                break;
+            }
             }
         }
     }

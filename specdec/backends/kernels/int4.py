@@ -1,22 +1,17 @@
-"""specdec's int4 kernel for draft models on the CPU: packing, the linear, and a draft's layers in one call.
+"""specdec's int4 kernel for draft models on the CPU: packing and the linear.
 
 ``int4_linear.c`` multiplies 8-bit per-token activations with 4-bit weights in groups of GROUP columns,
 each group with its own fp16 scale and minimum (the format and the numbers: its top comment and
 :mod:`specdec.backends.int4`); exact int32 sums per group, then fp32 multiply-adds in a fixed order, so a
 row's outputs do not depend on the other rows or the threads, on the AVX2 and the portable C path alike.
-``int4_layers.c`` runs an int4 draft's decoder layers (norms, rotary embeddings, attention through
-``attention.c``, the gated MLP) over the new rows of one or more sequences in one call
-(:mod:`specdec.backends.lean`).
+An int4 draft's decoder layers run in one call of ``layers.c`` (:mod:`.layers`).
 """
 
 from __future__ import annotations
 
-import ctypes
-from typing import Sequence
-
 import torch
 
-from specdec.backends.kernels.bindings import Int4Model, Int4Rows, LinearParams, library
+from specdec.backends.kernels.bindings import LinearParams, library
 from specdec.backends.kernels.int8 import TILE, padded
 
 PATHS = {"c": 1, "avx2": 2}  # the int4 kernel's paths (ISA4_* in specdec_kernels.h), slowest first
@@ -80,19 +75,3 @@ def linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, in_featu
     if library().sd_linear4(params) != 0:
         raise MemoryError("int4 kernel: out of memory")
     return y
-
-
-def layers(model: Int4Model, x: torch.Tensor, starts: Sequence[int], sizes: Sequence[int], caches: Sequence[int],
-           kv_head: Sequence[int], cos: torch.Tensor, sin: torch.Tensor) -> None:
-    """All of `model`'s layers over the new rows x [total, hidden] fp32 (contiguous; in place) of R sequences:
-    sequence r's sizes[r] rows, one sequence after another, at positions starts[r].. of its cache.  caches:
-    [R * layers * 2] addresses (sequence r, layer l: keys, values [H_kv, capacity_r, D] fp32, where the rows'
-    keys and values are written); kv_head[r] = capacity_r * D; cos, sin [tables, total, D] fp32: each row's
-    position's in each rotary table."""
-    n = len(starts)
-    arrays = ((ctypes.c_int * n)(*starts), (ctypes.c_int * n)(*sizes), (ctypes.c_int64 * len(caches))(*caches),
-              (ctypes.c_int64 * n)(*kv_head))  # alive until the call returns
-    rows = Int4Rows(x.data_ptr(), x.shape[0], n, *map(ctypes.addressof, arrays), cos.data_ptr(), sin.data_ptr(),
-                    torch.get_num_threads())
-    if library().sd_int4_layers(model, rows) != 0:
-        raise MemoryError("int4 layers: out of memory")

@@ -74,10 +74,10 @@ typedef struct {
 
 /* Returns 0, -1 when out of memory, -2 for a type it lacks or k not a multiple of the type's block. */
 int sd_gguf_linear(const sd_gguf_params *p);
-int sd_gguf_pack(int type, const uint8_t *src, int n, int k, uint8_t *out, int threads);
+int sd_gguf_pack(int type, const uint8_t *src, int n, int k, const int32_t *order, uint8_t *out, int threads);
 int64_t sd_gguf_packed_bytes(int type, int n, int k);
 int sd_gguf_supported(int type);
-int sd_gguf_rows(int type, const void *w, int k, const int64_t *rows, int count, float *out);
+int sd_gguf_rows(int type, const void *blocks, int k, const int64_t *rows, int count, float *out);
 int sd_gguf_isa(void);
 
 /* ------------------------------------------------------------------ attention (attention.c)
@@ -105,15 +105,20 @@ typedef struct {
 int sd_attention(const sd_attention_params *p);
 int sd_attention_isa(void);
 
-/* ------------------------------------------------------------------ an int4 draft's layers (int4_layers.c) */
+/* ------------------------------------------------------------------ a model's layers in one call (layers.c)
+ * llama / qwen2 / mistral and Gemma 3 decoder layers whose linears run on the int4 kernel (an int4 draft) or on
+ * the GGUF block kernel (the gguf target). */
 
-/* A layer's tensors, as one row of int64 addresses (specdec.backends.lean builds them in this order); the
- * linears' packed weights and fp16 scales and minimums as int4_linear.c lays them out; biases and optional
- * norms NULL (0) when absent; L_ROPE is not an address but the index of the layer's rotary table. */
+/* A layer's tensors, as one row of int64 addresses (specdec.backends.lean builds them in this order); biases and
+ * optional norms NULL (0) when absent; L_ROPE is not an address but the index of the layer's rotary table.
+ * A linear takes three fields (L_QKV_W, L_QKV_S, L_QKV_B, ...): for LIN_INT4 its packed weight, fp16 scales
+ * and minimums (int4_linear.c) and bias; for LIN_GGUF its sd_gguf_part array (biases in the parts), the number
+ * of parts, and 0. */
 enum { L_IN_NORM, L_POST_NORM, L_QKV_W, L_QKV_S, L_QKV_B, L_O_W, L_O_S, L_O_B, L_GU_W, L_GU_S, L_GU_B, L_DOWN_W,
        L_DOWN_S, L_DOWN_B, L_Q_NORM, L_K_NORM, L_ATTN_OUT_NORM, L_MLP_OUT_NORM, L_ROPE, L_FIELDS };
 
 enum { ACT_SILU, ACT_GELU_TANH };  /* the MLP gate's activation */
+enum { LIN_INT4, LIN_GGUF };       /* the kernel a model's linears run on */
 
 /* The model: what is the same in every call. */
 typedef struct {
@@ -123,7 +128,8 @@ typedef struct {
     int layers, hidden, heads, kv_heads, d, intermediate;
     int act;                 /* ACT_* */
     float eps;               /* the norms' epsilon */
-} sd_int4_model;
+    int linear;              /* LIN_* */
+} sd_layers_model;
 
 /* The new rows of one call, of `runners` sequences: sequence r owns rows offsets r (sizes[r] of them, after the
  * previous sequences'), at positions starts[r] .. starts[r] + sizes[r] - 1 of its cache. */
@@ -135,9 +141,21 @@ typedef struct {
     const int64_t *kv_head;  /* [runners]: capacity_r * d */
     const float *cos, *sin;  /* [tables, total, d]: each row's position's in each rotary table */
     int threads;
-} sd_int4_rows;
+    const int64_t *trees;    /* [runners, 2] (tree_at, tree_rows as sd_attention_params takes them, 0 for a chain),
+                                or NULL: every sequence a chain */
+    const int64_t *taps;     /* [layers]: where to copy layer l's output [total, hidden] (0: nowhere), or NULL */
+} sd_layers_rows;
 
 /* Returns 0, or -1 when out of memory. */
-int sd_int4_layers(const sd_int4_model *model, const sd_int4_rows *rows);
+int sd_layers(const sd_layers_model *model, const sd_layers_rows *rows);
+
+/* out[i] = w * (x[i] / sqrt(mean(x[i]^2) + eps)) for each of m rows of `hidden` (out may be x): the layers' norm. */
+void sd_rms_norm(const float *x, int m, int hidden, const float *w, float eps, float *out);
+
+/* ------------------------------------------------------------------ the machine (bandwidth.c) */
+
+/* GB/s of the best of `passes` streaming reads of a `bytes` buffer on `threads` threads (each its own part);
+ * *checksum: the bytes' sum.  Negative when out of memory. */
+double sd_read_bandwidth(int64_t bytes, int threads, int passes, uint64_t *checksum);
 
 #endif

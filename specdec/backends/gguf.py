@@ -1,0 +1,454 @@
+"""The gguf target: a GGUF file's own quantised blocks on specdec's kernels, every layer in one C call.
+
+``--dtype gguf`` runs a llama / qwen2 / mistral GGUF model as the file stores it: its Q4_K, Q6_K, Q5_0, Q8_0
+and Q4_1 blocks -- the integers and scales the user downloaded, not an int8 requantisation of a de-quantised
+copy -- multiplied by specdec's block kernel (:mod:`specdec.backends.kernels.gguf`: 8-bit block activations,
+exact integer sums, one fixed sequence of fp32 operations per block), with the norms, rotary embeddings,
+attention (specdec's exact kernel), the gated MLP and the residual adds of every layer in one C call
+(:mod:`specdec.backends.kernels.layers`).  A decode step reads each weight block once: about 4.5-6.5 bits a
+weight for a Q4_K_M file against int8's 8, which is what a memory-bound one-token step costs.
+
+**Exact speculation.**  Every operation computes a token's numbers from its own row in a fixed order, so a
+token's logits are bitwise the same alone, in a k-token verification and in a prefill (batch invariance, as
+the int8 target has; tested on random forward/rollback sequences): speculative output is exactly the gguf
+target's plain output, greedy and sampled.  Its numbers are its own model's -- the file's weights with
+8-bit block activations, as llama.cpp multiplies them -- not llama.cpp's bits nor the fp32 model's
+(`specdec quality` measures the distance to the fp32 de-quantised file).
+
+**Unlike llama.cpp**, whose small-batch kernels re-read and re-unpack each block for every row of a
+verification (t(8) ~ 6 t(1) on a 2-core Zen 4), the block kernel unpacks a block once for up to 8 rows, so
+verifying a draft costs little more than a step: the regime speculative decoding needs.
+
+The runner is a :class:`specdec.backends.lean.LeanRunner` (its KV cache, rollback, token trees, hidden
+states, packed forwards of several sequences) whose layer set is :class:`GGUFLayers`.  The GGUF file is read
+here (its header and tensor table; the blocks memory-mapped), its config mapped to the transformers config
+of the architecture; llama-architecture files store their q and k rows permuted for llama.cpp's rotary
+layout, which packing undoes (a permutation of output channels: the same integers).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from specdec.backends import kernels
+from specdec.backends.kernels.bindings import LayersModel
+from specdec.backends.kernels.gguf import BLOCK, FILE_BYTES, NAMES, Part, Parts
+from specdec.backends.lean import LayerSet, LeanRunner, _Layer, _NativeTable
+from specdec.backends.tree import Tree
+from specdec.errors import SpecdecError
+
+ARCHITECTURES = ("llama", "qwen2", "mistral")  # GGUF general.architecture values the gguf target runs
+F32, F16 = 0, 1  # ggml type ids of unquantised tensors (norms, biases)
+
+# ---------------------------------------------------------------- the file: header, metadata, tensor table
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+_KEEP_ARRAY = 1024  # arrays up to this many elements are read (per-layer values); longer ones (a vocabulary) skipped
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A tensor of the file: ggml's type id, its shape as ggml lists it ([columns, rows]), its data's offset."""
+
+    name: str
+    type_id: int
+    shape: tuple[int, ...]
+    offset: int  # from the start of the file
+
+    @property
+    def rows(self) -> int:
+        return int(np.prod(self.shape[1:])) if len(self.shape) > 1 else 1
+
+    @property
+    def columns(self) -> int:
+        return self.shape[0]
+
+    def nbytes(self) -> int:
+        if self.type_id == F32:
+            return 4 * self.rows * self.columns
+        if self.type_id == F16:
+            return 2 * self.rows * self.columns
+        if self.type_id not in BLOCK:
+            return -1
+        return self.rows * self.columns // BLOCK[self.type_id] * FILE_BYTES[self.type_id]
+
+
+class GGUFFile:
+    """A GGUF file's metadata (scalars and short arrays; long arrays, a vocabulary's, skipped) and tensor table,
+    its bytes memory-mapped (read-only: pages the OS shares between processes and drops under pressure)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.metadata: dict[str, Any] = {}
+        self.tensors: dict[str, Tensor] = {}
+        try:
+            self.data = np.memmap(self.path, dtype=np.uint8, mode="r")
+            self._parse()
+        except (OSError, ValueError, struct.error, UnicodeDecodeError) as e:
+            raise SpecdecError(f"cannot read GGUF file {self.path}: {e}") from e
+
+    def _parse(self) -> None:
+        buf = memoryview(self.data)
+        if bytes(buf[:4]) != b"GGUF":
+            raise ValueError("not a GGUF file (bad magic)")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        if version < 2:
+            raise ValueError(f"GGUF version {version} is not supported")
+        at = 24
+
+        def string(at: int) -> tuple[str, int]:
+            (n,) = struct.unpack_from("<Q", buf, at)
+            return bytes(buf[at + 8 : at + 8 + n]).decode("utf-8", errors="replace"), at + 8 + n
+
+        def value(kind: int, at: int) -> tuple[Any, int]:
+            if kind in _SCALARS:
+                fmt = _SCALARS[kind]
+                return struct.unpack_from(fmt, buf, at)[0], at + struct.calcsize(fmt)
+            if kind == _STRING:
+                return string(at)
+            if kind == _ARRAY:
+                inner, count = struct.unpack_from("<IQ", buf, at)
+                at += 12
+                if inner in _SCALARS:
+                    size = struct.calcsize(_SCALARS[inner])
+                    items = (list(np.frombuffer(buf, dtype=np.dtype(_SCALARS[inner]), count=count, offset=at))
+                             if count <= _KEEP_ARRAY else None)
+                    return items, at + size * count
+                if inner == _STRING and count > _KEEP_ARRAY:  # skip: walk the lengths only
+                    for _ in range(count):
+                        (n,) = struct.unpack_from("<Q", buf, at)
+                        at += 8 + n
+                    return None, at
+                items = []
+                for _ in range(count):
+                    item, at = value(inner, at)
+                    items.append(item)
+                return items, at
+            raise ValueError(f"unknown metadata value type {kind}")
+
+        for _ in range(n_kv):
+            key, at = string(at)
+            (kind,) = struct.unpack_from("<I", buf, at)
+            self.metadata[key], at = value(kind, at + 4)
+        infos = []
+        for _ in range(n_tensors):
+            name, at = string(at)
+            (dims,) = struct.unpack_from("<I", buf, at)
+            shape = struct.unpack_from(f"<{dims}Q", buf, at + 4)
+            type_id, offset = struct.unpack_from("<IQ", buf, at + 4 + 8 * dims)
+            at += 4 + 8 * dims + 12
+            infos.append((name, type_id, tuple(int(d) for d in shape), offset))
+        alignment = int(self.metadata.get("general.alignment", 32))
+        start = -(-at // alignment) * alignment
+        for name, type_id, shape, offset in infos:
+            tensor = Tensor(name, int(type_id), shape, start + int(offset))
+            if tensor.nbytes() >= 0 and tensor.offset + tensor.nbytes() > len(self.data):
+                raise ValueError(f"tensor {name} runs past the end of the file (truncated?)")
+            self.tensors[name] = tensor
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get("general.architecture", ""))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Metadata `key` under the architecture's prefix ("block_count" -> "qwen2.block_count")."""
+        return self.metadata.get(f"{self.architecture}.{key}", default)
+
+    def blocks(self, name: str) -> np.ndarray:
+        """Tensor `name`'s bytes as stored (a view of the mapped file)."""
+        tensor = self.tensors[name]
+        return self.data[tensor.offset : tensor.offset + tensor.nbytes()]
+
+    def float_tensor(self, name: str) -> torch.Tensor:
+        """An F32 or F16 tensor (a norm's weight, a bias) as an fp32 torch tensor of its own."""
+        tensor = self.tensors[name]
+        if tensor.type_id not in (F32, F16):
+            raise SpecdecError(f"GGUF tensor {name} is {_type_name(tensor.type_id)}, expected F32 or F16")
+        values = self.blocks(name).view(np.float32 if tensor.type_id == F32 else np.float16)
+        return torch.from_numpy(values.astype(np.float32))  # a copy, writable
+
+
+def _type_name(type_id: int) -> str:
+    if type_id in NAMES:
+        return NAMES[type_id]
+    try:
+        from gguf import GGMLQuantizationType
+
+        return GGMLQuantizationType(type_id).name
+    except (ImportError, ValueError):
+        return f"type {type_id}"
+
+
+# ---------------------------------------------------------------- the config
+
+
+def config_of(file: GGUFFile, name: str = "") -> Any:
+    """The transformers config of a llama / qwen2 / mistral GGUF file, from its metadata (as transformers' own
+    GGUF loader maps it; a one-line SpecdecError for an architecture or rotary scaling the gguf target lacks)."""
+    from transformers import AutoConfig
+
+    arch = file.architecture
+    if arch not in ARCHITECTURES:
+        raise SpecdecError(f"--dtype gguf runs {'/'.join(ARCHITECTURES)} GGUF models, and {file.path.name} is a "
+                           f"'{arch or 'unknown'}' model: use --dtype int8 or the llama.cpp backend")
+    embed = file.tensors.get("token_embd.weight")
+    if embed is None:
+        raise SpecdecError(f"GGUF file {file.path.name} has no token_embd.weight")
+    heads = int(file.get("attention.head_count"))
+    hidden = int(file.get("embedding_length"))
+    values: dict[str, Any] = dict(
+        vocab_size=embed.rows, hidden_size=hidden, intermediate_size=int(file.get("feed_forward_length")),
+        num_hidden_layers=int(file.get("block_count")), num_attention_heads=heads,
+        num_key_value_heads=int(file.get("attention.head_count_kv", heads)),
+        max_position_embeddings=int(file.get("context_length", 4096)),
+        rms_norm_eps=float(file.get("attention.layer_norm_rms_epsilon", 1e-6)),
+        tie_word_embeddings="output.weight" not in file.tensors,
+        bos_token_id=file.metadata.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=file.metadata.get("tokenizer.ggml.eos_token_id"),
+        pad_token_id=file.metadata.get("tokenizer.ggml.padding_token_id"))
+    head_dim = file.get("attention.key_length")
+    if head_dim is not None and int(head_dim) != hidden // heads:
+        values["head_dim"] = int(head_dim)
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(file.get("rope.freq_base", 10000.0))}
+    scaling = file.get("rope.scaling.type")
+    if scaling not in (None, "none"):
+        if scaling != "linear":
+            raise SpecdecError(f"--dtype gguf: {file.path.name} uses '{scaling}' rotary scaling, which the gguf target "
+                               "does not compute: use --dtype int8 or the llama.cpp backend")
+        rope = {**rope, "rope_type": "linear", "factor": float(file.get("rope.scaling.factor", 1.0))}
+    values["rope_parameters"] = rope
+    window = file.get("attention.sliding_window")
+    if arch == "mistral":
+        values["sliding_window"] = int(window) if window else None
+    config = AutoConfig.for_model(arch, **{k: v for k, v in values.items() if v is not None})
+    config._name_or_path = name or str(file.path)
+    return config
+
+
+# ---------------------------------------------------------------- the weights
+
+
+def _unpermute(rows: int, heads: int) -> list[int]:
+    """The file's row of each output channel of a llama q or k projection: llama.cpp's converter interleaves each
+    head's two rotary halves (row 2 i + j of a head holds channel j * half + i); transformers' rotate-half
+    layout wants them back in halves."""
+    dim = rows // heads // 2
+    return [h * 2 * dim + 2 * i + j for h in range(heads) for j in range(2) for i in range(dim)]
+
+
+class _Arena:
+    """One memory block for a model's packed weights, backed by transparent huge pages where the kernel allows
+    (madvise): a decode step streams through all of it, and 2 MiB pages spare the TLB misses of 4 KiB ones (a
+    2-core Zen 4 read 34.5 GB/s from huge pages against 31.8 from small ones).  take() hands out each tensor's
+    slice in turn, 4 KiB aligned."""
+
+    ALIGN = 4096
+    HUGE = 2 << 20
+
+    def __init__(self, tensors: Sequence[Tensor]) -> None:
+        import mmap
+
+        sizes = [-(-kernels.gguf.packed_bytes(t.type_id, t.rows, t.columns) // self.ALIGN) * self.ALIGN for t in tensors]
+        total = sum(sizes) + self.HUGE
+        self._map = mmap.mmap(-1, total, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                self._map.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:  # a kernel without transparent huge pages: small pages, the same numbers
+                pass
+        self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)  # [total], shares the mapping
+        self._at = -self._bytes.data_ptr() % self.HUGE  # the first 2 MiB boundary
+        self.nbytes = total
+
+    def take(self, tensor: Tensor) -> torch.Tensor:
+        size = kernels.gguf.packed_bytes(tensor.type_id, tensor.rows, tensor.columns)
+        out = self._bytes[self._at : self._at + size]
+        self._at += -(-size // self.ALIGN) * self.ALIGN
+        return out
+
+
+class GGUFModel:
+    """A GGUF model's weights as the gguf target runs them: each layer's linears packed for the block kernel
+    (q, k, v side by side in one call; gate and up too), norms and biases in fp32, the output head packed, the
+    token embedding left in the mapped file (a step reads only its tokens' rows).  Built once per file and
+    shared by every runner over it."""
+
+    def __init__(self, file: GGUFFile, name: str = "") -> None:
+        self.file = file
+        self.config = config_of(file, name)
+        self.name = name or str(file.path)
+        c = self.config
+        self.num_heads, self.num_kv_heads = c.num_attention_heads, c.num_key_value_heads
+        self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        self.hidden, self.intermediate = c.hidden_size, c.intermediate_size
+        llama = file.architecture in ("llama", "mistral")
+        q_order = _unpermute(self.num_heads * self.head_dim, self.num_heads) if llama else None
+        k_order = _unpermute(self.num_kv_heads * self.head_dim, self.num_kv_heads) if llama else None
+        plan = []  # per layer its four linears' (stem, channel order) lists; then the head
+        for i in range(c.num_hidden_layers):
+            blk = f"blk.{i}."
+            plan.append([[(blk + "attn_q", q_order), (blk + "attn_k", k_order), (blk + "attn_v", None)],
+                         [(blk + "attn_output", None)], [(blk + "ffn_gate", None), (blk + "ffn_up", None)],
+                         [(blk + "ffn_down", None)]])
+        head = [("output" if "output.weight" in file.tensors else "token_embd", None)]
+        self._arena = _Arena([self._tensor(stem) for layer in plan for linear in layer for stem, _ in linear]
+                             + [self._tensor(head[0][0])])
+        layers = []
+        for i, (qkv, o, gate_up, down) in enumerate(plan):
+            blk = f"blk.{i}."
+            layers.append(_Layer(
+                input_norm=file.float_tensor(blk + "attn_norm.weight"), qkv=self._parts(qkv), o=self._parts(o),
+                post_norm=file.float_tensor(blk + "ffn_norm.weight"), gate_up=self._parts(gate_up),
+                down=self._parts(down), scaling=float(self.head_dim ** -0.5),
+                sliding_window=getattr(c, "sliding_window", None)))
+        self.layers = layers
+        self.final_norm = file.float_tensor("output_norm.weight")
+        self.head = self._parts(head)
+        self.embed = file.tensors["token_embd.weight"]
+        self._check(self.embed)
+
+    def _tensor(self, stem: str) -> Tensor:
+        """The weight of linear `stem` (checked: a type and shape the block kernel multiplies)."""
+        tensor = self.file.tensors.get(stem + ".weight")
+        if tensor is None:
+            raise SpecdecError(f"GGUF file {self.file.path.name} has no {stem}.weight")
+        self._check(tensor)
+        return tensor
+
+    def _check(self, tensor: Tensor) -> None:
+        if not kernels.gguf.supported(tensor.type_id) or tensor.columns % BLOCK.get(tensor.type_id, 1 << 30):
+            raise SpecdecError(f"--dtype gguf: {self.file.path.name}'s {tensor.name} is {_type_name(tensor.type_id)}, "
+                               f"which the gguf target does not multiply (it takes {', '.join(NAMES.values())}): "
+                               "use --dtype int8 or the llama.cpp backend")
+
+    def _parts(self, names: Sequence[tuple[str, list[int] | None]]) -> Parts:
+        """The linears `names` (without ".weight") side by side as one Parts, each packed into the arena in the
+        given channel order (its bias, where the file has one, in the same order)."""
+        parts = []
+        for stem, order in names:
+            tensor = self._tensor(stem)
+            packed = kernels.gguf.pack(tensor.type_id, self.file.blocks(tensor.name), tensor.rows, tensor.columns, order,
+                                       out=self._arena.take(tensor))
+            bias = self.file.float_tensor(stem + ".bias") if stem + ".bias" in self.file.tensors else None
+            if bias is not None and order is not None:
+                bias = bias[torch.tensor(order)].contiguous()
+            parts.append(Part(packed, tensor.type_id, tensor.rows, bias))
+        return Parts(parts, self._tensor(names[0][0]).columns)
+
+    def embedding(self, tokens: Sequence[int]) -> torch.Tensor:
+        """The token embedding's rows [n, hidden] fp32: the file's de-quantised values."""
+        if self.embed.type_id in (F32, F16):
+            table = self.file.blocks(self.embed.name).view(np.float32 if self.embed.type_id == F32 else np.float16)
+            return torch.from_numpy(table.reshape(self.embed.rows, -1)[list(tokens)].astype(np.float32))
+        return kernels.gguf.rows(self.embed.type_id, self.file.blocks(self.embed.name), self.hidden, tokens)
+
+    def nbytes(self) -> int:
+        """Bytes of the packed weights in memory (the embedding stays in the mapped file)."""
+        linears = [lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        assert all(isinstance(lin, Parts) for lin in linears)
+        return sum(lin.nbytes() for lin in linears) + self.head.nbytes()  # type: ignore[union-attr]
+
+    def step_bytes(self) -> int:
+        """Weight bytes one decode step reads: every layer's linears and the head (the embedding's one row aside)."""
+        return self.nbytes()
+
+
+class GGUFLayers(LayerSet):
+    """A GGUF model's layers in one call of kernels/layers.c on the block kernel: batch-invariant (a token's
+    numbers are its own row's), token trees and tapped layers included."""
+
+    backend = "specdec gguf"
+    dtype = "gguf"
+    native = True
+    tree = True
+
+    def __init__(self, model: GGUFModel) -> None:
+        super().__init__(model.layers, model.head)  # type: ignore[arg-type]
+        self.model = model
+        self.table = _gguf_table(model.layers)
+        self._kernel_model = LayersModel(
+            tensors=self.table.tensors.data_ptr(), scaling=self.table.scaling.data_ptr(),
+            window=self.table.window.data_ptr(), layers=len(model.layers), hidden=model.hidden,
+            heads=model.num_heads, kv_heads=model.num_kv_heads, d=model.head_dim, intermediate=model.intermediate,
+            act=0, eps=float(model.config.rms_norm_eps), linear=kernels.layers.GGUF)
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return kernels.layers.rms_norm(x, weight, eps)
+
+    def run(self, runners: Sequence["LeanRunner"], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
+            cos: torch.Tensor, sin: torch.Tensor, trees: Sequence[Tree | None] | None = None,
+            tapped: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+        """In place: x is the last layer's output after the call."""
+        lead = runners[0]
+        x = x.contiguous()
+        sizes = [hi - lo for lo, hi in zip(offsets, offsets[1:])]
+        caches = [a for r in runners for a in r._addresses]  # [R * layers * 2]
+        tree_addresses = None
+        if trees and any(t is not None for t in trees):
+            tree_addresses = [None if t is None else (t.at.data_ptr(), t.rows.data_ptr()) for t in trees]
+        taps = None
+        if tapped:
+            for i in tapped:
+                tapped[i] = torch.empty_like(x)
+            taps = [tapped[i].data_ptr() if i in tapped else 0 for i in range(len(self.layers))]
+        kernels.layers.run(self._kernel_model, x, starts, sizes, caches,
+                           [r.capacity * lead.head_dim for r in runners], cos.contiguous(), sin.contiguous(),
+                           trees=tree_addresses, taps=taps)
+        return x
+
+
+def _gguf_table(layers: Sequence[_Layer]) -> _NativeTable:
+    """The layers as kernels/layers.c reads them with LIN_GGUF linears: per linear its parts' address and count."""
+    rows = []
+    for layer in layers:
+        row = [layer.input_norm.data_ptr(), layer.post_norm.data_ptr()]
+        for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
+            assert isinstance(lin, Parts)
+            row += [lin.address, len(lin.parts), 0]
+        row += [0, 0, 0, 0, 0]  # no q / k / output norms; one rotary table
+        rows.append(row)
+    return _NativeTable(torch.tensor(rows, dtype=torch.int64), torch.tensor([layer.scaling for layer in layers]),
+                        torch.tensor([layer.sliding_window or 0 for layer in layers], dtype=torch.int32))
+
+
+class GGUFRunner(LeanRunner):
+    """A ModelRunner over a GGUF model's own blocks (see the module doc): the lean runner's cache, rollback,
+    trees, hidden states and packed forwards, with :class:`GGUFLayers`."""
+
+    def __init__(self, model: GGUFModel, max_context: int | None = None, layer_set: GGUFLayers | None = None) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.gguf = model
+        self.layer_set = layer_set or GGUFLayers(model)
+        config = model.config
+        with torch.device("meta"):  # the transformers model's structure and generation config; no weights
+            self.model = AutoModelForCausalLM.from_config(config)
+        self._setup(
+            embed_rows=model.embed.rows, embed_scale=None, final_norm=model.final_norm,
+            eps=float(config.rms_norm_eps), num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
+            head_dim=model.head_dim, max_context=max_context or int(config.max_position_embeddings),
+            rotary=type(self.model.model.rotary_emb)(config), rope_kinds=[None])  # on the CPU: its tables
+
+    def embed_tokens(self, tokens: Sequence[int]) -> torch.Tensor:
+        return self.gguf.embedding(tokens)
+
+    def clone(self) -> "GGUFRunner":
+        return GGUFRunner(self.gguf, self.max_context, layer_set=self.layer_set)
+
+    def identity(self) -> dict[str, Any]:
+        from specdec.backends.kernels.build import version
+
+        return {"backend": type(self).__name__, "model": self.gguf.name, "dtype": "gguf", "device": "cpu",
+                "threads": torch.get_num_threads(), "kernel": version()}
+
+
+def load(path: str | Path, name: str = "") -> GGUFRunner:
+    """A GGUFRunner over the GGUF file at `path` (`name`: what the runner reports as its model, e.g. a zoo name)."""
+    return GGUFRunner(GGUFModel(GGUFFile(path), name))
