@@ -288,6 +288,9 @@ class GGUFModel:
         self.num_heads, self.num_kv_heads = c.num_attention_heads, c.num_key_value_heads
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         self.hidden, self.intermediate = c.hidden_size, c.intermediate_size
+        self.embed = file.tensors["token_embd.weight"]
+        if self.embed.type_id not in (F32, F16):  # rows are read from the file as they are
+            self._check(self.embed)
         llama = file.architecture in ("llama", "mistral")
         q_order = _unpermute(self.num_heads * self.head_dim, self.num_heads) if llama else None
         k_order = _unpermute(self.num_kv_heads * self.head_dim, self.num_kv_heads) if llama else None
@@ -311,8 +314,6 @@ class GGUFModel:
         self.layers = layers
         self.final_norm = file.float_tensor("output_norm.weight")
         self.head = self._parts(head)
-        self.embed = file.tensors["token_embd.weight"]
-        self._check(self.embed)
 
     def _tensor(self, stem: str) -> Tensor:
         """The weight of linear `stem` (checked: a type and shape the block kernel multiplies)."""
@@ -377,7 +378,13 @@ class GGUFLayers(LayerSet):
             tensors=self.table.tensors.data_ptr(), scaling=self.table.scaling.data_ptr(),
             window=self.table.window.data_ptr(), layers=len(model.layers), hidden=model.hidden,
             heads=model.num_heads, kv_heads=model.num_kv_heads, d=model.head_dim, intermediate=model.intermediate,
-            act=0, eps=float(model.config.rms_norm_eps), linear=kernels.layers.GGUF)
+            act=0, eps=float(model.config.rms_norm_eps), linear=kernels.layers.GGUF, isa=0)
+
+    def use_path(self, path: str | None) -> None:
+        """Run every kernel on `path` ("c", "avx2" or "avx512-vnni": at most this CPU's best; None: the best), for
+        tests that compare the paths."""
+        self._kernel_model.isa = kernels.gguf.PATHS[path] if path else 0
+        self.model.head.path = path
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return kernels.layers.rms_norm(x, weight, eps)

@@ -340,6 +340,7 @@ class LayerSet:
     dtype: str | None = None  # what its timings are keyed by where not the model's dtype (int8, or its parameters')
     batch_invariant = True  # a row's numbers do not depend on the other rows of the forward
     native = False  # the whole stack runs in one C call (kernels/layers.c)
+    tappable = True  # run() fills `tapped` (a fused-feature head's intermediate layers)
     tree = True  # run() takes token trees
 
     def __init__(self, layers: list[_Layer], head: Linear) -> None:
@@ -472,7 +473,8 @@ class NativeInt4Layers(LayerSet):
     backend = "specdec int4"
     dtype = "int4"
     native = True
-    tree = False  # layers.c computes chains only
+    tappable = False
+    tree = False  # the native int4 layers compute chains only
 
     def __init__(self, layers: list[_Layer], head: Linear, act_code: int) -> None:
         super().__init__(layers, head)
@@ -535,6 +537,7 @@ class CatchUpLayers(LayerSet):
         self.small, self.large, self.rows = small, large, rows
         self.backend = f"{small.backend} (catch-ups of {rows}+ tokens in int8)"
         self.native = small.native
+        self.tappable = small.tappable and large.tappable
         self.tree = small.tree and large.tree
 
     @classmethod
@@ -727,7 +730,7 @@ class LeanRunner:
         (0-based: the residual stream after layer i, before any norm) after the final hidden state: [n, hidden
         x (1 + len(layers))].  A fused-feature head reads them (EAGLE-3's low, middle and high layers)."""
         taps = checked_taps(layers, len(self.layer_set.layers))
-        if taps and self.layer_set.native:
+        if taps and not self.layer_set.tappable:
             raise SpecdecError(f"the {self.describe()} lean runner keeps no intermediate layers' rows")
         self.taps = taps
 

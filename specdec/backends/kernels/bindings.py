@@ -40,7 +40,7 @@ class LayersModel(ctypes.Structure):
 
     _fields_ = [("tensors", c_void_p), ("scaling", c_void_p), ("window", c_void_p), ("layers", c_int),
                 ("hidden", c_int), ("heads", c_int), ("kv_heads", c_int), ("d", c_int), ("intermediate", c_int),
-                ("act", c_int), ("eps", c_float), ("linear", c_int)]
+                ("act", c_int), ("eps", c_float), ("linear", c_int), ("isa", c_int)]
 
 
 class LayersRows(ctypes.Structure):

@@ -107,6 +107,7 @@ class Parts:
         self.parts = list(parts)
         self.in_features = k
         self.out_features = sum(p.n for p in self.parts)
+        self.path: str | None = None  # the path a call takes by default (None: the best; tests set others)
         cols = np.cumsum([0] + [p.n for p in self.parts])
         self._array = (GGUFPart * len(self.parts))(*(
             GGUFPart(p.packed.data_ptr(), None if p.bias is None else p.bias.data_ptr(), p.type_id, p.n, int(c))
@@ -127,6 +128,7 @@ class Parts:
             x = x.contiguous()
         m = x.shape[0]
         y = torch.empty(m, self.out_features)
+        path = path or self.path
         params = GGUFParams(self.address, len(self.parts), self.in_features, x.data_ptr(), x.stride(0), m,
                             y.data_ptr(), self.out_features, torch.get_num_threads(), PATHS[path] if path else 0)
         status = library().sd_gguf_linear(params)

@@ -143,21 +143,23 @@ AVX2L static void silu_mul_avx2(float *gate, const float *up, int n) {
 
 /* min / max: vminps returns its second operand when either is NaN, c_min / c_max likewise (a < b false):
  * a NaN g stays NaN through g / (1 + e) either way. */
-static void silu_mul(float *gate, const float *up, int n) {
+static void silu_mul(float *gate, const float *up, int n, int path) {
 #if defined(__x86_64__) || defined(__i386__)
-    static int isa = -1;
-    if (isa < 0) {
+    static int best = -1;
+    if (best < 0) {
         __builtin_cpu_init();
-        isa = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
+        best = __builtin_cpu_supports("avx512f") ? 3 : __builtin_cpu_supports("avx2") ? 2 : 1;
     }
-    if (isa == 2) return silu_mul_avx512(gate, up, n);
-    if (isa == 1) return silu_mul_avx2(gate, up, n);
+    path = path <= 0 || path > best ? best : path; /* 1: C, 2: AVX2, 3: AVX-512 (the model's isa) */
+    if (path == 3) return silu_mul_avx512(gate, up, n);
+    if (path == 2) return silu_mul_avx2(gate, up, n);
 #endif
+    (void)path;
     silu_mul_c(gate, up, n);
 }
 
 /* The gate's activation times the up projection, into the gate's half of each row: gu [total, 2 I]. */
-static void gate_rows(float *gu, int total, int intermediate, int act, int threads) {
+static void gate_rows(float *gu, int total, int intermediate, int act, int threads, int path) {
     (void)threads;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && total >= 4)
@@ -169,22 +171,23 @@ static void gate_rows(float *gu, int total, int intermediate, int act, int threa
             for (int j = 0; j < intermediate; j++)
                 g[j] = 0.5f * g[j] * (1.0f + tanhf(0.7978845608f * (g[j] + 0.044715f * g[j] * g[j] * g[j]))) * u[j];
         else
-            silu_mul(g, u, intermediate);
+            silu_mul(g, u, intermediate, path);
     }
 }
 
 /* y = x W^T (+ b) with the linear whose fields sit at t[field], t[field + 1], t[field + 2] (L_QKV_W, L_O_W,
  * L_GU_W or L_DOWN_W; see specdec_kernels.h): x [m, k] (row stride ldx), y [m, n]. */
-static int linear(int kind, const int64_t *t, int field, int n, int k, const float *x, int64_t ldx, int m, float *y,
-                  int threads) {
-    if (kind == LIN_GGUF) {
+static int linear(const sd_layers_model *model, const int64_t *t, int field, int n, int k, const float *x, int64_t ldx,
+                  int m, float *y, int threads) {
+    if (model->linear == LIN_GGUF) {
         const sd_gguf_params p = {.parts = (const sd_gguf_part *)(intptr_t)t[field], .nparts = (int)t[field + 1],
-                                  .k = k, .x = x, .ldx = ldx, .m = m, .y = y, .ldy = n, .threads = threads, .isa = 0};
+                                  .k = k, .x = x, .ldx = ldx, .m = m, .y = y, .ldy = n, .threads = threads,
+                                  .isa = model->isa};
         return sd_gguf_linear(&p) == 0 ? 0 : -1;
     }
     const sd_linear_params p = {.w = (const void *)(intptr_t)t[field], .scales = (const void *)(intptr_t)t[field + 1],
                                 .bias = (const float *)(intptr_t)t[field + 2], .n = n, .k = k, .kp = padded64(k),
-                                .x = x, .ldx = ldx, .m = m, .y = y, .ldy = n, .threads = threads, .isa = 0};
+                                .x = x, .ldx = ldx, .m = m, .y = y, .ldy = n, .threads = threads, .isa = model->isa};
     return sd_linear4(&p);
 }
 
@@ -207,7 +210,7 @@ int sd_layers(const sd_layers_model *model, const sd_layers_rows *rows) {
         const int64_t *t = model->tensors + (int64_t)l * L_FIELDS;
 #define PTR(type, field) ((const type *)(intptr_t)t[field])
         sd_rms_norm(x, total, hidden, PTR(float, L_IN_NORM), eps, h);
-        status |= linear(model->linear, t, L_QKV_W, width, hidden, h, hidden, total, qkv, threads);
+        status |= linear(model, t, L_QKV_W, width, hidden, h, hidden, total, qkv, threads);
         const int64_t table = t[L_ROPE] * (int64_t)total * d;
         for (int i = 0; i < total; i++) {  /* q and k heads are the first heads + kv_heads of the row */
             float *row = qkv + (int64_t)i * width;
@@ -234,18 +237,18 @@ int sd_layers(const sd_layers_model *model, const sd_layers_rows *rows) {
                 .q = qkv + (int64_t)lo * width, .q_head = d, .q_row = width, .k = keys, .v = values,
                 .kv_head = kv_head, .kv_row = d, .out = att + (int64_t)lo * attn_width, .out_row = attn_width,
                 .out_head = d, .n = size, .start = start, .heads = heads, .kv_heads = kv_heads, .d = d,
-                .scale = model->scaling[l], .window = model->window[l], .threads = threads, .isa = 0,
+                .scale = model->scaling[l], .window = model->window[l], .threads = threads, .isa = model->isa,
                 .tree_at = rows->trees ? (const int *)(intptr_t)rows->trees[2 * r] : NULL,
                 .tree_rows = rows->trees ? (const int *)(intptr_t)rows->trees[2 * r + 1] : NULL};
             status |= sd_attention(&attention);
         }
-        status |= linear(model->linear, t, L_O_W, hidden, attn_width, att, attn_width, total, tmp, threads);
+        status |= linear(model, t, L_O_W, hidden, attn_width, att, attn_width, total, tmp, threads);
         if (t[L_ATTN_OUT_NORM]) sd_rms_norm(tmp, total, hidden, PTR(float, L_ATTN_OUT_NORM), eps, tmp);
         for (int64_t j = 0; j < (int64_t)total * hidden; j++) x[j] += tmp[j];
         sd_rms_norm(x, total, hidden, PTR(float, L_POST_NORM), eps, h);
-        status |= linear(model->linear, t, L_GU_W, 2 * intermediate, hidden, h, hidden, total, gu, threads);
-        gate_rows(gu, total, intermediate, model->act, threads);
-        status |= linear(model->linear, t, L_DOWN_W, hidden, intermediate, gu, 2 * intermediate, total, tmp, threads);
+        status |= linear(model, t, L_GU_W, 2 * intermediate, hidden, h, hidden, total, gu, threads);
+        gate_rows(gu, total, intermediate, model->act, threads, model->isa);
+        status |= linear(model, t, L_DOWN_W, hidden, intermediate, gu, 2 * intermediate, total, tmp, threads);
         if (t[L_MLP_OUT_NORM]) sd_rms_norm(tmp, total, hidden, PTR(float, L_MLP_OUT_NORM), eps, tmp);
         for (int64_t j = 0; j < (int64_t)total * hidden; j++) x[j] += tmp[j];
         if (rows->taps && rows->taps[l]) memcpy((void *)(intptr_t)rows->taps[l], x, sizeof(float) * (size_t)total * hidden);

@@ -129,6 +129,7 @@ typedef struct {
     int act;                 /* ACT_* */
     float eps;               /* the norms' epsilon */
     int linear;              /* LIN_* */
+    int isa;                 /* the linears' and the attention's path: 0 for the best (tests pick the others) */
 } sd_layers_model;
 
 /* The new rows of one call, of `runners` sequences: sequence r owns rows offsets r (sizes[r] of them, after the
