@@ -37,18 +37,21 @@ err = Console(stderr=True, highlight=False, markup=False)  # plain text unless a
 
 class DType(str, Enum):
     auto = "auto"
+    gguf = "gguf"
+    int8 = "int8"
     fp32 = "fp32"
     bf16 = "bf16"
-    int8 = "int8"
 
 
-DTYPE_HELP = ("The target's dtype (transformers backend): auto (default: int8 on CPUs with AVX2 or AVX-512 VNNI, "
-              "where specdec's exact int8 kernel runs; fp32 elsewhere), int8 (int8 weights and activations, "
-              "batch-invariant: speculative output is exactly int8 plain output), fp32 (the reference; "
-              "`specdec quality` measures what int8 changes) or bf16.")
+DTYPE_HELP = ("The target's dtype on specdec's side (--backend hf): auto (default: gguf for a GGUF model and int8 "
+              "for others on CPUs with AVX2 or AVX-512 VNNI, where specdec's exact kernels run; fp32 elsewhere), "
+              "gguf (a GGUF model's own quantised blocks on specdec's kernels), int8 (int8 weights and "
+              "activations), both batch-invariant: speculative output is exactly their plain output; fp32 (the "
+              "reference; `specdec quality` measures what the others change) or bf16.")
 
 
 class DraftDType(str, Enum):
+    gguf = "gguf"
     fp32 = "fp32"
     bf16 = "bf16"
     int8 = "int8"
@@ -200,7 +203,7 @@ def generate(
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
     draft: str = typer.Option(DEFAULT_DRAFTER, "--draft", "-d", help=DRAFT_HELP),
     dtype: DType = typer.Option(DType.auto, "--dtype", help=DTYPE_HELP),
-    draft_dtype: Optional[DraftDType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype); bf16 makes a transformers draft cheaper without changing the output, and int4 (drafts only: the int8 draft's weights in 4 bits, llama-family and Gemma 3 models) cheaper still."),
+    draft_dtype: Optional[DraftDType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype); gguf runs a GGUF draft's own blocks, bf16 makes a transformers draft cheaper without changing the output, and int4 (drafts only: the int8 draft's weights in 4 bits, llama-family and Gemma 3 models) cheaper still."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend: hf (transformers) or llamacpp (GGUF via llama.cpp)."),
     device: Device = typer.Option(Device.cpu, "--device", help=DEVICE_HELP),
     draft_backend: DraftBackend = typer.Option(DraftBackend.auto, "--draft-backend", help="Draft's backend: hf, llamacpp, or auto (with --draft-dtype: transformers; without: specdec's int8 kernel for a zoo draft on CPUs with AVX-512 VNNI, its int4 kernel on other AVX2 CPUs, else llama.cpp when it is installed and the draft is a GGUF, else the target's)."),
@@ -528,6 +531,17 @@ def _parse_ks(text: str) -> list[int]:
     return sorted(ks)
 
 
+def _parse_lengths(text: str, option: str) -> list[int]:
+    """"512,2048" -> [512, 2048]; a SpecdecError for anything but positive numbers."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise SpecdecError(f"{option}: '{text}' is not a list of numbers like 512,2048") from None
+    if any(v < 1 for v in values):
+        raise SpecdecError(f"{option}: lengths must be >= 1, got {text}")
+    return sorted(set(values))
+
+
 @app.command()
 def profile(
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
@@ -542,18 +556,22 @@ def profile(
     ks: str = typer.Option("1-16", "--ks", help="Numbers of new tokens per target forward to time: a range (1-16) or a list (1,2,4,8)."),
     prefix: int = typer.Option(128, "--prefix", help="Tokens in the cache before each timed forward."),
     repeats: int = typer.Option(3, "--repeats", help="Timings per k; the median is reported."),
+    prefill: str = typer.Option("512,2048", "--prefill", help="Prompt lengths whose prefill tokens/s to measure (a list, or 'none')."),
+    roof: bool = typer.Option(True, "--roof/--no-roof", help="Measure the memory's read bandwidth and the one-token step against its roof."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object {target: {...}, draft: {...}}."),
 ) -> None:
-    """Measure forward costs: the target's t(k) for k new tokens, the draft's cost per drafted token."""
+    """Measure forward costs: the target's t(k) for k new tokens, its one-token step against the memory's roof,
+    its prefill speed, and the draft's cost per drafted token."""
     from specdec.engine import Engine
     from specdec.head.cost import profile_head, split_head_spec
     from specdec.machine import cpu_description
-    from specdec.profile import measure_drafting, measure_forwards
+    from specdec.profile import measure_drafting, measure_forwards, measure_prefill, measure_roof
 
     quiet_libraries()
     progress = PullProgress()
     try:
         k_values = _parse_ks(ks)
+        lengths = [] if prefill.strip().lower() == "none" else _parse_lengths(prefill, "--prefill")
         if prefix < 1 or repeats < 1:
             raise SpecdecError("--prefix and --repeats must be >= 1")
         if threads is not None and threads < 1:
@@ -583,6 +601,17 @@ def profile(
             table = measure_forwards(engine.target_runner, k_values, prefix=prefix, repeats=repeats)
         table.info = describe(engine.target_runner, target, backend.value, engine.dtype)
         out: dict = {"target": table.to_dict()}
+        roof_found = None
+        if roof:
+            with status("measuring the read bandwidth and the one-token step"):
+                roof_found = measure_roof(engine.target_runner, prefix=prefix)
+            if roof_found is not None:
+                out["target"]["roof"] = roof_found.to_dict()
+        rates = {}
+        if lengths:
+            with status(f"timing prefills of {', '.join(map(str, lengths))} tokens"):
+                rates = measure_prefill(engine.target_runner, lengths)
+            out["target"]["prefill_tokens_per_s"] = {str(n): round(r, 1) for n, r in rates.items()}
         draft_ms = None
         if engine.draft_runner is not None:
             d_backend = (draft_backend or backend).value
@@ -614,6 +643,10 @@ def profile(
             row.append(f"{((k - 1) * draft_ms + ms) / t1:.2f}" if k > 1 else "-")
         grid.add_row(*row)
     Console().print(grid)
+    if roof_found is not None:
+        Console().print(f"roof: {roof_found.line()}")
+    if rates:
+        Console().print("prefill: " + ", ".join(f"{r:.0f} tokens/s at {n} tokens" for n, r in rates.items()))
     if draft_ms is not None:
         Console().print(f"draft {draft_spec}: {draft_ms:.1f} ms per drafted token ({draft_ms / t1:.2f} target steps)")
     if head is not None:
@@ -625,7 +658,7 @@ def profile(
 @app.command()
 def quality(
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Model: zoo name, .gguf, directory or hub id."),
-    dtype: DType = typer.Option(DType.int8, "--dtype", help="The candidate's dtype (transformers backend)."),
+    dtype: DType = typer.Option(DType.auto, "--dtype", help="The candidate's dtype on specdec's side (default: what generate runs)."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="The candidate's backend: hf or llamacpp."),
     prompts: str = typer.Option("builtin", "--prompts", help="Prompts for greedy agreement (as for bench)."),
     limit_per_category: Optional[int] = typer.Option(2, "--limit-per-category", help="First M prompts of each category."),
@@ -634,7 +667,7 @@ def quality(
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch and llama.cpp."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Compare a cheaper target (int8, bf16, llama.cpp) with the fp32 model: greedy agreement and perplexity."""
+    """Compare a cheaper target (gguf, int8, bf16, llama.cpp) with the fp32 model: greedy agreement and perplexity."""
     from specdec.bench.prompts import load_prompts
     from specdec.bench.quality import agreement, perplexity, reference_texts
     from specdec.engine import Engine

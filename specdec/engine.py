@@ -441,9 +441,10 @@ class Engine:
         it runs on transformers, else "lookup+<the 0.5B draft>" (specdec.loading.resolve_drafter).
         suffix_memory: with suffix drafts, the tokens of recent answers the engine keeps
         (specdec.defaults.DEFAULT_SUFFIX_MEMORY).
-        dtype: the target's, for transformers models: "fp32", "bf16", "int8", or "auto" (the
-        default: int8 on CPUs where specdec's int8 kernel runs, fp32 elsewhere; see
-        specdec.loading.fastest_dtype); the engine's `dtype` says which it took.
+        dtype: the target's on specdec's side (backend "hf"): "gguf" (a GGUF model's own blocks on
+        specdec's kernels: specdec.backends.gguf), "int8", "fp32", "bf16", or "auto" (the default: gguf
+        for a GGUF model and int8 for others on CPUs where specdec's kernels run SIMD, fp32 elsewhere;
+        see specdec.loading.fastest_dtype); the engine's `dtype` says which it took.
         backend / draft_backend: "hf" (transformers, in `dtype`) or "llamacpp" (the GGUF
         through llama.cpp; zoo names and .gguf files only); the draft's defaults to the
         target's; "auto": llama.cpp where it can run the draft (fastest_draft_backend), except
@@ -452,14 +453,15 @@ class Engine:
         n_ctx / threads: llama.cpp's context size (default DEFAULT_N_CTX) and CPU threads
         (default: all the process may use).  A llama.cpp target is loaded in exact mode (batch-invariant logits), a llama.cpp draft in
         llama.cpp's fastest mode (a draft's numerics never change the output).
-        draft_dtype: a transformers draft's dtype (default: `dtype`); a bf16 draft for an
-        fp32 target halves the draft's cost and leaves the output as it is; "int4" (drafts only,
+        draft_dtype: the draft's dtype (default: `dtype`); a bf16 draft for an
+        fp32 target halves the draft's cost and leaves the output as it is; "gguf" runs a GGUF
+        draft's own blocks; "int4" (drafts only,
         llama-family and Gemma 3 models) runs the draft's int8 weights requantized to 4 bits on specdec's int4
         kernel (specdec.backends.int4), a cheaper draft token for the same output.
         device: where transformers models run: "cpu", "cuda" or "auto" (cuda when available).
         """
-        from specdec.loading import (AUTO_DTYPE, INT4, check_spec, fastest_dtype, load_hf, load_int4_draft,
-                                     load_llamacpp, resolve_device)
+        from specdec.loading import (AUTO_DTYPE, GGUF, INT4, check_spec, fastest_dtype, load_gguf, load_hf,
+                                     load_int4_draft, load_llamacpp, resolve_device)
 
         copier, draft, head = split_drafter(resolve_drafter(draft, target, backend))
         copying = dict(lookup=copier == LOOKUP, suffix=copier == SUFFIX, suffix_memory=suffix_memory)
@@ -495,6 +497,9 @@ class Engine:
                 return runner, tok, spec
             if dtype == INT4:
                 runner, tok = load_int4_draft(spec, progress=progress)
+                return runner, tok, spec
+            if dtype == GGUF:
+                runner, tok = load_gguf(spec, progress=progress)
                 return runner, tok, spec
             model, tok = load_hf(spec, dtype=dtype, progress=progress, device=device)
             return model, tok, spec

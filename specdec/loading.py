@@ -31,10 +31,11 @@ if TYPE_CHECKING:
 
 # A name, or a loaded (transformers model or ModelRunner, tokenizer) pair.
 ModelSpec = str | tuple[Any, "PreTrainedTokenizerBase"]
-DTYPES = ("fp32", "bf16", "int8")
+DTYPES = ("fp32", "bf16", "int8")  # a transformers model's
+GGUF = "gguf"  # a GGUF file's own blocks on specdec's kernels (specdec.backends.gguf): targets and drafts
 AUTO_DTYPE = "auto"  # a target's dtype: the fastest exact one on this machine (fastest_dtype)
 INT4 = "int4"  # a draft model's dtype only (specdec.backends.int4): its numbers never reach the output
-DRAFT_DTYPES = (*DTYPES, INT4)
+DRAFT_DTYPES = (*DTYPES, GGUF, INT4)
 # "owner/name" with the characters the hub allows in each part.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -66,15 +67,18 @@ def resolve(spec: str) -> tuple[str, str]:
 
 def _check_dtype(dtype: str) -> None:
     if dtype not in DTYPES:
-        raise SpecdecError(f"unknown dtype '{dtype}': expected one of {', '.join(DTYPES)}")
+        extra = f" ({GGUF} is not a transformers model's: Engine.load takes it)" if dtype == GGUF else ""
+        raise SpecdecError(f"unknown dtype '{dtype}': expected one of {', '.join(DTYPES)}{extra}")
 
 
 def fastest_dtype(spec: Any, backend: str = "hf", device: str = "cpu") -> str:
-    """The dtype "auto" stands for: "int8" for a decoder-only model on the CPU where specdec's int8
-    kernel multiplies in SIMD (AVX-512 VNNI or AVX2: the fastest exact configuration, and speculative
-    output is exactly int8 plain output), else "fp32" (the reference; a GPU, a CPU without AVX2, an
-    encoder-decoder model, a model passed in already loaded, or a llama.cpp backend, which reads its
-    GGUF as it is).  `specdec quality` measures what int8 changes against fp32."""
+    """The dtype "auto" stands for on specdec's own kernels: "gguf" for a GGUF model (a zoo name or a .gguf
+    file) of an architecture the gguf target runs, where the GGUF block kernel multiplies in SIMD (AVX-512
+    VNNI or AVX2): the file's own blocks, about half int8's bytes a step, and faster than int8 on the bench
+    (BENCHMARKS.md); "int8" for another decoder-only model where the int8 kernel runs SIMD; else "fp32" (the
+    reference: a GPU, a CPU without AVX2, an encoder-decoder model, a model passed in already loaded, or a
+    llama.cpp backend, which reads its GGUF as it is).  Each is exact: speculative output is the chosen
+    target's plain output.  `specdec quality` measures what each changes against fp32."""
     if backend != "hf" or not isinstance(spec, str):
         return "fp32"
     try:
@@ -83,12 +87,44 @@ def fastest_dtype(spec: Any, backend: str = "hf", device: str = "cpu") -> str:
         kind, location = resolve(spec)
         from specdec.backends import kernels
 
+        if kind in ("zoo", "gguf") and kernels.gguf.isa() in ("avx512-vnni", "avx2") and gguf_runs(spec):
+            return GGUF
         if kernels.int8.isa() not in ("avx512-vnni", "avx2"):
             return "fp32"
         _refuse_int8_seq2seq(spec, kind, location)
     except SpecdecError:  # an encoder-decoder model, no C compiler, or a name that loading will report
         return "fp32"
     return "int8"
+
+
+def gguf_runs(spec: str) -> bool:
+    """Whether the gguf target runs `spec` (a zoo name or .gguf path): an architecture it computes, judged
+    without reading the file where the zoo says (a .gguf file's header is read: a few milliseconds)."""
+    from specdec.backends.gguf import ARCHITECTURES, GGUFFile
+
+    kind, location = resolve(spec)
+    if kind == "zoo":
+        return zoo.get(location).arch in ARCHITECTURES
+    if kind != "gguf":
+        return False
+    try:
+        return GGUFFile(location).architecture in ARCHITECTURES
+    except SpecdecError:
+        return False
+
+
+def load_gguf(spec: str, progress: zoo.Progress | None = None, max_context: int | None = None):
+    """`spec` (a zoo name, pulled on first use, or a .gguf path) as a GGUFRunner over the file's own blocks
+    (specdec.backends.gguf) plus its transformers tokenizer."""
+    from specdec.backends.gguf import load
+
+    kind, _ = resolve(spec)
+    if kind not in ("zoo", "gguf"):
+        raise SpecdecError(f"--dtype gguf runs a GGUF model (a zoo name or a .gguf file), not '{spec}': "
+                           "use --dtype int8")
+    path = gguf_file(spec, progress=progress)
+    tokenizer = load_tokenizer(spec, progress=progress)
+    return load(path, name=spec, max_context=max_context), tokenizer
 
 
 def _torch_dtype(dtype: str):
@@ -347,7 +383,7 @@ def resolve_device(device: str, dtype: str = "fp32") -> str:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise SpecdecError("--device cuda: no CUDA GPU is available to this torch build; use --device cpu")
-    if device == "cuda" and dtype in ("int8", INT4):
+    if device == "cuda" and dtype in ("int8", INT4, GGUF):
         raise SpecdecError(f"{dtype} models run on the CPU only (specdec's own kernel); on CUDA use --dtype bf16")
     return device
 

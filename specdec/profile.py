@@ -112,6 +112,100 @@ def measure_drafting(
     return 1000 * min(per_token)
 
 
+def step_bytes(runner: ModelRunner) -> int | None:
+    """The weight bytes a one-token step of `runner` reads (every layer's linears and the output head; the
+    embedding's one row aside), what bounds a memory-bound step: the packed weights of specdec's kernels, the
+    GGUF file's tensors for llama.cpp, the parameters of a transformers model; None where unknown."""
+    from specdec.backends.lean import LeanRunner
+    from specdec.backends.llamacpp import LlamaCppRunner
+
+    if isinstance(runner, LeanRunner):
+        return runner.layer_set.step_bytes()
+    if isinstance(runner, LlamaCppRunner):
+        from specdec.backends.gguf import GGUFFile
+
+        tensors = GGUFFile(runner.session.path).tensors.values()
+        return sum(max(0, t.nbytes()) for t in tensors if t.name != "token_embd.weight" or "output.weight" not in
+                   {u.name for u in tensors})
+    model = runner.model
+    if model is None:
+        return None
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    skip = {id(p) for p in embedding.parameters()} if embedding is not None else set()
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None:
+        skip -= {id(p) for p in head.parameters()}  # a tied head is read every step
+    return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in skip)
+
+
+@dataclass
+class Roof:
+    """A one-token step against the memory's roof: the weight bytes it reads over the measured read bandwidth
+    (the medians of probes and steps taken in turn: the bandwidth of a shared machine moves)."""
+
+    bandwidth: float  # GB/s
+    bytes: int  # weight bytes a step reads
+    step_ms: float  # a one-token step after the prefix
+
+    @property
+    def roof_ms(self) -> float:
+        return self.bytes / self.bandwidth / 1e6
+
+    @property
+    def of_roof(self) -> float:
+        """roof / step: 1.0 at the roof."""
+        return self.roof_ms / self.step_ms
+
+    def to_dict(self) -> dict:
+        return {"read_gb_s": round(self.bandwidth, 2), "weight_bytes": self.bytes, "step_ms": round(self.step_ms, 3),
+                "roof_ms": round(self.roof_ms, 3), "of_roof": round(self.of_roof, 3)}
+
+    def line(self) -> str:
+        return (f"step {self.step_ms:.1f} ms, roof {self.roof_ms:.1f} ms: {100 * self.of_roof:.0f}% "
+                f"({self.bytes / 1e9:.2f} GB of weights a step at {self.bandwidth:.1f} GB/s read)")
+
+
+def measure_roof(runner: ModelRunner, prefix: int = 128, rounds: int = 5, steps: int = 5) -> Roof | None:
+    """The one-token step against its roof (see Roof): `rounds` of a bandwidth probe then `steps` one-token
+    forwards after `prefix` tokens; None where the weight bytes or the bandwidth cannot be had."""
+    from specdec.machine import read_bandwidth
+
+    size = step_bytes(runner)
+    if not size or prefix + 1 > runner.max_context:
+        return None
+    rates, times = [], []
+    probe = max(256 << 20, min(1 << 30, size))  # a buffer the size of the weights, within bounds
+    for _ in range(rounds):
+        rate = read_bandwidth(size=probe)
+        if rate is None:
+            return None
+        rates.append(rate)
+        times.append(measure_forwards(runner, [1], prefix=prefix, repeats=steps).ms[1])
+    return Roof(statistics.median(rates), size, statistics.median(times))
+
+
+PREFILL_LENGTHS = (512, 2048)
+
+
+def measure_prefill(runner: ModelRunner, lengths: Sequence[int] = PREFILL_LENGTHS, repeats: int = 1) -> dict[int, float]:
+    """Prefill tokens/s: a prompt of each length in one forward from an empty cache (the fastest of
+    `repeats`); lengths beyond the runner's window are left out."""
+    rates = {}
+    for n in lengths:
+        if n > runner.max_context:
+            continue
+        tokens = _tokens(runner.vocab_size, n, seed=5)
+        best = float("inf")
+        for _ in range(repeats):
+            runner.reset()
+            start = time.perf_counter()
+            runner.forward(tokens, last_n=1)
+            best = min(best, time.perf_counter() - start)
+        rates[n] = n / best
+    runner.reset()
+    return rates
+
+
 # What a step of the speculation controller (specdec.control) costs, measured once per
 # model / backend / dtype / threads / CPU and kept on disk: a few timed forwards, seconds.
 CONTROL_PREFIX = 64

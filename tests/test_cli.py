@@ -203,20 +203,26 @@ def test_int8_speculative_prints_int8_plain_output(tiny_dirs, tmp_path, monkeypa
 def test_profile_json(tiny_dirs, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
     result = runner.invoke(app, ["profile", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"],
-                                 "--dtype", "int8", "--ks", "1-3,5", "--prefix", "8", "--repeats", "1", "--json"])
+                                 "--dtype", "int8", "--ks", "1-3,5", "--prefix", "8", "--repeats", "1",
+                                 "--prefill", "100,200,4000", "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert set(out["target"]["ms"]) == {"1", "2", "3", "5"} and all(v > 0 for v in out["target"]["ms"].values())
+    roof = out["target"]["roof"]  # the memory's bandwidth against the weights a step reads
+    assert roof["read_gb_s"] > 0 and roof["weight_bytes"] > 0 and roof["step_ms"] > 0
+    assert roof["roof_ms"] == pytest.approx(roof["weight_bytes"] / roof["read_gb_s"] / 1e6, rel=1e-2, abs=1e-3)
+    assert set(out["target"]["prefill_tokens_per_s"]) == {"100", "200"}  # 4000 exceeds the window
     assert out["target"]["dtype"] == "int8" and out["target"]["batch_invariant"] is True
     assert out["draft"]["ms_per_token"] > 0 and out["draft"]["batch_invariant"] is True
     assert out["target"]["cpu"] and out["target"]["threads"] >= 1
     table = runner.invoke(app, ["profile", "--target", tiny_dirs["target"], "--ks", "1,2", "--prefix", "8",
-                                "--repeats", "1"])
-    assert table.exit_code == 0 and "t(k) / t(1)" in table.output
+                                "--repeats", "1", "--prefill", "none", "--no-roof"])
+    assert table.exit_code == 0 and "t(k) / t(1)" in table.output and "roof" not in table.output
 
 
 @pytest.mark.parametrize("args, fragment", [(["--ks", "0-3"], "--ks"), (["--ks", "x"], "--ks"),
-                                            (["--prefix", "0"], "--prefix"), (["--prefix", "300"], "window")])
+                                            (["--prefix", "0"], "--prefix"), (["--prefix", "300"], "window"),
+                                            (["--prefill", "512-1024"], "--prefill"), (["--prefill", "0"], "--prefill")])
 def test_profile_user_errors(tiny_dirs, args, fragment):
     assert_user_error(runner.invoke(app, ["profile", "--target", tiny_dirs["target"], *args]), fragment)
 

@@ -351,14 +351,8 @@ class GGUFModel:
         return kernels.gguf.rows(self.embed.type_id, self.file.blocks(self.embed.name), self.hidden, tokens)
 
     def nbytes(self) -> int:
-        """Bytes of the packed weights in memory (the embedding stays in the mapped file)."""
-        linears = [lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        assert all(isinstance(lin, Parts) for lin in linears)
-        return sum(lin.nbytes() for lin in linears) + self.head.nbytes()  # type: ignore[union-attr]
-
-    def step_bytes(self) -> int:
-        """Weight bytes one decode step reads: every layer's linears and the head (the embedding's one row aside)."""
-        return self.nbytes()
+        """Bytes of the model in memory: the packed weights' block (the embedding stays in the mapped file)."""
+        return self._arena.nbytes
 
 
 class GGUFLayers(LayerSet):
@@ -456,6 +450,6 @@ class GGUFRunner(LeanRunner):
                 "threads": torch.get_num_threads(), "kernel": version()}
 
 
-def load(path: str | Path, name: str = "") -> GGUFRunner:
+def load(path: str | Path, name: str = "", max_context: int | None = None) -> GGUFRunner:
     """A GGUFRunner over the GGUF file at `path` (`name`: what the runner reports as its model, e.g. a zoo name)."""
-    return GGUFRunner(GGUFModel(GGUFFile(path), name))
+    return GGUFRunner(GGUFModel(GGUFFile(path), name), max_context=max_context)

@@ -73,6 +73,10 @@ class Int4Linear:
         return cls(*kernels.int4.pack_int8(linear.int8_weight(), linear.scale), linear.out_features,
                    linear.in_features, linear.bias)
 
+    def nbytes(self) -> int:
+        """The bytes its kernel reads: the packed 4-bit weights, fp16 scales and minimums, and the bias."""
+        return sum(t.numel() * t.element_size() for t in (self.packed, self.scales, self.bias) if t is not None)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
         shape = x.shape
         rows = x.reshape(-1, self.in_features)

@@ -163,6 +163,10 @@ class FloatLinear:
     def of(cls, linear: nn.Linear) -> "FloatLinear":
         return cls(linear.weight, linear.bias)
 
+    def nbytes(self) -> int:
+        """The bytes a product reads: the fp32 weights and bias."""
+        return sum(t.numel() * t.element_size() for t in (self.weight, self.bias) if t is not None)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [M, K] -> [M, N]
         if 2 <= x.shape[0] <= WEIGHT_MAJOR_ROWS:
             return weight_major_linear(x, self.weight, self.bias)
@@ -351,6 +355,12 @@ class LayerSet:
     def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """The final norm of rows x [n, hidden] (transformers' RMSNorm, op for op)."""
         return rms_norm(x, weight, eps)
+
+    def step_bytes(self) -> int:
+        """The weight bytes a one-token step reads: every layer's linears and the head, as stored for their
+        kernels (profile's roof)."""
+        linears = [lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        return sum(lin.nbytes() for lin in [*linears, self.head])
 
     @classmethod
     def of(cls: type[_Set], model: Any) -> _Set:

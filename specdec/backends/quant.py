@@ -124,6 +124,11 @@ class Int8Linear(nn.Module):
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
+    def nbytes(self) -> int:
+        """The bytes its kernel reads: the int8 weights (packed once packed), scales and bias."""
+        tensors = [self._packed if self._packed is not None else self._qweight, self.scale, self.bias]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
 
 def pack_all(linears: Iterable[Int8Linear], threads: int = 2) -> None:
     """Pack many Int8Linears at once, on `threads` threads."""

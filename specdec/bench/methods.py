@@ -232,6 +232,23 @@ class Plain(Method):
                            first_token_s=result.stats.prefill_s)
 
 
+class PlainInt8(Plain):
+    """Plain decoding of the same target in specdec's int8 (its own engine: the int8 copy of the model), beside
+    a run of another dtype: what specdec's default target was before the gguf target (a peer: its numbers,
+    hence its text, are int8's)."""
+
+    family = "int8-plain"
+
+    def __init__(self, engine: "Engine", max_new_tokens: int, gamma: int | None = None, name: str | None = None,
+                 sampling: SamplingParams | None = None) -> None:
+        from specdec.engine import Engine
+
+        super().__init__(engine, max_new_tokens, gamma, name, sampling)
+        if not isinstance(engine.target_name, str):
+            raise SpecdecError("method int8-plain needs the target by name (a zoo name, .gguf, directory or hub id)")
+        self.engine = Engine.load(engine.target_name, None, dtype="int8")
+
+
 class Specdec(Method):
     """Our decode loop with the draft model proposing γ tokens per step (draft mode chosen automatically)."""
 
@@ -547,7 +564,7 @@ class LlamaCppPlain(Method):
 
 METHODS: dict[str, type[Method]] = {
     cls.family: cls
-    for cls in (Plain, Specdec, SpecdecAuto, SpecdecTree, SpecdecStairs, SpecdecIntersection, HFAssisted, HFAuto, HFPlain, HFPromptLookup, LlamaCppPlain)
+    for cls in (Plain, PlainInt8, Specdec, SpecdecAuto, SpecdecTree, SpecdecStairs, SpecdecIntersection, HFAssisted, HFAuto, HFPlain, HFPromptLookup, LlamaCppPlain)
 }
 REFERENCE = "plain"  # speedups and identical outputs are measured against it
 DEFAULT = "default"  # --methods: default_methods()

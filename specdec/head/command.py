@@ -39,11 +39,17 @@ def load_target(spec: str) -> tuple[Any, Any]:
 
 
 def int8_extractor(model: Any, target: str | None = None, batch: int = 16) -> Any:
-    """The cheapest copy of `model` that produces its int8 features: for a `target` spec whose int8 model
-    the lean runner runs where specdec's int8 kernel multiplies in SIMD, that runner
-    (specdec.head.features.LeanExtractor, `batch` prompts a forward); else a dynamically quantized int8
-    copy of `model`; else `model` itself, where torch has no quantized CPU engine."""
-    if target is not None and loading.fastest_dtype(target) == "int8":
+    """The cheapest copy of `model` that produces the features the target runs with: for a `target` spec
+    that runs by default on specdec's kernels, its runner there (specdec.head.features.LeanExtractor, `batch`
+    prompts a forward): the gguf target's for a GGUF model, the int8 lean runner's for others; else a
+    dynamically quantized int8 copy of `model`; else `model` itself, where torch has no quantized CPU engine."""
+    dtype = loading.fastest_dtype(target) if target is not None else None
+    if dtype == loading.GGUF:
+        from specdec.head.features import LeanExtractor
+
+        runner, _ = loading.load_gguf(target)
+        return LeanExtractor(runner, batch)
+    if dtype == "int8":
         from specdec.backends import lean
         from specdec.head.features import LeanExtractor
 
@@ -173,7 +179,8 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
                 raise SpecdecError(f"--resume keeps the saved head's shape: its {option} is {saved}; drop {option}")
         taps = head.taps
     extractor = int8_extractor(model, target, batch) if int8 else model
-    kind = "int8, lean runner" if isinstance(extractor, LeanExtractor) else "int8" if extractor is not model else "fp32"
+    kind = ((f"{extractor.runners[0].describe()}, lean runner" if isinstance(extractor, LeanExtractor) else "int8")
+            if extractor is not model else "fp32")
     say(began, f"loaded {target} ({kind} features)")
     streams = [tokenizer(t)["input_ids"] for t in material.texts]
     builtin_prompts = [encode_prompt(tokenizer, p) for p in material.prompts]

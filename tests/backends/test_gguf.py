@@ -260,3 +260,30 @@ def test_what_it_cannot_run_is_refused_in_one_line(tmp_path, files):
     (tmp_path / "bad.gguf").write_bytes(b"GGUF" + b"\0" * 10)
     with pytest.raises(SpecdecError, match="cannot read GGUF file"):
         gguf.GGUFFile(tmp_path / "bad.gguf")
+
+
+def test_the_engine_runs_a_gguf_file_exactly(files, tmp_path, monkeypatch):
+    from specdec.engine import Engine
+    from specdec.loading import fastest_dtype
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    target = files["qwen2"]
+    assert fastest_dtype(target) == ("gguf" if kernels.gguf.isa() != "c" else "int8")
+    engine = Engine.load(target, "lookup", dtype="gguf")
+    assert engine.dtype == "gguf" and engine.target_runner.describe() == "specdec gguf"
+    prompt = "def fibonacci(n):\n    if n < 2:\n        return n\n"
+    plain = engine.generate(prompt, max_new_tokens=30, use_draft=False)
+    for k in (2, 5, "auto"):
+        assert engine.generate(prompt, max_new_tokens=30, num_speculative_tokens=k).token_ids == plain.token_ids, k
+    drafted = Engine.load(target, save_tiny_gguf_cached("qwen2"), dtype="gguf", draft_dtype="gguf")
+    spec = drafted.generate(prompt, max_new_tokens=30, num_speculative_tokens=3)
+    assert spec.token_ids == plain.token_ids and spec.stats.drafted > 0
+
+
+def test_gguf_is_refused_for_what_is_not_a_gguf_file(tmp_path):
+    from specdec.engine import Engine
+    from tests.tiny import save_tiny
+
+    folder = save_tiny(tmp_path / "tiny")
+    with pytest.raises(SpecdecError, match="--dtype gguf runs a GGUF model"):
+        Engine.load(folder, None, dtype="gguf")

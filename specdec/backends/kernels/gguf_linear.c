@@ -49,7 +49,7 @@ enum { BLOCK_K = 256, BLOCK_0 = 32 };
 /* Bytes of one group's block (16 channels, one weight block) in the packed layout, and the block's columns. */
 static int group_block_bytes(int type) {
     switch (type) {
-    case GG_Q4_K: return 2368; /* d[16], dmin[16] fp16; sc u8 [8][16]; m u8 [4][16][2]; 8 sub-blocks x 256 B */
+    case GG_Q4_K: return 2304; /* d[16], dmin[16] fp16; the file's 12 scale bytes [12][16]; 8 sub-blocks x 256 B */
     case GG_Q6_K: return 3360; /* d[16] fp16; sc s8 [16][16]; 8 chunks x (256 B nibbles + 128 B crumbs) */
     case GG_Q5_0: return 352;  /* d[16] fp16; 256 B nibbles; 64 B fifth bits */
     case GG_Q8_0: return 544;  /* d[16] fp16; 512 B quants + 128 */
@@ -176,13 +176,8 @@ static void pack_block(int type, const uint8_t *src, int c, uint8_t *dst) {
     case GG_Q4_K:
         memcpy(dst + 2 * c, src, 2);          /* d */
         memcpy(dst + 32 + 2 * c, src + 2, 2); /* dmin */
-        for (int j = 0; j < 8; j++) {
-            uint8_t sc, m;
-            q4k_scale_min(src + 4, j, &sc, &m);
-            dst[64 + 16 * j + c] = sc;
-            dst[192 + 32 * (j / 2) + 2 * c + j % 2] = m;
-        }
-        for (int j = 0; j < 8; j++) put_nibbles(dst + 320 + 256 * j, c, v + 32 * j);
+        for (int b = 0; b < 12; b++) dst[64 + 16 * b + c] = src[4 + b]; /* the 6-bit scales and minimums, as packed */
+        for (int j = 0; j < 8; j++) put_nibbles(dst + 256 + 256 * j, c, v + 32 * j);
         break;
     case GG_Q6_K:
         memcpy(dst + 2 * c, src + 208, 2); /* d */
@@ -366,7 +361,7 @@ static int packed_quant(int type, const uint8_t *blk, int c, int e) {
     const int g = (e % 32) / 4, b = e % 4;
     switch (type) {
     case GG_Q4_K: {
-        const uint8_t byte = blk[320 + 256 * (e / 32) + 64 * (g % 4) + 4 * c + b];
+        const uint8_t byte = blk[256 + 256 * (e / 32) + 64 * (g % 4) + 4 * c + b];
         return g < 4 ? byte & 0xF : byte >> 4;
     }
     case GG_Q6_K: {
@@ -398,11 +393,15 @@ static float block_c(int type, const uint8_t *blk, int c, const acts_t *a, int i
     switch (type) {
     case GG_Q4_K: {
         int32_t t = 0, mm = 0;
+        uint8_t raw[12];
+        for (int b = 0; b < 12; b++) raw[b] = blk[64 + 16 * b + c];
         for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            q4k_scale_min(raw, j, &sc, &m);
             int32_t s = 0;
             for (int e = 32 * j; e < 32 * j + 32; e++) s += packed_quant(type, blk, c, e) * xq[e];
-            t += (int32_t)blk[64 + 16 * j + c] * s;
-            mm += (int32_t)blk[192 + 32 * (j / 2) + 2 * c + j % 2] * x32[j];
+            t += (int32_t)sc * s;
+            mm += (int32_t)m * x32[j];
         }
         const float dmin = half_to_float(read16(blk + 32 + 2 * c));
         return dx * (d * (float)t - dmin * (float)mm);
@@ -466,6 +465,21 @@ VNNI INLINE __m512i bcast32(const void *p) {
     return _mm512_set1_epi32(v);
 }
 
+/* Q4_K's 6-bit scales and minimums of 16 channels (the file's 12 bytes each, byte b of the 16 channels at row b):
+ * sc[j], m[j] as 16 bytes, j = 0..7 (ggml's get_scale_min_k4 on every lane at once). */
+VNNI INLINE void q4k_scales(const uint8_t *blk, __m128i sc[8], __m128i m[8]) {
+    const __m128i six = _mm_set1_epi8(63), low = _mm_set1_epi8(0x0F), top = _mm_set1_epi8(0x30);
+    __m128i s[12];
+    for (int b = 0; b < 12; b++) s[b] = _mm_loadu_si128((const __m128i *)(blk + 64 + 16 * b));
+    for (int j = 0; j < 4; j++) {
+        sc[j] = _mm_and_si128(s[j], six);
+        m[j] = _mm_and_si128(s[j + 4], six);
+        /* bits 6-7 of s[j - 4] (here s[j]) and s[j] (here s[j + 4]) become bits 4-5 */
+        sc[j + 4] = _mm_or_si128(_mm_and_si128(s[j + 8], low), _mm_and_si128(_mm_srli_epi16(s[j], 2), top));
+        m[j + 4] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(s[j + 8], 4), low), _mm_and_si128(_mm_srli_epi16(s[j + 4], 2), top));
+    }
+}
+
 /* Q4_K: one group's blocks against rows i0 .. i0 + R - 1 (R a constant once inlined). */
 VNNI INLINE void q4k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, float out[R_MAX][LANES]) {
     const int k = a->k;
@@ -473,13 +487,15 @@ VNNI INLINE void q4k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
     __m512 acc[R_MAX];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = grp + (int64_t)b * 2368;
+        const uint8_t *blk = grp + (int64_t)b * 2304;
+        __m128i sc8[8], m8[8];
+        q4k_scales(blk, sc8, m8);
         __m512i t[R_MAX];
         for (int r = 0; r < R; r++) t[r] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
-            const uint8_t *qs = blk + 320 + 256 * j;
-            prefetch_ahead(blk + 296 * j, 320); /* 8 x 296 = 2368: the whole stream, headers included */
-            const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 64 + 16 * j)));
+            const uint8_t *qs = blk + 256 + 256 * j;
+            prefetch_ahead(blk + 288 * j, 320); /* 8 x 288 = 2304: the whole stream, headers included */
+            const __m512i sc = _mm512_cvtepu8_epi32(sc8[j]);
             __m512i w[8];
             for (int z = 0; z < 4; z++) {
                 const __m512i v = _mm512_loadu_si512(qs + 64 * z);
@@ -494,8 +510,11 @@ VNNI INLINE void q4k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
             }
         }
         const __m512 d = load_half16(blk), dmin = load_half16(blk + 32);
-        __m512i mp[4];
-        for (int p = 0; p < 4; p++) mp[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 192 + 32 * p)));
+        __m512i mp[4]; /* lane c: (m_2p, m_2p+1) as two int16 */
+        for (int p = 0; p < 4; p++) {
+            const __m128i lo = _mm_unpacklo_epi8(m8[2 * p], m8[2 * p + 1]), hi = _mm_unpackhi_epi8(m8[2 * p], m8[2 * p + 1]);
+            mp[p] = _mm512_cvtepu8_epi16(_mm256_set_m128i(hi, lo));
+        }
         for (int r = 0; r < R; r++) {
             const int16_t *x32 = a->x32h + (int64_t)(i0 + r) * (k / 32) + (int64_t)b * 8;
             __m512i mm = _mm512_setzero_si512();
@@ -652,14 +671,22 @@ AVX2F INLINE __m256i bcast32_8(const void *p) {
     memcpy(&v, p, 4);
     return _mm256_set1_epi32(v);
 }
-/* Each lane's 16-bit scale twice (for vpmaddwd): from 8 consecutive u8 (zero-extended) or s8. */
-AVX2F INLINE __m256i pair16_u8(const uint8_t *p) {
-    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-    return _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
-}
+/* Each lane's 16-bit scale twice (for vpmaddwd): from 8 consecutive s8. */
 AVX2F INLINE __m256i pair16_s8(const uint8_t *p) {
     const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
     return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+}
+
+AVX2F INLINE void q4k_scales8(const uint8_t *blk, __m128i sc[8], __m128i m[8]) {
+    const __m128i six = _mm_set1_epi8(63), low = _mm_set1_epi8(0x0F), top = _mm_set1_epi8(0x30);
+    __m128i s[12];
+    for (int b = 0; b < 12; b++) s[b] = _mm_loadu_si128((const __m128i *)(blk + 64 + 16 * b));
+    for (int j = 0; j < 4; j++) {
+        sc[j] = _mm_and_si128(s[j], six);
+        m[j] = _mm_and_si128(s[j + 4], six);
+        sc[j + 4] = _mm_or_si128(_mm_and_si128(s[j + 8], low), _mm_and_si128(_mm_srli_epi16(s[j], 2), top));
+        m[j + 4] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(s[j + 8], 4), low), _mm_and_si128(_mm_srli_epi16(s[j + 4], 2), top));
+    }
 }
 
 AVX2F INLINE void q4k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, int half,
@@ -669,12 +696,15 @@ AVX2F INLINE void q4k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
     __m256 acc[R_MAX];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = grp + (int64_t)b * 2368;
+        const uint8_t *blk = grp + (int64_t)b * 2304;
+        __m128i sc8[8], m8[8];
+        q4k_scales8(blk, sc8, m8);
         __m256i t[R_MAX];
         for (int r = 0; r < R; r++) t[r] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
-            const uint8_t *qs = blk + 320 + 256 * j + h32;
-            const __m256i sc = pair16_u8(blk + 64 + 16 * j + 8 * half);
+            const uint8_t *qs = blk + 256 + 256 * j + h32;
+            const __m256i v32 = _mm256_cvtepu8_epi32(half ? _mm_srli_si128(sc8[j], 8) : sc8[j]);
+            const __m256i sc = _mm256_or_si256(v32, _mm256_slli_epi32(v32, 16)); /* each lane's scale twice */
             __m256i w[8];
             for (int z = 0; z < 4; z++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * z));
@@ -690,8 +720,11 @@ AVX2F INLINE void q4k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
             }
         }
         const __m256 d = load_half8(blk + 16 * half), dmin = load_half8(blk + 32 + 16 * half);
-        __m256i mp[4];
-        for (int p = 0; p < 4; p++) mp[p] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192 + 32 * p + 16 * half)));
+        __m256i mp[4]; /* lane c: (m_2p, m_2p+1) as two int16 */
+        for (int p = 0; p < 4; p++) {
+            const __m128i pairs = half ? _mm_unpackhi_epi8(m8[2 * p], m8[2 * p + 1]) : _mm_unpacklo_epi8(m8[2 * p], m8[2 * p + 1]);
+            mp[p] = _mm256_cvtepu8_epi16(pairs);
+        }
         for (int r = 0; r < R; r++) {
             const int16_t *x32 = a->x32h + (int64_t)(i0 + r) * (k / 32) + (int64_t)b * 8;
             __m256i mm = _mm256_setzero_si256();
