@@ -118,3 +118,15 @@ def test_what_it_cannot_multiply_is_refused():
         gguf.pack(2, np.zeros(18, np.uint8), 1, 32)  # Q4_0: not a type the kernel takes
     with pytest.raises(ValueError, match="needs 144 bytes"):
         gguf.pack(Q4_K, np.zeros(100, np.uint8), 1, 256)
+
+
+def test_a_channel_order_is_the_files_rows_in_that_order():
+    k, n = 256, 40
+    raw = random_blocks(Q4_K, n, k, np.random.default_rng(5))
+    order = list(np.random.default_rng(6).permutation(n))
+    x = activations(3, k)
+    permuted = gguf.Parts([gguf.Part(gguf.pack(Q4_K, raw, n, k, order), Q4_K, n)], k)(x)
+    reordered = gguf.Parts([gguf.Part(gguf.pack(Q4_K, raw[order], n, k), Q4_K, n)], k)(x)
+    assert torch.equal(permuted, reordered)
+    with pytest.raises(ValueError, match="permutation"):
+        gguf.pack(Q4_K, raw, n, k, [0] * n)

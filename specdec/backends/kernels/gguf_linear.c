@@ -336,12 +336,13 @@ static void quantize_row(const float *x, acts_t *a, int i, int isa) {
     }
 }
 
+/* The activations of m rows in one block of scratch memory (slot 0 for the K types' blocks, 1 for the others). */
 static void *alloc_acts(acts_t *a, int m, int k, int block) {
     const size_t rows = (size_t)(m > 0 ? m : 1);
     const size_t qb = (rows * k + 63) / 64 * 64, db = rows * (k / block) * 4, x16 = rows * (k / 16) * 4,
                  x32 = rows * (k / 32) * 4, x32h = rows * (k / 32) * 2;
     const size_t total = qb + ((db + 63) / 64 + (x16 + 63) / 64 + (x32 + 63) / 64 + (x32h + 63) / 64 + 1) * 64;
-    uint8_t *block_mem = aligned_alloc(64, (total + 63) / 64 * 64);
+    uint8_t *block_mem = scratch_take(block == BLOCK_K ? 0 : 1, total);
     if (!block_mem) return NULL;
     uint8_t *p = block_mem;
     a->q = (int8_t *)p; p += qb;
@@ -459,10 +460,17 @@ VNNI INLINE void prefetch_ahead(const uint8_t *p, int bytes) {
 }
 
 VNNI INLINE __m512 load_half16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
-VNNI INLINE __m512i bcast32(const void *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
+typedef int32_t __attribute__((may_alias, aligned(1))) i32u; /* 4 bytes of activations read as one lane */
+VNNI INLINE __m512i bcast32(const void *p) { return _mm512_set1_epi32(*(const i32u *)p); }
+/* acc += the four products of w's unsigned bytes and the 4 signed bytes at p in every lane: vpdpbusd with p as
+ * an embedded broadcast ({1to16}: one instruction, where the compiler would load and broadcast first) */
+VNNI INLINE __m512i dpbusd_at(__m512i acc, __m512i w, const void *p) {
+#if defined(__GNUC__) && !defined(SD_NO_ASM)
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const i32u *)p));
+    return acc;
+#else
+    return _mm512_dpbusd_epi32(acc, w, bcast32(p));
+#endif
 }
 
 /* Q4_K's 6-bit scales and minimums of 16 channels (the file's 12 bytes each, byte b of the 16 channels at row b):
@@ -505,7 +513,7 @@ VNNI INLINE void q4k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
             for (int r = 0; r < R; r++) {
                 const int8_t *xq = a->q + (int64_t)(i0 + r) * k + (int64_t)b * 256 + 32 * j;
                 __m512i s = _mm512_setzero_si512();
-                for (int g = 0; g < 8; g++) s = _mm512_dpbusd_epi32(s, w[g], bcast32(xq + 4 * g));
+                for (int g = 0; g < 8; g++) s = dpbusd_at(s, w[g], xq + 4 * g);
                 t[r] = _mm512_add_epi32(t[r], _mm512_mullo_epi32(s, sc));
             }
         }
@@ -563,8 +571,8 @@ VNNI INLINE void q6k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
                 const int8_t *xq = a->q + (int64_t)(i0 + r) * k + (int64_t)b * 256 + 32 * c;
                 const int32_t *x16 = a->x16 + (int64_t)(i0 + r) * (k / 16) + (int64_t)b * 16 + 2 * c;
                 __m512i s0 = _mm512_set1_epi32(-32 * x16[0]), s1 = _mm512_set1_epi32(-32 * x16[1]);
-                for (int g = 0; g < 4; g++) s0 = _mm512_dpbusd_epi32(s0, w[g], bcast32(xq + 4 * g));
-                for (int g = 4; g < 8; g++) s1 = _mm512_dpbusd_epi32(s1, w[g], bcast32(xq + 4 * g));
+                for (int g = 0; g < 4; g++) s0 = dpbusd_at(s0, w[g], xq + 4 * g);
+                for (int g = 4; g < 8; g++) s1 = dpbusd_at(s1, w[g], xq + 4 * g);
                 t[r] = _mm512_add_epi32(t[r], _mm512_add_epi32(_mm512_mullo_epi32(s0, sc0), _mm512_mullo_epi32(s1, sc1)));
             }
         }
@@ -622,7 +630,7 @@ VNNI INLINE void q32_vnni(int type, const uint8_t *grp, int nb, const acts_t *a,
             const int8_t *xq = a->q + (int64_t)(i0 + r) * k + (int64_t)b * 32;
             const int32_t x32 = a->x32[(int64_t)(i0 + r) * (k / 32) + b];
             __m512i s = _mm512_set1_epi32(offset * x32);
-            for (int g = 0; g < 8; g++) s = _mm512_dpbusd_epi32(s, w[g], bcast32(xq + 4 * g));
+            for (int g = 0; g < 8; g++) s = dpbusd_at(s, w[g], xq + 4 * g);
             const __m512 dx = _mm512_set1_ps(a->dx[(int64_t)(i0 + r) * (k / 32) + b]);
             __m512 v = _mm512_mul_ps(d, _mm512_cvtepi32_ps(s));
             if (type == GG_Q4_1) v = _mm512_add_ps(v, _mm512_mul_ps(m, _mm512_set1_ps((float)x32)));
@@ -976,7 +984,7 @@ int sd_gguf_linear(const sd_gguf_params *p) {
     void *mk = NULL, *m0 = NULL;
     if (need[0] && !(mk = alloc_acts(&ak, p->m, p->k, BLOCK_K))) return -1;
     if (need[1] && !(m0 = alloc_acts(&a0, p->m, p->k, BLOCK_0))) {
-        free(mk);
+        scratch_give(0, mk);
         return -1;
     }
     const int threads = p->threads > 0 ? p->threads : 1;
@@ -1000,8 +1008,8 @@ int sd_gguf_linear(const sd_gguf_params *p) {
     for (int i = 0; i < p->nparts; i++) units += ((p->parts[i].n + LANES - 1) / LANES + per - 1) / per;
     unit_t *list = malloc(sizeof(unit_t) * (size_t)(units > 0 ? units : 1));
     if (!list) {
-        free(mk);
-        free(m0);
+        scratch_give(0, mk);
+        scratch_give(1, m0);
         return -1;
     }
     int u = 0;
@@ -1014,8 +1022,8 @@ int sd_gguf_linear(const sd_gguf_params *p) {
 #endif
     for (int i = 0; i < units; i++) run_unit(p, acts, isa, list[i]);
     free(list);
-    free(mk);
-    free(m0);
+    scratch_give(0, mk);
+    scratch_give(1, m0);
     return 0;
 }
 

@@ -200,12 +200,15 @@ int sd_layers(const sd_layers_model *model, const sd_layers_rows *rows) {
     const int intermediate = model->intermediate, layers = model->layers;
     const float eps = model->eps;
     const int width = (heads + 2 * kv_heads) * d, attn_width = heads * d;
-    float *h = malloc(sizeof(float) * (size_t)total * hidden);
-    float *qkv = malloc(sizeof(float) * (size_t)total * width);
-    float *att = malloc(sizeof(float) * (size_t)total * attn_width);
-    float *gu = malloc(sizeof(float) * (size_t)total * 2 * intermediate);
-    float *tmp = malloc(sizeof(float) * ((size_t)total * hidden + (size_t)d));
-    int status = h && qkv && att && gu && tmp ? 0 : -1;
+    /* the rows' buffers in one block of scratch memory: h, qkv, att, gu, tmp (with room for one head more) */
+    const size_t sizes[5] = {(size_t)total * hidden, (size_t)total * width, (size_t)total * attn_width,
+                             (size_t)total * 2 * intermediate, (size_t)total * hidden + (size_t)d};
+    size_t room = 0;
+    for (int i = 0; i < 5; i++) room += (sizes[i] + 15) / 16 * 16;
+    float *block = scratch_take(0, sizeof(float) * room);
+    float *h = block, *qkv = h + (sizes[0] + 15) / 16 * 16, *att = qkv + (sizes[1] + 15) / 16 * 16;
+    float *gu = att + (sizes[2] + 15) / 16 * 16, *tmp = gu + (sizes[3] + 15) / 16 * 16;
+    int status = block ? 0 : -1;
     for (int l = 0; l < layers && status == 0; l++) {
         const int64_t *t = model->tensors + (int64_t)l * L_FIELDS;
 #define PTR(type, field) ((const type *)(intptr_t)t[field])
@@ -254,10 +257,6 @@ int sd_layers(const sd_layers_model *model, const sd_layers_rows *rows) {
         if (rows->taps && rows->taps[l]) memcpy((void *)(intptr_t)rows->taps[l], x, sizeof(float) * (size_t)total * hidden);
 #undef PTR
     }
-    free(h);
-    free(qkv);
-    free(att);
-    free(gu);
-    free(tmp);
+    scratch_give(0, block);
     return status ? -1 : 0;
 }

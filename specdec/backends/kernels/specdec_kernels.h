@@ -153,6 +153,32 @@ int sd_layers(const sd_layers_model *model, const sd_layers_rows *rows);
 /* out[i] = w * (x[i] / sqrt(mean(x[i]^2) + eps)) for each of m rows of `hidden` (out may be x): the layers' norm. */
 void sd_rms_norm(const float *x, int m, int hidden, const float *w, float eps, float *out);
 
+/* ------------------------------------------------------------------ scratch memory (internal, not exported)
+ * A call's temporary buffers, kept per thread and slot for the next call (up to SCRATCH_KEEP bytes): a prefill's
+ * linears and layers would otherwise map fresh pages, and the kernel zero them, at every call.  Larger buffers
+ * are allocated and freed per call.  scratch_take's buffer is 64-byte aligned; give it back with
+ * scratch_give (which frees only what it did not keep). */
+#include <stdlib.h>
+#define SCRATCH_KEEP ((size_t)64 << 20)
+#define SCRATCH_SLOTS 4
+static _Thread_local void *scratch_kept[SCRATCH_SLOTS];
+static _Thread_local size_t scratch_size[SCRATCH_SLOTS];
+
+static inline void *scratch_take(int slot, size_t bytes) {
+    bytes = (bytes + 63) / 64 * 64;
+    if (bytes > SCRATCH_KEEP) return aligned_alloc(64, bytes);
+    if (scratch_size[slot] < bytes) {
+        free(scratch_kept[slot]);
+        scratch_kept[slot] = aligned_alloc(64, bytes);
+        scratch_size[slot] = scratch_kept[slot] ? bytes : 0;
+    }
+    return scratch_kept[slot];
+}
+
+static inline void scratch_give(int slot, void *p) {
+    if (p && p != scratch_kept[slot]) free(p);
+}
+
 /* ------------------------------------------------------------------ the machine (bandwidth.c) */
 
 /* GB/s of the best of `passes` streaming reads of a `bytes` buffer on `threads` threads (each its own part);
