@@ -92,6 +92,7 @@ REAL_MODEL_GROUPS = {
     "tests/test_real.py": "fp32-target",  # the fp32 1.5B and 0.5B
     "tests/test_real_universal.py": "fp32-target",  # the fp32 1.5B, int8 drafts of other tokenizers
     "tests/test_real_int8.py": "int8-and-llama.cpp",  # the int8 zoo
+    "tests/test_real_gguf.py": "fp32-target",  # the zoo on its own blocks, the int8 0.5B as an int4 draft
     "tests/backends/test_llamacpp.py": "int8-and-llama.cpp",  # the llama.cpp 1.5B / 0.5B, the int8 1.5B
     "tests/test_bridge.py": "int8-and-llama.cpp",  # the real tokenizers
     "tests/test_zoo.py": "int8-and-llama.cpp",
@@ -212,6 +213,24 @@ def real_hf() -> Callable:
 
 
 @pytest.fixture(scope="session")
+def real_gguf() -> Callable:
+    """get(name) -> (GGUFRunner, tokenizer) of a real zoo model on its own blocks (specdec.backends.gguf), loaded
+    once per session; each call hands out a runner of its own over the one loaded model (GGUFRunner.clone)."""
+    from specdec.loading import load_gguf
+
+    loaded: dict = {}
+
+    def get(name: str):
+        if name not in loaded:
+            with real_model_threads(), user_home():
+                loaded[name] = load_gguf(name)
+        runner, tokenizer = loaded[name]
+        return runner.clone(), tokenizer
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def real_lcpp() -> Iterator[Callable]:
     """get(name, exact=True) -> (LlamaCppRunner, tokenizer), loaded once per session.
 
@@ -236,7 +255,7 @@ def real_lcpp() -> Iterator[Callable]:
 
 
 @pytest.fixture
-def cached_loaders(monkeypatch, real_hf, real_lcpp_optional) -> None:
+def cached_loaders(monkeypatch, real_hf, real_gguf, real_lcpp_optional) -> None:
     """Make Engine.load (and so the CLI, in-process) take the session's loaded models.
 
     Everything but reading weights from disk runs as for a user: name checks,
@@ -246,6 +265,7 @@ def cached_loaders(monkeypatch, real_hf, real_lcpp_optional) -> None:
 
     monkeypatch.setattr(specdec.loading, "load_hf",
                         lambda spec, dtype="fp32", progress=None, device="cpu": real_hf(spec, dtype))
+    monkeypatch.setattr(specdec.loading, "load_gguf", lambda spec, progress=None, max_context=None: real_gguf(spec))
     if real_lcpp_optional is not None:
         monkeypatch.setattr(
             specdec.loading, "load_llamacpp",

@@ -1,0 +1,126 @@
+"""The gguf target on real files (specdec.backends.gguf): batch-invariant bitwise, so speculative == plain.
+
+For the zoo's llama-family and qwen2 files: on random forward / rollback sequences with 1..16 new tokens per
+forward, every token's logits are bitwise the ones a runner that evaluates one token at a time computes
+(contexts up to 1k tokens for smollm2-135m, 512 for the 0.5B, 256 for the 1.5B, to bound the time).  Then the
+qwen2.5-coder-1.5b gguf target -- what `specdec generate` runs by default -- gives its own plain greedy output
+with every drafter: the 0.5B in int4 (the default hybrid with lookup), the 0.5B on its own blocks, and suffix
+drafts; the README's first command runs it.  Marked `real`.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specdec.engine import Engine
+from specdec.loading import fastest_dtype
+from tests.conftest import real_model_threads
+
+pytestmark = pytest.mark.real
+
+CODE = "import json\n\ndef load_config(path):\n    with open(path) as f:\n        return json.load(f)\n\n"
+PROMPTS = [
+    "def fibonacci(n):",
+    "class Stack:\n    \"\"\"A simple LIFO stack.\"\"\"\n",
+    "The three most important ideas in thermodynamics are",
+    "Once upon a time, in a village at the edge of a great forest,",
+]
+MAX_NEW = 40
+
+
+@pytest.mark.parametrize("name, context", [("smollm2-135m", 1024), ("qwen2.5-coder-0.5b", 512),
+                                           ("qwen2.5-coder-1.5b", 256)])
+def test_gguf_logits_are_bitwise_one_token_at_a_time(real_gguf, name, context):
+    # `runner` takes forwards of k = 1..16 random tokens (each k once, shuffled) between random rollbacks while
+    # the context grows to `context`; `mirror` holds the same cache but evaluates those tokens one at a time.
+    runner, tok = real_gguf(name)
+    mirror, _ = real_gguf(name)
+    rng = random.Random(name)
+    specials = set(tok.all_special_ids)
+    vocab = [i for i in range(min(len(tok), runner.vocab_size)) if i not in specials]
+    base = list(tok(CODE, add_special_tokens=True)["input_ids"])
+    filler = list(tok(CODE * 40, add_special_tokens=False)["input_ids"])
+    ks = list(range(1, 17))
+    rng.shuffle(ks)
+    with real_model_threads():
+        assert torch.equal(runner.forward(base), mirror.forward(base))
+        for i, k in enumerate(ks):
+            if i % 2 == 1:
+                keep = rng.randrange(max(len(base), len(runner.tokens) - 64), len(runner.tokens) + 1)
+                runner.rollback(keep)
+                mirror.rollback(keep)
+            goal = len(base) + (context - 16 - len(base)) * (i + 1) // len(ks)
+            if len(runner.tokens) < goal:
+                grow = filler[: goal - len(runner.tokens)]
+                assert torch.equal(runner.forward(grow, last_n=1), mirror.forward(grow, last_n=1))
+            new = [rng.choice(vocab) for _ in range(k)]
+            logits = runner.forward(new)  # [k, V]
+            expected = torch.cat([mirror.forward([t]) for t in new])  # k x [1, V]
+            assert torch.equal(logits, expected), (name, len(runner.tokens), k)
+    assert len(runner.tokens) >= context - 32 and runner.tokens == mirror.tokens
+
+
+@pytest.fixture(scope="module")
+def gguf_target(real_gguf):
+    return real_gguf("qwen2.5-coder-1.5b")
+
+
+@pytest.fixture(scope="module")
+def gguf_plain(gguf_target):
+    engine = Engine(*gguf_target)
+    with real_model_threads():
+        return {p: engine.generate(p, max_new_tokens=MAX_NEW, use_draft=False).token_ids for p in PROMPTS}
+
+
+def speculative_outputs(engine: Engine, prompts: list[str], k: int | str) -> tuple[dict[str, list[int]], int, int]:
+    out, drafted, accepted = {}, 0, 0
+    with real_model_threads():
+        for prompt in prompts:
+            result = engine.generate(prompt, max_new_tokens=MAX_NEW, num_speculative_tokens=k)
+            out[prompt] = result.token_ids
+            drafted += result.stats.drafted
+            accepted += result.stats.accepted
+    return out, drafted, accepted
+
+
+def test_every_drafter_leaves_the_gguf_targets_output_unchanged(real_hf, real_gguf, gguf_target, gguf_plain):
+    from specdec.backends.lean import LeanRunner
+
+    draft_model, draft_tokenizer = real_hf("qwen2.5-coder-0.5b", "int8")
+    int4 = LeanRunner(draft_model, int4=True)
+    own_blocks, own_tokenizer = real_gguf("qwen2.5-coder-0.5b")
+    cases = [  # (draft runner and tokenizer or None, lookup / suffix, k, prompts)
+        ((int4, draft_tokenizer), dict(lookup=True), "auto", PROMPTS),  # the default: lookup + the int4 0.5B
+        ((own_blocks, own_tokenizer), {}, 3, PROMPTS[::2]),  # the 0.5B on its own file's blocks, a fixed γ
+        ((), dict(suffix=True), "auto", PROMPTS[1::2]),  # suffix drafts: the context and earlier answers
+    ]
+    for draft, copying, k, prompts in cases:
+        engine = Engine(*gguf_target, *draft, **copying)
+        outputs, drafted, accepted = speculative_outputs(engine, prompts, k)
+        assert outputs == {p: gguf_plain[p] for p in prompts}, (k, copying)
+        assert drafted > 0 and accepted > 0
+
+
+def test_the_readmes_first_command_runs_the_gguf_target(gguf_plain, cached_loaders):
+    # `specdec generate "def fibonacci(n):"` as a new user runs it (every default: dtype auto, the lookup +
+    # 0.5B hybrid, -k auto), in-process with the session's loaded models: the target is the gguf file's own
+    # blocks where specdec's kernels run SIMD, the summary says so, and the tokens are gguf plain's.
+    import json
+
+    from typer.testing import CliRunner
+
+    from specdec.cli import app
+
+    if fastest_dtype("qwen2.5-coder-1.5b") != "gguf":
+        pytest.skip("gguf is the default only on CPUs with AVX2 or AVX-512 VNNI")
+    prompt = PROMPTS[0]
+    with real_model_threads():
+        summary = CliRunner().invoke(app, ["generate", prompt, "--max-new-tokens", "24"])
+        result = CliRunner().invoke(app, ["generate", prompt, "--json", "--max-new-tokens", "24"])
+    assert summary.exit_code == 0, summary.output[-2000:]
+    assert "target qwen2.5-coder-1.5b gguf" in " ".join(summary.output.split())
+    assert result.exit_code == 0, result.output[-2000:]
+    assert json.loads(result.stdout)["token_ids"] == gguf_plain[prompt][:24]
