@@ -43,8 +43,9 @@ def generate(
     specdec train-drafter), or "auto" (the default: "lookup+head" when a head was trained for the
     target and it runs on transformers, else "lookup+qwen2.5-coder-0.5b", the draft's backend chosen
     by draft_backend "auto").  draft=None (or "none") decodes plainly with the target alone.
-    dtype: the target's: "auto" (int8 on CPUs where specdec's exact int8 kernel runs, fp32
-    elsewhere), "int8", "fp32" (the reference) or "bf16".
+    dtype: the target's: "auto" (gguf for a GGUF model and int8 for others on CPUs where specdec's exact
+    kernels run SIMD, fp32 elsewhere), "gguf" (a GGUF model's own blocks), "int8", "fp32" (the
+    reference) or "bf16".
     options: the request's (specdec.request.RequestConfig): max_new_tokens, num_speculative_tokens
     (default "auto": the cost-model controller), temperature, top_k, top_p, seed, stop, chat,
     draft_mode, draft_confidence, verify ("causal"; "block": sampled drafts verified as blocks; "stairs":

@@ -7,8 +7,10 @@ transformers (whose runners give the hidden states a head reads), ``lookup+head`
 context repeats itself, the head elsewhere; else MODEL_DRAFTER: prompt lookup where the context repeats
 itself (free), the 0.5B draft elsewhere (on specdec's int8 / int4 kernel or llama.cpp, whichever is
 faster on the CPU).  Either way the cost-model controller chooses k each step (0 = a plain step), and
-the target runs in int8 where specdec's exact int8 kernel runs (dtype "auto"): the fastest lossless
-configuration measured on the project's CPUs (BENCHMARKS.md).
+the target runs on its GGUF file's own blocks (a GGUF model) or in int8 (others) where specdec's exact
+kernels run SIMD (dtype "auto"): the fastest lossless configuration measured on the project's CPUs
+(BENCHMARKS.md; with the gguf target, lookup and suffix drafts measured as fast as this default on the
+built-in set, and slower where the context has nothing to copy).
 """
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"

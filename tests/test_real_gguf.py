@@ -10,57 +10,22 @@ drafts; the README's first command runs it.  Marked `real`.
 
 from __future__ import annotations
 
-import random
-
 import pytest
-import torch
 
 from specdec.engine import Engine
 from specdec.loading import fastest_dtype
 from tests.conftest import real_model_threads
+from tests.real_checks import PROMPTS, assert_bitwise_one_token_at_a_time, plain_outputs, speculative_outputs
 
 pytestmark = pytest.mark.real
-
-CODE = "import json\n\ndef load_config(path):\n    with open(path) as f:\n        return json.load(f)\n\n"
-PROMPTS = [
-    "def fibonacci(n):",
-    "class Stack:\n    \"\"\"A simple LIFO stack.\"\"\"\n",
-    "The three most important ideas in thermodynamics are",
-    "Once upon a time, in a village at the edge of a great forest,",
-]
-MAX_NEW = 40
 
 
 @pytest.mark.parametrize("name, context", [("smollm2-135m", 1024), ("qwen2.5-coder-0.5b", 512),
                                            ("qwen2.5-coder-1.5b", 256)])
 def test_gguf_logits_are_bitwise_one_token_at_a_time(real_gguf, name, context):
-    # `runner` takes forwards of k = 1..16 random tokens (each k once, shuffled) between random rollbacks while
-    # the context grows to `context`; `mirror` holds the same cache but evaluates those tokens one at a time.
     runner, tok = real_gguf(name)
-    mirror, _ = real_gguf(name)
-    rng = random.Random(name)
-    specials = set(tok.all_special_ids)
-    vocab = [i for i in range(min(len(tok), runner.vocab_size)) if i not in specials]
-    base = list(tok(CODE, add_special_tokens=True)["input_ids"])
-    filler = list(tok(CODE * 40, add_special_tokens=False)["input_ids"])
-    ks = list(range(1, 17))
-    rng.shuffle(ks)
-    with real_model_threads():
-        assert torch.equal(runner.forward(base), mirror.forward(base))
-        for i, k in enumerate(ks):
-            if i % 2 == 1:
-                keep = rng.randrange(max(len(base), len(runner.tokens) - 64), len(runner.tokens) + 1)
-                runner.rollback(keep)
-                mirror.rollback(keep)
-            goal = len(base) + (context - 16 - len(base)) * (i + 1) // len(ks)
-            if len(runner.tokens) < goal:
-                grow = filler[: goal - len(runner.tokens)]
-                assert torch.equal(runner.forward(grow, last_n=1), mirror.forward(grow, last_n=1))
-            new = [rng.choice(vocab) for _ in range(k)]
-            logits = runner.forward(new)  # [k, V]
-            expected = torch.cat([mirror.forward([t]) for t in new])  # k x [1, V]
-            assert torch.equal(logits, expected), (name, len(runner.tokens), k)
-    assert len(runner.tokens) >= context - 32 and runner.tokens == mirror.tokens
+    mirror, _ = real_gguf(name)  # another cache over the same loaded model
+    assert_bitwise_one_token_at_a_time(runner, mirror, tok, name, context)
 
 
 @pytest.fixture(scope="module")
@@ -70,20 +35,7 @@ def gguf_target(real_gguf):
 
 @pytest.fixture(scope="module")
 def gguf_plain(gguf_target):
-    engine = Engine(*gguf_target)
-    with real_model_threads():
-        return {p: engine.generate(p, max_new_tokens=MAX_NEW, use_draft=False).token_ids for p in PROMPTS}
-
-
-def speculative_outputs(engine: Engine, prompts: list[str], k: int | str) -> tuple[dict[str, list[int]], int, int]:
-    out, drafted, accepted = {}, 0, 0
-    with real_model_threads():
-        for prompt in prompts:
-            result = engine.generate(prompt, max_new_tokens=MAX_NEW, num_speculative_tokens=k)
-            out[prompt] = result.token_ids
-            drafted += result.stats.drafted
-            accepted += result.stats.accepted
-    return out, drafted, accepted
+    return plain_outputs(Engine(*gguf_target))
 
 
 def test_every_drafter_leaves_the_gguf_targets_output_unchanged(real_hf, real_gguf, gguf_target, gguf_plain):

@@ -13,59 +13,21 @@ model cache.
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from specdec.engine import Engine, as_runner
 from tests.conftest import real_model_threads
+from tests.real_checks import CODE, MAX_NEW, PROMPTS, assert_bitwise_one_token_at_a_time, plain_outputs, speculative_outputs
 
 pytestmark = pytest.mark.real
-
-CODE = "import json\n\ndef load_config(path):\n    with open(path) as f:\n        return json.load(f)\n\n"
-PROMPTS = [
-    "def fibonacci(n):",
-    "class Stack:\n    \"\"\"A simple LIFO stack.\"\"\"\n",
-    "The three most important ideas in thermodynamics are",
-    "Once upon a time, in a village at the edge of a great forest,",
-]
-MAX_NEW = 40
-
 
 @pytest.mark.parametrize("name, context", [("smollm2-135m", 1024), ("gemma3-270m", 1024),
                                            ("qwen2.5-coder-0.5b", 512)])
 def test_int8_logits_are_bitwise_one_token_at_a_time(real_hf, name, context):
-    # `runner` takes forwards of k = 1..16 random tokens (each k once, shuffled) between random
-    # rollbacks while the context grows to `context`; `mirror` holds the same cache but evaluates
-    # those tokens one at a time.  (Fillers that grow the context go to both in one same call.)
-    # Rollbacks drop up to 64 tokens, more than a rejected draft ever does; deeper ones are tested
-    # on the tiny models (tests/backends/test_quant.py), where regrowing the context costs nothing.
     model, tok = real_hf(name, "int8")
     runner, mirror = as_runner(model), as_runner(model)  # what the Engine uses: lean for qwen2 / llama
-    rng = random.Random(name)
-    specials = set(tok.all_special_ids)
-    vocab = [i for i in range(min(len(tok), runner.vocab_size)) if i not in specials]
-    base = list(tok(CODE, add_special_tokens=True)["input_ids"])
-    filler = list(tok(CODE * 40, add_special_tokens=False)["input_ids"])
-    ks = list(range(1, 17))
-    rng.shuffle(ks)
-    with real_model_threads():
-        assert torch.equal(runner.forward(base), mirror.forward(base))
-        for i, k in enumerate(ks):
-            if i % 2 == 1:
-                keep = rng.randrange(max(len(base), len(runner.tokens) - 64), len(runner.tokens) + 1)
-                runner.rollback(keep)
-                mirror.rollback(keep)
-            goal = len(base) + (context - 16 - len(base)) * (i + 1) // len(ks)
-            if len(runner.tokens) < goal:
-                grow = filler[: goal - len(runner.tokens)]
-                assert torch.equal(runner.forward(grow, last_n=1), mirror.forward(grow, last_n=1))
-            new = [rng.choice(vocab) for _ in range(k)]
-            logits = runner.forward(new)  # [k, V]
-            expected = torch.cat([mirror.forward([t]) for t in new])  # k x [1, V]
-            assert torch.equal(logits, expected), (name, len(runner.tokens), k)
-    assert len(runner.tokens) >= context - 32 and runner.tokens == mirror.tokens
+    assert_bitwise_one_token_at_a_time(runner, mirror, tok, name, context)
 
 
 def test_lean_runner_is_bitwise_the_quantized_transformers_model(real_hf):
@@ -91,20 +53,7 @@ def int8_target(real_hf):
 
 @pytest.fixture(scope="module")
 def int8_plain(int8_target):
-    engine = Engine(*int8_target)
-    with real_model_threads():
-        return {p: engine.generate(p, max_new_tokens=MAX_NEW).token_ids for p in PROMPTS}
-
-
-def speculative_outputs(engine: Engine, prompts: list[str], k: int | str = 5) -> tuple[dict[str, list[int]], int, int]:
-    out, drafted, accepted = {}, 0, 0
-    with real_model_threads():
-        for prompt in prompts:
-            result = engine.generate(prompt, max_new_tokens=MAX_NEW, num_speculative_tokens=k)
-            out[prompt] = result.token_ids
-            drafted += result.stats.drafted
-            accepted += result.stats.accepted
-    return out, drafted, accepted
+    return plain_outputs(Engine(*int8_target))
 
 
 def test_int8_speculative_equals_int8_plain_same_tokenizer(real_hf, int8_target, int8_plain):

@@ -88,7 +88,7 @@ class BenchOptions:
     repeats: int = 1
     limit_per_category: int | None = None
     chat: bool = False
-    dtype: str = "auto"  # the target's: int8 where specdec's int8 kernel runs, else fp32 (loading.fastest_dtype)
+    dtype: str = "auto"  # the target's: gguf or int8 where specdec's kernels run SIMD, else fp32 (loading.fastest_dtype)
     draft_dtype: str | None = None  # a transformers draft's dtype (default: as `specdec generate` picks)
     device: str = "cpu"  # where transformers models run: cpu, cuda, auto
     out: str = "bench-out"

@@ -1,9 +1,9 @@
 """`specdec train-drafter`: train a draft head for a target on this CPU within a time budget.
 
 Loads the target (fp32, the head's reference: its embedding table, final norm and LM head), a cheaper
-copy of it for producing features (specdec's int8 target on its lean runner where the int8 kernel runs
-in SIMD -- the features drafting will read; else ``quantize_dynamic`` int8 where torch has a quantized
-CPU engine; else the fp32 model itself), gathers the offline material (``specdec.head.data``) and trains
+copy of it for producing features (the target specdec runs by default where its kernels run in SIMD --
+the gguf target for a GGUF model, the int8 one on its lean runner for others: the features drafting will
+read; else ``quantize_dynamic`` int8 where torch has a quantized CPU engine; else the fp32 model itself), gathers the offline material (``specdec.head.data``) and trains
 (``specdec.head.train``): the target answers the built-in prompts in batches while the head learns
 from those answers and from the text; the user's own prompts (--prompts) are answered first.  The
 agreement is measured on the target's answers to held-out prompts (a tenth of the user's where they gave

@@ -444,8 +444,25 @@ static void group_c(int type, const uint8_t *grp, int nb, const acts_t *a, int i
 
 /* ------------------------------------------------------------------ AVX-512 VNNI path */
 #ifdef SD_X86
-#define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 #define INLINE __attribute__((always_inline)) static inline
+
+/* Q4_K's 6-bit scales and minimums of 16 channels (the file's 12 bytes each, byte b of the 16 channels at row b):
+ * sc[j], m[j] as 16 bytes, j = 0..7 (ggml's get_scale_min_k4 on every lane at once); for the AVX2 and VNNI
+ * paths alike. */
+__attribute__((target("avx2"))) INLINE void q4k_scales(const uint8_t *blk, __m128i sc[8], __m128i m[8]) {
+    const __m128i six = _mm_set1_epi8(63), low = _mm_set1_epi8(0x0F), top = _mm_set1_epi8(0x30);
+    __m128i s[12];
+    for (int b = 0; b < 12; b++) s[b] = _mm_loadu_si128((const __m128i *)(blk + 64 + 16 * b));
+    for (int j = 0; j < 4; j++) {
+        sc[j] = _mm_and_si128(s[j], six);
+        m[j] = _mm_and_si128(s[j + 4], six);
+        /* bits 6-7 of s[j - 4] (here s[j]) and s[j] (here s[j + 4]) become bits 4-5 */
+        sc[j + 4] = _mm_or_si128(_mm_and_si128(s[j + 8], low), _mm_and_si128(_mm_srli_epi16(s[j], 2), top));
+        m[j + 4] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(s[j + 8], 4), low), _mm_and_si128(_mm_srli_epi16(s[j + 4], 2), top));
+    }
+}
+
+#define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 
 #ifndef PF_DIST
 #define PF_DIST 4096
@@ -471,21 +488,6 @@ VNNI INLINE __m512i dpbusd_at(__m512i acc, __m512i w, const void *p) {
 #else
     return _mm512_dpbusd_epi32(acc, w, bcast32(p));
 #endif
-}
-
-/* Q4_K's 6-bit scales and minimums of 16 channels (the file's 12 bytes each, byte b of the 16 channels at row b):
- * sc[j], m[j] as 16 bytes, j = 0..7 (ggml's get_scale_min_k4 on every lane at once). */
-VNNI INLINE void q4k_scales(const uint8_t *blk, __m128i sc[8], __m128i m[8]) {
-    const __m128i six = _mm_set1_epi8(63), low = _mm_set1_epi8(0x0F), top = _mm_set1_epi8(0x30);
-    __m128i s[12];
-    for (int b = 0; b < 12; b++) s[b] = _mm_loadu_si128((const __m128i *)(blk + 64 + 16 * b));
-    for (int j = 0; j < 4; j++) {
-        sc[j] = _mm_and_si128(s[j], six);
-        m[j] = _mm_and_si128(s[j + 4], six);
-        /* bits 6-7 of s[j - 4] (here s[j]) and s[j] (here s[j + 4]) become bits 4-5 */
-        sc[j + 4] = _mm_or_si128(_mm_and_si128(s[j + 8], low), _mm_and_si128(_mm_srli_epi16(s[j], 2), top));
-        m[j + 4] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(s[j + 8], 4), low), _mm_and_si128(_mm_srli_epi16(s[j + 4], 2), top));
-    }
 }
 
 /* Q4_K: one group's blocks against rows i0 .. i0 + R - 1 (R a constant once inlined). */
@@ -685,18 +687,6 @@ AVX2F INLINE __m256i pair16_s8(const uint8_t *p) {
     return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
 }
 
-AVX2F INLINE void q4k_scales8(const uint8_t *blk, __m128i sc[8], __m128i m[8]) {
-    const __m128i six = _mm_set1_epi8(63), low = _mm_set1_epi8(0x0F), top = _mm_set1_epi8(0x30);
-    __m128i s[12];
-    for (int b = 0; b < 12; b++) s[b] = _mm_loadu_si128((const __m128i *)(blk + 64 + 16 * b));
-    for (int j = 0; j < 4; j++) {
-        sc[j] = _mm_and_si128(s[j], six);
-        m[j] = _mm_and_si128(s[j + 4], six);
-        sc[j + 4] = _mm_or_si128(_mm_and_si128(s[j + 8], low), _mm_and_si128(_mm_srli_epi16(s[j], 2), top));
-        m[j + 4] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(s[j + 8], 4), low), _mm_and_si128(_mm_srli_epi16(s[j + 4], 2), top));
-    }
-}
-
 AVX2F INLINE void q4k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, int half,
                            float out[R_MAX][LANES]) {
     const int k = a->k, h32 = 32 * half;
@@ -706,7 +696,7 @@ AVX2F INLINE void q4k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = grp + (int64_t)b * 2304;
         __m128i sc8[8], m8[8];
-        q4k_scales8(blk, sc8, m8);
+        q4k_scales(blk, sc8, m8);
         __m256i t[R_MAX];
         for (int r = 0; r < R; r++) t[r] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
