@@ -166,6 +166,25 @@ class GGUFFile:
         tensor = self.tensors[name]
         return self.data[tensor.offset : tensor.offset + tensor.nbytes()]
 
+    def release(self, names: Sequence[str]) -> None:
+        """Let the OS drop this mapping's pages of tensors `names` (their packed copies are in memory now): they
+        stay in the page cache, reclaimable, but leave the process's resident memory."""
+        import mmap
+
+        raw = getattr(self.data, "_mmap", None)  # the memmap's mmap object
+        if raw is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        for name in names:
+            tensor = self.tensors[name]
+            start = -(-tensor.offset // page) * page  # whole pages inside the tensor only
+            end = (tensor.offset + tensor.nbytes()) // page * page
+            if end > start:
+                try:
+                    raw.madvise(mmap.MADV_DONTNEED, start, end - start)
+                except (OSError, ValueError):
+                    return
+
     def float_tensor(self, name: str) -> torch.Tensor:
         """An F32 or F16 tensor (a norm's weight, a bias) as an fp32 torch tensor of its own."""
         tensor = self.tensors[name]
@@ -314,6 +333,8 @@ class GGUFModel:
         self.layers = layers
         self.final_norm = file.float_tensor("output_norm.weight")
         self.head = self._parts(head)
+        packed = {stem + ".weight" for layer in plan for linear in layer for stem, _ in linear} | {head[0][0] + ".weight"}
+        file.release(sorted(packed - {self.embed.name}))  # the embedding's rows are read from the file
 
     def _tensor(self, stem: str) -> Tensor:
         """The weight of linear `stem` (checked: a type and shape the block kernel multiplies)."""
