@@ -67,6 +67,10 @@ def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     Ties at the top-k / top-p boundary are kept (a token is removed only if it
     is strictly less likely than the boundary token), so the result does not
     depend on how a sort orders equal values.
+
+    Nothing sorts the whole vocabulary: top-k takes a partial selection, and top-p finds its threshold
+    among the most likely tokens only (:func:`nucleus_threshold`), the same threshold a sort of all V
+    would give, so the same tokens are kept.
     """
     if params.greedy:
         raise ValueError("warp_probs is for sampling; greedy has no distribution")
@@ -76,18 +80,38 @@ def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         scores = scores.masked_fill(scores < kth, float("-inf"))
     probs = torch.softmax(scores, dim=-1)  # [..., V]
     if params.top_p < 1.0:
-        sorted_probs, _ = torch.sort(probs, dim=-1, descending=True)  # [..., V]
-        # Mass strictly before each sorted position: a token is kept while the
-        # mass of the more likely tokens has not yet reached top_p.
-        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # [..., V]
-        keep_sorted = mass_before < params.top_p  # [..., V]; the top token is always kept
-        # The least likely kept probability is the threshold; ties with it are kept.
-        # At least the top token: a top_p below float32's range (5e-324) compares as 0 < 0.
-        num_kept = keep_sorted.sum(dim=-1, keepdim=True).clamp(min=1)  # [..., 1]
-        threshold = torch.gather(sorted_probs, -1, num_kept - 1)  # [..., 1]
+        threshold = nucleus_threshold(probs, params.top_p)  # [..., 1]
         probs = probs.masked_fill(probs < threshold, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
+
+
+NUCLEUS_CANDIDATES = 64  # the most likely tokens top-p looks among first (four times more while the nucleus is larger)
+
+
+def nucleus_threshold(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The least probability top-p keeps, per row of probs [..., V] -> [..., 1]: in the order of descending
+    probability, a token is kept while the mass of the more likely tokens is below top_p (the top token
+    always); ties with the last kept one are kept by the caller (probs >= threshold).
+
+    Computed among the c most likely tokens (a partial selection, sorted), c = NUCLEUS_CANDIDATES and four
+    times more until every row's candidates hold more than top_p by a margin of rounding: their running
+    sums are the first c of a full sort's (a sequential cumulative sum over the same values in the same
+    order: equal values in another order sum alike), and the margin makes every token beyond them one a
+    full sort would drop too, so the threshold is a full sort's, bit for bit."""
+    v = probs.shape[-1]
+    c = min(v, NUCLEUS_CANDIDATES)
+    while True:
+        top = torch.topk(probs, c, dim=-1).values  # [..., c], descending
+        total = torch.cumsum(top, dim=-1)  # [..., c]
+        mass_before = total - top  # [..., c]: the mass strictly before each candidate
+        # beyond the candidates a mass before is at least the candidates' total less a rounding or two
+        if c == v or bool((total[..., -1] * (1.0 - 1e-6) > top_p).all()):
+            break
+        c = min(v, 4 * c)
+    # At least the top token: a top_p below float32's range (5e-324) compares as 0 < 0.
+    kept = (mass_before < top_p).sum(dim=-1, keepdim=True).clamp(min=1)  # [..., 1]
+    return torch.gather(top, -1, kept - 1)  # [..., 1]
 
 
 def scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -249,3 +249,43 @@ def test_sample_from_never_draws_a_zero():
     drawn = {sample_from(probs, gen) for _ in range(500)}
     assert drawn == {1, 3}
     assert sample_from(torch.tensor([0.0, 0.0, 1.0]), gen) == 2
+
+
+# --------------------------------------------------------------------------- the warp without a full sort
+
+
+def sorted_warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The warp as it was before the partial selection: top-p through a sort of the whole vocabulary."""
+    from specdec.sampling import scaled_logits
+
+    scores = scaled_logits(logits, params.temperature)
+    if params.top_k and params.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, _ = torch.sort(probs, dim=-1, descending=True)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        num_kept = (mass_before < params.top_p).sum(dim=-1, keepdim=True).clamp(min=1)
+        threshold = torch.gather(sorted_probs, -1, num_kept - 1)
+        probs = probs.masked_fill(probs < threshold, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+@pytest.mark.parametrize("vocab", [7, 300, 151936])
+def test_the_partial_selection_is_the_full_sort_bit_for_bit(vocab):
+    # Random logits of several spreads (a peaked distribution: a small nucleus; a flat one: a nucleus of
+    # thousands, past several rounds of candidates), tied logits, extreme temperatures, every top-p.
+    gen = torch.Generator().manual_seed(vocab)
+    rows = 4 if vocab > 10000 else 24
+    checked = 0
+    for spread in (0.5, 2.0, 6.0, 20.0):
+        logits = torch.randn(rows, vocab, generator=gen) * spread  # [rows, V]
+        logits[: rows // 4] = logits[: rows // 4].round()  # exact ties, at the cut too
+        for temperature in (1e-30, 0.05, 0.7, 1.0, 3.0, 1e6):
+            for top_k, top_p in ((0, 0.9), (0, 0.5), (40, 0.95), (0, 0.999), (0, 1e-9), (5, 0.3)):
+                params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+                assert torch.equal(warp_probs(logits, params), sorted_warp(logits, params)), (spread, params)
+                checked += 1
+    assert checked == 4 * 6 * 6
