@@ -163,8 +163,16 @@ def make_generator(seed: int | None, stream: int = 0) -> torch.Generator:
 
 
 def sample_from(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """Draw one token id from probs [V]."""
-    return int(torch.multinomial(probs.float(), 1, generator=generator).item())
+    """Draw one token id from probs [V] (non-negative, not all zero; normalised by the draw): the first token
+    whose running sum exceeds u times the total, u ~ U[0, 1) in float64 (inverse transform sampling).  The
+    sums run in float64 over the tokens in order, so a token of probability 0 is never drawn; one pass over
+    the vocabulary, where torch.multinomial took 3 ms for one draw from 151,936 probabilities (Zen 4)."""
+    cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)  # [V]
+    u = float(torch.rand((), generator=generator, dtype=torch.float64)) * float(cdf[-1])
+    token = int(torch.searchsorted(cdf, torch.tensor([u], dtype=torch.float64), right=True))  # first cdf > u
+    if token >= cdf.shape[0]:  # u rounded up to the total: the last token of positive probability
+        token = int(torch.nonzero(probs > 0)[-1])
+    return token
 
 
 class Randomness(Protocol):
@@ -181,7 +189,8 @@ class Randomness(Protocol):
 
 
 class GeneratorRandomness:
-    """Randomness from a torch generator: a coin is one uniform draw in float64, a token one multinomial draw."""
+    """Randomness from a torch generator: a coin is one uniform draw in float64, a token one draw by
+    :func:`sample_from`."""
 
     def __init__(self, generator: torch.Generator) -> None:
         self.generator = generator

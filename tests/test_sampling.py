@@ -249,6 +249,20 @@ def test_sample_from_never_draws_a_zero():
     drawn = {sample_from(probs, gen) for _ in range(500)}
     assert drawn == {1, 3}
     assert sample_from(torch.tensor([0.0, 0.0, 1.0]), gen) == 2
+    assert sample_from(torch.tensor([0.0, 2.0, 0.0]), gen) == 1  # unnormalised: the draw normalises
+
+
+def test_sample_from_draws_each_token_with_its_probability():
+    from tests.chisq import chi_square
+
+    probs = torch.tensor([0.05, 0.0, 0.3, 0.15, 0.0, 0.25, 0.2, 0.05])
+    gen = make_generator(3)
+    counts: dict[tuple[int, ...], int] = {}
+    for _ in range(20_000):
+        token = (sample_from(probs, gen),)
+        counts[token] = counts.get(token, 0) + 1
+    _, _, p_value = chi_square(counts, {(i,): float(p) for i, p in enumerate(probs) if p > 0})
+    assert p_value > 0.001 and set(counts) == {(0,), (2,), (3,), (5,), (6,), (7,)}
 
 
 # --------------------------------------------------------------------------- the warp without a full sort
