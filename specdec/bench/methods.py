@@ -48,7 +48,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from specdec.errors import SpecdecError
@@ -190,6 +190,7 @@ class Method(ABC):
             raise SpecdecError(f"method '{self.family}' needs a draft model (not prompt lookup): give --draft")
         self.engine = engine
         self.sampling = sampling or SamplingParams()  # greedy unless a temperature is given
+        self.base_seed = self.sampling.seed
         self.max_new_tokens = max_new_tokens
         self.gamma = gamma if self.uses_gamma else None
         self.name = name or self.family
@@ -204,6 +205,13 @@ class Method(ABC):
     @abstractmethod
     def generate(self, prompt_ids: list[int]) -> Measurement:
         """The untimed generation (``run`` times it)."""
+
+    def start_repeat(self, repeat: int) -> None:
+        """Repeat r of a sampled run draws with seed + r (every method of the repeat the same seed): the
+        medians over ``--repeats`` are then over as many samples of each prompt, not one sample timed again.
+        Greedy decoding, and a sampled run without a seed, are left as they are."""
+        if not self.sampling.greedy and self.base_seed is not None:
+            self.sampling = replace(self.sampling, seed=self.base_seed + repeat)
 
     def before_session(self) -> None:
         """Called before a session's first turn (and before every one-turn prompt): the method's

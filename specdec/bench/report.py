@@ -18,6 +18,7 @@ and the summary says so.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -141,8 +142,8 @@ def draft_dtype_note(meta: dict[str, Any]) -> str:
     return f" (draft {dd})"
 
 
-def decoding_note(sampling: dict[str, Any] | None) -> str:
-    """"greedy", or the sampling parameters that every method used."""
+def decoding_note(sampling: dict[str, Any] | None, repeats: int = 1) -> str:
+    """"greedy", or the sampling parameters that every method used (several repeats: a seed each)."""
     if not sampling or not sampling.get("temperature"):
         return "greedy"
     parts = [f"temperature {sampling['temperature']}"]
@@ -150,7 +151,28 @@ def decoding_note(sampling: dict[str, Any] | None) -> str:
         parts.append(f"top-k {sampling['top_k']}")
     if sampling.get("top_p", 1.0) < 1.0:
         parts.append(f"top-p {sampling['top_p']}")
-    return "sampling (" + ", ".join(parts) + f", seed {sampling.get('seed')})"
+    seed = sampling.get("seed")
+    seeds = (f"seeds {seed}–{seed + repeats - 1}, one per repeat" if repeats > 1 and seed is not None
+             else f"seed {seed}")
+    return "sampling (" + ", ".join(parts) + f", {seeds})"
+
+
+def repeats_note(summary: Summary, meta: dict[str, Any]) -> list[str]:
+    """Under sampling with several repeats: each method's overall speedup per repeat (per seed), their median
+    and spread, and why a sampled run is read that way."""
+    sampled = bool((meta.get("sampling") or {}).get("temperature"))
+    rows = [s for s in summary.methods if s.name != summary.reference and s.overall.speedup_by_repeat]
+    if not sampled or not rows:
+        return []
+    cells = []
+    for s in rows:
+        per = s.overall.speedup_by_repeat or []
+        cells.append(f"`{s.name}` " + " / ".join(f"{v:.2f}" for v in per)
+                     + f" (median {statistics.median(per):.2f}×, spread {min(per):.2f}–{max(per):.2f})")
+    return ["", "Sampled: the methods' texts differ (one sample each), so a prompt's ratio compares two samples "
+            "of the same distribution; repeat r draws with seed + r, the same seed for every method, and the "
+            "tables take per prompt the median over the repeats. The overall speedup in each repeat "
+            "(geometric mean over the prompts), seed by seed: " + "; ".join(cells) + "."]
 
 
 def inputs_note(m: dict[str, Any]) -> str:
@@ -176,7 +198,7 @@ def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str
     lines = ["# specdec benchmark", ""]
     lines += [
         f"- target `{m.get('target')}`{backend_note(m.get('backend'))}, draft `{m.get('draft')}`"
-        f"{backend_note(m.get('draft_backend'))}, dtype {m.get('dtype')}{draft_dtype_note(m)}, {decoding_note(m.get('sampling'))}, "
+        f"{backend_note(m.get('draft_backend'))}, dtype {m.get('dtype')}{draft_dtype_note(m)}, {decoding_note(m.get('sampling'), m.get('repeats') or 1)}, "
         f"max {m.get('max_new_tokens')} new tokens, γ {', '.join(map(str, m.get('gammas', [])))}",
         inputs_note(m),
         f"- {m.get('device', 'cpu')} ({m.get('cpu') or m.get('processor')}, {m.get('torch_threads')} torch threads), "
@@ -195,6 +217,7 @@ def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str
         "",
     ]
     lines += _table(METRIC_HEADER, [_metric_row(s, s.overall) for s in summary.methods])
+    lines += repeats_note(summary, m)
     reusing = [s for s in summary.methods if s.overall.prompt_reused_share]
     if reusing:
         lines += ["", "Prompt tokens taken from the target's cache (prefix reuse: a turn's prompt starts with "

@@ -114,6 +114,8 @@ class PromptResult:
     first_token_s: float | None = None  # median over repeats: time to the first output (the prefill)
     decode_tokens_per_s: float | None = None  # median over repeats: tokens/s after the first output
     decode_speedup: float | None = None  # decode_tokens_per_s / plain's
+    tokens_per_s_by_repeat: dict[int, float] = field(default_factory=dict)  # repeat -> tokens/s
+    speedup_by_repeat: dict[int, float] = field(default_factory=dict)  # repeat -> tokens/s / plain's in that repeat
 
 
 @dataclass
@@ -141,6 +143,8 @@ class Aggregate:
     prompt_reused_share: float | None = None  # share of the prompts' tokens taken from the cache (prefix reuse)
     decode_speedup_vs_plain: float | None = None  # geometric mean of per-prompt decode speedups (prefill left out)
     first_token_share: float | None = None  # share of the wall time before the first output (the prefill)
+    # per repeat (a sampled run: per seed), the geometric mean over the prompts of that repeat's speedups
+    speedup_by_repeat: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -254,11 +258,16 @@ def per_prompt(records: Sequence[Record], reference: str = REFERENCE, compare_ou
                 history_identical=_all_optional([r.history_identical_to_plain for r in rs]),
                 first_token_s=_median_optional([m.first_token_s for m in ms]),
                 decode_tokens_per_s=_median_optional([m.decode_tokens_per_s for m in ms]),
+                tokens_per_s_by_repeat={r.repeat: r.measurement.tokens_per_s for r in rs},
             )
         )
     ref_tps = {p.prompt_id: p.tokens_per_s for p in results if p.method == reference}
     ref_decode = {p.prompt_id: p.decode_tokens_per_s for p in results if p.method == reference}
+    ref_by_repeat = {p.prompt_id: p.tokens_per_s_by_repeat for p in results if p.method == reference}
     for p in results:
+        base_by_repeat = ref_by_repeat.get(p.prompt_id, {})
+        p.speedup_by_repeat = {r: tps / base_by_repeat[r] for r, tps in p.tokens_per_s_by_repeat.items()
+                               if base_by_repeat.get(r) and tps > 0}
         base = ref_tps.get(p.prompt_id)
         p.speedup = p.tokens_per_s / base if base and p.tokens_per_s > 0 else None
         base = ref_decode.get(p.prompt_id)
@@ -316,7 +325,17 @@ def combine(results: Sequence[PromptResult]) -> Aggregate:
         prompt_reused_share=reused / prompt_tokens if reused is not None and prompt_tokens else None,
         decode_speedup_vs_plain=geometric_mean(p.decode_speedup for p in results if p.decode_speedup is not None),
         first_token_share=first_token_share(results),
+        speedup_by_repeat=speedup_by_repeat(results),
     )
+
+
+def speedup_by_repeat(results: Sequence[PromptResult]) -> list[float] | None:
+    """Per repeat, in order, the geometric mean over `results` of that repeat's speedups (None with fewer than
+    two repeats, or where a prompt lacks a repeat)."""
+    repeats = sorted({r for p in results for r in p.speedup_by_repeat})
+    if len(repeats) < 2 or any(set(p.speedup_by_repeat) != set(repeats) for p in results):
+        return None
+    return [geometric_mean(p.speedup_by_repeat[r] for p in results) or 0.0 for r in repeats]
 
 
 def first_token_share(results: Sequence[PromptResult]) -> float | None:

@@ -61,6 +61,7 @@ def run_interleaved(
         done: list[Record] = []
         for r in range(repeats):
             for m in rotated(methods, i * repeats + r):
+                m.start_repeat(r)
                 m.before_session()
                 measurement = m.run(ids)
                 done.append(Record(prompt.id, prompt.category, m.name, m.family, m.gamma, r, len(ids), measurement))

@@ -89,6 +89,8 @@ def run_sessions(
     slot = 0  # the rotation: one place per turn run
     for index, session in enumerate(sessions):
         for r in range(repeats):
+            for m in methods:
+                m.start_repeat(r)
             if index == 0 or not across_sessions:  # (across sessions: repeats == 1)
                 for m in methods:
                     m.before_session()

@@ -88,6 +88,20 @@ def test_markdown_header_names_sampling_and_backends():
     assert "draft `d`, dtype fp32 (draft bf16), greedy" in bf16_draft
 
 
+def test_a_sampled_run_with_repeats_names_its_seeds_and_each_repeats_speedup():
+    rows = []
+    for r, spec_wall in enumerate((0.5, 0.25, 1.0)):
+        for pid in ("1", "2"):
+            rows.append(Record(pid, "code", "plain", "plain", None, r, 4, Measurement([1] * 8, wall_s=1.0)))
+            rows.append(Record(pid, "code", "specdec-auto", "specdec-auto", None, r, 4, Measurement([1] * 8, wall_s=spec_wall)))
+    meta = {**META, "repeats": 3, "sampling": {"temperature": 0.7, "top_k": 0, "top_p": 0.9, "seed": 4}}
+    md = report.summary_markdown(aggregate(rows, compare_outputs=False), meta)
+    assert "sampling (temperature 0.7, top-p 0.9, seeds 4–6, one per repeat)" in md
+    assert "`specdec-auto` 2.00 / 4.00 / 1.00 (median 2.00×, spread 1.00–4.00)" in md
+    greedy = report.summary_markdown(aggregate(rows), {**meta, "sampling": None})
+    assert "seed by seed" not in greedy and "greedy" in greedy
+
+
 def test_write_all_with_plots(tmp_path):
     pytest.importorskip("matplotlib")
     data = report.write_all(aggregate(records()), META, tmp_path)

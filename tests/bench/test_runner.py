@@ -8,21 +8,25 @@ from specdec.bench.methods import Measurement, Method
 from specdec.bench.prompts import Prompt
 from specdec.bench.results import Record, aggregate, geometric_mean, per_prompt
 from specdec.bench.runner import rotated, run_interleaved
+from specdec.sampling import SamplingParams
 
 
 class Fake(Method):
     """A method that records when it ran and returns canned token ids."""
 
-    def __init__(self, name, log, tokens=(1, 2, 3)):
+    def __init__(self, name, log, tokens=(1, 2, 3), sampling=SamplingParams()):
         self.name, self.family, self.gamma = name, name, None
         self.log, self.tokens = log, list(tokens)
         self.sessions = 0
+        self.sampling, self.base_seed = sampling, sampling.seed
+        self.seeds = []
 
     def before_session(self):
         self.sessions += 1
 
     def generate(self, prompt_ids):
         self.log.append((self.name, tuple(prompt_ids)))
+        self.seeds.append(self.sampling.seed)
         return Measurement(list(self.tokens))
 
 
@@ -128,6 +132,35 @@ def test_sampled_runs_are_not_marked_identical_or_not():
     records = run_interleaved([Fake("plain", log), Fake("b", log)], [(Prompt("p", "x", "t"), [1])], warmup=False,
                               compare_outputs=False)
     assert [r.identical_to_plain for r in records] == [None, None]
+
+
+def test_a_sampled_repeat_draws_with_seed_plus_repeat_and_greedy_keeps_its_settings():
+    log = []
+    sampled = [Fake(n, log, sampling=SamplingParams(temperature=0.7, top_p=0.9, seed=5)) for n in ("plain", "b")]
+    prompts = [(Prompt("p0", "x", "t0"), [10]), (Prompt("p1", "y", "t1"), [11])]
+    run_interleaved(sampled, prompts, repeats=3, compare_outputs=False)
+    for m in sampled:  # the warm-up with the given seed, then per prompt the repeats 0, 1, 2
+        assert m.seeds == [5, 5, 6, 7, 5, 6, 7]
+        assert m.sampling.temperature == 0.7 and m.sampling.top_p == 0.9
+    greedy = Fake("plain", log)
+    run_interleaved([greedy], prompts, repeats=2)
+    assert greedy.seeds == [None] * 5 and greedy.sampling == SamplingParams()
+    unseeded = Fake("plain", log, sampling=SamplingParams(temperature=1.0))
+    run_interleaved([unseeded], prompts, repeats=2, warmup=False, compare_outputs=False)
+    assert unseeded.seeds == [None] * 4
+
+
+def test_speedup_by_repeat_is_each_repeats_geometric_mean_over_prompts():
+    # two prompts, three repeats; plain 1 s, spec's walls per repeat differ
+    walls = {("a", 0): 0.5, ("a", 1): 1.0, ("a", 2): 0.25, ("b", 0): 0.5, ("b", 1): 0.25, ("b", 2): 1.0}
+    records = [rec(pid, "plain", [1] * 10, 1.0, cat=pid, repeat=r) for pid in "ab" for r in range(3)]
+    records += [rec(pid, "spec", [1] * 10, w, cat=pid, repeat=r) for (pid, r), w in walls.items()]
+    summary = aggregate(records, compare_outputs=False)
+    assert summary.method("spec").overall.speedup_by_repeat == pytest.approx([2.0, 2.0, 2.0])
+    assert summary.method("spec").by_category["a"].speedup_by_repeat == pytest.approx([2.0, 1.0, 4.0])
+    assert summary.method("plain").overall.speedup_by_repeat == pytest.approx([1.0, 1.0, 1.0])
+    one = aggregate([r for r in records if r.repeat == 0], compare_outputs=False)
+    assert one.method("spec").overall.speedup_by_repeat is None  # one repeat: nothing to spread
 
 
 def test_repeats_take_the_median_and_must_all_be_identical():

@@ -7,6 +7,7 @@ from specdec.bench.report import summary_json, summary_markdown
 from specdec.bench.results import LATER, Record, aggregate, turn_keys
 from specdec.bench.sessions import run_sessions
 from specdec.bench.workloads import Session
+from specdec.sampling import SamplingParams
 
 SESSIONS = [Session("s1", "edit", ("write", "rename", "test")), Session("s2", "agent", ("tools", "obs"))]
 
@@ -14,9 +15,11 @@ SESSIONS = [Session("s1", "edit", ("write", "rename", "test")), Session("s2", "a
 class Echo(Method):
     """Answers with token ids derived from the prompt (so a different history gives a different answer)."""
 
-    def __init__(self, name, log, shift=0):
+    def __init__(self, name, log, shift=0, sampling=SamplingParams()):
         self.name, self.family, self.gamma = name, name, None
         self.log, self.shift, self.sessions = log, shift, 0
+        self.sampling, self.base_seed = sampling, sampling.seed
+        self.seeds = []
 
     def before_session(self):
         self.sessions += 1
@@ -24,6 +27,7 @@ class Echo(Method):
 
     def generate(self, prompt_ids):
         self.log.append((self.name, tuple(prompt_ids)))
+        self.seeds.append(self.sampling.seed)
         return Measurement([len(prompt_ids) % 50 + self.shift, 7])
 
 
@@ -104,6 +108,14 @@ def test_sampled_sessions_leave_identity_unmarked_but_record_histories():
     records, _ = run([Echo("plain", log), Echo("b", log, shift=2)], warmup=False, compare_outputs=False)
     assert {r.identical_to_plain for r in records} == {None}
     assert [r.history_identical_to_plain for r in records if r.method == "b" and r.session == "s1"] == [True, False, False]
+
+
+def test_a_sampled_session_repeat_draws_every_turn_with_seed_plus_repeat():
+    log = []
+    methods = [Echo(n, log, sampling=SamplingParams(temperature=1.0, seed=10)) for n in ("plain", "b")]
+    run(methods, warmup=False, repeats=2, compare_outputs=False)
+    for m in methods:  # s1's 3 turns, twice; s2's 2 turns, twice
+        assert m.seeds == [10, 10, 10, 11, 11, 11, 10, 10, 11, 11]
 
 
 def test_without_plain_no_history_is_compared():
