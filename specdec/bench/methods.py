@@ -48,7 +48,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from specdec.errors import SpecdecError
@@ -219,6 +219,9 @@ class Method(ABC):
         suffix drafts' store of answers), so a session's turns learn from that session's earlier turns
         only, and no run drafts from its own earlier repeat."""
         self.engine.forget()
+
+    def close(self) -> None:
+        """Release what the method holds beyond the run (a peer's server process)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, gamma={self.gamma})"
@@ -570,21 +573,119 @@ class LlamaCppPlain(Method):
                            first_token_s=result.stats.prefill_s)
 
 
+# --- llama.cpp's own server ---------------------------------------------------------------------
+
+
+class LlamaServerPlain(Method):
+    """llama.cpp's own server (``llama-server``) on the target's GGUF, plain: started once for the run on
+    127.0.0.1, sent the same prompt token ids through its /completion API, one request at a time
+    (specdec.bench.llamaserver).  Its own numerics, like ``llamacpp``.
+
+    An option after "@" is the family's (:meth:`server_args`): the draft tokens a step for
+    ``llama-server-draft@8``, the n-gram drafter for ``llama-server-ngram@ngram-simple``."""
+
+    family = "llama-server"
+    needs_draft_model = False
+
+    def __init__(self, engine: "Engine", max_new_tokens: int, gamma: int | None = None, name: str | None = None,
+                 sampling: SamplingParams | None = None, target_gguf: Any = None, draft_gguf: Any = None,
+                 option: str | None = None, threads: int | None = None, n_ctx: int | None = None) -> None:
+        super().__init__(engine, max_new_tokens, gamma, name, sampling)
+        from specdec.bench.llamaserver import SERVER, SERVER_CTX, LlamaServer, require_tool
+
+        binary = require_tool(SERVER)
+        if target_gguf is None:
+            raise SpecdecError(f"method {self.name} needs the target as a GGUF model (a zoo name or a .gguf file)")
+        import torch
+
+        threads = threads or torch.get_num_threads()
+        args = ["-m", str(target_gguf), "-t", str(threads), "-c", str(n_ctx or SERVER_CTX), "-np", "1",
+                *self.server_args(option, draft_gguf)]
+        self.server = LlamaServer(binary, args)
+        self.command = self.server.shown_command()
+
+    @classmethod
+    def check_option(cls, option: str | None) -> None:
+        """A one-line SpecdecError for an option after "@" this family does not take."""
+        if option is not None:
+            raise SpecdecError(f"method '{cls.family}' takes no option after '{DRAFTER_SEPARATOR}'")
+
+    def server_args(self, option: str | None, draft_gguf: Any) -> list[str]:
+        return []
+
+    def generate(self, prompt_ids: list[int]) -> Measurement:
+        answer = self.server.complete(prompt_ids, self.max_new_tokens, self.sampling)
+        tokens = [int(t) for t in answer.get("tokens") or []]
+        if answer.get("stop_type") == "eos" and self.engine.tokenizer.eos_token_id is not None:
+            tokens.append(int(self.engine.tokenizer.eos_token_id))  # our loop counts the token that ends the answer
+        timings = answer.get("timings") or {}
+        prompt_ms = timings.get("prompt_ms")
+        drafted, accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
+        return Measurement(tokens, first_token_s=None if prompt_ms is None else prompt_ms / 1000.0,
+                           drafted=None if drafted is None else int(drafted),
+                           accepted=None if accepted is None else int(accepted))
+
+    def close(self) -> None:
+        self.server.close()
+
+
+class LlamaServerDraft(LlamaServerPlain):
+    """llama-server with the run's draft model's GGUF (``-md``): llama.cpp's speculative decoding, its
+    defaults, or ``--spec-draft-n-max N`` with ``llama-server-draft@N``."""
+
+    family = "llama-server-draft"
+    needs_draft = True
+    needs_draft_model = True
+
+    @classmethod
+    def check_option(cls, option: str | None) -> None:
+        if option is not None and not (option.isdigit() and int(option) >= 1):
+            raise SpecdecError(f"method '{cls.family}{DRAFTER_SEPARATOR}{option}': give the draft tokens a step "
+                               f"as an integer >= 1 (--spec-draft-n-max), e.g. {cls.family}{DRAFTER_SEPARATOR}8")
+
+    def server_args(self, option: str | None, draft_gguf: Any) -> list[str]:
+        if draft_gguf is None:
+            raise SpecdecError(f"method {self.name} needs the draft model as a GGUF (a zoo name or a .gguf file)")
+        return ["-md", str(draft_gguf)] + ([] if option is None else ["--spec-draft-n-max", option])
+
+
+NGRAM_TYPES = ("ngram-mod", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-cache")
+
+
+class LlamaServerNgram(LlamaServerPlain):
+    """llama-server drafting n-grams from the text itself (``--spec-type ngram-mod``, or the type after "@")."""
+
+    family = "llama-server-ngram"
+
+    @classmethod
+    def check_option(cls, option: str | None) -> None:
+        if option is not None and option not in NGRAM_TYPES:
+            raise SpecdecError(f"method '{cls.family}{DRAFTER_SEPARATOR}{option}': expected one of "
+                               f"{', '.join(NGRAM_TYPES)} after '{DRAFTER_SEPARATOR}'")
+
+    def server_args(self, option: str | None, draft_gguf: Any) -> list[str]:
+        return ["--spec-type", option or NGRAM_TYPES[0]]
+
+
+SERVER_METHODS = (LlamaServerPlain, LlamaServerDraft, LlamaServerNgram)
+
 METHODS: dict[str, type[Method]] = {
     cls.family: cls
-    for cls in (Plain, PlainInt8, Specdec, SpecdecAuto, SpecdecTree, SpecdecStairs, SpecdecIntersection, HFAssisted, HFAuto, HFPlain, HFPromptLookup, LlamaCppPlain)
+    for cls in (Plain, PlainInt8, Specdec, SpecdecAuto, SpecdecTree, SpecdecStairs, SpecdecIntersection, HFAssisted, HFAuto, HFPlain, HFPromptLookup, LlamaCppPlain, *SERVER_METHODS)
 }
 REFERENCE = "plain"  # speedups and identical outputs are measured against it
 DEFAULT = "default"  # --methods: default_methods()
 
 
 def default_methods(drafts: bool, draft_model: bool, backend: str, draft_backend: str, draft_dtype: str | None,
-                    llamacpp: bool) -> list[str]:
+                    llamacpp: bool, llama_server: bool = False) -> list[str]:
     """What `specdec bench` runs without --methods: plain (the reference); with a drafter, what
     `specdec generate` runs (specdec-auto) and a fixed γ (specdec); beside them what a user would
     otherwise run: transformers' prompt lookup (hf-pld) and its assisted generation with the same
     draft model (hf: only when the draft runs in transformers, not in int4 or on llama.cpp), and
-    plain llama.cpp on the target's GGUF when llama-cpp-python is installed (`llamacpp`)."""
+    plain llama.cpp on the target's GGUF when llama-cpp-python is installed (`llamacpp`), and llama.cpp's
+    own server, plain, with the draft model and with n-gram drafts, when llama-server is built or on
+    PATH and the target is a GGUF (`llama_server`; the draft method only with a draft model)."""
     families = ["plain"]
     if drafts:
         families += ["specdec-auto", "specdec"]
@@ -594,6 +695,8 @@ def default_methods(drafts: bool, draft_model: bool, backend: str, draft_backend
             families.append("hf")
     if llamacpp:
         families.append("llamacpp")
+    if llama_server:
+        families += ["llama-server"] + (["llama-server-draft"] if draft_model else []) + ["llama-server-ngram"]
     return families
 
 
@@ -618,7 +721,9 @@ def parse_methods(text: str) -> list[str]:
         family = family.strip().lower()
         if drafter is not None:
             drafter = drafter.strip()
-            if family in METHODS and not issubclass(METHODS[family], Specdec):
+            if family in METHODS and issubclass(METHODS[family], LlamaServerPlain):
+                METHODS[family].check_option(drafter)  # its own option: llama-server-draft@8
+            elif family in METHODS and not issubclass(METHODS[family], Specdec):
                 raise SpecdecError(f"method '{family}' drafts as transformers or llama.cpp do: only our loop's "
                                    f"methods (specdec, specdec-auto, ...) take a drafter after '{DRAFTER_SEPARATOR}'")
             if not drafter:
@@ -650,7 +755,7 @@ def check_drafters(entries: Sequence[str], draft_model: Any,
     drafters: dict[str, tuple[str | None, bool, str | None]] = {}
     for entry in entries:
         family, spec = split_method(entry)
-        if spec is None:
+        if spec is None or issubclass(METHODS[family], LlamaServerPlain):  # a server's option, not a drafter
             continue
         if spec.lower() == "auto":
             raise SpecdecError(f"method '{entry}': name the drafter (lookup, suffix, lookup+<model>...), not auto")
@@ -714,13 +819,18 @@ def check_backends(families: Sequence[str], backend: str, draft_backend: str, dr
 
 def build_methods(
     engine: "Engine", families: Sequence[str], gammas: Sequence[int], max_new_tokens: int,
-    sampling: SamplingParams | None = None, llamacpp_target: Any = None,
+    sampling: SamplingParams | None = None, llamacpp_target: Any = None, target_gguf: Any = None,
+    draft_gguf: Any = None, threads: int | None = None, n_ctx: int | None = None,
+    skipped: dict[str, str] | None = None,
 ) -> list[Method]:
     """One Method per family, and per γ for families that take one (named ``family-g<γ>`` in a sweep),
     each on a fork of `engine` (the same models; what drafters learn across requests stays the
     method's own: Engine.fork).
 
     llamacpp_target: (LlamaCppRunner, tokenizer) of the target's GGUF, for the llamacpp peer.
+    target_gguf, draft_gguf, threads, n_ctx: the files and settings llama-server's methods start with;
+    a server that cannot start (its binary missing, a file it cannot load) leaves its method out of the
+    run, the one-line reason in `skipped` (by method name), where one is given, else raised.
 
     An entry "family@drafter" (parse_methods) runs on a fork drafting with that drafter
     (Engine.fork_drafting) and keeps the entry as its name ("specdec-g3@lookup" in a sweep)."""
@@ -745,6 +855,16 @@ def build_methods(
                 methods.append(cls(fork(entry), max_new_tokens, gamma=g, name=name, sampling=sampling))
         elif cls is LlamaCppPlain:
             methods.append(cls(engine.fork(), max_new_tokens, sampling=sampling, llamacpp_target=llamacpp_target))
+        elif issubclass(cls, LlamaServerPlain):
+            try:
+                methods.append(cls(engine.fork(), max_new_tokens, name=entry, sampling=sampling, target_gguf=target_gguf,
+                                   draft_gguf=draft_gguf, option=drafter, threads=threads, n_ctx=n_ctx))
+            except SpecdecError as err:
+                if skipped is None:
+                    for m in methods:
+                        m.close()
+                    raise
+                skipped[entry] = str(err)
         else:
             methods.append(cls(fork(entry), max_new_tokens, sampling=sampling, name=entry))
     return methods

@@ -192,6 +192,30 @@ def inputs_note(m: dict[str, Any]) -> str:
                "learn from its own turns only), a repeat runs the whole session again"))
 
 
+def peers_note(meta: dict[str, Any]) -> list[str]:
+    """The llama-server methods' command lines, the methods left out and why, and the machine block
+    (llama-bench's pp512 / tg64 beside our target's t(1) and prefill); nothing without llama-server."""
+    servers, skipped, machine = meta.get("servers") or {}, meta.get("skipped") or {}, meta.get("machine_bench")
+    if not servers and not skipped:
+        return []
+    lines = ["", "## llama.cpp's own server", "",
+             "Each llama-server method is one server started for the run on 127.0.0.1 and sent the same token ids "
+             "through its /completion API, one request at a time, `cache_prompt` off (every prompt prefilled "
+             "whole, as ours); its prefill time from the server's `timings`, its acceptance from `draft_n` / "
+             "`draft_n_accepted`. Commands:", ""]
+    lines += [f"- `{name}`: `{command}`" for name, command in servers.items()]
+    lines += [f"- `{name}`: not run: {why}" for name, why in skipped.items()]
+    if machine:
+        bench, ours = machine.get("llama_bench") or {}, machine.get("specdec") or {}
+        peer = (f"llama-bench on the target's file, {machine.get('threads')} threads: pp512 {fmt(bench.get('pp512'), '.1f')} "
+                f"tok/s, tg64 {fmt(bench.get('tg64'), '.1f')} tok/s (`{bench.get('command')}`)"
+                if "error" not in bench else f"llama-bench: {bench['error']}")
+        lines += ["", f"Machine: {peer}; specdec's target ({ours.get('dtype')}): t(1) {fmt(ours.get('t1_ms'), '.1f')} ms "
+                  f"({fmt(ours.get('tg_tokens_per_s'), '.1f')} tok/s), prefill at 512 tokens "
+                  f"{fmt(ours.get('pp512_tokens_per_s'), '.1f')} tok/s (specdec.profile, after the run)."]
+    return lines
+
+
 def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str] = (), plot_note: str = "") -> str:
     """summary.md: configuration, then the tables."""
     m = meta
@@ -218,6 +242,7 @@ def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str
     ]
     lines += _table(METRIC_HEADER, [_metric_row(s, s.overall) for s in summary.methods])
     lines += repeats_note(summary, m)
+    lines += peers_note(m)
     reusing = [s for s in summary.methods if s.overall.prompt_reused_share]
     if reusing:
         lines += ["", "Prompt tokens taken from the target's cache (prefix reuse: a turn's prompt starts with "

@@ -180,14 +180,11 @@ def run_bench(
     """
     from contextlib import nullcontext
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    from specdec.bench import report
     from specdec.bench.methods import (DEFAULT, build_methods, check_backends, check_drafters, default_methods,
                                        needs_draft, parse_gammas, parse_methods)
     from specdec.loading import llamacpp_can_run, resolve_draft, resolve_drafter, split_drafter
     from specdec.bench.prompts import load_prompts
-    from specdec.bench.workloads import load_workloads, parse_workloads
+    from specdec.bench.workloads import load_workloads
     from specdec.sampling import SamplingParams
 
     # Every user mistake is caught before any model is loaded.
@@ -204,7 +201,7 @@ def run_bench(
                                                         options.draft_dtype, options.device)
     if options.methods.strip().lower() == DEFAULT:
         families = default_methods(options.draft is not None, draft_model is not None, options.backend, draft_backend,
-                                   draft_dtype, llamacpp_can_run(options.target))
+                                   draft_dtype, llamacpp_can_run(options.target), llama_server_can_run(options.target))
     else:
         families = parse_methods(options.methods)
     check_backends(families, options.backend, draft_backend, draft_dtype)
@@ -247,6 +244,7 @@ def run_bench(
 
             peer = load_llamacpp(options.target, n_ctx=options.n_ctx, exact=False, progress=load_progress,
                                  n_threads=options.threads)
+    encoded: list[tuple[Prompt, list[int]]] = []
     if options.workload is None:
         encoded = _encode_all(engine, prompts, options.chat, options.max_new_tokens)
         units = [p for p, _ in encoded]
@@ -255,7 +253,31 @@ def run_bench(
         units = [s.prompt(t, [""] * (t - 1)) for s in sessions for t in range(1, len(s.turns) + 1)]
         for p in units:
             encode_prompt(engine, p, options.chat, options.max_new_tokens, conversation=True)
-    methods = build_methods(engine, families, gammas, options.max_new_tokens, sampling, llamacpp_target=peer)
+    skipped: dict[str, str] = {}
+    target_gguf, draft_gguf = server_files(families, options.target, draft_model, load_progress)
+    with console.status(escape("starting llama-server")) if console and target_gguf else nullcontext():
+        methods = build_methods(engine, families, gammas, options.max_new_tokens, sampling, llamacpp_target=peer,
+                                target_gguf=target_gguf, draft_gguf=draft_gguf, threads=options.threads,
+                                n_ctx=options.n_ctx, skipped=skipped)
+    for name, why in skipped.items():
+        if console is not None:
+            console.print(escape(f"{name}: not run: {why}"))
+    try:
+        return _run_methods(options, engine, methods, encoded, sessions, units, sampling, gammas,
+                            draft_backend if draft_model is not None else None, target_gguf, skipped, out, console)
+    finally:
+        for m in methods:
+            m.close()
+
+
+def _run_methods(options: BenchOptions, engine: Any, methods: list[Any], encoded: list[tuple[Prompt, list[int]]],
+                 sessions: list[Any], units: list[Any], sampling: Any, gammas: list[int], draft_backend: str | None,
+                 target_gguf: Path | None, skipped: dict[str, str], out: Path, console: Any) -> dict[str, Any]:
+    """run_bench's timed part: every method over the prompts (or sessions), then the summary."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from specdec.bench import report
+    from specdec.bench.workloads import parse_workloads
 
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
@@ -295,7 +317,7 @@ def run_bench(
         "dtype": engine.dtype,
         "draft_dtype": engine.draft_dtype,
         "backend": options.backend,
-        "draft_backend": draft_backend if draft_model is not None else None,
+        "draft_backend": draft_backend,
         "sampling": {"temperature": options.temperature, "top_k": options.top_k, "top_p": options.top_p,
                      "seed": options.seed},
         "max_new_tokens": options.max_new_tokens,
@@ -309,6 +331,12 @@ def run_bench(
         "warmup": options.warmup,
         **environment(),
     }
+    servers = {m.name: m.command for m in methods if getattr(m, "command", None)}
+    if servers or skipped:
+        meta["servers"] = servers
+        meta["skipped"] = skipped
+    if target_gguf is not None and servers:
+        meta["machine_bench"] = machine_bench(engine, target_gguf, options.threads, console)
     if options.workload is not None:
         meta["workload"] = parse_workloads(options.workload)
         meta["sessions_per_category"] = {c: sum(s.category == c for s in sessions) for c in summary.categories}
@@ -316,6 +344,56 @@ def run_bench(
     if options.device != "cpu":
         meta["device"] = f"{options.device}: {meta['device']}"
     return report.write_all(summary, meta, out, records)
+
+
+def llama_server_can_run(target: str) -> bool:
+    """Whether the default methods take llama.cpp's own server: llama-server found, the target a GGUF."""
+    from specdec.bench.llamaserver import SERVER, find_tool
+    from specdec.loading import resolve
+
+    try:
+        return find_tool(SERVER) is not None and resolve(target)[0] in ("zoo", "gguf")
+    except SpecdecError:
+        return False
+
+
+def server_files(families: Sequence[str], target: str, draft_model: str | None,
+                 progress: Callable[[str, int, int], None] | None = None) -> tuple[Path | None, Path | None]:
+    """The GGUF files llama-server's methods start with: the target's, and the draft model's where the run
+    has one that is a GGUF (None otherwise); (None, None) when no such method runs."""
+    from specdec.bench.methods import METHODS, SERVER_METHODS, split_method
+    from specdec.loading import gguf_file, resolve
+
+    if not any(issubclass(METHODS[split_method(f)[0]], SERVER_METHODS) for f in families):
+        return None, None
+    draft = None
+    if draft_model is not None and resolve(draft_model)[0] in ("zoo", "gguf"):
+        draft = gguf_file(draft_model, progress)
+    return gguf_file(target, progress), draft
+
+
+def machine_bench(engine: Any, target_gguf: Path, threads: int | None, console: Any = None) -> dict[str, Any]:
+    """The machine block beside llama-server's rows: llama-bench's pp512 / tg64 on the target's file and
+    our target's one-token step t(1) and prefill at 512 tokens (specdec.profile), measured after the run;
+    a one-line "error" where llama-bench is missing or fails."""
+    import torch
+
+    from specdec.bench.llamaserver import run_llama_bench
+    from specdec.profile import measure_forwards, measure_prefill
+
+    threads = threads or torch.get_num_threads()
+    block: dict[str, Any] = {"threads": threads}
+    try:
+        block["llama_bench"] = run_llama_bench(target_gguf, threads)
+    except SpecdecError as err:
+        block["llama_bench"] = {"error": str(err)}
+        if console is not None:
+            console.print(escape(f"llama-bench: {err}"))
+    runner = engine.target_runner
+    t1 = measure_forwards(runner, ks=(1,), repeats=5).ms[1]
+    block["specdec"] = {"dtype": engine.dtype, "t1_ms": t1, "tg_tokens_per_s": 1000.0 / t1,
+                        "pp512_tokens_per_s": measure_prefill(runner, (512,), repeats=2).get(512)}
+    return block
 
 
 CONCURRENCY_METHODS = ("plain", "specdec", "specdec-auto")

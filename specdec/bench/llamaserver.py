@@ -1,0 +1,182 @@
+"""llama.cpp's own server as a peer in ``specdec bench``: the process, its HTTP API, its tools.
+
+A CPU user who wants faster decoding today runs ``llama-server``, plain or with its own speculation: a
+draft model (``-md``; speculative decoding, Leviathan et al. 2023) or n-gram drafts taken from the text
+itself (``--spec-type ngram-mod``; prompt lookup, Saxena 2023).  The bench starts one such server per
+method, once per run, on 127.0.0.1, and sends it the very token ids our methods get (the prompt after the
+chat template) through its ``/completion`` endpoint, one request at a time, as a single client would:
+
+* greedy (temperature 0) or the run's sampling settings, with llama.cpp's other samplers turned off
+  (its defaults add top-k 40 and min-p 0.05, which would sample another distribution than ours);
+* ``cache_prompt`` off: every request prefills its whole prompt, as our methods do (the bench's
+  ``before_session`` empties our caches);
+* timed around the whole HTTP call by the harness; prefill and decode from the server's own
+  ``timings`` (``prompt_ms``), drafted and accepted tokens from ``draft_n`` / ``draft_n_accepted``.
+
+The binaries come from ``scripts/install-llamacpp.sh --server`` (built from the llama.cpp tree that
+llama-cpp-python vendors, into ``$SPECDEC_HOME/bin``) or from PATH.  ``llama-bench`` gives the target
+file's pp512 / tg64 for the summary's machine block.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Sequence
+
+from specdec import zoo
+from specdec.errors import SpecdecError
+from specdec.sampling import SamplingParams
+
+SERVER = "llama-server"
+BENCH = "llama-bench"
+BUILD_HINT = "build it with scripts/install-llamacpp.sh --server (into $SPECDEC_HOME/bin) or put it on PATH"
+START_TIMEOUT_S = 300.0  # loading a 1.5B and its draft, and llama-server's warm-up run, on two slow cores
+REQUEST_TIMEOUT_S = 1800.0
+SERVER_CTX = 8192  # the KV cache the server allocates: the bench's longest prompt and answer, with room
+
+
+def find_tool(name: str) -> Path | None:
+    """`name` (llama-server, llama-bench) as the install script leaves it in $SPECDEC_HOME/bin, else on PATH."""
+    built = zoo.home() / "bin" / name
+    if built.is_file() and os.access(built, os.X_OK):
+        return built
+    found = shutil.which(name)
+    return Path(found) if found else None
+
+
+def require_tool(name: str) -> Path:
+    path = find_tool(name)
+    if path is None:
+        raise SpecdecError(f"{name} not found: {BUILD_HINT}")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
+    """The /completion fields that make llama.cpp sample what our warp samples (specdec.sampling): greedy at
+    temperature 0; else temperature, top-k (0 = off) and top-p alone, every other sampler of its chain off."""
+    if sampling.greedy:
+        return {"temperature": 0.0}
+    fields: dict[str, Any] = {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+                              "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
+                              "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0,
+                              "top_n_sigma": -1.0}
+    if sampling.seed is not None:
+        fields["seed"] = sampling.seed
+    return fields
+
+
+class LlamaServer:
+    """One llama-server process on 127.0.0.1: started at construction (ready when /health says 200),
+    stopped by close().  `args`: its arguments after the binary, the port left to this class."""
+
+    def __init__(self, binary: Path, args: Sequence[str], start_timeout_s: float = START_TIMEOUT_S) -> None:
+        self.port = free_port()
+        self.args = [*args, "--host", "127.0.0.1", "--port", str(self.port)]
+        self.command = [str(binary), *self.args]
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="llama-server-", suffix=".log", delete=False)  # noqa: SIM115
+        self.process: subprocess.Popen[bytes] | None = subprocess.Popen(
+            self.command, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            self._wait_ready(start_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def shown_command(self) -> str:
+        """The command line as a user would type it (the binary by name, the port as chosen)."""
+        return shlex.join([Path(self.command[0]).name, *self.args])
+
+    def _last_log_line(self) -> str:
+        try:
+            lines = [line.strip() for line in Path(self.log.name).read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            return ""
+        errors = [line for line in lines if "error" in line.lower()]
+        return (errors or lines or [""])[-1][:300]
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is None or self.process.poll() is not None:
+                code = None if self.process is None else self.process.returncode
+                raise SpecdecError(f"{SERVER} exited ({code}) before it was ready: {self._last_log_line() or 'no output'}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass  # not listening yet, or 503 while it loads
+            time.sleep(0.25)
+        raise SpecdecError(f"{SERVER} was not ready after {timeout_s:.0f} s: {self._last_log_line() or 'no output'}")
+
+    def complete(self, prompt_ids: Sequence[int], n_predict: int, sampling: SamplingParams) -> dict[str, Any]:
+        """POST /completion with the prompt's token ids; the server's JSON answer."""
+        body = {"prompt": list(prompt_ids), "n_predict": n_predict, "cache_prompt": False, "return_tokens": True,
+                "stream": False, **sampling_fields(sampling)}
+        request = urllib.request.Request(self.url + "/completion", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as err:
+            raise SpecdecError(f"{SERVER} answered {err.code}: {err.read()[:300].decode(errors='replace')}") from None
+        except (urllib.error.URLError, OSError) as err:
+            raise SpecdecError(f"{SERVER} stopped answering ({err}): {self._last_log_line()}") from None
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+        self.log.close()
+        Path(self.log.name).unlink(missing_ok=True)
+
+
+def run_llama_bench(model: Path, threads: int, prompt: int = 512, generate: int = 64, repeats: int = 3,
+                    timeout_s: float = 600.0) -> dict[str, float]:
+    """llama-bench's pp<prompt> and tg<generate> (tokens/s, its mean over `repeats`) for `model` at `threads`:
+    {"pp512": ..., "tg64": ..., "command": "..."}; a SpecdecError (one line) when it is missing or fails."""
+    binary = require_tool(BENCH)
+    args = ["-m", str(model), "-t", str(threads), "-p", str(prompt), "-n", str(generate), "-r", str(repeats), "-o", "json"]
+    try:
+        done = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise SpecdecError(f"{BENCH} took more than {timeout_s:.0f} s") from None
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SpecdecError(f"{BENCH} failed ({done.returncode}): {tail[:300]}")
+    try:
+        rows = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        raise SpecdecError(f"{BENCH} printed no JSON") from None
+    out: dict[str, Any] = {"command": shlex.join([BENCH, *args[:1], model.name, *args[2:]])}
+    for row in rows:
+        if row.get("n_prompt") and not row.get("n_gen"):
+            out[f"pp{row['n_prompt']}"] = float(row["avg_ts"])
+        elif row.get("n_gen") and not row.get("n_prompt"):
+            out[f"tg{row['n_gen']}"] = float(row["avg_ts"])
+    return out
