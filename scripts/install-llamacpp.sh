@@ -156,7 +156,7 @@ install_tools() {
     # as the Python library: one download, one version), into $home/bin; skipped when the binaries there
     # were built from this version with these flags (build-info.txt says which).
     local bin="$home/bin" info work src
-    info="llama-cpp-python $version; llama.cpp $version vendored; $arch $os; ${cpu_args[*]:-default flags} $user_cmake_args"
+    info="the llama.cpp tree llama-cpp-python $version vendors; $arch $os; ${cpu_args[*]:-default flags} $user_cmake_args"
     if [[ "$force" == 0 && -x "$bin/llama-server" && -x "$bin/llama-bench" && "$(cat "$bin/build-info.txt" 2>/dev/null)" == "$info" ]]; then
         echo "install-llamacpp: llama-server and llama-bench are already built in $bin (use --force to rebuild)"
         return

@@ -156,6 +156,18 @@ class LlamaServer:
         Path(self.log.name).unlink(missing_ok=True)
 
 
+def identical_to_plain_server(records: Sequence[Any], plain: str = SERVER) -> dict[str, float]:
+    """Per llama-server method other than `plain` (the plain server's method name), the share of its runs whose
+    token ids equal the plain server's on the same prompt (its repeat 0): llama.cpp's speculation checked
+    against llama.cpp's own plain decoding, as ours is against ours.  Empty without a plain server."""
+    reference = {r.prompt_id: r.measurement.token_ids for r in records if r.method == plain and r.repeat == 0}
+    same: dict[str, list[bool]] = {}
+    for r in records:
+        if r.family.startswith(SERVER) and r.method != plain and r.prompt_id in reference:
+            same.setdefault(r.method, []).append(r.measurement.token_ids == reference[r.prompt_id])
+    return {name: sum(flags) / len(flags) for name, flags in same.items()}
+
+
 def run_llama_bench(model: Path, threads: int, prompt: int = 512, generate: int = 64, repeats: int = 3,
                     timeout_s: float = 600.0) -> dict[str, float]:
     """llama-bench's pp<prompt> and tg<generate> (tokens/s, its mean over `repeats`) for `model` at `threads`:

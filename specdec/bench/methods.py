@@ -630,8 +630,9 @@ class LlamaServerPlain(Method):
 
 
 class LlamaServerDraft(LlamaServerPlain):
-    """llama-server with the run's draft model's GGUF (``-md``): llama.cpp's speculative decoding, its
-    defaults, or ``--spec-draft-n-max N`` with ``llama-server-draft@N``."""
+    """llama-server with the run's draft model's GGUF (``--spec-type draft-simple -md``): llama.cpp's
+    speculative decoding, its defaults (3 draft tokens a step), or ``--spec-draft-n-max N`` with
+    ``llama-server-draft@N``."""
 
     family = "llama-server-draft"
     needs_draft = True
@@ -646,7 +647,9 @@ class LlamaServerDraft(LlamaServerPlain):
     def server_args(self, option: str | None, draft_gguf: Any) -> list[str]:
         if draft_gguf is None:
             raise SpecdecError(f"method {self.name} needs the draft model as a GGUF (a zoo name or a .gguf file)")
-        return ["-md", str(draft_gguf)] + ([] if option is None else ["--spec-draft-n-max", option])
+        # -md alone loads the draft and drafts nothing in this llama.cpp (its --spec-type defaults to none)
+        return (["--spec-type", "draft-simple", "-md", str(draft_gguf)]
+                + ([] if option is None else ["--spec-draft-n-max", option]))
 
 
 NGRAM_TYPES = ("ngram-mod", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-cache")

@@ -203,7 +203,9 @@ def peers_note(meta: dict[str, Any]) -> list[str]:
              "through its /completion API, one request at a time, `cache_prompt` off (every prompt prefilled "
              "whole, as ours); its prefill time from the server's `timings`, its acceptance from `draft_n` / "
              "`draft_n_accepted`. Commands:", ""]
-    lines += [f"- `{name}`: `{command}`" for name, command in servers.items()]
+    same = meta.get("servers_identical") or {}
+    lines += [f"- `{name}`: `{command}`" + (f" (output identical to `llama-server`'s on {pct(same[name])} of the prompts)"
+                                            if name in same else "") for name, command in servers.items()]
     lines += [f"- `{name}`: not run: {why}" for name, why in skipped.items()]
     if machine:
         bench, ours = machine.get("llama_bench") or {}, machine.get("specdec") or {}

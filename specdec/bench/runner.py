@@ -333,8 +333,12 @@ def _run_methods(options: BenchOptions, engine: Any, methods: list[Any], encoded
     }
     servers = {m.name: m.command for m in methods if getattr(m, "command", None)}
     if servers or skipped:
+        from specdec.bench.llamaserver import identical_to_plain_server
+
         meta["servers"] = servers
         meta["skipped"] = skipped
+        if sampling.greedy:
+            meta["servers_identical"] = identical_to_plain_server(records)
     if target_gguf is not None and servers:
         meta["machine_bench"] = machine_bench(engine, target_gguf, options.threads, console)
     if options.workload is not None:

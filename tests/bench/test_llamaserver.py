@@ -88,7 +88,7 @@ def test_draft_and_ngram_servers_take_their_options_and_report_acceptance(tools)
     draft = LlamaServerDraft(engine(), 4, target_gguf="t.gguf", draft_gguf="d.gguf", option="8", threads=1)
     ngram = LlamaServerNgram(engine(), 4, target_gguf="t.gguf", threads=1)
     try:
-        assert "-md d.gguf --spec-draft-n-max 8" in draft.command and "--spec-type ngram-mod" in ngram.command
+        assert "--spec-type draft-simple -md d.gguf --spec-draft-n-max 8" in draft.command and "--spec-type ngram-mod" in ngram.command
         m = draft.run([1, 2])
         assert (m.drafted, m.accepted, m.acceptance_rate) == (10, 4, 0.4)
     finally:
@@ -155,3 +155,22 @@ def test_the_summary_names_each_server_command_what_was_left_out_and_the_machine
     assert "- `llama-server-draft`: not run: llama-server-draft: no draft" in md
     assert "pp512 108.6 tok/s, tg64 30.2 tok/s" in md and "t(1) 24.6 ms (40.6 tok/s), prefill at 512 tokens 190.0" in md
     assert "| `llama-server` |" in md  # a row of its own in the tables
+
+
+def test_llama_cpp_s_speculation_is_checked_against_its_own_plain_server():
+    from specdec.bench.methods import Measurement
+    from specdec.bench.results import Record
+
+    def rec(pid, method, tokens, repeat=0):
+        return Record(pid, "c", method, method.split("@")[0], None, repeat, 3, Measurement(tokens, wall_s=1.0))
+
+    records = [rec("a", "llama-server", [1, 2]), rec("b", "llama-server", [3]),
+               rec("a", "llama-server-draft", [1, 2]), rec("b", "llama-server-draft", [4]),
+               rec("a", "llama-server-ngram@ngram-simple", [1, 2]), rec("b", "llama-server-ngram@ngram-simple", [3]),
+               rec("a", "plain", [9])]
+    assert llamaserver.identical_to_plain_server(records) == {"llama-server-draft": 0.5,
+                                                              "llama-server-ngram@ngram-simple": 1.0}
+    assert llamaserver.identical_to_plain_server(records[2:]) == {}  # no plain server in the run
+    meta = {"servers": {"llama-server-draft": "llama-server -md d.gguf"}, "servers_identical": {"llama-server-draft": 0.5}}
+    assert report.peers_note(meta)[-1] == ("- `llama-server-draft`: `llama-server -md d.gguf` (output identical to "
+                                           "`llama-server`'s on 50% of the prompts)")
