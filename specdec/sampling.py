@@ -77,12 +77,13 @@ def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     scores = scaled_logits(logits, params.temperature)  # [..., V]
     if params.top_k and params.top_k < scores.shape[-1]:
         kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
+        scores.masked_fill_(scores < kth, float("-inf"))  # scores: scaled_logits' own new tensor
     probs = torch.softmax(scores, dim=-1)  # [..., V]
     if params.top_p < 1.0:
+        # in place: probs is this call's own tensor, and a fresh [rows, V] per op costs page faults
         threshold = nucleus_threshold(probs, params.top_p)  # [..., 1]
-        probs = probs.masked_fill(probs < threshold, 0.0)
-        probs = probs / probs.sum(dim=-1, keepdim=True)
+        probs.masked_fill_(probs < threshold, 0.0)
+        probs.div_(probs.sum(dim=-1, keepdim=True))
     return probs
 
 

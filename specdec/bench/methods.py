@@ -586,6 +586,7 @@ class LlamaServerPlain(Method):
 
     family = "llama-server"
     needs_draft_model = False
+    drafts = False  # whether the server speculates
 
     def __init__(self, engine: "Engine", max_new_tokens: int, gamma: int | None = None, name: str | None = None,
                  sampling: SamplingParams | None = None, target_gguf: Any = None, draft_gguf: Any = None,
@@ -615,12 +616,11 @@ class LlamaServerPlain(Method):
 
     def generate(self, prompt_ids: list[int]) -> Measurement:
         answer = self.server.complete(prompt_ids, self.max_new_tokens, self.sampling)
-        tokens = [int(t) for t in answer.get("tokens") or []]
-        if answer.get("stop_type") == "eos" and self.engine.tokenizer.eos_token_id is not None:
-            tokens.append(int(self.engine.tokenizer.eos_token_id))  # our loop counts the token that ends the answer
+        tokens = [int(t) for t in answer.get("tokens") or []]  # the end-of-sequence token included, as ours
         timings = answer.get("timings") or {}
         prompt_ms = timings.get("prompt_ms")
-        drafted, accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
+        none = 0 if self.drafts else None  # a drafting server leaves draft_n out of an answer that drafted nothing
+        drafted, accepted = timings.get("draft_n", none), timings.get("draft_n_accepted", none)
         return Measurement(tokens, first_token_s=None if prompt_ms is None else prompt_ms / 1000.0,
                            drafted=None if drafted is None else int(drafted),
                            accepted=None if accepted is None else int(accepted))
@@ -635,6 +635,7 @@ class LlamaServerDraft(LlamaServerPlain):
     ``llama-server-draft@N``."""
 
     family = "llama-server-draft"
+    drafts = True
     needs_draft = True
     needs_draft_model = True
 
@@ -659,6 +660,7 @@ class LlamaServerNgram(LlamaServerPlain):
     """llama-server drafting n-grams from the text itself (``--spec-type ngram-mod``, or the type after "@")."""
 
     family = "llama-server-ngram"
+    drafts = True
 
     @classmethod
     def check_option(cls, option: str | None) -> None:

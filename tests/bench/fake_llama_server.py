@@ -42,9 +42,9 @@ def main() -> None:
             prompt = body["prompt"]
             n = body["n_predict"]
             eos = prompt[0] == 0  # a prompt starting with token 0 ends early, at the end of sequence
-            tokens = [(prompt[-1] + i) % 50 for i in range(2 if eos else n)]
+            tokens = [(prompt[-1] + i) % 50 for i in range(2 if eos else n)] + ([99] if eos else [])  # 99: its EOS
             timings = {"prompt_n": len(prompt), "prompt_ms": 1.0, "predicted_n": len(tokens), "predicted_ms": 2.0}
-            if drafting:
+            if drafting and prompt[0] != 2:  # after a prompt that starts with 2 it drafted nothing
                 timings.update(draft_n=10, draft_n_accepted=4)
             self._send(200, {"content": "x", "tokens": tokens, "stop_type": "eos" if eos else "limit", "timings": timings})
 

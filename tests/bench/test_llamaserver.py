@@ -74,7 +74,7 @@ def test_a_plain_server_answers_with_the_prompt_ids_and_its_timings(tools):
         m = method.run([7, 8, 9])
         assert m.token_ids == [9, 10, 11, 12, 13] and m.first_token_s == pytest.approx(0.001)
         assert m.drafted is None and m.accepted is None and m.wall_s > 0
-        ended = method.run([0, 3])  # the fake ends at the end of sequence: our loop counts that token
+        ended = method.run([0, 3])  # the fake ends at the end of sequence, that token in its answer as llama-server's
         assert ended.token_ids == [3, 4, 99]
     finally:
         method.close()
@@ -91,6 +91,8 @@ def test_draft_and_ngram_servers_take_their_options_and_report_acceptance(tools)
         assert "--spec-type draft-simple -md d.gguf --spec-draft-n-max 8" in draft.command and "--spec-type ngram-mod" in ngram.command
         m = draft.run([1, 2])
         assert (m.drafted, m.accepted, m.acceptance_rate) == (10, 4, 0.4)
+        undrafted = ngram.run([2, 5])  # the fake drafts nothing after a prompt that starts with 2: no draft_n
+        assert (undrafted.drafted, undrafted.accepted) == (0, 0)
     finally:
         draft.close()
         ngram.close()
