@@ -112,7 +112,7 @@ if [[ "$os" == Linux && ( "$arch" == x86_64 || "$arch" == amd64 || "$arch" == i6
         cpu_args+=(-DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF)
     fi
 fi
-args+=("${cpu_args[@]}")
+args+=(${cpu_args[@]+"${cpu_args[@]}"})  # (bash 3.2 under set -u: an empty array is unbound)
 
 if [[ -z "${CMAKE_BUILD_PARALLEL_LEVEL:-}" ]]; then
     CMAKE_BUILD_PARALLEL_LEVEL="$(getconf _NPROCESSORS_ONLN 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 2)"
@@ -172,7 +172,7 @@ install_tools() {
     # shellcheck disable=SC2086  # the user's CMAKE_ARGS are split on spaces, as CMake's own reader does
     cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
         -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-        -DLLAMA_OPENSSL=OFF "${cpu_args[@]}" $user_cmake_args >"$work/cmake.log" 2>&1 \
+        -DLLAMA_OPENSSL=OFF ${cpu_args[@]+"${cpu_args[@]}"} $user_cmake_args >"$work/cmake.log" 2>&1 \
         || { tail -20 "$work/cmake.log" >&2; echo "install-llamacpp: configuring llama.cpp failed (log above)" >&2; exit 1; }
     cmake --build "$work/build" --config Release -j "$CMAKE_BUILD_PARALLEL_LEVEL" --target llama-server llama-bench \
         >"$work/build.log" 2>&1 \
