@@ -157,14 +157,19 @@ class LlamaServer:
 
 
 def identical_to_plain_server(records: Sequence[Any], plain: str = SERVER) -> dict[str, float]:
-    """Per llama-server method other than `plain` (the plain server's method name), the share of its runs whose
-    token ids equal the plain server's on the same prompt (its repeat 0): llama.cpp's speculation checked
-    against llama.cpp's own plain decoding, as ours is against ours.  Empty without a plain server."""
-    reference = {r.prompt_id: r.measurement.token_ids for r in records if r.method == plain and r.repeat == 0}
+    """Per llama-server method other than `plain` (the plain server's method name), the share of prompts whose
+    token ids equal the plain server's (the bench's own rule, results.per_prompt, with that server as the
+    reference): llama.cpp's speculation checked against llama.cpp's own plain decoding, as ours is against
+    ours.  Empty without a plain server."""
+    from specdec.bench.results import per_prompt
+
+    servers = [r for r in records if r.family.startswith(SERVER)]
+    if not any(r.method == plain for r in servers):
+        return {}
     same: dict[str, list[bool]] = {}
-    for r in records:
-        if r.family.startswith(SERVER) and r.method != plain and r.prompt_id in reference:
-            same.setdefault(r.method, []).append(r.measurement.token_ids == reference[r.prompt_id])
+    for p in per_prompt(servers, reference=plain):
+        if p.method != plain and p.identical is not None:
+            same.setdefault(p.method, []).append(p.identical)
     return {name: sum(flags) / len(flags) for name, flags in same.items()}
 
 

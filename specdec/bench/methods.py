@@ -585,7 +585,6 @@ class LlamaServerPlain(Method):
     ``llama-server-draft@8``, the n-gram drafter for ``llama-server-ngram@ngram-simple``."""
 
     family = "llama-server"
-    needs_draft_model = False
     drafts = False  # whether the server speculates
 
     def __init__(self, engine: "Engine", max_new_tokens: int, gamma: int | None = None, name: str | None = None,

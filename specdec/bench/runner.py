@@ -331,7 +331,9 @@ def _run_methods(options: BenchOptions, engine: Any, methods: list[Any], encoded
         "warmup": options.warmup,
         **environment(),
     }
-    servers = {m.name: m.command for m in methods if getattr(m, "command", None)}
+    from specdec.bench.methods import SERVER_METHODS
+
+    servers = {m.name: m.command for m in methods if isinstance(m, SERVER_METHODS)}
     if servers or skipped:
         from specdec.bench.llamaserver import identical_to_plain_server
 
