@@ -156,23 +156,6 @@ class LlamaServer:
         Path(self.log.name).unlink(missing_ok=True)
 
 
-def identical_to_plain_server(records: Sequence[Any], plain: str = SERVER) -> dict[str, float]:
-    """Per llama-server method other than `plain` (the plain server's method name), the share of prompts whose
-    token ids equal the plain server's (the bench's own rule, results.per_prompt, with that server as the
-    reference): llama.cpp's speculation checked against llama.cpp's own plain decoding, as ours is against
-    ours.  Empty without a plain server."""
-    from specdec.bench.results import per_prompt
-
-    servers = [r for r in records if r.family.startswith(SERVER)]
-    if not any(r.method == plain for r in servers):
-        return {}
-    same: dict[str, list[bool]] = {}
-    for p in per_prompt(servers, reference=plain):
-        if p.method != plain and p.identical is not None:
-            same.setdefault(p.method, []).append(p.identical)
-    return {name: sum(flags) / len(flags) for name, flags in same.items()}
-
-
 def run_llama_bench(model: Path, threads: int, prompt: int = 512, generate: int = 64, repeats: int = 3,
                     timeout_s: float = 600.0) -> dict[str, float]:
     """llama-bench's pp<prompt> and tg<generate> (tokens/s, its mean over `repeats`) for `model` at `threads`:

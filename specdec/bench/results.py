@@ -275,6 +275,20 @@ def per_prompt(records: Sequence[Record], reference: str = REFERENCE, compare_ou
     return results
 
 
+def identical_share(records: Sequence[Record], reference: str, family: str) -> dict[str, float]:
+    """Per method of `family` (a method-family prefix) other than `reference`, the share of prompts whose token
+    ids equal `reference`'s (per_prompt's own rule with that method as the reference): llama.cpp's speculation
+    checked against llama.cpp's own plain server, as ours is against ours.  Empty when `reference` did not run."""
+    members = [r for r in records if r.family.startswith(family)]
+    if not any(r.method == reference for r in members):
+        return {}
+    same: dict[str, list[bool]] = {}
+    for p in per_prompt(members, reference=reference):
+        if p.method != reference and p.identical is not None:
+            same.setdefault(p.method, []).append(p.identical)
+    return {name: sum(flags) / len(flags) for name, flags in same.items()}
+
+
 def combine(results: Sequence[PromptResult]) -> Aggregate:
     """One method's PromptResults (over some prompts) -> its Aggregate."""
     new_tokens = sum(p.new_tokens for p in results)

@@ -24,7 +24,7 @@ from rich.markup import escape
 
 from specdec.bench.methods import Method
 from specdec.bench.prompts import Prompt, conversation_text
-from specdec.bench.results import Record, aggregate, mark_identical
+from specdec.bench.results import Record, aggregate, identical_share, mark_identical
 from specdec.bench.sessions import check_across_sessions, rotated, run_sessions
 from specdec.defaults import DEFAULT_SUFFIX_MEMORY
 from specdec.errors import SpecdecError
@@ -335,12 +335,12 @@ def _run_methods(options: BenchOptions, engine: Any, methods: list[Any], encoded
 
     servers = {m.name: m.command for m in methods if isinstance(m, SERVER_METHODS)}
     if servers or skipped:
-        from specdec.bench.llamaserver import identical_to_plain_server
+        from specdec.bench.llamaserver import SERVER
 
         meta["servers"] = servers
         meta["skipped"] = skipped
         if sampling.greedy:
-            meta["servers_identical"] = identical_to_plain_server(records)
+            meta["servers_identical"] = identical_share(records, reference=SERVER, family=SERVER)
     if target_gguf is not None and servers:
         meta["machine_bench"] = machine_bench(engine, target_gguf, options.threads, console)
     if options.workload is not None:

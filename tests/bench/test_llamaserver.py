@@ -161,7 +161,7 @@ def test_the_summary_names_each_server_command_what_was_left_out_and_the_machine
 
 def test_llama_cpp_s_speculation_is_checked_against_its_own_plain_server():
     from specdec.bench.methods import Measurement
-    from specdec.bench.results import Record
+    from specdec.bench.results import Record, identical_share
 
     def rec(pid, method, tokens, repeat=0):
         return Record(pid, "c", method, method.split("@")[0], None, repeat, 3, Measurement(tokens, wall_s=1.0))
@@ -170,9 +170,10 @@ def test_llama_cpp_s_speculation_is_checked_against_its_own_plain_server():
                rec("a", "llama-server-draft", [1, 2]), rec("b", "llama-server-draft", [4]),
                rec("a", "llama-server-ngram@ngram-simple", [1, 2]), rec("b", "llama-server-ngram@ngram-simple", [3]),
                rec("a", "plain", [9])]
-    assert llamaserver.identical_to_plain_server(records) == {"llama-server-draft": 0.5,
-                                                              "llama-server-ngram@ngram-simple": 1.0}
-    assert llamaserver.identical_to_plain_server(records[2:]) == {}  # no plain server in the run
+    server = llamaserver.SERVER
+    assert identical_share(records, reference=server, family=server) == {"llama-server-draft": 0.5,
+                                                                         "llama-server-ngram@ngram-simple": 1.0}
+    assert identical_share(records[2:], reference=server, family=server) == {}  # no plain server in the run
     meta = {"servers": {"llama-server-draft": "llama-server -md d.gguf"}, "servers_identical": {"llama-server-draft": 0.5}}
     assert report.peers_note(meta)[-1] == ("- `llama-server-draft`: `llama-server -md d.gguf` (output identical to "
                                            "`llama-server`'s on 50% of the prompts)")
