@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.control import LOOKUP, MODEL, SUFFIX, AutoK, Costs, FixedK, expected_tokens, isotonic
+from specdec.control import LOOKUP, MODEL, SHORT_LOOKUP, SUFFIX, AutoK, Costs, FixedK, expected_tokens, isotonic
 
 FLAT = {1: 100.0, 16: 100.0}  # verifying 16 tokens costs one step (a GPU-like target)
 CPU = {1: 100.0, 2: 115.0, 4: 170.0, 6: 230.0, 8: 290.0, 16: 600.0}  # grows with k (int8 on AVX2)
@@ -155,6 +155,23 @@ def test_reset_keeps_a_weaker_prior():
     controller.reset()
     assert sum(controller.trials["model"]) == pytest.approx(before / 2)
     assert controller.choose(8) == 0  # still believes the draft useless
+
+
+def test_a_hybrids_short_matches_start_from_a_prior_of_their_own():
+    # t(2) = 1.25 t(1): a free one-token draft pays at the default prior 0.6 (1.6 / 1.25 tokens a step), not at
+    # the short matches' 0.2 (1.2 / 1.25): a fresh controller (a seeded sampled request's) skips them until
+    # they earn it, where it drafted them at every step
+    ctrl = AutoK(Costs({1: 10.0, 2: 12.5, 3: 25.0}, draft_ms=0.0), max_k=2)
+    assert ctrl.choose(2, source=LOOKUP) == 1
+    assert ctrl.choose(2, source=SHORT_LOOKUP) == 0
+    assert ctrl.source_prior(SHORT_LOOKUP) == pytest.approx(0.2)
+    assert ctrl.source_prior(SHORT_LOOKUP, "match 1 p=1") == pytest.approx(0.2)  # a grade starts from its source
+    for _ in range(6):
+        ctrl.choose(2, source=SHORT_LOOKUP)
+        ctrl.observe(1, 1, 0.0, 0.0125, source=SHORT_LOOKUP)
+    assert ctrl.choose(2, source=SHORT_LOOKUP) > 0  # right every time: the evidence wins over the prior
+    with pytest.raises(ValueError, match="priors"):
+        AutoK(Costs({1: 1.0}, draft_ms=0.0), source_priors={SHORT_LOOKUP: 1.0})
 
 
 def test_fixed_k():

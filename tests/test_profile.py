@@ -33,3 +33,16 @@ def test_a_cached_timing_is_kept_while_it_agrees_and_measured_afresh_when_not(tm
     assert _cached("draft", runner, {"n": 1}, measure, cache, spot) == 25.0  # 37x off now: measured again
     assert _cached("draft", runner, {"n": 1}, measure, cache, spot) == 25.0  # agrees: reused from disk
     assert len(calls) == 2
+
+
+def test_forwards_are_timed_by_their_median_or_their_fastest_run(tmp_path):
+    from specdec.profile import measure_forwards
+
+    runner = HFRunner(AutoModelForCausalLM.from_pretrained(save_tiny(tmp_path / "model")))
+    ticks = iter([0.0, 0.010, 0.0, 0.030, 0.0, 0.020] * 2)  # three runs of t(1): 10, 30 and 20 ms
+
+    def clock():
+        return next(ticks)
+
+    assert measure_forwards(runner, [1], prefix=4, repeats=3, clock=clock).ms[1] == 20.0  # the median
+    assert measure_forwards(runner, [1], prefix=4, repeats=3, clock=clock, fastest=True).ms[1] == 10.0
