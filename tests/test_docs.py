@@ -1,6 +1,6 @@
-"""The docs stay readable and connected: README within 200 lines, with CI's test command; every
-relative link in README.md, BENCHMARKS.md and docs/ resolves to a file (and heading); every kept
-benchmark run is cited, and every cited one kept."""
+"""The docs stay readable and connected: README within 200 lines, with the install and test commands
+CI runs; every relative link in README.md, BENCHMARKS.md and docs/ resolves to a file (and heading);
+every kept benchmark run is cited, and every cited one kept."""
 
 from __future__ import annotations
 
@@ -64,10 +64,19 @@ def test_the_readme_reads_in_one_sitting():
     assert lines <= 200, f"README.md has {lines} lines; topics belong in docs/"
 
 
-def test_the_readme_holds_the_test_command_ci_runs():
+def test_ci_runs_the_readmes_install_and_test_commands_exactly():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
-    command = ci[ci.index("# The README's test command, exactly:") + 1].strip()
-    assert command in (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    marked = {line: ci[i + 1].strip() for i, line in enumerate(ci) if re.match(r"# The README's .*, exactly:$", line)}
+    assert set(marked) == {"# The README's install, exactly:", "# The README's test install, exactly:",
+                           "# The README's test command, exactly:"}
+    assert ".venv/bin/pip install -e '.[test]'" in marked.values()
+    for command in marked.values():
+        assert command in readme
+    # the test install's second half, llama.cpp's build, runs too
+    install = marked["# The README's test install, exactly:"]
+    assert f"{install} && scripts/install-llamacpp.sh --python .venv/bin/python" in readme
+    assert "scripts/install-llamacpp.sh --python .venv/bin/python" in ci
 
 
 def test_kept_benchmark_runs_are_the_cited_ones():
