@@ -11,28 +11,44 @@ is the target's own (Leviathan et al. 2023; Chen et al. 2023).
 
 from __future__ import annotations
 
-from typing import Any
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from specdec.defaults import DEFAULT_DRAFTER, DEFAULT_TARGET
-from specdec.engine import Engine, ModelSpec, Result
 from specdec.errors import SpecdecError
-from specdec.request import RequestConfig
-from specdec.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from specdec.engine import Engine, ModelSpec, Result
+    from specdec.request import RequestConfig
+    from specdec.sampling import SamplingParams
 
 __all__ = ["Engine", "RequestConfig", "Result", "SamplingParams", "SpecdecError", "generate"]
 __version__ = "0.1.0"
+
+# Imported on first use (PEP 562): `import specdec`, `specdec --help` and the CLI's error paths need no
+# torch or transformers, which take seconds to import.
+_LAZY = {"Engine": "specdec.engine", "Result": "specdec.engine", "RequestConfig": "specdec.request",
+         "SamplingParams": "specdec.sampling"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'specdec' has no attribute '{name}'")
 
 
 
 def generate(
     prompt: str,
-    target: ModelSpec = DEFAULT_TARGET,
-    draft: ModelSpec | None = DEFAULT_DRAFTER,
+    target: "ModelSpec" = DEFAULT_TARGET,
+    draft: "ModelSpec | None" = DEFAULT_DRAFTER,
     *,
     dtype: str = "auto",
     draft_backend: str = "auto",
     **options: Any,
-) -> Result:
+) -> "Result":
     """Generate a continuation of `prompt` with speculative decoding.
 
     target / draft: a zoo name (``specdec models``), a .gguf path, a model
@@ -52,6 +68,9 @@ def generate(
     next-token queries only, greedy), tree ("off", "auto", "WxD": token trees); see Engine.stream.
     Returns a Result with text, token_ids, finish_reason and stats.
     """
+    from specdec.engine import Engine
+    from specdec.request import RequestConfig
+
     config = RequestConfig.from_options(**options)  # a bad option is refused before anything loads
     if isinstance(draft, str) and draft.lower() == "none":
         draft = None

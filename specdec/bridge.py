@@ -35,10 +35,11 @@ sampling rule.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
-from transformers import PreTrainedTokenizerBase
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 REPLACEMENT = "\ufffd"  # what a partial UTF-8 sequence decodes to
 

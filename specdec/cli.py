@@ -14,7 +14,7 @@ import json
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -781,7 +781,7 @@ def print_heads() -> None:
     """The draft heads trained here (specdec train-drafter), as a table under the zoo's."""
     from rich.table import Table
 
-    from specdec.head.use import heads_table
+    from specdec.head.manifest import heads_table
 
     heads = heads_table()
     if not heads:

@@ -16,8 +16,6 @@ import copy
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
 from specdec.backends.base import ModelRunner
 from specdec.backends import lean
 from specdec.backends.hf import HFRunner
@@ -43,6 +41,8 @@ from specdec.verify import make_verifier
 from specdec.vocab import same_vocabulary
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
     from specdec.head.use import LoadedHead
 
 # The most tokens the controller drafts in one step: a free source's long match (a suffix draft after a
@@ -71,12 +71,14 @@ def as_runner(model: PreTrainedModel | ModelRunner) -> ModelRunner:
     """A ModelRunner for `model`: a runner as it is; for a transformers model, a Seq2SeqRunner when it
     is an encoder-decoder model (T5, BART), a LeanRunner when it is an int8 llama-family model (the
     same numbers, less overhead), else an HFRunner."""
+    if isinstance(model, ModelRunner):
+        return model
+    from transformers import PreTrainedModel  # here: its import takes a second a GGUF target never needs
+
     if isinstance(model, PreTrainedModel):
         if is_seq2seq(model):
             return Seq2SeqRunner(model)
         return LeanRunner(model) if lean.supports(model) else HFRunner(model)
-    if isinstance(model, ModelRunner):
-        return model
     raise TypeError(f"expected a transformers model or a ModelRunner, got {type(model).__name__}")
 
 

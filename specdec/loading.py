@@ -29,6 +29,8 @@ from specdec.errors import SpecdecError
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from specdec.backends.base import ModelRunner
+
 # A name, or a loaded (transformers model or ModelRunner, tokenizer) pair.
 ModelSpec = str | tuple[Any, "PreTrainedTokenizerBase"]
 DTYPES = ("fp32", "bf16", "int8")  # a transformers model's

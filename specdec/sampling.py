@@ -1,4 +1,5 @@
-"""Sampling parameters and the logits -> probabilities warp.
+"""The logits -> probabilities warp, and the random draws of sampling (SamplingParams, the request's
+sampling options, live in specdec.request and are re-exported here).
 
 The same warp (temperature, then top-k, then top-p) is applied to the target's
 logits (p) and to the draft's logits (q).  Speculative sampling (Leviathan et
@@ -22,41 +23,14 @@ the argmax as the temperature tends to 0, ties sharing its mass equally.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-from specdec.errors import SpecdecError
+from specdec.request import SamplingParams
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How the next token is chosen from a distribution.
-
-    temperature: 0 = greedy (argmax); > 0 divides the logits.
-    top_k: keep the k most likely tokens; 0 = off.
-    top_p: keep the smallest set of most likely tokens whose mass reaches top_p; 1.0 = off.
-    seed: seeds the random generators; None = nondeterministic.
-    """
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if not (self.temperature >= 0.0 and math.isfinite(self.temperature)):  # also rejects NaN
-            raise SpecdecError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise SpecdecError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise SpecdecError(f"top_p must be in (0, 1], got {self.top_p}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+__all__ = ["SamplingParams", "warp_probs", "nucleus_threshold", "scaled_logits", "limit_scores", "make_generator",
+           "sample_from", "Randomness", "GeneratorRandomness", "as_randomness"]
 
 
 def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

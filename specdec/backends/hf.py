@@ -49,11 +49,16 @@ import weakref
 import contextlib
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 from torch import nn
-from transformers import DynamicCache, PreTrainedModel
+# transformers.cache_utils, not the package's top: `from transformers import PreTrainedModel` imports its
+# modeling code, a second more at every start; PreTrainedModel only types this module
+from transformers.cache_utils import DynamicCache
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from specdec.backends import fastlinear
 from specdec.backends.base import Capabilities, checked_new_tokens, checked_taps, last_hidden

@@ -35,11 +35,14 @@ distribution, greedy or sampled.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
-from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from specdec.backends.base import Capabilities, cannot_clone, checked_new_tokens, last_hidden
 from specdec.backends.hf import (HFRunner, head_inputs, model_backend, model_eos_token_ids, model_identity,

@@ -14,9 +14,10 @@ follows every verification, whichever of a hybrid's sources proposed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
-import torch
+if TYPE_CHECKING:  # torch only types a draft's q here: the CLI's options import this module without it
+    import torch
 
 
 @dataclass(frozen=True)

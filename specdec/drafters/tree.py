@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Sequence
-
-import torch
+from typing import TYPE_CHECKING, Sequence
 
 from specdec.drafters.base import Draft, Drafter
 from specdec.errors import SpecdecError
+
+if TYPE_CHECKING:  # the CLI's options parse tree shapes (parse_tree) without torch
+    import torch
 
 TREE_MODES = "off, auto or <width>x<depth> (e.g. 2x4)"
 
@@ -109,8 +110,8 @@ def alternatives(chain: Sequence[int], logits: Sequence[torch.Tensor], width: in
     scored: list[tuple[float, int, list[int]]] = []
     reach = 0.0  # log probability of the chain up to position i
     for i, (token, row) in enumerate(zip(chain, logits)):
-        logp = torch.log_softmax(row.float(), dim=-1)  # [V]
-        top = torch.topk(logp, min(width, logp.shape[-1]))
+        logp = row.float().log_softmax(dim=-1)  # [V]
+        top = logp.topk(min(width, logp.shape[-1]))
         runner_ups = [(float(v), int(t)) for v, t in zip(top.values, top.indices) if int(t) != token][: width - 1]
         scored.extend((reach + v, i, list(chain[:i]) + [t]) for v, t in runner_ups)
         reach += float(logp[token])

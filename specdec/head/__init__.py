@@ -6,7 +6,7 @@
 - ``specdec.head.data``: the offline training material (installed sources and docs, manual pages, prompts);
 - ``specdec.head.train``: distillation from the frozen target within a time budget;
 - ``specdec.head.command``: ``specdec train-drafter``;
-- ``specdec.head.store``: save/load with a manifest tying a head to its target;
+- ``specdec.head.store``: save/load with a manifest tying a head to its target (``specdec.head.manifest``: reading it, no torch);
 - ``specdec.head.drafter``: the head as a drafter of the decode loop, reading the target runner's hidden states.
 - ``specdec.head.use``: the drafter specs that name a head (``head``, ``lookup+head``), loading it for a target, its cost.
 - ``specdec.head.fast``: the head's inference form, its linears on specdec's int8 (or int4) kernels;

@@ -30,13 +30,11 @@ import torch
 from torch import nn
 
 from specdec.errors import SpecdecError
+from specdec.head.manifest import FORMAT, MANIFEST, OLD_WINDOW, read_manifest
 from specdec.head.model import DraftHead
 from specdec.head.train import TrainResult
 from specdec.zoo import home
 
-MANIFEST = "manifest.json"
-FORMAT = 1
-OLD_WINDOW = None  # the attention window of a head saved before manifests recorded one: all positions
 _ROWS = 4096  # rows hashed at a time (bounds the fp32 copy of a large embedding table)
 
 
@@ -146,37 +144,6 @@ def checkpointer(directory: str | Path, identity: dict[str, Any], data: Sequence
         save(result.head, directory, identity, result, data, before)
 
     return save_checkpoint
-
-
-def read_manifest(directory: str | Path) -> dict[str, Any]:
-    """The manifest of the head in `directory`, or a one-line SpecdecError."""
-    path = Path(directory) / MANIFEST
-    if not path.is_file():
-        raise SpecdecError(f"no draft head in {directory}: {MANIFEST} is missing")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-        if manifest["format"] != FORMAT or not isinstance(manifest["target"], dict):
-            raise ValueError(f"format {manifest['format']}")
-        missing = [key for key in ("weights", "weights_sha256", "draft_vocab") if key not in manifest]
-        if missing:
-            raise KeyError(missing[0])
-        window = manifest.get("attention_window", OLD_WINDOW)  # a positive int, or None: all positions
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise ValueError(f"attention_window {window!r} is not a positive whole number")
-        for key, what in (("tapped_layers", "layer indices"), ("cursor", "counts")):
-            values = manifest.get(key, [])
-            if not isinstance(values, list) or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in values):
-                raise ValueError(f"{key} {values!r} is not a list of {what}")
-        for key in ("tokens_seen", "steps", "runs", "training_seconds"):  # what a resumed run adds to
-            value = manifest.get(key, 0)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or \
-                    (key != "training_seconds" and not isinstance(value, int)):
-                raise ValueError(f"{key} {value!r} is not a count")
-        if not isinstance(manifest.get("data", []), list):
-            raise ValueError(f"data {manifest['data']!r} is not a list")
-    except (ValueError, KeyError, TypeError) as e:
-        raise SpecdecError(f"broken draft-head manifest {path}: {e}") from None
-    return manifest
 
 
 def load(directory: str | Path, target: nn.Module, name: str = "") -> tuple[DraftHead, dict[str, Any]]:

@@ -43,7 +43,7 @@ def is_head(spec: object) -> bool:
 
 
 def manifest_path(directory: Path) -> Path:
-    from specdec.head.store import MANIFEST
+    from specdec.head.manifest import MANIFEST
 
     return directory / MANIFEST
 
@@ -162,30 +162,3 @@ def measure_head(head: Any, tokens: int = 8, prefix: int = 16, repeats: int = 3,
             runs.append((clock() - start) / tokens)
             cache.crop(prefix - 1)
     return 1000 * min(runs)
-
-
-def heads_table() -> list[dict[str, Any]]:
-    """One row per head saved in $SPECDEC_HOME/drafters/ (a manifest that cannot be read says so)."""
-    from specdec.head.store import read_manifest
-    from specdec.zoo import home
-
-    rows = []
-    for manifest in sorted((home() / "drafters").glob("*/manifest.json")):
-        directory = manifest.parent
-        try:
-            m = read_manifest(directory)
-            rows.append({
-                "directory": str(directory),
-                "target": m["target"].get("name") or "?",
-                "draft_vocab": len(m["draft_vocab"]),
-                "tokens_seen": int(m.get("tokens_seen", 0)),
-                # None: a position not measured yet (a checkpoint before the first evaluation)
-                "agreement_by_position": [None if a is None else round(float(a), 3)
-                                          for a in m.get("agreement_by_position", [])],
-                "training_minutes": round(float(m.get("training_seconds", 0.0)) / 60, 1),
-            })
-        except SpecdecError as e:
-            rows.append({"directory": str(directory), "target": "?", "error": str(e)})
-        except (TypeError, ValueError, AttributeError) as e:
-            rows.append({"directory": str(directory), "target": "?", "error": f"broken manifest {manifest}: {e}"})
-    return rows

@@ -21,7 +21,8 @@ from specdec.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.head import store
 from specdec.head.train import train
-from specdec.head.use import heads_table, measure_head
+from specdec.head.manifest import heads_table
+from specdec.head.use import measure_head
 from specdec.loading import resolve_drafter
 from tests.head.conftest import QUICK, own_text
 from tests.tiny import save_tiny
