@@ -156,3 +156,16 @@ def test_repeated_blocks_found(tmp_path: Path) -> None:
 def test_no_repeated_blocks() -> None:
     pairs = repeated_blocks(sorted(ROOT.rglob("*.py")), ROOT.parent)
     assert not pairs, f"blocks of {MIN_BLOCK}+ lines written twice:\n" + "\n".join(f"{a} ~ {b}" for a, b in pairs)
+
+
+def test_the_package_and_its_command_line_import_without_torch_or_transformers():
+    # `import specdec`, `specdec --help`, `specdec models` and the CLI's error paths take a fraction of a
+    # second only while nothing on their path imports torch (a second) or transformers' models (more)
+    import subprocess
+    import sys
+
+    code = ("import sys, specdec, specdec.cli, specdec.request, specdec.head.manifest; "
+            "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules); "
+            "assert not heavy, heavy; specdec.SamplingParams; assert 'torch' in sys.modules")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
