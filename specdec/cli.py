@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import os
 import sys
+import time
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional
@@ -212,9 +214,14 @@ def generate(
     suffix_memory: int = typer.Option(DEFAULT_SUFFIX_MEMORY, "--suffix-memory", min=0, help=SUFFIX_MEMORY_HELP),
     request: RequestConfig = None,  # RequestConfig's options (-n, -k, --temperature, ...): see request_options
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object {text, token_ids, stats}."),
+    timings: bool = typer.Option(False, "--timings", help="Print where the time went, start-up phase by phase."),
 ) -> None:
     """Generate text with speculative decoding (or plainly with --draft none)."""
+    started = process_age()  # the interpreter's start and the CLI's own imports
+    began = time.perf_counter()
     from specdec.engine import TextStream
+
+    imported = time.perf_counter() - began
 
     if not prompt:
         fail("the prompt is empty: give some text to continue")
@@ -229,6 +236,8 @@ def generate(
         if as_json:
             result = engine.generate_from(steps, request.stop)
             print(json.dumps(result.to_dict(), ensure_ascii=False))
+            if timings:
+                err.print(timings_line(started, imported, engine, result.stats), soft_wrap=True)
             return
         text = TextStream(engine.decode_text, request.stop)
         step = None
@@ -249,9 +258,31 @@ def generate(
             if request.verify != "causal":
                 summary += f" · {request.verify} verification"
         err.print(summary, soft_wrap=True)  # one line, whatever the width: logs stay greppable
+        if timings:
+            err.print(timings_line(started, imported, engine, s), soft_wrap=True)
     except SpecdecError as e:
         progress.close()
         fail(str(e))
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (Linux: /proc), None where that cannot be read."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, after the command's name
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def timings_line(started: float | None, imported: float, engine: Any, stats: Any) -> str:
+    """generate --timings: the start-up's phases (Python and the CLI, the engine's imports, each model's load,
+    the controller's step costs, the prompt's prefill) and the decoding after, in seconds."""
+    phases = [("python + CLI", started), ("imports", imported), *engine.timings.items(),
+              ("prefill", stats.prefill_s), ("decode", stats.wall_s - stats.prefill_s), ("total", process_age())]
+    return "timings: " + " · ".join(f"{name} {value:.2f} s" for name, value in phases if value is not None)
 
 
 def check_n_ctx_and_threads(n_ctx: int | None, threads: int | None) -> None:

@@ -13,6 +13,7 @@ through it.
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
@@ -215,6 +216,9 @@ class Engine:
         self._bridge: TextBridge | None = None
         self._vocab_map: VocabularyMap | None = None
         self._auto: AutoK | None = None
+        # where start-up time went, in seconds: "target", "draft" (Engine.load), "step costs" (the controller's,
+        # at its first use: read from the cache and spot-checked, or measured); `specdec generate --timings`
+        self.timings: dict[str, float] = {}
         self._measured_costs: Costs | None = None
         self._stairs: StairsRunner | None = None
         self.prefix_cache = True  # requests reuse the target's cached prefix where exact (see the class doc)
@@ -343,12 +347,14 @@ class Engine:
             from specdec.zoo import home
 
             self._set_sources()  # an encoder-decoder model is timed over a stand-in source
+            began = time.perf_counter()
             costs = step_costs(self.target_runner, self.draft_runner, MAX_AUTO_K, lookup=self.copies,
                                cache_dir=home() / "profiles")
             if self.head is not None:  # priced like a draft model: its measured ms per drafted token
                 costs = replace(costs, draft_ms=self.head.ms_per_token(home() / "profiles"))
             self._measured_costs = replace(costs)  # as measured, before any online update
             self._auto = AutoK(costs, max_k=MAX_AUTO_K)
+            self.timings["step costs"] = time.perf_counter() - began
         return self._auto
 
     def resolve_draft_mode(self, mode: str = "auto") -> str:
@@ -506,19 +512,27 @@ class Engine:
             model, tok = load_hf(spec, dtype=dtype, progress=progress, device=device)
             return model, tok, spec
 
+        began = time.perf_counter()
         t_model, t_tok, t_name = get(target, backend, exact=True, dtype=dtype)
+        timings = {"target": time.perf_counter() - began}
         if head is not None:
             from specdec.head.use import load_head
 
             runner = as_runner(t_model)
+            began = time.perf_counter()
+            loaded = load_head(head, runner, target if isinstance(target, str) else t_name)
+            timings["draft"] = time.perf_counter() - began
             engine = cls(runner, t_tok, target_name=t_name, draft_name=f"{copier}+{head}" if copier else head,
-                         head=load_head(head, runner, target if isinstance(target, str) else t_name), **copying)
+                         head=loaded, **copying)
         elif draft is None:
             engine = cls(t_model, t_tok, target_name=t_name, draft_name=copier or "draft", **copying)
         else:
+            began = time.perf_counter()
             d_model, d_tok, d_name = get(draft, draft_backend, exact=False, dtype=draft_dtype or dtype)
+            timings["draft"] = time.perf_counter() - began
             engine = cls(t_model, t_tok, d_model, d_tok, target_name=t_name,
                          draft_name=f"{copier}+{d_name}" if copier else d_name, **copying)
+        engine.timings.update(timings)
         engine.dtype = dtype if backend == "hf" else "gguf"
         if draft is not None:
             engine.draft_dtype = (draft_dtype or dtype) if draft_backend == "hf" else "gguf"

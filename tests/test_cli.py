@@ -46,6 +46,16 @@ def test_json_output(tiny_dirs):
         assert key in out["stats"]
 
 
+def test_timings_say_where_the_start_up_went(tiny_dirs):
+    result = generate("def fibonacci(n):", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"],
+                      "-n", "4", "-k", "auto", "--timings")
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if line.startswith("timings: "))
+    phases = dict(part.rsplit(" ", 2)[:2] for part in line.removeprefix("timings: ").split(" · "))
+    assert {"imports", "target", "draft", "step costs", "prefill", "decode"} <= set(phases), line
+    assert all(float(value) >= 0 for value in phases.values())
+
+
 def test_speculative_and_plain_print_the_same_text(tiny_dirs):
     common = ["Once upon a time", "--target", tiny_dirs["target"], "--max-new-tokens", "25", "--json"]
     spec = json.loads(generate(*common, "--draft", tiny_dirs["draft"], "-k", "3").stdout)
