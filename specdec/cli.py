@@ -27,7 +27,7 @@ from specdec.errors import SpecdecError
 from specdec.request import Option, RequestConfig, RequestError, cli_fields, field_type
 
 if TYPE_CHECKING:  # the serve extra's modules load only when serving
-    from specdec.serve.app import ServeOptions
+    from specdec.serve import ServeOptions
     from specdec.serve.replicas import EngineSpec, ReplicaPlan
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Lossless speculative decoding.")
@@ -359,8 +359,8 @@ def serve(
     missing = missing_extra()
     if missing:
         fail(f"specdec serve needs the serve extra ({', '.join(missing)} missing): {INSTALL_HINT}")
-    from specdec.serve.app import ServeOptions, bind, create_app, run
-    from specdec.serve.connections import ConnectionLimits
+    from specdec.serve import ServeOptions
+    from specdec.serve.connections import ConnectionLimits, bind
 
     plan = replica_plan(replicas, ray_address, replica_cpus)
     check_n_ctx_and_threads(n_ctx, threads)
@@ -404,20 +404,35 @@ def serve(
                           draft_backend.value, device.value, n_ctx, threads or max(1, int(plan.cpus)), suffix_memory)
         serve_replicas(spec, options, plan, host, port, ray_address)
         return
+    from specdec.serve.deferred import Deferred, serve as serve_deferred
+    from specdec.serve.replicas import EngineSpec
+
     progress = PullProgress()
+    spec = EngineSpec(target, draft_spec, dtype.value, draft_dtype.value if draft_dtype else None, backend.value,
+                      draft_backend.value, device.value, n_ctx, threads, suffix_memory)
     try:
         sock = bind(host, port)  # before loading: a port in use fails at once
         warn_if_exposed(sock.getsockname()[0], keys)
+        spec.check()  # a bad model name fails here, before the server starts
+    except SpecdecError as e:
+        fail(str(e))
+
+    def build() -> Any:  # on a thread of its own while the server answers /health with "loading"
+        from specdec.serve.app import create_app
+
         engine = load_engine(target, draft_spec, dtype, draft_dtype, backend, draft_backend, device, n_ctx, threads,
                              progress, suffix_memory)
-        application = create_app(engine, options)
-    except SpecdecError as e:
-        progress.close()
-        fail(str(e))
+        err.print("models loaded: ready", soft_wrap=True)
+        return create_app(engine, options)
+
     bound_host, bound_port = sock.getsockname()[:2]
     url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
-    err.print(f"serving {', '.join(names)} at {url}/v1 · playground {url}/ · metrics {url}/metrics", soft_wrap=True)
-    run(application, sock, ConnectionLimits(header_timeout, keep_alive_timeout, max_connections))
+    err.print(f"serving {', '.join(names)} at {url}/v1 · playground {url}/ · metrics {url}/metrics "
+              "(503 with /health {\"status\": \"loading\"} until the models are loaded)", soft_wrap=True)
+    error = serve_deferred(Deferred(build), sock, ConnectionLimits(header_timeout, keep_alive_timeout, max_connections))
+    if error is not None:
+        progress.close()
+        fail(error)
 
 
 def warn_if_exposed(host: str, keys: tuple[str, ...]) -> None:
@@ -452,7 +467,7 @@ def replica_plan(replicas: str | None, ray_address: str | None, replica_cpus: fl
 def serve_replicas(spec: EngineSpec, options: ServeOptions, plan: ReplicaPlan, host: str, port: int,
                    ray_address: str | None) -> None:
     """serve --replicas: the app as Ray Serve replicas until Ctrl-C (specdec.serve.ray)."""
-    from specdec.serve.app import bind
+    from specdec.serve.connections import bind
     from specdec.serve.replicas import check_fits
 
     try:

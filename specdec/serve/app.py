@@ -18,14 +18,12 @@ mean_accepted_per_step and so on.  OpenAI clients ignore fields they do not know
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
-import socket
 import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from importlib import resources
 from typing import Any, AsyncIterator, Protocol
 
@@ -38,9 +36,9 @@ from starlette.requests import ClientDisconnect
 from specdec.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.loop import Stats
-from specdec.request import RequestConfig, RequestError, served_fields
+from specdec.request import RequestError, served_fields
+from specdec.serve import ServeOptions
 from specdec.serve.access import allow_origins, check_json, check_key
-from specdec.serve.connections import ConnectionLimits, server_config
 from specdec.serve.metrics import Metrics
 from specdec.serve.protocol import (APIError, ChatRequest, CompletionRequest, GenerationRequest, parse,
                                     speculative_changes)
@@ -48,23 +46,6 @@ from specdec.serve.worker import ErrorEvent, Job, QueueFull, Request, StepEvent,
 
 DISCONNECT_POLL_S = 0.1  # how often a request waiting for its next event checks that its client is still there
 CLIENT_GONE = 499  # the status logged for a request whose client left (nginx's convention)
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    """What `specdec serve` fixes for every request."""
-
-    served_names: tuple[str, ...] = ("specdec",)
-    # what a request does not say: its per-request options (-k, --draft-mode, ...; OpenAI's fields map onto the rest)
-    defaults: RequestConfig = RequestConfig()
-    max_queue: int = 16  # requests waiting behind the running ones; one more is answered 503
-    max_batch: int = 1  # requests decoded together, one target forward per step (specdec.batching)
-    max_tokens_limit: int = 2048  # the most a request may ask for
-    max_body_bytes: int = 1 << 20  # a larger body is answered 413
-    default_max_tokens: int = 16  # /v1/completions without max_tokens (OpenAI's default)
-    api_keys: tuple[str, ...] = field(default=(), repr=False)  # none: anyone may call the API (specdec.serve.access)
-    metrics_need_key: bool = True  # with api_keys: /metrics wants one too
-    allowed_origins: tuple[str, ...] = ()  # origins whose pages may call the API from a browser (CORS)
 
 
 class Fleet(Protocol):
@@ -456,35 +437,3 @@ async def collect(reply: Reply, job: Job, event: StepEvent | ErrorEvent,
         event = await next_event(job, http)
         if event is None:
             return None
-
-
-LISTEN_BACKLOG = 2048  # connections the kernel queues before the server accepts them (uvicorn's default)
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port for the server, listening (a client that connects as soon as the
-    "serving ... at" line is printed waits in the backlog until the server accepts, instead of being
-    refused while the app starts); a SpecdecError when it cannot be had (in use...)."""
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
-        sock = socket.socket(family, kind, proto)
-    except (OSError, socket.gaierror) as e:
-        raise SpecdecError(f"cannot listen on {host}:{port}: {e}") from None
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(LISTEN_BACKLOG)
-    except OSError as e:
-        sock.close()
-        reason = "the address is already in use" if e.errno == errno.EADDRINUSE else e.strerror or str(e)
-        raise SpecdecError(f"cannot listen on {host}:{port}: {reason}") from None
-    return sock
-
-
-def run(app: FastAPI, sock: socket.socket, limits: ConnectionLimits = ConnectionLimits(),
-        log_level: str = "info") -> None:
-    """Serve `app` on a bound socket until interrupted (uvicorn), within `limits`."""
-    import uvicorn
-
-    uvicorn.Server(server_config(app, limits, log_level)).run(sockets=[sock])

@@ -16,9 +16,13 @@ connections (its own timeouts apply).
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import socket
 from dataclasses import dataclass
 from typing import Any
+
+from specdec.errors import SpecdecError
 
 import uvicorn
 
@@ -120,3 +124,27 @@ def server_config(app: Any, limits: ConnectionLimits = ConnectionLimits(), log_l
                           ws="none",  # no WebSocket routes: an upgrade is not a way around the deadline
                           timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # a float works
                           limit_concurrency=limits.max_connections)
+
+
+LISTEN_BACKLOG = 2048  # connections the kernel queues before the server accepts them (uvicorn's default)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port for the server, listening (a client that connects as soon as the
+    "serving ... at" line is printed waits in the backlog until the server accepts, instead of being
+    refused while the app starts); a SpecdecError when it cannot be had (in use...)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except (OSError, socket.gaierror) as e:
+        raise SpecdecError(f"cannot listen on {host}:{port}: {e}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(LISTEN_BACKLOG)
+    except OSError as e:
+        sock.close()
+        reason = "the address is already in use" if e.errno == errno.EADDRINUSE else e.strerror or str(e)
+        raise SpecdecError(f"cannot listen on {host}:{port}: {reason}") from None
+    return sock

@@ -19,7 +19,7 @@ heard of for 5 s (dead, or stopped) drops out of both.
 
 From Python (the CLI does the same)::
 
-    from specdec.serve.app import ServeOptions
+    from specdec.serve import ServeOptions
     from specdec.serve.ray import connect, deploy
     from specdec.serve.replicas import EngineSpec, parse_replicas
 
@@ -51,7 +51,8 @@ from ray import serve
 
 from specdec.engine import Engine
 from specdec.errors import SpecdecError
-from specdec.serve.app import ServeOptions, create_app
+from specdec.serve import ServeOptions
+from specdec.serve.app import create_app
 from specdec.serve.metrics import merge_replicas
 from specdec.serve.replicas import EngineSpec, ReplicaPlan, deployment_options
 

@@ -20,7 +20,8 @@ from openai import OpenAI  # noqa: E402
 
 from specdec.engine import Engine  # noqa: E402
 from specdec.request import RequestConfig, field_names  # noqa: E402
-from specdec.serve.app import ServeOptions, bind, create_app  # noqa: E402
+from specdec.serve.app import ServeOptions, create_app  # noqa: E402
+from specdec.serve.connections import bind  # noqa: E402
 from specdec.serve.connections import ConnectionLimits, server_config  # noqa: E402
 from tests.tiny import save_tiny  # noqa: E402
 

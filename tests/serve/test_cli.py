@@ -41,7 +41,7 @@ def test_a_port_in_use_fails_before_any_model_loads():
 def test_the_bound_socket_listens_before_the_server_starts():
     # the "serving ... at" line is printed once the socket is bound: a client that connects at once is
     # queued until the server accepts, not refused (seen: a test's first /health refused while uvicorn started)
-    from specdec.serve.app import bind
+    from specdec.serve.connections import bind
 
     sock = bind("127.0.0.1", 0)
     try:

@@ -23,7 +23,7 @@ import uvicorn
 
 from specdec.engine import Engine
 from tests.conftest import in_ci
-from specdec.serve.app import bind
+from specdec.serve.connections import bind
 from tests.serve.conftest import MODEL, serve
 
 QUERY = {"prompt": "Once upon a time", "max_tokens": 32, "k": 4, "temperature": 0, "autorun": 1}

@@ -1,0 +1,115 @@
+"""A server that listens at once and answers while its models load (llama-server's convention).
+
+`specdec serve` binds its port, starts uvicorn on a :class:`Deferred` app and builds the real one (the engine's
+load, then specdec.serve.app.create_app) on a thread beside it.  Until then /health answers 503
+``{"status": "loading"}`` and every other path 503 in OpenAI's error shape, with ``Retry-After``; then each
+request goes to the built app, whose lifespan (its worker thread) this app runs.  A build that fails stops the
+server, and the command prints its one-line error: a load balancer that polls /health sees "loading", never a
+refused connection, and a client that sends too early gets an answer it can retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from contextlib import AsyncExitStack
+from typing import Any, Awaitable, Callable
+
+import uvicorn
+
+from specdec.errors import SpecdecError
+from specdec.serve.connections import ConnectionLimits, server_config
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+RETRY_AFTER_S = 1  # what a request that came too early is told to wait
+
+
+class Deferred:
+    """An ASGI app standing in for the one `build` returns (called once, on a thread of its own, at the
+    server's start).  A build that raises leaves its one-line message in `error` and calls `stop()` (which
+    serve() sets to end the server)."""
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        self.build = build
+        self.app: Any = None  # the built app, once its lifespan has started
+        self.error: str | None = None
+        self.stop: Callable[[], None] = lambda: None
+        self._stack = AsyncExitStack()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif self.app is not None:
+            await self.app(scope, receive, send)
+        elif scope["type"] == "http":
+            await self._loading(scope, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                done: asyncio.Future[Any] = loop.create_future()
+                threading.Thread(target=self._build_on_thread, args=(loop, done), name="specdec-load",
+                                 daemon=True).start()  # daemon: a server stopped while loading exits at once
+                loop.create_task(self._start(done))
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self._stack.aclose()  # the built app's lifespan: its worker stops
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _build_on_thread(self, loop: asyncio.AbstractEventLoop, done: asyncio.Future[Any]) -> None:
+        try:
+            app = self.build()
+        except SpecdecError as e:
+            loop.call_soon_threadsafe(_settle, done, None, str(e))
+        except Exception as e:  # noqa: BLE001 -- a bug: said in one line, the server stops
+            loop.call_soon_threadsafe(_settle, done, None, f"loading failed: {type(e).__name__}: {e}")
+        else:
+            loop.call_soon_threadsafe(_settle, done, app, None)
+
+    async def _start(self, done: asyncio.Future[Any]) -> None:
+        app, error = await done
+        if error is not None:
+            self.error = error
+            self.stop()
+            return
+        await self._stack.enter_async_context(app.router.lifespan_context(app))
+        self.app = app
+
+    async def _loading(self, scope: Scope, send: Send) -> None:
+        if scope["path"] == "/health":
+            status, body = 503, {"status": "loading"}
+        else:
+            status, body = 503, {"error": {"message": "the model is loading; retry shortly", "type": "server_overloaded",
+                                           "param": None, "code": "model_loading"}}
+        payload = json.dumps(body).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                                (b"retry-after", str(RETRY_AFTER_S).encode())]})
+        await send({"type": "http.response.body", "body": payload})
+
+
+def _settle(done: asyncio.Future[Any], app: Any, error: str | None) -> None:
+    if not done.done():
+        done.set_result((app, error))
+
+
+def serve(app: Deferred, sock: socket.socket, limits: ConnectionLimits = ConnectionLimits(),
+          log_level: str = "info") -> str | None:
+    """Serve `app` on a bound socket until interrupted, or until its build fails: then its one-line error."""
+    server = uvicorn.Server(server_config(app, limits, log_level))
+
+    def stop() -> None:
+        server.should_exit = True
+
+    app.stop = stop
+    server.run(sockets=[sock])
+    return app.error
