@@ -378,7 +378,6 @@ def serve(
         fail(f"--max-connections must be >= 1, got {max_connections}")
     if plan is not None and port == 0:
         fail("--replicas needs a fixed --port: Ray Serve's proxy on every node listens on it")
-    quiet_libraries()
     draft_spec = None if draft.lower() == "none" else draft
     names = tuple(served_model_name or (target,))
     keys = split_values(api_key)
@@ -400,6 +399,7 @@ def serve(
     if plan is not None:
         from specdec.serve.replicas import EngineSpec
 
+        quiet_libraries()
         spec = EngineSpec(target, draft_spec, dtype.value, draft_dtype.value if draft_dtype else None, backend.value,
                           draft_backend.value, device.value, n_ctx, threads or max(1, int(plan.cpus)), suffix_memory)
         serve_replicas(spec, options, plan, host, port, ray_address)
@@ -420,6 +420,7 @@ def serve(
     def build() -> Any:  # on a thread of its own while the server answers /health with "loading"
         from specdec.serve.app import create_app
 
+        quiet_libraries()
         engine = load_engine(target, draft_spec, dtype, draft_dtype, backend, draft_backend, device, n_ctx, threads,
                              progress, suffix_memory)
         err.print("models loaded: ready", soft_wrap=True)

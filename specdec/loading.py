@@ -522,7 +522,7 @@ def resolve_drafter(draft: ModelSpec | None, target: ModelSpec, backend: str = "
     if not (isinstance(draft, str) and draft.strip().lower() == AUTO_DRAFTER):
         return draft
     from specdec.defaults import HEAD_DRAFTER, MODEL_DRAFTER
-    from specdec.head.use import has_head
+    from specdec.head.manifest import has_head
 
     return HEAD_DRAFTER if backend == "hf" and has_head(target) else MODEL_DRAFTER
 
@@ -531,7 +531,7 @@ def split_drafter(draft: ModelSpec | None) -> tuple[str | None, ModelSpec | None
     """(the model-free drafter: LOOKUP, SUFFIX or None; the draft model or None; the head spec or None) of a
     drafter spec ("auto" resolved first: resolve_drafter): "lookup", "suffix", "<model>", "head",
     "head:<dir>", and "lookup+" or "suffix+" before a model or a head."""
-    from specdec.head.use import is_head
+    from specdec.head.manifest import is_head
 
     copier, model = split_copier(draft)
     return (copier, None, model) if is_head(model) else (copier, model, None)

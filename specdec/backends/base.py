@@ -25,9 +25,10 @@ at the cost of the final norm of those rows; the output layer never runs on them
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
 
-import torch
+if TYPE_CHECKING:  # torch types the protocols here; what checks a spec imports this module without it
+    import torch
 
 from specdec.errors import SpecdecError
 

@@ -58,13 +58,15 @@ import os
 import sys
 import weakref
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import numpy as np
-import torch
 
 from specdec.backends.base import Capabilities, cannot_clone
 from specdec.errors import SpecdecError
+
+if TYPE_CHECKING:  # torch only wraps the logits (LlamaCppRunner.forward): checking a spec needs none of it
+    import torch
 
 # 4096 tokens: prompt + generation of the CLI and the benchmark with room to
 # spare.  Memory is the f16 KV cache (Qwen2.5-Coder-1.5B: 28 KiB per token ->
@@ -350,6 +352,8 @@ class LlamaCppRunner:
             rows.append(self.session.decode(chunk, len(self.tokens), outputs))
             self.tokens.extend(chunk)  # only what is in the cache, should a later chunk fail
         logits = rows[0] if len(rows) == 1 else np.concatenate(rows)
+        import torch
+
         return torch.from_numpy(logits)  # [want, V] fp32
 
     def rollback(self, n: int) -> None:

@@ -147,7 +147,7 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
     `draft_vocab` (default DRAFT_VOCAB) and `fuse_layers` (default none) shape a new head.  `resume`: go on
     training the head saved in `out` (or the default directory) for this target instead, from the material
     its runs did not reach (the same material options give the same material), its shape kept."""
-    from specdec.head import data, store
+    from specdec.head import data, manifest, store
     from specdec.head.features import GenerationSource, LeanExtractor, parse_taps
     from specdec.head.train import TrainConfig, train
 
@@ -161,7 +161,7 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
             raise SpecdecError(f"--prompts {path}: a directory; give the prompt files")
     # gathered before loading: a bad --prompts file is refused before the minutes of loading
     material = data.gather(seed=seed, extra=texts, builtin=builtin, prompt_files=prompt_files)
-    directory = Path(out) if out else store.default_directory(target)
+    directory = Path(out) if out else manifest.default_directory(target)
     if resume and not (directory / store.MANIFEST).is_file():
         raise SpecdecError(f"--resume: no draft head in {directory} to go on training (train one first, "
                            "or give its directory with --out)")

@@ -1,5 +1,6 @@
-"""A draft head's manifest (specdec.head.store writes it beside the weights): reading and checking it, and the
-table of the heads saved here, without torch (`specdec models` lists them, and imports no torch to do so)."""
+"""A draft head's manifest (specdec.head.store writes it beside the weights): where a target's head is kept, whether a
+drafter spec names one, reading and checking a manifest, the table of the heads saved here; all without torch
+(`specdec models` lists the heads, and the command line checks a spec, before anything loads)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,28 @@ from pathlib import Path
 from typing import Any
 
 from specdec.errors import SpecdecError
+from specdec.zoo import home
 
 MANIFEST = "manifest.json"
 FORMAT = 1
 OLD_WINDOW = None  # the attention window of a head saved before manifests recorded one: all positions
+HEAD = "head"  # the drafter spec of a trained head: "head" or "head:<dir>"
+
+
+def is_head(spec: object) -> bool:
+    """Whether a drafter spec (without a "lookup+" prefix) names a head: "head" or "head:<dir>"."""
+    return isinstance(spec, str) and (spec.strip().lower() == HEAD or spec.strip().lower().startswith(HEAD + ":"))
+
+
+def default_directory(target_name: str) -> Path:
+    """$SPECDEC_HOME/drafters/<target>-head/ (a path-like name flattened to one directory name)."""
+    flat = target_name.strip("/").replace("/", "--") or "target"
+    return home() / "drafters" / f"{flat}-head"
+
+
+def has_head(target_name: object) -> bool:
+    """Whether a head is saved for the target named `target_name` in its default directory."""
+    return isinstance(target_name, str) and (default_directory(target_name) / MANIFEST).is_file()
 
 
 def read_manifest(directory: str | Path) -> dict[str, Any]:
@@ -48,8 +67,6 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
 
 def heads_table() -> list[dict[str, Any]]:
     """One row per head saved in $SPECDEC_HOME/drafters/ (a manifest that cannot be read says so)."""
-    from specdec.zoo import home
-
     rows = []
     for manifest in sorted((home() / "drafters").glob("*/manifest.json")):
         directory = manifest.parent

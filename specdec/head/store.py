@@ -33,15 +33,8 @@ from specdec.errors import SpecdecError
 from specdec.head.manifest import FORMAT, MANIFEST, OLD_WINDOW, read_manifest
 from specdec.head.model import DraftHead
 from specdec.head.train import TrainResult
-from specdec.zoo import home
 
 _ROWS = 4096  # rows hashed at a time (bounds the fp32 copy of a large embedding table)
-
-
-def default_directory(target_name: str) -> Path:
-    """$SPECDEC_HOME/drafters/<target>-head/ (a path-like name flattened to one directory name)."""
-    flat = target_name.strip("/").replace("/", "--") or "target"
-    return home() / "drafters" / f"{flat}-head"
 
 
 def weights_checksum(*weights: torch.Tensor) -> str:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.head.manifest import HEAD, default_directory
 
 if TYPE_CHECKING:
     from specdec.backends.base import ModelRunner
@@ -31,15 +32,9 @@ if TYPE_CHECKING:
     from specdec.head.model import DraftHead
     from specdec.sampling import SamplingParams
 
-HEAD = "head"  # the drafter spec of a trained head: "head" or "head:<dir>"
 TRAIN_COMMAND = "specdec train-drafter"
 NO_HIDDEN_STATES = ("a draft head reads the target's hidden states, which {what} does not give: use the "
                     "transformers backend (--backend hf){also}, or draft with lookup or a draft model")
-
-
-def is_head(spec: object) -> bool:
-    """Whether a drafter spec (without a "lookup+" prefix) names a head: "head" or "head:<dir>"."""
-    return isinstance(spec, str) and (spec.strip().lower() == HEAD or spec.strip().lower().startswith(HEAD + ":"))
 
 
 def manifest_path(directory: Path) -> Path:
@@ -48,17 +43,8 @@ def manifest_path(directory: Path) -> Path:
     return directory / MANIFEST
 
 
-def has_head(target_name: object) -> bool:
-    """Whether a head is saved for the target named `target_name` in its default directory."""
-    from specdec.head.store import default_directory
-
-    return isinstance(target_name, str) and manifest_path(default_directory(target_name)).is_file()
-
-
 def head_directory(spec: str, target_name: str) -> Path:
     """The directory a head spec names for `target_name`; a one-line SpecdecError when it holds no head."""
-    from specdec.head.store import default_directory
-
     given = spec.strip()[len(HEAD) + 1:].strip()
     if spec.strip().lower().startswith(HEAD + ":") and not given:
         raise SpecdecError("'head:' needs a directory after the ':', e.g. head:~/heads/my-head")

@@ -19,7 +19,7 @@ from specdec.cli import app
 from specdec.defaults import HEAD_DRAFTER, MODEL_DRAFTER
 from specdec.engine import Engine
 from specdec.errors import SpecdecError
-from specdec.head import store
+from specdec.head import manifest, store
 from specdec.head.train import train
 from specdec.head.manifest import heads_table
 from specdec.head.use import measure_head
@@ -54,7 +54,7 @@ def install(saved: dict[str, str]) -> Path:
     """Copy the saved head to the target's default directory in $SPECDEC_HOME."""
     import shutil
 
-    directory = store.default_directory(saved["target"])
+    directory = manifest.default_directory(saved["target"])
     shutil.copytree(saved["head"], directory)
     return directory
 
