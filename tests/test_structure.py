@@ -164,7 +164,9 @@ def test_the_package_and_its_command_line_import_without_torch_or_transformers()
     import subprocess
     import sys
 
+    # and `specdec serve` checks its models' names before it listens, without them (it answers in half a second)
     code = ("import sys, specdec, specdec.cli, specdec.request, specdec.head.manifest; "
+            "from specdec.serve.replicas import EngineSpec; EngineSpec('qwen2.5-coder-1.5b', 'auto').check(); "
             "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules); "
             "assert not heavy, heavy; specdec.SamplingParams; assert 'torch' in sys.modules")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
