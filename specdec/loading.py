@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from specdec import zoo
 from specdec.errors import SpecdecError
+from specdec.vocab import saved_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -195,8 +196,6 @@ def load_tokenizer(spec: str, progress: zoo.Progress | None = None) -> PreTraine
     metadata -- the one load_hf uses -- taken from the converted directory when
     there is one, else built once and cached under home()/tokenizers/.
     """
-    from transformers import AutoTokenizer
-
     kind, location = resolve(spec)
     if kind == "zoo":
         converted = zoo.home() / "hf" / location
@@ -213,7 +212,7 @@ def load_tokenizer(spec: str, progress: zoo.Progress | None = None) -> PreTraine
     else:
         folder = Path(location) if kind == "dir" else location
     try:
-        return AutoTokenizer.from_pretrained(folder)
+        return saved_tokenizer(folder)
     except Exception as e:  # offline hub id, broken directory: fixable by the user
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SpecdecError(f"cannot load the tokenizer of '{spec}' ({first})") from e
@@ -270,13 +269,12 @@ def load_llamacpp(
 
 def _from_pretrained(location: str | Path, torch_dtype):
     """A causal LM, or a seq2seq LM when the config says is_encoder_decoder (T5, BART), and its tokenizer."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     config = AutoConfig.from_pretrained(location)
     auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
     model = auto.from_pretrained(location, config=config, dtype=torch_dtype)
-    tokenizer = AutoTokenizer.from_pretrained(location)
-    return model, tokenizer
+    return model, saved_tokenizer(location)
 
 
 def _refuse_int8_seq2seq(spec: str, kind: str, location: str) -> None:

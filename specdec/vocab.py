@@ -1,4 +1,4 @@
-"""Tokenizer compatibility: when may a draft's token ids be used as the target's?
+"""Tokenizers: loading a saved one fast, and when a draft's token ids may be used as the target's.
 
 Two tokenizers are the same when they map the same strings to the same ids.
 The models' embedding matrices may still differ in width (padding rows, e.g.
@@ -7,10 +7,82 @@ The models' embedding matrices may still differ in width (padding rows, e.g.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import pickle
+import sys
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+# What a saved tokenizer is made of (config.json too: transformers may pick the tokenizer's class from it)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
+                   "config.json")
+CACHE_FORMAT = 1
+
+
+def tokenizer_key(folder: str | Path) -> str | None:
+    """A digest of the tokenizer saved in `folder` (where it is, its files' bytes) and of the transformers and
+    tokenizers versions that build it; None for a folder with no tokenizer.json (nothing to gain from a cache)."""
+    import tokenizers
+    import transformers
+
+    folder = Path(folder)
+    if not (folder / "tokenizer.json").is_file():
+        return None
+    # the folder too: a tokenizer remembers where it was loaded from (name_or_path)
+    digest = hashlib.sha256(repr((CACHE_FORMAT, transformers.__version__, tokenizers.__version__,
+                                  str(folder.resolve()))).encode())
+    for name in TOKENIZER_FILES:
+        path = folder / name
+        if path.is_file():
+            digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:24]
+
+
+def saved_tokenizer(location: str | Path, cache_dir: Path | None = None) -> PreTrainedTokenizerBase:
+    """AutoTokenizer.from_pretrained(location), through a pickle kept in `cache_dir` (default
+    $SPECDEC_HOME/tokenizers/pickled) per tokenizer_key: transformers takes a second to build the zoo's Qwen
+    tokenizer (it parses tokenizer.json in Python), unpickling the built one a third of that (Zen 4).  A hub id,
+    a folder without tokenizer.json or an unwritable cache load as before; a cached pickle that cannot be read
+    is rebuilt, with one line on stderr saying so."""
+    from transformers import AutoTokenizer
+
+    folder = Path(location)
+    key = tokenizer_key(folder) if folder.is_dir() else None
+    if key is None:
+        return AutoTokenizer.from_pretrained(location)
+    if cache_dir is None:
+        from specdec.zoo import home
+
+        cache_dir = home() / "tokenizers" / "pickled"
+    path = cache_dir / f"{key}.pkl"
+    if path.is_file():
+        try:
+            return pickle.loads(path.read_bytes())
+        except Exception as e:  # noqa: BLE001 -- truncated, corrupt, or from a library that changed under it
+            print(f"specdec: the cached tokenizer {path} could not be read ({type(e).__name__}); rebuilding it",
+                  file=sys.stderr)
+    tokenizer = AutoTokenizer.from_pretrained(location)
+    tmp = None
+    try:
+        data = pickle.dumps(tokenizer)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=f".{key}-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        tmp = None
+    except (OSError, pickle.PicklingError, TypeError, AttributeError):
+        pass  # an unwritable cache, or a tokenizer that does not pickle: built again next time
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+    return tokenizer
 
 
 def same_vocabulary(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bool:

@@ -60,6 +60,7 @@ from torch import nn
 
 from specdec.backends import kernels
 from specdec.backends.tree import Tree
+from specdec.vocab import saved_tokenizer
 
 FORMAT = "specdec-int8-v1"  # written into saved folders; bump when the format or the numerics change
 ATTENTION = "specdec_rowwise"
@@ -268,7 +269,7 @@ def load_int8(folder: Path) -> tuple[nn.Module, Any]:
     """Load a folder written by :func:`save_int8`: (int8 model, tokenizer)."""
     from accelerate import init_empty_weights
     from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     folder = Path(folder)
     index = saved_index(folder)
@@ -297,4 +298,4 @@ def load_int8(folder: Path) -> tuple[nn.Module, Any]:
     _use_rowwise_attention(model)
     model.eval()
     model.requires_grad_(False)
-    return model, AutoTokenizer.from_pretrained(folder)
+    return model, saved_tokenizer(folder)
