@@ -671,6 +671,13 @@ def profile(
                                 repeats, table.ms.get(1))
         if head is not None:
             out["head"] = head
+        with status("renewing the controller's cached step costs"):
+            from specdec.engine import MAX_AUTO_K
+            from specdec.profile import step_costs
+            from specdec.zoo import home
+
+            step_costs(engine.target_runner, engine.draft_runner, MAX_AUTO_K, lookup=engine.copies,
+                       cache_dir=home() / "profiles", renew=True)
     except (SpecdecError, ValueError) as e:
         progress.close()
         fail(str(e))

@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 # The most tokens the controller drafts in one step: a free source's long match (a suffix draft after a
 # 16-token match is right 98% of the time per token) pays up to here; a draft model's rate stops it sooner
 MAX_AUTO_K = 24
+# Steps a generation must have run before its controller's learnt cost scale may renew the cached step costs
+RENEW_AFTER_STEPS = 16
 
 
 
@@ -216,6 +218,7 @@ class Engine:
         self._bridge: TextBridge | None = None
         self._vocab_map: VocabularyMap | None = None
         self._auto: AutoK | None = None
+        self._costs_forgotten = False  # the cached step costs were found off and dropped (_check_step_costs)
         # where start-up time went, in seconds: "target", "draft" (Engine.load), "step costs" (the controller's,
         # at its first use: read from the cache and spot-checked, or measured); `specdec generate --timings`
         self.timings: dict[str, float] = {}
@@ -339,6 +342,20 @@ class Engine:
         if sampling is not None and not sampling.greedy and sampling.seed is not None:
             return AutoK(replace(self._measured_costs), max_k=shared.max_k, cost_ewma=0.0)
         return shared
+
+    def _check_step_costs(self, steps: int) -> None:
+        """After a generation of `steps` steps: where the shared controller has learnt that the target's steps
+        cost more than twice or less than half what the cached table says (a table timed while the machine
+        was busy, or a machine that changed under the same CPU name), drop the cached table so that the next
+        start times it again (specdec.profile.forget_step_costs); this engine goes on with what it learnt."""
+        from specdec.profile import SPOT_TOLERANCE, forget_step_costs
+        from specdec.zoo import home
+
+        auto = self._auto
+        if auto is None or self._costs_forgotten or steps < RENEW_AFTER_STEPS:
+            return
+        if not 1 / SPOT_TOLERANCE <= auto.costs.target_scale <= SPOT_TOLERANCE:
+            self._costs_forgotten = forget_step_costs(self.target_runner, MAX_AUTO_K, home() / "profiles") or True
 
     def auto_controller(self) -> AutoK:
         """The engine's controller for `-k auto` (measures the step costs the first time, seconds)."""
@@ -606,6 +623,8 @@ class Engine:
                 try:
                     for step in self._decode(lease, prompt_ids, condition, config, drafting):
                         output.extend(step.tokens)
+                        if step.finish_reason is not None:
+                            self._check_step_costs(len(step.stats.steps))
                         yield step
                 except Exception:
                     for runner in (lease.target, lease.draft):

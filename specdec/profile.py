@@ -238,18 +238,29 @@ def runner_identity(runner: ModelRunner) -> dict[str, object] | None:
     return {**who, "cpu": cpu_description()}
 
 
-def _cached(kind: str, runner: ModelRunner, params: dict, measure: Callable[[], object],
-            cache_dir: Path | None, still_true: Callable[[object], bool] | None = None) -> object:
-    """measure(), or what it returned before for this runner's identity and these params (JSON on disk)
-    if still_true(that) holds (a quick spot check against the machine now; measured afresh if not)."""
+def _cache_file(kind: str, runner: ModelRunner, params: dict, cache_dir: Path | None) -> tuple[Path, str] | None:
+    """(the file, the key it must hold) of a cached timing of `kind` for this runner's identity and `params`;
+    None without a cache or a runner with no name to key one."""
     import hashlib
     import json
 
     identity = runner_identity(runner)
     if cache_dir is None or identity is None:
-        return measure()
+        return None
     key = json.dumps({"kind": kind, "kernels": KERNELS_VERSION, **identity, **params}, sort_keys=True)
-    path = Path(cache_dir) / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    return Path(cache_dir) / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json", key
+
+
+def _cached(kind: str, runner: ModelRunner, params: dict, measure: Callable[[], object],
+            cache_dir: Path | None, still_true: Callable[[object], bool] | None = None) -> object:
+    """measure(), or what it returned before for this runner's identity and these params (JSON on disk)
+    if still_true(that) holds (a quick spot check against the machine now; measured afresh if not)."""
+    import json
+
+    where = _cache_file(kind, runner, params, cache_dir)
+    if where is None:
+        return measure()
+    path, key = where
     try:
         record = json.loads(path.read_text())
         if record.get("key") == key and (still_true is None or still_true(record["value"])):
@@ -290,50 +301,70 @@ def control_ks(max_k: int) -> list[int]:
     return sorted({n for n in (1, 2, 3, 4, 6, 8, 12, 16) if n <= max_k + 1} | {max_k + 1})
 
 
+def _room(runner: ModelRunner, extra: int) -> int:
+    """The prefix a timing of `extra` new tokens runs after: CONTROL_PREFIX, or what the window leaves."""
+    return max(1, min(CONTROL_PREFIX, runner.max_context - extra - 1))
+
+
+def _target_params(target: ModelRunner, max_k: int) -> dict[str, object]:
+    """What the target's cached t(n) table is measured with (part of its key)."""
+    return {"ks": control_ks(max_k), "prefix": _room(target, max_k + 1), "repeats": CONTROL_REPEATS, "stat": "min"}
+
+
+def forget_step_costs(target: ModelRunner, max_k: int, cache_dir: Path | None) -> bool:
+    """Drop the target's cached t(n) table (step_costs measures it again at the next start); whether there was one."""
+    where = _cache_file("target", target, _target_params(target, max_k), cache_dir)
+    if where is None or not where[0].is_file():
+        return False
+    where[0].unlink(missing_ok=True)
+    return True
+
+
 def step_costs(
     target: ModelRunner,
     draft: ModelRunner | None = None,
     max_k: int = 8,
     lookup: bool = False,
     cache_dir: Path | None = None,
+    renew: bool = False,
 ) -> "Costs":
     """The controller's Costs: the target's t(n) for n = 1..max_k + 1 (a few points, interpolated),
     the draft's ms per proposed token (a draft model's one-token forwards; prompt lookup ~0) and per
     token of a catch-up (one forward of SYNC_TOKENS tokens).
-    Measured once and cached in `cache_dir` per runner identity (see runner_identity); each cached
-    timing is spot-checked against the machine now when it is read, and measured afresh if it is 2x off."""
+    Measured once and cached in `cache_dir` per runner identity (model, backend, dtype, threads, kernel
+    build, CPU: see runner_identity) and reused as it is: nothing is timed at a start that was timed before
+    on this machine and build (but a cached draft token dearer than a target step, which is spot-checked).
+    `specdec profile` renews the timings, and so does a start after a run whose steps cost more than twice
+    or less than half what the cache says (Engine._check_step_costs, forget_step_costs).  renew: measure
+    everything afresh and cache that (`specdec profile`)."""
     from specdec.control import Costs
 
-    def room(runner: ModelRunner, extra: int) -> int:
-        return max(1, min(CONTROL_PREFIX, runner.max_context - extra - 1))
+    def renewed(cached: object) -> bool:
+        return not renew
 
-    ks = control_ks(max_k)
-    prefix = room(target, ks[-1])
-
-    def target_now(ms: object) -> bool:  # one-token steps cost what the cached table says (within 2x)
-        return agrees(ms["1"], measure_forwards(target, [1], prefix=prefix, repeats=SPOT_REPEATS).ms[1])
-
-    ms = _cached("target", target, {"ks": ks, "prefix": prefix, "repeats": CONTROL_REPEATS, "stat": "min"},
-                 lambda: {str(k): v for k, v in measure_forwards(target, ks, prefix=prefix, repeats=CONTROL_REPEATS,
-                                                                 fastest=True).ms.items()},
-                 cache_dir, target_now)
+    ms = _cached("target", target, _target_params(target, max_k),
+                 lambda: {str(k): v for k, v in measure_forwards(target, control_ks(max_k), prefix=_room(target, max_k + 1),
+                                                                 repeats=CONTROL_REPEATS, fastest=True).ms.items()},
+                 cache_dir, renewed)
     if draft is not None:
         drafted = min(max_k, DRAFT_TIMED_TOKENS)
-        d_prefix = room(draft, drafted)
+        d_prefix = _room(draft, drafted)
+
+        def plausible(cached: object) -> bool:
+            # A draft token dearer than a target step prices the draft out, and a draft never tried is never
+            # corrected online: such a cached value (one timed beside a test run: 930 ms against 25 quiet) is
+            # checked against the machine now; any other is reused as it is.
+            now = lambda: measure_drafting(draft, tokens=2, prefix=d_prefix, repeats=SPOT_REPEATS)  # noqa: E731
+            return not renew and (float(cached) < float(ms["1"]) or agrees(float(cached), now()))
+
         draft_ms = _cached("draft", draft, {"tokens": drafted, "prefix": d_prefix, "repeats": CONTROL_REPEATS,
                                             "stat": "min"},
                            lambda: measure_drafting(draft, tokens=drafted, prefix=d_prefix, repeats=CONTROL_REPEATS),
-                           cache_dir,
-                           lambda cached: agrees(cached, measure_drafting(draft, tokens=2, prefix=d_prefix,
-                                                                          repeats=SPOT_REPEATS)))
+                           cache_dir, plausible)
         n = max(1, min(SYNC_TOKENS, draft.max_context - d_prefix - 1))
-
-        def sync_per_token(repeats: int) -> float:
-            return measure_forwards(draft, [n], prefix=d_prefix, repeats=repeats).ms[n] / n
-
         sync_ms = _cached("draft-sync", draft, {"tokens": n, "prefix": d_prefix, "repeats": CONTROL_REPEATS},
-                          lambda: sync_per_token(CONTROL_REPEATS), cache_dir,
-                          lambda cached: agrees(cached, sync_per_token(SPOT_REPEATS)))
+                          lambda: measure_forwards(draft, [n], prefix=d_prefix, repeats=CONTROL_REPEATS).ms[n] / n,
+                          cache_dir, renewed)
     else:
         draft_ms = LOOKUP_MS_PER_TOKEN if lookup else 0.0
         sync_ms = 0.0
