@@ -119,12 +119,15 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
             page = await fleet.metrics(page)
         return Response(page, media_type=metrics.content_type)
 
+    server_k = options.defaults.k if isinstance(options.defaults.k, (int, str)) else "auto"
+
     @app.get("/v1/models")
     async def models(http: HTTPRequest) -> JSONResponse:
         check_key(http.headers, options.api_keys)
         return JSONResponse({"object": "list", "data": [
             {"id": name, "object": "model", "created": 0, "owned_by": "specdec",
-             "target": engine.target_name, "draft": engine.draft_name if engine.can_draft else None}
+             "target": engine.target_name, "draft": engine.draft_name if engine.can_draft else None,
+             "k": server_k}  # the server's -k: what a request that does not name one drafts with
             for name in options.served_names]})
 
     @app.post("/v1/completions")

@@ -182,6 +182,18 @@ def test_compare_with_plain(playground, tmp_path):
     assert page.turns[1][1] == "".join(t for _, t in spec)
 
 
+def test_the_page_opens_as_a_first_visitor_expects(playground, tiny_dirs, tmp_path):
+    """No query: chat mode where the model has a chat template, k at the server's own default."""
+    chromium()
+    page = dump(playground, {}, tmp_path)
+    assert page.mode == "chat" and page.state in (None, "idle"), (page.mode, page.state)
+    assert page.attrs["k"].get("data-server") == "4"  # the fixture's server runs -k 4
+    with serve(Engine.load(tiny_dirs["target"], "lookup")) as server:  # the server's default, -k auto
+        page = dump(server, {}, tmp_path)
+        assert server.client().models.list().data[0].model_extra["k"] == "auto"
+    assert page.mode == "chat" and page.attrs["k"].get("data-server") == "auto"
+
+
 def test_a_model_without_a_chat_template_opens_in_completion(tiny_dirs, tmp_path):
     """The page finds out (a chat request that generates nothing) and says why chat is off."""
     chromium()
