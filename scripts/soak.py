@@ -94,9 +94,9 @@ def main() -> None:
         target = args.target
         if target is None:
             sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-            from tests.tiny import save_tiny
-
             from transformers import AutoTokenizer
+
+            from tests.tiny import save_tiny
 
             target = save_tiny(Path(scratch) / "tiny", "llama", seed=0, positions=1024)
             tokenizer = AutoTokenizer.from_pretrained(target)

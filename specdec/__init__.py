@@ -42,13 +42,13 @@ def __getattr__(name: str) -> Any:
 
 def generate(
     prompt: str,
-    target: "ModelSpec" = DEFAULT_TARGET,
-    draft: "ModelSpec | None" = DEFAULT_DRAFTER,
+    target: ModelSpec = DEFAULT_TARGET,
+    draft: ModelSpec | None = DEFAULT_DRAFTER,
     *,
     dtype: str = "auto",
     draft_backend: str = "auto",
     **options: Any,
-) -> "Result":
+) -> Result:
     """Generate a continuation of `prompt` with speculative decoding.
 
     target / draft: a zoo name (``specdec models``), a .gguf path, a model

@@ -47,10 +47,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -103,7 +104,7 @@ class BatchedTarget:
         with self._cond:
             return len(self._active)
 
-    def acquire(self) -> "SlotRunner":
+    def acquire(self) -> SlotRunner:
         """A free slot, now active: the batch's forwards wait for it until it is released."""
         with self._cond:
             if not self._free:
@@ -227,7 +228,7 @@ class SlotRunner:
     def release(self) -> None:
         self.batch.release(self.slot)
 
-    def clone(self) -> "SlotRunner":
+    def clone(self) -> SlotRunner:
         raise cannot_clone(self)
 
     def describe(self) -> str:
@@ -275,7 +276,7 @@ class BatchPool:
         cached on disk like the engine's) and the engine's measured drafting costs."""
         with self._costs_lock:
             if self._costs is None:
-                from specdec.profile import measure_forwards, _cached
+                from specdec.profile import _cached, measure_forwards
                 from specdec.zoo import home
 
                 runner = LeanRunner(self.target.runners[0].model, fp32=True)

@@ -29,7 +29,7 @@ block's first i tokens and block verification accepts exactly as token by token 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -34,10 +34,12 @@ sampling rule.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import torch
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -187,7 +189,7 @@ class VocabularyMap:
 
     @classmethod
     def from_tokenizers(cls, target: PreTrainedTokenizerBase, draft: PreTrainedTokenizerBase,
-                        target_vocab_size: int, draft_vocab_size: int) -> "VocabularyMap":
+                        target_vocab_size: int, draft_vocab_size: int) -> VocabularyMap:
         """Pair the tokens that stand for the same bytes (or the same special token) in both."""
         by_key: dict[tuple[str, bytes], int] = {}
         for i, key in sorted(token_keys(target).items()):

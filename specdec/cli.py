@@ -14,9 +14,10 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -205,12 +206,12 @@ def generate(
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
     draft: str = typer.Option(DEFAULT_DRAFTER, "--draft", "-d", help=DRAFT_HELP),
     dtype: DType = typer.Option(DType.auto, "--dtype", help=DTYPE_HELP),
-    draft_dtype: Optional[DraftDType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype); gguf runs a GGUF draft's own blocks, bf16 makes a transformers draft cheaper without changing the output, and int4 (drafts only: the int8 draft's weights in 4 bits, llama-family and Gemma 3 models) cheaper still."),
+    draft_dtype: DraftDType | None = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype); gguf runs a GGUF draft's own blocks, bf16 makes a transformers draft cheaper without changing the output, and int4 (drafts only: the int8 draft's weights in 4 bits, llama-family and Gemma 3 models) cheaper still."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend: hf (transformers) or llamacpp (GGUF via llama.cpp)."),
     device: Device = typer.Option(Device.cpu, "--device", help=DEVICE_HELP),
     draft_backend: DraftBackend = typer.Option(DraftBackend.auto, "--draft-backend", help="Draft's backend: hf, llamacpp, or auto (with --draft-dtype: transformers; without: specdec's int8 kernel for a zoo draft on CPUs with AVX-512 VNNI, its int4 kernel on other AVX2 CPUs, else llama.cpp when it is installed and the draft is a GGUF, else the target's)."),
-    n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for llama.cpp and torch (default: llama.cpp all CPUs, torch its own choice)."),
+    n_ctx: int | None = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
+    threads: int | None = typer.Option(None, "--threads", help="CPU threads for llama.cpp and torch (default: llama.cpp all CPUs, torch its own choice)."),
     suffix_memory: int = typer.Option(DEFAULT_SUFFIX_MEMORY, "--suffix-memory", min=0, help=SUFFIX_MEMORY_HELP),
     request: RequestConfig = None,  # RequestConfig's options (-n, -k, --temperature, ...): see request_options
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object {text, token_ids, stats}."),
@@ -324,27 +325,27 @@ def serve(
     target: str = generate_option("target"),
     draft: str = generate_option("draft"),
     dtype: DType = generate_option("dtype"),
-    draft_dtype: Optional[DraftDType] = generate_option("draft_dtype"),
+    draft_dtype: DraftDType | None = generate_option("draft_dtype"),
     backend: Backend = generate_option("backend"),
     device: Device = generate_option("device"),
     draft_backend: DraftBackend = generate_option("draft_backend"),
-    n_ctx: Optional[int] = generate_option("n_ctx"),
-    threads: Optional[int] = generate_option("threads"),
+    n_ctx: int | None = generate_option("n_ctx"),
+    threads: int | None = generate_option("threads"),
     suffix_memory: int = generate_option("suffix_memory"),
     request: RequestConfig = None,  # the requests' defaults: -k, --draft-mode, ... (see request_options)
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (127.0.0.1: this machine only)."),
     port: int = typer.Option(8000, "--port", help="Port to listen on (0: a free one; the URL is printed)."),
-    served_model_name: Optional[list[str]] = typer.Option(None, "--served-model-name", help="The name requests give as `model` (repeatable; default: --target as given)."),
+    served_model_name: list[str] | None = typer.Option(None, "--served-model-name", help="The name requests give as `model` (repeatable; default: --target as given)."),
     max_queue: int = typer.Option(16, "--max-queue", help="Requests that may wait behind the running ones; more are answered 503."),
     max_batch: int = typer.Option(1, "--max-batch", help="Requests decoded together, one target forward per step (continuous batching; llama/qwen2/mistral transformers targets, fp32 or int8). -k auto then shortens drafts as the batch grows."),
     max_tokens_limit: int = typer.Option(2048, "--max-tokens-limit", help="The most tokens a request may ask for."),
     max_body_bytes: int = typer.Option(1 << 20, "--max-body-bytes", help="The largest request body; larger ones are answered 413."),
-    replicas: Optional[str] = typer.Option(None, "--replicas", help="Serve as Ray Serve replicas, each loading its own models: N, or MIN-MAX to autoscale on ongoing requests (needs the ray extra)."),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --replicas: the Ray cluster to deploy on ('auto', HOST:6379, ray://HOST:10001); default: a new cluster on this machine, shut down on exit."),
-    replica_cpus: Optional[float] = typer.Option(None, "--replica-cpus", help="With --replicas: CPUs Ray reserves for each replica (default 1; its torch threads default to it)."),
-    api_key: Optional[list[str]] = typer.Option(None, "--api-key", envvar="SPECDEC_API_KEY", show_envvar=True, help="A key clients must send as 'Authorization: Bearer <key>' (repeatable). Better in the environment variable, keys separated by spaces or commas: the command line is visible to every user of the machine. /health stays open."),
+    replicas: str | None = typer.Option(None, "--replicas", help="Serve as Ray Serve replicas, each loading its own models: N, or MIN-MAX to autoscale on ongoing requests (needs the ray extra)."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="With --replicas: the Ray cluster to deploy on ('auto', HOST:6379, ray://HOST:10001); default: a new cluster on this machine, shut down on exit."),
+    replica_cpus: float | None = typer.Option(None, "--replica-cpus", help="With --replicas: CPUs Ray reserves for each replica (default 1; its torch threads default to it)."),
+    api_key: list[str] | None = typer.Option(None, "--api-key", envvar="SPECDEC_API_KEY", show_envvar=True, help="A key clients must send as 'Authorization: Bearer <key>' (repeatable). Better in the environment variable, keys separated by spaces or commas: the command line is visible to every user of the machine. /health stays open."),
     open_metrics: bool = typer.Option(False, "--open-metrics", help="With --api-key: serve /metrics without a key (for a scraper that cannot send one)."),
-    allowed_origins: Optional[list[str]] = typer.Option(None, "--allowed-origins", help="Origins whose web pages may call the API from a browser (CORS; repeatable or comma-separated), e.g. https://app.example.com. None by default."),
+    allowed_origins: list[str] | None = typer.Option(None, "--allowed-origins", help="Origins whose web pages may call the API from a browser (CORS; repeatable or comma-separated), e.g. https://app.example.com. None by default."),
     header_timeout: float = typer.Option(10.0, "--header-timeout", help="Seconds a client may take to send a request's headers (from connecting, or from its previous response); slower connections are closed."),
     keep_alive_timeout: float = typer.Option(5.0, "--keep-alive-timeout", help="Seconds an idle keep-alive connection is kept open."),
     max_connections: int = typer.Option(100, "--max-connections", help="Open connections (or running requests) at most; past it, requests are answered 503 at once."),
@@ -404,7 +405,8 @@ def serve(
                           draft_backend.value, device.value, n_ctx, threads or max(1, int(plan.cpus)), suffix_memory)
         serve_replicas(spec, options, plan, host, port, ray_address)
         return
-    from specdec.serve.deferred import Deferred, serve as serve_deferred
+    from specdec.serve.deferred import Deferred
+    from specdec.serve.deferred import serve as serve_deferred
     from specdec.serve.replicas import EngineSpec
 
     progress = PullProgress()
@@ -493,21 +495,21 @@ def serve_replicas(spec: EngineSpec, options: ServeOptions, plan: ReplicaPlan, h
 def bench(
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
     draft: str = typer.Option(DEFAULT_DRAFTER, "--draft", "-d", help="Drafter, as for generate (the same default, auto): a draft model, 'lookup' (prompt lookup), 'lookup+<model>' (hybrid), 'suffix' or 'suffix+<model>' (suffix drafts), 'head' or 'lookup+head' (a trained draft head; the methods' summary names it), or 'none' (then only plain, hf-plain, hf-pld, llamacpp)."),
-    prompts: Optional[str] = typer.Option(None, "--prompts", help="'builtin' (the default: user-shaped prompts, multi-turn chats), 'short' (the first short set), a Spec-Bench .jsonl (\"replies\" make a conversation), or a text file with one prompt per line (\\n escapes allowed)."),
-    workload: Optional[str] = typer.Option(None, "--workload", help="Instead of --prompts, sessions of repeated text run turn by turn, each turn's prompt holding the method's own earlier answers: edit (code-edit sessions), agent (tool-call loops), template (templated generation), comma-separated, or .jsonl session files; --limit-per-category takes the first M sessions of each."),
+    prompts: str | None = typer.Option(None, "--prompts", help="'builtin' (the default: user-shaped prompts, multi-turn chats), 'short' (the first short set), a Spec-Bench .jsonl (\"replies\" make a conversation), or a text file with one prompt per line (\\n escapes allowed)."),
+    workload: str | None = typer.Option(None, "--workload", help="Instead of --prompts, sessions of repeated text run turn by turn, each turn's prompt holding the method's own earlier answers: edit (code-edit sessions), agent (tool-call loops), template (templated generation), comma-separated, or .jsonl session files; --limit-per-category takes the first M sessions of each."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most tokens to generate per prompt."),
     methods: str = typer.Option("default", "--methods", help="Comma-separated: plain, specdec, specdec-auto (k chosen by the cost-model controller, as generate runs it), specdec-tree (specdec-auto with --tree auto), specdec-stairs, specdec-intersection, hf, hf-auto, hf-plain, hf-pld, llamacpp (plain llama.cpp on the target's GGUF), int8-plain, llama-server, llama-server-draft, llama-server-ngram (llama.cpp's own server: plain, with the draft model's GGUF, with n-gram drafts; built by scripts/install-llamacpp.sh --server); plain always runs: it is the reference. Our loop's methods take another drafter of the run's models after '@' (specdec-auto@lookup beside specdec-auto with --draft suffix+<model>), to compare drafters in one run; llama-server-draft@N drafts N tokens a step, llama-server-ngram@<type> another n-gram type. default: plain, specdec-auto, specdec, hf-pld, hf (when the draft runs in transformers), llamacpp (when installed) and the three llama-server methods (when llama-server is built)."),
     gammas: str = typer.Option("5", "--gammas", help="Draft tokens per step γ; a list (1,3,5) sweeps specdec, hf and hf-pld."),
     repeats: int = typer.Option(1, "--repeats", help="Runs per prompt and method; the median is reported."),
-    limit_per_category: Optional[int] = typer.Option(None, "--limit-per-category", help="Take only the first M prompts of each category."),
+    limit_per_category: int | None = typer.Option(None, "--limit-per-category", help="Take only the first M prompts of each category."),
     chat: bool = typer.Option(False, "--chat", help="Apply the target's chat template to each prompt."),
     dtype: DType = typer.Option(DType.auto, "--dtype", help=DTYPE_HELP + " For every method."),
-    draft_dtype: Optional[DraftDType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype), for every method that drafts."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch and llama.cpp (default: torch's choice, llama.cpp all CPUs)."),
+    draft_dtype: DraftDType | None = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype), for every method that drafts."),
+    threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch and llama.cpp (default: torch's choice, llama.cpp all CPUs)."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend for plain and specdec: hf or llamacpp (the hf* methods need hf)."),
     device: Device = typer.Option(Device.cpu, "--device", help=DEVICE_HELP),
     draft_backend: DraftBackend = typer.Option(DraftBackend.auto, "--draft-backend", help="Draft's backend, as for generate (the same default: auto)."),
-    n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
+    n_ctx: int | None = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
     suffix_memory: int = typer.Option(DEFAULT_SUFFIX_MEMORY, "--suffix-memory", min=0, help=SUFFIX_MEMORY_HELP),
     across_sessions: bool = typer.Option(False, "--across-sessions", help="With --workload: each method's suffix store and cached prompt keep the run's earlier sessions, as a server's do (default: every session starts afresh); --repeats 1."),
     temperature: float = typer.Option(0.0, "--temperature", help="> 0: every method samples (then no identical-output rate is reported)."),
@@ -516,7 +518,7 @@ def bench(
     seed: int = typer.Option(0, "--seed", help="Seed for sampling."),
     out: str = typer.Option("bench-out", "--out", help="Output directory: results.jsonl, summary.md, summary.json, PNG plots."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object on stdout."),
-    concurrency: Optional[str] = typer.Option(None, "--concurrency", help="Client counts, e.g. 1,2,4,8: run the batched engine under that many concurrent clients and report total tokens/s, latency and mean k per count (methods: plain, specdec, specdec-auto)."),
+    concurrency: str | None = typer.Option(None, "--concurrency", help="Client counts, e.g. 1,2,4,8: run the batched engine under that many concurrent clients and report total tokens/s, latency and mean k per count (methods: plain, specdec, specdec-auto)."),
 ) -> None:
     """Benchmark plain, speculative and transformers' decoding side by side on a prompt set."""
     from specdec.bench.report import console_table
@@ -594,12 +596,12 @@ def profile(
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
     draft: str = typer.Option("none", "--draft", "-d", help="Draft model to time per drafted token, 'head' or 'head:<dir>' (a draft head: timed anyway when one was trained for the target), or 'none'."),
     dtype: DType = typer.Option(DType.auto, "--dtype", help=DTYPE_HELP),
-    draft_dtype: Optional[DraftDType] = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype)."),
+    draft_dtype: DraftDType | None = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype)."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend: hf or llamacpp."),
     device: Device = typer.Option(Device.cpu, "--device", help=DEVICE_HELP),
     draft_backend: DraftBackend = typer.Option(DraftBackend.auto, "--draft-backend", help="Draft's backend, as for generate (the same default: auto)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch and llama.cpp."),
-    n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
+    threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch and llama.cpp."),
+    n_ctx: int | None = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
     ks: str = typer.Option("1-16", "--ks", help="Numbers of new tokens per target forward to time: a range (1-16) or a list (1,2,4,8)."),
     prefix: int = typer.Option(128, "--prefix", help="Tokens in the cache before each timed forward."),
     repeats: int = typer.Option(3, "--repeats", help="Timings per k; the median is reported."),
@@ -715,10 +717,10 @@ def quality(
     dtype: DType = typer.Option(DType.auto, "--dtype", help="The candidate's dtype on specdec's side (default: what generate runs)."),
     backend: Backend = typer.Option(Backend.hf, "--backend", help="The candidate's backend: hf or llamacpp."),
     prompts: str = typer.Option("builtin", "--prompts", help="Prompts for greedy agreement (as for bench)."),
-    limit_per_category: Optional[int] = typer.Option(2, "--limit-per-category", help="First M prompts of each category."),
+    limit_per_category: int | None = typer.Option(2, "--limit-per-category", help="First M prompts of each category."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="Tokens decoded per prompt."),
     chat: bool = typer.Option(True, "--chat/--no-chat", help="Apply the chat template to each prompt."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch and llama.cpp."),
+    threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch and llama.cpp."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Compare a cheaper target (gguf, int8, bf16, llama.cpp) with the fp32 model: greedy agreement and perplexity."""
@@ -783,10 +785,10 @@ def train_drafter(
     text: list[str] = typer.Option([], "--text", help="Your own training text: a file or a directory (repeatable)."),
     prompts: list[str] = typer.Option([], "--prompts", help="Your own chat prompts, answered by the target first and a tenth of them held out to measure the agreement (repeatable): .jsonl (a string, {\"prompt\": ...} or {\"messages\": [...]} a line), .json (a list of them), or a bench prompt file (Spec-Bench \"turns\" records, or one prompt a line with \\n escapes)."),
     builtin: bool = typer.Option(True, "--builtin/--no-builtin", help="Also the built-in offline material."),
-    out: Optional[str] = typer.Option(None, "--out", help="Where to save (default $SPECDEC_HOME/drafters/<target>-head/)."),
-    draft_vocab: Optional[int] = typer.Option(None, "--draft-vocab", min=16, help="Draft vocabulary: the N most frequent tokens (default 16384)."),
+    out: str | None = typer.Option(None, "--out", help="Where to save (default $SPECDEC_HOME/drafters/<target>-head/)."),
+    draft_vocab: int | None = typer.Option(None, "--draft-vocab", min=16, help="Draft vocabulary: the N most frequent tokens (default 16384)."),
     seed: int = typer.Option(0, "--seed"),
-    fuse_layers: Optional[str] = typer.Option(None, "--fuse-layers", help="The target's layers the head reads besides its final hidden state (EAGLE-3's fused features): none (the default), auto (a low and a middle layer) or 0-based indices such as 2,14."),
+    fuse_layers: str | None = typer.Option(None, "--fuse-layers", help="The target's layers the head reads besides its final hidden state (EAGLE-3's fused features): none (the default), auto (a low and a middle layer) or 0-based indices such as 2,14."),
     resume: bool = typer.Option(False, "--resume", help="Go on training the head saved in --out (or the default directory) for --minutes more, from the material its runs did not reach; its shape is kept."),
 ) -> None:
     """Train a draft head (EAGLE-style) for TARGET on this CPU: the target's own answers and text, distilled."""

@@ -73,9 +73,10 @@ never on the token being verified).
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Callable, Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.tree import TreeShape, propose_tree

@@ -14,21 +14,22 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
-from specdec.backends.base import ModelRunner
 from specdec.backends import lean
+from specdec.backends.base import ModelRunner
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner
 from specdec.backends.seq2seq import Seq2SeqRunner, is_seq2seq
 from specdec.bridge import TextBridge, VocabularyMap
 from specdec.control import AUTO, AutoK, Controller, Costs, parse_speculation
+from specdec.defaults import DEFAULT_SUFFIX_MEMORY
 from specdec.drafters.base import Drafter
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import ModelDrafter
-from specdec.defaults import DEFAULT_SUFFIX_MEMORY
 from specdec.drafters.suffix import HYBRID_MIN_SCORE, SuffixDrafter, SuffixStore
 from specdec.drafters.universal import UniversalDrafter
 from specdec.errors import IncompatibleDraftError, SpecdecError
@@ -255,7 +256,7 @@ class Engine:
             if runner is not None:
                 runner.reset()
 
-    def fork(self) -> "Engine":
+    def fork(self) -> Engine:
         """Another engine over the same loaded models (tokenizers, head, and the `-k auto` controller if
         this engine has made it; one request at a time) whose drafters remember nothing of this one's
         requests (:meth:`forget`), with runners of its own over the same weights (ModelRunner.clone), so
@@ -279,7 +280,7 @@ class Engine:
         """The model-free drafter: LOOKUP, SUFFIX or None."""
         return LOOKUP if self.lookup else SUFFIX if self.suffix_store is not None else None
 
-    def fork_drafting(self, copier: str | None, model: bool, head: LoadedHead | None = None) -> "Engine":
+    def fork_drafting(self, copier: str | None, model: bool, head: LoadedHead | None = None) -> Engine:
         """A fork (:meth:`fork`) that drafts otherwise over the same loaded models: with the model-free
         drafter `copier` (LOOKUP, SUFFIX or None) in front of this engine's draft model or head when
         `model`, without them when not, or in front of another `head` loaded for this engine's target
@@ -453,7 +454,7 @@ class Engine:
         draft_dtype: str | None = None,
         device: str = "cpu",
         suffix_memory: int = DEFAULT_SUFFIX_MEMORY,
-    ) -> "Engine":
+    ) -> Engine:
         """Load models by name (zoo name, .gguf path, model directory, hub id) or take loaded ones.
 
         draft: a model, "lookup" for prompt lookup drafting (no draft model), or "lookup+<model>":
@@ -476,7 +477,8 @@ class Engine:
         on CPUs where a draft on specdec's int8 or int4 kernel is faster
         (fastest_spec_draft_dtype; when draft_dtype is not given).
         n_ctx / threads: llama.cpp's context size (default DEFAULT_N_CTX) and CPU threads
-        (default: all the process may use).  A llama.cpp target is loaded in exact mode (batch-invariant logits), a llama.cpp draft in
+        (default: all the process may use).  A llama.cpp target is loaded in exact mode (batch-invariant logits), a
+        llama.cpp draft in
         llama.cpp's fastest mode (a draft's numerics never change the output).
         draft_dtype: the draft's dtype (default: `dtype`); a bf16 draft for an
         fp32 target halves the draft's cost and leaves the output as it is; "gguf" runs a GGUF
@@ -485,8 +487,18 @@ class Engine:
         kernel (specdec.backends.int4), a cheaper draft token for the same output.
         device: where transformers models run: "cpu", "cuda" or "auto" (cuda when available).
         """
-        from specdec.loading import (AUTO_DTYPE, GGUF, INT4, check_spec, fastest_dtype, load_gguf, load_hf,
-                                     load_int4_draft, load_llamacpp, resolve_device)
+        from specdec.loading import (
+            AUTO_DTYPE,
+            GGUF,
+            INT4,
+            check_spec,
+            fastest_dtype,
+            load_gguf,
+            load_hf,
+            load_int4_draft,
+            load_llamacpp,
+            resolve_device,
+        )
 
         copier, draft, head = split_drafter(resolve_drafter(draft, target, backend))
         copying = dict(lookup=copier == LOOKUP, suffix=copier == SUFFIX, suffix_memory=suffix_memory)

@@ -388,7 +388,7 @@ def resolve_device(device: str, dtype: str = "fp32") -> str:
     return device
 
 
-def load_int4_draft(spec: str, progress: zoo.Progress | None = None) -> tuple["ModelRunner", "PreTrainedTokenizerBase"]:
+def load_int4_draft(spec: str, progress: zoo.Progress | None = None) -> tuple[ModelRunner, PreTrainedTokenizerBase]:
     """A draft model in int4 (specdec.backends.int4): the int8 model (quantized once and cached, as for
     dtype="int8") with its weights requantized to group-wise int4 at load, on a LeanRunner; llama,
     qwen2, mistral and Gemma 3 text models only (lean.INT4_ARCHITECTURES)."""

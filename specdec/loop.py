@@ -15,8 +15,8 @@ the Python API and the benchmark all consume :func:`decode`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, Iterable, Iterator, Sequence
 
 from specdec.backends.base import ModelRunner, reusable_prefix
 from specdec.control import Controller, FixedK, plan, propose

@@ -14,9 +14,10 @@ draft model's runner (or None) and the controller factory (k as given -> a fixed
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from specdec.errors import SpecdecError
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from specdec.backends.base import ModelRunner
 
@@ -327,7 +328,7 @@ def step_costs(
     lookup: bool = False,
     cache_dir: Path | None = None,
     renew: bool = False,
-) -> "Costs":
+) -> Costs:
     """The controller's Costs: the target's t(n) for n = 1..max_k + 1 (a few points, interpolated),
     the draft's ms per proposed token (a draft model's one-token forwards; prompt lookup ~0) and per
     token of a catch-up (one forward of SYNC_TOKENS tokens).

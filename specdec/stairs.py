@@ -48,7 +48,8 @@ as for causal verification (a near-tie may flip between batch shapes).
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -183,7 +184,7 @@ class StairsRunner:
         if reset is not None:
             reset()
 
-    def clone(self) -> "StairsRunner":
+    def clone(self) -> StairsRunner:
         raise cannot_clone(self)
 
     def describe(self) -> str:

@@ -38,7 +38,7 @@ what it did in q.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -26,7 +26,8 @@ option of SamplingVerifier.  The verifiers' `verify_tree` takes either.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 

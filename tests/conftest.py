@@ -26,8 +26,8 @@ one batch exactly, fails the run instead of skipping tests.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 import pytest
 import torch
@@ -166,9 +166,8 @@ def require_ray():
     """ray (with Ray Serve), or a skip where the ray extra is not installed -- except in CI, where
     it must be (.ci/run installs it)."""
     if in_ci():
-        import ray.serve  # noqa: F401
-
         import ray
+        import ray.serve  # noqa: F401
 
         return ray
     pytest.importorskip("ray.serve", reason="the ray extra is not installed: pip install -e '.[ray]'")

@@ -10,7 +10,8 @@ the final draw hands over its distribution.  So what is enumerated is the verifi
 
 A toy model supplies the distributions: seeded float64 rows, the target's P[prefix] and the draft's
 Q[prefix] for every prefix (within one step) up to a depth.  :func:`assert_target_distribution`
-(:func:`target_deviation` below 1e-9) checks that emitted token sequences, each continued by the target where it is shorter, are distributed
+(:func:`target_deviation` below 1e-9) checks that emitted token sequences, each continued by the target where it is
+shorter, are distributed
 as the target's own chain: for every m up to the depth + 1, the first m tokens, to 1e-9.
 """
 
@@ -18,8 +19,8 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
 
 import torch
 

@@ -137,7 +137,7 @@ def test_batched_greedy_equals_each_request_alone(dtype, draft):
         order = rng.sample(range(6), 6)
         outs = [None] * 6
 
-        def job(i):
+        def job(i, outs=outs):
             def go():
                 outs[i] = engine.generate(**requests[i]).token_ids
             return go

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -76,7 +76,7 @@ def test_deterministic_blocks_are_lossless_and_accept_as_token_by_token(proposal
     toy = make_toy(10, 4, 3, "dense", "dense")
     gen = torch.Generator().manual_seed(0)
     tokens: list[int] = []
-    for i in range(3):
+    for _ in range(3):
         ranked = toy.target[tuple(tokens)].argsort(descending=True).tolist()
         tokens.append({"argmax": ranked[0], "second": ranked[1], "random": int(torch.randint(0, 4, (), generator=gen))}[proposal])
     p = torch.stack([toy.target[tuple(tokens[:i])] for i in range(4)])

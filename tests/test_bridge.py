@@ -7,7 +7,8 @@ tokenizers (marked `real`: they come with the zoo models) run in CI.
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, assume, example, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import strategies as st
 
 from specdec.bridge import REPLACEMENT, TextBridge, TokenizerSide, VocabularyMap, special_prefix
 from tests.tiny import tiny_tokenizer

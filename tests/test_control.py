@@ -443,7 +443,7 @@ def test_a_new_generation_starts_from_the_sources_record_not_from_the_prior():
     controller = AutoK(costs)
     for _ in range(4):
         controller.observe(1, 0, 0.035, 0.109, synced=1)  # rejected
-    for generation in range(6):
+    for _ in range(6):
         controller.reset()
         for _ in range(5):
             assert controller.choose(64, lag=40) == 0
@@ -453,7 +453,7 @@ def test_a_new_generation_starts_from_the_sources_record_not_from_the_prior():
     good = AutoK(Costs(costs.target_ms, 35, sync_ms=5))
     for _ in range(4):
         good.observe(1, 1, 0.035, 0.109, synced=1)
-    for generation in range(6):
+    for _ in range(6):
         good.reset()
     assert good.source_prior() > 0.7 and good.choose(64, lag=40) > 0
 

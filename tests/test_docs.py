@@ -70,6 +70,8 @@ def test_ci_runs_the_readmes_install_and_test_commands_exactly():
     marked = {line: ci[i + 1].strip() for i, line in enumerate(ci) if re.match(r"# The README's .*, exactly:$", line)}
     assert set(marked) == {"# The README's install, exactly:", "# The README's test install, exactly:",
                            "# The README's test command, exactly:"}
+    [lint] = [line for line in ci if line.startswith(".venv/bin/ruff ")]
+    assert lint.startswith(".venv/bin/ruff check ") and lint in readme
     assert ".venv/bin/pip install -e '.[test]'" in marked.values()
     for command in marked.values():
         assert command in readme

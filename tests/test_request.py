@@ -115,7 +115,7 @@ SAMPLES = {float: 0.5, int: 2, bool: True, str: "auto"}
 def sent() -> dict:
     """A value for every key of the "speculative" object."""
     samples = {}
-    for key, (f, option) in served_fields().items():
+    for key, (_f, option) in served_fields().items():
         kinds = typing.get_args(option.json_type) or (option.json_type,)
         samples[key] = SENT[key] if key in SENT else SAMPLES[kinds[0]]
     return samples

@@ -31,7 +31,7 @@ reproducible and different seeds give different outputs.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -51,8 +51,7 @@ from specdec.sampling import SamplingParams
 from specdec.verify import make_verifier
 from tests.chisq import chi_square, chi_square_sf, seeded_runs
 from tests.tiny import tiny_model
-from tests.toy import (FixedDrafter, ToyRunner, ToyTreeRunner, chain_distribution, random_proposal, random_table,
-                       reference_warp)
+from tests.toy import FixedDrafter, ToyRunner, ToyTreeRunner, chain_distribution, random_proposal, random_table, reference_warp
 
 VOCAB = 6
 PROMPT = [1, 4]

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from specdec.backends.hf import HFRunner
 from specdec.drafters.model import ModelDrafter
@@ -20,8 +21,8 @@ from specdec.errors import SpecdecError
 from specdec.loop import StopCondition, run
 from specdec.sampling import SamplingParams
 from specdec.stairs import BlackBoxNextToken, RunnerNextToken, StairsRunner, is_staircase, stairs_runner
-from tests.toy import ConstantDrafter
 from tests.tiny import VOCAB, assert_near_tie_parting, tiny_model, tiny_tokenizer
+from tests.toy import ConstantDrafter
 
 ARCHS = ("llama", "qwen2")
 MODELS = {(arch, seed): tiny_model(arch, seed) for arch in ARCHS for seed in (0, 1)}

@@ -26,8 +26,8 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pytest
 import torch
@@ -122,7 +122,7 @@ def code_verdict(path: CodePath, tokens: list[int], q: torch.Tensor | None, p: t
                 out[prefix + (token,)] += weight * w
 
     for i in range(k):
-        t = acceptance_threshold(lambda u: path(tokens, q, p, uniforms(i, u)).num_accepted > i)
+        t = acceptance_threshold(lambda u, i=i: path(tokens, q, p, uniforms(i, u)).num_accepted > i)
         if t < 1.0:
             verdict = path(tokens, q, p, uniforms(i, (1.0 + t) / 2))
             assert verdict.num_accepted == i
@@ -285,7 +285,8 @@ def make_chain(seed: int, vocab: int, gamma: int, target_kind: str, draft_kind: 
     if draft_kind == "same":
         return Chain(vocab, gamma, target, {pre: target[pre] for pre in draft_prefixes})
     if draft_kind.startswith("shared:"):  # universal drafting over the shared vocabulary
-        return Chain(vocab, gamma, target, dict(zip(draft_prefixes, shared_rows(draft_kind[7:], vocab, len(draft_prefixes), gen))))
+        rows = shared_rows(draft_kind[7:], vocab, len(draft_prefixes), gen)
+        return Chain(vocab, gamma, target, dict(zip(draft_prefixes, rows)))
     if draft_kind.startswith("near:"):
         draft_logits = logits[: len(draft_prefixes)] + torch.randn(len(draft_prefixes), vocab, generator=gen)
         draft_kind = draft_kind[5:]

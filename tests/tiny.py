@@ -31,7 +31,8 @@ def tiny_model(arch: str = "llama", seed: int = 0, vocab_size: int = VOCAB, laye
         pad_token_id=0,
     )
     if arch == "gemma3":  # sliding-window layers (window 6) between full-attention ones
-        config = Gemma3TextConfig(**common, head_dim=8, sliding_window=6, layer_types=["sliding_attention", "full_attention"] * (layers // 2) + ["sliding_attention"] * (layers % 2))
+        kinds = ["sliding_attention", "full_attention"] * (layers // 2) + ["sliding_attention"] * (layers % 2)
+        config = Gemma3TextConfig(**common, head_dim=8, sliding_window=6, layer_types=kinds)
     else:
         config = LlamaConfig(**common) if arch == "llama" else Qwen2Config(**common)
     torch.manual_seed(seed)

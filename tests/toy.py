@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -36,7 +36,7 @@ class RunnerDefaults:
     model = None
     eos_token_ids: frozenset[int] = frozenset()
 
-    def clone(self) -> "RunnerDefaults":
+    def clone(self) -> RunnerDefaults:
         raise cannot_clone(self)
 
     def describe(self) -> str:

@@ -24,8 +24,9 @@ at the cost of the final norm of those rows; the output layer never runs on them
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # torch types the protocols here; what checks a spec imports this module without it
     import torch
@@ -70,7 +71,7 @@ class ModelRunner(Protocol):
         """Empty the cache."""
         ...
 
-    def clone(self) -> "ModelRunner":
+    def clone(self) -> ModelRunner:
         """Another runner over the same loaded model with an empty cache of its own (a draft per batch
         slot), or a SpecdecError (:func:`cannot_clone`) where the model cannot be shared."""
         ...

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import threading
 import types
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F

@@ -29,9 +29,10 @@ layout, which packing undoes (a permutation of output channels: the same integer
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -404,7 +405,7 @@ class GGUFLayers(LayerSet):
     def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return kernels.layers.rms_norm(x, weight, eps)
 
-    def run(self, runners: Sequence["LeanRunner"], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
+    def run(self, runners: Sequence[LeanRunner], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
             cos: torch.Tensor, sin: torch.Tensor, trees: Sequence[Tree | None] | None = None,
             tapped: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         """In place: x is the last layer's output after the call."""
@@ -461,7 +462,7 @@ class GGUFRunner(LeanRunner):
     def embed_tokens(self, tokens: Sequence[int]) -> torch.Tensor:
         return self.gguf.embedding(tokens)
 
-    def clone(self) -> "GGUFRunner":
+    def clone(self) -> GGUFRunner:
         return GGUFRunner(self.gguf, self.max_context, layer_set=self.layer_set)
 
     def identity(self) -> dict[str, Any]:

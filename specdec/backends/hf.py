@@ -45,14 +45,16 @@ are offered for the architectures whose sliding windows are known here
 
 from __future__ import annotations
 
-import weakref
 import contextlib
+import weakref
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
 # transformers.cache_utils, not the package's top: `from transformers import PreTrainedModel` imports its
 # modeling code, a second more at every start; PreTrainedModel only types this module
 from transformers.cache_utils import DynamicCache
@@ -71,7 +73,7 @@ _HEAD_INPUTS: ContextVar[list[torch.Tensor] | None] = ContextVar("specdec_head_i
 _BASE_OUTPUTS: ContextVar[list[torch.Tensor] | None] = ContextVar("specdec_base_outputs", default=None)
 # decoder layer -> its output [B, n, H] in the forward running in this thread (tap_layers), while collecting
 _LAYER_OUTPUTS: ContextVar[dict[nn.Module, torch.Tensor] | None] = ContextVar("specdec_layer_outputs", default=None)
-_WATCHED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()  # output layers and base models with our hook
+_WATCHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # output layers and base models with our hook
 # architectures whose layers' sliding windows layer_window knows, so HFRunner can mask a token tree
 TREE_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text")
 TREE_ATTENTION = ("sdpa", "eager", "specdec_rowwise")  # implementations that take a 4D additive mask or the tree
@@ -264,13 +266,13 @@ def _collecting(var: ContextVar[list[torch.Tensor] | None]) -> Iterator[list[tor
         var.reset(token)
 
 
-def head_inputs() -> "contextlib.AbstractContextManager[list[torch.Tensor]]":
+def head_inputs() -> contextlib.AbstractContextManager[list[torch.Tensor]]:
     """A list that collects the inputs of watched output layers (watch_head_input) that run in this thread
     inside the block: [B, n, H] each, in the model's dtype."""
     return _collecting(_HEAD_INPUTS)
 
 
-def base_outputs(collect: bool = True) -> "contextlib.AbstractContextManager[list[torch.Tensor]]":
+def base_outputs(collect: bool = True) -> contextlib.AbstractContextManager[list[torch.Tensor]]:
     """A list that collects the outputs of watched base models (watch_base_output) that run in this thread
     inside the block, [B, n, H] each; with collect False an empty list that collects nothing."""
     return _collecting(_BASE_OUTPUTS) if collect else nullcontext([])
@@ -426,7 +428,7 @@ class HFRunner:
     def eos_token_ids(self) -> frozenset[int]:
         return model_eos_token_ids(self.model)
 
-    def clone(self) -> "HFRunner":
+    def clone(self) -> HFRunner:
         return HFRunner(self.model, self.max_context)
 
     def describe(self) -> str:

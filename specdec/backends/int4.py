@@ -62,12 +62,12 @@ class Int4Linear:
         self.packed, self.scales = packed, scales
 
     @classmethod
-    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Int4Linear":
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int4Linear:
         n, k = weight.shape
         return cls(*kernels.int4.pack(*quantize_int4(weight)), n, k, bias)
 
     @classmethod
-    def from_int8(cls, linear: Int8Linear) -> "Int4Linear":
+    def from_int8(cls, linear: Int8Linear) -> Int4Linear:
         """The int8 layer's weights (values times per-channel scales) in int4: the same numbers as
         from_weight on those weights, made in one pass in C (the 0.5B's 494M weights: seconds less)."""
         return cls(*kernels.int4.pack_int8(linear.int8_weight(), linear.scale), linear.out_features,

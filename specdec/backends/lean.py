@@ -94,8 +94,9 @@ attention over each row's gathered keys); the native int4 layers do not
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -160,7 +161,7 @@ class FloatLinear:
         self.out_features, self.in_features = (int(d) for d in weight.shape)
 
     @classmethod
-    def of(cls, linear: nn.Linear) -> "FloatLinear":
+    def of(cls, linear: nn.Linear) -> FloatLinear:
         return cls(linear.weight, linear.bias)
 
     def nbytes(self) -> int:
@@ -237,7 +238,7 @@ class _NativeTable:
     window: torch.Tensor  # [layers] int32 (0: none)
 
     @classmethod
-    def of(cls, layers: Sequence[_Layer]) -> "_NativeTable":
+    def of(cls, layers: Sequence[_Layer]) -> _NativeTable:
         def address(t: torch.Tensor | None) -> int:
             return 0 if t is None else t.data_ptr()
 
@@ -332,7 +333,7 @@ def _rowwise(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: i
 
 _Set = TypeVar("_Set", bound="LayerSet")
 # model -> its layer sets by kind, each built once (packing or requantizing takes seconds)
-_SETS: "weakref.WeakKeyDictionary[Any, dict[type, LayerSet]]" = weakref.WeakKeyDictionary()
+_SETS: weakref.WeakKeyDictionary[Any, dict[type, LayerSet]] = weakref.WeakKeyDictionary()
 
 
 class LayerSet:
@@ -374,7 +375,7 @@ class LayerSet:
     def build(cls: type[_Set], model: Any) -> _Set:
         raise NotImplementedError
 
-    def run(self, runners: Sequence["LeanRunner"], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
+    def run(self, runners: Sequence[LeanRunner], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
             cos: torch.Tensor, sin: torch.Tensor, trees: Sequence[Tree | None] | None = None,
             tapped: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         """All layers over the packed new rows x [total, hidden] of `runners` (over this set's model); returns
@@ -406,7 +407,7 @@ class TorchLayers(LayerSet):
         attention kernel, each row on its own (kernels.attention), as the int8 model's rowwise_attention."""
         return kernels.attention.causal(q, keys, values, start, scaling, window, tree=tree)
 
-    def run(self, runners: Sequence["LeanRunner"], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
+    def run(self, runners: Sequence[LeanRunner], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
             cos: torch.Tensor, sin: torch.Tensor, trees: Sequence[Tree | None] | None = None,
             tapped: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         lead, total = runners[0], x.shape[0]
@@ -492,7 +493,7 @@ class NativeInt4Layers(LayerSet):
         self.act_code = act_code  # the gate activation (ACTIVATIONS)
         self._model: LayersModel | None = None  # the kernel's view of the model, made at the first forward
 
-    def kernel_model(self, lead: "LeanRunner", hidden: int) -> LayersModel:
+    def kernel_model(self, lead: LeanRunner, hidden: int) -> LayersModel:
         """The model as kernels.layers.run takes it (its table's addresses and shapes), made once: nothing
         in it changes between forwards."""
         if self._model is None:
@@ -509,7 +510,7 @@ class NativeInt4Layers(LayerSet):
         torch_path = Int4Layers.of(model)  # the same int4 weights, requantized once
         return cls(torch_path.layers, torch_path.head, _activation_code(model.config))  # type: ignore[call-arg]
 
-    def run(self, runners: Sequence["LeanRunner"], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
+    def run(self, runners: Sequence[LeanRunner], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
             cos: torch.Tensor, sin: torch.Tensor, trees: Sequence[Tree | None] | None = None,
             tapped: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         """In place: x is the last layer's output after the call.  Chains only (trees: None each)."""
@@ -555,7 +556,7 @@ class CatchUpLayers(LayerSet):
         small = (NativeInt4Layers if _activation_code(model.config) >= 0 else Int4Layers).of(model)
         return cls(small, Int8Layers.of(model), INT8_CATCH_UP_ROWS)  # type: ignore[call-arg]
 
-    def run(self, runners: Sequence["LeanRunner"], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
+    def run(self, runners: Sequence[LeanRunner], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
             cos: torch.Tensor, sin: torch.Tensor, trees: Sequence[Tree | None] | None = None,
             tapped: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         side = self.large if x.shape[0] >= self.rows else self.small
@@ -757,7 +758,7 @@ class LeanRunner:
     def eos_token_ids(self) -> frozenset[int]:
         return model_eos_token_ids(self.model)
 
-    def clone(self) -> "LeanRunner":
+    def clone(self) -> LeanRunner:
         return LeanRunner(self.model, self.max_context, layer_set=self.layer_set)
 
     def describe(self) -> str:

@@ -57,8 +57,9 @@ import logging
 import os
 import sys
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -321,7 +322,7 @@ class LlamaCppRunner:
         eval_mode: str = "auto",
         n_threads: int | None = None,
         n_batch: int = DEFAULT_N_BATCH,
-    ) -> "LlamaCppRunner":
+    ) -> LlamaCppRunner:
         """Load a .gguf file.  exact: settings for batch-invariant logits (see the module docstring)."""
         if eval_mode not in EVAL_MODES:
             raise SpecdecError(f"unknown eval mode '{eval_mode}': expected one of {', '.join(EVAL_MODES)}")
@@ -368,7 +369,7 @@ class LlamaCppRunner:
         self.session.remove(0)
         self.tokens = []
 
-    def clone(self) -> "LlamaCppRunner":
+    def clone(self) -> LlamaCppRunner:
         raise cannot_clone(self)
 
     def describe(self) -> str:

@@ -49,11 +49,12 @@ weights.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -102,7 +103,7 @@ class Int8Linear(nn.Module):
         return self._packed is not None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
+    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
         values, scale = quantize_weight(linear.weight)
         return cls(values, scale, linear.bias)
 

@@ -35,7 +35,8 @@ distribution, greedy or sampled.
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
@@ -45,8 +46,16 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 from specdec.backends.base import Capabilities, cannot_clone, checked_new_tokens, last_hidden
-from specdec.backends.hf import (HFRunner, head_inputs, model_backend, model_eos_token_ids, model_identity,
-                                 model_max_context, own_rows, watch_head_input)
+from specdec.backends.hf import (
+    HFRunner,
+    head_inputs,
+    model_backend,
+    model_eos_token_ids,
+    model_identity,
+    model_max_context,
+    own_rows,
+    watch_head_input,
+)
 from specdec.errors import SpecdecError
 
 
@@ -172,7 +181,7 @@ class Seq2SeqRunner:
     def eos_token_ids(self) -> frozenset[int]:
         return model_eos_token_ids(self.model)
 
-    def clone(self) -> "Seq2SeqRunner":
+    def clone(self) -> Seq2SeqRunner:
         raise cannot_clone(self)
 
     def describe(self) -> str:

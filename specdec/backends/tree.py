@@ -11,7 +11,7 @@ positions of one row (the PyTorch paths), and the checks of a tree and of a kept
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

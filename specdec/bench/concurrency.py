@@ -26,9 +26,10 @@ import queue
 import statistics
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from specdec.bench.plotting import MISSING, pyplot
 from specdec.errors import SpecdecError
@@ -86,7 +87,7 @@ def parse_levels(text: str) -> list[int]:
     return levels
 
 
-def run_level(engine: "Engine", requests: Sequence[list[int]], concurrency: int, max_new_tokens: int,
+def run_level(engine: Engine, requests: Sequence[list[int]], concurrency: int, max_new_tokens: int,
               k: int | str | None) -> tuple[float, list[Any]]:
     """Run `requests` (token ids) through `engine` (batching) with `concurrency` closed-loop clients; k None = plain.
     Returns (wall seconds, [(index, Result, latency s)])."""
@@ -126,7 +127,7 @@ def run_level(engine: "Engine", requests: Sequence[list[int]], concurrency: int,
 
 
 def run_concurrency(
-    engine: "Engine",
+    engine: Engine,
     prompts: Sequence[list[int]],
     levels: Sequence[int],
     max_new_tokens: int,
@@ -146,7 +147,7 @@ def run_concurrency(
     _, plain = run_level(engine, requests, 1, max_new_tokens, None)
     reference = [r.token_ids for _, r, _ in plain]
     advance("reference")
-    for name, k in methods:
+    for _, k in methods:
         run_level(engine, requests[: min(2, len(requests))], min(2, max(levels)), max_new_tokens, k)
     advance("warm-up")
     results: list[LevelResult] = []

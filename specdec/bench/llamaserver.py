@@ -30,8 +30,9 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from specdec import zoo
 from specdec.errors import SpecdecError

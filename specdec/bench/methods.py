@@ -47,9 +47,10 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from specdec.errors import SpecdecError
 from specdec.loop import Stats
@@ -151,7 +152,7 @@ class Measurement:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Measurement":
+    def from_dict(cls, d: dict[str, Any]) -> Measurement:
         keys = ("wall_s", "target_forwards", "drafted", "accepted", "draft_steps", "proposed_at", "accepted_at",
                 "plain_steps", "draft_s", "steps", "by_source", "reused_prompt_tokens", "tree_steps", "tree_nodes",
                 "first_token_s")
@@ -182,7 +183,7 @@ class Method(ABC):
     needs_draft_model: bool = False  # whether it needs a draft model itself
     needs_hf: tuple[str, ...] = ()  # models ("target", "draft") that must be loaded with transformers
 
-    def __init__(self, engine: "Engine", max_new_tokens: int, gamma: int | None = None, name: str | None = None,
+    def __init__(self, engine: Engine, max_new_tokens: int, gamma: int | None = None, name: str | None = None,
                  sampling: SamplingParams | None = None) -> None:
         if self.needs_draft and not engine.can_draft:
             raise SpecdecError(f"method '{self.family}' needs a draft model: give --draft")
@@ -220,7 +221,7 @@ class Method(ABC):
         only, and no run drafts from its own earlier repeat."""
         self.engine.forget()
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 -- an optional hook: most methods hold nothing to release
         """Release what the method holds beyond the run (a peer's server process)."""
 
     def __repr__(self) -> str:
@@ -250,7 +251,7 @@ class PlainInt8(Plain):
 
     family = "int8-plain"
 
-    def __init__(self, engine: "Engine", max_new_tokens: int, gamma: int | None = None, name: str | None = None,
+    def __init__(self, engine: Engine, max_new_tokens: int, gamma: int | None = None, name: str | None = None,
                  sampling: SamplingParams | None = None) -> None:
         from specdec.engine import Engine
 
@@ -351,7 +352,7 @@ class SpecdecIntersection(Specdec):
 
 
 @contextmanager
-def observe_candidates(model: "PreTrainedModel", counter: DraftCounter) -> Iterator[bool]:
+def observe_candidates(model: PreTrainedModel, counter: DraftCounter) -> Iterator[bool]:
     """Count draft outcomes of transformers' assisted generation on `model` while the block runs.
 
     Wraps the candidate generator that ``generate`` builds so that every
@@ -383,7 +384,7 @@ def observe_candidates(model: "PreTrainedModel", counter: DraftCounter) -> Itera
 
 
 @contextmanager
-def generation_settings(model: "PreTrainedModel", **settings: Any) -> Iterator[None]:
+def generation_settings(model: PreTrainedModel, **settings: Any) -> Iterator[None]:
     """Set attributes of ``model.generation_config`` for the block, then restore them."""
     config = model.generation_config
     missing = object()
@@ -557,7 +558,7 @@ class LlamaCppPlain(Method):
 
     family = "llamacpp"
 
-    def __init__(self, engine: "Engine", max_new_tokens: int, gamma: int | None = None, name: str | None = None,
+    def __init__(self, engine: Engine, max_new_tokens: int, gamma: int | None = None, name: str | None = None,
                  sampling: SamplingParams | None = None, llamacpp_target: Any = None) -> None:
         super().__init__(engine, max_new_tokens, gamma, name, sampling)
         if llamacpp_target is None:
@@ -587,7 +588,7 @@ class LlamaServerPlain(Method):
     family = "llama-server"
     drafts = False  # whether the server speculates
 
-    def __init__(self, engine: "Engine", max_new_tokens: int, gamma: int | None = None, name: str | None = None,
+    def __init__(self, engine: Engine, max_new_tokens: int, gamma: int | None = None, name: str | None = None,
                  sampling: SamplingParams | None = None, target_gguf: Any = None, draft_gguf: Any = None,
                  option: str | None = None, threads: int | None = None, n_ctx: int | None = None) -> None:
         super().__init__(engine, max_new_tokens, gamma, name, sampling)
@@ -675,7 +676,8 @@ SERVER_METHODS = (LlamaServerPlain, LlamaServerDraft, LlamaServerNgram)
 
 METHODS: dict[str, type[Method]] = {
     cls.family: cls
-    for cls in (Plain, PlainInt8, Specdec, SpecdecAuto, SpecdecTree, SpecdecStairs, SpecdecIntersection, HFAssisted, HFAuto, HFPlain, HFPromptLookup, LlamaCppPlain, *SERVER_METHODS)
+    for cls in (Plain, PlainInt8, Specdec, SpecdecAuto, SpecdecTree, SpecdecStairs, SpecdecIntersection, HFAssisted, HFAuto,
+                HFPlain, HFPromptLookup, LlamaCppPlain, *SERVER_METHODS)
 }
 REFERENCE = "plain"  # speedups and identical outputs are measured against it
 DEFAULT = "default"  # --methods: default_methods()
@@ -773,7 +775,7 @@ def check_drafters(entries: Sequence[str], draft_model: Any,
     return drafters
 
 
-def load_method_heads(engine: "Engine", drafters: dict[str, tuple[str | None, bool, str | None]]) -> dict[str, Any]:
+def load_method_heads(engine: Engine, drafters: dict[str, tuple[str | None, bool, str | None]]) -> dict[str, Any]:
     """The heads the entries of check_drafters name beside the run's drafter, loaded once each for the
     engine's target (specdec.head.use.load_head), by spec."""
     from specdec.head.use import load_head
@@ -822,7 +824,7 @@ def check_backends(families: Sequence[str], backend: str, draft_backend: str, dr
 
 
 def build_methods(
-    engine: "Engine", families: Sequence[str], gammas: Sequence[int], max_new_tokens: int,
+    engine: Engine, families: Sequence[str], gammas: Sequence[int], max_new_tokens: int,
     sampling: SamplingParams | None = None, llamacpp_target: Any = None, target_gguf: Any = None,
     draft_gguf: Any = None, threads: int | None = None, n_ctx: int | None = None,
     skipped: dict[str, str] | None = None,
@@ -843,7 +845,7 @@ def build_methods(
     if any(issubclass(METHODS[split_method(f)[0]], SpecdecAuto) for f in families):
         engine.auto_controller()  # made before the forks, so they share it as methods always have
 
-    def fork(entry: str) -> "Engine":
+    def fork(entry: str) -> Engine:
         if entry not in drafters:
             return engine.fork()
         copier, own, head = drafters[entry]
@@ -874,7 +876,7 @@ def build_methods(
     return methods
 
 
-def engine_drafter(engine: "Engine") -> tuple[str | None, str | None]:
+def engine_drafter(engine: Engine) -> tuple[str | None, str | None]:
     """(draft model's name, head's name) of what `engine` drafts with, as check_drafters takes them
     (Engine.load names a drafter as its spec: "lookup+qwen2.5-coder-0.5b")."""
     from specdec.loading import split_drafter

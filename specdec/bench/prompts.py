@@ -38,10 +38,11 @@ through the template; without one it is rendered as plain text,
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Iterator, Protocol, Sequence, TypeVar
+from typing import Protocol, TypeVar
 
 from specdec.errors import SpecdecError
 

@@ -17,9 +17,9 @@ separate choice, and this module measures its price:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Sequence
 
 import torch
 

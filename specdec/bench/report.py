@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from specdec.bench.plotting import MISSING, pyplot
 from specdec.bench.results import ALL, Aggregate, MethodSummary, Record, Summary
@@ -224,7 +225,8 @@ def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str
     lines = ["# specdec benchmark", ""]
     lines += [
         f"- target `{m.get('target')}`{backend_note(m.get('backend'))}, draft `{m.get('draft')}`"
-        f"{backend_note(m.get('draft_backend'))}, dtype {m.get('dtype')}{draft_dtype_note(m)}, {decoding_note(m.get('sampling'), m.get('repeats') or 1)}, "
+        f"{backend_note(m.get('draft_backend'))}, dtype {m.get('dtype')}{draft_dtype_note(m)}, "
+        f"{decoding_note(m.get('sampling'), m.get('repeats') or 1)}, "
         f"max {m.get('max_new_tokens')} new tokens, γ {', '.join(map(str, m.get('gammas', [])))}",
         inputs_note(m),
         f"- {m.get('device', 'cpu')} ({m.get('cpu') or m.get('processor')}, {m.get('torch_threads')} torch threads), "
@@ -234,7 +236,8 @@ def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str
         "tok/s: all new tokens ÷ all wall time. Decode speedup: the same from the first output on (the "
         "prompt's prefill left out; a draft model reads the prompt in its first proposal, so its prefill "
         "counts there); first token: the share of the wall time before the first output. Acceptance: "
-        "accepted ÷ drafted draft tokens; accepted/step: accepted draft tokens per verification; mean k: draft tokens proposed per step (a plain step "
+        "accepted ÷ drafted draft tokens; accepted/step: accepted draft tokens per verification; "
+        "mean k: draft tokens proposed per step (a plain step "
         "counts 0); plain steps: share of steps that drafted nothing (`-k auto` chooses them); draft time: "
         "share of the wall time in the drafter; identical: share of prompts whose token ids equal `plain`'s. "
         "– : not applicable or not reported.",
@@ -355,7 +358,8 @@ def plot_all(summary: Summary, out: Path) -> list[Path]:
 
     # 2. Acceptance by draft position: our loop (solid) and transformers' assisted generation
     #    with the same draft and γ (dashed).  Prompt lookup and hf-auto are in summary.md.
-    drafting = [s for s in summary.methods if s.overall.per_position_acceptance and s.family in ("specdec", "specdec-intersection", "hf")]
+    drafting = [s for s in summary.methods
+                if s.overall.per_position_acceptance and s.family in ("specdec", "specdec-intersection", "hf")]
     if drafting:
         fig, ax = plt.subplots(figsize=(7.0, 4.5))
         for s in drafting:

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from specdec.bench.methods import REFERENCE, Measurement
 
@@ -68,7 +69,7 @@ class Record:
         return {**head, **self.measurement.to_dict()}  # token_ids last
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Record":
+    def from_dict(cls, d: dict[str, Any]) -> Record:
         return cls(
             prompt_id=str(d["prompt_id"]), category=d["category"], method=d["method"], family=d["family"],
             gamma=d.get("gamma"), repeat=int(d["repeat"]), prompt_tokens=int(d["prompt_tokens"]),

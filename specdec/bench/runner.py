@@ -16,9 +16,10 @@ import datetime as _dt
 import json
 import os
 import platform
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from rich.markup import escape
 
@@ -137,7 +138,7 @@ def environment() -> dict[str, Any]:
     from specdec.machine import cpu_description
 
     return {
-        "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "date_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M"),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "torch_threads": torch.get_num_threads(),
@@ -180,11 +181,19 @@ def run_bench(
     """
     from contextlib import nullcontext
 
-    from specdec.bench.methods import (DEFAULT, build_methods, check_backends, check_drafters, default_methods,
-                                       needs_draft, parse_gammas, parse_methods)
-    from specdec.loading import llamacpp_can_run, resolve_draft, resolve_drafter, split_drafter
+    from specdec.bench.methods import (
+        DEFAULT,
+        build_methods,
+        check_backends,
+        check_drafters,
+        default_methods,
+        needs_draft,
+        parse_gammas,
+        parse_methods,
+    )
     from specdec.bench.prompts import load_prompts
     from specdec.bench.workloads import load_workloads
+    from specdec.loading import llamacpp_can_run, resolve_draft, resolve_drafter, split_drafter
     from specdec.sampling import SamplingParams
 
     # Every user mistake is caught before any model is loaded.
@@ -232,7 +241,8 @@ def run_bench(
 
     if options.threads:
         torch.set_num_threads(options.threads)
-    status = console.status(escape(f"loading {options.target}" + (f" and {options.draft}" if options.draft else ""))) if console else nullcontext()
+    loading = f"loading {options.target}" + (f" and {options.draft}" if options.draft else "")
+    status = console.status(escape(loading)) if console else nullcontext()
     with status:
         engine = Engine.load(options.target, drafter, dtype=options.dtype, progress=load_progress,
                              backend=options.backend, draft_backend=draft_backend, n_ctx=options.n_ctx,
@@ -472,7 +482,8 @@ def run_concurrency_bench(
 
         results = concurrency.run_concurrency(engine, encoded, levels, options.max_new_tokens, methods,
                                               options.repeats, advance, write)
-    meta = {"target": options.target, "draft": engine.draft_name if options.draft else None, "dtype": engine.dtype, "draft_dtype": engine.draft_dtype,
+    meta = {"target": options.target, "draft": engine.draft_name if options.draft else None, "dtype": engine.dtype,
+            "draft_dtype": engine.draft_dtype,
             "max_new_tokens": options.max_new_tokens, "repeats": options.repeats, "levels": levels,
             "requests": results[0].requests, "chat": options.chat, "prompts": options.prompts,
             "methods": [m for m, _ in methods], **environment()}

@@ -24,7 +24,8 @@ never from another method's answer to the turn it is on.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from specdec.bench.methods import REFERENCE, Method
 from specdec.bench.prompts import Prompt

@@ -39,10 +39,10 @@ session's last prompt is at most about 1,400 tokens through Qwen2.5's chat templ
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
 
 from specdec.bench.prompts import ASSISTANT, USER, Prompt, json_records, limit_per_category
 from specdec.errors import SpecdecError

@@ -13,8 +13,9 @@ follows every verification, whichever of a hybrid's sources proposed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # torch only types a draft's q here: the CLI's options import this module without it
     import torch

@@ -30,7 +30,7 @@ sampling: the one-hot rule), a draft model's carries its q (Leviathan et al.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from specdec.control import MODEL, grade, outlook
 from specdec.drafters.base import Draft, Drafter, tell_plain_step, tell_prefilled

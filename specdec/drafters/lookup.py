@@ -33,7 +33,7 @@ first, merged where they agree: lookup has several candidates for free.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from specdec.control import LOOKUP, SHORT_LOOKUP
 from specdec.drafters.base import Draft, match_grade
@@ -132,7 +132,7 @@ class LookupDrafter:
         """A lookup proposal: no model to catch up."""
         return LOOKUP, 0
 
-    def shorter(self) -> tuple[str, "LookupDrafter"] | None:
+    def shorter(self) -> tuple[str, LookupDrafter] | None:
         """A hybrid's fallback for the matches this drafter leaves out: a lookup on the shorter ones
         (source SHORT_LOOKUP, down to one token), None when min_ngram is already 1."""
         if self.min_ngram <= 1:

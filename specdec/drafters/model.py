@@ -29,7 +29,7 @@ temperature / top-k / top-p as the target and returns q for verification.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -37,7 +37,6 @@ from specdec.backends.base import ModelRunner, common_prefix_length
 from specdec.drafters.base import Draft
 from specdec.drafters.tree import alternatives, tree_draft
 from specdec.sampling import SamplingParams, make_generator, sample_from, warp_probs
-
 
 # What a drafter does with the draft model's logits [V_draft] at one position:
 # (draft id to feed back to the draft model, proposed id in the target's

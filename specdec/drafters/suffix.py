@@ -79,8 +79,8 @@ import heapq
 import threading
 from array import array
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from specdec.control import SHORT_SUFFIX, SUFFIX
 from specdec.defaults import DEFAULT_SUFFIX_MEMORY
@@ -216,7 +216,7 @@ class SuffixIndex:
         return groups
 
     def continuation(self, context: Sequence[int], limit: int, max_depth: int, spec_factor: float,
-                     min_prob: float, nodes: int = 0) -> "Continuation":
+                     min_prob: float, nodes: int = 0) -> Continuation:
         """The greedy chain after the longest match of `context` (at most `limit` tokens and spec_factor
         times the match's length) and, with `nodes`, the paths of up to that many most probable
         continuation nodes as tree branches."""
@@ -430,7 +430,7 @@ class SuffixDrafter:
         """A model-free proposal: no model to catch up."""
         return self.source, 0
 
-    def shorter(self) -> tuple[str, "SuffixDrafter"] | None:
+    def shorter(self) -> tuple[str, SuffixDrafter] | None:
         """A hybrid's fallback for what this drafter leaves out: the same drafts without a score threshold
         (source SHORT_SUFFIX), None when there is none."""
         if self.min_score <= 0:

@@ -26,8 +26,9 @@ draft (with q) stays a chain, so sampling through a tree uses deterministic cand
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from specdec.drafters.base import Draft, Drafter
 from specdec.errors import SpecdecError

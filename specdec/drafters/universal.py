@@ -17,14 +17,16 @@ hands the target candidates in the target's own tokens.  Two modes:
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
+
 from specdec.backends.base import ModelRunner
 from specdec.bridge import TextBridge, VocabularyMap
 from specdec.drafters.base import Draft
 from specdec.drafters.model import DEFAULT_WINDOW, Choice, DraftCache, run_draft_model
 from specdec.sampling import SamplingParams, make_generator, sample_from, warp_probs
+
 
 class UniversalDrafter:
     """Drafts with a model whose tokenizer differs from the target's.

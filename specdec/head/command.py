@@ -3,7 +3,8 @@
 Loads the target (fp32, the head's reference: its embedding table, final norm and LM head), a cheaper
 copy of it for producing features (the target specdec runs by default where its kernels run in SIMD --
 the gguf target for a GGUF model, the int8 one on its lean runner for others: the features drafting will
-read; else ``quantize_dynamic`` int8 where torch has a quantized CPU engine; else the fp32 model itself), gathers the offline material (``specdec.head.data``) and trains
+read; else ``quantize_dynamic`` int8 where torch has a quantized CPU engine; else the fp32 model itself), gathers the
+offline material (``specdec.head.data``) and trains
 (``specdec.head.train``): the target answers the built-in prompts in batches while the head learns
 from those answers and from the text; the user's own prompts (--prompts) are answered first.  The
 agreement is measured on the target's answers to held-out prompts (a tenth of the user's where they gave
@@ -17,8 +18,9 @@ from __future__ import annotations
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import torch
 
@@ -206,12 +208,13 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
     if head is not None:
         say(began, f"going on from {directory}: {before.get('tokens_seen', 0):,} training tokens in "
                    f"{before.get('steps', 0):,} steps so far")
-    config = TrainConfig(draft_vocab=draft_vocab or DRAFT_VOCAB, seed=seed, eval_every_s=120.0, eval_tokens=1024, eval_stride=8, taps=taps,
+    config = TrainConfig(draft_vocab=draft_vocab or DRAFT_VOCAB, seed=seed, eval_every_s=120.0, eval_tokens=1024, eval_stride=8,
+                         taps=taps,
                          minutes=max(minutes - (time.monotonic() - began) / 60, 0.1))
     bar = Bar(minutes)
     sources = [generation] if generation.prompts else []
     try:
-        result = train(model, streams, config, heldout=heldout, progress=bar,
+        train(model, streams, config, heldout=heldout, progress=bar,
                        checkpoint=store.checkpointer(directory, identity, material.describe(), before),
                        sources=sources, shares=[1.0] + [2.0] * len(sources) if streams else None,
                        extractor=extractor, heldout_starts=starts, head=head,

@@ -15,8 +15,9 @@ there is one (specdec.head.store.default_directory).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from specdec.backends.base import ModelRunner
 from specdec.errors import SpecdecError

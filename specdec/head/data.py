@@ -34,9 +34,10 @@ import random
 import re
 import site
 import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from specdec.bench.prompts import looks_like_jsonl, parse_jsonl, unescape_line
 from specdec.errors import SpecdecError
@@ -126,7 +127,8 @@ PROBLEMS = (
     "houseplants keep getting yellow leaves", "laptop gets very hot and the fan is loud", "bread does not rise",
     "Python script is much slower than I expected", "Wi-Fi keeps dropping every few minutes",
     "tomato seedlings are tall and thin", "code works locally but fails in CI", "cat stopped using its litter box",
-    "phone battery drains in half a day", "git push is rejected with 'non-fast-forward'", "sleep is poor although I go to bed early",
+    "phone battery drains in half a day", "git push is rejected with 'non-fast-forward'",
+    "sleep is poor although I go to bed early",
     "web page takes ten seconds to load", "running times are not improving after three months of training",
     "SQL query got slow after the table grew", "dishwasher leaves white spots on glasses",
 )

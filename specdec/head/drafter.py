@@ -57,7 +57,7 @@ controller's count of a tree's gain over its first branch (specdec.loop.verify_t
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -66,7 +66,6 @@ from specdec.drafters.base import Draft
 from specdec.errors import SpecdecError
 from specdec.head.model import DraftHead, HeadCache
 from specdec.sampling import SamplingParams, make_generator, sample_from, warp_probs
-
 
 WINDOW = 64  # the prompt's positions whose features seed the head: specdec.head.train's default window
 

@@ -37,7 +37,8 @@ drafter runs either form, chains and EAGLE-2 trees alike.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -143,7 +144,7 @@ class FastHead:
         """F, a verified pair's feature width (DraftHead.width)."""
         return self.config.hidden_size * (1 + len(self.taps))
 
-    def eval(self) -> "FastHead":
+    def eval(self) -> FastHead:
         """Already an inference form (HeadDrafter calls eval() on the head it is given)."""
         return self
 

@@ -28,7 +28,8 @@ on the lean runner against 51 with ``generate`` on the ``quantize_dynamic`` copy
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -43,7 +44,7 @@ class Chunk(NamedTuple):
     start: int
 
 
-def features(extractor: "nn.Module | LeanExtractor", ids: torch.Tensor, taps: Sequence[int] = ()) -> torch.Tensor:
+def features(extractor: nn.Module | LeanExtractor, ids: torch.Tensor, taps: Sequence[int] = ()) -> torch.Tensor:
     """Teacher-forced features of ids [B, T] -> [B, T, F] fp32: the decoder's post-norm output [.., H] (no LM
     head), then the outputs of the `taps` layers (0-based; the residual stream after each, before any norm),
     F = H x (1 + len(taps))."""

@@ -33,8 +33,9 @@ of their whole path, and the best of the whole tree are kept (specdec.drafters.t
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn

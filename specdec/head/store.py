@@ -22,9 +22,10 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn

@@ -53,8 +53,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -241,7 +241,7 @@ class Heldout:
 
     @classmethod
     def of(cls, target: nn.Module, extractor: nn.Module | LeanExtractor, stream: Sequence[int],
-           start: int = 0, taps: Sequence[int] = ()) -> "Heldout":
+           start: int = 0, taps: Sequence[int] = ()) -> Heldout:
         ids = list(stream)
         feats = features(extractor, torch.tensor([ids]), taps)[0]  # [L, F]
         with torch.no_grad():  # the full LM head over the final features
@@ -363,7 +363,8 @@ def train(target: nn.Module, streams: list[list[int]], config: TrainConfig = Tra
     `heldout`: a token stream or several for the agreement (default: the last heldout_fraction of the streams'
     tokens, then left out of training); `heldout_starts`: where each one's counted drafts begin (its answer's
     first token, after the prompt; default 0).  `extractor`: the model whose features are learnt (default the
-    target; a cheaper copy of it: an int8 transformers model, or the int8 target's lean runner).  The target is put in eval mode with its gradients off (it
+    target; a cheaper copy of it: an int8 transformers model, or the int8 target's lean runner).  The target is put
+    in eval mode with its gradients off (it
     is frozen) and shared, not copied: the head uses its embedding table.  `checkpoint` is called with
     the result so far at every evaluation (the store saves it there, so an interrupted run keeps its
     last checkpoint) and at the end.

@@ -3,7 +3,8 @@
 A drafter spec names a head as ``head`` (the head trained for the target, in
 ``specdec.head.store.default_directory(<target>)``) or ``head:<dir>`` (the head saved in <dir>), alone
 or behind prompt lookup (``lookup+head``, ``lookup+head:<dir>``: specdec.loading.split_copier) or
-suffix drafts (``suffix+head``).  The Engine loads a head once (:func:`load_head`, checked against the target's weights by the store) and
+suffix drafts (``suffix+head``).  The Engine loads a head once (:func:`load_head`, checked against the target's
+weights by the store) and
 gives every request, every batch slot, a HeadDrafter of its own over the runner it verifies with (the
 drafter keeps per-request state).  A head reads the target's hidden states, so it drafts only for a
 target runner that gives them (the transformers backend: LeanRunner, HFRunner, a batch's SlotRunner);
@@ -17,9 +18,10 @@ head and machine like the runners' timings (specdec.profile).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -127,7 +129,8 @@ def load_head(spec: str, target: ModelRunner, target_name: str) -> LoadedHead:
 
 def measure_head(head: Any, tokens: int = 8, prefix: int = 16, repeats: int = 3,
               clock: Callable[[], float] = time.perf_counter) -> float:
-    """ms per drafted token (as specdec.profile.measure_drafting times a draft model): `tokens` head forwards in a row after `prefix` cached positions (stand-in
+    """ms per drafted token (as specdec.profile.measure_drafting times a draft model): `tokens` head forwards in a
+    row after `prefix` cached positions (stand-in
     features and tokens), the fastest of `repeats` runs after a warm-up."""
     from specdec.head.model import HeadCache
 

@@ -4,7 +4,8 @@ app.py (routes, OpenAI shapes), worker.py (the one thread that owns the Engine: 
 cancellation between decode steps), metrics.py (Prometheus names and their vLLM / llama.cpp
 equivalents), protocol.py (request bodies, OpenAI-style errors), access.py (API keys, JSON-only
 bodies, CORS), connections.py (header deadline, idle timeout, connection limit, the bound socket), deferred.py
-(the server listening while its models load), static/index.html (the playground page at /); ray.py (`specdec serve --replicas`: the same app as Ray Serve replicas, the
+(the server listening while its models load), static/index.html (the playground page at /); ray.py (`specdec serve
+--replicas`: the same app as Ray Serve replicas, the
 optional `ray` extra) and replicas.py (what --replicas asks of Ray Serve, checked without Ray).
 
 Needs the optional `serve` extra (FastAPI, uvicorn, prometheus-client): see missing_extra().

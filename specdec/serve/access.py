@@ -18,7 +18,7 @@ import hmac
 import ipaddress
 import re
 import socket
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from fastapi import FastAPI
 

@@ -22,12 +22,14 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from importlib import resources
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, Protocol
 
-from fastapi import FastAPI, Request as HTTPRequest
+from fastapi import FastAPI
+from fastapi import Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -40,8 +42,7 @@ from specdec.request import RequestError, served_fields
 from specdec.serve import ServeOptions
 from specdec.serve.access import allow_origins, check_json, check_key
 from specdec.serve.metrics import Metrics
-from specdec.serve.protocol import (APIError, ChatRequest, CompletionRequest, GenerationRequest, parse,
-                                    speculative_changes)
+from specdec.serve.protocol import APIError, ChatRequest, CompletionRequest, GenerationRequest, parse, speculative_changes
 from specdec.serve.worker import ErrorEvent, Job, QueueFull, Request, StepEvent, Worker
 
 DISCONNECT_POLL_S = 0.1  # how often a request waiting for its next event checks that its client is still there

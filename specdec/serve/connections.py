@@ -22,9 +22,9 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.errors import SpecdecError
-
 import uvicorn
+
+from specdec.errors import SpecdecError
 
 MAX_HEADER_BYTES = 64 * 1024  # a request line and headers larger than this are refused (431)
 

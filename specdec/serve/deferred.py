@@ -14,8 +14,9 @@ import asyncio
 import json
 import socket
 import threading
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import uvicorn
 

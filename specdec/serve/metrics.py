@@ -39,7 +39,8 @@ the ``by_source`` counters split drafts, draft tokens and accepted tokens by whe
 source is accepted ÷ draft tokens of one label;
 tokens_predicted_seconds = seconds spent generating, prefills included, and predicted_tokens_seconds
 the mean tokens/s from it; suffix_store_tokens = the tokens the suffix drafts' store of recent
-answers holds now (at most ``--suffix-memory``; 0 without suffix drafts); n_decode = target forward passes, prefills included; the latencies are
+answers holds now (at most ``--suffix-memory``; 0 without suffix drafts); n_decode = target forward passes, prefills
+included; the latencies are
 histograms from each request's arrival.
 
 requests_total counts the answers of /v1/completions and /v1/chat/completions by HTTP status; a
@@ -56,7 +57,7 @@ in one page, each sample labelled ``replica="<Serve's replica id>"`` (:func:`mer
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric

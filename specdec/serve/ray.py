@@ -43,8 +43,9 @@ import secrets
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import ray
 from ray import serve
@@ -136,7 +137,7 @@ class ReplicaFleet:
         try:
             await asyncio.wait_for(asyncio.wrap_future(self._post().future()), BOARD_TIMEOUT_S)
             return await asyncio.wait_for(asyncio.wrap_future(self.board.read.remote().future()), BOARD_TIMEOUT_S)
-        except (ray.exceptions.RayError, asyncio.TimeoutError):
+        except (TimeoutError, ray.exceptions.RayError):
             return {}
 
     async def health(self, healthy: bool) -> dict[str, Any]:

@@ -185,7 +185,8 @@ class _Int4Module(torch.nn.Module):
 def test_an_int4_gemma3_runner_computes_the_transformers_models_network():
     """The lean int4 runner (its torch path and its C layers) against the transformers Gemma 3 model itself
     with each Int8Linear replaced by its int4 requantization: the torch path's numbers are the model's, the C
-    layers' the same up to fp32 rounding, over 37 positions (past the sliding window of 6) and a rollback.  Checks Gemma's own pieces: 1 + w norms, q / k
+    layers' the same up to fp32 rounding, over 37 positions (past the sliding window of 6) and a rollback.  Checks
+    Gemma's own pieces: 1 + w norms, q / k
     norms, the norms on the attention's and MLP's outputs, the embedding scale, the tanh-GELU, and the local
     and global rotary tables."""
     model = tiny_gemma()
@@ -287,7 +288,7 @@ def test_catch_ups_run_on_the_int8_weights_and_drafted_tokens_on_the_int4_ones(a
     split.forward(prompt)
     int8.forward(prompt)
     assert torch.equal(split.hidden(), int8.hidden())
-    for step in range(3):  # drafted tokens, on the cache the int8 catch-up (then int4 steps) wrote
+    for _ in range(3):  # drafted tokens, on the cache the int8 catch-up (then int4 steps) wrote
         int4.reset()
         int4._reserve(len(split.tokens) + 1)
         for mine, theirs in zip((*int4.keys, *int4.values), (*split.keys, *split.values)):

@@ -24,8 +24,8 @@ from __future__ import annotations
 import copy
 import json
 from collections import Counter
-from functools import lru_cache
-from typing import Sequence
+from collections.abc import Sequence
+from functools import cache
 
 import pytest
 import torch
@@ -121,7 +121,7 @@ def full_logits(model, source: Sequence[int], decoder_ids: Sequence[int]) -> tor
                      use_cache=False).logits[0]
 
 
-@lru_cache(maxsize=None)
+@cache
 def plain(name: str, source: tuple[int, ...], max_new: int = MAX_NEW) -> tuple[int, ...]:
     r = runner(MODELS[name], source)
     return tuple(run(r, r.decoder_prompt(), StopCondition(max_new)).token_ids)

@@ -9,8 +9,14 @@ from types import SimpleNamespace
 import pytest
 
 from specdec.bench import llamaserver, report
-from specdec.bench.methods import (LlamaServerDraft, LlamaServerNgram, LlamaServerPlain, build_methods,
-                                   default_methods, parse_methods)
+from specdec.bench.methods import (
+    LlamaServerDraft,
+    LlamaServerNgram,
+    LlamaServerPlain,
+    build_methods,
+    default_methods,
+    parse_methods,
+)
 from specdec.bench.prompts import Prompt
 from specdec.bench.results import aggregate
 from specdec.bench.runner import run_interleaved
@@ -88,7 +94,8 @@ def test_draft_and_ngram_servers_take_their_options_and_report_acceptance(tools)
     draft = LlamaServerDraft(engine(), 4, target_gguf="t.gguf", draft_gguf="d.gguf", option="8", threads=1)
     ngram = LlamaServerNgram(engine(), 4, target_gguf="t.gguf", threads=1)
     try:
-        assert "--spec-type draft-simple -md d.gguf --spec-draft-n-max 8" in draft.command and "--spec-type ngram-mod" in ngram.command
+        assert "--spec-type draft-simple -md d.gguf --spec-draft-n-max 8" in draft.command
+        assert "--spec-type ngram-mod" in ngram.command
         m = draft.run([1, 2])
         assert (m.drafted, m.accepted, m.acceptance_rate) == (10, 4, 0.4)
         undrafted = ngram.run([2, 5])  # the fake drafts nothing after a prompt that starts with 2: no draft_n
@@ -135,7 +142,8 @@ def test_methods_parse_their_options():
 def test_default_methods_add_the_servers_when_llama_server_is_there():
     assert default_methods(True, True, "hf", "hf", "int4", True, llama_server=True)[-3:] == [
         "llama-server", "llama-server-draft", "llama-server-ngram"]
-    assert default_methods(True, False, "hf", "hf", None, True, llama_server=True)[-2:] == ["llamacpp", "llama-server", "llama-server-ngram"][-2:]
+    chosen = default_methods(True, False, "hf", "hf", None, True, llama_server=True)
+    assert chosen[-2:] == ["llamacpp", "llama-server", "llama-server-ngram"][-2:]
     assert "llama-server" not in default_methods(True, True, "hf", "hf", "int4", True)
 
 

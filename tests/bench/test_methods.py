@@ -3,8 +3,15 @@
 import pytest
 
 from specdec.bench.methods import (
-    DraftCounter, HFAssisted, Measurement, build_methods, check_drafters, generation_settings, parse_gammas,
-    parse_methods, split_method,
+    DraftCounter,
+    HFAssisted,
+    Measurement,
+    build_methods,
+    check_drafters,
+    generation_settings,
+    parse_gammas,
+    parse_methods,
+    split_method,
 )
 from specdec.engine import Engine
 from specdec.errors import SpecdecError

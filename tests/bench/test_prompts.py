@@ -5,7 +5,13 @@ import json
 import pytest
 
 from specdec.bench.prompts import (
-    BUILTIN, SHORT, Prompt, builtin_path, limit_per_category, load_prompts, unescape_line,
+    BUILTIN,
+    SHORT,
+    Prompt,
+    builtin_path,
+    limit_per_category,
+    load_prompts,
+    unescape_line,
 )
 from specdec.errors import SpecdecError
 

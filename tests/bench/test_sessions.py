@@ -59,7 +59,7 @@ def test_turns_run_in_order_each_method_on_its_own_answers():
                                                "other", "plain", "same"]
     # Each method's turn-2 prompt holds its own turn-1 answer: other's differs from plain's.
     by = {(r.method, r.prompt_id): r for r in records}
-    for name, method in (("plain", plain), ("other", other)):
+    for name in ("plain", "other"):
         answer = decode(by[(name, "s1/1")].measurement.token_ids)
         turn2 = [ids for who, ids in log if who == name and ids != "session"][1]
         assert turn2 == tuple(encode(SESSIONS[0].prompt(2, [answer])))

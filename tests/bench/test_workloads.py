@@ -7,7 +7,13 @@ import pytest
 
 from specdec.bench.prompts import ASSISTANT, USER
 from specdec.bench.workloads import (
-    SOURCE, WORKLOADS, Session, load_workload, load_workloads, parse_workloads, workload_path,
+    SOURCE,
+    WORKLOADS,
+    Session,
+    load_workload,
+    load_workloads,
+    parse_workloads,
+    workload_path,
 )
 from specdec.errors import SpecdecError
 

@@ -9,8 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specdec.cli import app
-from specdec.head import store
-from specdec.head import data
+from specdec.head import data, store
 from specdec.head.command import HELDOUT_PROMPTS, encode_messages, follow_up, load_target, split_heldout
 from tests.tiny import save_tiny
 

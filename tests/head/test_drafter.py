@@ -4,7 +4,7 @@ lives on the draft vocabulary, and the head is accepted on the text it was train
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -12,7 +12,6 @@ import torch
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner
 from specdec.backends.quant import quantize_model
-from specdec.control import FixedK
 from specdec.drafters.base import Draft
 from specdec.drafters.tree import TreeShape
 from specdec.errors import SpecdecError

@@ -5,7 +5,7 @@ near-ties, chains and trees), the fast form computes the same, and a runner that
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -103,7 +103,8 @@ def test_the_fast_form_fuses_as_the_trained_head(fused_target: torch.nn.Module, 
     stream = fused_text[2]
     feats, ids = features(fused_target, torch.tensor([stream]), TAPS)[0], torch.tensor(stream)  # [T, F], [T]
     for n in (2, 7, 20):
-        mine, theirs = fast.extend(HeadCache(), feats[:n], ids[1: n + 1]), fused.head.extend(HeadCache(), feats[:n], ids[1: n + 1])
+        mine = fast.extend(HeadCache(), feats[:n], ids[1: n + 1])
+        theirs = fused.head.extend(HeadCache(), feats[:n], ids[1: n + 1])
         assert torch.allclose(mine[1], theirs[1], atol=1e-4)
 
 

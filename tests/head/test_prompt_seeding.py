@@ -4,7 +4,7 @@ behind prompt lookup, and the first draft is that of a head fed the same pairs d
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import pytest
 import torch

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.head.model import DraftHead, HeadCache
 from specdec.head.manifest import default_directory
+from specdec.head.model import DraftHead, HeadCache
 from specdec.head.store import MANIFEST, checkpointer, load, save, target_identity
 from specdec.head.train import TrainResult, target_pass, train
 from tests.head.conftest import QUICK

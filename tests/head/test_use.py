@@ -20,8 +20,8 @@ from specdec.defaults import HEAD_DRAFTER, MODEL_DRAFTER
 from specdec.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.head import manifest, store
-from specdec.head.train import train
 from specdec.head.manifest import heads_table
+from specdec.head.train import train
 from specdec.head.use import measure_head
 from specdec.loading import resolve_drafter
 from tests.head.conftest import QUICK, own_text
@@ -112,7 +112,7 @@ def test_a_batch_gives_each_request_a_head_drafter_of_its_own(saved) -> None:
     for k in KS:
         results: dict[str, list[int]] = {}
 
-        def run(prompt: str) -> None:
+        def run(prompt: str, results: dict[str, list[int]] = results, k: int = k) -> None:
             results[prompt] = engine.generate(prompt, max_new_tokens=30, k=k).token_ids
 
         threads = [threading.Thread(target=run, args=(p,)) for p in PROMPTS[:2]]

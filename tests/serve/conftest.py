@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Iterator, Sequence
 
 import pytest
 
@@ -21,8 +21,11 @@ from openai import OpenAI  # noqa: E402
 from specdec.engine import Engine  # noqa: E402
 from specdec.request import RequestConfig, field_names  # noqa: E402
 from specdec.serve.app import ServeOptions, create_app  # noqa: E402
-from specdec.serve.connections import bind  # noqa: E402
-from specdec.serve.connections import ConnectionLimits, server_config  # noqa: E402
+from specdec.serve.connections import (  # noqa: E402
+    ConnectionLimits,
+    bind,  # noqa: E402
+    server_config,
+)
 from tests.tiny import save_tiny  # noqa: E402
 
 CHAT_TEMPLATE = ("{% for m in messages %}<bos>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -58,7 +61,7 @@ class ServerThread:
         self.server = uvicorn.Server(server_config(self.app, limits, log_level="warning"))  # as `specdec serve` runs
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
 
-    def __enter__(self) -> "ServerThread":
+    def __enter__(self) -> ServerThread:
         self.thread.start()
         deadline = time.monotonic() + 30
         while not self.server.started:

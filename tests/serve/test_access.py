@@ -121,7 +121,8 @@ def test_a_body_that_is_not_declared_json_is_415(server, content_type):
     assert error["code"] == "unsupported_media_type" and "application/json" in error["message"]
 
 
-@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8", "Application/JSON", "application/json ;charset=utf-8"])
+@pytest.mark.parametrize("content_type",
+                         ["application/json; charset=utf-8", "Application/JSON", "application/json ;charset=utf-8"])
 def test_json_with_parameters_is_served(server, content_type):
     response = httpx.post(server.url + "/v1/completions", content=BODY, headers={"Content-Type": content_type})
     assert response.status_code == 200, response.text

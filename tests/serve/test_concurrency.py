@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -61,7 +61,9 @@ def test_a_full_queue_answers_503_and_loses_nothing(gated, engine):
     expected = engine.generate("for i in range", max_new_tokens=6, num_speculative_tokens=3).text
     with serve(gated_engine, k=3, max_queue=1) as server:
         worker = server.worker
-        post = lambda: httpx.post(server.url + "/v1/completions", json={**BODY, "max_tokens": 6}, timeout=60)
+        def post():
+            return httpx.post(server.url + "/v1/completions", json={**BODY, "max_tokens": 6}, timeout=60)
+
         running, running_out = in_thread(post)
         wait_for(lambda: worker.running is not None, "the first request runs")
         queued, queued_out = in_thread(post)
@@ -128,7 +130,9 @@ def test_a_request_whose_client_left_while_queued_never_runs(gated):
     gated_engine, runner = gated
     with serve(gated_engine, k=3) as server:
         worker = server.worker
-        post = lambda **kw: httpx.post(server.url + "/v1/completions", json={**BODY, "max_tokens": 4}, **kw)
+        def post(**kw):
+            return httpx.post(server.url + "/v1/completions", json={**BODY, "max_tokens": 4}, **kw)
+
         running, running_out = in_thread(lambda: post(timeout=60))
         wait_for(lambda: worker.running is not None, "the first request runs")
         with pytest.raises(httpx.ReadTimeout):

@@ -1,6 +1,7 @@
 """Slow and many clients, with real sockets on 127.0.0.1: a connection whose headers do not arrive in
 time is closed while normal requests are served, and so is one whose headers grow too large; past
-the connection limit a request gets a 503 at once.  Short timeouts, a bounded number of sockets; each wait has a generous bound and nothing
+the connection limit a request gets a 503 at once.  Short timeouts, a bounded number of sockets; each wait has a
+generous bound and nothing
 asserts how long anything took."""
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def closed_by_server(sock: socket.socket, trickle: bytes = b"") -> bool:
                 sent += 1
             if sock.recv(4096) == b"":
                 return True
-        except socket.timeout:
+        except TimeoutError:
             continue
         except (ConnectionResetError, BrokenPipeError):
             return True

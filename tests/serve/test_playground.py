@@ -12,18 +12,18 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from html.parser import HTMLParser
 from importlib import resources
-from typing import Iterator
 from urllib.parse import urlencode
 
 import pytest
 import uvicorn
 
 from specdec.engine import Engine
-from tests.conftest import in_ci
 from specdec.serve.connections import bind
+from tests.conftest import in_ci
 from tests.serve.conftest import MODEL, serve
 
 QUERY = {"prompt": "Once upon a time", "max_tokens": 32, "k": 4, "temperature": 0, "autorun": 1}

@@ -3,7 +3,8 @@
 A local Ray cluster on 127.0.0.1 (2 CPUs, no dashboard) runs two replicas of the tiny models
 (tests.serve.conftest), each decoding up to two requests in a batch.  Through the official openai
 client: concurrent requests get exactly the texts one `specdec serve` process gives them; /health
-and /metrics cover both replicas; a client that leaves cancels its generation.  Then one replica is killed (SIGKILL, its process id from
+and /metrics cover both replicas; a client that leaves cancels its generation.  Then one replica is killed (SIGKILL,
+its process id from
 /health) while it streams a long answer: every request, the streamed one included, ends within a
 timeout with the single-process text or a clear error, the killed stream with an error (it was cut
 mid-way, so it cannot have been answered), and the fleet keeps answering.

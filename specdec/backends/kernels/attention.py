@@ -32,7 +32,7 @@ def paths() -> list[str]:
 
 
 def causal(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float,
-           window: int | None = None, path: str | None = None, tree: "Tree | None" = None) -> torch.Tensor:
+           window: int | None = None, path: str | None = None, tree: Tree | None = None) -> torch.Tensor:
     """Exact causal attention, each query row on its own (see attention.c for the numbers).
 
     q [H, n, D] fp32: the queries of positions start .. start + n - 1; keys, values [H_kv, >= start + n, D]

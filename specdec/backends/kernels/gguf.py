@@ -13,13 +13,13 @@ batch, a pass here unpacks a block once for up to 8 rows.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
 
-from specdec.backends.kernels.bindings import GGUFPart, GGUFParams, library
+from specdec.backends.kernels.bindings import GGUFParams, GGUFPart, library
 
 # ggml's type ids of the blocks the kernel multiplies (GG_* in specdec_kernels.h), with their columns per block
 # and the file's bytes per block
@@ -144,8 +144,10 @@ def rows(type_id: int, blocks: np.ndarray | torch.Tensor, k: int, ids: Sequence[
     fp32 [len(ids), k]: llama.cpp's de-quantised values."""
     index = torch.as_tensor(ids, dtype=torch.int64).contiguous()
     data, address = _bytes(blocks)
-    if index.numel() and (int(index.min()) < 0 or (int(index.max()) + 1) * k // BLOCK[type_id] * FILE_BYTES[type_id] > data.nbytes):
-        raise ValueError("row index out of range")
+    if index.numel():
+        end = (int(index.max()) + 1) * k // BLOCK[type_id] * FILE_BYTES[type_id]  # where the last row's bytes end
+        if int(index.min()) < 0 or end > data.nbytes:
+            raise ValueError("row index out of range")
     out = torch.empty(index.numel(), k)
     if library().sd_gguf_rows(int(type_id), address, k, index.data_ptr(), index.numel(), out.data_ptr()) != 0:
         raise ValueError(f"cannot read rows of {NAMES.get(type_id, type_id)} [*, {k}]")

@@ -12,7 +12,7 @@ layer's output rows may be copied out (taps: a fused-feature draft head's input)
 from __future__ import annotations
 
 import ctypes
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
