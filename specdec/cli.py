@@ -349,6 +349,7 @@ def serve(
     header_timeout: float = typer.Option(10.0, "--header-timeout", help="Seconds a client may take to send a request's headers (from connecting, or from its previous response); slower connections are closed."),
     keep_alive_timeout: float = typer.Option(5.0, "--keep-alive-timeout", help="Seconds an idle keep-alive connection is kept open."),
     max_connections: int = typer.Option(100, "--max-connections", help="Open connections (or running requests) at most; past it, requests are answered 503 at once."),
+    shutdown_timeout: float = typer.Option(30.0, "--shutdown-timeout", help="On SIGTERM or Ctrl-C: seconds the running requests may go on; then each ends with an error event (a 503), and the server exits 0."),
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (completions, chat, streaming), with
     Prometheus metrics at /metrics and a playground page at /. Requests run one at a time, or up to
@@ -375,6 +376,8 @@ def serve(
     for name, seconds in (("--header-timeout", header_timeout), ("--keep-alive-timeout", keep_alive_timeout)):
         if not 0 < seconds < float("inf"):
             fail(f"{name} must be a number of seconds > 0, got {seconds}")
+    if not 0 <= shutdown_timeout < float("inf"):
+        fail(f"--shutdown-timeout must be a number of seconds >= 0, got {shutdown_timeout}")
     if max_connections < 1:
         fail(f"--max-connections must be >= 1, got {max_connections}")
     if plan is not None and port == 0:
@@ -432,7 +435,8 @@ def serve(
     url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
     err.print(f"serving {', '.join(names)} at {url}/v1 · playground {url}/ · metrics {url}/metrics "
               "(503 with /health {\"status\": \"loading\"} until the models are loaded)", soft_wrap=True)
-    error = serve_deferred(Deferred(build), sock, ConnectionLimits(header_timeout, keep_alive_timeout, max_connections))
+    error = serve_deferred(Deferred(build), sock, ConnectionLimits(header_timeout, keep_alive_timeout, max_connections),
+                           shutdown_timeout=shutdown_timeout)
     if error is not None:
         progress.close()
         fail(error)

@@ -43,7 +43,7 @@ from specdec.serve import ServeOptions
 from specdec.serve.access import allow_origins, check_json, check_key
 from specdec.serve.metrics import Metrics
 from specdec.serve.protocol import APIError, ChatRequest, CompletionRequest, GenerationRequest, parse, speculative_changes
-from specdec.serve.worker import ErrorEvent, Job, QueueFull, Request, StepEvent, Worker
+from specdec.serve.worker import SHUTTING_DOWN, ErrorEvent, Job, QueueFull, Request, StepEvent, Worker
 
 DISCONNECT_POLL_S = 0.1  # how often a request waiting for its next event checks that its client is still there
 CLIENT_GONE = 499  # the status logged for a request whose client left (nginx's convention)
@@ -156,6 +156,8 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
             try:
                 worker.submit(job)
             except QueueFull:
+                if worker.closing:
+                    raise APIError(503, "the server is shutting down", None, SHUTTING_DOWN) from None
                 raise APIError(503, f"the server is busy: {options.max_queue} requests are already waiting; "
                                     "retry later", None, "queue_full", {"Retry-After": "1"}) from None
             watched = None if host_cancels else http  # whose disconnect next_event looks for
@@ -164,8 +166,7 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
                 code = CLIENT_GONE
                 return Response(status_code=CLIENT_GONE)
             if isinstance(first, ErrorEvent):
-                raise APIError(400 if first.user_error else 500, first.message, None,
-                               "invalid_value" if first.user_error else "internal_error")
+                raise APIError(first.status, first.message, None, first.code)
             reply = Reply(endpoint, req.model, gen, len(prompt_ids), req.stream_options is not None
                           and req.stream_options.include_usage)
             if req.stream:
@@ -410,8 +411,8 @@ async def stream(reply: Reply, job: Job, event: StepEvent | ErrorEvent, metrics:
     try:
         first = True
         while True:
-            if isinstance(event, ErrorEvent):  # a failure after the first token: reported in the stream
-                yield sse({"error": APIError(500, event.message, None, "internal_error").body()["error"]})
+            if isinstance(event, ErrorEvent):  # a failure (or the shutdown) after the first token: in the stream
+                yield sse({"error": APIError(event.status, event.message, None, event.code).body()["error"]})
                 break
             yield sse(reply.chunk(event, first))
             first = False
@@ -434,7 +435,7 @@ async def collect(reply: Reply, job: Job, event: StepEvent | ErrorEvent,
     text: list[str] = []
     while True:
         if isinstance(event, ErrorEvent):
-            raise APIError(500, event.message, None, "internal_error")
+            raise APIError(event.status, event.message, None, event.code)
         text.append(event.text)
         if event.finish_reason is not None:
             return reply.whole("".join(text), event.finish_reason, event.stats)

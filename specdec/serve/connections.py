@@ -117,9 +117,10 @@ def guarded_protocol(header_timeout_s: float, base: type[asyncio.Protocol] | Non
 
 
 def server_config(app: Any, limits: ConnectionLimits = ConnectionLimits(), log_level: str = "info",
-                  base: type[asyncio.Protocol] | None = None) -> uvicorn.Config:
-    """uvicorn's configuration for serving `app` within `limits`."""
-    return uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5,
+                  base: type[asyncio.Protocol] | None = None, graceful_s: float = 5.0) -> uvicorn.Config:
+    """uvicorn's configuration for serving `app` within `limits`; `graceful_s`: how long a shutdown waits for
+    the open connections before it cancels them."""
+    return uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=graceful_s,  # type: ignore[arg-type]
                           http=guarded_protocol(limits.header_timeout_s, base),
                           ws="none",  # no WebSocket routes: an upgrade is not a way around the deadline
                           timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # a float works

@@ -14,8 +14,8 @@ import asyncio
 import json
 import socket
 import threading
-from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack, contextmanager
 from typing import Any
 
 import uvicorn
@@ -29,6 +29,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 RETRY_AFTER_S = 1  # what a request that came too early is told to wait
+GRACE_S = 5.0  # after a shutdown's timeout, how long the ended requests' last events have to reach their clients
 
 
 class Deferred:
@@ -50,6 +51,11 @@ class Deferred:
             await self.app(scope, receive, send)
         elif scope["type"] == "http":
             await self._loading(scope, send)
+
+    def drain(self, timeout: float) -> None:
+        """A shutdown began: the built app's worker drains (nothing to drain while the models load)."""
+        if self.app is not None:
+            self.app.state.worker.drain(timeout)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         loop = asyncio.get_running_loop()
@@ -103,10 +109,35 @@ def _settle(done: asyncio.Future[Any], app: Any, error: str | None) -> None:
         done.set_result((app, error))
 
 
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server, with a graceful shutdown: the first SIGTERM or SIGINT calls `draining()` (the worker
+    takes no more requests and ends what still runs after its timeout with an error event, see
+    specdec.serve.worker.Worker.drain) while uvicorn stops accepting connections and waits for the open ones;
+    and a shutdown a signal asked for ends the process normally (status 0), where uvicorn re-raises the signal
+    (143 for SIGTERM).  A second Ctrl-C still forces the exit."""
+
+    def __init__(self, config: uvicorn.Config, draining: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.draining = draining
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if not self.should_exit:
+            self.draining()
+        super().handle_exit(sig, frame)
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            yield
+            self._captured_signals.clear()  # handled: the shutdown was the signal's purpose
+
+
 def serve(app: Deferred, sock: socket.socket, limits: ConnectionLimits = ConnectionLimits(),
-          log_level: str = "info") -> str | None:
-    """Serve `app` on a bound socket until interrupted, or until its build fails: then its one-line error."""
-    server = uvicorn.Server(server_config(app, limits, log_level))
+          log_level: str = "info", shutdown_timeout: float = 30.0) -> str | None:
+    """Serve `app` on a bound socket until interrupted, or until its build fails: then its one-line error.
+    A SIGTERM or SIGINT lets the running requests go on for `shutdown_timeout` seconds (GracefulServer)."""
+    server = GracefulServer(server_config(app, limits, log_level, graceful_s=shutdown_timeout + GRACE_S),
+                            lambda: app.drain(shutdown_timeout))
 
     def stop() -> None:
         server.should_exit = True

@@ -63,6 +63,18 @@ class StepEvent:
 class ErrorEvent:
     message: str
     user_error: bool  # a SpecdecError (the request's fault: a 400), else a bug (a 500)
+    shutting_down: bool = False  # ended by the server's shutdown (a 503: the client may ask again elsewhere)
+
+    @property
+    def status(self) -> int:
+        return 503 if self.shutting_down else 400 if self.user_error else 500
+
+    @property
+    def code(self) -> str:
+        return SHUTTING_DOWN if self.shutting_down else "invalid_value" if self.user_error else "internal_error"
+
+
+SHUTTING_DOWN = "server_shutting_down"  # the error code of a request the server's shutdown ended or refused
 
 
 class Job:
@@ -74,6 +86,7 @@ class Job:
         self.events: asyncio.Queue[StepEvent | ErrorEvent] = asyncio.Queue()
         self.cancelled = threading.Event()
         self.arrived = time.perf_counter()
+        self.ended_by: str | None = None  # why the server ended it (abort), None for a client that left
 
     def emit(self, event: StepEvent | ErrorEvent) -> None:
         """Hand an event to the event loop (called from the worker thread)."""
@@ -86,6 +99,12 @@ class Job:
         return await self.events.get()
 
     def cancel(self) -> None:
+        self.cancelled.set()
+
+    def abort(self, reason: str) -> None:
+        """End it from the server's side: the worker stops it within a step and its client gets `reason` as a
+        shutting-down error event (a stream's last event, or a 503)."""
+        self.ended_by = reason
         self.cancelled.set()
 
 
@@ -111,6 +130,7 @@ class Worker:
         self._threads = [threading.Thread(target=self._run, name=f"specdec-worker-{i}", daemon=True)
                          for i in range(max_batch)]
         self._closing = False
+        self._ended_by: str | None = None  # set when a shutdown ends every request (drain's timeout)
 
     @property
     def running(self) -> Job | None:
@@ -125,8 +145,35 @@ class Worker:
     def alive(self) -> bool:
         return all(thread.is_alive() for thread in self._threads)
 
+    @property
+    def closing(self) -> bool:
+        """Whether it takes no more requests (draining for a shutdown, or stopped)."""
+        return self._closing
+
+    def drain(self, timeout: float) -> None:
+        """A graceful shutdown's first half: take no more requests (submit raises QueueFull: a 503), let the
+        running and the waiting ones go on for `timeout` seconds, then end each with a shutting-down error
+        event (a stream ends with it, a whole response is a 503) instead of cutting its connection."""
+        self._closing = True
+        timer = threading.Timer(timeout, self._abort_all, args=(f"the server is shutting down (after {timeout:g} s)",))
+        timer.daemon = True
+        timer.start()
+
+    def _abort_all(self, reason: str) -> None:
+        self._ended_by = reason  # a job a thread takes from the queue from now on ends at once (_run)
+        for job in list(self.active):
+            job.abort(reason)
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.abort(reason)
+                job.emit(ErrorEvent(reason, user_error=False, shutting_down=True))
+
     def submit(self, job: Job) -> None:
-        """Queue a job; QueueFull when max_queue jobs already wait."""
+        """Queue a job; QueueFull when max_queue jobs already wait (or the server is closing)."""
         if self._closing:
             raise QueueFull()
         try:
@@ -157,6 +204,10 @@ class Worker:
             job = self.jobs.get()
             if job is None:
                 return
+            if self._ended_by is not None:  # taken from the queue as the shutdown ended everything
+                job.abort(self._ended_by)
+                job.emit(ErrorEvent(self._ended_by, user_error=False, shutting_down=True))
+                continue
             if job.cancelled.is_set():  # its client went away while it waited
                 continue
             with self._lock:
@@ -200,6 +251,8 @@ class Worker:
                 if final:
                     break
                 if job.cancelled.is_set():  # checked between steps: at most one step after a cancel
+                    if job.ended_by is not None:  # the server's shutdown, not a client that left: say so
+                        job.emit(ErrorEvent(job.ended_by, user_error=False, shutting_down=True))
                     break
         except SpecdecError as e:
             job.emit(ErrorEvent(str(e), user_error=True))
