@@ -163,14 +163,20 @@ class Worker:
         self._ended_by = reason  # a job a thread takes from the queue from now on ends at once (_run)
         for job in list(self.active):
             job.abort(reason)
+        for job in self._take_waiting():
+            job.abort(reason)
+            job.emit(ErrorEvent(reason, user_error=False, shutting_down=True))
+
+    def _take_waiting(self) -> list[Job]:
+        """The jobs waiting in the queue, taken out of it."""
+        taken = []
         while True:
             try:
                 job = self.jobs.get_nowait()
             except queue.Empty:
-                break
+                return taken
             if job is not None:
-                job.abort(reason)
-                job.emit(ErrorEvent(reason, user_error=False, shutting_down=True))
+                taken.append(job)
 
     def submit(self, job: Job) -> None:
         """Queue a job; QueueFull when max_queue jobs already wait (or the server is closing)."""
@@ -184,15 +190,8 @@ class Worker:
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel what runs and what waits, and end the thread."""
         self._closing = True
-        for job in list(self.active):
+        for job in [*self.active, *self._take_waiting()]:
             job.cancel()
-        while True:
-            try:
-                job = self.jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.cancel()
         for _ in self._threads:
             self.jobs.put(None)
         for thread in self._threads:
