@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
-from specdec.backends.base import ModelRunner, reusable_prefix
+from specdec.backends.base import ModelRunner, forward_chunked, reusable_prefix
 from specdec.control import Controller, FixedK, plan, propose
 from specdec.drafters.base import Draft, Drafter, tell_plain_step, tell_prefilled
 from specdec.drafters.tree import TreeShape
@@ -257,9 +257,9 @@ def decode(
         drafter.reset()
         controller.reset()
 
-    # Prefill: the prompt (what the cache does not hold of it) in one forward; its last logits give the
-    # first token.
-    first = verifier.choose(target.forward(prompt_ids[reused:], last_n=1)[-1])
+    # Prefill: the prompt (what the cache does not hold of it), in chunks where that is exact
+    # (forward_chunked); its last logits give the first token.
+    first = verifier.choose(forward_chunked(target, prompt_ids[reused:], last_n=1)[-1])
     stats.reused_prompt_tokens = reused
     if drafter is not None:
         tell_prefilled(drafter, prompt_ids)  # a draft head keeps the prompt's last hidden states now

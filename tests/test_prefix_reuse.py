@@ -158,3 +158,44 @@ def test_a_request_that_fails_inside_a_step_leaves_nothing_for_the_next_to_reuse
     again = engine.generate(prompt + " return", max_new_tokens=8)
     assert again.stats.reused_prompt_tokens == 0
     assert again.token_ids == reference.generate(prompt + " return", max_new_tokens=8).token_ids
+
+
+@pytest.mark.parametrize("length", [1, 5, 12, 13, 40])
+def test_a_prompt_prefilled_in_chunks_is_bitwise_one_forward(length):
+    import torch
+
+    from specdec.backends.base import forward_chunked
+    from specdec.backends.hf import HFRunner
+
+    prompt = [random.Random(length).randrange(3, VOCAB) for _ in range(length)]
+    whole, chunked = LeanRunner(TARGET), LeanRunner(TARGET)
+    one = whole.forward(prompt, last_n=2)
+    sizes = []
+    feed = chunked.forward
+    chunked.forward = lambda tokens, last_n=None: (sizes.append(len(tokens)), feed(tokens, last_n))[1]
+    split = forward_chunked(chunked, prompt, last_n=2, chunk=4)  # 40 tokens: ten forwards
+    assert torch.equal(one, split) and chunked.tokens == whole.tokens == prompt
+    assert sum(sizes) == length and sizes[-1] == min(4, length) and max(sizes) <= 4 and len(sizes) == -(-length // 4)
+    step = [7]  # and the next step's logits, over caches written in chunks or at once
+    assert torch.equal(whole.forward(step), chunked.forward(step))
+    fp32 = HFRunner(tiny_model("qwen2", 0))  # not batch-invariant: one forward, as before
+    calls = []
+    forward = fp32.forward
+    fp32.forward = lambda tokens, last_n=None: (calls.append(len(tokens)), forward(tokens, last_n))[1]
+    forward_chunked(fp32, prompt, chunk=4)
+    assert calls == [length]
+
+
+def test_a_generation_with_its_prompt_in_chunks_is_the_same(monkeypatch):
+    import functools
+
+    from specdec import loop
+    from specdec.backends.base import forward_chunked
+
+    prompt, _ = conversation(7)
+    expected = run(LeanRunner(TARGET), prompt, StopCondition(24), drafter=drafter("hybrid", SamplingParams()),
+                   num_speculative_tokens=k_for("hybrid", 0.0)).token_ids
+    monkeypatch.setattr(loop, "forward_chunked", functools.partial(forward_chunked, chunk=3))
+    chunked = run(LeanRunner(TARGET), prompt, StopCondition(24), drafter=drafter("hybrid", SamplingParams()),
+                  num_speculative_tokens=k_for("hybrid", 0.0)).token_ids
+    assert chunked == expected and len(prompt) > 3

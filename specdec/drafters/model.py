@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from specdec.backends.base import ModelRunner, common_prefix_length
+from specdec.backends.base import ModelRunner, common_prefix_length, forward_chunked
 from specdec.drafters.base import Draft
 from specdec.drafters.tree import alternatives, tree_draft
 from specdec.sampling import SamplingParams, make_generator, sample_from, warp_probs
@@ -122,7 +122,7 @@ def run_draft_model(
         return [], None, 0
     cache.offset = offset
     runner.rollback(keep)
-    logits = runner.forward(fresh, last_n=1)[-1]  # [V_draft]
+    logits = forward_chunked(runner, fresh, last_n=1)[-1]  # [V_draft]: a long catch-up in chunks
     proposed: list[int] = []
     qs: list[torch.Tensor] = []
     for i in range(k):
