@@ -339,6 +339,7 @@ def serve(
     max_queue: int = typer.Option(16, "--max-queue", help="Requests that may wait behind the running ones; more are answered 503."),
     max_batch: int = typer.Option(1, "--max-batch", help="Requests decoded together, one target forward per step (continuous batching; llama/qwen2/mistral transformers targets, fp32 or int8). -k auto then shortens drafts as the batch grows."),
     max_tokens_limit: int = typer.Option(2048, "--max-tokens-limit", help="The most tokens a request may ask for."),
+    max_prompt_tokens: int | None = typer.Option(None, "--max-prompt-tokens", help="The longest prompt a request may send, in tokens (default: the model's context window); a long prefill holds the other requests back."),
     max_body_bytes: int = typer.Option(1 << 20, "--max-body-bytes", help="The largest request body; larger ones are answered 413."),
     replicas: str | None = typer.Option(None, "--replicas", help="Serve as Ray Serve replicas, each loading its own models: N, or MIN-MAX to autoscale on ongoing requests (needs the ray extra)."),
     ray_address: str | None = typer.Option(None, "--ray-address", help="With --replicas: the Ray cluster to deploy on ('auto', HOST:6379, ray://HOST:10001); default: a new cluster on this machine, shut down on exit."),
@@ -368,6 +369,7 @@ def serve(
     check_n_ctx_and_threads(n_ctx, threads)
     for name, value, least in (("--max-queue", max_queue, 1), ("--max-batch", max_batch, 1),
                                ("--max-tokens-limit", max_tokens_limit, 1),
+                               ("--max-prompt-tokens", 1 if max_prompt_tokens is None else max_prompt_tokens, 1),
                                ("--max-body-bytes", max_body_bytes, 1024)):
         if value < least:
             fail(f"{name} must be >= {least}, got {value}")
@@ -389,6 +391,7 @@ def serve(
         fail("--api-key is empty: give a key, or leave the option out")
     options = ServeOptions(
         served_names=names, defaults=request, max_queue=max_queue, max_batch=max_batch, max_tokens_limit=max_tokens_limit,
+        max_prompt_tokens=max_prompt_tokens,
         max_body_bytes=max_body_bytes, api_keys=keys, metrics_need_key=not open_metrics,
         allowed_origins=split_values(allowed_origins))
     if max_batch > 1:

@@ -39,6 +39,9 @@ class ServeOptions:
     max_queue: int = 16  # requests waiting behind the running ones; one more is answered 503
     max_batch: int = 1  # requests decoded together, one target forward per step (specdec.batching)
     max_tokens_limit: int = 2048  # the most a request may ask for
+    # the longest prompt a request may send, in tokens (None: the model's context window); one request's long
+    # prefill holds the others back (with one worker, all of it; in a batch, a chunk a round)
+    max_prompt_tokens: int | None = None
     max_body_bytes: int = 1 << 20  # a larger body is answered 413
     default_max_tokens: int = 16  # /v1/completions without max_tokens (OpenAI's default)
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # none: anyone may call the API (specdec.serve.access)

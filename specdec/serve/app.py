@@ -218,6 +218,9 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
         if len(ids) >= window:
             raise APIError(400, f"the prompt has {len(ids)} tokens, which does not fit the model's context "
                                 f"window of {window} tokens", param, "context_length_exceeded")
+        if options.max_prompt_tokens is not None and len(ids) > options.max_prompt_tokens:
+            raise APIError(400, f"the prompt has {len(ids)} tokens, more than this server takes "
+                                f"(--max-prompt-tokens {options.max_prompt_tokens})", param, "context_length_exceeded")
         return ids
 
     def generation(req: GenerationRequest, prompt_ids: list[int]) -> Request:

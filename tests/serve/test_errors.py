@@ -169,3 +169,14 @@ def test_stairs_verification_refuses_sampling(engine):
         assert "greedy" in error["message"]
         greedy = post(server, *completion())
         assert greedy.status_code == 200, greedy.text
+
+
+def test_a_prompt_over_the_servers_limit_is_refused_at_once(engine):
+    with serve(engine, k=3, max_prompt_tokens=8) as server:
+        prompt = list(range(3, 12))  # 9 token ids
+        error = assert_openai_error(post(server, *completion(prompt=prompt)), 400, "prompt")
+        assert error["code"] == "context_length_exceeded" and "--max-prompt-tokens 8" in error["message"]
+        assert post(server, *completion(prompt=prompt[:8])).status_code == 200  # at the limit: served
+        error = assert_openai_error(post(server, *chat(messages=[{"role": "user", "content": "hi " * 50}])), 400,
+                                    "messages")
+        assert error["code"] == "context_length_exceeded"
