@@ -221,7 +221,7 @@ class Engine:
         self._auto: AutoK | None = None
         self._costs_forgotten = False  # the cached step costs were found off and dropped (_check_step_costs)
         # where start-up time went, in seconds: "target", "draft" (Engine.load), "step costs" (the controller's,
-        # at its first use: read from the cache and spot-checked, or measured); `specdec generate --timings`
+        # at its first use: read from the cache, or measured); `specdec generate --timings`
         self.timings: dict[str, float] = {}
         self._measured_costs: Costs | None = None
         self._stairs: StairsRunner | None = None
@@ -356,7 +356,8 @@ class Engine:
         if auto is None or self._costs_forgotten or steps < RENEW_AFTER_STEPS:
             return
         if not 1 / SPOT_TOLERANCE <= auto.costs.target_scale <= SPOT_TOLERANCE:
-            self._costs_forgotten = forget_step_costs(self.target_runner, MAX_AUTO_K, home() / "profiles") or True
+            forget_step_costs(self.target_runner, MAX_AUTO_K, home() / "profiles")
+            self._costs_forgotten = True  # once: this engine goes on with what it learnt
 
     def auto_controller(self) -> AutoK:
         """The engine's controller for `-k auto` (measures the step costs the first time, seconds)."""

@@ -214,10 +214,10 @@ def measure_prefill(runner: ModelRunner, lengths: Sequence[int] = PREFILL_LENGTH
 # model / backend / dtype / threads / CPU and kept on disk: a few timed forwards, seconds.
 CONTROL_PREFIX = 64
 # Runs per timed n; the target's t(n) keeps the fastest (as the draft's timing does): what else the machine
-# does only slows a forward, and the table's shape t(n) / t(1) is what picks k.  A median of two runs, cached
-# on a Zen 4 while the machine was busy, priced t(2) at 1.03 t(1) where the loop measured 1.15-1.24, and a
-# seeded sampled request (whose costs are frozen: specdec.engine.Engine.speculation) drafted a one-token
-# lookup right 6% of the time at every step.
+# does only slows a forward, and a seeded sampled request prices its steps with this table alone (its costs
+# are frozen: specdec.engine.Engine.speculation).  On the Zen 4 VM the table's t(2) / t(1) came out 1.03
+# (median of two and fastest of three alike) where the loop measured 1.15-1.24: the VM's memory is faster
+# some minutes than others, which no timing at start sees.
 CONTROL_REPEATS = 3
 LOOKUP_MS_PER_TOKEN = 0.01  # prompt lookup: a suffix search in Python, microseconds
 SYNC_TOKENS = 32  # a draft model's catch-up is timed as one forward of this many tokens
