@@ -29,6 +29,10 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 RETRY_AFTER_S = 1  # what a request that came too early is told to wait
+# What a browser gets at / while the models load: it asks again each second, and shows the playground then
+LOADING_PAGE = ("<!doctype html><html><head><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"1\">"
+                "<title>specdec: loading</title></head><body><p>specdec is loading the models; this page opens the "
+                "playground once they are ready.</p></body></html>")
 GRACE_S = 5.0  # after a shutdown's timeout, how long the ended requests' last events have to reach their clients
 
 
@@ -92,14 +96,15 @@ class Deferred:
         self.app = app
 
     async def _loading(self, scope: Scope, send: Send) -> None:
-        if scope["path"] == "/health":
-            status, body = 503, {"status": "loading"}
+        if scope["path"] == "/":  # the playground's address, opened in a browser: a page that waits for it
+            kind, payload = b"text/html; charset=utf-8", LOADING_PAGE.encode()
         else:
-            status, body = 503, {"error": {"message": "the model is loading; retry shortly", "type": "server_overloaded",
-                                           "param": None, "code": "model_loading"}}
-        payload = json.dumps(body).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+            body = {"status": "loading"} if scope["path"] == "/health" else {"error": {
+                "message": "the model is loading; retry shortly", "type": "server_overloaded", "param": None,
+                "code": "model_loading"}}
+            kind, payload = b"application/json", json.dumps(body).encode()
+        await send({"type": "http.response.start", "status": 503,
+                    "headers": [(b"content-type", kind), (b"content-length", str(len(payload)).encode()),
                                 (b"retry-after", str(RETRY_AFTER_S).encode())]})
         await send({"type": "http.response.body", "body": payload})
 

@@ -62,6 +62,9 @@ def test_it_answers_loading_until_the_app_is_built_then_the_app_answers():
         assert models.json()["error"]["code"] == "model_loading"
         posted = httpx.post(f"{url}/v1/completions", json={"prompt": "x"}, timeout=10)
         assert posted.status_code == 503 and posted.json()["error"]["type"] == "server_overloaded"
+        page = httpx.get(f"{url}/", timeout=10)  # a browser at the playground's address: a page that waits
+        assert page.status_code == 503 and page.headers["content-type"].startswith("text/html")
+        assert 'http-equiv="refresh"' in page.text and "loading" in page.text
         release.set()
         wait_for(lambda: app.app is not None)
         assert httpx.get(f"{url}/health", timeout=10).json() == {"status": "ok"}
