@@ -403,21 +403,20 @@ def serve(
             fail(str(e))
         if draft_backend is DraftBackend.auto:  # each request drafts with a cache of its own over one model
             draft_backend = DraftBackend.hf
-    if plan is not None:
-        from specdec.serve.replicas import EngineSpec
+    from specdec.serve.replicas import EngineSpec
 
+    spec = EngineSpec(target, draft_spec, dtype.value, draft_dtype.value if draft_dtype else None, backend.value,
+                      draft_backend.value, device.value, n_ctx, threads, suffix_memory)
+    if plan is not None:
         quiet_libraries()
-        spec = EngineSpec(target, draft_spec, dtype.value, draft_dtype.value if draft_dtype else None, backend.value,
-                          draft_backend.value, device.value, n_ctx, threads or max(1, int(plan.cpus)), suffix_memory)
-        serve_replicas(spec, options, plan, host, port, ray_address)
+        # a replica's torch threads default to its CPUs
+        serve_replicas(dataclasses.replace(spec, threads=threads or max(1, int(plan.cpus))), options, plan, host, port,
+                       ray_address)
         return
     from specdec.serve.deferred import Deferred
     from specdec.serve.deferred import serve as serve_deferred
-    from specdec.serve.replicas import EngineSpec
 
     progress = PullProgress()
-    spec = EngineSpec(target, draft_spec, dtype.value, draft_dtype.value if draft_dtype else None, backend.value,
-                      draft_backend.value, device.value, n_ctx, threads, suffix_memory)
     try:
         sock = bind(host, port)  # before loading: a port in use fails at once
         warn_if_exposed(sock.getsockname()[0], keys)

@@ -542,24 +542,28 @@ class Engine:
             model, tok = load_hf(spec, dtype=dtype, progress=progress, device=device)
             return model, tok, spec
 
-        began = time.perf_counter()
-        t_model, t_tok, t_name = get(target, backend, exact=True, dtype=dtype)
-        timings = {"target": time.perf_counter() - began}
+        timings: dict[str, float] = {}  # Engine.timings: each model's load
+
+        def timed(which: str, load: Callable[[], Any]) -> Any:
+            began = time.perf_counter()
+            try:
+                return load()
+            finally:
+                timings[which] = time.perf_counter() - began
+
+        t_model, t_tok, t_name = timed("target", lambda: get(target, backend, exact=True, dtype=dtype))
         if head is not None:
             from specdec.head.use import load_head
 
             runner = as_runner(t_model)
-            began = time.perf_counter()
-            loaded = load_head(head, runner, target if isinstance(target, str) else t_name)
-            timings["draft"] = time.perf_counter() - began
+            loaded = timed("draft", lambda: load_head(head, runner, target if isinstance(target, str) else t_name))
             engine = cls(runner, t_tok, target_name=t_name, draft_name=f"{copier}+{head}" if copier else head,
                          head=loaded, **copying)
         elif draft is None:
             engine = cls(t_model, t_tok, target_name=t_name, draft_name=copier or "draft", **copying)
         else:
-            began = time.perf_counter()
-            d_model, d_tok, d_name = get(draft, draft_backend, exact=False, dtype=draft_dtype or dtype)
-            timings["draft"] = time.perf_counter() - began
+            d_model, d_tok, d_name = timed("draft", lambda: get(draft, draft_backend, exact=False,
+                                                                dtype=draft_dtype or dtype))
             engine = cls(t_model, t_tok, d_model, d_tok, target_name=t_name,
                          draft_name=f"{copier}+{d_name}" if copier else d_name, **copying)
         engine.timings.update(timings)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specdec.backends.base import ModelRunner
 
@@ -307,7 +307,7 @@ def _room(runner: ModelRunner, extra: int) -> int:
     return max(1, min(CONTROL_PREFIX, runner.max_context - extra - 1))
 
 
-def _target_params(target: ModelRunner, max_k: int) -> dict[str, object]:
+def _target_params(target: ModelRunner, max_k: int) -> dict[str, Any]:
     """What the target's cached t(n) table is measured with (part of its key)."""
     return {"ks": control_ks(max_k), "prefix": _room(target, max_k + 1), "repeats": CONTROL_REPEATS, "stat": "min"}
 
@@ -343,8 +343,9 @@ def step_costs(
     def renewed(cached: object) -> bool:
         return not renew
 
-    ms = _cached("target", target, _target_params(target, max_k),
-                 lambda: {str(k): v for k, v in measure_forwards(target, control_ks(max_k), prefix=_room(target, max_k + 1),
+    params = _target_params(target, max_k)
+    ms = _cached("target", target, params,
+                 lambda: {str(k): v for k, v in measure_forwards(target, params["ks"], prefix=params["prefix"],
                                                                  repeats=CONTROL_REPEATS, fastest=True).ms.items()},
                  cache_dir, renewed)
     if draft is not None:
@@ -355,8 +356,10 @@ def step_costs(
             # A draft token dearer than a target step prices the draft out, and a draft never tried is never
             # corrected online: such a cached value (one timed beside a test run: 930 ms against 25 quiet) is
             # checked against the machine now; any other is reused as it is.
-            now = lambda: measure_drafting(draft, tokens=2, prefix=d_prefix, repeats=SPOT_REPEATS)  # noqa: E731
-            return not renew and (float(cached) < float(ms["1"]) or agrees(float(cached), now()))
+            if renew:
+                return False
+            return float(cached) < float(ms["1"]) or agrees(
+                float(cached), measure_drafting(draft, tokens=2, prefix=d_prefix, repeats=SPOT_REPEATS))
 
         draft_ms = _cached("draft", draft, {"tokens": drafted, "prefix": d_prefix, "repeats": CONTROL_REPEATS,
                                             "stat": "min"},

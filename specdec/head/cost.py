@@ -67,10 +67,11 @@ def head_for_profile(draft: str | None, target_name: str, model: Any,
     """The head `specdec profile` times (see the module doc), in its drafting form, with its directory; None
     when none is named and none is trained for the target (whatever other draft `draft` names).  A
     SpecdecError when a named one is missing or was trained for another target."""
-    from specdec.head import manifest, store
+    from specdec.head import store
+    from specdec.head.manifest import has_head
 
     _, named = split_head_spec(draft)
-    if named is None and not (manifest.default_directory(target_name) / manifest.MANIFEST).is_file():
+    if named is None and not has_head(target_name):
         return None  # none named, none trained for the target
     directory = head_directory(f"{HEAD}:{named}" if named else HEAD, target_name)
     head, _ = store.load(directory, model, target_name)

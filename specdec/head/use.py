@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.head.manifest import HEAD, default_directory
+from specdec.head.manifest import HEAD, MANIFEST, default_directory
 
 if TYPE_CHECKING:
     from specdec.backends.base import ModelRunner
@@ -39,19 +39,13 @@ NO_HIDDEN_STATES = ("a draft head reads the target's hidden states, which {what}
                     "transformers backend (--backend hf){also}, or draft with lookup or a draft model")
 
 
-def manifest_path(directory: Path) -> Path:
-    from specdec.head.manifest import MANIFEST
-
-    return directory / MANIFEST
-
-
 def head_directory(spec: str, target_name: str) -> Path:
     """The directory a head spec names for `target_name`; a one-line SpecdecError when it holds no head."""
     given = spec.strip()[len(HEAD) + 1:].strip()
     if spec.strip().lower().startswith(HEAD + ":") and not given:
         raise SpecdecError("'head:' needs a directory after the ':', e.g. head:~/heads/my-head")
     directory = Path(given).expanduser() if given else default_directory(target_name)
-    if not manifest_path(directory).is_file():
+    if not (directory / MANIFEST).is_file():
         if given:
             raise SpecdecError(f"no draft head in {directory}: its manifest.json is missing")
         raise SpecdecError(f"no draft head for {target_name}: train one with {TRAIN_COMMAND} --target {target_name}")

@@ -166,7 +166,7 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
                 code = CLIENT_GONE
                 return Response(status_code=CLIENT_GONE)
             if isinstance(first, ErrorEvent):
-                raise APIError(first.status, first.message, None, first.code)
+                raise event_error(first)
             reply = Reply(endpoint, req.model, gen, len(prompt_ids), req.stream_options is not None
                           and req.stream_options.include_usage)
             if req.stream:
@@ -403,6 +403,11 @@ class Reply:
         return out
 
 
+def event_error(event: ErrorEvent) -> APIError:
+    """The OpenAI-shaped error of a request the worker ended with `event` (its status and code)."""
+    return APIError(event.status, event.message, None, event.code)
+
+
 def sse(data: dict[str, Any] | str) -> bytes:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
@@ -415,7 +420,7 @@ async def stream(reply: Reply, job: Job, event: StepEvent | ErrorEvent, metrics:
         first = True
         while True:
             if isinstance(event, ErrorEvent):  # a failure (or the shutdown) after the first token: in the stream
-                yield sse({"error": APIError(event.status, event.message, None, event.code).body()["error"]})
+                yield sse({"error": event_error(event).body()["error"]})
                 break
             yield sse(reply.chunk(event, first))
             first = False
@@ -438,7 +443,7 @@ async def collect(reply: Reply, job: Job, event: StepEvent | ErrorEvent,
     text: list[str] = []
     while True:
         if isinstance(event, ErrorEvent):
-            raise APIError(event.status, event.message, None, event.code)
+            raise event_error(event)
         text.append(event.text)
         if event.finish_reason is not None:
             return reply.whole("".join(text), event.finish_reason, event.stats)
