@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from specdec.backends.base import ModelRunner
+    from specdec.backends.packcache import PackCache
 
 # A name, or a loaded (transformers model or ModelRunner, tokenizer) pair.
 ModelSpec = str | tuple[Any, "PreTrainedTokenizerBase"]
@@ -399,7 +400,28 @@ def load_int4_draft(spec: str, progress: zoo.Progress | None = None) -> tuple[Mo
         kind = getattr(model.config, "model_type", type(model).__name__)
         raise SpecdecError(f"--draft-dtype int4 runs {'/'.join(lean.INT4_ARCHITECTURES)} drafts, and '{spec}' is a {kind} "
                            "model: use --draft-dtype int8")
-    return lean.LeanRunner(model, int4=True), tokenizer
+    cache = _pack_cache(spec)
+    if cache is not None:
+        lean.use_pack_cache(model, cache)  # the int4 requantisation and the int8 packing, made once
+    runner = lean.LeanRunner(model, int4=True)
+    if cache is not None:
+        cache.save()  # what was made afresh, written in the background
+    return runner, tokenizer
+
+
+def _pack_cache(spec: str) -> PackCache | None:
+    """The cache of the packed weights of `spec`'s int8 model (specdec.backends.packcache, keyed by its cached
+    int8 file), or None ($SPECDEC_PACK_CACHE=0, no int8 file)."""
+    from specdec.backends.packcache import PackCache, enabled
+    from specdec.backends.quant import WEIGHTS_FILE
+
+    if not enabled():
+        return None
+    folder, _ = int8_cache(*resolve(spec))
+    try:
+        return PackCache("lean", folder / WEIGHTS_FILE)
+    except OSError:
+        return None
 
 
 def load_hf(

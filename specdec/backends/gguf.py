@@ -41,6 +41,7 @@ from specdec.backends import kernels
 from specdec.backends.kernels.bindings import LayersModel
 from specdec.backends.kernels.gguf import BLOCK, FILE_BYTES, NAMES, Part, Parts
 from specdec.backends.lean import LayerSet, LeanRunner, _Layer, _NativeTable
+from specdec.backends.packcache import PackCache, enabled
 from specdec.backends.tree import Tree
 from specdec.errors import SpecdecError
 
@@ -255,6 +256,17 @@ def config_of(file: GGUFFile, name: str = "") -> Any:
 # ---------------------------------------------------------------- the weights
 
 
+def _pack_cache(file: GGUFFile) -> PackCache | None:
+    """The cache of `file`'s packed blocks (specdec.backends.packcache), or None where it cannot be had (a file
+    that vanished under its mapping, $SPECDEC_PACK_CACHE=0)."""
+    if not enabled():
+        return None
+    try:
+        return PackCache("gguf", file.path)
+    except OSError:
+        return None
+
+
 def _unpermute(rows: int, heads: int) -> list[int]:
     """The file's row of each output channel of a llama q or k projection: llama.cpp's converter interleaves each
     head's two rotary halves (row 2 i + j of a head holds channel j * half + i); transformers' rotate-half
@@ -272,11 +284,19 @@ class _Arena:
     ALIGN = 4096
     HUGE = 2 << 20
 
-    def __init__(self, tensors: Sequence[Tensor]) -> None:
+    def __init__(self, tensors: Sequence[Tensor], packed: torch.Tensor | None = None) -> None:
+        """packed: the arena's bytes as an earlier load packed them (a memory-mapped cache file, see
+        specdec.backends.packcache; `filled`), else an empty block to pack into."""
         import mmap
 
         sizes = [-(-kernels.gguf.packed_bytes(t.type_id, t.rows, t.columns) // self.ALIGN) * self.ALIGN for t in tensors]
-        total = sum(sizes) + self.HUGE
+        self.used = sum(sizes)
+        self.filled = packed is not None and packed.dtype == torch.uint8 and packed.numel() == self.used
+        if self.filled:
+            assert packed is not None
+            self._bytes, self._at, self.nbytes = packed, 0, self.used
+            return
+        total = self.used + self.HUGE
         self._map = mmap.mmap(-1, total, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         if hasattr(mmap, "MADV_HUGEPAGE"):
             try:
@@ -285,7 +305,13 @@ class _Arena:
                 pass
         self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)  # [total], shares the mapping
         self._at = -self._bytes.data_ptr() % self.HUGE  # the first 2 MiB boundary
+        self._start = self._at
         self.nbytes = total
+
+    def packed(self) -> torch.Tensor:
+        """The packed tensors' bytes, as a later load takes them back (the `packed` argument)."""
+        start = 0 if self.filled else self._start
+        return self._bytes[start : start + self.used]
 
     def take(self, tensor: Tensor) -> torch.Tensor:
         size = kernels.gguf.packed_bytes(tensor.type_id, tensor.rows, tensor.columns)
@@ -321,8 +347,9 @@ class GGUFModel:
                          [(blk + "attn_output", None)], [(blk + "ffn_gate", None), (blk + "ffn_up", None)],
                          [(blk + "ffn_down", None)]])
         head = [("output" if "output.weight" in file.tensors else "token_embd", None)]
+        cache = _pack_cache(file)
         self._arena = _Arena([self._tensor(stem) for layer in plan for linear in layer for stem, _ in linear]
-                             + [self._tensor(head[0][0])])
+                             + [self._tensor(head[0][0])], None if cache is None else cache.get("arena"))
         layers = []
         for i, (qkv, o, gate_up, down) in enumerate(plan):
             blk = f"blk.{i}."
@@ -334,8 +361,13 @@ class GGUFModel:
         self.layers = layers
         self.final_norm = file.float_tensor("output_norm.weight")
         self.head = self._parts(head)
+        if self._arena.filled:
+            return  # the file's pages of the packed tensors were never touched
         packed = {stem + ".weight" for layer in plan for linear in layer for stem, _ in linear} | {head[0][0] + ".weight"}
         file.release(sorted(packed - {self.embed.name}))  # the embedding's rows are read from the file
+        if cache is not None:
+            cache.tensor("arena", self._arena.packed)
+            cache.save()  # in the background: the next load maps it
 
     def _tensor(self, stem: str) -> Tensor:
         """The weight of linear `stem` (checked: a type and shape the block kernel multiplies)."""
@@ -357,8 +389,10 @@ class GGUFModel:
         parts = []
         for stem, order in names:
             tensor = self._tensor(stem)
-            packed = kernels.gguf.pack(tensor.type_id, self.file.blocks(tensor.name), tensor.rows, tensor.columns, order,
-                                       out=self._arena.take(tensor))
+            packed = self._arena.take(tensor)
+            if not self._arena.filled:
+                kernels.gguf.pack(tensor.type_id, self.file.blocks(tensor.name), tensor.rows, tensor.columns, order,
+                                  out=packed)
             bias = self.file.float_tensor(stem + ".bias") if stem + ".bias" in self.file.tensors else None
             if bias is not None and order is not None:
                 bias = bias[torch.tensor(order)].contiguous()

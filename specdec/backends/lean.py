@@ -95,7 +95,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -108,6 +108,7 @@ from specdec.backends.fastlinear import is_fp32_cpu_linear, weight_major_linear
 from specdec.backends.hf import layer_window, model_eos_token_ids, model_identity, model_max_context
 from specdec.backends.int4 import Int4Linear
 from specdec.backends.kernels.bindings import LayersModel
+from specdec.backends.packcache import PackCache
 from specdec.backends.quant import Int8Linear, is_int8, pack_all
 from specdec.backends.tree import Tree, check_forward, check_rollback, kept_rows
 from specdec.errors import SpecdecError
@@ -255,6 +256,16 @@ class _NativeTable:
                    torch.tensor([layer.sliding_window or 0 for layer in layers], dtype=torch.int32))
 
 
+# What a layer set makes of some of the model's linears side by side (a layer's q, k and v; gate and up; one
+# alone), given the name its packed weights are kept under in the model's pack cache: (name, linears) -> linear
+Make = Callable[[str, Sequence[Any]], Linear]
+
+
+def _fused(name: str, linears: Sequence[Any]) -> Linear:
+    """The model's linears as one (fuse), a single one as it is (_own)."""
+    return fuse(linears) if len(linears) > 1 else _own(linears[0])
+
+
 def _int4(linear: Any) -> Int4Linear:
     """An int8 (or fp32) linear's weights in int4 (specdec.backends.int4)."""
     if isinstance(linear, Int8Linear):
@@ -262,9 +273,65 @@ def _int4(linear: Any) -> Int4Linear:
     return Int4Linear.from_weight(linear.weight, linear.bias)
 
 
-def _layers(model: Any) -> list[_Layer]:
-    """The model's layers with fused (unpacked) projections; a Gemma 3 layer with its extra norms, its
-    norms' factors 1 + w, and its rotary table."""
+def _bias(linears: Sequence[Any]) -> torch.Tensor | None:
+    """The linears' biases side by side (fuse's), None without."""
+    return None if linears[0].bias is None else torch.cat([lin.bias.detach() for lin in linears])
+
+
+# A model's cache of its packed weights (its int4 requantisation, its int8 linears in the kernel's layout), for
+# the layer sets built over it (use_pack_cache)
+_PACK_CACHES: weakref.WeakKeyDictionary[Any, PackCache] = weakref.WeakKeyDictionary()
+
+
+def use_pack_cache(model: Any, cache: PackCache) -> None:
+    """Build `model`'s layer sets from the packed weights in `cache` (specdec.backends.packcache: a file that an
+    earlier load wrote, memory-mapped), and keep there what they pack afresh (cache.save() writes it): no
+    requantisation, no packing, not even the fused int8 copies they are made from."""
+    _PACK_CACHES[model] = cache
+
+
+def _int4_make(cache: PackCache | None) -> Make:
+    """Make for the int4 layer sets: the fused linears requantised to int4, or as `cache` holds them."""
+
+    def make(name: str, linears: Sequence[Any]) -> Linear:
+        n, k = sum(lin.out_features for lin in linears), linears[0].in_features
+        if cache is not None:
+            packed, scales = cache.get(f"int4.{name}.packed"), cache.get(f"int4.{name}.scales")
+            if packed is not None and scales is not None and [packed.shape, scales.shape] == [
+                    t.shape for t in kernels.int4._buffers(n, k)]:
+                return Int4Linear(packed, scales, n, k, _bias(linears))
+        made = _int4(_fused(name, linears))
+        if cache is not None:
+            cache.tensor(f"int4.{name}.packed", lambda: made.packed)
+            cache.tensor(f"int4.{name}.scales", lambda: made.scales)
+        return made
+
+    return make
+
+
+def _int8_make(cache: PackCache | None, made: dict[str, Linear]) -> Make:
+    """Make for the torch layer sets: the fused linears (an int8 one in the kernel's layout as `cache` holds it);
+    what it makes goes into `made` by name."""
+
+    def make(name: str, linears: Sequence[Any]) -> Linear:
+        packed = cache.get(f"int8.{name}") if cache is not None else None
+        if packed is not None and all(isinstance(lin, Int8Linear) for lin in linears):
+            scale = torch.cat([lin.scale for lin in linears])
+            lin = linears[0] if len(linears) == 1 else Int8Linear.from_packed(
+                packed, scale, _bias(linears), sum(lin.out_features for lin in linears), linears[0].in_features)
+            if not lin.packed:
+                lin.use_packed(packed)
+        else:
+            lin = _fused(name, linears)
+        made[name] = lin
+        return lin
+
+    return make
+
+
+def _layers(model: Any, make: Make = _fused) -> list[_Layer]:
+    """The model's layers with fused (unpacked) projections, each made by `make` (named "<layer>.qkv" and so on);
+    a Gemma 3 layer with its extra norms, its norms' factors 1 + w, and its rotary table."""
     config = model.config
     gemma = config.model_type in GEMMA
     norm = _gemma_norm if gemma else (lambda module: module.weight.detach())
@@ -278,13 +345,13 @@ def _layers(model: Any) -> list[_Layer]:
                      rope=tables.index(config.layer_types[i])) if gemma else {}
         layers.append(_Layer(
             input_norm=norm(layer.input_layernorm),
-            qkv=fuse([attn.q_proj, attn.k_proj, attn.v_proj]),
-            o=_own(attn.o_proj),
+            qkv=make(f"{i}.qkv", [attn.q_proj, attn.k_proj, attn.v_proj]),
+            o=make(f"{i}.o", [attn.o_proj]),
             # the pre-MLP norm: Gemma names it pre_feedforward_layernorm (its post_attention_layernorm is on
             # the attention's output)
             post_norm=norm(layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm),
-            gate_up=fuse([mlp.gate_proj, mlp.up_proj]),
-            down=_own(mlp.down_proj),
+            gate_up=make(f"{i}.gate_up", [mlp.gate_proj, mlp.up_proj]),
+            down=make(f"{i}.down", [mlp.down_proj]),
             scaling=float(attn.scaling),
             sliding_window=layer_window(config, attn),
             **extra,
@@ -395,10 +462,15 @@ class TorchLayers(LayerSet):
     def build(cls: type[_Set], model: Any) -> _Set:
         """The model's layers with fused projections, their int8 weights packed for the kernel (the model's
         own q/k/v and gate/up linears stay unpacked)."""
-        layers = _layers(model)
-        linears = [model.lm_head, *(lin for layer in layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))]
-        pack_all(lin for lin in linears if isinstance(lin, Int8Linear))
-        return cls(layers, _own(model.lm_head))
+        cache, made = _PACK_CACHES.get(model), {}
+        make = _int8_make(cache, made)
+        layers, head = _layers(model, make), make("head", [model.lm_head])
+        pack_all(lin for lin in made.values() if isinstance(lin, Int8Linear))
+        if cache is not None:
+            for name, lin in made.items():
+                if isinstance(lin, Int8Linear):
+                    cache.tensor(f"int8.{name}", lin.packed_weight)
+        return cls(layers, head)
 
     @staticmethod
     def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scaling: float,
@@ -472,9 +544,8 @@ class Int4Layers(TorchLayers):
 
     @classmethod
     def build(cls: type[_Set], model: Any) -> _Set:
-        layers = [replace(layer, qkv=_int4(layer.qkv), o=_int4(layer.o), gate_up=_int4(layer.gate_up),
-                          down=_int4(layer.down)) for layer in _layers(model)]
-        return cls(layers, _int4(model.lm_head))
+        make = _int4_make(_PACK_CACHES.get(model))
+        return cls(_layers(model, make), make("head", [model.lm_head]))
 
 
 class NativeInt4Layers(LayerSet):

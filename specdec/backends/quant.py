@@ -65,7 +65,7 @@ from specdec.vocab import saved_tokenizer
 
 FORMAT = "specdec-int8-v1"  # written into saved folders; bump when the format or the numerics change
 ATTENTION = "specdec_rowwise"
-_WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_FILE = "model.safetensors"
 _INDEX_FILE = "specdec-int8.json"
 # The token tree whose forward runs in this thread (tree_attention), else None: rowwise_attention's rows
 _TREE: ContextVar[Tree | None] = ContextVar("specdec_tree", default=None)
@@ -101,6 +101,28 @@ class Int8Linear(nn.Module):
     @property
     def packed(self) -> bool:
         return self._packed is not None
+
+    def packed_weight(self) -> torch.Tensor:
+        """The kernel's layout of the weights (packing them first if they are not yet)."""
+        self.pack()
+        assert self._packed is not None
+        return self._packed
+
+    def use_packed(self, packed: torch.Tensor) -> None:
+        """Take the kernel's layout of these weights as packed before (a memory-mapped cache: read only)."""
+        shape = (-(-self.out_features // kernels.int8.TILE) * kernels.int8.TILE, kernels.int8.padded(self.in_features))
+        if packed.dtype != torch.int8 or tuple(packed.shape) != shape:
+            raise ValueError(f"packed int8 weights must be int8 {list(shape)}, got {packed.dtype} {list(packed.shape)}")
+        self._packed = packed
+        self._qweight = None
+
+    @classmethod
+    def from_packed(cls, packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, out_features: int,
+                    in_features: int) -> Int8Linear:
+        """A linear over weights already in the kernel's layout (use_packed): no int8 values needed."""
+        linear = cls(torch.empty(out_features, in_features, dtype=torch.int8), scale, bias)  # never read
+        linear.use_packed(packed)
+        return linear
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int8Linear:
@@ -248,7 +270,7 @@ def save_int8(model: nn.Module, tokenizer: Any, out_dir: Path, source: dict | No
             continue
         seen.add(tensor.data_ptr())
         tensors[name] = tensor.contiguous()
-    save_file(tensors, str(out_dir / _WEIGHTS_FILE))
+    save_file(tensors, str(out_dir / WEIGHTS_FILE))
     model.config.save_pretrained(out_dir)
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(out_dir)
@@ -279,7 +301,7 @@ def load_int8(folder: Path) -> tuple[nn.Module, Any]:
     config = AutoConfig.from_pretrained(folder)
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_file(str(folder / _WEIGHTS_FILE))
+    tensors = load_file(str(folder / WEIGHTS_FILE))
     for name, info in index["linears"].items():
         bias = tensors.pop(f"{name}.bias") if info["bias"] else None
         _set_module(model, name, Int8Linear(tensors.pop(f"{name}.qweight"), tensors.pop(f"{name}.scale"), bias))
