@@ -475,23 +475,63 @@ def _gguf_table(layers: Sequence[_Layer]) -> _NativeTable:
                         torch.tensor([layer.sliding_window or 0 for layer in layers], dtype=torch.int32))
 
 
+class Rotary:
+    """The rotary cos / sin tables of a GGUF model (default or linear scaling: what config_of admits), computed with
+    the operations of transformers' rotary module for llama / qwen2 / mistral (the same bits: tested), without
+    importing its modeling code (a second at start)."""
+
+    def __init__(self, config: Any, head_dim: int) -> None:
+        rope = config.rope_parameters
+        base = rope["rope_theta"]
+        self.inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))  # [D/2]
+        if rope.get("rope_type") == "linear":
+            self.inv_freq /= rope["factor"]
+
+    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """position_ids [B, n] -> (cos, sin) [B, n, D] in x's dtype."""
+        freqs = position_ids[..., None].float() * self.inv_freq.float()
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * 1.0).to(dtype=x.dtype), (emb.sin() * 1.0).to(dtype=x.dtype)  # attention scaling 1
+
+
 class GGUFRunner(LeanRunner):
     """A ModelRunner over a GGUF model's own blocks (see the module doc): the lean runner's cache, rollback,
-    trees, hidden states and packed forwards, with :class:`GGUFLayers`."""
+    trees, hidden states and packed forwards, with :class:`GGUFLayers`.  It needs no transformers model: the
+    file's config, the rotary tables (Rotary) and the end-of-sequence ids are its own; `model` (transformers'
+    model of the config on the meta device: structure and generation config, no weights) is built when asked."""
 
     def __init__(self, model: GGUFModel, max_context: int | None = None, layer_set: GGUFLayers | None = None) -> None:
-        from transformers import AutoModelForCausalLM
-
         self.gguf = model
         self.layer_set = layer_set or GGUFLayers(model)
         config = model.config
-        with torch.device("meta"):  # the transformers model's structure and generation config; no weights
-            self.model = AutoModelForCausalLM.from_config(config)
+        self._meta: Any = None
         self._setup(
             embed_rows=model.embed.rows, embed_scale=None, final_norm=model.final_norm,
             eps=float(config.rms_norm_eps), num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
             head_dim=model.head_dim, max_context=max_context or int(config.max_position_embeddings),
-            rotary=type(self.model.model.rotary_emb)(config), rope_kinds=[None])  # on the CPU: its tables
+            rotary=Rotary(config, model.head_dim), rope_kinds=[None])
+
+    @property
+    def model(self) -> Any:
+        """transformers' model of the file's config on the meta device (built at the first call)."""
+        if self._meta is None:
+            from transformers import AutoModelForCausalLM
+
+            with torch.device("meta"):
+                self._meta = AutoModelForCausalLM.from_config(self.gguf.config)
+        return self._meta
+
+    @model.setter
+    def model(self, value: Any) -> None:
+        self._meta = value
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """The config's end-of-sequence ids (what the generation config of its transformers model holds)."""
+        eos = self.gguf.config.eos_token_id
+        if isinstance(eos, int):
+            return frozenset({eos})
+        return frozenset(int(i) for i in eos) if eos else frozenset()
 
     def embed_tokens(self, tokens: Sequence[int]) -> torch.Tensor:
         return self.gguf.embedding(tokens)

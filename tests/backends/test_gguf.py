@@ -287,3 +287,34 @@ def test_gguf_is_refused_for_what_is_not_a_gguf_file(tmp_path):
     folder = save_tiny(tmp_path / "tiny")
     with pytest.raises(SpecdecError, match="--dtype gguf runs a GGUF model"):
         Engine.load(folder, None, dtype="gguf")
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "mistral"])
+@pytest.mark.parametrize("rope", [{"rope_type": "default", "rope_theta": 1e6},
+                                  {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}])
+def test_the_rotary_tables_are_transformers_bits(arch, rope):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(arch, hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
+                                  intermediate_size=512, num_hidden_layers=1, vocab_size=300, rope_parameters=rope)
+    with torch.device("meta"):
+        kind = type(AutoModelForCausalLM.from_config(config).model.rotary_emb)
+    module = kind(config)  # on the CPU, as the runner built it before
+    positions = torch.arange(0, 40000, 7)[None]  # [1, n]
+    ours, theirs = gguf.Rotary(config, 64)(torch.zeros(1), positions), module(torch.zeros(1), positions)
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
+def test_the_runner_needs_no_transformers_model(files):
+    import subprocess
+    import sys
+
+    from specdec.backends.hf import model_eos_token_ids
+
+    code = ("import sys; from specdec.backends import gguf; r = gguf.load(sys.argv[1]); r.forward([1, 2, 3]); "
+            "print(sorted(m for m in sys.modules if m.startswith(('transformers.models.llama.modeling',"
+            "'transformers.models.qwen2.modeling', 'transformers.generation.utils'))))")
+    out = subprocess.run([sys.executable, "-c", code, files["llama"]], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"  # the model's modeling code (a second to import) is not needed to run it
+    r = gguf.load(files["qwen2"])
+    assert r.eos_token_ids == model_eos_token_ids(r.model) and r.eos_token_ids  # the generation config's
