@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from specdec.backends import lean
-from specdec.backends.base import ModelRunner, cannot_clone
+from specdec.backends.base import PREFILL_CHUNK, Footprint, ModelRunner, cannot_clone
 from specdec.backends.lean import LeanRunner, forward_packed
 from specdec.control import AutoK, Controller, Costs, Load
 from specdec.errors import SpecdecError
@@ -198,7 +198,27 @@ class SlotRunner:
         return self.runner.tokens
 
     def forward(self, new_tokens: Sequence[int], last_n: int | None = None) -> torch.Tensor:
-        return self.batch.submit(self.slot, new_tokens, last_n)
+        """The slot's forward in the batch.  A long one (a prompt's prefill) joins it a chunk a round, at most
+        PREFILL_CHUNK rows each, so the other slots' decode steps go on between its chunks rather than wait for
+        all of it: what forward_chunked does for a batch-invariant runner (int8, bitwise the same), and for an
+        fp32 one too, whose rounding depends on the batch anyway (see the module doc)."""
+        tokens = list(new_tokens)
+        if len(tokens) <= PREFILL_CHUNK or last_n is None or last_n > PREFILL_CHUNK:
+            return self.batch.submit(self.slot, tokens, last_n)
+        head = len(tokens) - PREFILL_CHUNK
+        for start in range(0, head, PREFILL_CHUNK):
+            self.batch.submit(self.slot, tokens[start : min(start + PREFILL_CHUNK, head)], 1)
+        return self.batch.submit(self.slot, tokens[head:], last_n)
+
+    def footprint(self) -> Footprint:
+        """Its runner's, prefilling in chunks (forward) whatever the runner (ModelRunner.footprint)."""
+        return replace(self.runner.footprint(), chunked=True)
+
+    def expect(self, tokens: int) -> None:
+        self.runner.expect(tokens)
+
+    def trim(self, tokens: int) -> int:
+        return self.runner.trim(tokens)
 
     def hidden(self) -> torch.Tensor:
         """The slot's final hidden states [n, hidden] of its last forward (HiddenStateRunner.hidden)."""
@@ -309,6 +329,11 @@ class BatchPool:
 
     def check(self, config: RequestConfig) -> None:
         check_batchable(config)
+
+    def footprints(self) -> tuple[Footprint, Footprint | None]:
+        """A slot's target runner's and draft runner's (RunnerPool.footprints): the target's prefill in chunks."""
+        target = replace(self.target.runners[0].footprint(), chunked=True)
+        return target, self._drafts[0].footprint() if self._drafts else None
 
     @contextmanager
     def lease(self, config: RequestConfig) -> Iterator[Lease]:

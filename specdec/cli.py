@@ -341,6 +341,7 @@ def serve(
     max_tokens_limit: int = typer.Option(2048, "--max-tokens-limit", help="The most tokens a request may ask for."),
     max_prompt_tokens: int | None = typer.Option(None, "--max-prompt-tokens", help="The longest prompt a request may send, in tokens (default: the model's context window); a long prefill holds the other requests back."),
     max_body_bytes: int = typer.Option(1 << 20, "--max-body-bytes", help="The largest request body; larger ones are answered 413."),
+    memory_budget: str | None = typer.Option(None, "--memory-budget", help="Memory the running requests' KV caches and activations may take together, e.g. 4GiB, 512MiB or bytes (default: 75% of the memory available once the models are loaded; 'off': none). A request that needs more is answered 413; one that does not fit beside the running ones waits in the queue."),
     replicas: str | None = typer.Option(None, "--replicas", help="Serve as Ray Serve replicas, each loading its own models: N, or MIN-MAX to autoscale on ongoing requests (needs the ray extra)."),
     ray_address: str | None = typer.Option(None, "--ray-address", help="With --replicas: the Ray cluster to deploy on ('auto', HOST:6379, ray://HOST:10001); default: a new cluster on this machine, shut down on exit."),
     replica_cpus: float | None = typer.Option(None, "--replica-cpus", help="With --replicas: CPUs Ray reserves for each replica (default 1; its torch threads default to it)."),
@@ -382,6 +383,7 @@ def serve(
         fail(f"--shutdown-timeout must be a number of seconds >= 0, got {shutdown_timeout}")
     if max_connections < 1:
         fail(f"--max-connections must be >= 1, got {max_connections}")
+    budget = serve_memory_budget(memory_budget)
     if plan is not None and port == 0:
         fail("--replicas needs a fixed --port: Ray Serve's proxy on every node listens on it")
     draft_spec = None if draft.lower() == "none" else draft
@@ -391,7 +393,7 @@ def serve(
         fail("--api-key is empty: give a key, or leave the option out")
     options = ServeOptions(
         served_names=names, defaults=request, max_queue=max_queue, max_batch=max_batch, max_tokens_limit=max_tokens_limit,
-        max_prompt_tokens=max_prompt_tokens,
+        max_prompt_tokens=max_prompt_tokens, memory_budget=budget if isinstance(budget, int) else None,
         max_body_bytes=max_body_bytes, api_keys=keys, metrics_need_key=not open_metrics,
         allowed_origins=split_values(allowed_origins))
     if max_batch > 1:
@@ -430,8 +432,9 @@ def serve(
         quiet_libraries()
         engine = load_engine(target, draft_spec, dtype, draft_dtype, backend, draft_backend, device, n_ctx, threads,
                              progress, suffix_memory)
-        err.print("models loaded: ready", soft_wrap=True)
-        return create_app(engine, options)
+        served, said = resolved_memory_budget(budget)
+        err.print(f"models loaded: ready · memory budget {said}", soft_wrap=True)
+        return create_app(engine, dataclasses.replace(options, memory_budget=served))
 
     bound_host, bound_port = sock.getsockname()[:2]
     url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
@@ -442,6 +445,39 @@ def serve(
     if error is not None:
         progress.close()
         fail(error)
+
+
+AUTO_BUDGET, NO_BUDGET = "auto", "off"
+
+
+def serve_memory_budget(text: str | None) -> int | str:
+    """--memory-budget, checked: bytes, AUTO_BUDGET (not given: measured once the models are loaded) or NO_BUDGET."""
+    from specdec.memory import parse_bytes
+
+    if text is None or text.strip().lower() == AUTO_BUDGET:
+        return AUTO_BUDGET
+    if text.strip().lower() in (NO_BUDGET, "none"):
+        return NO_BUDGET
+    try:
+        return parse_bytes(text)
+    except SpecdecError as e:
+        fail(f"--memory-budget: {e}")
+
+
+def resolved_memory_budget(budget: int | str) -> tuple[int | None, str]:
+    """(the budget in bytes or None, how the start-up line says it), once the models are loaded."""
+    from specdec.memory import DEFAULT_SHARE, default_budget, format_bytes
+
+    if budget == NO_BUDGET:
+        return None, "off (--memory-budget off): requests are admitted by --max-batch and --max-queue only"
+    if isinstance(budget, int):
+        return budget, f"{format_bytes(budget)} (--memory-budget)"
+    measured = default_budget()
+    if measured is None:
+        return None, "off: this machine's available memory cannot be read (set --memory-budget)"
+    served, available = measured
+    return served, (f"{format_bytes(served)} ({DEFAULT_SHARE:.0%} of the {format_bytes(available)} available "
+                    "now; --memory-budget to change)")
 
 
 def warn_if_exposed(host: str, keys: tuple[str, ...]) -> None:

@@ -35,6 +35,7 @@ from specdec.drafters.universal import UniversalDrafter
 from specdec.errors import IncompatibleDraftError, SpecdecError
 from specdec.loading import AUTO_BACKEND, LOOKUP, SUFFIX, ModelSpec, resolve_draft, resolve_drafter, split_drafter
 from specdec.loop import Stats, Step, StopCondition, collect, decode
+from specdec.memory import DRAFT_ROWS, TRIM_RETURN_BYTES, Need, request_need, return_freed_memory
 from specdec.pool import Lease, RunnerPool, SinglePool
 from specdec.request import RequestConfig, check_draft_mode, check_verify_mode
 from specdec.sampling import SamplingParams
@@ -229,6 +230,10 @@ class Engine:
         self.dtype = "as loaded"  # the target's dtype, as Engine.load resolved it ("gguf" on llama.cpp)
         self.draft_dtype = "as loaded" if draft is not None else None  # the draft model's, likewise
         self.pool: RunnerPool = self._single_pool()  # lends the runners to requests (specdec.pool)
+        # After each request its runners keep at most this many cached tokens (prefix reuse) and free the rest of
+        # their caches, handing a large freed block back to the OS (ModelRunner.trim; specdec.memory); None: they
+        # keep all of it until the next request (the library's default; `specdec serve` sets RETAIN_TOKENS).
+        self.retain_tokens: int | None = None
 
     def enable_batching(self, max_batch: int) -> None:
         """Decode up to `max_batch` requests (streams consumed from as many threads) together, one packed
@@ -648,14 +653,35 @@ class Engine:
                         if runner is not None:
                             runner.reset()
                     raise
+                finally:
+                    self._release(lease)
         finally:
             if self.suffix_store is not None:  # after its prompt's end (an encoder's input is not the context)
                 lead = () if isinstance(self.target_runner, Seq2SeqRunner) else prompt_ids
                 self.suffix_store.add(output, lead)
 
+    def memory_need(self, prompt_tokens: int, max_new_tokens: int) -> Need:
+        """The memory a request of `prompt_tokens` asking for `max_new_tokens` needs from the runners this
+        engine's pool lends (specdec.memory.request_need): its KV caches and its largest forward's activations."""
+        target, draft = self.pool.footprints()
+        return request_need(target, draft, prompt_tokens, max_new_tokens)
+
+    def _release(self, lease: Lease) -> None:
+        """After a request: its runners keep at most retain_tokens cached tokens, and a large cache freed goes
+        back to the OS (specdec.memory.return_freed_memory)."""
+        if self.retain_tokens is None:
+            return
+        freed = sum(runner.trim(self.retain_tokens) for runner in (lease.target, lease.draft) if runner is not None)
+        if freed >= TRIM_RETURN_BYTES:
+            return_freed_memory()
+
     def _decode(self, lease: Lease, prompt_ids: list[int], condition: StopCondition, config: RequestConfig,
                 drafting: bool) -> Iterator[Step]:
         sampling = config.sampling
+        # the most the caches will hold: the runners that preallocate theirs size them once (ModelRunner.expect)
+        for runner in (lease.target, lease.draft if drafting else None):
+            if runner is not None:
+                runner.expect(len(prompt_ids) + config.max_new_tokens + DRAFT_ROWS)
         drafter = (self.make_drafter(sampling, config.draft_mode, config.draft_confidence, draft_runner=lease.draft,
                                      target_runner=lease.target) if drafting else None)
         k = lease.controller(config.k, sampling) if drafter is not None else 1

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:
-    from specdec.backends.base import ModelRunner
+    from specdec.backends.base import Footprint, ModelRunner
     from specdec.control import Controller
     from specdec.request import RequestConfig
     from specdec.sampling import SamplingParams
@@ -48,6 +48,10 @@ class RunnerPool(Protocol):
     def lease(self, config: RequestConfig) -> AbstractContextManager[Lease]:
         """The request's lease, held until the block ends."""
 
+    def footprints(self) -> tuple[Footprint, Footprint | None]:
+        """The footprints of the target runner and the draft runner (None: none) a lease gives: what a request's
+        memory is priced by (specdec.memory.request_need)."""
+
 
 class SinglePool:
     """One lease (an engine's own runners and controllers), lent to one request at a time."""
@@ -61,6 +65,10 @@ class SinglePool:
 
     def check(self, config: RequestConfig) -> None:
         """Any request runs on the engine's own runners."""
+
+    def footprints(self) -> tuple[Footprint, Footprint | None]:
+        draft = self._lease.draft
+        return self._lease.target.footprint(), draft.footprint() if draft is not None else None
 
     @contextmanager
     def lease(self, config: RequestConfig) -> Iterator[Lease]:

@@ -53,7 +53,14 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from specdec.backends.base import Capabilities, ModelRunner, cannot_clone, checked_new_tokens, common_prefix_length
+from specdec.backends.base import (
+    Capabilities,
+    Footprint,
+    ModelRunner,
+    cannot_clone,
+    checked_new_tokens,
+    common_prefix_length,
+)
 
 
 @runtime_checkable
@@ -183,6 +190,18 @@ class StairsRunner:
         reset = getattr(self.next_token, "reset", None)  # a model with a cache starts afresh too
         if reset is not None:
             reset()
+
+    def footprint(self) -> Footprint:
+        """Nothing of its own: the runner it asks (the request's target) holds the cache (ModelRunner.footprint)."""
+        return Footprint()
+
+    def expect(self, tokens: int) -> None:
+        """Nothing to make room for: it keeps token ids only."""
+
+    def trim(self, tokens: int) -> int:
+        """Keep the first `tokens` token ids (ModelRunner.trim): nothing to free."""
+        del self.tokens[max(0, int(tokens)):]
+        return 0
 
     def clone(self) -> StairsRunner:
         raise cannot_clone(self)

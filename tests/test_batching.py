@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import pytest
 import torch
@@ -246,3 +247,67 @@ def test_the_batch_learns_its_costs_from_packed_forwards(monkeypatch):
     # A seeded sampled request keeps a controller of its own: its k must not depend on timings.
     seeded = batch.controller(0, "auto", SamplingParams(temperature=0.9, seed=1))
     assert seeded.costs is not costs
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp32"])
+def test_a_long_prefill_joins_the_batch_a_chunk_a_round(dtype, monkeypatch):
+    """A prompt of several chunks, admitted while another request decodes: each of its chunks is one packed
+    forward with the other request's step, so that request's tokens go on during the prefill (counted in
+    rounds, not time); int8 answers are bitwise each alone."""
+    from specdec import batching
+    from specdec.backends.base import PREFILL_CHUNK
+
+    tok = tiny_tokenizer(0)
+    target = tiny_model("qwen2", 0, vocab_size=len(tok), positions=4 * PREFILL_CHUNK)
+    if dtype == "int8":
+        from specdec.backends.quant import quantize_model
+
+        target = quantize_model(target)
+    engine = Engine(target, tok)
+    engine.enable_batching(2)
+    gen = torch.Generator().manual_seed(0)
+    long_prompt = [int(t) for t in torch.randint(3, len(tok), (3 * PREFILL_CHUNK - 100,), generator=gen)]
+    short_prompt = engine.encode("for i in range")
+    alone = [engine.generate(p, max_new_tokens=n, use_draft=False).token_ids
+             for p, n in ((short_prompt, 40), (long_prompt, 4))]
+    rounds: list[list[tuple[int, int]]] = []  # each packed forward's (runner, rows)
+    packed = batching.forward_packed
+
+    def logged(runners, chunks, last_ns, trees=None):
+        rounds.append([(id(r), len(c)) for r, c in zip(runners, chunks)])
+        return packed(runners, chunks, last_ns, trees)
+
+    monkeypatch.setattr(batching, "forward_packed", logged)
+    short_started, long_admitted = threading.Event(), threading.Event()
+    outs: dict[str, list[int]] = {}
+
+    def short():
+        tokens = []
+        for step in engine.stream(short_prompt, max_new_tokens=40, use_draft=False):
+            tokens += step.tokens
+            if not short_started.is_set():
+                short_started.set()
+                assert long_admitted.wait(30)  # decodes on once the long request holds its slot
+        outs["short"] = tokens
+
+    def long():
+        assert short_started.wait(30)
+        outs["long"] = engine.generate(long_prompt, max_new_tokens=4, use_draft=False).token_ids
+
+    threads = [threading.Thread(target=short), threading.Thread(target=long)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while engine.pool.target.active < 2 and threads[1].is_alive() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    long_admitted.set()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    slots = {id(r) for r in engine.pool.target.runners}
+    chunk_rounds = [r for r in rounds if any(rows > len(short_prompt) for _, rows in r)]  # the long prompt's chunks
+    assert len(chunk_rounds) == 3  # 3 chunks of at most PREFILL_CHUNK rows, one a round
+    assert all(max(rows for _, rows in r) <= PREFILL_CHUNK and len(r) == 2 and {s for s, _ in r} <= slots
+               for r in chunk_rounds)  # each shared with the short request's step of one row
+    if dtype == "int8":
+        assert [outs["short"], outs["long"]] == alone

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.backends.base import Capabilities, cannot_clone
+from specdec.backends.base import Capabilities, Footprint, cannot_clone
 from specdec.drafters.base import Draft
 from specdec.sampling import SamplingParams
 
@@ -38,6 +38,16 @@ class RunnerDefaults:
 
     def clone(self) -> RunnerDefaults:
         raise cannot_clone(self)
+
+    def footprint(self) -> Footprint:
+        return Footprint()
+
+    def expect(self, tokens: int) -> None:
+        pass
+
+    def trim(self, tokens: int) -> int:
+        del self.tokens[tokens:]
+        return 0
 
     def describe(self) -> str:
         return "toy"

@@ -49,6 +49,33 @@ class Capabilities:
     tree: bool = False
 
 
+@dataclass(frozen=True)
+class Footprint:
+    """What a runner's cache and forwards take in memory (a server prices a request with it: specdec.memory).
+
+    cache_bytes_per_token: the KV cache's bytes per cached token (layers x kv heads x head dim x 2 x the bytes
+    of its element); row_bytes: the activations one row of a forward keeps alive at once, at most; logits_row_bytes:
+    one row of fp32 logits (vocab x 4); chunked: a long prompt's prefill runs in forwards of at most
+    PREFILL_CHUNK rows (forward_chunked) rather than in one.  All 0 for a runner whose memory is allocated once,
+    when it is loaded (llama.cpp's context), or that keeps none of its own (a stairs view)."""
+
+    cache_bytes_per_token: int = 0
+    row_bytes: int = 0
+    logits_row_bytes: int = 0
+    chunked: bool = True
+
+
+def decoder_footprint(layers: int, kv_heads: int, head_dim: int, heads: int, hidden: int, intermediate: int,
+                      vocab: int, cache_element: int, element: int = 4, chunked: bool = True) -> Footprint:
+    """A decoder's Footprint from its shapes: the cache `cache_element` bytes an element, activations `element`
+    bytes.  A row's activations: the residual stream and its norm, the attention's output and the layer's
+    output (4 x hidden, plus 2 x hidden for a kept or quantized copy), q, k and v, and the MLP's gate, up and
+    activated product (3 x intermediate, plus one for its quantized input)."""
+    row = 6 * hidden + (2 * heads + 2 * kv_heads) * head_dim + 4 * intermediate
+    return Footprint(cache_bytes_per_token=layers * kv_heads * head_dim * 2 * cache_element, row_bytes=row * element,
+                     logits_row_bytes=vocab * 4, chunked=chunked)
+
+
 @runtime_checkable
 class ModelRunner(Protocol):
     tokens: list[int]  # exactly what the KV cache holds, in order
@@ -79,6 +106,22 @@ class ModelRunner(Protocol):
     def describe(self) -> str:
         """The backend in a few words, as the CLI names it: "transformers", "transformers int8",
         "specdec int4", "llama.cpp"."""
+        ...
+
+    def footprint(self) -> Footprint:
+        """What its cache and its forwards take in memory, per cached token and per row (Footprint)."""
+        ...
+
+    def expect(self, tokens: int) -> None:
+        """A request will cache at most about `tokens` tokens (its prompt, its max_tokens, a draft): a runner
+        that preallocates its cache makes room for exactly that many now (capped at max_context) instead of
+        growing it by doubling; the others do nothing.  A hint: more tokens still fit, fewer waste nothing
+        but address space."""
+        ...
+
+    def trim(self, tokens: int) -> int:
+        """Keep at most the first `tokens` cached tokens (what prefix reuse may still use) and free the cache's
+        room past them; returns about how many bytes it let go (0 where nothing was freed)."""
         ...
 
     def identity(self) -> dict[str, Any]:

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 from specdec.backends import fastlinear
-from specdec.backends.base import Capabilities, checked_new_tokens, checked_taps, last_hidden
+from specdec.backends.base import Capabilities, Footprint, checked_new_tokens, checked_taps, decoder_footprint, last_hidden
 from specdec.backends.tree import Tree, check_forward, check_rollback, kept_rows
 from specdec.errors import SpecdecError
 
@@ -154,6 +154,25 @@ def model_backend(model: PreTrainedModel) -> str:
     from specdec.backends.quant import is_int8
 
     return "transformers int8" if is_int8(model) else "transformers"
+
+
+def model_footprint(model: PreTrainedModel, chunked: bool, decoder: bool = False) -> Footprint:
+    """A transformers model's Footprint (ModelRunner.footprint) from its config: its cache and activations in
+    the dtype of its embedding (fp32 for specdec's int8 models, whose linears compute in fp32).  `decoder`:
+    an encoder-decoder model's decoder (its cross-attention cache is priced per source token like its own)."""
+    c = model.config
+    if decoder:
+        c = c.get_text_config(decoder=True)
+    layers = int(getattr(c, "decoder_layers", None) or getattr(c, "num_decoder_layers", None) or c.num_hidden_layers)
+    heads = int(getattr(c, "decoder_attention_heads", None) or c.num_attention_heads)
+    kv_heads = int(getattr(c, "num_key_value_heads", None) or heads)
+    hidden = int(c.hidden_size)
+    head_dim = int(getattr(c, "head_dim", None) or getattr(c, "d_kv", None) or hidden // heads)
+    intermediate = int(getattr(c, "intermediate_size", None) or getattr(c, "decoder_ffn_dim", None)
+                       or getattr(c, "d_ff", None) or 4 * hidden)
+    element = model.get_input_embeddings().weight.element_size()
+    return decoder_footprint(layers, kv_heads, head_dim, heads, hidden, intermediate, model_vocab_size(model),
+                             cache_element=element, element=element, chunked=chunked)
 
 
 def model_identity(backend: str, model: PreTrainedModel, dtype: str | None = None) -> dict[str, Any]:
@@ -423,6 +442,29 @@ class HFRunner:
         self.tokens = []
         self._hidden = self._tail = None
         self._tree = None
+
+    def footprint(self) -> Footprint:
+        """From the model's config (model_footprint); a long prefill in chunks where the model is batch-invariant."""
+        return model_footprint(self.model, chunked=self.capabilities.batch_invariant)
+
+    def expect(self, tokens: int) -> None:
+        """Nothing to make room for: the DynamicCache grows by concatenation, to exactly what it holds."""
+
+    def trim(self, tokens: int) -> int:
+        """Keep the first `tokens` cached tokens (ModelRunner.trim): the DynamicCache's crop leaves views over
+        the longer tensors, so the kept rows are copied out and those freed."""
+        drop = len(self.tokens) - max(0, int(tokens))
+        if self._tree is not None:
+            self.reset()
+            return 0
+        if drop <= 0:
+            return 0
+        freed = drop * self.footprint().cache_bytes_per_token
+        self.rollback(max(0, int(tokens)))
+        for layer in self.cache.layers:
+            if layer.is_initialized and layer.keys is not None and layer.keys.numel():
+                layer.keys, layer.values = layer.keys.clone(), layer.values.clone()  # [B, H, tokens, D]
+        return freed
 
     @property
     def eos_token_ids(self) -> frozenset[int]:

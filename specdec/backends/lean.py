@@ -11,8 +11,10 @@ directly from the quantized model's tensors, gpt-fast style:
   for all of them, so concatenating output channels changes no number;
 - the rotary cos/sin table computed once, by the model's own rotary module,
   for every position;
-- a preallocated KV cache per layer ([H_kv, capacity, D], grown by doubling):
-  rollback moves a length, nothing is copied;
+- a preallocated KV cache per layer ([H_kv, capacity, D], fp32): sized once for a
+  request whose length is known (``expect``: prompt + max_tokens), else grown by
+  doubling; rollback moves a length, nothing is copied; ``trim`` shrinks it back
+  after a long request;
 - the fused weights are packed for the int8 kernel when the runner is built; the
   transformers model's own q/k/v and gate/up linears stay unpacked int8
   values (packed only if that model is itself run, e.g. by transformers'
@@ -103,7 +105,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.backends import kernels
-from specdec.backends.base import Capabilities, checked_taps, last_hidden
+from specdec.backends.base import Capabilities, Footprint, checked_taps, decoder_footprint, last_hidden
 from specdec.backends.fastlinear import is_fp32_cpu_linear, weight_major_linear
 from specdec.backends.hf import layer_window, model_eos_token_ids, model_identity, model_max_context
 from specdec.backends.int4 import Int4Linear
@@ -119,6 +121,7 @@ INT4_ARCHITECTURES = (*ARCHITECTURES, *GEMMA)
 ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}  # the gate activations kernels/layers.c computes (ACT_*)
 STATIC_ROPE = ("default", "linear", "llama3")  # inv_freq does not change with the sequence length
 _INITIAL_CAPACITY = 256
+CACHE_DTYPE = torch.float32  # the KV cache's elements, whatever the weights (int8 and int4 compute in fp32)
 
 
 WEIGHT_MAJOR_ROWS = 128  # fp32: forwards of 2..this many tokens take the weight-major product
@@ -731,20 +734,22 @@ class LeanRunner:
         return F.embedding(torch.tensor(list(tokens)), self.embed)
 
     def _reserve(self, length: int) -> None:
-        """Room in the cache and the rotary table for `length` positions."""
-        if length <= self.capacity:
-            return
-        capacity = min(max(length, 2 * self.capacity, _INITIAL_CAPACITY), self.max_context)
+        """Room in the cache and the rotary table for `length` positions: by doubling, unless expect() made it."""
+        if length > self.capacity:
+            self._resize(min(max(length, 2 * self.capacity, _INITIAL_CAPACITY), self.max_context))
+
+    def _resize(self, capacity: int) -> None:
+        """The cache and the rotary tables for exactly `capacity` positions, the cached tokens copied over."""
         shape = (self.num_kv_heads, capacity, self.head_dim)
         used = len(self.tokens)
         for cache in (self.keys, self.values):
             for i in range(len(self.layer_set.layers)):
-                grown = torch.empty(shape)
+                resized = torch.empty(shape, dtype=CACHE_DTYPE)
                 if i < len(cache):
-                    grown[:, :used] = cache[i][:, :used]
-                    cache[i] = grown
+                    resized[:, :used] = cache[i][:, :used]
+                    cache[i] = resized
                 else:
-                    cache.append(grown)
+                    cache.append(resized)
         positions = torch.arange(capacity)[None]  # [1, capacity]
         # [1, capacity, D] each per table, the model's own computation
         probe = torch.zeros(1, 1)  # the rotary module reads only its dtype and device
@@ -753,6 +758,33 @@ class LeanRunner:
         self._sin = torch.cat([sin for _, sin in tables])
         self.capacity = capacity
         self._addresses = [t.data_ptr() for pair in zip(self.keys, self.values) for t in pair]
+
+    def footprint(self) -> Footprint:
+        """Its fp32 cache's bytes per token and a forward's per row (ModelRunner.footprint); a long prefill in
+        chunks where the runner is batch-invariant (forward_chunked)."""
+        return decoder_footprint(len(self.layer_set.layers), self.num_kv_heads, self.head_dim, self.num_heads,
+                                 int(self.final_norm.shape[0]), self.layer_set.intermediate, self.vocab_size,
+                                 CACHE_DTYPE.itemsize, chunked=self.capabilities.batch_invariant)
+
+    def expect(self, tokens: int) -> None:
+        """Room for `tokens` cached tokens now, exactly (capped at max_context; ModelRunner.expect): a long
+        request's cache is allocated once, not doubled up to twice its need."""
+        tokens = min(int(tokens), self.max_context)
+        if tokens > self.capacity:
+            self._resize(tokens)
+
+    def trim(self, tokens: int) -> int:
+        """Keep at most the first `tokens` cached tokens, in a cache of their size (at least the initial one);
+        the larger one is freed (ModelRunner.trim).  Returns the bytes freed."""
+        if self._tree is not None:  # a token tree left half settled: nothing in it is worth keeping
+            self.reset()
+        del self.tokens[max(0, int(tokens)):]
+        capacity = max(len(self.tokens), _INITIAL_CAPACITY)
+        if capacity >= self.capacity:
+            return 0
+        freed = (self.capacity - capacity) * self.footprint().cache_bytes_per_token
+        self._resize(capacity)
+        return freed
 
     def _check(self, new_tokens: Sequence[int]) -> list[int]:
         check_forward(self._tree)

@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from specdec.backends.base import Capabilities, cannot_clone
+from specdec.backends.base import Capabilities, Footprint, cannot_clone
 from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:  # torch only wraps the logits (LlamaCppRunner.forward): checking a spec needs none of it
@@ -368,6 +368,19 @@ class LlamaCppRunner:
     def reset(self) -> None:
         self.session.remove(0)
         self.tokens = []
+
+    def footprint(self) -> Footprint:
+        """Nothing per request: llama.cpp allocates its context's KV cache (n_ctx tokens) and its compute
+        buffers when the model is loaded (ModelRunner.footprint), so they are in what the machine has left then."""
+        return Footprint()
+
+    def expect(self, tokens: int) -> None:
+        """Nothing to make room for: the context of n_ctx tokens is allocated already."""
+
+    def trim(self, tokens: int) -> int:
+        """Keep the first `tokens` cached tokens; the context's memory stays allocated (ModelRunner.trim): 0."""
+        self.rollback(min(len(self.tokens), max(0, int(tokens))))
+        return 0
 
     def clone(self) -> LlamaCppRunner:
         raise cannot_clone(self)

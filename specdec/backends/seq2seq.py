@@ -45,12 +45,13 @@ from transformers.modeling_outputs import BaseModelOutput
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-from specdec.backends.base import Capabilities, cannot_clone, checked_new_tokens, last_hidden
+from specdec.backends.base import Capabilities, Footprint, cannot_clone, checked_new_tokens, last_hidden
 from specdec.backends.hf import (
     HFRunner,
     head_inputs,
     model_backend,
     model_eos_token_ids,
+    model_footprint,
     model_identity,
     model_max_context,
     own_rows,
@@ -180,6 +181,23 @@ class Seq2SeqRunner:
     @property
     def eos_token_ids(self) -> frozenset[int]:
         return model_eos_token_ids(self.model)
+
+    def footprint(self) -> Footprint:
+        """The decoder's, from the config (ModelRunner.footprint): a cached decoder token costs its self-attention's
+        keys and values, a source token its cross-attention's, the same per layer; one forward over the prompt."""
+        return model_footprint(self.model, chunked=False, decoder=True)
+
+    def expect(self, tokens: int) -> None:
+        """Nothing to make room for: the caches grow by concatenation."""
+
+    def trim(self, tokens: int) -> int:
+        """Keep the first `tokens` decoder tokens (ModelRunner.trim); a longer cache is emptied (this runner reuses
+        no prefix: the next request sets its own source), its memory freed."""
+        if len(self.tokens) <= max(0, int(tokens)):
+            return 0
+        freed = len(self.tokens) * self.footprint().cache_bytes_per_token
+        self.reset()
+        return freed
 
     def clone(self) -> Seq2SeqRunner:
         raise cannot_clone(self)

@@ -43,6 +43,10 @@ class ServeOptions:
     # prefill holds the others back (with one worker, all of it; in a batch, a chunk a round)
     max_prompt_tokens: int | None = None
     max_body_bytes: int = 1 << 20  # a larger body is answered 413
+    # bytes the running requests' KV caches and activations may take together (specdec.memory): a request that
+    # needs more is answered 413, one that does not fit beside the running ones waits; None: no budget (`specdec
+    # serve` sets one, by default a share of the memory available once the models are loaded)
+    memory_budget: int | None = None
     default_max_tokens: int = 16  # /v1/completions without max_tokens (OpenAI's default)
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # none: anyone may call the API (specdec.serve.access)
     metrics_need_key: bool = True  # with api_keys: /metrics wants one too

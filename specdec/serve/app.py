@@ -43,7 +43,7 @@ from specdec.serve import ServeOptions
 from specdec.serve.access import allow_origins, check_json, check_key
 from specdec.serve.metrics import Metrics
 from specdec.serve.protocol import APIError, ChatRequest, CompletionRequest, GenerationRequest, parse, speculative_changes
-from specdec.serve.worker import SHUTTING_DOWN, ErrorEvent, Job, QueueFull, Request, StepEvent, Worker
+from specdec.serve.worker import SHUTTING_DOWN, ErrorEvent, Job, OverBudget, QueueFull, Request, StepEvent, Worker
 
 DISCONNECT_POLL_S = 0.1  # how often a request waiting for its next event checks that its client is still there
 CLIENT_GONE = 499  # the status logged for a request whose client left (nginx's convention)
@@ -66,7 +66,8 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
     With a `fleet`, /health and /metrics also report the servers beside this one.  `host_cancels`:
     the server running the app (Ray Serve) cancels the handler of a client that left, so a handler
     does not look for the disconnect itself (see :func:`next_event`)."""
-    worker = Worker(engine, max_queue=options.max_queue, max_batch=options.max_batch, defaults=options.defaults)
+    worker = Worker(engine, max_queue=options.max_queue, max_batch=options.max_batch, defaults=options.defaults,
+                    memory_budget=options.memory_budget)
     metrics = worker.metrics
     encode_lock = threading.Lock()  # one tokenization at a time, off the event loop
 
@@ -140,7 +141,7 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
         return await generate(http, "/v1/chat/completions", ChatRequest)
 
     async def generate(http: HTTPRequest, endpoint: str, model: type[GenerationRequest]) -> Response:
-        code = 200
+        code, queued = 200, False
         try:
             check_key(http.headers, options.api_keys)
             check_json(http.headers)  # before the body is read: a browser's cross-site form post stops here
@@ -160,6 +161,9 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
                     raise APIError(503, "the server is shutting down", None, SHUTTING_DOWN) from None
                 raise APIError(503, f"the server is busy: {options.max_queue} requests are already waiting; "
                                     "retry later", None, "queue_full", {"Retry-After": "1"}) from None
+            except OverBudget as e:
+                raise APIError(413, str(e), None, "memory_budget_exceeded") from None
+            queued = True
             watched = None if host_cancels else http  # whose disconnect next_event looks for
             first = await next_event(job, watched)
             if first is None:
@@ -179,6 +183,8 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
             return JSONResponse(result)
         except APIError as e:
             code = e.status
+            if not queued:  # refused before it ran: counted by reason
+                metrics.record_refusal(e.code)
             raise
         except asyncio.CancelledError:  # cancelled from outside: Ray Serve does so when the client leaves
             code = CLIENT_GONE

@@ -28,6 +28,8 @@ time_to_first_token_seconds                              the same               
 request_queue_time_seconds                               the same               -
 requests_total{endpoint, code}                           -                      -
 request_disconnects_total                                -                      -
+requests_refused_total{reason}                           -                      -
+memory_budget_bytes, memory_reserved_bytes               -                      -
 =======================================================  =====================  ======================================
 
 What they count: drafts = decode steps that verified a draft; draft tokens = tokens proposed;
@@ -42,6 +44,12 @@ the mean tokens/s from it; suffix_store_tokens = the tokens the suffix drafts' s
 answers holds now (at most ``--suffix-memory``; 0 without suffix drafts); n_decode = target forward passes, prefills
 included; the latencies are
 histograms from each request's arrival.
+
+requests_refused_total counts the requests refused before they ran, by reason: memory_budget (a 413: it
+needs more than --memory-budget), queue_full (a 503), context_length (a 400: the prompt is over the model's
+window or --max-prompt-tokens), body_too_large (a 413), shutting_down (a 503).  memory_budget_bytes is
+--memory-budget (0: none), memory_reserved_bytes what the running requests reserve of it now, with what the
+runners keep between requests (specdec.memory.MemoryBudget).
 
 requests_total counts the answers of /v1/completions and /v1/chat/completions by HTTP status; a
 client that left before its answer counts as code 499 (nginx's "client closed request").
@@ -68,13 +76,20 @@ PREFIX = "specdec:"
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 
 
+# the error codes of refusals (specdec.serve.protocol.APIError.code) -> their requests_refused_total reason
+REFUSALS = {"memory_budget_exceeded": "memory_budget", "queue_full": "queue_full",
+            "context_length_exceeded": "context_length", "body_too_large": "body_too_large",
+            "server_shutting_down": "shutting_down"}
+
+
 class Metrics:
     """The counters, gauges and histograms of one server; `render()` is the /metrics body."""
 
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, running: Callable[[], float], waiting: Callable[[], float],
-                 store_tokens: Callable[[], float] = lambda: 0.0) -> None:
+                 store_tokens: Callable[[], float] = lambda: 0.0, budget: Callable[[], float] = lambda: 0.0,
+                 reserved: Callable[[], float] = lambda: 0.0) -> None:
         import prometheus_client
 
         prometheus_client.disable_created_metrics()  # no *_created series: noise on every scrape
@@ -108,6 +123,9 @@ class Metrics:
         self.requests = counter("requests", "Answers of the completion endpoints, by HTTP status "
                                 "(499: the client left first).", ("endpoint", "code"))
         self.disconnects = counter("request_disconnects", "Requests whose client went away before the end.")
+        self.refused = counter("requests_refused", "Requests refused before they ran, by reason.", ("reason",))
+        for reason in REFUSALS.values():
+            self.refused.labels(reason=reason)  # every reason shown from the start, at 0
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to last token, for requests that finished.")
         self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token.")
         self.queue_time = histogram("request_queue_time_seconds",
@@ -118,6 +136,10 @@ class Metrics:
               registry=registry).set_function(waiting)
         Gauge(PREFIX + "suffix_store_tokens", "Tokens the suffix drafts' store of recent answers holds.",
               registry=registry).set_function(store_tokens)
+        Gauge(PREFIX + "memory_budget_bytes", "Bytes the running requests' KV caches and activations may take "
+              "(--memory-budget; 0: no budget).", registry=registry).set_function(budget)
+        Gauge(PREFIX + "memory_reserved_bytes", "Bytes of the memory budget reserved now (running requests, and the "
+              "caches kept between requests).", registry=registry).set_function(reserved)
         Gauge(PREFIX + "predicted_tokens_seconds", "Mean generation speed since start, tokens/s.",
               registry=registry).set_function(self._tokens_per_s)
 
@@ -144,6 +166,12 @@ class Metrics:
             self.source_drafts.labels(source=source).inc(steps)
             self.source_draft_tokens.labels(source=source).inc(drafted)
             self.source_accepted.labels(source=source).inc(accepted)
+
+    def record_refusal(self, code: str | None) -> None:
+        """Count a request refused with this error code, where it is a refusal (REFUSALS)."""
+        reason = REFUSALS.get(code or "")
+        if reason is not None:
+            self.refused.labels(reason=reason).inc()
 
     def record_first_token(self, queued_s: float, first_token_s: float) -> None:
         """A request's first token came `first_token_s` after its arrival, `queued_s` of it in the queue."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from specdec.engine import Engine, TextStream
 from specdec.errors import SpecdecError
 from specdec.loop import Stats
+from specdec.memory import RETAIN_TOKENS, MemoryBudget, Need, format_bytes
 from specdec.request import RequestConfig
 from specdec.serve.metrics import Metrics
 
@@ -87,6 +88,8 @@ class Job:
         self.cancelled = threading.Event()
         self.arrived = time.perf_counter()
         self.ended_by: str | None = None  # why the server ended it (abort), None for a client that left
+        self.need: Need | None = None  # the memory it needs, where the worker has a budget (Worker.submit)
+        self.reserved = False  # whether that memory is reserved for it now
 
     def emit(self, event: StepEvent | ErrorEvent) -> None:
         """Hand an event to the event loop (called from the worker thread)."""
@@ -112,25 +115,61 @@ class QueueFull(Exception):
     """The queue holds its maximum of waiting requests."""
 
 
+class OverBudget(Exception):
+    """A request needs more memory than the whole budget: it could never run (a 413)."""
+
+    def __init__(self, need: Need, budget: MemoryBudget) -> None:
+        held = f", {format_bytes(budget.held)} of it kept for the runners' cached prompts" if budget.held else ""
+        super().__init__(f"the request needs {need.describe()}; --memory-budget is {format_bytes(budget.total)}"
+                         f"{held}: send a shorter prompt or a smaller max_tokens")
+        self.need = need
+
+
 class Worker:
     """The threads that own `engine`; requests start in arrival order, up to `max_batch` at once
     (the engine's batching set to it).  `defaults`: the requests' defaults, refused now where the
-    engine could run none of them (stairs verification in a batch)."""
+    engine could run none of them (stairs verification in a batch).
+
+    `memory_budget` (bytes, None: none; specdec.memory): each request's need (Engine.memory_need) is
+    reserved before it starts and released when it ends.  submit() refuses one that needs more than the
+    whole budget (OverBudget); the request at the head of the queue waits until the running ones leave it
+    room, and those behind it wait behind it (no later, smaller request overtakes it).  Either way the
+    runners keep at most RETAIN_TOKENS cached tokens between requests (Engine.retain_tokens); with a
+    budget, that memory is held aside in it."""
 
     def __init__(self, engine: Engine, max_queue: int = 16, max_batch: int = 1,
-                 defaults: RequestConfig = RequestConfig()) -> None:
+                 defaults: RequestConfig = RequestConfig(), memory_budget: int | None = None) -> None:
         self.engine = engine
         engine.enable_batching(max_batch)
         engine.pool.check(defaults)
+        engine.retain_tokens = RETAIN_TOKENS
+        self.budget: MemoryBudget | None = None
+        if memory_budget is not None:
+            target, draft = engine.pool.footprints()
+            per_token = target.cache_bytes_per_token + (draft.cache_bytes_per_token if draft is not None else 0)
+            self.budget = MemoryBudget(memory_budget, held=max_batch * RETAIN_TOKENS * per_token)
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.active: set[Job] = set()  # the jobs running now
+        self._admitting: Job | None = None  # the job taken from the queue, waiting for its memory
+        self._admit = threading.Lock()  # held by the thread taking the next job: jobs start in arrival order
         self._lock = threading.Lock()
-        self.metrics = Metrics(running=lambda: float(len(self.active)), waiting=self.jobs.qsize,
-                               store_tokens=lambda: float(engine.suffix_store.tokens if engine.suffix_store else 0))
+        budget = self.budget
+        self.metrics = Metrics(running=lambda: float(len(self.active)), waiting=self._waiting,
+                               store_tokens=lambda: float(engine.suffix_store.tokens if engine.suffix_store else 0),
+                               budget=lambda: float(budget.total if budget else 0),
+                               reserved=lambda: float(budget.reserved if budget else 0))
         self._threads = [threading.Thread(target=self._run, name=f"specdec-worker-{i}", daemon=True)
                          for i in range(max_batch)]
         self._closing = False
         self._ended_by: str | None = None  # set when a shutdown ends every request (drain's timeout)
+
+    def _waiting(self) -> float:
+        """The jobs waiting: in the queue, and the one waiting for its memory."""
+        return float(self.jobs.qsize() + (self._admitting is not None))
+
+    def need(self, request: Request) -> Need:
+        """The memory `request` needs (Engine.memory_need)."""
+        return self.engine.memory_need(len(request.prompt_ids), request.config.max_new_tokens)
 
     @property
     def running(self) -> Job | None:
@@ -161,7 +200,8 @@ class Worker:
 
     def _abort_all(self, reason: str) -> None:
         self._ended_by = reason  # a job a thread takes from the queue from now on ends at once (_run)
-        for job in list(self.active):
+        admitting = self._admitting
+        for job in [*self.active, *([admitting] if admitting is not None else [])]:
             job.abort(reason)
         for job in self._take_waiting():
             job.abort(reason)
@@ -179,9 +219,14 @@ class Worker:
                 taken.append(job)
 
     def submit(self, job: Job) -> None:
-        """Queue a job; QueueFull when max_queue jobs already wait (or the server is closing)."""
+        """Queue a job; QueueFull when max_queue jobs already wait (or the server is closing), OverBudget when
+        it needs more memory than the whole budget."""
         if self._closing:
             raise QueueFull()
+        if self.budget is not None:
+            job.need = self.need(job.request)
+            if job.need.total > self.budget.room:
+                raise OverBudget(job.need, self.budget)
         try:
             self.jobs.put_nowait(job)
         except queue.Full:
@@ -190,7 +235,8 @@ class Worker:
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel what runs and what waits, and end the thread."""
         self._closing = True
-        for job in [*self.active, *self._take_waiting()]:
+        admitting = self._admitting
+        for job in [*self.active, *([admitting] if admitting is not None else []), *self._take_waiting()]:
             job.cancel()
         for _ in self._threads:
             self.jobs.put(None)
@@ -200,22 +246,46 @@ class Worker:
 
     def _run(self) -> None:
         while True:
-            job = self.jobs.get()
-            if job is None:
-                return
-            if self._ended_by is not None:  # taken from the queue as the shutdown ended everything
-                job.abort(self._ended_by)
-                job.emit(ErrorEvent(self._ended_by, user_error=False, shutting_down=True))
-                continue
-            if job.cancelled.is_set():  # its client went away while it waited
-                continue
-            with self._lock:
-                self.active.add(job)
+            with self._admit:  # one thread at a time takes the next job and waits for its memory
+                job = self.jobs.get()
+                if job is None:
+                    return
+                if not self._admitted(job):
+                    continue
             try:
                 self._generate(job)
             finally:
                 with self._lock:
                     self.active.discard(job)
+                self._give_back(job)
+
+    def _admitted(self, job: Job) -> bool:
+        """Whether `job`, just taken from the queue, starts now: its memory reserved (waiting for it), and it
+        made active; False for a job the shutdown ended (told so) or whose client left meanwhile."""
+        if self.budget is not None and job.need is not None and not job.cancelled.is_set():
+            self._admitting = job
+            try:
+                job.reserved = self.budget.reserve(job.need.total, job.cancelled)
+            finally:
+                self._admitting = None
+        if self._ended_by is not None or job.ended_by is not None:  # ended by the shutdown before it started
+            reason = self._ended_by or job.ended_by
+            job.abort(reason)
+            job.emit(ErrorEvent(reason, user_error=False, shutting_down=True))
+            self._give_back(job)
+            return False
+        if job.cancelled.is_set():  # its client went away while it waited
+            self._give_back(job)
+            return False
+        with self._lock:
+            self.active.add(job)
+        return True
+
+    def _give_back(self, job: Job) -> None:
+        """Release the memory `job` reserved, if it did (once)."""
+        if self.budget is not None and job.need is not None and job.reserved:
+            self.budget.release(job.need.total)
+        job.reserved = False
 
     def _generate(self, job: Job) -> None:
         r, engine, metrics = job.request, self.engine, self.metrics

@@ -60,6 +60,9 @@ def test_the_bound_socket_listens_before_the_server_starts():
     (["-k", "0"], "--num-speculative-tokens"),
     (["--threads", "0"], "--threads must be >= 1"),
     (["--host", "no.such.host.invalid"], "cannot listen on no.such.host.invalid"),
+    (["--memory-budget", "lots"], "--memory-budget: not a size: 'lots'"),
+    (["--memory-budget", "4XB"], "--memory-budget: not a size"),
+    (["--memory-budget", "0"], "--memory-budget: a size must be > 0"),
 ])
 def test_bad_options(args, fragment):
     assert_user_error(serve("--target", "no-such-model", *args), fragment)
