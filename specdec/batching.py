@@ -75,15 +75,20 @@ class BatchedTarget:
     """`max_batch` slots over one target model, each with its own KV cache; forwards that arrive
     together run as one packed forward (see the module doc)."""
 
-    def __init__(self, model: Any, max_batch: int) -> None:
+    def __init__(self, target: Any, max_batch: int) -> None:
+        """target: a LeanRunner (a gguf target, an int8 one on the lean runner), whose clones -- its weights, a
+        cache each -- are the slots, or a transformers model (fp32 or int8) to run lean runners over."""
         if max_batch < 1:
             raise SpecdecError(f"the batch size must be >= 1, got {max_batch}")
-        if not lean.supports(model, fp32=True):
+        if isinstance(target, LeanRunner):
+            self.runners = [target.clone() for _ in range(max_batch)]
+        elif lean.supports(target, fp32=True):
+            self.runners = [LeanRunner(target, fp32=True) for _ in range(max_batch)]
+        else:
             raise SpecdecError(
-                "batched decoding needs a transformers target of a llama / qwen2 / mistral architecture, fp32 or "
-                "int8 on the CPU"
+                "batched decoding needs a gguf target or a transformers target of a llama / qwen2 / mistral "
+                "architecture, fp32 or int8 on the CPU"
             )
-        self.runners = [LeanRunner(model, fp32=True) for _ in range(max_batch)]
         self.max_batch = max_batch
         self._cond = threading.Condition()
         self._free = list(range(max_batch - 1, -1, -1))  # pop() hands out slot 0 first
@@ -190,8 +195,12 @@ class SlotRunner:
         self.capabilities = replace(self.runner.capabilities, tree=False)
         self.vocab_size = self.runner.vocab_size
         self.max_context = self.runner.max_context
-        self.model = self.runner.model
         self.eos_token_ids = self.runner.eos_token_ids
+
+    @property
+    def model(self) -> Any:
+        """The slot's runner's transformers model (a gguf target's is built when first asked for)."""
+        return self.runner.model
 
     @property
     def tokens(self) -> list[int]:
@@ -278,10 +287,12 @@ class BatchPool:
 
     def __init__(self, engine: Any, max_batch: int = 4) -> None:
         self.engine = engine
-        model = engine.target_runner.model
-        if model is None:
-            raise SpecdecError("batched decoding needs a transformers target (--backend hf)")
-        self.target = BatchedTarget(model, max_batch)
+        target = engine.target_runner
+        if not isinstance(target, LeanRunner):
+            target = target.model
+            if target is None:
+                raise SpecdecError("batched decoding needs a gguf or transformers target (not --backend llamacpp)")
+        self.target = BatchedTarget(target, max_batch)
         draft = engine.draft_runner
         self._drafts = [clone_runner(draft) for _ in range(max_batch)] if draft is not None else []
         self._costs: Costs | None = None
@@ -299,7 +310,7 @@ class BatchPool:
                 from specdec.profile import _cached, measure_forwards
                 from specdec.zoo import home
 
-                runner = LeanRunner(self.target.runners[0].model, fp32=True)
+                runner = self.target.runners[0].clone()  # the slots' weights, a cache of its own
                 ks = [k for k in BATCH_KS if k + 64 < runner.max_context]
                 ms = _cached("batch-target", runner, {"ks": ks, "prefix": 64, "repeats": 2},
                              lambda: {str(k): v for k, v in measure_forwards(runner, ks, prefix=64, repeats=2).ms.items()},

@@ -337,7 +337,7 @@ def serve(
     port: int = typer.Option(8000, "--port", help="Port to listen on (0: a free one; the URL is printed)."),
     served_model_name: list[str] | None = typer.Option(None, "--served-model-name", help="The name requests give as `model` (repeatable; default: --target as given)."),
     max_queue: int = typer.Option(16, "--max-queue", help="Requests that may wait behind the running ones; more are answered 503."),
-    max_batch: int = typer.Option(1, "--max-batch", help="Requests decoded together, one target forward per step (continuous batching; llama/qwen2/mistral transformers targets, fp32 or int8). -k auto then shortens drafts as the batch grows."),
+    max_batch: int = typer.Option(1, "--max-batch", help="Requests decoded together, one target forward per step (continuous batching; gguf targets and llama/qwen2/mistral transformers targets, fp32 or int8). -k auto then shortens drafts as the batch grows."),
     max_tokens_limit: int = typer.Option(2048, "--max-tokens-limit", help="The most tokens a request may ask for."),
     max_prompt_tokens: int | None = typer.Option(None, "--max-prompt-tokens", help="The longest prompt a request may send, in tokens (default: the model's context window); a long prefill holds the other requests back."),
     max_body_bytes: int = typer.Option(1 << 20, "--max-body-bytes", help="The largest request body; larger ones are answered 413."),

@@ -81,6 +81,11 @@ def test_packed_forward_refuses_mixed_input():
 def _engine(dtype: str, draft: str) -> Engine:
     tok = tiny_tokenizer(0)
     target = tiny_model("qwen2", 0, vocab_size=len(tok))
+    if dtype == "gguf":  # the default target: a GGUF file's own blocks, batched over its runner's clones
+        from specdec.backends import gguf
+        from tests.backends.test_gguf import save_tiny_gguf_cached
+
+        target = gguf.load(save_tiny_gguf_cached("qwen2"))
     if dtype == "int8":
         from specdec.backends.quant import quantize_model
 
@@ -120,7 +125,8 @@ def _run_concurrently(jobs):
 
 
 @pytest.mark.parametrize("dtype,draft", [("int8", "self"), ("int8", "lookup"), ("int8", "other"), ("int8", "suffix"),
-                                         ("fp32", "hybrid"), ("fp32", "other"), ("fp32", "suffix-hybrid")])
+                                         ("fp32", "hybrid"), ("fp32", "other"), ("fp32", "suffix-hybrid"),
+                                         ("gguf", "lookup"), ("gguf", "other")])
 def test_batched_greedy_equals_each_request_alone(dtype, draft):
     engine = _engine(dtype, draft)
     engine.enable_batching(4)
