@@ -66,6 +66,12 @@ from specdec.sampling import SamplingParams
 if TYPE_CHECKING:
     from specdec.request import RequestConfig
 
+# Rows of a prompt a joining request feeds a round while others decode (PREFILL_CHUNK while it is alone): each
+# of their steps then waits for at most this many rows -- 32 rows of the 1.5B gguf target at a 20k-token depth
+# are ~0.3 s on a 2-core Zen 4 (~10 ms a row there), where 512 held every step ~5 s and a 20-token answer sent
+# during a long prefill took minutes; a chunk of 32 still fills the block kernel's 8-row passes, so the long
+# prompt pays ~one extra weight read (~30 ms) per 32 rows for the others' sake.
+SHARED_PREFILL_CHUNK = 32
 BATCH_KS = (1, 2, 4, 8, 16, 32, 64)  # packed forward sizes timed for the batch controller
 # weights of a packed forward's time in the shared costs: those a lone request's controller gives its steps
 LEARN_SCALE, LEARN_SHAPE = AutoK.cost_ewma, AutoK.shape_ewma
@@ -207,17 +213,22 @@ class SlotRunner:
         return self.runner.tokens
 
     def forward(self, new_tokens: Sequence[int], last_n: int | None = None) -> torch.Tensor:
-        """The slot's forward in the batch.  A long one (a prompt's prefill) joins it a chunk a round, at most
-        PREFILL_CHUNK rows each, so the other slots' decode steps go on between its chunks rather than wait for
-        all of it: what forward_chunked does for a batch-invariant runner (int8, bitwise the same), and for an
-        fp32 one too, whose rounding depends on the batch anyway (see the module doc)."""
+        """The slot's forward in the batch.  A long one (a prompt's prefill) joins it a chunk a round --
+        PREFILL_CHUNK rows while this slot is alone, SHARED_PREFILL_CHUNK while others decode -- so the other
+        slots' decode steps go on between its chunks rather than wait for all of it: what forward_chunked does
+        for a batch-invariant runner (gguf, int8: bitwise the same however it is split), and for an fp32 one
+        too, whose rounding depends on the batch anyway (see the module doc)."""
         tokens = list(new_tokens)
-        if len(tokens) <= PREFILL_CHUNK or last_n is None or last_n > PREFILL_CHUNK:
+        if len(tokens) <= SHARED_PREFILL_CHUNK or last_n is None or last_n > PREFILL_CHUNK:
             return self.batch.submit(self.slot, tokens, last_n)
-        head = len(tokens) - PREFILL_CHUNK
-        for start in range(0, head, PREFILL_CHUNK):
-            self.batch.submit(self.slot, tokens[start : min(start + PREFILL_CHUNK, head)], 1)
-        return self.batch.submit(self.slot, tokens[head:], last_n)
+        at = 0
+        while True:  # each round's chunk as the batch is then; the last one holds the last_n rows asked for
+            size = PREFILL_CHUNK if self.batch.active <= 1 else SHARED_PREFILL_CHUNK
+            size = min(size, len(tokens) - at - last_n)
+            if len(tokens) - at <= (PREFILL_CHUNK if self.batch.active <= 1 else SHARED_PREFILL_CHUNK) or size < 1:
+                return self.batch.submit(self.slot, tokens[at:], last_n)
+            self.batch.submit(self.slot, tokens[at : at + size], 1)
+            at += size
 
     def footprint(self) -> Footprint:
         """Its runner's, prefilling in chunks (forward) whatever the runner (ModelRunner.footprint)."""

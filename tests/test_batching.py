@@ -257,9 +257,10 @@ def test_the_batch_learns_its_costs_from_packed_forwards(monkeypatch):
 
 @pytest.mark.parametrize("dtype", ["int8", "fp32"])
 def test_a_long_prefill_joins_the_batch_a_chunk_a_round(dtype, monkeypatch):
-    """A prompt of several chunks, admitted while another request decodes: each of its chunks is one packed
-    forward with the other request's step, so that request's tokens go on during the prefill (counted in
-    rounds, not time); int8 answers are bitwise each alone."""
+    """A prompt of several chunks, admitted while another request decodes: each of its chunks (of
+    SHARED_PREFILL_CHUNK rows while the other decodes, PREFILL_CHUNK once alone) is one packed forward with the
+    other request's step, so that request's tokens go on during the prefill (counted in rounds, not time);
+    int8 answers are bitwise each alone."""
     from specdec import batching
     from specdec.backends.base import PREFILL_CHUNK
 
@@ -311,9 +312,13 @@ def test_a_long_prefill_joins_the_batch_a_chunk_a_round(dtype, monkeypatch):
         t.join(60)
     assert not any(t.is_alive() for t in threads)
     slots = {id(r) for r in engine.pool.target.runners}
-    chunk_rounds = [r for r in rounds if any(rows > len(short_prompt) for _, rows in r)]  # the long prompt's chunks
-    assert len(chunk_rounds) == 3  # 3 chunks of at most PREFILL_CHUNK rows, one a round
-    assert all(max(rows for _, rows in r) <= PREFILL_CHUNK and len(r) == 2 and {s for s, _ in r} <= slots
-               for r in chunk_rounds)  # each shared with the short request's step of one row
+    assert {s for r in rounds for s, _ in r} <= slots
+    long_slot = max((rows, s) for r in rounds for s, rows in r)[1]
+    prefill = [dict(r) for r in rounds if dict(r).get(long_slot, 0) > 1]  # the long prompt's chunks, in order
+    assert sum(r[long_slot] for r in prefill) == len(long_prompt)
+    shared = [r for r in prefill if len(r) == 2]  # chunks beside the short request's step of one row
+    assert all(r[long_slot] <= batching.SHARED_PREFILL_CHUNK and min(r.values()) == 1 for r in shared)
+    assert all(r[long_slot] <= PREFILL_CHUNK for r in prefill)  # alone again once the short one is done
+    assert len(shared) >= 10  # the short request's tokens went on, one a round, during the prefill
     if dtype == "int8":
         assert [outs["short"], outs["long"]] == alone
