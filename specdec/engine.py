@@ -76,7 +76,9 @@ def as_runner(model: PreTrainedModel | ModelRunner) -> ModelRunner:
     """A ModelRunner for `model`: a runner as it is; for a transformers model, a Seq2SeqRunner when it
     is an encoder-decoder model (T5, BART), a LeanRunner when it is an int8 llama-family model (the
     same numbers, less overhead), else an HFRunner."""
-    if isinstance(model, ModelRunner):
+    # a lean runner first: Python 3.11 checks a runtime protocol with hasattr, which would run the gguf runner's
+    # `model` property (transformers' model of its config: a second of imports it otherwise never needs)
+    if isinstance(model, LeanRunner) or isinstance(model, ModelRunner):
         return model
     from transformers import PreTrainedModel  # here: its import takes a second a GGUF target never needs
 
