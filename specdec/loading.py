@@ -395,7 +395,8 @@ def load_int4_draft(spec: str, progress: zoo.Progress | None = None) -> tuple[Mo
     qwen2, mistral and Gemma 3 text models only (lean.INT4_ARCHITECTURES)."""
     from specdec.backends import lean
 
-    model, tokenizer = load_hf(spec, dtype="int8", progress=progress)
+    saved = _saved_int8_skeleton(spec)  # the cached int8 model without transformers' modeling code, if it can
+    model, tokenizer = saved if saved is not None else load_hf(spec, dtype="int8", progress=progress)
     if not lean.supports(model, int4=True):
         kind = getattr(model.config, "model_type", type(model).__name__)
         raise SpecdecError(f"--draft-dtype int4 runs {'/'.join(lean.INT4_ARCHITECTURES)} drafts, and '{spec}' is a {kind} "
@@ -407,6 +408,23 @@ def load_int4_draft(spec: str, progress: zoo.Progress | None = None) -> tuple[Mo
     if cache is not None:
         cache.save()  # what was made afresh, written in the background
     return runner, tokenizer
+
+
+def _saved_int8_skeleton(spec: str) -> tuple[Any, PreTrainedTokenizerBase] | None:
+    """(the cached int8 model of `spec` as specdec.backends.skeleton builds it, its tokenizer), or None where it is
+    not cached yet, not current, or not covered (load_hf then loads, or quantizes, transformers' model)."""
+    from specdec.backends import quant, skeleton
+    from specdec.vocab import saved_tokenizer
+
+    try:
+        folder, source = int8_cache(*resolve(spec))
+        index = quant.saved_index(folder)
+        if index is None or any(index.get(k) != v for k, v in source.items()):
+            return None
+        model = skeleton.load(folder)
+        return None if model is None else (model, saved_tokenizer(folder))
+    except (OSError, ValueError, KeyError, SpecdecError):
+        return None  # load_hf says what is wrong, or rebuilds a damaged cache
 
 
 def _pack_cache(spec: str) -> PackCache | None:

@@ -40,7 +40,7 @@ import torch
 from specdec.backends import kernels
 from specdec.backends.kernels.bindings import LayersModel
 from specdec.backends.kernels.gguf import BLOCK, FILE_BYTES, NAMES, Part, Parts
-from specdec.backends.lean import LayerSet, LeanRunner, _Layer, _NativeTable
+from specdec.backends.lean import LayerSet, LeanRunner, Rotary, _Layer, _NativeTable
 from specdec.backends.packcache import PackCache, enabled
 from specdec.backends.tree import Tree
 from specdec.errors import SpecdecError
@@ -473,25 +473,6 @@ def _gguf_table(layers: Sequence[_Layer]) -> _NativeTable:
         rows.append(row)
     return _NativeTable(torch.tensor(rows, dtype=torch.int64), torch.tensor([layer.scaling for layer in layers]),
                         torch.tensor([layer.sliding_window or 0 for layer in layers], dtype=torch.int32))
-
-
-class Rotary:
-    """The rotary cos / sin tables of a GGUF model (default or linear scaling: what config_of admits), computed with
-    the operations of transformers' rotary module for llama / qwen2 / mistral (the same bits: tested), without
-    importing its modeling code (a second at start)."""
-
-    def __init__(self, config: Any, head_dim: int) -> None:
-        rope = config.rope_parameters
-        base = rope["rope_theta"]
-        self.inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))  # [D/2]
-        if rope.get("rope_type") == "linear":
-            self.inv_freq /= rope["factor"]
-
-    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """position_ids [B, n] -> (cos, sin) [B, n, D] in x's dtype."""
-        freqs = position_ids[..., None].float() * self.inv_freq.float()
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return (emb.cos() * 1.0).to(dtype=x.dtype), (emb.sin() * 1.0).to(dtype=x.dtype)  # attention scaling 1
 
 
 class GGUFRunner(LeanRunner):

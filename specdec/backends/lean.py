@@ -670,6 +670,26 @@ def choose_layers(model: Any, fp32: bool = False, int4: bool = False, int8_catch
     return Int8Layers.of(model) if is_int8(model) else Fp32Layers.of(model)
 
 
+class Rotary:
+    """The rotary cos / sin tables of a llama / qwen2 / mistral model with default or linear scaling, computed with
+    the operations of transformers' rotary module for them (the same bits: tested), without importing its
+    modeling code (a second at start): a GGUF model's (specdec.backends.gguf), a saved int8 draft's
+    (specdec.backends.skeleton)."""
+
+    def __init__(self, config: Any, head_dim: int) -> None:
+        rope = config.rope_parameters
+        base = rope["rope_theta"]
+        self.inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))  # [D/2]
+        if rope.get("rope_type") == "linear":
+            self.inv_freq /= rope["factor"]
+
+    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """position_ids [B, n] -> (cos, sin) [B, n, D] in x's dtype."""
+        freqs = position_ids[..., None].float() * self.inv_freq.float()
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * 1.0).to(dtype=x.dtype), (emb.sin() * 1.0).to(dtype=x.dtype)  # attention scaling 1
+
+
 class LeanRunner:
     """A ModelRunner over an int8 llama / qwen2 / mistral model (see the module doc); with fp32=True
     also over an fp32 one (the batched engine's; a single fp32 sequence runs on HFRunner); with

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from specdec.backends import gguf, kernels
-from specdec.backends.lean import forward_packed
+from specdec.backends.lean import Rotary, forward_packed
 from specdec.drafters.model import ModelDrafter
 from specdec.errors import SpecdecError
 from specdec.loop import StopCondition, run
@@ -301,7 +301,7 @@ def test_the_rotary_tables_are_transformers_bits(arch, rope):
         kind = type(AutoModelForCausalLM.from_config(config).model.rotary_emb)
     module = kind(config)  # on the CPU, as the runner built it before
     positions = torch.arange(0, 40000, 7)[None]  # [1, n]
-    ours, theirs = gguf.Rotary(config, 64)(torch.zeros(1), positions), module(torch.zeros(1), positions)
+    ours, theirs = Rotary(config, 64)(torch.zeros(1), positions), module(torch.zeros(1), positions)
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
 
 
