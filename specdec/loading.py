@@ -197,6 +197,7 @@ def load_tokenizer(spec: str, progress: zoo.Progress | None = None) -> PreTraine
     there is one, else built once and cached under home()/tokenizers/.
     """
     kind, location = resolve(spec)
+    folder: Path | str
     if kind == "zoo":
         converted = zoo.home() / "hf" / location
         if (zoo._converted_from(converted) or {}).get("sha256") == zoo.get(location).sha256:

@@ -53,7 +53,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from specdec.backends.base import Capabilities, ModelRunner, cannot_clone, checked_new_tokens, common_prefix_length
+from specdec.backends.base import Capabilities, ModelRunner, Refusals, cannot_clone, checked_new_tokens, common_prefix_length
 
 
 @runtime_checkable
@@ -65,6 +65,10 @@ class NextTokenModel(Protocol):
 
     def next_logits(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
         """fp32 logits [B, V]: row b is the prediction for the token after rows[b] (each non-empty)."""
+        ...
+
+    def reset(self) -> None:
+        """A new generation starts: a model with a cache empties it (one without has nothing to do)."""
         ...
 
 
@@ -130,6 +134,9 @@ class BlackBoxNextToken:
         self.max_context = model_max_context(model)
         self.positions = 0  # token positions computed, padding included
 
+    def reset(self) -> None:
+        """Nothing to forget: every row is recomputed from its start."""
+
     @torch.inference_mode()
     def next_logits(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
         if not rows or any(not r for r in rows):
@@ -144,7 +151,7 @@ class BlackBoxNextToken:
         return logits[torch.arange(len(rows), device=logits.device), last].float().cpu()  # [B, V]
 
 
-class StairsRunner:
+class StairsRunner(Refusals):  # no hidden states, no taps, no trees
     """A ModelRunner whose forward asks a NextTokenModel for the staircase of next-token predictions.
 
     ``forward(new)`` returns, for each of the last n new tokens, the prediction
@@ -180,9 +187,7 @@ class StairsRunner:
 
     def reset(self) -> None:
         self.tokens = []
-        reset = getattr(self.next_token, "reset", None)  # a model with a cache starts afresh too
-        if reset is not None:
-            reset()
+        self.next_token.reset()  # a model with a cache starts afresh too
 
     def clone(self) -> StairsRunner:
         raise cannot_clone(self)

@@ -96,7 +96,7 @@ class GGUFFile:
             raise SpecdecError(f"cannot read GGUF file {self.path}: {e}") from e
 
     def _parse(self) -> None:
-        buf = memoryview(self.data)
+        buf = memoryview(self.data)  # type: ignore[arg-type]  # numpy's stubs give memmap no __buffer__; it has one
         if bytes(buf[:4]) != b"GGUF":
             raise ValueError("not a GGUF file (bad magic)")
         version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
@@ -314,7 +314,8 @@ class GGUFModel:
         llama = file.architecture in ("llama", "mistral")
         q_order = _unpermute(self.num_heads * self.head_dim, self.num_heads) if llama else None
         k_order = _unpermute(self.num_kv_heads * self.head_dim, self.num_kv_heads) if llama else None
-        plan = []  # per layer its four linears' (stem, channel order) lists; then the head
+        # per layer its four linears' (stem, channel order) lists; then the head
+        plan: list[list[list[tuple[str, list[int] | None]]]] = []
         for i in range(c.num_hidden_layers):
             blk = f"blk.{i}."
             plan.append([[(blk + "attn_q", q_order), (blk + "attn_k", k_order), (blk + "attn_v", None)],
@@ -387,7 +388,7 @@ class GGUFLayers(LayerSet):
     tree = True
 
     def __init__(self, model: GGUFModel) -> None:
-        super().__init__(model.layers, model.head)  # type: ignore[arg-type]
+        super().__init__(model.layers, model.head)
         self.model = model
         self.table = _gguf_table(model.layers)
         self._kernel_model = LayersModel(
@@ -444,6 +445,8 @@ def _gguf_table(layers: Sequence[_Layer]) -> _NativeTable:
 class GGUFRunner(LeanRunner):
     """A ModelRunner over a GGUF model's own blocks (see the module doc): the lean runner's cache, rollback,
     trees, hidden states and packed forwards, with :class:`GGUFLayers`."""
+
+    layer_set: GGUFLayers
 
     def __init__(self, model: GGUFModel, max_context: int | None = None, layer_set: GGUFLayers | None = None) -> None:
         from transformers import AutoModelForCausalLM

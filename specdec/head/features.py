@@ -207,9 +207,9 @@ class FeatureBank:
 
 
 class Source(Protocol):
-    """Where a run's features come from.  A source may also tell how far it got (``consumed``, an int) and
-    start there (``skip(count)``), so that a resumed run (specdec.head.train.train's `head`) learns from
-    material the run before did not reach."""
+    """Where a run's features come from, and how far it got (``consumed``) and to start there
+    (``skip(count)``), so that a resumed run (specdec.head.train.train's `head`) learns from material the
+    run before did not reach."""
 
     def produce(self) -> list[Chunk]:
         """The next chunk(s) of (ids, features); [] when exhausted."""
@@ -217,6 +217,15 @@ class Source(Protocol):
 
     def tokens(self) -> list[int]:
         """The token ids known before producing (for the draft vocabulary's counts)."""
+        ...
+
+    @property
+    def consumed(self) -> int:
+        """How far it got: what a resumed run skips."""
+        ...
+
+    def skip(self, count: int) -> None:
+        """Start where a run that consumed `count` stopped (call before producing)."""
         ...
 
 

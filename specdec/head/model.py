@@ -35,7 +35,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -152,10 +152,26 @@ def fuse_features(features: torch.Tensor, hidden: int, taps: int,
     return final + project(tapped.flatten(-2))
 
 
+class HeadTarget(Protocol):
+    """What DraftHead's constructor reads of its target: a transformers causal LM, or a stand-in with its
+    parts (specdec.head.store's, for an int8 target); what they return is transformers'."""
+
+    @property
+    def config(self) -> Any: ...
+
+    def get_decoder(self) -> Any: ...
+
+    def get_input_embeddings(self) -> Any: ...
+
+    def get_output_embeddings(self) -> Any: ...
+
+
 class DraftHead(nn.Module):
     """The head of one target (a transformers llama/qwen2 causal LM); see the module docstring."""
 
-    def __init__(self, target: nn.Module, vocab: torch.Tensor, intermediate: int | None = None,
+    vocab: torch.Tensor  # a buffer (nn.Module types what it holds as Tensor | Module): [N] draft id -> target id
+
+    def __init__(self, target: HeadTarget, vocab: torch.Tensor, intermediate: int | None = None,
                  window: int | None = None, taps: tuple[int, ...] = ()) -> None:
         """`intermediate`: the decoder layer's MLP width (default the target's; see head_intermediate).
         `window`: the head attends to the last `window` positions only (itself included; None: all).
@@ -295,7 +311,10 @@ class DraftHead(nn.Module):
             raise ValueError("a draft needs at least one new (feature, token) pair")
         if depth < 1 or top_k < 1:
             raise ValueError(f"a tree needs depth and top_k >= 1, got {depth} and {top_k}")
-        feature, logits = start if start is not None else self.extend(cache, features, tokens)  # [H], [N]
+        if start is None:
+            assert features is not None and tokens is not None  # the pairs to feed
+            start = self.extend(cache, features, tokens)
+        feature, logits = start  # [H], [N]
         verified = cache.length
         tree = GrownTree([], [], [], {-1: logits})
         predicted = {-1: feature}  # node -> the head's predicted feature after it [H]

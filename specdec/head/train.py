@@ -223,7 +223,7 @@ def autocast_dtype(choice: str = "auto") -> torch.dtype | None:
     if choice == "auto":
         from specdec.machine import cpu_info
 
-        native = {"AVX512-BF16", "AMX"} & set(cpu_info()["features"])  # type: ignore[arg-type]
+        native = {"AVX512-BF16", "AMX"} & set(cpu_info()["features"])
         return torch.bfloat16 if native else None
     return torch.bfloat16 if choice == "bf16" else None
 
@@ -399,7 +399,7 @@ def train(target: nn.Module, streams: list[list[int]], config: TrainConfig = Tra
     elif head.taps != tuple(config.taps):
         raise SpecdecError(f"the head to go on training reads layers {list(head.taps)}, not {list(config.taps)}")
     for source, count in zip(all_sources, cursor):
-        if count and callable(getattr(source, "skip", None)):
+        if count:
             source.skip(count)
     head.lm_head.requires_grad_(False)  # the target's own rows: p is read off them
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad],
@@ -415,7 +415,7 @@ def train(target: nn.Module, streams: list[list[int]], config: TrainConfig = Tra
     def evaluate() -> None:
         head.eval()
         result.agreement = agreement(head, held, config.positions, config.eval_stride)
-        result.cursor = [int(getattr(source, "consumed", 0)) for source in all_sources]
+        result.cursor = [int(source.consumed) for source in all_sources]
         head.train()
         if checkpoint is not None:
             checkpoint(result)

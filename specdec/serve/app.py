@@ -44,6 +44,7 @@ from specdec.serve.access import allow_origins, check_json, check_key
 from specdec.serve.metrics import Metrics
 from specdec.serve.protocol import APIError, ChatRequest, CompletionRequest, GenerationRequest, parse, speculative_changes
 from specdec.serve.worker import SHUTTING_DOWN, ErrorEvent, Job, QueueFull, Request, StepEvent, Worker
+from specdec.vocab import chat_ids
 
 DISCONNECT_POLL_S = 0.1  # how often a request waiting for its next event checks that its client is still there
 CLIENT_GONE = 499  # the status logged for a request whose client left (nginx's convention)
@@ -284,12 +285,9 @@ def chat_prompt(tokenizer: Any, messages: list[dict[str, str]], model_name: str)
         raise APIError(400, f"model '{model_name}' has no chat template: use /v1/completions", "messages",
                        "no_chat_template")
     try:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return chat_ids(tokenizer, messages)
     except Exception as e:  # a template that refuses these messages (roles, order...)
         raise APIError(400, f"the chat template refused these messages: {e}", "messages", "invalid_value") from None
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    return list(ids)
 
 
 async def read_body(http: HTTPRequest, limit: int) -> bytes:
