@@ -47,12 +47,12 @@ def int8_extractor(model: Any, target: str | None = None, batch: int = 16) -> An
     prompts a forward): the gguf target's for a GGUF model, the int8 lean runner's for others; else a
     dynamically quantized int8 copy of `model`; else `model` itself, where torch has no quantized CPU engine."""
     dtype = loading.fastest_dtype(target) if target is not None else None
-    if dtype == loading.GGUF:
+    if target is not None and dtype == loading.GGUF:
         from specdec.head.features import LeanExtractor
 
         runner, _ = loading.load_gguf(target)
         return LeanExtractor(runner, batch)
-    if dtype == "int8":
+    if target is not None and dtype == "int8":
         from specdec.backends import lean
         from specdec.head.features import LeanExtractor
 
@@ -205,6 +205,7 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
     say(began, f"held-out answers: {len(heldout or [])} ({split.described})")
     identity = store.target_identity(model, target)
     if head is not None:
+        assert before is not None  # the head's manifest, loaded with it
         say(began, f"going on from {directory}: {before.get('tokens_seen', 0):,} training tokens in "
                    f"{before.get('steps', 0):,} steps so far")
     config = TrainConfig(draft_vocab=draft_vocab or DRAFT_VOCAB, seed=seed, eval_every_s=120.0, eval_tokens=1024, eval_stride=8,

@@ -64,6 +64,7 @@ import torch
 from specdec.backends.base import ModelRunner, common_prefix_length
 from specdec.drafters.base import Draft, Drafter
 from specdec.errors import SpecdecError
+from specdec.head.fast import FastHead
 from specdec.head.model import DraftHead, HeadCache
 from specdec.sampling import SamplingParams, make_generator, sample_from, warp_probs
 
@@ -82,7 +83,7 @@ def confidence_grade(top: float) -> str:
 class HeadDrafter(Drafter):
     """Proposes k tokens with a draft head over `target`'s hidden states (see the module docstring)."""
 
-    def __init__(self, head: DraftHead, target: ModelRunner, sampling: SamplingParams | None = None,
+    def __init__(self, head: DraftHead | FastHead, target: ModelRunner, sampling: SamplingParams | None = None,
                  window: int = WINDOW, keep_chain: bool = True) -> None:
         if window < 1:
             raise SpecdecError(f"a draft head's prompt window must be at least 1 position, got {window}")

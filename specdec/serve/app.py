@@ -203,9 +203,10 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
             try:
                 if isinstance(req, ChatRequest):
                     ids = chat_prompt(tokenizer, [m.model_dump() for m in req.messages], engine.target_name)
-                elif isinstance(req.prompt, str):
+                elif isinstance(req, CompletionRequest) and isinstance(req.prompt, str):
                     ids = engine.encode(req.prompt)
                 else:
+                    assert isinstance(req, CompletionRequest)  # the other kind of generation request
                     ids = list(req.prompt)
                     vocab = engine.target_runner.vocab_size
                     if not all(0 <= t < vocab for t in ids):
@@ -424,6 +425,7 @@ async def stream(reply: Reply, job: Job, event: StepEvent | ErrorEvent, metrics:
             first = False
             if event.finish_reason is not None:
                 if reply.include_usage:
+                    assert event.stats is not None  # a final event's
                     yield sse(reply.usage_chunk(event.stats))
                 break
             event = await job.next_event()
@@ -444,7 +446,9 @@ async def collect(reply: Reply, job: Job, event: StepEvent | ErrorEvent,
             raise event_error(event)
         text.append(event.text)
         if event.finish_reason is not None:
+            assert event.stats is not None  # a final event's
             return reply.whole("".join(text), event.finish_reason, event.stats)
-        event = await next_event(job, http)
-        if event is None:
+        following = await next_event(job, http)
+        if following is None:
             return None
+        event = following

@@ -65,7 +65,7 @@ class HeaderDeadline:
     transport: asyncio.Transport
     cycle: Any
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
         self._set_header_deadline()
 
@@ -112,7 +112,9 @@ def guarded_protocol(header_timeout_s: float, base: type[asyncio.Protocol] | Non
     """uvicorn's HTTP protocol class (`base`, default the one its "auto" picks: httptools when
     installed, else h11) with a header deadline of `header_timeout_s`."""
     if base is None:
-        from uvicorn.protocols.http.auto import AutoHTTPProtocol as base  # noqa: N813
+        from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+        base = AutoHTTPProtocol
     return type(f"HeaderDeadline{base.__name__}", (HeaderDeadline, base), {"header_timeout_s": header_timeout_s})
 
 
