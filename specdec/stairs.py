@@ -146,7 +146,7 @@ class BlackBoxNextToken:
         for b, r in enumerate(rows):
             batch[b, : len(r)] = torch.tensor(list(r), dtype=torch.long)
         self.positions += batch.numel()
-        logits = self.model(input_ids=batch.to(self.device), use_cache=False).logits  # [B, W, V]
+        logits: torch.Tensor = self.model(input_ids=batch.to(self.device), use_cache=False).logits  # [B, W, V]
         last = torch.tensor([len(r) - 1 for r in rows], device=logits.device)  # [B]
         return logits[torch.arange(len(rows), device=logits.device), last].float().cpu()  # [B, V]
 

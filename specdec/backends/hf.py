@@ -411,7 +411,8 @@ class HFRunner:
             raise SpecdecError(f"a {self.describe()} model has no decoder layers to tap")
         taps = checked_taps(layers, len(stack) if stack is not None else 0)
         for i in taps:
-            watch_layer_output(stack[i])  # type: ignore[index]
+            assert isinstance(stack, nn.ModuleList)  # (checked above: there are taps)
+            watch_layer_output(stack[i])
         self.taps = taps
 
     def rollback(self, n: int) -> None:

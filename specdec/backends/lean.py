@@ -371,7 +371,7 @@ class LayerSet:
         sets = _SETS.setdefault(model, {})
         if cls not in sets:
             sets[cls] = cls.build(model)
-        return sets[cls]  # type: ignore[return-value]
+        return sets[cls]  # type: ignore[return-value]  # each kind's own set: cls.build's, above
 
     @classmethod
     def build(cls, model: Any) -> Self:
