@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from specdec.backends import lean
-from specdec.backends.base import PREFILL_CHUNK, Footprint, ModelRunner, cannot_clone
+from specdec.backends.base import PREFILL_CHUNK, Footprint, ModelRunner, Refusals, cannot_clone
 from specdec.backends.lean import LeanRunner, forward_packed
 from specdec.control import AutoK, Controller, Costs, Load
 from specdec.errors import SpecdecError
@@ -191,7 +191,7 @@ class BatchedTarget:
         self._cond.notify_all()
 
 
-class SlotRunner:
+class SlotRunner(Refusals):  # no trees
     """A ModelRunner over one slot of a BatchedTarget: its own cache; its forwards join the batch."""
 
     def __init__(self, batch: BatchedTarget, slot: int) -> None:
@@ -211,6 +211,10 @@ class SlotRunner:
     @property
     def tokens(self) -> list[int]:
         return self.runner.tokens
+
+    @tokens.setter
+    def tokens(self, tokens: list[int]) -> None:  # ModelRunner.tokens is an attribute
+        self.runner.tokens = tokens
 
     def forward(self, new_tokens: Sequence[int], last_n: int | None = None) -> torch.Tensor:
         """The slot's forward in the batch.  A long one (a prompt's prefill) joins it a chunk a round --
@@ -241,23 +245,20 @@ class SlotRunner:
         return self.runner.trim(tokens)
 
     def hidden(self) -> torch.Tensor:
-        """The slot's final hidden states [n, hidden] of its last forward (HiddenStateRunner.hidden)."""
+        """The slot's final hidden states [n, hidden] of its last forward (ModelRunner.hidden)."""
         return self.runner.hidden()
 
     def keep_hidden_rows(self, n: int) -> None:
-        """The slot's runner keeps its forwards' last n hidden rows too (HiddenStateRunner.keep_hidden_rows)."""
+        """The slot's runner keeps its forwards' last n hidden rows too (ModelRunner.keep_hidden_rows)."""
         self.runner.keep_hidden_rows(n)
 
     def hidden_tail(self) -> torch.Tensor:
-        """The slot's last forward's last hidden rows [m, hidden] (HiddenStateRunner.hidden_tail)."""
+        """The slot's last forward's last hidden rows [m, hidden] (ModelRunner.hidden_tail)."""
         return self.runner.hidden_tail()
 
     def tap_layers(self, layers: Sequence[int]) -> None:
-        """The slot's runner keeps these layers' outputs with its hidden rows (HiddenStateRunner.tap_layers)."""
-        tap = getattr(self.runner, "tap_layers", None)
-        if tap is None:
-            raise SpecdecError(f"a {self.runner.describe()} runner keeps no intermediate layers' rows")
-        tap(layers)
+        """The slot's runner keeps these layers' outputs with its hidden rows (ModelRunner.tap_layers)."""
+        self.runner.tap_layers(layers)
 
     def rollback(self, n: int) -> None:
         self.runner.rollback(n)
@@ -268,7 +269,7 @@ class SlotRunner:
     def release(self) -> None:
         self.batch.release(self.slot)
 
-    def clone(self) -> SlotRunner:
+    def clone(self) -> ModelRunner:
         raise cannot_clone(self)
 
     def describe(self) -> str:

@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from specdec.vocab import decoded
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -66,7 +68,7 @@ class TokenizerSide:
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ids, special tokens included as their strings (nothing is dropped)."""
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return decoded(self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False))
 
     def body(self, ids: Sequence[int]) -> Sequence[int]:
         """ids without the automatic prefix (BOS), if they start with it."""

@@ -14,14 +14,14 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
 
 from specdec.defaults import DEFAULT_DRAFTER, DEFAULT_SUFFIX_MEMORY, DEFAULT_TARGET, MODEL_DRAFTER
 from specdec.errors import SpecdecError
@@ -120,7 +120,7 @@ def request_options(per_request: bool = False) -> Callable[[Callable], Callable]
             params += [cli_parameter(f, o) for f, o in fields] if p.name == "request" else [p]
 
         def run(**values):
-            given = {f.name: cli_value(values.pop(f.name)) for f, _ in fields}
+            given: dict[str, Any] = {f.name: cli_value(values.pop(f.name)) for f, _ in fields}
             try:
                 config = RequestConfig(**given)
             except RequestError as e:
@@ -131,19 +131,27 @@ def request_options(per_request: bool = False) -> Callable[[Callable], Callable]
 
         for name in ("__name__", "__qualname__", "__doc__", "__module__"):
             setattr(run, name, getattr(command, name))
-        run.__signature__ = signature.replace(parameters=params)  # what typer (and inspect) read
+        # what typer (and inspect) read; a function has no such attribute declared, hence the ignore
+        run.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
         run.__annotations__ = {p.name: p.annotation for p in params}
         return run
 
     return wrap
 
 
+def choice_enum(name: str, choices: Sequence[str]) -> type[Enum]:
+    """A str Enum of `choices`, named `name`: what typer lists and checks as an option's choices."""
+    # (mypy takes this functional-form call for making an instance, not a class: the ignore)
+    return Enum(name, {c: c for c in choices}, type=str)  # type: ignore[return-value]
+
+
 def cli_parameter(f: dataclasses.Field, option: Option) -> inspect.Parameter:
     """A RequestConfig field as a typer option: a str field with choices is an Enum of them, so that the
     CLI lists and checks them; an empty tuple's default is None (no option given)."""
-    kind, default = option.cli_type or field_type(f), f.default
+    kind: Any = option.cli_type or field_type(f)
+    default = f.default
     if option.choices:
-        kind = Enum(f.name, {c: c for c in option.choices}, type=str)
+        kind = choice_enum(f.name, option.choices)
         default = kind(default)
     if default == ():
         default = None
@@ -166,7 +174,7 @@ class PullProgress:
 
     def __init__(self) -> None:
         self.progress: Progress | None = None
-        self.tasks: dict[str, int] = {}
+        self.tasks: dict[str, TaskID] = {}
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         if self.progress is None:
@@ -213,7 +221,9 @@ def generate(
     n_ctx: int | None = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
     threads: int | None = typer.Option(None, "--threads", help="CPU threads for llama.cpp and torch (default: llama.cpp all CPUs, torch its own choice)."),
     suffix_memory: int = typer.Option(DEFAULT_SUFFIX_MEMORY, "--suffix-memory", min=0, help=SUFFIX_MEMORY_HELP),
-    request: RequestConfig = None,  # RequestConfig's options (-n, -k, --temperature, ...): see request_options
+    # RequestConfig's options (-n, -k, --temperature, ...): request_options puts them here, and passes the
+    # RequestConfig they make (never None; the default only makes the parameter optional for typer)
+    request: RequestConfig = None,  # type: ignore[assignment]
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object {text, token_ids, stats}."),
     timings: bool = typer.Option(False, "--timings", help="Print where the time went, start-up phase by phase."),
 ) -> None:
@@ -332,7 +342,8 @@ def serve(
     n_ctx: int | None = generate_option("n_ctx"),
     threads: int | None = generate_option("threads"),
     suffix_memory: int = generate_option("suffix_memory"),
-    request: RequestConfig = None,  # the requests' defaults: -k, --draft-mode, ... (see request_options)
+    # the requests' defaults: -k, --draft-mode, ... (request_options passes the RequestConfig; never None)
+    request: RequestConfig = None,  # type: ignore[assignment]
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (127.0.0.1: this machine only)."),
     port: int = typer.Option(8000, "--port", help="Port to listen on (0: a free one; the URL is printed)."),
     served_model_name: list[str] | None = typer.Option(None, "--served-model-name", help="The name requests give as `model` (repeatable; default: --target as given)."),
@@ -682,7 +693,7 @@ def profile(
         progress.close()
         cpu = cpu_description()
 
-        def describe(runner, name: str, backend_name: str, dtype_name: str) -> dict:
+        def describe(runner, name: str | None, backend_name: str, dtype_name: str | None) -> dict:
             return {"model": name, "backend": backend_name, "dtype": dtype_name if backend_name == "hf" else "gguf",
                     "threads": runner.identity()["threads"] or torch.get_num_threads(),
                     "cpu": cpu,

@@ -78,8 +78,9 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from specdec.drafters.base import Draft, Drafter
-from specdec.drafters.tree import TreeShape, propose_tree
+# the sources a proposal comes from (MODEL, ...) are the drafters' words; the controller keeps acceptance per source
+from specdec.drafters.base import MODEL, SHORT_LOOKUP, SHORT_SUFFIX, Draft, Drafter
+from specdec.drafters.tree import TreeShape
 from specdec.errors import SpecdecError
 
 AUTO = "auto"  # num_speculative_tokens: the cost-model controller chooses k each step
@@ -90,17 +91,12 @@ MIN_LENGTHS = 3
 # the last draft token when every token was accepted (it was proposed, never fed).
 STEADY_SYNC = 2
 
-# The sources a proposal comes from; the controller keeps acceptance per source, and plan() asks it
-# for each source a drafter offers.
-MODEL, LOOKUP = "model", "lookup"  # where a proposal comes from (a draft model costs time, a lookup ~none)
-SHORT_LOOKUP = "lookup-short"  # a hybrid's lookup on a match shorter than its own (weaker evidence; ~free too)
-SUFFIX = "suffix"  # suffix drafting over the context and recent requests' outputs (specdec.drafters.suffix; ~free)
-SHORT_SUFFIX = "suffix-short"  # a hybrid's suffix drafts below its score threshold (weaker evidence; ~free)
-
 
 @runtime_checkable
 class Controller(Protocol):
-    """Asked by the decode loop, each step, how many tokens to draft."""
+    """Asked by the decode loop, each step, how many tokens to draft.  A controller subclasses this protocol
+    and so has its defaults for what it does not override: no pricing of sources or trees, nothing learnt
+    from a generation's length or a tree step."""
 
     def choose(self, limit: int, lag: int = 0, source: str = MODEL, grade: str | None = None) -> int:
         """Draft tokens to propose now, in 0..limit (0: a plain step).  `source`, `lag`: where the
@@ -121,21 +117,25 @@ class Controller(Protocol):
         """A new generation starts (estimates may carry over as its prior)."""
         ...
 
+    def prospect(self, limit: int, lag: int = 0, source: str = MODEL, grade: str | None = None) -> float:
+        """Expected ms per emitted token if the next steps draft from `source` (plan ranks a drafter's
+        sources by it, fastest first); by default 0 for every source: the drafter's order stands."""
+        return 0.0
 
-def outlook(drafter: Drafter, context: Sequence[int]) -> tuple[str, int]:
-    """(source, lag) of `drafter`'s next proposal for `context`: where it will come from (MODEL, LOOKUP,
-    SUFFIX, ...) and how many context tokens the drafter will first feed its model to catch up (the bonus
-    token in steady state, more after plain steps or at a generation's start).
+    def tree_nodes(self, k: int, budget: int, source: str = MODEL) -> int:
+        """Draft tokens for this step's proposal of depth k where the tree's size is the controller's to
+        choose (a tree shape without a fixed depth): `budget` (a tree) or k (the chain); by default the tree."""
+        return budget
 
-    A drafter says so with an ``outlook(context)`` method, or a ``lag(context)`` method (a model);
-    one with neither is taken for a model that needs no catch-up.  The speculation controller
-    keeps acceptance per source and prices a catch-up before it drafts.
-    """
-    method = getattr(drafter, "outlook", None)
-    if method is not None:
-        return method(context)
-    lag = getattr(drafter, "lag", None)
-    return MODEL, int(lag(context)) if lag is not None else 0
+    def observe_tree(self, rows: int, target_s: float, extra: int, source: str = MODEL) -> None:
+        """A tree step's verification: `rows` tokens in `target_s` seconds, `extra` tokens emitted beyond what
+        its first branch would have; by default nothing is learnt of it."""
+        return None  # a body, not just a docstring: mypy takes an empty protocol method for an abstract one
+
+    def finish(self, tokens: int) -> None:
+        """A generation ended after `tokens` tokens (the decode loop says so, before its last step);
+        by default nothing is learnt of it."""
+        return None
 
 
 def graded(source: str, grade: str | None) -> str:
@@ -143,31 +143,16 @@ def graded(source: str, grade: str | None) -> str:
     return source if grade is None else f"{source} {grade}"
 
 
-def grade(drafter: Drafter, context: Sequence[int], source: str) -> str | None:
-    """The class of evidence behind `drafter`'s next proposal from `source` for `context`, from its
-    ``grade(context, source)`` method (None without one: every proposal alike).  A drafter that knows
-    how sure it is says so: a suffix draft after a 20-token match of the context was right 98% of the
-    time per token on the edit and agent workloads, one after a 1-token match whose count says 1 in 3,
-    10%; the controller keeps acceptance per source and grade, so it drafts the first long and skips
-    the second, where one rate per source drafted both alike."""
-    method = getattr(drafter, "grade", None)
-    return method(context, source) if method is not None else None
-
-
 def plan(drafter: Drafter, context: Sequence[int], controller: Controller, limit: int) -> tuple[str, int]:
     """(source, k) of the next step: the first of `drafter`'s sources for `context` from which the
     controller drafts k > 0 tokens (controller.choose(limit, lag, source, grade), with the drafter's
-    grade of that source's proposal); (the first source, 0) for a plain step.  A drafter lists them with
-    ``sources(context)`` -> [(source, lag), ...] in its order of preference (and then takes the chosen
-    one in ``propose(context, k, source)``), else its outlook is the only source.  A controller with a
-    ``prospect(limit, lag, source, grade)`` (expected ms per token) reorders them, fastest first (ties
-    keep the drafter's order)."""
-    method = getattr(drafter, "sources", None)
-    options = method(context) if method is not None else [outlook(drafter, context)]
-    ranked = [(source, lag, grade(drafter, context, source)) for source, lag in options]
-    prospect = getattr(controller, "prospect", None)
-    if len(ranked) > 1 and prospect is not None:
-        ranked = sorted(ranked, key=lambda option: prospect(limit, option[1], option[0], option[2]))
+    grade of that source's proposal); (the first source, 0) for a plain step.  The drafter lists them
+    (Drafter.sources: [(source, lag), ...] in its order of preference; then it takes the chosen one in
+    ``propose(context, k, source)``); the controller reorders them by its prospect (expected ms per token),
+    fastest first (ties keep the drafter's order: all of them, where it does not price them)."""
+    ranked = [(source, lag, drafter.grade(context, source)) for source, lag in drafter.sources(context)]
+    if len(ranked) > 1:
+        ranked = sorted(ranked, key=lambda option: controller.prospect(limit, option[1], option[0], option[2]))
     for source, lag, level in ranked:
         k = controller.choose(limit, lag, source, level)
         if k > 0:
@@ -178,14 +163,9 @@ def plan(drafter: Drafter, context: Sequence[int], controller: Controller, limit
 def propose(drafter: Drafter, context: Sequence[int], k: int, source: str, tree: TreeShape | None = None) -> Draft:
     """`drafter`'s proposal of up to k tokens from `source` (as plan() chose it); with `tree` (a
     specdec.drafters.tree.TreeShape) a tree of paths up to k tokens deep where the drafter makes trees."""
-    hybrid = getattr(drafter, "sources", None) is not None
-    if tree is not None and hybrid:
-        return drafter.propose_tree(context, k, tree.width, tree.budget(k), source)  # type: ignore[attr-defined]
     if tree is not None:
-        return propose_tree(drafter, context, k, tree)
-    if hybrid:
-        return drafter.propose(context, k, source)  # type: ignore[call-arg]
-    return drafter.propose(context, k)
+        return drafter.propose_tree(context, k, tree.width, tree.budget(k), source)
+    return drafter.propose(context, k, source)
 
 
 def parse_speculation(k: int | str) -> int | str:
@@ -203,7 +183,7 @@ def parse_speculation(k: int | str) -> int | str:
 
 
 @dataclass
-class FixedK:
+class FixedK(Controller):
     """A fixed draft length γ, as in the papers: every step proposes min(γ, limit) tokens."""
 
     k: int
@@ -393,7 +373,7 @@ class Probe:
 
 
 @dataclass
-class AutoK:
+class AutoK(Controller):
     """The cost-model controller: each step the k in 0..max_k with the most expected tokens per second.
 
     prior: acceptance assumed before anything was seen; weight: how many observations the prior is

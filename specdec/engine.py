@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from specdec.backends import lean
 from specdec.backends.base import ModelRunner
@@ -24,7 +24,7 @@ from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner
 from specdec.backends.seq2seq import Seq2SeqRunner, is_seq2seq
 from specdec.bridge import TextBridge, VocabularyMap
-from specdec.control import AUTO, AutoK, Controller, Costs, parse_speculation
+from specdec.control import AutoK, Controller, Costs, parse_speculation
 from specdec.defaults import DEFAULT_SUFFIX_MEMORY
 from specdec.drafters.base import Drafter
 from specdec.drafters.hybrid import HybridDrafter
@@ -41,7 +41,7 @@ from specdec.request import RequestConfig, check_draft_mode, check_verify_mode
 from specdec.sampling import SamplingParams
 from specdec.stairs import StairsRunner, stairs_runner
 from specdec.verify import make_verifier
-from specdec.vocab import same_vocabulary
+from specdec.vocab import chat_ids, decoded, same_vocabulary
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -89,6 +89,10 @@ def as_runner(model: PreTrainedModel | ModelRunner) -> ModelRunner:
     raise TypeError(f"expected a transformers model or a ModelRunner, got {type(model).__name__}")
 
 
+@overload
+def _own_runner(runner: ModelRunner) -> tuple[ModelRunner, bool]: ...
+@overload
+def _own_runner(runner: ModelRunner | None) -> tuple[ModelRunner | None, bool]: ...
 def _own_runner(runner: ModelRunner | None) -> tuple[ModelRunner | None, bool]:
     """(a runner over the same weights with a cache of its own, False), or (`runner` itself, True) where
     it cannot be cloned."""
@@ -344,10 +348,11 @@ class Engine:
             parsed = parse_speculation(k)
         except SpecdecError as e:
             raise SpecdecError(f"the number of speculative tokens {e}") from None
-        if parsed != AUTO:
+        if isinstance(parsed, int):  # else AUTO
             return parsed
         shared = self.auto_controller()
         if sampling is not None and not sampling.greedy and sampling.seed is not None:
+            assert self._measured_costs is not None  # auto_controller() measured them
             return AutoK(replace(self._measured_costs), max_k=shared.max_k, cost_ewma=0.0)
         return shared
 
@@ -442,6 +447,7 @@ class Engine:
         if self._bridge is None:
             self._bridge = TextBridge(self.tokenizer, self.draft_tokenizer)
         if mode == "intersection" and self._vocab_map is None:
+            assert self.draft_runner is not None  # a draft mode (same, text, intersection) of a draft model
             self._vocab_map = VocabularyMap.from_tokenizers(
                 self.tokenizer, self.draft_tokenizer, self.target_runner.vocab_size, self.draft_runner.vocab_size
             )
@@ -509,7 +515,7 @@ class Engine:
         )
 
         copier, draft, head = split_drafter(resolve_drafter(draft, target, backend))
-        copying = dict(lookup=copier == LOOKUP, suffix=copier == SUFFIX, suffix_memory=suffix_memory)
+        copying: dict[str, Any] = dict(lookup=copier == LOOKUP, suffix=copier == SUFFIX, suffix_memory=suffix_memory)
         if suffix_memory < 0:
             raise SpecdecError(f"the suffix memory must be >= 0 tokens, got {suffix_memory}")
         if head is not None:  # refused before anything is loaded where a head cannot draft, or is missing
@@ -594,19 +600,14 @@ class Engine:
         through the chat template, with the assistant's turn opened."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise SpecdecError(f"target '{self.target_name}' has no chat template; drop --chat")
-        ids = self.tokenizer.apply_chat_template(
-            [{"role": role, "content": content} for role, content in messages], add_generation_prompt=True,
-            tokenize=True,
-        )
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # newer transformers return a BatchEncoding
-            ids = ids["input_ids"]
-        return list(ids)
+        return chat_ids(self.tokenizer, [{"role": role, "content": content} for role, content in messages])
 
     def decode_text(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return decoded(self.tokenizer.decode(list(token_ids), skip_special_tokens=True,
+                                             clean_up_tokenization_spaces=False))
 
     def stream(self, prompt: str | Sequence[int], config: RequestConfig | None = None,
-               **options: Any) -> Iterator[Step]:
+               **options: Any) -> Generator[Step, None, None]:
         """Decode steps for one request (see :func:`specdec.loop.decode`): the one place a request is set up.
 
         config: the request's options (specdec.request.RequestConfig), changed by keyword `options`
@@ -635,7 +636,7 @@ class Engine:
         return self._steps(prompt_ids, condition, config, drafting)
 
     def _steps(self, prompt_ids: list[int], condition: StopCondition, config: RequestConfig,
-               drafting: bool) -> Iterator[Step]:
+               drafting: bool) -> Generator[Step, None, None]:
         """The request's steps, decoded over runners the pool lends for as long as they run; with suffix
         drafts, its output (all of it, or what was decoded before its steps were closed) then enters the
         engine's store of recent answers.  A request that fails inside a step empties the runners' caches:
@@ -721,13 +722,11 @@ class Engine:
         config = RequestConfig.from_options(config, **options)
         return self.generate_from(self.stream(prompt, config), config.stop)
 
-    def generate_from(self, steps: Iterable[Step], stop: Sequence[str] = ()) -> Result:
+    def generate_from(self, steps: Generator[Step, None, None], stop: Sequence[str] = ()) -> Result:
         """Run already-created decode steps to the end and build the Result."""
         try:
             out = collect(steps)
         finally:
-            close = getattr(steps, "close", None)
-            if close is not None:
-                close()  # the runners go back to the pool now, not when the steps are collected as garbage
+            steps.close()  # the runners go back to the pool now, not when the steps are collected as garbage
         text = cut_at_stop(self.decode_text(out.token_ids), stop)
         return Result(text, out.token_ids, out.finish_reason, out.stats)

@@ -21,7 +21,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from specdec import zoo
 from specdec.errors import SpecdecError
@@ -198,6 +198,7 @@ def load_tokenizer(spec: str, progress: zoo.Progress | None = None) -> PreTraine
     there is one, else built once and cached under home()/tokenizers/.
     """
     kind, location = resolve(spec)
+    folder: Path | str
     if kind == "zoo":
         converted = zoo.home() / "hf" / location
         if (zoo._converted_from(converted) or {}).get("sha256") == zoo.get(location).sha256:
@@ -553,6 +554,10 @@ def split_copier(draft: ModelSpec | None) -> tuple[str | None, ModelSpec | None]
 AUTO_DRAFTER = "auto"  # the default drafter: see resolve_drafter
 
 
+@overload
+def resolve_drafter(draft: str | None, target: ModelSpec, backend: str = "hf") -> str | None: ...
+@overload
+def resolve_drafter(draft: ModelSpec | None, target: ModelSpec, backend: str = "hf") -> ModelSpec | None: ...
 def resolve_drafter(draft: ModelSpec | None, target: ModelSpec, backend: str = "hf") -> ModelSpec | None:
     """The drafter spec "auto" stands for (specdec.defaults): "lookup+head" when a head is saved for
     `target` (named as the user named it) and the target runs on transformers, whose runners give the
@@ -565,6 +570,10 @@ def resolve_drafter(draft: ModelSpec | None, target: ModelSpec, backend: str = "
     return HEAD_DRAFTER if backend == "hf" and has_head(target) else MODEL_DRAFTER
 
 
+@overload
+def split_drafter(draft: str | None) -> tuple[str | None, str | None, str | None]: ...
+@overload
+def split_drafter(draft: ModelSpec | None) -> tuple[str | None, ModelSpec | None, str | None]: ...
 def split_drafter(draft: ModelSpec | None) -> tuple[str | None, ModelSpec | None, str | None]:
     """(the model-free drafter: LOOKUP, SUFFIX or None; the draft model or None; the head spec or None) of a
     drafter spec ("auto" resolved first: resolve_drafter): "lookup", "suffix", "<model>", "head",

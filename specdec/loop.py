@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from specdec.backends.base import ModelRunner, forward_chunked, reusable_prefix
 from specdec.control import Controller, FixedK, plan, propose
-from specdec.drafters.base import Draft, Drafter, tell_plain_step, tell_prefilled
+from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.tree import TreeShape
 from specdec.errors import SpecdecError
 from specdec.trees import depths
@@ -176,7 +176,7 @@ class StopCondition:
         """Finish reason after the last token of `generated` was appended, or None to go on."""
         if generated[-1] in self.eos_token_ids:
             return "stop"
-        if self.stop_strings:
+        if self.stop_strings and self.decode is not None:  # (__post_init__ refused strings without decode)
             # A stop string completed by the last token lies in a short tail; a
             # token may be a fraction of a character, hence the generous window.
             window = 4 * max(len(s) for s in self.stop_strings) + 4
@@ -262,7 +262,7 @@ def decode(
     first = verifier.choose(forward_chunked(target, prompt_ids[reused:], last_n=1)[-1])
     stats.reused_prompt_tokens = reused
     if drafter is not None:
-        tell_prefilled(drafter, prompt_ids)  # a draft head keeps the prompt's last hidden states now
+        drafter.prefilled(prompt_ids)  # a draft head keeps the prompt's last hidden states now
     stats.target_forwards += 1
     stats.target_s = time.perf_counter() - start
     stats.prefill_s = stats.target_s
@@ -285,9 +285,8 @@ def decode(
     while True:
         stats.new_tokens = len(generated)
         stats.wall_s = time.perf_counter() - start
-        finish = getattr(controller, "finish", None) if reason is not None and drafter is not None else None
-        if finish is not None:  # before the last yield: a caller may stop at the last step
-            finish(len(generated))  # the answer's length: what the next answers' catch-ups are priced over
+        if reason is not None and drafter is not None:  # before the last yield: a caller may stop at the last step
+            controller.finish(len(generated))  # the answer's length: what the next answers' catch-ups are priced over
         yield Step(emitted, reason, stats)
         if reason is not None:
             return
@@ -304,8 +303,8 @@ def decode(
             k = min(tree.depth or k, limit)
             nodes = min(tree.budget(k), target.max_context - len(context) - 1)
             # auto (no fixed depth): a controller that prices trees decides tree or chain; WxD: always a tree
-            pays = getattr(controller, "tree_nodes", None) if tree.depth is None else None
-            nodes = pays(k, nodes, source) if pays is not None else nodes
+            if tree.depth is None:
+                nodes = controller.tree_nodes(k, nodes, source)
             shape = replace(tree, nodes=nodes) if nodes > k else None
         draft = propose(drafter, context, k, source, shape) if drafter is not None and k > 0 else None
         t1 = time.perf_counter()
@@ -316,15 +315,13 @@ def decode(
             k = n = 0
             stats.plain_steps += 1
             if drafter is not None:
-                tell_plain_step(drafter, context)
+                drafter.plain_step(context)
         elif draft.is_tree:
             if shape is None or shape.nodes is None:
                 raise ValueError("the drafter proposed a tree where a chain was asked for")
             k, new, extra = verify_tree(target, verifier, draft, context[-1], k, shape.nodes, stats)
             n = len(new) - 1
-            learn = getattr(controller, "observe_tree", None)
-            if learn is not None:
-                learn(len(draft.tokens) + 1, time.perf_counter() - t1, extra, source)
+            controller.observe_tree(len(draft.tokens) + 1, time.perf_counter() - t1, extra, source)
         else:
             if len(draft.tokens) > k:
                 raise ValueError(f"the drafter proposed {len(draft.tokens)} tokens where {k} were asked for")

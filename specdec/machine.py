@@ -10,20 +10,27 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
+from typing import TypedDict
 
 # cpuinfo flag -> how we name it, in the order printed.
 _FEATURES = (("avx2", "AVX2"), ("avx512f", "AVX-512"), ("avx512_vnni", "AVX512-VNNI"), ("avx_vnni", "AVX-VNNI"),
              ("avx512_bf16", "AVX512-BF16"), ("amx_tile", "AMX"))
 
 
-def cpu_info(cpuinfo: str | None = None) -> dict[str, object]:
+class CPUInfo(TypedDict):
+    name: str
+    features: list[str]
+    cpus: int
+
+
+def cpu_info(cpuinfo: str | None = None) -> CPUInfo:
     """{"name": "AMD EPYC", "features": ["AVX2"], "cpus": 2} from /proc/cpuinfo (or the platform elsewhere)."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
         except OSError:
             cpuinfo = ""
-    name, flags = "", set()
+    name, flags = "", set[str]()
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()
@@ -45,7 +52,7 @@ def cpu_info(cpuinfo: str | None = None) -> dict[str, object]:
 def cpu_description(cpuinfo: str | None = None) -> str:
     """One line, e.g. "AMD EPYC, 2 CPUs, AVX2 (no AVX-512)"."""
     info = cpu_info(cpuinfo)
-    features = list(info["features"])  # type: ignore[arg-type]
+    features = list(info["features"])
     extras = ", ".join(features) if features else "no AVX2"
     if "AVX2" in features and "AVX-512" not in features:
         extras += " (no AVX-512)"

@@ -40,7 +40,10 @@ class Lease:
 class RunnerPool(Protocol):
     """Lends an engine's runners to requests (see the module doc)."""
 
-    max_batch: int  # requests decoded at once
+    @property
+    def max_batch(self) -> int:
+        """Requests decoded at once."""
+        ...
 
     def check(self, config: RequestConfig) -> None:
         """A SpecdecError for a request this pool cannot run."""

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from specdec.backends.base import ModelRunner
 
@@ -228,7 +228,15 @@ SYNC_TOKENS = 32  # a draft model's catch-up is timed as one forward of this man
 KERNELS_VERSION = 2
 
 
-def runner_identity(runner: ModelRunner) -> dict[str, object] | None:
+class Timed(Protocol):
+    """What has timings to cache: a runner, or anything else that says what its timings depend on."""
+
+    def identity(self) -> dict[str, Any]:
+        """As ModelRunner.identity: at least "backend", "model" ("" for none: nothing cached) and "threads"."""
+        ...
+
+
+def runner_identity(runner: Timed) -> dict[str, object] | None:
     """What a runner's timings depend on (model, backend, dtype, threads, CPU), or None when the
     model has no name to key a cache with (e.g. a model built in memory)."""
     from specdec.machine import cpu_description
@@ -239,7 +247,7 @@ def runner_identity(runner: ModelRunner) -> dict[str, object] | None:
     return {**who, "cpu": cpu_description()}
 
 
-def _cache_file(kind: str, runner: ModelRunner, params: dict, cache_dir: Path | None) -> tuple[Path, str] | None:
+def _cache_file(kind: str, runner: Timed, params: dict, cache_dir: Path | None) -> tuple[Path, str] | None:
     """(the file, the key it must hold) of a cached timing of `kind` for this runner's identity and `params`;
     None without a cache or a runner with no name to key one."""
     import hashlib
@@ -252,8 +260,11 @@ def _cache_file(kind: str, runner: ModelRunner, params: dict, cache_dir: Path | 
     return Path(cache_dir) / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json", key
 
 
-def _cached(kind: str, runner: ModelRunner, params: dict, measure: Callable[[], object],
-            cache_dir: Path | None, still_true: Callable[[object], bool] | None = None) -> object:
+_Value = TypeVar("_Value")  # what a measurement gives: JSON values, as they are cached
+
+
+def _cached(kind: str, runner: Timed, params: dict, measure: Callable[[], _Value],
+            cache_dir: Path | None, still_true: Callable[[_Value], bool] | None = None) -> _Value:
     """measure(), or what it returned before for this runner's identity and these params (JSON on disk)
     if still_true(that) holds (a quick spot check against the machine now; measured afresh if not)."""
     import json
@@ -352,7 +363,7 @@ def step_costs(
         drafted = min(max_k, DRAFT_TIMED_TOKENS)
         d_prefix = _room(draft, drafted)
 
-        def plausible(cached: object) -> bool:
+        def plausible(cached: float) -> bool:
             # A draft token dearer than a target step prices the draft out, and a draft never tried is never
             # corrected online: such a cached value (one timed beside a test run: 930 ms against 25 quiet) is
             # checked against the machine now; any other is reused as it is.

@@ -57,6 +57,7 @@ from specdec.backends.base import (
     Capabilities,
     Footprint,
     ModelRunner,
+    Refusals,
     cannot_clone,
     checked_new_tokens,
     common_prefix_length,
@@ -72,6 +73,10 @@ class NextTokenModel(Protocol):
 
     def next_logits(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
         """fp32 logits [B, V]: row b is the prediction for the token after rows[b] (each non-empty)."""
+        ...
+
+    def reset(self) -> None:
+        """A new generation starts: a model with a cache empties it (one without has nothing to do)."""
         ...
 
 
@@ -137,6 +142,9 @@ class BlackBoxNextToken:
         self.max_context = model_max_context(model)
         self.positions = 0  # token positions computed, padding included
 
+    def reset(self) -> None:
+        """Nothing to forget: every row is recomputed from its start."""
+
     @torch.inference_mode()
     def next_logits(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
         if not rows or any(not r for r in rows):
@@ -146,12 +154,12 @@ class BlackBoxNextToken:
         for b, r in enumerate(rows):
             batch[b, : len(r)] = torch.tensor(list(r), dtype=torch.long)
         self.positions += batch.numel()
-        logits = self.model(input_ids=batch.to(self.device), use_cache=False).logits  # [B, W, V]
+        logits: torch.Tensor = self.model(input_ids=batch.to(self.device), use_cache=False).logits  # [B, W, V]
         last = torch.tensor([len(r) - 1 for r in rows], device=logits.device)  # [B]
         return logits[torch.arange(len(rows), device=logits.device), last].float().cpu()  # [B, V]
 
 
-class StairsRunner:
+class StairsRunner(Refusals):  # no hidden states, no taps, no trees
     """A ModelRunner whose forward asks a NextTokenModel for the staircase of next-token predictions.
 
     ``forward(new)`` returns, for each of the last n new tokens, the prediction
@@ -187,9 +195,7 @@ class StairsRunner:
 
     def reset(self) -> None:
         self.tokens = []
-        reset = getattr(self.next_token, "reset", None)  # a model with a cache starts afresh too
-        if reset is not None:
-            reset()
+        self.next_token.reset()  # a model with a cache starts afresh too
 
     def footprint(self) -> Footprint:
         """Nothing of its own: the runner it asks (the request's target) holds the cache (ModelRunner.footprint)."""

@@ -82,15 +82,6 @@ def depths(parents: Sequence[int]) -> list[int]:
     return out
 
 
-def path_to(parents: Sequence[int], node: int) -> list[int]:
-    """The indices from the root's child down to `node` (inclusive), in order; [] for -1."""
-    path: list[int] = []
-    while node != -1:
-        path.append(node)
-        node = parents[node]
-    return path[::-1]
-
-
 def tree_parents(tokens: Sequence[int], parents: Sequence[int] | None) -> list[int]:
     """`parents`, or a chain's when None; checked (check_tree)."""
     parents = chain_parents(len(tokens)) if parents is None else list(parents)

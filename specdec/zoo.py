@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from specdec.errors import SpecdecError
 
@@ -264,7 +265,7 @@ def shared_gguf_reader() -> Iterator[None]:
     readers: dict[tuple, object] = {}
     maps: dict[tuple, object] = {}
 
-    def shared_reader(path, mode: str = "r"):
+    def shared_reader(path, mode: Literal["r", "r+", "c"] = "r"):
         key = (os.path.realpath(path), mode)
         if key not in readers:
             readers[key] = original_reader(path, mode)
@@ -275,11 +276,13 @@ def shared_gguf_reader() -> Iterator[None]:
             maps[(arch, n_blocks)] = original_map(arch, n_blocks)
         return maps[(arch, n_blocks)]
 
-    gguf.GGUFReader, gguf.get_tensor_name_map = shared_reader, shared_map
+    # A monkeypatch for the block: the module's class and function replaced by caching functions (whose types
+    # mypy cannot equate with a class's)
+    gguf.GGUFReader, gguf.get_tensor_name_map = shared_reader, shared_map  # type: ignore[misc, assignment]
     try:
         yield
     finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = original_reader, original_map
+        gguf.GGUFReader, gguf.get_tensor_name_map = original_reader, original_map  # type: ignore[misc]
 
 
 def convert_gguf(gguf_file: Path, out_dir: Path, source: dict | None = None, progress: Progress | None = None) -> Path:

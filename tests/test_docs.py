@@ -72,6 +72,8 @@ def test_ci_runs_the_readmes_install_and_test_commands_exactly():
                            "# The README's test command, exactly:"}
     [lint] = [line for line in ci if line.startswith(".venv/bin/ruff ")]
     assert lint.startswith(".venv/bin/ruff check ") and lint in readme
+    [types] = [line for line in ci if line.startswith(".venv/bin/mypy ")]
+    assert types == ".venv/bin/mypy specdec" and types in readme  # the whole package
     assert ".venv/bin/pip install -e '.[test]'" in marked.values()
     for command in marked.values():
         assert command in readme

@@ -71,7 +71,7 @@ def test_k_chosen_per_step_equals_plain_greedy(arch, kind, seed, window):
     offsets = []
     if isinstance(drafter, ModelDrafter):
         propose = drafter.propose
-        drafter.propose = lambda context, k: (propose(context, k), offsets.append(drafter.cache.offset))[0]
+        drafter.propose = lambda context, k, source=None: (propose(context, k, source), offsets.append(drafter.cache.offset))[0]
     out = run(HFRunner(MODELS[(arch, 0)]), prompt, StopCondition(48), drafter=drafter,
               num_speculative_tokens=RandomK(seed))
     assert out.token_ids == reference.token_ids

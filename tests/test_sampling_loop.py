@@ -39,8 +39,8 @@ import torch
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner
 from specdec.backends.quant import quantize_model
-from specdec.control import AutoK, Costs
-from specdec.drafters.base import Draft
+from specdec.control import AutoK, Controller, Costs
+from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import DEFAULT_WINDOW, ModelDrafter
@@ -159,7 +159,7 @@ def history_controller() -> AutoK:
 CONTROLLERS = {"auto-k-controller": history_controller}
 
 
-class Recorded:
+class Recorded(Controller):
     """A controller, and the k it chose whenever the loop allowed a draft (limit > 0)."""
 
     def __init__(self, inner) -> None:
@@ -198,8 +198,8 @@ def sample_runs(case: str, seeds: range) -> dict:
         drafter = make_drafter(params)
         if getattr(drafter, "confidence", None) is not None:  # count the drafts it cut short
             propose = drafter.propose
-            def counted(context, want, propose=propose):
-                draft = propose(context, want)
+            def counted(context, want, source=None, propose=propose):
+                draft = propose(context, want, source)
                 short[0] += 0 < len(draft.tokens) < want
                 return draft
             drafter.propose = counted
@@ -289,10 +289,10 @@ DRAFT_MODEL = tiny_model("llama", 1)
 HF_PROMPT = [5, 9, 13, 21]
 
 
-class ConstantDrafter:
+class ConstantDrafter(Drafter):
     """Deterministic proposals (q = None) that are usually wrong."""
 
-    def propose(self, context, k):
+    def propose(self, context, k, source=None):
         return Draft([7] * k)
 
     def observe(self, context, num_accepted):

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import pytest
 import torch
 
 from specdec.drafters.base import Draft
 from specdec.errors import SpecdecError
-from specdec.trees import chain_parents, check_tree, children, depths, path_to, verify_tree_greedy
+from specdec.trees import chain_parents, check_tree, children, depths, verify_tree_greedy
 from specdec.verify import GreedyVerifier, Verdict, verify_greedy
 from tests.test_verify import logits_for
 
@@ -18,6 +19,16 @@ from tests.test_verify import logits_for
 #                                    -> 4 (9) -> 5 (4)
 TOKENS = [5, 3, 7, 2, 9, 4]
 PARENTS = [-1, -1, 0, 1, 1, 4]
+
+
+def path_to(parents: Sequence[int], node: int) -> list[int]:
+    """The indices from the root's child down to `node` (inclusive), in order; [] for -1: the reference the
+    tests build a node's path with, by walking its parents."""
+    path: list[int] = []
+    while node != -1:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
 
 
 def test_shape_helpers():

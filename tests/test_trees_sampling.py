@@ -19,10 +19,11 @@ import torch
 
 from specdec.drafters.base import Draft
 from specdec.sampling import SamplingParams, make_generator, warp_probs
-from specdec.trees import chain_parents, children, path_to, verify_tree_sampling
+from specdec.trees import chain_parents, children, verify_tree_sampling
 from specdec.verify import GreedyVerifier, SamplingVerifier
 from tests.chisq import chi_square
 from tests.exact import Dist, Toy, assert_target_distribution, emitted, make_toy, mix, target_deviation
+from tests.test_trees import path_to
 from tests.test_verify_sampling import ONE_HOT_WARPS, clear_argmax_logits
 
 SHAPES = {

@@ -16,8 +16,9 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.backends.base import Capabilities, Footprint, cannot_clone
-from specdec.drafters.base import Draft
+from specdec.backends.base import Capabilities, Footprint, Refusals, cannot_clone
+from specdec.control import Controller
+from specdec.drafters.base import Draft, Drafter
 from specdec.sampling import SamplingParams
 
 
@@ -28,9 +29,9 @@ def random_table(vocab: int, seed: int, scale: float = 1.5) -> torch.Tensor:
     return torch.randn(vocab + 1, vocab, vocab, generator=gen, dtype=torch.float32) * scale
 
 
-class RunnerDefaults:
+class RunnerDefaults(Refusals):
     """What a test's runner answers besides computing (the ModelRunner protocol): no transformers model,
-    no end-of-sequence ids of its own, no clones, no identity to cache timings under."""
+    no end-of-sequence ids of its own, no clones, no identity to cache timings under, no hidden states."""
 
     capabilities = Capabilities()
     model = None
@@ -111,20 +112,21 @@ class ToyTreeRunner(ToyRunner):
         self.tokens = self.tokens[:cached] + [new[r] for r in rows]
 
 
-class FixedDrafter:
+class FixedDrafter(Drafter):
     """Deterministic proposals (Draft with q=None): token after (a, b) is proposal[a, b]."""
 
     def __init__(self, proposal: torch.Tensor) -> None:
         self.proposal = proposal.tolist()  # [V+1][V] ints
         self.vocab_size = len(self.proposal[0])
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Draft:
         seq = list(context[-2:]) if len(context) >= 2 else [self.vocab_size, *context]
         for _ in range(k):
             seq.append(self.proposal[seq[-2]][seq[-1]])
         return Draft(seq[-k:] if k else [])
 
-    def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int) -> Draft:
+    def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int,
+                     source: str | None = None) -> Draft:
         """The chain of propose() and, at each of its positions, the next `width` - 1 tokens after the
         proposed one (mod V) as leaves: a deterministic tree (q None) of at most `nodes` tokens."""
         from specdec.drafters.tree import tree_draft
@@ -140,13 +142,13 @@ class FixedDrafter:
         pass
 
 
-class ConstantDrafter:
+class ConstantDrafter(Drafter):
     """Always proposes the same token (q = None): the adversarial draft."""
 
     def __init__(self, token: int) -> None:
         self.token = token
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Draft:
         return Draft([self.token] * k)
 
     def observe(self, context: Sequence[int], num_accepted: int) -> None:
@@ -220,7 +222,7 @@ def chain_distribution(
     return out
 
 
-class RandomK:
+class RandomK(Controller):
     """A controller (specdec.control.Controller) that picks k in 0..limit at random, so a generation
     switches between plain and drafted steps of every length: drafters must follow the context
     through steps they did not draft."""

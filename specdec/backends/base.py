@@ -13,13 +13,19 @@ user (``describe``), and what its timings depend on (``identity``, the key of
 cached step timings in :mod:`specdec.profile`).  Callers ask these instead of
 probing a runner's attributes.
 
-A runner whose capabilities say ``hidden_states`` also hands out, after each
-forward, the final hidden states of the positions whose logits it returned
-(``hidden``, :class:`HiddenStateRunner`): what a draft head reads, kept from
-the same forward at no extra cost.  Asked to (``keep_hidden_rows``), it also
-keeps those of a forward's last few rows whose logits it did not return
-(``hidden_tail``: a prompt's end, after a prefill that returns one row),
-at the cost of the final norm of those rows; the output layer never runs on them.
+The protocol holds every method a caller may ask of a runner; what only some
+runners can do, their ``capabilities`` say, once, when the runner is built, and
+a runner without one inherits a one-line refusal (:class:`Refusals`).  A runner
+whose capabilities say ``hidden_states`` hands out, after each forward, the
+final hidden states of the positions whose logits it returned (``hidden``):
+what a draft head reads, kept from the same forward at no extra cost.  Asked to
+(``keep_hidden_rows``), it also keeps those of a forward's last few rows whose
+logits it did not return (``hidden_tail``: a prompt's end, after a prefill that
+returns one row), at the cost of the final norm of those rows; the output layer
+never runs on them.  One whose capabilities say ``taps`` also keeps chosen
+decoder layers' outputs with those rows (``tap_layers``), and one whose
+capabilities say ``tree`` verifies a token tree in one forward
+(``forward_tree`` / ``keep_rows``).
 """
 
 from __future__ import annotations
@@ -43,9 +49,11 @@ class Capabilities:
     # A token's logits are bitwise the same whether it is evaluated alone or inside a
     # forward of several tokens, so verifying a draft in one forward is exact.
     batch_invariant: bool = False
-    # hidden() gives the last forward's final hidden states (HiddenStateRunner)
+    # hidden() / hidden_tail() give the last forward's final hidden states
     hidden_states: bool = False
-    # forward_tree / keep_rows verify a token tree in one forward (TreeRunner)
+    # tap_layers(layers) keeps those decoder layers' outputs with the hidden rows (a fused-feature draft head's)
+    taps: bool = False
+    # forward_tree / keep_rows verify a token tree in one forward
     tree: bool = False
 
 
@@ -82,8 +90,14 @@ class ModelRunner(Protocol):
     capabilities: Capabilities
     vocab_size: int  # width V of the logits
     max_context: int  # the most tokens the cache may hold
-    eos_token_ids: frozenset[int]  # the model's own end-of-sequence ids (the engine adds the tokenizer's)
-    model: Any  # the transformers model it computes (shared by its clones), or None (llama.cpp, stairs, ...)
+    @property
+    def model(self) -> Any:
+        """The transformers model it computes (shared by its clones), or None (llama.cpp, stairs, ...)."""
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """The model's own end-of-sequence ids (the engine adds the tokenizer's)."""
+        ...
 
     def forward(self, new_tokens: Sequence[int], last_n: int | None = None) -> torch.Tensor:
         """Append `new_tokens` to the cache; return fp32 logits [n, V] for the last n of them
@@ -129,17 +143,12 @@ class ModelRunner(Protocol):
         "" when it has none, and then nothing is cached) and "threads"."""
         ...
 
-
-@runtime_checkable
-class HiddenStateRunner(ModelRunner, Protocol):
-    """A runner whose capabilities say hidden_states."""
-
     def hidden(self) -> torch.Tensor:
-        """The final hidden states of the positions whose logits the last forward returned: fp32 [n, H],
-        row i for logits row i.  Final means the input of the model's output layer (its LM head) at those
-        positions: after the model's final norm, and after any scaling a model applies before its head
-        (T5's d_model ** -0.5 where its config says scale_decoder_outputs), so the head applied to them
-        gives the logits (plus a final bias or softcapping where a model adds one after its head).  Kept
+        """Where capabilities say hidden_states: the final hidden states of the positions whose logits the
+        last forward returned: fp32 [n, H], row i for logits row i.  Final means the input of the model's
+        output layer (its LM head) at those positions: after the model's final norm, and after any scaling a
+        model applies before its head (T5's d_model ** -0.5 where its config says scale_decoder_outputs), so
+        the head applied to them gives the logits (plus a final bias or softcapping where a model adds one after its head).  Kept
         from the forward itself (no extra computation); a RuntimeError before the first forward and after
         reset.  Rollback keeps them: they are the last forward's, whatever was dropped since."""
         ...
@@ -154,28 +163,25 @@ class HiddenStateRunner(ModelRunner, Protocol):
         """The final hidden states of the last rows of the last forward, fp32 [m, H]: m = max(rows of
         hidden(), min(n, new rows)) for n of keep_hidden_rows, so its last rows are hidden()'s (a runner
         that cannot keep more, Seq2SeqRunner, gives hidden()'s).  Row i is of position L - m + i, L the
-        tokens cached right after that forward.  Rollback keeps them; a RuntimeError where hidden() has one.
-
-        Optional, where a runner has it (the lean and transformers runners): ``tap_layers(layers)`` makes
-        every row of hidden() and hidden_tail() carry, after the final hidden state, the outputs of those
-        decoder layers (0-based, the residual stream after each, before any norm): [n, H x (1 + len(layers))],
-        what a fused-feature draft head reads (specdec.head.model.DraftHead.fused); () turns it off."""
+        tokens cached right after that forward.  Rollback keeps them; a RuntimeError where hidden() has one."""
         ...
 
-
-@runtime_checkable
-class TreeRunner(ModelRunner, Protocol):
-    """A runner whose capabilities say tree: a tree of new tokens in one forward (issue 39; SpecInfer,
-    Miao et al. 2024, arXiv 2305.09781: tree attention)."""
+    def tap_layers(self, layers: Sequence[int]) -> None:
+        """Where capabilities say taps: from the next forward on, every row of hidden() and hidden_tail()
+        carries, after the final hidden state, the outputs of these decoder layers (0-based, the residual
+        stream after each, before any norm): [n, H x (1 + len(layers))], what a fused-feature draft head
+        reads (specdec.head.model.DraftHead.fused); () turns it off."""
+        ...
 
     def forward_tree(self, new_tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
-        """Append a tree of n new tokens: parents[i] < i is the new token that token i follows, -1 for one
-        that follows the last cached token.  Token i sits at position (cached + its depth), depth 0 for a
+        """Where capabilities say tree (SpecInfer, Miao et al. 2024, arXiv 2305.09781: tree attention;
+        issue 39): append a tree of n new tokens: parents[i] < i is the new token that token i follows, -1
+        for one that follows the last cached token.  Token i sits at position (cached + its depth), depth 0 for a
         parent of -1, and attends to the cached tokens and to its ancestors and itself only.  Returns fp32
         logits [n, V]; row i is bitwise what a chain forward over token i's path would give it where
         the runner is batch_invariant.  Until keep_rows, `tokens` holds the cached tokens and then all n
         new ones in the order given (not a sequence): call keep_rows before any other forward.  A
-        HiddenStateRunner's hidden() and hidden_tail() are then the n nodes' rows [n, H], row i of token i."""
+        hidden_states runner's hidden() and hidden_tail() are then the n nodes' rows [n, H], row i of token i."""
         ...
 
     def keep_rows(self, cached: int, rows: Sequence[int]) -> None:
@@ -184,6 +190,34 @@ class TreeRunner(ModelRunner, Protocol):
         cache is then what a chain forward over the path would have left, and so are hidden() and
         hidden_tail(): the kept rows' [len(rows), H]."""
         ...
+
+
+class Refusals:
+    """The protocol's methods that only some runners offer, as a runner whose capabilities do not say so
+    has them: each refuses in one line.  A runner that offers one (its capabilities say so) overrides it."""
+
+    def hidden(self) -> torch.Tensor:
+        raise refused(self, "gives no hidden states")
+
+    def keep_hidden_rows(self, n: int) -> None:
+        raise refused(self, "gives no hidden states")
+
+    def hidden_tail(self) -> torch.Tensor:
+        raise refused(self, "gives no hidden states")
+
+    def tap_layers(self, layers: Sequence[int]) -> None:
+        raise refused(self, "keeps no intermediate layers' rows")
+
+    def forward_tree(self, new_tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        raise refused(self, "cannot verify a token tree")
+
+    def keep_rows(self, cached: int, rows: Sequence[int]) -> None:
+        raise refused(self, "cannot verify a token tree")
+
+
+def refused(runner: object, what: str) -> SpecdecError:
+    """The one-line error of a runner asked for what its capabilities do not offer."""
+    return SpecdecError(f"a {type(runner).__name__} {what}")
 
 
 def checked_taps(layers: Sequence[int], count: int) -> tuple[int, ...]:
@@ -195,7 +229,7 @@ def checked_taps(layers: Sequence[int], count: int) -> tuple[int, ...]:
 
 
 def last_hidden(hidden: torch.Tensor | None, runner: object) -> torch.Tensor:
-    """A runner's kept hidden states [n, H] as HiddenStateRunner.hidden returns them (fp32, on the CPU), or
+    """A runner's kept hidden states [n, H] as ModelRunner.hidden returns them (fp32, on the CPU), or
     the RuntimeError of a runner that has run no forward since it was built or reset."""
     if hidden is None:
         raise RuntimeError(f"{type(runner).__name__}.hidden(): no hidden states kept "

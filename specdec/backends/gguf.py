@@ -97,7 +97,7 @@ class GGUFFile:
             raise SpecdecError(f"cannot read GGUF file {self.path}: {e}") from e
 
     def _parse(self) -> None:
-        buf = memoryview(self.data)
+        buf = memoryview(self.data)  # type: ignore[arg-type]  # numpy's stubs give memmap no __buffer__; it has one
         if bytes(buf[:4]) != b"GGUF":
             raise ValueError("not a GGUF file (bad magic)")
         version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
@@ -340,7 +340,8 @@ class GGUFModel:
         llama = file.architecture in ("llama", "mistral")
         q_order = _unpermute(self.num_heads * self.head_dim, self.num_heads) if llama else None
         k_order = _unpermute(self.num_kv_heads * self.head_dim, self.num_kv_heads) if llama else None
-        plan = []  # per layer its four linears' (stem, channel order) lists; then the head
+        # per layer its four linears' (stem, channel order) lists; then the head
+        plan: list[list[list[tuple[str, list[int] | None]]]] = []
         for i in range(c.num_hidden_layers):
             blk = f"blk.{i}."
             plan.append([[(blk + "attn_q", q_order), (blk + "attn_k", k_order), (blk + "attn_v", None)],
@@ -421,7 +422,7 @@ class GGUFLayers(LayerSet):
     tree = True
 
     def __init__(self, model: GGUFModel) -> None:
-        super().__init__(model.layers, model.head)  # type: ignore[arg-type]
+        super().__init__(model.layers, model.head)
         self.model = model
         self.table = _gguf_table(model.layers)
         self._kernel_model = LayersModel(
@@ -480,6 +481,8 @@ class GGUFRunner(LeanRunner):
     trees, hidden states and packed forwards, with :class:`GGUFLayers`.  It needs no transformers model: the
     file's config, the rotary tables (Rotary) and the end-of-sequence ids are its own; `model` (transformers'
     model of the config on the meta device: structure and generation config, no weights) is built when asked."""
+
+    layer_set: GGUFLayers
 
     def __init__(self, model: GGUFModel, max_context: int | None = None, layer_set: GGUFLayers | None = None) -> None:
         self.gguf = model

@@ -15,7 +15,7 @@ A sliding-window layer keeps only the last window of states and cannot be
 rolled back past it; a full layer can, and the sliding-window attention mask
 still hides what lies outside the window, so the logits are the same.
 
-Hidden states (``hidden()``, specdec.backends.base.HiddenStateRunner): the
+Hidden states (``hidden()``, specdec.backends.base.ModelRunner.hidden): the
 model's output layer gets a forward pre-hook, installed once per model, that
 keeps a reference to its input while a runner's forward collects it (a
 context variable: runners over one model in other threads collect their own,
@@ -29,7 +29,7 @@ and copies its last rows (``hidden_tail``): no computation at all.  Where the
 output layer's input is not the very memory of that output's last rows (a model
 that transforms them after its base model) the tail is the logits' rows only.
 
-Token trees (``forward_tree`` / ``keep_rows``, specdec.backends.base.TreeRunner;
+Token trees (``forward_tree`` / ``keep_rows``, specdec.backends.base.ModelRunner.forward_tree;
 issue 39, SpecInfer's tree attention, Miao et al. 2024, arXiv 2305.09781): the
 tree's tokens run as one forward with position ids cached + depth and a 4D
 additive attention mask (transformers uses a 4D mask as given; one per layer
@@ -57,7 +57,7 @@ from torch import nn
 
 # transformers.cache_utils, not the package's top: `from transformers import PreTrainedModel` imports its
 # modeling code, a second more at every start; PreTrainedModel only types this module
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import CacheLayerMixin, DynamicCache
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -72,7 +72,7 @@ _HEAD_INPUTS: ContextVar[list[torch.Tensor] | None] = ContextVar("specdec_head_i
 # The outputs of watched base models seen by the forward running in this thread (base_outputs), else None
 _BASE_OUTPUTS: ContextVar[list[torch.Tensor] | None] = ContextVar("specdec_base_outputs", default=None)
 # decoder layer -> its output [B, n, H] in the forward running in this thread (tap_layers), while collecting
-_LAYER_OUTPUTS: ContextVar[dict[nn.Module, torch.Tensor] | None] = ContextVar("specdec_layer_outputs", default=None)
+_LAYER_OUTPUTS: ContextVar[dict[nn.Module, torch.Tensor | None] | None] = ContextVar("specdec_layer_outputs", default=None)
 _WATCHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # output layers and base models with our hook
 # architectures whose layers' sliding windows layer_window knows, so HFRunner can mask a token tree
 TREE_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text")
@@ -170,7 +170,7 @@ def model_footprint(model: PreTrainedModel, chunked: bool, decoder: bool = False
     head_dim = int(getattr(c, "head_dim", None) or getattr(c, "d_kv", None) or hidden // heads)
     intermediate = int(getattr(c, "intermediate_size", None) or getattr(c, "decoder_ffn_dim", None)
                        or getattr(c, "d_ff", None) or 4 * hidden)
-    element = model.get_input_embeddings().weight.element_size()
+    element = model.get_input_embeddings().weight.element_size()  # type: ignore[operator]  # a Parameter's method
     return decoder_footprint(layers, kv_heads, head_dim, heads, hidden, intermediate, model_vocab_size(model),
                              cache_element=element, element=element, chunked=chunked)
 
@@ -251,10 +251,10 @@ def watch_layer_output(layer: nn.Module) -> None:
 
 
 @contextmanager
-def layer_outputs(layers: Sequence[nn.Module]) -> Iterator[dict[nn.Module, torch.Tensor]]:
+def layer_outputs(layers: Sequence[nn.Module]) -> Iterator[dict[nn.Module, torch.Tensor | None]]:
     """A dict that holds, after a forward in this thread inside the block, the output [B, n, H] of each of
     `layers` (watched by watch_layer_output); empty, collecting nothing, for no layers."""
-    seen: dict[nn.Module, torch.Tensor] = dict.fromkeys(layers)  # type: ignore[arg-type]
+    seen: dict[nn.Module, torch.Tensor | None] = dict.fromkeys(layers)  # None until the forward fills it in
     token = _LAYER_OUTPUTS.set(seen if layers else None)
     try:
         yield seen
@@ -312,8 +312,9 @@ class HFRunner:
         fastlinear.install(model)  # fp32 on CPU: k-token verification at about the cost of one token
         # int8 models (specdec.backends.quant) are batch-invariant; float models are not.
         self._windows = tree_windows(model)  # the sliding windows a tree's mask needs (None: no trees)
+        # taps: tap_layers is offered (a model without a stack of decoder layers refuses there, in one line)
         self.capabilities = Capabilities(batch_invariant=is_int8(model), hidden_states=watch_head_input(model),
-                                         tree=self._windows is not None)
+                                         taps=True, tree=self._windows is not None)
         self._int8 = is_int8(model)
         if self.capabilities.hidden_states:
             watch_base_output(model)
@@ -331,7 +332,7 @@ class HFRunner:
         return self._forward(self._checked(new_tokens), last_n)
 
     def forward_tree(self, new_tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
-        """Append a token tree (TreeRunner.forward_tree): fp32 logits [n, V], row i bitwise a chain forward's
+        """Append a token tree (ModelRunner.forward_tree): fp32 logits [n, V], row i bitwise a chain forward's
         over token i's path for an int8 model, up to fp32 rounding for a float one.  hidden() and
         hidden_tail() are then the n nodes' final hidden states [n, H], row i of node i, until keep_rows
         narrows them to the kept path's."""
@@ -356,7 +357,7 @@ class HFRunner:
 
     def keep_rows(self, cached: int, rows: Sequence[int]) -> None:
         """After forward_tree over `cached` tokens, keep those and the tree's nodes `rows` (a root-to-node
-        path; TreeRunner.keep_rows): every cache layer keeps those positions, and hidden() / hidden_tail()
+        path; ModelRunner.keep_rows): every cache layer keeps those positions, and hidden() / hidden_tail()
         become those rows' [len(rows), H], as after a chain forward over them."""
         rows = kept_rows(self._tree, cached, rows)
         self._tree = None
@@ -366,7 +367,9 @@ class HFRunner:
         else:
             keep = torch.cat([torch.arange(cached), cached + torch.tensor(rows)]).to(self.device)  # [cached + m]
             for layer in self.cache.layers:
-                if layer.is_initialized and layer.keys is not None and layer.keys.numel():
+                # (a tree's model has attention layers only: tree_windows refuses others)
+                if isinstance(layer, CacheLayerMixin) and layer.is_initialized and layer.keys is not None \
+                        and layer.values is not None and layer.keys.numel():
                     layer.keys, layer.values = layer.keys[..., keep, :], layer.values[..., keep, :]  # [B, H, cached + m, D]
             self.tokens[cached:] = [new[r] for r in rows]
         if self._hidden is not None:
@@ -395,34 +398,40 @@ class HFRunner:
         self._tail = own_rows(tail_rows(bases[-1] if bases else None, seen[-1], self.hidden_rows)) if seen else None
         if self._tail is not None and layers:  # [m, H (1 + taps)]: the tapped layers' rows after the final ones
             m = self._tail.shape[0]
-            self._tail = torch.cat([self._tail, *(tapped[layer][0, -m:] for layer in layers)], dim=1)
+            parts = [self._tail]
+            for layer in layers:
+                rows = tapped[layer]
+                assert rows is not None  # the forward ran every tapped layer, whose hook kept its output
+                parts.append(rows[0, -m:])
+            self._tail = torch.cat(parts, dim=1)
         # [n, H]: the rows the head computed the logits of, the tail's last
         self._hidden = None if self._tail is None else self._tail[self._tail.shape[0] - seen[-1].shape[1]:]
         return out.logits[0].float().cpu()  # [n, V]
 
     def hidden(self) -> torch.Tensor:
-        """The last forward's final hidden states [n, H] fp32 (HiddenStateRunner.hidden): the output
+        """The last forward's final hidden states [n, H] fp32 (ModelRunner.hidden): the output
         layer's input, after the final norm."""
         return last_hidden(self._hidden, self)
 
     def keep_hidden_rows(self, n: int) -> None:
-        """Keep the final hidden states of each forward's last n rows too (HiddenStateRunner.keep_hidden_rows)."""
+        """Keep the final hidden states of each forward's last n rows too (ModelRunner.keep_hidden_rows)."""
         self.hidden_rows = max(0, int(n))
 
     def hidden_tail(self) -> torch.Tensor:
-        """The last forward's final hidden states of its last rows [m, H] fp32 (HiddenStateRunner.hidden_tail)."""
+        """The last forward's final hidden states of its last rows [m, H] fp32 (ModelRunner.hidden_tail)."""
         return last_hidden(self._tail, self)
 
     def tap_layers(self, layers: Sequence[int]) -> None:
         """From the next forward on, hidden() and hidden_tail() rows hold the outputs of these decoder layers
-        after the final hidden state (HiddenStateRunner.tap_layers)."""
+        after the final hidden state (ModelRunner.tap_layers)."""
         decoder = self.model.get_decoder()
         stack = getattr(decoder, "layers", None)
         if layers and not isinstance(stack, nn.ModuleList):
             raise SpecdecError(f"a {self.describe()} model has no decoder layers to tap")
         taps = checked_taps(layers, len(stack) if stack is not None else 0)
         for i in taps:
-            watch_layer_output(stack[i])  # type: ignore[index]
+            assert isinstance(stack, nn.ModuleList)  # (checked above: there are taps)
+            watch_layer_output(stack[i])
         self.taps = taps
 
     def rollback(self, n: int) -> None:
@@ -462,8 +471,9 @@ class HFRunner:
         freed = drop * self.footprint().cache_bytes_per_token
         self.rollback(max(0, int(tokens)))
         for layer in self.cache.layers:
-            if layer.is_initialized and layer.keys is not None and layer.keys.numel():
-                layer.keys, layer.values = layer.keys.clone(), layer.values.clone()  # [B, H, tokens, D]
+            keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)  # attention layers' tensors
+            if keys is not None and values is not None and keys.numel():
+                layer.keys, layer.values = keys.clone(), values.clone()  # type: ignore[union-attr]  # [B, H, tokens, D]
         return freed
 
     @property

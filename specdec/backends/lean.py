@@ -67,7 +67,7 @@ its AVX-512 VNNI path, an int4 draft's forwards of several rows -- its
 catch-ups -- run on the int8 weights instead (:class:`CatchUpLayers`): a
 drafted token is bound by memory, a catch-up by arithmetic.
 
-**Hidden states** (``hidden()``, specdec.backends.base.HiddenStateRunner):
+**Hidden states** (``hidden()``, specdec.backends.base.ModelRunner.hidden):
 the head's input, the final norm's output at the rows whose logits a forward
 returns, is kept by reference: each runner of a packed forward gets its own rows.
 A runner asked to keep more (``keep_hidden_rows(n)``) gets the final norm over
@@ -76,7 +76,7 @@ only, the last of them, as before: the norm is per row, so nothing changes.
 With ``tap_layers`` the kept rows carry the outputs of those decoder layers
 after the final hidden state (a fused-feature head's input; specdec.head.model).
 
-**Token trees** (``forward_tree`` / ``keep_rows``, specdec.backends.base.TreeRunner;
+**Token trees** (``forward_tree`` / ``keep_rows``, specdec.backends.base.ModelRunner.forward_tree;
 issue 39, SpecInfer's tree attention, Miao et al. 2024, arXiv 2305.09781): a
 tree's n new tokens run as one chunk, row i's keys and values written at cache
 position cached + i, its rotary position cached + depth(i), and its attention
@@ -98,7 +98,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Self
 
 import torch
 import torch.nn.functional as F
@@ -110,6 +110,7 @@ from specdec.backends.fastlinear import is_fp32_cpu_linear, weight_major_linear
 from specdec.backends.hf import layer_window, model_eos_token_ids, model_identity, model_max_context
 from specdec.backends.int4 import Int4Linear
 from specdec.backends.kernels.bindings import LayersModel
+from specdec.backends.kernels.gguf import Parts
 from specdec.backends.packcache import PackCache
 from specdec.backends.quant import Int8Linear, is_int8, pack_all
 from specdec.backends.tree import Tree, check_forward, check_rollback, kept_rows
@@ -178,7 +179,7 @@ class FloatLinear:
         return F.linear(x, self.weight, self.bias)
 
 
-Linear = Int8Linear | FloatLinear | Int4Linear
+Linear = Int8Linear | FloatLinear | Int4Linear | Parts  # Parts: a GGUF file's packed tensors (specdec.backends.gguf)
 
 
 def fuse(linears: Sequence[Any]) -> Linear:
@@ -342,7 +343,7 @@ def _layers(model: Any, make: Make = _fused) -> list[_Layer]:
     layers = []
     for i, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        extra = dict(q_norm=norm(attn.q_norm), k_norm=norm(attn.k_norm),
+        extra: dict[str, Any] = dict(q_norm=norm(attn.q_norm), k_norm=norm(attn.k_norm),
                      attn_out_norm=norm(layer.post_attention_layernorm),
                      mlp_out_norm=norm(layer.post_feedforward_layernorm),
                      rope=tables.index(config.layer_types[i])) if gemma else {}
@@ -364,7 +365,9 @@ def _layers(model: Any, make: Make = _fused) -> list[_Layer]:
 
 def _gemma_norm(norm: nn.Module) -> torch.Tensor:
     """A Gemma RMSNorm's factor, 1 + w (its forward computes the same sum before multiplying)."""
-    return 1.0 + norm.weight.detach().float()
+    weight = norm.weight
+    assert isinstance(weight, torch.Tensor)  # a Parameter (nn.Module types its attributes Tensor | Module)
+    return 1.0 + weight.detach().float()
 
 
 def _rope_kinds(config: Any) -> list[str | None]:
@@ -376,7 +379,7 @@ def _rope_kinds(config: Any) -> list[str | None]:
 def _activation_code(config: Any) -> int:
     """The gate activation's code in kernels/layers.c (ACT_*), or -1 for one it does not compute."""
     name = "hidden_activation" if config.model_type in GEMMA else "hidden_act"
-    return ACTIVATIONS.get(getattr(config, name, None), -1)
+    return ACTIVATIONS.get(getattr(config, name, None) or "", -1)
 
 
 def _rowwise(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scaling: float,
@@ -401,7 +404,6 @@ def _rowwise(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: i
     return out.transpose(1, 2).reshape(n, -1)
 
 
-_Set = TypeVar("_Set", bound="LayerSet")
 # model -> its layer sets by kind, each built once (packing or requantizing takes seconds)
 _SETS: weakref.WeakKeyDictionary[Any, dict[type, LayerSet]] = weakref.WeakKeyDictionary()
 
@@ -434,15 +436,15 @@ class LayerSet:
         return sum(lin.nbytes() for lin in [*linears, self.head])
 
     @classmethod
-    def of(cls: type[_Set], model: Any) -> _Set:
+    def of(cls, model: Any) -> Self:
         """This kind of layer set over `model`, built at the first call and shared after it."""
         sets = _SETS.setdefault(model, {})
         if cls not in sets:
             sets[cls] = cls.build(model)
-        return sets[cls]  # type: ignore[return-value]
+        return sets[cls]  # type: ignore[return-value]  # each kind's own set: cls.build's, above
 
     @classmethod
-    def build(cls: type[_Set], model: Any) -> _Set:
+    def build(cls, model: Any) -> Self:
         raise NotImplementedError
 
     def run(self, runners: Sequence[LeanRunner], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
@@ -462,10 +464,10 @@ class TorchLayers(LayerSet):
     :meth:`attend`."""
 
     @classmethod
-    def build(cls: type[_Set], model: Any) -> _Set:
+    def build(cls, model: Any) -> Self:
         """The model's layers with fused projections, their int8 weights packed for the kernel (the model's
         own q/k/v and gate/up linears stay unpacked)."""
-        cache, made = _PACK_CACHES.get(model), {}
+        cache, made = _PACK_CACHES.get(model), dict[str, Linear]()
         make = _int8_make(cache, made)
         layers, head = _layers(model, make), make("head", [model.lm_head])
         pack_all(lin for lin in made.values() if isinstance(lin, Int8Linear))
@@ -492,7 +494,7 @@ class TorchLayers(LayerSet):
             h = rms_norm(x, layer.input_norm, lead.eps)
             qkv = layer.qkv(h)  # [total, (H + 2 H_kv) D]
             qk = qkv[:, : (h_q + h_kv) * d].view(total, h_q + h_kv, d)
-            if layer.q_norm is not None:  # Gemma: each q and k head normed on its own
+            if layer.q_norm is not None and layer.k_norm is not None:  # Gemma: each q and k head normed on its own
                 qk = torch.cat([rms_norm(qk[:, :h_q], layer.q_norm, lead.eps),
                                 rms_norm(qk[:, h_q:], layer.k_norm, lead.eps)], dim=1)
             # q and k rotated in one go: the same elementwise operations on every element
@@ -546,7 +548,7 @@ class Int4Layers(TorchLayers):
     dtype = "int4"
 
     @classmethod
-    def build(cls: type[_Set], model: Any) -> _Set:
+    def build(cls, model: Any) -> Self:
         make = _int4_make(_PACK_CACHES.get(model))
         return cls(_layers(model, make), make("head", [model.lm_head]))
 
@@ -580,9 +582,9 @@ class NativeInt4Layers(LayerSet):
         return self._model
 
     @classmethod
-    def build(cls: type[_Set], model: Any) -> _Set:
+    def build(cls, model: Any) -> Self:
         torch_path = Int4Layers.of(model)  # the same int4 weights, requantized once
-        return cls(torch_path.layers, torch_path.head, _activation_code(model.config))  # type: ignore[call-arg]
+        return cls(torch_path.layers, torch_path.head, _activation_code(model.config))
 
     def run(self, runners: Sequence[LeanRunner], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
             cos: torch.Tensor, sin: torch.Tensor, trees: Sequence[Tree | None] | None = None,
@@ -626,9 +628,9 @@ class CatchUpLayers(LayerSet):
         self.tree = small.tree and large.tree
 
     @classmethod
-    def build(cls: type[_Set], model: Any) -> _Set:
+    def build(cls, model: Any) -> Self:
         small = (NativeInt4Layers if _activation_code(model.config) >= 0 else Int4Layers).of(model)
-        return cls(small, Int8Layers.of(model), INT8_CATCH_UP_ROWS)  # type: ignore[call-arg]
+        return cls(small, Int8Layers.of(model), INT8_CATCH_UP_ROWS)
 
     def run(self, runners: Sequence[LeanRunner], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
             cos: torch.Tensor, sin: torch.Tensor, trees: Sequence[Tree | None] | None = None,
@@ -725,7 +727,7 @@ class LeanRunner:
         """The model's shapes and shared tensors (after layer_set and model are set), and an empty cache."""
         # int8 models are batch-invariant (specdec.backends.quant); fp32 ones are not
         self.capabilities = Capabilities(batch_invariant=self.layer_set.batch_invariant, hidden_states=True,
-                                         tree=self.layer_set.tree)
+                                         taps=self.layer_set.tappable, tree=self.layer_set.tree)
         self.embed_rows = embed_rows  # the token ids the embedding has
         self.embed_scale = embed_scale
         self.final_norm = final_norm  # [hidden]
@@ -822,7 +824,7 @@ class LeanRunner:
         return forward_packed([self], [new_tokens], [last_n])[0]
 
     def forward_tree(self, new_tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
-        """Append a token tree (TreeRunner.forward_tree): fp32 logits [n, V], row i bitwise a chain forward's
+        """Append a token tree (ModelRunner.forward_tree): fp32 logits [n, V], row i bitwise a chain forward's
         over token i's path for an int8 model.  hidden() and hidden_tail() are then the n nodes' final
         hidden states [n, hidden], row i of node i, until keep_rows narrows them to the kept path's."""
         if not self.capabilities.tree:
@@ -833,7 +835,7 @@ class LeanRunner:
     @torch.inference_mode()  # the caches are inference tensors
     def keep_rows(self, cached: int, rows: Sequence[int]) -> None:
         """After forward_tree over `cached` tokens, keep those and the tree's nodes `rows` (a root-to-node
-        path; TreeRunner.keep_rows): their keys and values move to positions cached, cached + 1, ..., and
+        path; ModelRunner.keep_rows): their keys and values move to positions cached, cached + 1, ..., and
         hidden() / hidden_tail() become those rows' [len(rows), hidden], as after a chain forward over them."""
         rows = kept_rows(self._tree, cached, rows)
         if rows != list(range(len(rows))):  # the path is not already in place
@@ -847,16 +849,16 @@ class LeanRunner:
         self._tree = None
 
     def hidden(self) -> torch.Tensor:
-        """The last forward's final hidden states [n, hidden] fp32 (HiddenStateRunner.hidden): the final
+        """The last forward's final hidden states [n, hidden] fp32 (ModelRunner.hidden): the final
         norm's output, the head's input."""
         return last_hidden(self._hidden, self)
 
     def keep_hidden_rows(self, n: int) -> None:
-        """Keep the final hidden states of each forward's last n rows too (HiddenStateRunner.keep_hidden_rows)."""
+        """Keep the final hidden states of each forward's last n rows too (ModelRunner.keep_hidden_rows)."""
         self.hidden_rows = max(0, int(n))
 
     def hidden_tail(self) -> torch.Tensor:
-        """The last forward's final hidden states of its last rows [m, hidden] fp32 (HiddenStateRunner.hidden_tail)."""
+        """The last forward's final hidden states of its last rows [m, hidden] fp32 (ModelRunner.hidden_tail)."""
         return last_hidden(self._tail, self)
 
     def tap_layers(self, layers: Sequence[int]) -> None:
@@ -864,7 +866,7 @@ class LeanRunner:
         (0-based: the residual stream after layer i, before any norm) after the final hidden state: [n, hidden
         x (1 + len(layers))].  A fused-feature head reads them (EAGLE-3's low, middle and high layers)."""
         taps = checked_taps(layers, len(self.layer_set.layers))
-        if taps and not self.layer_set.tappable:
+        if taps and not self.capabilities.taps:
             raise SpecdecError(f"the {self.describe()} lean runner keeps no intermediate layers' rows")
         self.taps = taps
 

@@ -43,7 +43,7 @@ prompt processing slower (BENCHMARKS.md, component timings).
 ``exact=False`` keeps llama.cpp's fastest kernels (repacking on); use it for
 draft models, whose numerics never affect the output.
 
-Token trees (issue 39, TreeRunner): not offered (``capabilities.tree`` False).
+Token trees (issue 39, ModelRunner.forward_tree): not offered (``capabilities.tree`` False).
 llama.cpp could mask a tree through sequence ids (one per leaf, the shared
 ancestors' cells in several sequences) and positions by depth, but whether its
 attention then sums a node's keys in the order a chain over its path does --
@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from specdec.backends.base import Capabilities, Footprint, cannot_clone
+from specdec.backends.base import Capabilities, Footprint, Refusals, cannot_clone
 from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:  # torch only wraps the logits (LlamaCppRunner.forward): checking a spec needs none of it
@@ -91,7 +91,11 @@ class Session(Protocol):
     n_batch: int
     path: str  # the .gguf file ("" for a fake)
     exact: bool  # loaded with the batch-invariant settings
-    n_threads: int | None
+
+    @property
+    def n_threads(self) -> int | None:
+        """The threads it computes on (None: llama.cpp's default)."""
+        ...
 
     def decode(self, tokens: Sequence[int], start: int, outputs: int) -> np.ndarray:
         """Evaluate `tokens` at positions start, start+1, ...; return fp32 logits
@@ -100,6 +104,10 @@ class Session(Protocol):
 
     def remove(self, start: int) -> None:
         """Drop the cached cells at positions >= start."""
+        ...
+
+    def close(self) -> None:
+        """Free the model and its context now (a fake has nothing to free)."""
         ...
 
 
@@ -286,7 +294,7 @@ def _free(llama_cpp: Any, model: Any, ctx: Any, batch: Any) -> None:
     llama_cpp.llama_model_free(model)
 
 
-class LlamaCppRunner:
+class LlamaCppRunner(Refusals):  # no hidden states, no taps, no trees
     """A GGUF model evaluated by llama.cpp, with a KV cache that can be rolled back.
 
     eval_mode: "batched" evaluates all new tokens in one call; "sequential"
@@ -395,6 +403,4 @@ class LlamaCppRunner:
 
     def close(self) -> None:
         """Free the model and its context now (they are also freed when the runner is collected)."""
-        close = getattr(self.session, "close", None)
-        if close is not None:
-            close()
+        self.session.close()

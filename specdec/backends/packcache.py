@@ -229,7 +229,7 @@ class PackCache:
                 f.truncate(DATA_ALIGN + data_size)  # the padding between tensors reads as zeros
                 for name, t in tensors.items():
                     start = entries[name][2]
-                    raw = memoryview(_as_bytes(t).numpy())
+                    raw = _as_bytes(t).numpy().data  # a memoryview of the tensor's bytes
                     f.seek(DATA_ALIGN + start)
                     for at in range(0, len(raw), CHUNK):
                         f.write(raw[at : at + CHUNK])

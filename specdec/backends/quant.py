@@ -54,10 +54,13 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from specdec.backends import kernels
 from specdec.backends.tree import Tree
@@ -82,6 +85,9 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class Int8Linear(nn.Module):
     """y = x W^T + b with int8 W (per output channel) and per-token int8 x, batch-invariant (see module doc)."""
 
+    scale: torch.Tensor  # buffers: typed here, as nn.Module types an attribute it holds only as Tensor | Module
+    bias: torch.Tensor | None
+
     def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.out_features, self.in_features = (int(d) for d in qweight.shape)
@@ -95,6 +101,7 @@ class Int8Linear(nn.Module):
     def pack(self) -> None:
         """Lay the weights out for the kernel (its copy replaces the int8 values)."""
         if self._packed is None:
+            assert self._qweight is not None  # one of the two is always kept
             self._packed = kernels.int8.pack(self._qweight)
             self._qweight = None
 
@@ -133,6 +140,7 @@ class Int8Linear(nn.Module):
         """The int8 weight values [N, K] (read back from the kernel's layout once packed)."""
         if self._qweight is not None:
             return self._qweight
+        assert self._packed is not None  # one of the two is always kept
         return kernels.int8.unpack(self._packed, self.out_features, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -142,6 +150,7 @@ class Int8Linear(nn.Module):
             rows = rows.float()
         if self._packed is None:
             self.pack()
+        assert self._packed is not None
         y = kernels.int8.linear(rows, self._packed, self.in_features, self.scale, self.bias)  # [M, N]
         return y.reshape(*shape[:-1], self.out_features)
 
@@ -220,7 +229,7 @@ def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, child, module)
 
 
-def _use_rowwise_attention(model: nn.Module) -> None:
+def _use_rowwise_attention(model: PreTrainedModel) -> None:
     _register_attention()
     model.config._attn_implementation = ATTENTION
     text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
@@ -228,14 +237,16 @@ def _use_rowwise_attention(model: nn.Module) -> None:
         text_config._attn_implementation = ATTENTION
 
 
-def quantize_model(model: nn.Module) -> nn.Module:
+def quantize_model(model: PreTrainedModel) -> PreTrainedModel:
     """Turn a float transformers causal LM into an int8 one, in place (and return it).
 
     Every nn.Linear becomes an Int8Linear; attention becomes rowwise_attention.  The
     float weights of the linears are dropped (a tied lm_head keeps the embedding).
     """
     for name in _linear_names(model):
-        _set_module(model, name, Int8Linear.from_linear(model.get_submodule(name)))
+        linear = model.get_submodule(name)
+        assert isinstance(linear, nn.Linear)  # what _linear_names names
+        _set_module(model, name, Int8Linear.from_linear(linear))
     model.float()  # embeddings and norms in fp32
     _use_rowwise_attention(model)
     model.eval()
@@ -247,7 +258,7 @@ def is_int8(model: nn.Module) -> bool:
     return any(isinstance(m, Int8Linear) for m in model.modules())
 
 
-def save_int8(model: nn.Module, tokenizer: Any, out_dir: Path, source: dict | None = None) -> None:
+def save_int8(model: PreTrainedModel, tokenizer: Any, out_dir: Path, source: dict | None = None) -> None:
     """Write a quantized model (and its tokenizer) to `out_dir` for :func:`load_int8`."""
     from safetensors.torch import save_file
 
@@ -288,7 +299,7 @@ def saved_index(folder: Path) -> dict | None:
     return index if index.get("format") == FORMAT else None
 
 
-def load_int8(folder: Path) -> tuple[nn.Module, Any]:
+def load_int8(folder: Path) -> tuple[PreTrainedModel, Any]:
     """Load a folder written by :func:`save_int8`: (int8 model, tokenizer)."""
     from accelerate import init_empty_weights
     from safetensors.torch import load_file

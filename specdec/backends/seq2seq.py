@@ -45,7 +45,7 @@ from transformers.modeling_outputs import BaseModelOutput
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-from specdec.backends.base import Capabilities, Footprint, cannot_clone, checked_new_tokens, last_hidden
+from specdec.backends.base import Capabilities, Footprint, Refusals, cannot_clone, checked_new_tokens, last_hidden
 from specdec.backends.hf import (
     HFRunner,
     head_inputs,
@@ -79,7 +79,7 @@ def decoder_start_token_id(model: PreTrainedModel) -> int:
                        "in its config: set one in config.json")
 
 
-class Seq2SeqRunner:
+class Seq2SeqRunner(Refusals):  # no taps, no trees
     """The decoder of a transformers encoder-decoder model, with its own caches, over a source set once."""
 
     def __init__(self, model: PreTrainedModel, max_context: int | None = None) -> None:
@@ -160,7 +160,7 @@ class Seq2SeqRunner:
         return last_hidden(self._hidden, self)
 
     def keep_hidden_rows(self, n: int) -> None:
-        """Accepted and ignored: this runner's hidden_tail is hidden()'s rows (HiddenStateRunner.keep_hidden_rows)."""
+        """Accepted and ignored: this runner's hidden_tail is hidden()'s rows (ModelRunner.keep_hidden_rows)."""
 
     def hidden_tail(self) -> torch.Tensor:
         """hidden()'s rows: the decoder's prompt is its start token, so no more are worth keeping."""

@@ -100,19 +100,17 @@ def load(folder: str | Path) -> nn.Module | None:
     layers = nn.ModuleList()
     for i in range(int(config.num_hidden_layers)):
         at = f"model.layers.{i}."
-        attention = Part(**{p: linear(f"{at}self_attn.{p}") for p in ("q_proj", "k_proj", "v_proj", "o_proj")})
-        attention.scaling = head_dim ** -0.5
-        attention.sliding_window = _window(config, i)
+        attention = Part(**{p: linear(f"{at}self_attn.{p}") for p in ("q_proj", "k_proj", "v_proj", "o_proj")},
+                         scaling=head_dim ** -0.5, sliding_window=_window(config, i))
         mlp = Part(**{p: linear(f"{at}mlp.{p}") for p in ("gate_proj", "up_proj", "down_proj")}, act_fn=nn.SiLU())
         layers.append(Part(self_attn=attention, mlp=mlp, input_layernorm=Norm(tensors.pop(f"{at}input_layernorm.weight")),
                            post_attention_layernorm=Norm(tensors.pop(f"{at}post_attention_layernorm.weight"))))
     embed = nn.Embedding.from_pretrained(tensors.pop("model.embed_tokens.weight"), freeze=True)
     inner = Part(embed_tokens=embed, layers=layers, norm=Norm(tensors.pop("model.norm.weight")),
                  rotary_emb=Rotary(config, head_dim))
-    model = Part(model=inner, lm_head=linear("lm_head"))
+    model = Part(model=inner, lm_head=linear("lm_head"), config=config,
+                 generation_config=SimpleNamespace(eos_token_id=_eos(folder, config)))
     if tensors:
         raise ValueError(f"{folder}: unexpected tensors {sorted(tensors)[:3]}")
-    model.config = config
-    model.generation_config = SimpleNamespace(eos_token_id=_eos(folder, config))
     model.eval()
     return model

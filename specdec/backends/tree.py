@@ -1,4 +1,4 @@
-"""A token tree's shape, as the runners verify it in one forward (TreeRunner.forward_tree).
+"""A token tree's shape, as the runners verify it in one forward (ModelRunner.forward_tree).
 
 Tree attention after SpecInfer (Miao et al. 2024, arXiv 2305.09781): the n new tokens of a forward form a
 tree given by their parents (parents[i] < i, -1 for a child of the last cached token).  Token i sits at

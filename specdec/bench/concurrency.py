@@ -138,7 +138,10 @@ def run_concurrency(
 ) -> list[LevelResult]:
     """Every method at every level (methods: (name, k), k None = plain) through `engine`, its batching
     enabled (specdec.batching.BatchPool); see the module doc."""
+    from specdec.batching import BatchPool
+
     batch = engine.pool
+    assert isinstance(batch, BatchPool), "run_concurrency needs the engine's batching enabled"
     if max(levels) > batch.max_batch:
         raise SpecdecError(f"a concurrency of {max(levels)} needs a batch of that many slots (have {batch.max_batch})")
     count = max(2 * max(levels), len(prompts))
@@ -154,7 +157,7 @@ def run_concurrency(
     turn = 0
     for level in levels:
         for rep in range(repeats):
-            for name, k in methods[turn % len(methods):] + methods[: turn % len(methods)]:
+            for name, k in [*methods[turn % len(methods):], *methods[: turn % len(methods)]]:
                 target = batch.target
                 forwards0, served0 = target.forwards, target.batched
                 wall, done = run_level(engine, requests, level, max_new_tokens, k)

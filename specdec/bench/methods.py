@@ -104,7 +104,7 @@ class Measurement:
 
     @property
     def acceptance_rate(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
+        return self.accepted / self.drafted if self.drafted and self.accepted is not None else None
 
     @property
     def mean_accepted_per_step(self) -> float | None:
@@ -156,7 +156,8 @@ class Measurement:
         keys = ("wall_s", "target_forwards", "drafted", "accepted", "draft_steps", "proposed_at", "accepted_at",
                 "plain_steps", "draft_s", "steps", "by_source", "reused_prompt_tokens", "tree_steps", "tree_nodes",
                 "first_token_s")
-        return cls(token_ids=list(d["token_ids"]), first_tokens=d.get("first_tokens", 1), **{k: d.get(k) for k in keys})
+        values: dict[str, Any] = {k: d.get(k) for k in keys}  # JSON, as to_dict wrote it
+        return cls(token_ids=list(d["token_ids"]), first_tokens=d.get("first_tokens", 1), **values)
 
 
 class DraftCounter(Stats):
@@ -425,7 +426,7 @@ class HFGenerate(Method):
     """Base of the methods that call transformers' ``model.generate`` on the engine's target."""
 
     observes_drafts = False  # whether draft outcomes are counted through the candidate generator
-    needs_hf = ("target",)
+    needs_hf: tuple[str, ...] = ("target",)
 
     def generate_kwargs(self) -> dict[str, Any]:
         """Method-specific keyword arguments for ``generate``."""
@@ -513,8 +514,15 @@ class HFAssisted(HFGenerate):
             assistant_confidence_threshold=0.0,  # 0 = no confidence-based early stop
         )
 
+    @property
+    def draft_model(self) -> PreTrainedModel:
+        """The draft's transformers model (needs_draft_model: the engine has one)."""
+        runner = self.engine.draft_runner
+        assert runner is not None
+        return runner.model
+
     def generate_kwargs(self) -> dict[str, Any]:
-        draft = self.engine.draft_runner.model
+        draft = self.draft_model
         kwargs: dict[str, Any] = {"assistant_model": draft}
         target_vocab = self.engine.target_runner.model.config.get_text_config().vocab_size
         if draft.config.get_text_config().vocab_size != target_vocab or not self.engine.same_vocabulary:
@@ -525,7 +533,7 @@ class HFAssisted(HFGenerate):
 
     @contextmanager
     def settings(self) -> Iterator[None]:
-        with generation_settings(self.engine.draft_runner.model, **self.assistant_settings()):
+        with generation_settings(self.draft_model, **self.assistant_settings()):
             yield
 
 
@@ -727,8 +735,9 @@ def parse_methods(text: str) -> list[str]:
         family = family.strip().lower()
         if drafter is not None:
             drafter = drafter.strip()
-            if family in METHODS and issubclass(METHODS[family], LlamaServerPlain):
-                METHODS[family].check_option(drafter)  # its own option: llama-server-draft@8
+            method = METHODS.get(family)
+            if method is not None and issubclass(method, LlamaServerPlain):
+                method.check_option(drafter)  # its own option: llama-server-draft@8
             elif family in METHODS and not issubclass(METHODS[family], Specdec):
                 raise SpecdecError(f"method '{family}' drafts as transformers or llama.cpp do: only our loop's "
                                    f"methods (specdec, specdec-auto, ...) take a drafter after '{DRAFTER_SEPARATOR}'")

@@ -151,7 +151,7 @@ def json_records(lines: list[str], name: str) -> Iterator[tuple[int, str, dict]]
         where = f"{name} line {number}"
         try:
             obj = json.loads(line)
-        except ValueError as e:
+        except json.JSONDecodeError as e:
             raise SpecdecError(f"{where}: not valid JSON ({e.msg})") from None
         if not isinstance(obj, dict):
             raise SpecdecError(f"{where}: expected a JSON object with a \"turns\" list")

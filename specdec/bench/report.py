@@ -125,7 +125,7 @@ def _group_tables(summary: Summary, what: str, groups: Sequence[str],
     return lines + (_table(["method", *groups, ALL], rows) if rows else ["(no method reported draft statistics)"])
 
 
-def source_cell(counts: dict[str, float] | None) -> str:
+def source_cell(counts: dict[str, float | None] | None) -> str:
     """A source's acceptance and drafted tokens, "82% (1,234)"; – where the method never drafted from it."""
     return "–" if not counts else f"{pct(counts['acceptance_rate'])} ({counts['drafted']:,})"
 

@@ -35,7 +35,7 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from specdec.bench.methods import REFERENCE, Measurement
 
@@ -140,7 +140,7 @@ class Aggregate:
     draft_time_share: float | None = None  # share of the wall time spent in the drafter
     history_identical_rate: float | None = None  # workloads: share of turns whose history equalled plain's
     # {draft source: {draft_steps, drafted, accepted, acceptance_rate}}, pooled
-    acceptance_by_source: dict[str, dict[str, float]] | None = None
+    acceptance_by_source: dict[str, dict[str, float | None]] | None = None
     prompt_reused_share: float | None = None  # share of the prompts' tokens taken from the cache (prefix reuse)
     decode_speedup_vs_plain: float | None = None  # geometric mean of per-prompt decode speedups (prefill left out)
     first_token_share: float | None = None  # share of the wall time before the first output (the prefill)
@@ -186,11 +186,16 @@ def geometric_mean(values: Iterable[float]) -> float | None:
 
 def _median_optional(values: Sequence[float | None]) -> float | None:
     """The median, or None when any value is None (a repeat that did not report it)."""
-    return None if not values or any(v is None for v in values) else statistics.median(values)  # type: ignore[type-var]
+    known = [v for v in values if v is not None]
+    return None if not values or len(known) < len(values) else statistics.median(known)
 
 
-def _sum_optional(values: Sequence[int | None]) -> int | None:
-    return None if any(v is None for v in values) else sum(values)  # type: ignore[arg-type]
+_Number = TypeVar("_Number", int, float)  # what _sum_optional adds: counts, or seconds
+
+def _sum_optional(values: Sequence[_Number | None]) -> _Number | int | None:
+    """The sum, or None where any value is None (a method that could not report it)."""
+    known = [v for v in values if v is not None]
+    return None if len(known) < len(values) else sum(known)
 
 
 def _sum_lists(lists: Sequence[list[int] | None]) -> list[int] | None:
@@ -319,7 +324,7 @@ def combine(results: Sequence[PromptResult]) -> Aggregate:
         speedup_vs_plain=geometric_mean(speedups),
         speedup_min=min(speedups) if speedups else None,
         speedup_max=max(speedups) if speedups else None,
-        acceptance_rate=accepted / drafted if has_drafts and accepted is not None else None,
+        acceptance_rate=accepted / drafted if drafted and accepted is not None else None,  # (drafted: has_drafts)
         mean_accepted_per_step=accepted / steps if has_drafts and accepted is not None and steps else None,
         tokens_per_target_forward=(
             sum(p.generated for p in results) / forwards if forwards else None
@@ -330,7 +335,7 @@ def combine(results: Sequence[PromptResult]) -> Aggregate:
             else None
         ),
         identical_rate=sum(identical) / len(identical) if identical else None,
-        mean_k=drafted / loop_steps if loop_steps else None,
+        mean_k=drafted / loop_steps if loop_steps and drafted is not None else None,  # (loop_steps: drafted known)
         plain_fraction=plain_steps / loop_steps if loop_steps and plain_steps is not None else None,
         draft_time_share=draft_s / wall_total if draft_s is not None and wall_total > 0 else None,
         history_identical_rate=sum(histories) / len(histories) if histories else None,

@@ -468,6 +468,9 @@ def run_concurrency_bench(
                              suffix_memory=options.suffix_memory)
         engine.enable_batching(max(levels))
         if options.draft is not None:
+            from specdec.batching import BatchPool
+
+            assert isinstance(engine.pool, BatchPool)  # enable_batching's, for a concurrency above 1
             engine.pool.costs()  # measured before the clock starts
     encoded = [ids for _, ids in _encode_all(engine, prompts, options.chat, options.max_new_tokens)]
     out.mkdir(parents=True, exist_ok=True)

@@ -3,11 +3,16 @@
 A drafter proposes k tokens in the *target's* vocabulary, optionally with the
 distribution q it sampled them from.  The decode loop verifies the proposal
 with the target (see specdec.verify) and reports back how many tokens were
-accepted, which a drafter may use (e.g. to adapt k).  A drafter that reads
-what the target computed may also hear that the prompt's prefill has just run
-(an optional ``prefilled(prompt)``, :func:`tell_prefilled`), before any other
-forward replaces what the runner kept of it, and that a plain step has just run
-(an optional ``plain_step(context)``, :func:`tell_plain_step`); ``observe``
+accepted, which a drafter may use (e.g. to adapt k).
+
+The protocol holds every method a caller asks of a drafter; a drafter subclasses
+it and overrides what it does differently from its defaults: a token tree
+(``propose_tree``; by default its chain), its sources and what they would cost
+(``sources``, ``outlook``, ``lag``; by default one draft model that needs no
+catch-up), how sure a proposal is (``grade``; by default ungraded), and what a
+drafter that reads what the target computed hears: that the prompt's prefill
+has just run (``prefilled``), before any other forward replaces what the runner
+kept of it, and that a plain step has just run (``plain_step``); ``observe``
 follows every verification, whichever of a hybrid's sources proposed.
 """
 
@@ -19,6 +24,13 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # torch only types a draft's q here: the CLI's options import this module without it
     import torch
+
+# The sources a proposal comes from; the speculation controller (specdec.control) keeps acceptance per
+# source, and plans a step over the sources a drafter offers (Drafter.sources).
+MODEL, LOOKUP = "model", "lookup"  # where a proposal comes from (a draft model costs time, a lookup ~none)
+SHORT_LOOKUP = "lookup-short"  # a hybrid's lookup on a match shorter than its own (weaker evidence; ~free too)
+SUFFIX = "suffix"  # suffix drafting over the context and recent requests' outputs (specdec.drafters.suffix; ~free)
+SHORT_SUFFIX = "suffix-short"  # a hybrid's suffix drafts below its score threshold (weaker evidence; ~free)
 
 
 @dataclass(frozen=True)
@@ -63,10 +75,12 @@ class Draft:
 
 @runtime_checkable
 class Drafter(Protocol):
-    """Proposes tokens to continue a context."""
+    """Proposes tokens to continue a context.  A drafter subclasses this protocol and so has its defaults
+    for the methods it does not override (see the module docstring)."""
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
-        """Propose up to k tokens that continue `context` (prompt + generated so far)."""
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Draft:
+        """Propose up to k tokens that continue `context` (prompt + generated so far), from `source` (one of
+        sources(); None: the first of them; a drafter with one source ignores it)."""
         ...
 
     def observe(self, context: Sequence[int], num_accepted: int) -> None:
@@ -77,32 +91,59 @@ class Drafter(Protocol):
         """Forget all state from an earlier generation."""
         ...
 
+    def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int,
+                     source: str | None = None) -> Draft:
+        """A tree of paths up to k tokens deep, at most `width` children a node and `nodes` tokens
+        (specdec.drafters.tree), from `source` as for propose; a drafter that makes no trees proposes its chain."""
+        return self.propose(context, k, source)
+
+    def sources(self, context: Sequence[int]) -> list[tuple[str, int]]:
+        """[(source, lag), ...] of the next proposal for `context`, in the drafter's order of preference
+        (specdec.control.plan asks the controller for each in turn); by default its outlook alone."""
+        return [self.outlook(context)]
+
+    def outlook(self, context: Sequence[int]) -> tuple[str, int]:
+        """(source, lag) of the next proposal for `context`: where it will come from (MODEL, LOOKUP,
+        SUFFIX, ...) and how many context tokens the drafter will first feed its model to catch up (the
+        bonus token in steady state, more after plain steps or at a generation's start); by default a
+        model's, with its lag.  The speculation controller keeps acceptance per source and prices a
+        catch-up before it drafts."""
+        return MODEL, self.lag(context)
+
+    def lag(self, context: Sequence[int]) -> int:
+        """Context tokens a draft model must feed to catch up with `context` before it drafts; 0 by default
+        (a drafter without a model)."""
+        return 0
+
+    def grade(self, context: Sequence[int], source: str) -> str | None:
+        """The class of evidence behind the next proposal from `source` for `context`, or None (the default:
+        every proposal alike).  A drafter that knows how sure it is says so: a suffix draft after a 20-token
+        match of the context was right 98% of the time per token on the edit and agent workloads, one after
+        a 1-token match whose count says 1 in 3, 10%; the controller keeps acceptance per source and grade
+        (specdec.control), so it drafts the first long and skips the second, where one rate per source
+        drafted both alike."""
+        return None
+
+    def prefilled(self, prompt: Sequence[int]) -> None:
+        """The target has just run the prefill of `prompt` (and nothing since): a drafter that reads what the
+        target kept (a draft head: the prompt's last hidden states) reads it now; by default nothing."""
+        return None  # a body, not just a docstring: mypy takes an empty protocol method for an abstract one
+
+    def plain_step(self, context: Sequence[int]) -> None:
+        """The target has just run a plain one-token step on `context`'s last (pending) token: a draft head
+        reads that position's hidden state before the next forward replaces it; by default nothing."""
+        return None
+
 
 LENGTH_CLASSES = ("1", "2-3", "4-7", "8-15", "16+")  # a match's length in match_grade, powers of two
 
 
 def match_grade(length: int, agreement: float) -> str:
-    """The grade of a copying drafter's proposal (its optional ``grade(context, source)``, which the
-    speculation controller keeps acceptance per: specdec.control.grade): the length of the match it copies
+    """The grade of a copying drafter's proposal (its ``grade(context, source)``, which the speculation
+    controller keeps acceptance per: Drafter.grade): the length of the match it copies
     after, in powers of two, and the share of the match's occurrences whose next token is the proposal's
     first (all, at least half, fewer): "match 4-7 p=1"."""
     top = min(max(length, 1).bit_length(), len(LENGTH_CLASSES)) - 1
     sure = "p=1" if agreement >= 1.0 else "p>=.5" if agreement >= 0.5 else "p<.5"
     return f"match {LENGTH_CLASSES[top]} {sure}"
 
-
-def tell_prefilled(drafter: Drafter, prompt: Sequence[int]) -> None:
-    """Tell `drafter` the target has just run the prefill of `prompt` (and nothing since): its optional
-    ``prefilled(prompt)`` method, where it has one (a draft head reads the prompt's last hidden states)."""
-    method = getattr(drafter, "prefilled", None)
-    if method is not None:
-        method(prompt)
-
-
-def tell_plain_step(drafter: Drafter, context: Sequence[int]) -> None:
-    """Tell `drafter` the target has just run a plain one-token step on `context`'s last (pending) token: its
-    optional ``plain_step(context)`` method, where it has one (a draft head reads that position's hidden
-    state before the next forward replaces it)."""
-    method = getattr(drafter, "plain_step", None)
-    if method is not None:
-        method(context)

@@ -32,14 +32,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specdec.control import MODEL, grade, outlook
-from specdec.drafters.base import Draft, Drafter, tell_plain_step, tell_prefilled
+from specdec.drafters.base import MODEL, Draft, Drafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.suffix import SuffixDrafter
-from specdec.drafters.tree import TreeShape, propose_tree
 
 
-class HybridDrafter:
+class HybridDrafter(Drafter):
     """Proposes from `lookup` (prompt lookup, or a suffix drafter) when it matches, else from `model` (any
     drafter), else (with `short_matches`) from `lookup`'s shorter() fallback: a lookup on the matches
     shorter than its min_ngram, the suffix drafts below its score threshold."""
@@ -50,6 +48,8 @@ class HybridDrafter:
         self.lookup = lookup or LookupDrafter(max_ngram=4, min_ngram=2)
         self.first = self.lookup.source  # LOOKUP or SUFFIX
         fallback = self.lookup.shorter() if short_matches else None
+        self.short_source: str | None
+        self.short: LookupDrafter | SuffixDrafter | None
         self.short_source, self.short = fallback if fallback is not None else (None, None)
         sources = ((self.first, self.lookup), (MODEL, self.model), (self.short_source, self.short))
         self.by_source = {name: drafter for name, drafter in sources if drafter is not None}
@@ -61,8 +61,8 @@ class HybridDrafter:
         (lag: what it must catch up on) and then the short lookup when that matches."""
         if self.lookup.matches(context):
             return [(self.first, 0)]
-        options = [outlook(self.model, context)]
-        if self.short is not None and self.short.matches(context):
+        options = [self.model.outlook(context)]
+        if self.short is not None and self.short_source is not None and self.short.matches(context):
             options.append((self.short_source, 0))
         return options
 
@@ -76,19 +76,20 @@ class HybridDrafter:
         self.proposals[source] += 1
         return self.by_source[source].propose(context, k)
 
-    def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int, source: str | None = None) -> Draft:
-        """As propose, as a tree where the source makes trees (specdec.drafters.tree.propose_tree)."""
+    def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int,
+                     source: str | None = None) -> Draft:
+        """As propose, as a tree where the source makes trees (Drafter.propose_tree)."""
         source = source or self.sources(context)[0][0]
         if source not in self.by_source:
             raise ValueError(f"no source '{source}' in this hybrid drafter")
         self.last_source = source
         self.proposals[source] += 1
-        return propose_tree(self.by_source[source], context, k, TreeShape(width, nodes=nodes))
+        return self.by_source[source].propose_tree(context, k, width, nodes)
 
     def grade(self, context: Sequence[int], source: str) -> str | None:
         """The class of evidence behind `source`'s proposal for `context`, as that source's drafter grades
-        it (specdec.control.grade); None for a source that does not."""
-        return grade(self.by_source[source], context, source)
+        it (Drafter.grade); None for a source that does not."""
+        return self.by_source[source].grade(context, source)
 
     def outlook(self, context: Sequence[int]) -> tuple[str, int]:
         """The lookup's when it matches (nothing to catch up), else the model's."""
@@ -100,12 +101,12 @@ class HybridDrafter:
         self.model.observe(context, num_accepted)
 
     def prefilled(self, prompt: Sequence[int]) -> None:
-        """The target has just run the prompt's prefill: the model hears it (specdec.drafters.base.tell_prefilled)."""
-        tell_prefilled(self.model, prompt)
+        """The target has just run the prompt's prefill: the model hears it (Drafter.prefilled)."""
+        self.model.prefilled(prompt)
 
     def plain_step(self, context: Sequence[int]) -> None:
-        """The target has just run a plain step: the model hears it (specdec.drafters.base.tell_plain_step)."""
-        tell_plain_step(self.model, context)
+        """The target has just run a plain step: the model hears it (Drafter.plain_step)."""
+        self.model.plain_step(context)
 
     def reset(self) -> None:
         self.model.reset()

@@ -23,7 +23,7 @@ followed by a token, and extends it as the context grows.
 
 Each proposal is graded (``grade``: the match's length, followed back past the n-gram up to
 16 tokens, and how many of the n-gram's latest occurrences go on with the same token), and the
-speculation controller keeps acceptance per grade (specdec.control.grade): a long copy of the
+speculation controller keeps acceptance per grade (Drafter.grade): a long copy of the
 prompt drafts long, a one-token match whose occurrences disagree not at all.
 
 As a tree (``propose_tree``, specdec.drafters.tree) it proposes the continuations of
@@ -35,15 +35,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specdec.control import LOOKUP, SHORT_LOOKUP
-from specdec.drafters.base import Draft, match_grade
+from specdec.drafters.base import LOOKUP, SHORT_LOOKUP, Draft, Drafter, match_grade
 from specdec.drafters.tree import tree_draft
 
 MATCHES = 8  # earlier occurrences of an n-gram remembered for trees and grades (the latest ones)
 GRADE_LENGTH = 16  # grade(): how far back a match with the latest occurrence is followed
 
 
-class LookupDrafter:
+class LookupDrafter(Drafter):
     """Proposes the continuation of the latest earlier occurrence of the context's last n tokens."""
 
     source = LOOKUP
@@ -92,14 +91,15 @@ class LookupDrafter:
         """Whether a proposal for `context` would hold a token (an n-gram of min_ngram..max_ngram matches)."""
         return bool(self._matches(context)[1])
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Draft:
         n, starts = self._matches(context)
         if k <= 0 or not starts:
             return Draft([])
         follow = starts[0] + n
         return Draft(list(context[follow : follow + k]))
 
-    def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int) -> Draft:
+    def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int,
+                     source: str | None = None) -> Draft:
         """The continuations (up to k tokens) of the longest match's latest occurrences, most recent first,
         merged into a tree (at most `width` children per node, `nodes` tokens); its first path is
         propose()'s chain."""
@@ -109,7 +109,7 @@ class LookupDrafter:
         return tree_draft([context[s + n : s + n + k] for s in starts], width, nodes)
 
     def grade(self, context: Sequence[int], source: str = LOOKUP) -> str | None:
-        """The class of evidence behind the proposal for `context` (specdec.control.grade; None for no
+        """The class of evidence behind the proposal for `context` (Drafter.grade; None for no
         proposal): how long the match with its latest occurrence really is (the n-gram, extended
         backwards up to GRADE_LENGTH tokens: a long copy of the prompt matches far back) and how many of
         the n-gram's remembered occurrences go on with the proposal's first token."""

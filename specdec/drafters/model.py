@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from specdec.backends.base import ModelRunner, common_prefix_length, forward_chunked
-from specdec.drafters.base import Draft
+from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.tree import alternatives, tree_draft
 from specdec.sampling import SamplingParams, make_generator, sample_from, warp_probs
 
@@ -137,7 +137,7 @@ def run_draft_model(
     return proposed, torch.stack(qs) if qs else None, len(fresh)  # q: [k, V_target]
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """Proposes k tokens autoregressively with a draft model of the same vocabulary."""
 
     def __init__(
@@ -176,11 +176,12 @@ class ModelDrafter:
         token = sample_from(q, self.generator)
         return token, token, q
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Draft:
         tokens, q, synced = run_draft_model(self.cache, context, k, self._choose, self.confidence)
         return Draft(tokens, q, synced)
 
-    def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int) -> Draft:
+    def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int,
+                     source: str | None = None) -> Draft:
         """The greedy chain and the draft's runner-up tokens where it is least sure, as one tree
         (specdec.drafters.tree.alternatives: no extra draft forwards); a sampled draft stays a chain."""
         if not self.params.greedy:

@@ -82,9 +82,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specdec.control import SHORT_SUFFIX, SUFFIX
 from specdec.defaults import DEFAULT_SUFFIX_MEMORY
-from specdec.drafters.base import Draft, match_grade
+from specdec.drafters.base import SHORT_SUFFIX, SUFFIX, Draft, Drafter, match_grade
 from specdec.drafters.tree import tree_draft
 from specdec.errors import SpecdecError
 
@@ -183,7 +182,8 @@ class SuffixIndex:
     def occurrences_of(self, window: Sequence[int]) -> list[int]:
         """The latest `occurrences` positions after `window` (or, in a hash table, after a window of its
         bucket), latest first."""
-        found, position, previous, base = [], self._latest(self._slot(window)), self._previous, self._base
+        found: list[int] = []
+        position, previous, base = self._latest(self._slot(window)), self._previous, self._base
         while position >= base and len(found) < self.occurrences:
             found.append(position)
             position = previous[position - base]
@@ -208,7 +208,8 @@ class SuffixIndex:
     def children(self, positions: Sequence[int], depth: int) -> dict[int, list[int]]:
         """The continuations `depth` tokens after `positions`, grouped by token (positions kept in order);
         an occurrence whose sequence ends before that is left out."""
-        toks, base, groups = self._tokens, self._base, {}
+        toks, base = self._tokens, self._base
+        groups: dict[int, list[int]] = {}
         for p in positions:
             i = p + depth - base
             if i < len(toks) and toks[i] != SEP:
@@ -254,7 +255,9 @@ def greedy_chain(index: SuffixIndex, positions: list[int], limit: int,
     """The most frequent continuation of the occurrences at `positions` (latest first), token by token (ties:
     the one seen last), while its probability (its count / len(positions)) stays >= min_prob, up to
     `limit` tokens."""
-    total, chain, probs = len(positions), [], []
+    total = len(positions)
+    chain: list[int] = []
+    probs: list[float] = []
     while len(chain) < limit:
         groups = index.children(positions, len(chain))
         if not groups:
@@ -270,7 +273,8 @@ def greedy_chain(index: SuffixIndex, positions: list[int], limit: int,
 def best_nodes(index: SuffixIndex, positions: list[int], limit: int, min_prob: float, nodes: int) -> list[list[int]]:
     """Paths to the `nodes` most probable continuation nodes at most `limit` deep with a probability >=
     min_prob, best first (ties: the earlier found): a parent always before its children."""
-    total, found, tick = len(positions), [], 0
+    total, tick = len(positions), 0
+    found: list[list[int]] = []
     heap: list[tuple[float, int, tuple[int, ...], list[int]]] = [(-1.0, 0, (), positions)]
     while heap and len(found) < nodes:
         _, _, path, group = heapq.heappop(heap)
@@ -336,7 +340,7 @@ class SuffixStore:
             return self._index.continuation(context, limit, max_depth, spec_factor, min_prob, nodes)
 
 
-class SuffixDrafter:
+class SuffixDrafter(Drafter):
     """Proposes the most frequent continuation of the context's longest match in the request's own context
     or in `store` (recent outputs; None: the context only), whichever scores higher.
 
@@ -395,7 +399,7 @@ class SuffixDrafter:
         return bool(self._best(context)[0].chain)
 
     def grade(self, context: Sequence[int], source: str = SUFFIX) -> str | None:
-        """The class of evidence behind the proposal for `context` (specdec.control.grade), None for no
+        """The class of evidence behind the proposal for `context` (Drafter.grade), None for no
         proposal: the match's length in powers of two (1, 2-3, 4-7, 8-15, 16+ tokens) and how sure the
         counts are of its first token (all occurrences agree, at least half, fewer).  On the edit and
         agent workloads a first token after a 16+ token match was right 98% of the time, after a 1-3
@@ -404,22 +408,23 @@ class SuffixDrafter:
         best = self._best(context)[0]
         return match_grade(best.length, best.probs[0]) if best.chain else None
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Draft:
         best, where = self._best(context)
         if k <= 0 or not best.chain:
             return Draft([])
         self.drafted_from[where] += 1
         return Draft(best.chain[:k])
 
-    def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int) -> Draft:
+    def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int,
+                     source: str | None = None) -> Draft:
         """propose()'s chain (up to k tokens) first, then the most probable other nodes of the same index's
         continuations of the match, merged into a tree (at most `width` children per node, `nodes` tokens)."""
         best, where = self._best(context)
         if k <= 0 or not best.chain:
             return Draft([])
         args = (k, self.max_depth, self.spec_factor, self.min_prob, nodes)
-        source = self.store if where == "store" and self.store is not None else self._own
-        tree = source.continuation(context, *args)
+        index = self.store if where == "store" and self.store is not None else self._own
+        tree = index.continuation(context, *args)
         self.drafted_from[where] += 1
         return tree_draft([best.chain[:k], *tree.branches], width, nodes)
 

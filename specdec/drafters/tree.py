@@ -4,7 +4,7 @@ A chain of k draft tokens uses a verification's spare rows only while its first 
 tree spends some of them on second choices where the drafter is unsure (SpecInfer, Miao et al. 2024,
 arXiv 2305.09781; Medusa, Cai et al. 2024; EAGLE-2's dynamic trees, Li et al. 2024, arXiv 2406.16858).
 A tree draft is a :class:`specdec.drafters.base.Draft` with ``parents``; the target verifies every node
-in one forward with tree attention (specdec.backends.base.TreeRunner) and keeps the longest accepted path.
+in one forward with tree attention (specdec.backends.base.ModelRunner.forward_tree) and keeps the longest accepted path.
 
 This module holds what the drafters share:
 
@@ -15,7 +15,7 @@ This module holds what the drafters share:
 - :func:`alternatives`: a greedy chain drafted by a model plus its runner-up tokens, ranked as EAGLE-2
   ranks nodes (the draft's probability of the whole path up to the node), as branches for :func:`trie`;
 - :func:`rerank`: EAGLE-2's reranking of a grown tree: its best nodes by path score, in draft order;
-- :func:`propose_tree`: a drafter's tree proposal where it can make one, else its chain.
+- a drafter makes its tree in ``Drafter.propose_tree`` (by default its chain), from these.
 
 Lookup proposes the continuations of several earlier matches (specdec.drafters.lookup); a draft model
 its greedy chain and runner-ups; a draft head EAGLE-2's dynamic tree, grown level by level with one head
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from specdec.drafters.base import Draft, Drafter
+from specdec.drafters.base import Draft
 from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:  # the CLI's options parse tree shapes (parse_tree) without torch
@@ -125,15 +125,6 @@ def tree_draft(branches: Sequence[Sequence[int]], width: int, nodes: int, synced
     tokens, parents = trie(branches, width, nodes)
     draft = Draft(tokens, None, synced, parents)
     return draft if draft.is_tree else Draft(tokens, None, synced)
-
-
-def propose_tree(drafter: Drafter, context: Sequence[int], k: int, shape: TreeShape) -> Draft:
-    """`drafter`'s tree of paths up to k tokens deep (its ``propose_tree(context, k, width, nodes)``), or its
-    chain where it has no such method."""
-    method = getattr(drafter, "propose_tree", None)
-    if method is None:
-        return drafter.propose(context, k)
-    return method(context, k, shape.width, shape.budget(k))
 
 
 def rerank(parents: Sequence[int], scores: Sequence[float], nodes: int,

@@ -23,12 +23,12 @@ import torch
 
 from specdec.backends.base import ModelRunner
 from specdec.bridge import TextBridge, VocabularyMap
-from specdec.drafters.base import Draft
+from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.model import DEFAULT_WINDOW, Choice, DraftCache, run_draft_model
 from specdec.sampling import SamplingParams, make_generator, sample_from, warp_probs
 
 
-class UniversalDrafter:
+class UniversalDrafter(Drafter):
     """Drafts with a model whose tokenizer differs from the target's.
 
     bridge: moves sequences between the two tokenizers through text.
@@ -68,6 +68,7 @@ class UniversalDrafter:
     def _choose_shared(self, logits: torch.Tensor) -> Choice:
         """A shared token, proposed as its target id with q mapped to the target's vocabulary."""
         vocab_map = self.vocab_map
+        assert vocab_map is not None  # the intersection mode's chooser: it has a map
         shared = vocab_map.restrict(logits)  # [S]
         if self.params.greedy:
             j = int(shared.argmax())
@@ -78,7 +79,7 @@ class UniversalDrafter:
             q = vocab_map.to_target(q_shared)  # [V_target]
         return int(vocab_map.draft_ids[j]), int(vocab_map.target_ids[j]), q
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Draft:
         self._seen = len(context)
         draft_context = self.bridge.to_draft(context)
         if draft_context is None:  # the target is inside a multi-byte character

@@ -27,6 +27,7 @@ import torch
 from specdec import loading
 from specdec.backends.hf import model_eos_token_ids
 from specdec.errors import SpecdecError
+from specdec.vocab import chat_ids
 
 DRAFT_VOCAB = 16384  # a new head's draft vocabulary: the N most frequent tokens (train-drafter --draft-vocab)
 HELDOUT_PROMPTS = 8  # prompts whose answers measure the agreement (never trained on)
@@ -46,12 +47,12 @@ def int8_extractor(model: Any, target: str | None = None, batch: int = 16) -> An
     prompts a forward): the gguf target's for a GGUF model, the int8 lean runner's for others; else a
     dynamically quantized int8 copy of `model`; else `model` itself, where torch has no quantized CPU engine."""
     dtype = loading.fastest_dtype(target) if target is not None else None
-    if dtype == loading.GGUF:
+    if target is not None and dtype == loading.GGUF:
         from specdec.head.features import LeanExtractor
 
         runner, _ = loading.load_gguf(target)
         return LeanExtractor(runner, batch)
-    if dtype == "int8":
+    if target is not None and dtype == "int8":
         from specdec.backends import lean
         from specdec.head.features import LeanExtractor
 
@@ -75,9 +76,7 @@ def encode_messages(tokenizer: Any, messages: Sequence[tuple[str, str]]) -> list
     """(role, content) turns, a user turn last, through the chat template with the assistant's turn opened
     (plain "User: ...\n\nAssistant: ..." turns without one); its last MAX_PROMPT_TOKENS tokens."""
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": role, "content": text} for role, text in messages],
-                                            add_generation_prompt=True, tokenize=True)
-        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        ids = chat_ids(tokenizer, [{"role": role, "content": text} for role, text in messages])
     else:
         plain = "".join(f"{role.capitalize()}: {text}\n\n" for role, text in messages)
         ids = tokenizer(plain + "Assistant:")["input_ids"]
@@ -206,6 +205,7 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
     say(began, f"held-out answers: {len(heldout or [])} ({split.described})")
     identity = store.target_identity(model, target)
     if head is not None:
+        assert before is not None  # the head's manifest, loaded with it
         say(began, f"going on from {directory}: {before.get('tokens_seen', 0):,} training tokens in "
                    f"{before.get('steps', 0):,} steps so far")
     config = TrainConfig(draft_vocab=draft_vocab or DRAFT_VOCAB, seed=seed, eval_every_s=120.0, eval_tokens=1024, eval_stride=8,

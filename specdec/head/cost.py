@@ -83,7 +83,7 @@ def profile_head(draft: str | None, target_name: str, target: ModelRunner, prefi
     """`specdec profile`'s head report (head_cost with the head's directory), or None when no head is named
     or trained for the target, or a target runner without hidden states was not asked for one by name."""
     named = split_head_spec(draft)[1] is not None
-    model = getattr(target, "model", None)
+    model = target.model
     if not target.capabilities.hidden_states or model is None:
         if named:
             raise SpecdecError(f"a draft head reads the target's hidden states, which a {target.describe()} "

@@ -10,12 +10,12 @@ positions the target has just verified, at no cost:
   positions (default 64, the training window).  The drafter asks the runner to keep that many rows at
   ``reset`` (the loop resets the drafter before its prefill; the setting stays with the runner, and
   costs the final norm of those rows in each forward that returns fewer logits, the prefill); the loop
-  tells it the prefill has run (``prefilled``, specdec.drafters.base.tell_prefilled) and it keeps the
+  tells it the prefill has run (``prefilled``, Drafter.prefilled) and it keeps the
   rows then, before another drafter's step may replace them;
 - after a verification of k tokens with n accepted, this drafter's or (in a hybrid) a lookup's: the
   pending token's and the n accepted tokens' positions, the first n + 1 rows (the rows after them are
   of rejected tokens); ``observe`` keeps them, since a plain step may come before the next proposal;
-- after a plain step: the one position it computed (``plain_step``, specdec.drafters.base.tell_plain_step).
+- after a plain step: the one position it computed (``plain_step``, Drafter.plain_step).
 
 So the head sees the feature of every position the target verifies; until it drafts again it keeps
 the last ``window`` of them.  A head that fuses the target's intermediate layers (``taps``,
@@ -61,9 +61,10 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.backends.base import HiddenStateRunner, common_prefix_length
-from specdec.drafters.base import Draft
+from specdec.backends.base import ModelRunner, common_prefix_length
+from specdec.drafters.base import Draft, Drafter
 from specdec.errors import SpecdecError
+from specdec.head.fast import FastHead
 from specdec.head.model import DraftHead, HeadCache
 from specdec.sampling import SamplingParams, make_generator, sample_from, warp_probs
 
@@ -79,10 +80,10 @@ def confidence_grade(top: float) -> str:
     return f"q>={next((bound for bound in CONFIDENCE_GRADES if top >= bound), 0.0):g}"  # NaN: the lowest
 
 
-class HeadDrafter:
+class HeadDrafter(Drafter):
     """Proposes k tokens with a draft head over `target`'s hidden states (see the module docstring)."""
 
-    def __init__(self, head: DraftHead, target: HiddenStateRunner, sampling: SamplingParams | None = None,
+    def __init__(self, head: DraftHead | FastHead, target: ModelRunner, sampling: SamplingParams | None = None,
                  window: int = WINDOW, keep_chain: bool = True) -> None:
         if window < 1:
             raise SpecdecError(f"a draft head's prompt window must be at least 1 position, got {window}")
@@ -91,7 +92,7 @@ class HeadDrafter:
         if not target.capabilities.hidden_states:
             raise SpecdecError(f"a draft head reads the target's hidden states, which a {target.describe()} "
                                "target does not give: use another draft")
-        if head.taps and not callable(getattr(target, "tap_layers", None)):
+        if head.taps and not target.capabilities.taps:
             raise SpecdecError(f"this draft head reads the target's layers {list(head.taps)}, whose rows a "
                                f"{target.describe()} target does not keep: use another draft")
         if int(head.vocab.max()) >= target.vocab_size:
@@ -111,9 +112,8 @@ class HeadDrafter:
         # (len(context), (feature [H], logits [N], pairs fed)): the feed _start() made for that context
         self._fed_for: tuple[int, tuple[torch.Tensor, torch.Tensor, int]] | None = None
         self.target.keep_hidden_rows(self.window)  # before the loop's prefill: its last rows' features
-        tap = getattr(self.target, "tap_layers", None)
-        if tap is not None:  # each row then carries this head's tapped layers' outputs, or none: [.., F]
-            tap(self.head.taps)  # (and a runner another head tapped before is set back)
+        if self.target.capabilities.taps:  # each row then carries this head's tapped layers' outputs, or none:
+            self.target.tap_layers(self.head.taps)  # [.., F] (and a runner another head tapped before is set back)
 
     def prefilled(self, prompt: Sequence[int]) -> None:
         """The target has just run the prefill of `prompt`: keep the features of its last `window` positions
@@ -130,7 +130,7 @@ class HeadDrafter:
             self._keep(rows[: num_accepted + 1], len(context) - 1)
 
     def plain_step(self, context: Sequence[int]) -> None:
-        """The target has just run a plain step on the pending token (specdec.drafters.base.tell_plain_step):
+        """The target has just run a plain step on the pending token (Drafter.plain_step):
         keep its position's feature, so that plain steps in a row lose none."""
         self._keep(self.target.hidden()[-1:], len(context) - 1)
 
@@ -219,7 +219,7 @@ class HeadDrafter:
         return self._fed_for[1]
 
     def grade(self, context: Sequence[int], source: str) -> str | None:
-        """The head's confidence in its first draft token for `context` (specdec.control.grade): the top
+        """The head's confidence in its first draft token for `context` (Drafter.grade): the top
         probability of its draft softmax, in CONFIDENCE_GRADES.  Computing it is the draft's first head
         forward, which the proposal then reuses; None when the head cannot draft now."""
         start = self._start(context)
@@ -227,7 +227,7 @@ class HeadDrafter:
             return None
         return confidence_grade(float(torch.softmax(start[1].float(), dim=-1).max()))
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Draft:
         qs: list[torch.Tensor] = []
         start = self._start(context) if k > 0 else None
         if start is None:
@@ -238,7 +238,8 @@ class HeadDrafter:
                                         None if self.params.greedy else self._sample(qs))
         return Draft(proposed, torch.stack(qs) if qs else None, fed)  # q: [k, V_target]
 
-    def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int) -> Draft:
+    def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int,
+                     source: str | None = None) -> Draft:
         """EAGLE-2's dynamic tree (DraftHead.expand: k levels, the `width` best nodes of each expanded into
         their `width` likeliest children, the `nodes` best kept), its best path first: the greedy chain as
         far as the tree kept it (all k tokens with keep_chain).  A sampled draft stays a chain."""

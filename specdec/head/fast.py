@@ -48,7 +48,7 @@ from specdec.backends.int4 import Int4Linear
 from specdec.backends.lean import FloatLinear, rms_norm, rotate
 from specdec.backends.quant import Int8Linear, pack_all, quantize_weight
 from specdec.errors import SpecdecError
-from specdec.head.model import DraftHead, HeadCache, causal_mask, fuse_features, tree_mask
+from specdec.head.model import DraftHead, HeadCache, HeadDrafting, causal_mask, fuse_features, tree_mask
 
 DTYPES = ("auto", "int8", "int4", "fp32")
 SIMD = ("avx512-vnni", "avx2")  # the int8 kernel's paths that beat fp32 (specdec.backends.kernels.int8.isa)
@@ -97,7 +97,7 @@ def _side_by_side(linears: list[nn.Linear], dtype: str) -> Any:
     return _quantize(torch.cat([lin.weight.detach() for lin in linears]), bias, dtype)
 
 
-class FastHead:
+class FastHead(HeadDrafting):  # the autoregressive draft and the tree: the fp32 head's own
     """A DraftHead's inference form over quantized linears (see the module docstring); built once from a
     trained head, whose vocabulary, config, norms and shared target tables it keeps."""
 
@@ -211,13 +211,6 @@ class FastHead:
         allows of the tree's positions -> (predicted features [q, H], draft logits [q, N])."""
         prefix = cache.length + len(tokens) - visible.shape[1]
         return self.forward(features, tokens, cache, position, tree_mask(prefix, visible, torch.float32, self.window))
-
-    # The autoregressive draft and the tree are the fp32 head's own (they call only extend, extend_tree and
-    # target_ids).
-    draft = DraftHead.draft
-    draft_from = DraftHead.draft_from
-    grow = DraftHead.grow
-    expand = DraftHead.expand
 
 
 def for_drafting(head: DraftHead | FastHead, dtype: str = "auto") -> FastHead:

@@ -29,10 +29,12 @@ on the lean runner against 51 with ``generate`` on the ``quantize_dynamic`` copy
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
-from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class Chunk(NamedTuple):
@@ -44,7 +46,7 @@ class Chunk(NamedTuple):
     start: int
 
 
-def features(extractor: nn.Module | LeanExtractor, ids: torch.Tensor, taps: Sequence[int] = ()) -> torch.Tensor:
+def features(extractor: PreTrainedModel | LeanExtractor, ids: torch.Tensor, taps: Sequence[int] = ()) -> torch.Tensor:
     """Teacher-forced features of ids [B, T] -> [B, T, F] fp32: the decoder's post-norm output [.., H] (no LM
     head), then the outputs of the `taps` layers (0-based; the residual stream after each, before any norm),
     F = H x (1 + len(taps))."""
@@ -207,9 +209,9 @@ class FeatureBank:
 
 
 class Source(Protocol):
-    """Where a run's features come from.  A source may also tell how far it got (``consumed``, an int) and
-    start there (``skip(count)``), so that a resumed run (specdec.head.train.train's `head`) learns from
-    material the run before did not reach."""
+    """Where a run's features come from, and how far it got (``consumed``) and to start there
+    (``skip(count)``), so that a resumed run (specdec.head.train.train's `head`) learns from material the
+    run before did not reach."""
 
     def produce(self) -> list[Chunk]:
         """The next chunk(s) of (ids, features); [] when exhausted."""
@@ -219,11 +221,20 @@ class Source(Protocol):
         """The token ids known before producing (for the draft vocabulary's counts)."""
         ...
 
+    @property
+    def consumed(self) -> int:
+        """How far it got: what a resumed run skips."""
+        ...
+
+    def skip(self, count: int) -> None:
+        """Start where a run that consumed `count` stopped (call before producing)."""
+        ...
+
 
 class TextSource:
     """Token streams run through the extractor teacher-forced, `chunk` tokens at a time."""
 
-    def __init__(self, extractor: nn.Module, streams: Sequence[Sequence[int]], chunk: int = 512,
+    def __init__(self, extractor: PreTrainedModel | LeanExtractor, streams: Sequence[Sequence[int]], chunk: int = 512,
                  taps: Sequence[int] = ()) -> None:
         self.extractor, self.chunk, self.taps = extractor, chunk, tuple(taps)
         self.pieces = [list(s[i: i + chunk]) for s in streams for i in range(0, len(s), chunk) if len(s[i: i + chunk]) > 1]
@@ -259,7 +270,7 @@ class GenerationSource:
     answered; the prompt ids it returns (a chat that goes on, a prompt quoting the answer), if any, are
     answered next, before the remaining prompts."""
 
-    def __init__(self, extractor: nn.Module, prompts: Sequence[Sequence[int]], eos_ids: Sequence[int],
+    def __init__(self, extractor: PreTrainedModel | LeanExtractor, prompts: Sequence[Sequence[int]], eos_ids: Sequence[int],
                  pad_id: int, max_new_tokens: int = 128, batch: int = 16,
                  follow_up: Callable[[int, list[int]], list[int] | None] | None = None,
                  taps: Sequence[int] = ()) -> None:
@@ -297,9 +308,9 @@ class GenerationSource:
         self.next += len(group)
         chunks = self.answer(group) if group else []
         if self.follow_up is not None:
-            more = [self.follow_up(key, ids[len(prompt):]) for prompt, key, (ids, _, _) in zip(group, keys, chunks)
-                    if key is not None]
-            more = [p for p in more if p]
+            asked = [self.follow_up(key, ids[len(prompt):]) for prompt, key, (ids, _, _) in zip(group, keys, chunks)
+                     if key is not None]
+            more = [p for p in asked if p]
             self.prompts[self.next: self.next] = more
             self.keys[self.next: self.next] = [None] * len(more)
         return chunks
@@ -321,9 +332,10 @@ class GenerationSource:
         hooks += [decoder.layers[i].register_forward_hook(keep(into)) for i, into in zip(self.taps, captured[1:])]
         try:
             with torch.no_grad():
-                out = self.extractor.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new_tokens,
-                                              do_sample=False, pad_token_id=self.pad,
-                                              eos_token_id=sorted(self.eos) or None)
+                # (transformers types PreTrainedModel without generate(), which a causal LM has: GenerationMixin)
+                out = self.extractor.generate(  # type: ignore[operator]
+                    input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new_tokens, do_sample=False,
+                    pad_token_id=self.pad, eos_token_id=sorted(self.eos) or None)
         finally:
             for hook in hooks:
                 hook.remove()

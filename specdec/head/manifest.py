@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from specdec.errors import SpecdecError
 from specdec.zoo import home
@@ -17,7 +17,7 @@ OLD_WINDOW = None  # the attention window of a head saved before manifests recor
 HEAD = "head"  # the drafter spec of a trained head: "head" or "head:<dir>"
 
 
-def is_head(spec: object) -> bool:
+def is_head(spec: object) -> TypeGuard[str]:
     """Whether a drafter spec (without a "lookup+" prefix) names a head: "head" or "head:<dir>"."""
     return isinstance(spec, str) and (spec.strip().lower() == HEAD or spec.strip().lower().startswith(HEAD + ":"))
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -152,10 +152,137 @@ def fuse_features(features: torch.Tensor, hidden: int, taps: int,
     return final + project(tapped.flatten(-2))
 
 
-class DraftHead(nn.Module):
+class HeadDrafting:
+    """The autoregressive draft and EAGLE-2's tree, over a head's extend, extend_tree and target_ids: the fp32
+    head's (DraftHead) and its quantized inference form's (specdec.head.fast.FastHead) alike."""
+
+    def extend(self, cache: HeadCache, features: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def extend_tree(self, cache: HeadCache, features: torch.Tensor, tokens: torch.Tensor, position: int,
+                    visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def draft(self, cache: HeadCache, features: torch.Tensor, tokens: torch.Tensor, k: int,
+              choose: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[int]:
+        """Feed the new verified pairs (features [n, H], tokens [n]), draft k target ids autoregressively
+        on the head's own predicted features, then roll the drafted positions back.  `choose`: draft
+        logits [N] -> the target id [] to propose (default greedy: the argmax's target id).
+        Needs at least one new pair (to re-draft from the same context, crop one position and feed it again)."""
+        if len(tokens) < 1:
+            raise ValueError("a draft needs at least one new (feature, token) pair")
+        return self.draft_from(cache, *self.extend(cache, features, tokens), k, choose)
+
+    @torch.no_grad()
+    def draft_from(self, cache: HeadCache, feature: torch.Tensor, logits: torch.Tensor, k: int,
+                   choose: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[int]:
+        """draft() after its feed: from the last fed pair's (predicted feature [H], draft logits [N]), as
+        extend() returned them for the cache as it is."""
+        choose = choose or (lambda logits: self.target_ids(logits.argmax()))
+        verified = cache.length
+        out: list[int] = []
+        for i in range(k):
+            token = choose(logits)  # [] target id
+            out.append(int(token))
+            if i + 1 < k:
+                feature, logits = self.extend(cache, feature[None], token[None])
+        cache.crop(verified)
+        return out
+
+    @torch.no_grad()
+    def grow(self, cache: HeadCache, features: torch.Tensor | None, tokens: torch.Tensor | None, depth: int,
+             top_k: int, keep_chain: bool = False,
+             start: tuple[torch.Tensor, torch.Tensor] | None = None) -> GrownTree:
+        """EAGLE-2's expansion phase: feed the new verified pairs (features [n, H], tokens [n]) as draft()
+        does, then grow a tree level by level, one head forward per level after the first, and roll the
+        tree's positions back.  The root's `top_k` likeliest tokens are the first level; each later level
+        feeds the `top_k` best nodes of the one before (by path score, the head's log probability of the
+        whole path) in one forward with tree attention (each node sees the verified pairs, its ancestors
+        and itself, at position verified + its depth - 1), and each of them proposes its `top_k` likeliest
+        children.  `depth` levels: `depth` head forwards in all, as a chain of `depth` tokens costs.
+        keep_chain: the greedy chain's node of each level is expanded even when it is not among the best
+        (it then takes the place of the last of them), so the tree holds the whole greedy chain.
+        `start`: the pairs were fed already (features and tokens None); extend()'s (predicted feature [H],
+        draft logits [N]) for the cache as it is (draft_from's start)."""
+        if start is None and (tokens is None or len(tokens) < 1):
+            raise ValueError("a draft needs at least one new (feature, token) pair")
+        if depth < 1 or top_k < 1:
+            raise ValueError(f"a tree needs depth and top_k >= 1, got {depth} and {top_k}")
+        if start is None:
+            assert features is not None and tokens is not None  # the pairs to feed
+            start = self.extend(cache, features, tokens)
+        feature, logits = start  # [H], [N]
+        verified = cache.length
+        tree = GrownTree([], [], [], {-1: logits})
+        predicted = {-1: feature}  # node -> the head's predicted feature after it [H]
+        fed: list[int] = []  # the nodes whose pairs the cache holds after `verified`, in its order
+        level = tree.add_children([-1], logits[None], top_k)
+        tree.chain.append(level[0])
+        for d in range(1, depth):  # expand the best nodes of depth d
+            chosen = sorted(level, key=lambda i: (-tree.scores[i], i))[:top_k]
+            if keep_chain and tree.chain[-1] not in chosen:
+                chosen[-1] = tree.chain[-1]
+            slot = {node: j for j, node in enumerate(fed)}
+            visible = torch.zeros(len(chosen), len(fed) + len(chosen), dtype=torch.bool)  # [q, t]
+            for row, node in enumerate(chosen):
+                visible[row, len(fed) + row] = True
+                ancestor = tree.parents[node]
+                while ancestor >= 0:
+                    visible[row, slot[ancestor]] = True
+                    ancestor = tree.parents[ancestor]
+            pairs = torch.stack([predicted[tree.parents[node]] for node in chosen])  # [q, H]
+            ids = self.target_ids(torch.tensor([tree.tokens[node] for node in chosen]))  # [q]
+            # depth d sits at position verified + d - 1: [q, H], [q, N]
+            out, rows = self.extend_tree(cache, pairs, ids, verified + d - 1, visible)
+            fed.extend(chosen)
+            for row, node in enumerate(chosen):
+                predicted[node], tree.logits[node] = out[row], rows[row]
+            level = tree.add_children(chosen, rows, top_k)
+            if tree.chain[-1] in chosen:
+                tree.chain.append(next(c for c in level if tree.parents[c] == tree.chain[-1]))
+        cache.crop(verified)
+        tree.tokens = self.target_ids(torch.tensor(tree.tokens, dtype=torch.long)).tolist()
+        return tree
+
+    @torch.no_grad()
+    def expand(self, cache: HeadCache, features: torch.Tensor | None, tokens: torch.Tensor | None, depth: int,
+               top_k: int, nodes: int, keep_chain: bool = False,
+               start: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[list[int], list[int], list[float]]:
+        """An EAGLE-2 dynamic draft tree: grow() it, then rerank (specdec.drafters.tree.rerank): keep the
+        `nodes` best nodes by path score, the best path first -> (target ids [n], parents [n] (-1: a child
+        of the context's end, parents[i] < i), log path probabilities [n]).  The best path is the greedy
+        chain as far as the tree kept it; keep_chain: the whole chain (up to `nodes` tokens), kept first
+        whatever its scores, the rest of the budget for the best other nodes.  `start`: as grow()'s."""
+        tree = self.grow(cache, features, tokens, min(depth, nodes), top_k, keep_chain, start)
+        order, parents = rerank(tree.parents, tree.scores, nodes, tree.chain if keep_chain else ())
+        return [tree.tokens[i] for i in order], parents, [tree.scores[i] for i in order]
+
+
+
+class HeadTarget(Protocol):
+    """What DraftHead's constructor reads of its target: a transformers causal LM, or a stand-in with its
+    parts (specdec.head.store's, for an int8 target); what they return is transformers'."""
+
+    @property
+    def config(self) -> Any: ...
+
+    def get_decoder(self) -> Any: ...
+
+    def get_input_embeddings(self) -> Any: ...
+
+    def get_output_embeddings(self) -> Any: ...
+
+
+class DraftHead(HeadDrafting, nn.Module):
     """The head of one target (a transformers llama/qwen2 causal LM); see the module docstring."""
 
-    def __init__(self, target: nn.Module, vocab: torch.Tensor, intermediate: int | None = None,
+    vocab: torch.Tensor  # a buffer (nn.Module types what it holds as Tensor | Module): [N] draft id -> target id
+
+    def __init__(self, target: HeadTarget, vocab: torch.Tensor, intermediate: int | None = None,
                  window: int | None = None, taps: tuple[int, ...] = ()) -> None:
         """`intermediate`: the decoder layer's MLP width (default the target's; see head_intermediate).
         `window`: the head attends to the last `window` positions only (itself included; None: all).
@@ -248,98 +375,6 @@ class DraftHead(nn.Module):
                                  positions=torch.full((1, len(tokens)), position),
                                  mask=tree_mask(prefix, visible, self.fc.weight.dtype, self.window))
         return predicted[0], logits[0]
-
-    @torch.no_grad()
-    def draft(self, cache: HeadCache, features: torch.Tensor, tokens: torch.Tensor, k: int,
-              choose: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[int]:
-        """Feed the new verified pairs (features [n, H], tokens [n]), draft k target ids autoregressively
-        on the head's own predicted features, then roll the drafted positions back.  `choose`: draft
-        logits [N] -> the target id [] to propose (default greedy: the argmax's target id).
-        Needs at least one new pair (to re-draft from the same context, crop one position and feed it again)."""
-        if len(tokens) < 1:
-            raise ValueError("a draft needs at least one new (feature, token) pair")
-        return self.draft_from(cache, *self.extend(cache, features, tokens), k, choose)
-
-    @torch.no_grad()
-    def draft_from(self, cache: HeadCache, feature: torch.Tensor, logits: torch.Tensor, k: int,
-                   choose: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[int]:
-        """draft() after its feed: from the last fed pair's (predicted feature [H], draft logits [N]), as
-        extend() returned them for the cache as it is."""
-        choose = choose or (lambda logits: self.target_ids(logits.argmax()))
-        verified = cache.length
-        out: list[int] = []
-        for i in range(k):
-            token = choose(logits)  # [] target id
-            out.append(int(token))
-            if i + 1 < k:
-                feature, logits = self.extend(cache, feature[None], token[None])
-        cache.crop(verified)
-        return out
-
-    @torch.no_grad()
-    def grow(self, cache: HeadCache, features: torch.Tensor | None, tokens: torch.Tensor | None, depth: int,
-             top_k: int, keep_chain: bool = False,
-             start: tuple[torch.Tensor, torch.Tensor] | None = None) -> GrownTree:
-        """EAGLE-2's expansion phase: feed the new verified pairs (features [n, H], tokens [n]) as draft()
-        does, then grow a tree level by level, one head forward per level after the first, and roll the
-        tree's positions back.  The root's `top_k` likeliest tokens are the first level; each later level
-        feeds the `top_k` best nodes of the one before (by path score, the head's log probability of the
-        whole path) in one forward with tree attention (each node sees the verified pairs, its ancestors
-        and itself, at position verified + its depth - 1), and each of them proposes its `top_k` likeliest
-        children.  `depth` levels: `depth` head forwards in all, as a chain of `depth` tokens costs.
-        keep_chain: the greedy chain's node of each level is expanded even when it is not among the best
-        (it then takes the place of the last of them), so the tree holds the whole greedy chain.
-        `start`: the pairs were fed already (features and tokens None); extend()'s (predicted feature [H],
-        draft logits [N]) for the cache as it is (draft_from's start)."""
-        if start is None and (tokens is None or len(tokens) < 1):
-            raise ValueError("a draft needs at least one new (feature, token) pair")
-        if depth < 1 or top_k < 1:
-            raise ValueError(f"a tree needs depth and top_k >= 1, got {depth} and {top_k}")
-        feature, logits = start if start is not None else self.extend(cache, features, tokens)  # [H], [N]
-        verified = cache.length
-        tree = GrownTree([], [], [], {-1: logits})
-        predicted = {-1: feature}  # node -> the head's predicted feature after it [H]
-        fed: list[int] = []  # the nodes whose pairs the cache holds after `verified`, in its order
-        level = tree.add_children([-1], logits[None], top_k)
-        tree.chain.append(level[0])
-        for d in range(1, depth):  # expand the best nodes of depth d
-            chosen = sorted(level, key=lambda i: (-tree.scores[i], i))[:top_k]
-            if keep_chain and tree.chain[-1] not in chosen:
-                chosen[-1] = tree.chain[-1]
-            slot = {node: j for j, node in enumerate(fed)}
-            visible = torch.zeros(len(chosen), len(fed) + len(chosen), dtype=torch.bool)  # [q, t]
-            for row, node in enumerate(chosen):
-                visible[row, len(fed) + row] = True
-                ancestor = tree.parents[node]
-                while ancestor >= 0:
-                    visible[row, slot[ancestor]] = True
-                    ancestor = tree.parents[ancestor]
-            pairs = torch.stack([predicted[tree.parents[node]] for node in chosen])  # [q, H]
-            ids = self.target_ids(torch.tensor([tree.tokens[node] for node in chosen]))  # [q]
-            # depth d sits at position verified + d - 1: [q, H], [q, N]
-            out, rows = self.extend_tree(cache, pairs, ids, verified + d - 1, visible)
-            fed.extend(chosen)
-            for row, node in enumerate(chosen):
-                predicted[node], tree.logits[node] = out[row], rows[row]
-            level = tree.add_children(chosen, rows, top_k)
-            if tree.chain[-1] in chosen:
-                tree.chain.append(next(c for c in level if tree.parents[c] == tree.chain[-1]))
-        cache.crop(verified)
-        tree.tokens = self.target_ids(torch.tensor(tree.tokens, dtype=torch.long)).tolist()
-        return tree
-
-    @torch.no_grad()
-    def expand(self, cache: HeadCache, features: torch.Tensor | None, tokens: torch.Tensor | None, depth: int,
-               top_k: int, nodes: int, keep_chain: bool = False,
-               start: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[list[int], list[int], list[float]]:
-        """An EAGLE-2 dynamic draft tree: grow() it, then rerank (specdec.drafters.tree.rerank): keep the
-        `nodes` best nodes by path score, the best path first -> (target ids [n], parents [n] (-1: a child
-        of the context's end, parents[i] < i), log path probabilities [n]).  The best path is the greedy
-        chain as far as the tree kept it; keep_chain: the whole chain (up to `nodes` tokens), kept first
-        whatever its scores, the rest of the budget for the best other nodes.  `start`: as grow()'s."""
-        tree = self.grow(cache, features, tokens, min(depth, nodes), top_k, keep_chain, start)
-        order, parents = rerank(tree.parents, tree.scores, nodes, tree.chain if keep_chain else ())
-        return [tree.tokens[i] for i in order], parents, [tree.scores[i] for i in order]
 
 
 @dataclass

@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -34,6 +34,9 @@ from specdec.errors import SpecdecError
 from specdec.head.manifest import FORMAT, MANIFEST, OLD_WINDOW, read_manifest
 from specdec.head.model import DraftHead
 from specdec.head.train import TrainResult
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 _ROWS = 4096  # rows hashed at a time (bounds the fp32 copy of a large embedding table)
 
@@ -47,10 +50,10 @@ def weights_checksum(*weights: torch.Tensor) -> str:
     return digest.hexdigest()
 
 
-def target_identity(target: nn.Module, name: str) -> dict[str, Any]:
+def target_identity(target: PreTrainedModel, name: str) -> dict[str, Any]:
     """What a head is tied to: the target's name, architecture, sizes and embedding checksum (see the
     module docstring: the same for the target's fp32, bf16 and int8 forms)."""
-    embed = target.get_input_embeddings().weight  # [V, H]
+    embed = embedding_table(target)  # [V, H]
     return {
         "name": name,
         "architecture": target.config.model_type,
@@ -60,12 +63,19 @@ def target_identity(target: nn.Module, name: str) -> dict[str, Any]:
     }
 
 
+def embedding_table(target: PreTrainedModel) -> torch.Tensor:
+    """The target's input embedding table [V, H] (a Parameter; nn.Module types it as Tensor | Module)."""
+    weight = target.get_input_embeddings().weight
+    assert isinstance(weight, torch.Tensor)
+    return weight
+
+
 class _Skeleton:
     """`target` as DraftHead's constructor reads it, for a target whose LM head has no float weight (an
     int8 one): its config, decoder and embedding, and a zero LM-head table (the saved state replaces
     the head's LM head anyway)."""
 
-    def __init__(self, target: nn.Module) -> None:
+    def __init__(self, target: PreTrainedModel) -> None:
         self.target, self.config = target, target.config
 
     def get_decoder(self) -> nn.Module:
@@ -75,7 +85,7 @@ class _Skeleton:
         return self.target.get_input_embeddings()
 
     def get_output_embeddings(self) -> Any:
-        rows, width = self.get_input_embeddings().weight.shape
+        rows, width = embedding_table(self.target).shape
         return SimpleNamespace(weight=torch.zeros(1, width).expand(rows, width))  # [V, H], one row in memory
 
 
@@ -140,7 +150,7 @@ def checkpointer(directory: str | Path, identity: dict[str, Any], data: Sequence
     return save_checkpoint
 
 
-def load(directory: str | Path, target: nn.Module, name: str = "") -> tuple[DraftHead, dict[str, Any]]:
+def load(directory: str | Path, target: PreTrainedModel, name: str = "") -> tuple[DraftHead, dict[str, Any]]:
     """The head saved in `directory` for `target`, with its manifest; refuses another target's head."""
     from safetensors import SafetensorError
     from safetensors.torch import load as from_bytes

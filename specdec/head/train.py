@@ -55,6 +55,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -63,6 +64,9 @@ from torch.nn import functional as F
 from specdec.errors import SpecdecError
 from specdec.head.features import FeatureBank, LeanExtractor, Source, TextSource, check_taps, features
 from specdec.head.model import DraftHead, HeadCache, additive_mask, draft_vocabulary, head_intermediate
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -133,7 +137,7 @@ class TrainResult:
     cursor: list[int] = field(default_factory=list)  # per source, how far it got (Source.consumed; 0: unknown)
 
 
-def target_pass(target: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def target_pass(target: PreTrainedModel, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The frozen target over ids [B, T] -> (post-norm final hidden states [B, T, H], logits [B, T, V]), fp32."""
     captured: list[torch.Tensor] = []
     hook = target.get_decoder().norm.register_forward_hook(lambda _m, _i, out: captured.append(out))
@@ -223,7 +227,7 @@ def autocast_dtype(choice: str = "auto") -> torch.dtype | None:
     if choice == "auto":
         from specdec.machine import cpu_info
 
-        native = {"AVX512-BF16", "AMX"} & set(cpu_info()["features"])  # type: ignore[arg-type]
+        native = {"AVX512-BF16", "AMX"} & set(cpu_info()["features"])
         return torch.bfloat16 if native else None
     return torch.bfloat16 if choice == "bf16" else None
 
@@ -240,7 +244,7 @@ class Heldout:
     start: int = 0
 
     @classmethod
-    def of(cls, target: nn.Module, extractor: nn.Module | LeanExtractor, stream: Sequence[int],
+    def of(cls, target: PreTrainedModel, extractor: PreTrainedModel | LeanExtractor, stream: Sequence[int],
            start: int = 0, taps: Sequence[int] = ()) -> Heldout:
         ids = list(stream)
         feats = features(extractor, torch.tensor([ids]), taps)[0]  # [L, F]
@@ -320,12 +324,18 @@ class _Producer:
         return False
 
 
-def _heldout(target: nn.Module, extractor: nn.Module | LeanExtractor, heldout: Sequence[int] | Sequence[Sequence[int]],
-             config: TrainConfig, starts: Sequence[int] | None = None) -> list[Heldout]:
+def _heldout(target: PreTrainedModel, extractor: PreTrainedModel | LeanExtractor,
+             heldout: Sequence[int] | Sequence[Sequence[int]], config: TrainConfig,
+             starts: Sequence[int] | None = None) -> list[Heldout]:
     """The held-out streams' features, eval_tokens counted positions in all at most (a stream's from its start)."""
-    streams = [list(heldout)] if heldout and isinstance(heldout[0], int) else [list(s) for s in heldout]
+    # one stream or several, told apart by the first item (mypy narrows an item, not the sequence: the casts)
+    if heldout and isinstance(heldout[0], int):
+        streams = [list(cast(Sequence[int], heldout))]
+    else:
+        streams = [list(s) for s in cast(Sequence[Sequence[int]], heldout)]
     starts = list(starts) if starts is not None else [0] * len(streams)
-    out, room = [], config.eval_tokens
+    out: list[Heldout] = []
+    room = config.eval_tokens
     for stream, start in zip(streams, starts):
         if room <= 0:
             break
@@ -350,10 +360,10 @@ def _hold_out(streams: list[list[int]], config: TrainConfig) -> tuple[list[list[
     return kept, []
 
 
-def train(target: nn.Module, streams: list[list[int]], config: TrainConfig = TrainConfig(),
+def train(target: PreTrainedModel, streams: list[list[int]], config: TrainConfig = TrainConfig(),
           heldout: Sequence[int] | Sequence[Sequence[int]] | None = None, progress: Callable[[Progress], None] | None = None,
           checkpoint: Callable[[TrainResult], None] | None = None, sources: Sequence[Source] = (),
-          shares: Sequence[float] | None = None, extractor: nn.Module | LeanExtractor | None = None,
+          shares: Sequence[float] | None = None, extractor: PreTrainedModel | LeanExtractor | None = None,
           heldout_starts: Sequence[int] | None = None, head: DraftHead | None = None,
           cursor: Sequence[int] = ()) -> TrainResult:
     """Train a head for `target` within config.minutes on token `streams` (the target's ids, run through
@@ -399,7 +409,7 @@ def train(target: nn.Module, streams: list[list[int]], config: TrainConfig = Tra
     elif head.taps != tuple(config.taps):
         raise SpecdecError(f"the head to go on training reads layers {list(head.taps)}, not {list(config.taps)}")
     for source, count in zip(all_sources, cursor):
-        if count and callable(getattr(source, "skip", None)):
+        if count:
             source.skip(count)
     head.lm_head.requires_grad_(False)  # the target's own rows: p is read off them
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad],
@@ -415,7 +425,7 @@ def train(target: nn.Module, streams: list[list[int]], config: TrainConfig = Tra
     def evaluate() -> None:
         head.eval()
         result.agreement = agreement(head, held, config.positions, config.eval_stride)
-        result.cursor = [int(getattr(source, "consumed", 0)) for source in all_sources]
+        result.cursor = [int(source.consumed) for source in all_sources]
         head.train()
         if checkpoint is not None:
             checkpoint(result)

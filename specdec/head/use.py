@@ -31,6 +31,7 @@ from specdec.head.manifest import HEAD, MANIFEST, default_directory
 if TYPE_CHECKING:
     from specdec.backends.base import ModelRunner
     from specdec.head.drafter import HeadDrafter
+    from specdec.head.fast import FastHead
     from specdec.head.model import DraftHead
     from specdec.sampling import SamplingParams
 
@@ -73,7 +74,7 @@ def check_hidden_states(runner: ModelRunner, verify: str = "causal") -> None:
 class LoadedHead:
     """A head loaded for one target: what its manifest says, and a drafter per request."""
 
-    head: DraftHead
+    head: DraftHead | FastHead  # a FastHead once loaded for drafting (for_drafting)
     manifest: dict[str, Any]
     directory: Path
     name: str  # the drafter's name as the user gave it: "head" or "head:<dir>"

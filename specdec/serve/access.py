@@ -77,7 +77,7 @@ def is_loopback(host: str) -> bool:
     except ValueError:
         pass
     try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+        addresses = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}  # (an IP address: a str)
     except (OSError, UnicodeError):
         return False
     return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)

@@ -44,6 +44,7 @@ from specdec.serve.access import allow_origins, check_json, check_key
 from specdec.serve.metrics import Metrics
 from specdec.serve.protocol import APIError, ChatRequest, CompletionRequest, GenerationRequest, parse, speculative_changes
 from specdec.serve.worker import SHUTTING_DOWN, ErrorEvent, Job, OverBudget, QueueFull, Request, StepEvent, Worker
+from specdec.vocab import chat_ids
 
 DISCONNECT_POLL_S = 0.1  # how often a request waiting for its next event checks that its client is still there
 CLIENT_GONE = 499  # the status logged for a request whose client left (nginx's convention)
@@ -208,9 +209,10 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
             try:
                 if isinstance(req, ChatRequest):
                     ids = chat_prompt(tokenizer, [m.model_dump() for m in req.messages], engine.target_name)
-                elif isinstance(req.prompt, str):
+                elif isinstance(req, CompletionRequest) and isinstance(req.prompt, str):
                     ids = engine.encode(req.prompt)
                 else:
+                    assert isinstance(req, CompletionRequest)  # the other kind of generation request
                     ids = list(req.prompt)
                     vocab = engine.target_runner.vocab_size
                     if not all(0 <= t < vocab for t in ids):
@@ -290,12 +292,9 @@ def chat_prompt(tokenizer: Any, messages: list[dict[str, str]], model_name: str)
         raise APIError(400, f"model '{model_name}' has no chat template: use /v1/completions", "messages",
                        "no_chat_template")
     try:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return chat_ids(tokenizer, messages)
     except Exception as e:  # a template that refuses these messages (roles, order...)
         raise APIError(400, f"the chat template refused these messages: {e}", "messages", "invalid_value") from None
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    return list(ids)
 
 
 async def read_body(http: HTTPRequest, limit: int) -> bytes:
@@ -432,6 +431,7 @@ async def stream(reply: Reply, job: Job, event: StepEvent | ErrorEvent, metrics:
             first = False
             if event.finish_reason is not None:
                 if reply.include_usage:
+                    assert event.stats is not None  # a final event's
                     yield sse(reply.usage_chunk(event.stats))
                 break
             event = await job.next_event()
@@ -452,7 +452,9 @@ async def collect(reply: Reply, job: Job, event: StepEvent | ErrorEvent,
             raise event_error(event)
         text.append(event.text)
         if event.finish_reason is not None:
+            assert event.stats is not None  # a final event's
             return reply.whole("".join(text), event.finish_reason, event.stats)
-        event = await next_event(job, http)
-        if event is None:
+        following = await next_event(job, http)
+        if following is None:
             return None
+        event = following

@@ -65,7 +65,9 @@ class HeaderDeadline:
     transport: asyncio.Transport
     cycle: Any
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    # super() below is uvicorn's protocol class, which guarded_protocol mixes this into and mypy cannot see:
+    # the ignores
+    def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
         self._set_header_deadline()
 
@@ -112,7 +114,9 @@ def guarded_protocol(header_timeout_s: float, base: type[asyncio.Protocol] | Non
     """uvicorn's HTTP protocol class (`base`, default the one its "auto" picks: httptools when
     installed, else h11) with a header deadline of `header_timeout_s`."""
     if base is None:
-        from uvicorn.protocols.http.auto import AutoHTTPProtocol as base  # noqa: N813
+        from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+        base = AutoHTTPProtocol
     return type(f"HeaderDeadline{base.__name__}", (HeaderDeadline, base), {"header_timeout_s": header_timeout_s})
 
 
@@ -120,7 +124,8 @@ def server_config(app: Any, limits: ConnectionLimits = ConnectionLimits(), log_l
                   base: type[asyncio.Protocol] | None = None, graceful_s: float = 5.0) -> uvicorn.Config:
     """uvicorn's configuration for serving `app` within `limits`; `graceful_s`: how long a shutdown waits for
     the open connections before it cancels them."""
-    return uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=graceful_s,  # type: ignore[arg-type]
+    return uvicorn.Config(app, log_level=log_level,
+                          timeout_graceful_shutdown=graceful_s,  # type: ignore[arg-type]  # a float works
                           http=guarded_protocol(limits.header_timeout_s, base),
                           ws="none",  # no WebSocket routes: an upgrade is not a way around the deadline
                           timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # a float works

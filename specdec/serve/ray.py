@@ -121,6 +121,7 @@ class ReplicaFleet:
                 "running": len(self.worker.active), "waiting": self.worker.jobs.qsize()}
 
     def _post(self) -> Any:
+        assert self.board is not None  # (attach starts the posting thread only with a board)
         return self.board.post.remote(self.replica, self.state(self.worker.alive), self.worker.metrics.render())
 
     def _post_every_while(self) -> None:
@@ -271,10 +272,12 @@ def deploy(engine: EngineSpec | Callable[[], Engine], options: ServeOptions, pla
     is deleted then, as on an interrupt)."""
     serve.start(http_options={"host": host, "port": port})
     board = board_name(app_name)
-    Board.options(name=board, namespace=NAMESPACE, lifetime="detached", get_if_exists=True).remote()
+    # (@ray.remote makes Board an actor class, with options(); ray's types keep the plain class: the ignores)
+    Board.options(  # type: ignore[attr-defined]
+        name=board, namespace=NAMESPACE, lifetime="detached", get_if_exists=True).remote()
     # Serve holds the waiting requests; a replica's own queue only needs room for those it runs.
     replica_options = replace(options, max_queue=options.max_batch)
-    deployment = serve.deployment(SpecdecReplica, name=app_name).options(
+    deployment = serve.deployment(SpecdecReplica, name=app_name).options(  # type: ignore[attr-defined]
         **deployment_options(plan, options.max_batch, options.max_queue))
     try:
         serve.run(deployment.bind(engine, replica_options, board), name=app_name, route_prefix="/")

@@ -209,7 +209,7 @@ class Worker:
 
     def _take_waiting(self) -> list[Job]:
         """The jobs waiting in the queue, taken out of it."""
-        taken = []
+        taken: list[Job] = []
         while True:
             try:
                 job = self.jobs.get_nowait()
@@ -270,6 +270,7 @@ class Worker:
                 self._admitting = None
         if self._ended_by is not None or job.ended_by is not None:  # ended by the shutdown before it started
             reason = self._ended_by or job.ended_by
+            assert reason is not None
             job.abort(reason)
             job.emit(ErrorEvent(reason, user_error=False, shutting_down=True))
             self._give_back(job)
@@ -312,7 +313,8 @@ class Worker:
                 event = StepEvent(accepted_text + own_text, accepted_text, stats.drafted - drafted, n_accepted,
                                   len(step.tokens), step.finish_reason, stats if final else None)
                 drafted, accepted = stats.drafted, stats.accepted
-                if final:  # counted before the client hears of it: /metrics is up to date once it has
+                if step.finish_reason is not None:  # final: counted before the client hears of it (/metrics is
+                    # up to date once it has)
                     metrics.record_generation(len(r.prompt_ids), stats)
                     metrics.record_finish(step.finish_reason, time.perf_counter() - job.arrived)
                     stats = None

@@ -1,4 +1,4 @@
-"""Hidden states (specdec.backends.base.HiddenStateRunner): after a forward, a runner hands out the final
+"""Hidden states (specdec.backends.base.ModelRunner.hidden): after a forward, a runner hands out the final
 hidden states of the positions whose logits it returned.
 
 On tiny models, for the transformers runner (fp32, int8), the lean runner's layer sets (int8, fp32, int4
@@ -21,7 +21,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from specdec.backends.base import HiddenStateRunner
+from specdec.backends.base import ModelRunner
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import Int4Layers, LeanRunner, forward_packed
 from specdec.backends.llamacpp import LlamaCppRunner
@@ -52,10 +52,10 @@ def head(runner, hidden: torch.Tensor) -> torch.Tensor:
         return runner.head(hidden) if isinstance(runner, LeanRunner) else runner.model.get_output_embeddings()(hidden)
 
 
-def check_steps(runner: HiddenStateRunner, model, exact: bool) -> None:
+def check_steps(runner: ModelRunner, model, exact: bool) -> None:
     """Prompt, STEPS, a rollback and a forward after it: hidden() has the returned logits' rows, is the
     model's own final hidden states there (bitwise where `exact`), and the head over it gives the logits."""
-    assert runner.capabilities.hidden_states and isinstance(runner, HiddenStateRunner)
+    assert runner.capabilities.hidden_states and isinstance(runner, ModelRunner)
     tokens: list[int] = []
     for new, last_n in [(PROMPT, None), *STEPS, ("rollback", 3), ([44, 45, 46], None)]:
         if new == "rollback":

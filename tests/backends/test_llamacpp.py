@@ -60,6 +60,9 @@ class FakeSession:
     def remove(self, start):
         del self.cache[start:]
 
+    def close(self):
+        pass
+
 
 def fresh_logits(tokens: list[int]) -> torch.Tensor:
     return torch.from_numpy(np.stack([prefix_logits(tokens[: i + 1]) for i in range(len(tokens))]))

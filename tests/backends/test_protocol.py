@@ -4,7 +4,7 @@ Each runner -- transformers fp32 and int8, the lean runner's layer sets,
 encoder-decoder, llama.cpp (over a fake session), stairs, the tests' toy --
 is a ModelRunner, names its backend as the CLI prints it, gives its model's
 end-of-sequence ids, and clones itself over the same loaded model or refuses
-with one line; those whose capabilities say tree are TreeRunners.
+with one line; what its capabilities do not offer (hidden states, taps, trees), it refuses in one line.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.backends.base import ModelRunner, TreeRunner
+from specdec.backends.base import ModelRunner
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import Fp32Layers, Int8Layers, LeanRunner, NativeInt4Layers
 from specdec.backends.llamacpp import LlamaCppRunner
@@ -57,10 +57,17 @@ def test_runners_give_their_models_end_of_sequence_ids():
     assert found["stairs"] == found["toy"] == frozenset()  # none of their own: the engine adds the tokenizer's
 
 
-def test_runners_whose_capabilities_say_tree_are_tree_runners():
+def test_runners_declare_their_capabilities_and_refuse_the_rest():
     found = {name: runner for name, (runner, _) in runners().items() if runner.capabilities.tree}
     assert set(found) == {"hf fp32", "hf int8", "lean int8", "lean fp32"}  # not int4 drafts, llama.cpp, ...
-    assert all(isinstance(runner, TreeRunner) for runner in found.values())
+    taps = {name for name, (runner, _) in runners().items() if runner.capabilities.taps}
+    assert taps == {"hf fp32", "hf int8", "lean int8", "lean fp32"}  # not the native int4 kernel's rows
+    for name in ("llama.cpp", "stairs", "toy"):
+        runner, _ = runners()[name]
+        assert not runner.capabilities.hidden_states and not runner.capabilities.tree, name
+        for method, args in ((runner.hidden, ()), (runner.forward_tree, ([1], [-1])), (runner.tap_layers, ([0],))):
+            with pytest.raises(SpecdecError, match=f"a {type(runner).__name__} "):
+                method(*args)
 
 
 def test_the_lean_runner_chooses_its_layer_set_once():

@@ -21,7 +21,7 @@ from torch import nn
 
 from specdec.backends.hf import HFRunner
 from specdec.backends.quant import Int8Linear, is_int8, load_int8, quantize_model, quantize_weight, save_int8
-from specdec.drafters.base import Draft
+from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.model import ModelDrafter
 from specdec.loop import StopCondition, run
 from tests.tiny import VOCAB, tiny_model, tiny_tokenizer
@@ -114,10 +114,10 @@ def test_random_forward_rollback_is_bitwise_one_token_at_a_time(arch):
     assert len(sizes) >= 12 and runner.tokens == mirror.tokens
 
 
-class ConstantDrafter:
+class ConstantDrafter(Drafter):
     """An adversarial draft: always the same (mostly wrong) token."""
 
-    def propose(self, context, k):
+    def propose(self, context, k, source=None):
         return Draft([7] * k)
 
     def observe(self, context, num_accepted):

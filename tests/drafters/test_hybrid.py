@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from specdec.backends.hf import HFRunner
-from specdec.drafters.base import Draft
+from specdec.control import Controller
+from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import ModelDrafter
@@ -14,13 +15,13 @@ from tests.tiny import VOCAB, tiny_model
 from tests.toy import RandomK
 
 
-class Scripted:
+class Scripted(Drafter):
     """A stand-in draft model: proposes k copies of `token` and records what it was told."""
 
     def __init__(self, token: int) -> None:
         self.token, self.observed, self.resets = token, [], 0
 
-    def propose(self, context, k):
+    def propose(self, context, k, source=None):
         return Draft([self.token] * k)
 
     def observe(self, context, num_accepted):
@@ -63,7 +64,7 @@ def test_short_matches_come_after_the_model():
     assert HybridDrafter(model, LookupDrafter(max_ngram=3, min_ngram=1)).short is None  # nothing shorter
 
 
-class Refusing:
+class Refusing(Controller):
     """A controller that never drafts from the `refused` sources and drafts 2 tokens from any other."""
 
     def __init__(self, *refused):
@@ -123,18 +124,18 @@ def test_hybrid_speculative_equals_plain_greedy(gamma):
 
 
 def test_outlook_names_the_source_and_its_catch_up():
-    from specdec.control import LOOKUP, MODEL, outlook
+    from specdec.drafters.base import LOOKUP, MODEL
     from specdec.drafters.model import ModelDrafter
 
     hybrid = HybridDrafter(ModelDrafter(HFRunner(tiny_model("llama", 5))), LookupDrafter(max_ngram=3, min_ngram=2))
     repeating = [3, 4, 5, 6, 3, 4]  # "3 4" occurred before: the lookup proposes "5 6"
-    assert outlook(hybrid, repeating) == (LOOKUP, 0)
+    assert hybrid.outlook(repeating) == (LOOKUP, 0)
     assert hybrid.propose(repeating, 2).tokens == [5, 6] and hybrid.last_source == "lookup"
     fresh = [3, 4, 5, 6, 7]
-    assert outlook(hybrid, fresh) == (MODEL, len(fresh))  # the model has read nothing yet
+    assert hybrid.outlook(fresh) == (MODEL, len(fresh))  # the model has read nothing yet
     draft = hybrid.propose(fresh, 2).tokens
     assert hybrid.last_source == "model"
     for context, behind in ((fresh + draft + [1], 2), (fresh + [draft[0], 1], 1)):  # both kept / the second not
         matches = bool(hybrid.lookup.propose(context, 1).tokens)
-        assert outlook(hybrid, context) == ((LOOKUP, 0) if matches else (MODEL, behind))
-    assert outlook(LookupDrafter(), fresh) == (LOOKUP, 0)
+        assert hybrid.outlook(context) == ((LOOKUP, 0) if matches else (MODEL, behind))
+    assert LookupDrafter().outlook(fresh) == (LOOKUP, 0)

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec.backends.hf import HFRunner
+from specdec.drafters.base import Drafter
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.suffix import STORE_LEAD, SuffixDrafter, SuffixIndex, SuffixStore, greedy_chain
@@ -241,13 +242,13 @@ def test_concurrent_requests_do_not_corrupt_the_store():
     assert store.tokens == sum(end - start for start, end in store._outputs)
 
 
-class Scripted:
+class Scripted(Drafter):
     """A stand-in draft model: proposes k copies of `token`."""
 
     def __init__(self, token: int) -> None:
         self.token = token
 
-    def propose(self, context, k):
+    def propose(self, context, k, source=None):
         from specdec.drafters.base import Draft
 
         return Draft([self.token] * k)

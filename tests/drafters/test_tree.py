@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from specdec.backends.hf import HFRunner
-from specdec.drafters.base import Draft
+from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import ModelDrafter
-from specdec.drafters.tree import TreeShape, alternatives, parse_tree, propose_tree, rerank, trie
+from specdec.drafters.tree import TreeShape, alternatives, parse_tree, rerank, trie
 from specdec.errors import SpecdecError
 from tests.tiny import tiny_model
 
@@ -91,8 +91,8 @@ def test_hybrid_and_chain_drafters_route_trees():
     tree = hybrid.propose_tree(context, 2, 2, 4, "lookup")
     assert tree.tokens == [2, 5, 1, 5] and tree.parents == [-1, 0, -1, 2]
 
-    class Plain:
-        def propose(self, context, k):
+    class Plain(Drafter):
+        def propose(self, context, k, source=None):
             return Draft([1] * k)
 
-    assert propose_tree(Plain(), [0], 3, TreeShape(2)).tokens == [1, 1, 1]  # no propose_tree: its chain
+    assert Plain().propose_tree([0], 3, 2, 4).tokens == [1, 1, 1]  # no propose_tree of its own: its chain

@@ -12,6 +12,7 @@ import torch
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner
 from specdec.backends.quant import quantize_model
+from specdec.control import Controller
 from specdec.drafters.base import Draft
 from specdec.drafters.tree import TreeShape
 from specdec.errors import SpecdecError
@@ -99,7 +100,7 @@ class Checked(HeadDrafter):
         return pairs
 
 
-class Pattern:
+class Pattern(Controller):
     """A controller that drafts k or takes plain steps in a fixed repeating pattern."""
 
     def __init__(self, pattern: list[int]) -> None:
@@ -204,7 +205,8 @@ def test_sampling_q_lives_on_the_draft_vocabulary(target: torch.nn.Module, text:
         params = SamplingParams(temperature=0.8, top_k=20, seed=seed)
         drafter = HeadDrafter(trained.head, runner, params)
         propose = drafter.propose
-        drafter.propose = lambda context, k, propose=propose: drafts.append(propose(context, k)) or drafts[-1]
+        drafter.propose = lambda context, k, source=None, propose=propose: (drafts.append(propose(context, k, source))
+                                                                             or drafts[-1])
         out = run(runner, text[1][:5], STOP, drafter, 3, verifier=make_verifier(params))
         assert len(out.token_ids) == STOP.max_new_tokens
     assert drafts and all(d.q is not None and d.q.shape == (len(d.tokens), runner.vocab_size) for d in drafts)

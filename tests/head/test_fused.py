@@ -109,8 +109,10 @@ def test_the_fast_form_fuses_as_the_trained_head(fused_target: torch.nn.Module, 
 
 
 def test_a_runner_that_keeps_no_layer_rows_is_refused(fused: TrainResult) -> None:
-    class NoTaps(HFRunner):
-        tap_layers = None  # type: ignore[assignment]
+    class NoTaps(HFRunner):  # its capabilities say it keeps no intermediate layers' rows
+        def __init__(self, model) -> None:
+            super().__init__(model)
+            self.capabilities = dataclasses.replace(self.capabilities, taps=False)
 
     with pytest.raises(SpecdecError, match="layers \\[0, 1\\]"):
         HeadDrafter(fused.head, NoTaps(tiny_model("llama", seed=0, layers=3)))

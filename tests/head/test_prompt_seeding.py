@@ -44,8 +44,8 @@ class Recorded(HeadDrafter):
         self.drafts: list[tuple[int, Draft]] = []  # (len(context), draft)
         self.first_cache: tuple[torch.Tensor, torch.Tensor] | None = None  # the cache after the first proposal
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
-        draft = super().propose(context, k)
+    def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Draft:
+        draft = super().propose(context, k, source)
         self.drafts.append((len(context), draft))
         if self.first_cache is None and draft.tokens:
             self.first_cache = (self.cache.keys.clone(), self.cache.values.clone())

@@ -203,7 +203,7 @@ def test_the_int8_heads_trees_are_bitwise_plain_greedy_int8(keep_chain: bool, te
 class Leaves(HeadDrafter):
     """The head's trees before EAGLE-2's expansion: its greedy chain plus runner-up leaves (never continued)."""
 
-    def propose_tree(self, context, k: int, width: int, nodes: int) -> Draft:
+    def propose_tree(self, context, k: int, width: int, nodes: int, source: str | None = None) -> Draft:
         rows: list[torch.Tensor] = []  # [V] each: the head's logits over the target's ids
 
         def choose(logits: torch.Tensor) -> torch.Tensor:  # [N] -> [] target id

@@ -114,7 +114,3 @@ def library() -> ctypes.CDLL:
             _lib = lib
         return _lib
 
-
-def threaded() -> bool:
-    """Whether the library was built with OpenMP (else the kernels run on one thread)."""
-    return bool(library().sd_openmp())

@@ -32,9 +32,10 @@ def run(model: LayersModel, x: torch.Tensor, starts: Sequence[int], sizes: Seque
     (specdec.backends.tree.Tree), or None for a chain.  taps: per layer, the address of a [total, hidden] fp32
     buffer its output rows are copied into, or 0."""
     n = len(starts)
-    arrays = [(ctypes.c_int * n)(*starts), (ctypes.c_int * n)(*sizes), (ctypes.c_int64 * len(caches))(*caches),
-              (ctypes.c_int64 * n)(*kv_head)]  # alive until the call returns
-    extra = [None, None]
+    arrays: list[ctypes.Array[ctypes.c_int] | ctypes.Array[ctypes.c_int64]] = [
+        (ctypes.c_int * n)(*starts), (ctypes.c_int * n)(*sizes), (ctypes.c_int64 * len(caches))(*caches),
+        (ctypes.c_int64 * n)(*kv_head)]  # alive until the call returns
+    extra: list[int | None] = [None, None]
     if trees is not None and any(t is not None for t in trees):
         flat = [a for t in trees for a in (t if t is not None else (0, 0))]
         arrays.append((ctypes.c_int64 * len(flat))(*flat))
