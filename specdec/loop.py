@@ -228,6 +228,61 @@ def decode(
     """
     prompt_ids = list(prompt_ids)
     verifier = verifier or GreedyVerifier()
+    controller, tree = _checked(target, prompt_ids, drafter, num_speculative_tokens, tree)
+
+    stats = Stats()
+    start = time.perf_counter()
+    first = _prefill(target, prompt_ids, drafter, controller, verifier, reuse_prefix, stats, start)
+    context = list(prompt_ids)  # prompt + generated; the target caches all of it but the last token
+    generated: list[int] = []
+
+    emitted, reason = _append([first], generated, context, stop, target.max_context)
+    while True:
+        stats.new_tokens = len(generated)
+        stats.wall_s = time.perf_counter() - start
+        if reason is not None and drafter is not None:  # before the last yield: a caller may stop at the last step
+            controller.finish(len(generated))  # the answer's length: what the next answers' catch-ups are priced over
+        yield Step(emitted, reason, stats)
+        if reason is not None:
+            return
+
+        # Draft no more than can be used: k accepted + 1 bonus must not pass
+        # max_new_tokens, and the verification forward must fit the window.
+        limit = min(stop.max_new_tokens - len(generated) - 1, target.max_context - len(context))
+        t0 = time.perf_counter()  # planning is drafting time: a drafter may run its first forward to grade (a head)
+        k, source, shape, draft = _draft(target, drafter, controller, tree, context, limit)
+        t1 = time.perf_counter()
+
+        if draft is None or not draft.tokens:
+            k = n = 0
+            new = _plain_step(target, verifier, drafter, context, stats)
+        elif draft.is_tree:
+            if shape is None or shape.nodes is None:
+                raise ValueError("the drafter proposed a tree where a chain was asked for")
+            k, new, extra = verify_tree(target, verifier, draft, context[-1], k, shape.nodes, stats)
+            n = len(new) - 1
+            controller.observe_tree(len(draft.tokens) + 1, time.perf_counter() - t1, extra, source)
+        else:
+            k, n, new = verify_chain(target, verifier, draft, context[-1], k, stats)
+        t2 = time.perf_counter()
+        if drafter is not None:
+            if k:
+                drafter.observe(context, n)
+                stats.record_source(source, k, n)
+            # a tree's verification holds more rows than its depth: its time is not t(k + 1)
+            target_s = 0.0 if draft is not None and draft.is_tree else t2 - t1
+            controller.observe(k, n, t1 - t0, target_s, draft.synced if draft is not None else 0, source)
+        stats.draft_s += t1 - t0
+        stats.target_s += t2 - t1
+        stats.target_forwards += 1
+        emitted, reason = _append(new, generated, context, stop, target.max_context)
+        stats.steps.append((k, len(emitted), time.perf_counter() - t0))
+
+
+def _checked(target: ModelRunner, prompt_ids: list[int], drafter: Drafter | None,
+             num_speculative_tokens: int | Controller, tree: TreeShape | None) -> tuple[Controller, TreeShape | None]:
+    """decode's arguments checked: (the controller that chooses k each step, the tree shape or None
+    where the target verifies chains only); raises SpecdecError for what cannot be decoded."""
     if not prompt_ids:
         raise SpecdecError("the prompt is empty: give at least one token of input")
     if len(prompt_ids) >= target.max_context:
@@ -245,9 +300,13 @@ def decode(
         raise SpecdecError("speculative decoding needs a target backend that can roll back its cache")
     if tree is not None and not target.capabilities.tree:
         tree = None  # chains: the same output, fewer tokens per forward (the engine says so up front)
+    return controller, tree
 
-    stats = Stats()
-    start = time.perf_counter()
+
+def _prefill(target: ModelRunner, prompt_ids: list[int], drafter: Drafter | None, controller: Controller,
+             verifier: Verifier, reuse_prefix: bool, stats: Stats, start: float) -> int:
+    """The caches readied (the target's cut to the prefix it may keep, or emptied; the drafter's and the
+    controller's reset) and the prompt prefilled; returns the first token.  `start`: the loop's start."""
     reused = reusable_prefix(target, prompt_ids) if reuse_prefix else 0
     if reused:
         target.rollback(reused)
@@ -266,86 +325,70 @@ def decode(
     stats.target_forwards += 1
     stats.target_s = time.perf_counter() - start
     stats.prefill_s = stats.target_s
-    context = list(prompt_ids)  # prompt + generated; the target caches all of it but the last token
-    generated: list[int] = []
+    return first
 
-    def append(new: list[int]) -> tuple[list[int], str | None]:
-        """Append tokens one by one, stopping at the first one that ends generation."""
-        for i, token in enumerate(new):
-            generated.append(token)
-            context.append(token)
-            reason = stop.check(generated)
-            if reason is None and len(context) >= target.max_context:
-                reason = "length"  # the context window is full
-            if reason is not None:
-                return new[: i + 1], reason
-        return new, None
 
-    emitted, reason = append([first])
-    while True:
-        stats.new_tokens = len(generated)
-        stats.wall_s = time.perf_counter() - start
-        if reason is not None and drafter is not None:  # before the last yield: a caller may stop at the last step
-            controller.finish(len(generated))  # the answer's length: what the next answers' catch-ups are priced over
-        yield Step(emitted, reason, stats)
+def _append(new: list[int], generated: list[int], context: list[int], stop: StopCondition,
+            max_context: int) -> tuple[list[int], str | None]:
+    """Append tokens one by one to `generated` and `context`, stopping at the first one that ends
+    generation: (the tokens appended, the finish reason or None)."""
+    for i, token in enumerate(new):
+        generated.append(token)
+        context.append(token)
+        reason = stop.check(generated)
+        if reason is None and len(context) >= max_context:
+            reason = "length"  # the context window is full
         if reason is not None:
-            return
+            return new[: i + 1], reason
+    return new, None
 
-        # Draft no more than can be used: k accepted + 1 bonus must not pass
-        # max_new_tokens, and the verification forward must fit the window.
-        limit = min(stop.max_new_tokens - len(generated) - 1, target.max_context - len(context))
-        k, source = 0, ""
-        t0 = time.perf_counter()  # planning is drafting time: a drafter may run its first forward to grade (a head)
-        if drafter is not None and limit > 0:
-            source, k = plan(drafter, context, controller, limit)
-        shape = None
-        if tree is not None and k > 0:
-            k = min(tree.depth or k, limit)
-            nodes = min(tree.budget(k), target.max_context - len(context) - 1)
-            # auto (no fixed depth): a controller that prices trees decides tree or chain; WxD: always a tree
-            if tree.depth is None:
-                nodes = controller.tree_nodes(k, nodes, source)
-            shape = replace(tree, nodes=nodes) if nodes > k else None
-        draft = propose(drafter, context, k, source, shape) if drafter is not None and k > 0 else None
-        t1 = time.perf_counter()
 
-        if draft is None or not draft.tokens:
-            logits = target.forward([context[-1]])  # [1, V]
-            new = [verifier.choose(logits[-1])]
-            k = n = 0
-            stats.plain_steps += 1
-            if drafter is not None:
-                drafter.plain_step(context)
-        elif draft.is_tree:
-            if shape is None or shape.nodes is None:
-                raise ValueError("the drafter proposed a tree where a chain was asked for")
-            k, new, extra = verify_tree(target, verifier, draft, context[-1], k, shape.nodes, stats)
-            n = len(new) - 1
-            controller.observe_tree(len(draft.tokens) + 1, time.perf_counter() - t1, extra, source)
-        else:
-            if len(draft.tokens) > k:
-                raise ValueError(f"the drafter proposed {len(draft.tokens)} tokens where {k} were asked for")
-            k = len(draft.tokens)
-            cached = len(target.tokens)
-            logits = target.forward([context[-1], *draft.tokens])  # [k+1, V]
-            verdict = verifier.verify(draft, logits)
-            n = verdict.num_accepted
-            target.rollback(cached + 1 + n)  # keep pending + the accepted draft tokens
-            stats.record_draft(k, n)
-            new = draft.tokens[:n] + [verdict.next_token]
-        t2 = time.perf_counter()
-        if drafter is not None:
-            if k:
-                drafter.observe(context, n)
-                stats.record_source(source, k, n)
-            # a tree's verification holds more rows than its depth: its time is not t(k + 1)
-            target_s = 0.0 if draft is not None and draft.is_tree else t2 - t1
-            controller.observe(k, n, t1 - t0, target_s, draft.synced if draft is not None else 0, source)
-        stats.draft_s += t1 - t0
-        stats.target_s += t2 - t1
-        stats.target_forwards += 1
-        emitted, reason = append(new)
-        stats.steps.append((k, len(emitted), time.perf_counter() - t0))
+def _draft(target: ModelRunner, drafter: Drafter | None, controller: Controller, tree: TreeShape | None,
+           context: list[int], limit: int) -> tuple[int, str, TreeShape | None, Draft | None]:
+    """One step's drafting: the draft length k and the source the controller plans (at most `limit`),
+    the tree's shape where the step drafts a tree (None: a chain), the drafter's proposal (None: a plain
+    step).  Returns (k, source, shape, draft)."""
+    k, source = 0, ""
+    if drafter is not None and limit > 0:
+        source, k = plan(drafter, context, controller, limit)
+    shape = None
+    if tree is not None and k > 0:
+        k = min(tree.depth or k, limit)
+        nodes = min(tree.budget(k), target.max_context - len(context) - 1)
+        # auto (no fixed depth): a controller that prices trees decides tree or chain; WxD: always a tree
+        if tree.depth is None:
+            nodes = controller.tree_nodes(k, nodes, source)
+        shape = replace(tree, nodes=nodes) if nodes > k else None
+    draft = propose(drafter, context, k, source, shape) if drafter is not None and k > 0 else None
+    return k, source, shape, draft
+
+
+def _plain_step(target: ModelRunner, verifier: Verifier, drafter: Drafter | None, context: list[int],
+                stats: Stats) -> list[int]:
+    """A step with nothing drafted: one forward over the pending token; returns the token it gives."""
+    logits = target.forward([context[-1]])  # [1, V]
+    new = [verifier.choose(logits[-1])]
+    stats.plain_steps += 1
+    if drafter is not None:
+        drafter.plain_step(context)
+    return new
+
+
+def verify_chain(target: ModelRunner, verifier: Verifier, draft: Draft, pending: int, k: int,
+                 stats: Stats) -> tuple[int, int, list[int]]:
+    """One chain step (a chain asked for at most k long): the target's forward over [pending, *draft],
+    verification (Verifier.verify), the target's cache cut to pending and the accepted tokens.  Returns
+    (the draft's length, how many of its tokens were accepted, the tokens emitted: those and the next)."""
+    if len(draft.tokens) > k:
+        raise ValueError(f"the drafter proposed {len(draft.tokens)} tokens where {k} were asked for")
+    k = len(draft.tokens)
+    cached = len(target.tokens)
+    logits = target.forward([pending, *draft.tokens])  # [k+1, V]
+    verdict = verifier.verify(draft, logits)
+    n = verdict.num_accepted
+    target.rollback(cached + 1 + n)  # keep pending + the accepted draft tokens
+    stats.record_draft(k, n)
+    return k, n, draft.tokens[:n] + [verdict.next_token]
 
 
 def verify_tree(target: ModelRunner, verifier: Verifier, draft: Draft, pending: int, k: int, nodes: int,
