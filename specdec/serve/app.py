@@ -69,8 +69,6 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
     does not look for the disconnect itself (see :func:`next_event`)."""
     worker = Worker(engine, max_queue=options.max_queue, max_batch=options.max_batch, defaults=options.defaults,
                     memory_budget=options.memory_budget)
-    metrics = worker.metrics
-    encode_lock = threading.Lock()  # one tokenization at a time, off the event loop
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -81,8 +79,15 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
     app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.worker = worker
     allow_origins(app, options.allowed_origins)
+    add_error_handlers(app)
+    add_status_routes(app, engine, options, worker, fleet)
+    add_generation_routes(app, Generations(engine, options, worker, host_cancels))
+    return app
 
-    # Every refusal in OpenAI's shape, whatever raised it: ours, routing (404, 405), or a bug (500).
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every refusal in OpenAI's shape, whatever raised it: ours, routing (404, 405), or a bug (500)."""
+
     @app.exception_handler(APIError)
     async def api_error(_: HTTPRequest, e: APIError) -> JSONResponse:
         return error_response(e)
@@ -99,6 +104,12 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
     @app.exception_handler(Exception)
     async def internal_error(_: HTTPRequest, e: Exception) -> JSONResponse:
         return error_response(APIError(500, f"internal error: {type(e).__name__}", None, "internal_error"))
+
+
+def add_status_routes(app: FastAPI, engine: Engine, options: ServeOptions, worker: Worker, fleet: Fleet | None) -> None:
+    """The routes that answer without generating: the playground page (/), /health, /metrics and
+    /v1/models; /health and /metrics also report the `fleet`'s servers where there is one."""
+    metrics = worker.metrics
 
     @app.get("/", response_class=HTMLResponse)
     async def playground() -> HTMLResponse:
@@ -133,46 +144,45 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
              "k": server_k}  # the server's -k: what a request that does not name one drafts with
             for name in options.served_names]})
 
+
+def add_generation_routes(app: FastAPI, generations: Generations) -> None:
+    """/v1/completions and /v1/chat/completions."""
+
     @app.post("/v1/completions")
     async def completions(http: HTTPRequest) -> Response:
-        return await generate(http, "/v1/completions", CompletionRequest)
+        return await generations.generate(http, "/v1/completions", CompletionRequest)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(http: HTTPRequest) -> Response:
-        return await generate(http, "/v1/chat/completions", ChatRequest)
+        return await generations.generate(http, "/v1/chat/completions", ChatRequest)
 
-    async def generate(http: HTTPRequest, endpoint: str, model: type[GenerationRequest]) -> Response:
+
+class Generations:
+    """The generation endpoints of one app: a request checked, tokenized (off the event loop), queued
+    for the worker, and its events turned into a response; every request counted by endpoint and code."""
+
+    def __init__(self, engine: Engine, options: ServeOptions, worker: Worker, host_cancels: bool) -> None:
+        self.engine = engine
+        self.options = options
+        self.worker = worker
+        self.metrics = worker.metrics
+        self.host_cancels = host_cancels  # see create_app
+        self.encode_lock = threading.Lock()  # one tokenization at a time, off the event loop
+
+    async def generate(self, http: HTTPRequest, endpoint: str, model: type[GenerationRequest]) -> Response:
+        metrics = self.metrics
         code, queued = 200, False
         try:
-            check_key(http.headers, options.api_keys)
-            check_json(http.headers)  # before the body is read: a browser's cross-site form post stops here
-            body = await read_body(http, options.max_body_bytes)
-            req = parse(model, body)
-            req.refuse_unsupported()
-            if req.model not in options.served_names:
-                raise APIError(404, f"model '{req.model}' is not served here; this server serves "
-                                    f"{', '.join(repr(n) for n in options.served_names)}", "model", "model_not_found")
-            prompt_ids = await asyncio.to_thread(tokenize, req)
-            gen = generation(req, prompt_ids)
-            job = Job(gen, asyncio.get_running_loop())
-            try:
-                worker.submit(job)
-            except QueueFull:
-                if worker.closing:
-                    raise APIError(503, "the server is shutting down", None, SHUTTING_DOWN) from None
-                raise APIError(503, f"the server is busy: {options.max_queue} requests are already waiting; "
-                                    "retry later", None, "queue_full", {"Retry-After": "1"}) from None
-            except OverBudget as e:
-                raise APIError(413, str(e), None, "memory_budget_exceeded") from None
+            req, gen, job = await self.admit(http, model)
             queued = True
-            watched = None if host_cancels else http  # whose disconnect next_event looks for
+            watched = None if self.host_cancels else http  # whose disconnect next_event looks for
             first = await next_event(job, watched)
             if first is None:
                 code = CLIENT_GONE
                 return Response(status_code=CLIENT_GONE)
             if isinstance(first, ErrorEvent):
                 raise event_error(first)
-            reply = Reply(endpoint, req.model, gen, len(prompt_ids), req.stream_options is not None
+            reply = Reply(endpoint, req.model, gen, len(gen.prompt_ids), req.stream_options is not None
                           and req.stream_options.include_usage)
             if req.stream:
                 return StreamingResponse(stream(reply, job, first, metrics), media_type="text/event-stream",
@@ -201,11 +211,38 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
             if code == CLIENT_GONE:
                 metrics.disconnects.inc()
 
-    def tokenize(req: GenerationRequest) -> list[int]:
+    async def admit(self, http: HTTPRequest, model: type[GenerationRequest]) -> tuple[GenerationRequest, Request, Job]:
+        """The request checked (key, body, fields, model), tokenized and queued: (the parsed request, the
+        worker's request, its job); an APIError for anything refused before it is queued."""
+        options, worker = self.options, self.worker
+        check_key(http.headers, options.api_keys)
+        check_json(http.headers)  # before the body is read: a browser's cross-site form post stops here
+        body = await read_body(http, options.max_body_bytes)
+        req = parse(model, body)
+        req.refuse_unsupported()
+        if req.model not in options.served_names:
+            raise APIError(404, f"model '{req.model}' is not served here; this server serves "
+                                f"{', '.join(repr(n) for n in options.served_names)}", "model", "model_not_found")
+        prompt_ids = await asyncio.to_thread(self.tokenize, req)
+        gen = self.generation(req, prompt_ids)
+        job = Job(gen, asyncio.get_running_loop())
+        try:
+            worker.submit(job)
+        except QueueFull:
+            if worker.closing:
+                raise APIError(503, "the server is shutting down", None, SHUTTING_DOWN) from None
+            raise APIError(503, f"the server is busy: {options.max_queue} requests are already waiting; "
+                                "retry later", None, "queue_full", {"Retry-After": "1"}) from None
+        except OverBudget as e:
+            raise APIError(413, str(e), None, "memory_budget_exceeded") from None
+        return req, gen, job
+
+    def tokenize(self, req: GenerationRequest) -> list[int]:
         """The prompt's token ids (through the chat template for a chat request), checked against
         the context window."""
+        engine, options = self.engine, self.options
         tokenizer = engine.tokenizer
-        with encode_lock:
+        with self.encode_lock:
             try:
                 if isinstance(req, ChatRequest):
                     ids = chat_prompt(tokenizer, [m.model_dump() for m in req.messages], engine.target_name)
@@ -231,8 +268,9 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
                                 f"(--max-prompt-tokens {options.max_prompt_tokens})", param, "context_length_exceeded")
         return ids
 
-    def generation(req: GenerationRequest, prompt_ids: list[int]) -> Request:
+    def generation(self, req: GenerationRequest, prompt_ids: list[int]) -> Request:
         """The worker's request: sampling, limits and speculation settled."""
+        engine, options = self.engine, self.options
         max_tokens, param = req.max_tokens, "max_tokens"
         if isinstance(req, ChatRequest) and max_tokens is None:
             max_tokens, param = req.max_completion_tokens, "max_completion_tokens"
@@ -260,8 +298,6 @@ def create_app(engine: Engine, options: ServeOptions = ServeOptions(), fleet: Fl
         except SpecdecError as e:
             raise APIError(400, str(e), None, "invalid_value") from None
         return Request(prompt_ids, replace(config, speculative=engine.can_draft and config.speculative))
-
-    return app
 
 
 def speculative_changes_of(req: GenerationRequest) -> dict[str, Any]:
