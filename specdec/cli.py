@@ -29,6 +29,7 @@ from specdec.request import Option, RequestConfig, RequestError, cli_fields, fie
 
 if TYPE_CHECKING:  # the serve extra's modules load only when serving
     from specdec.serve import ServeOptions
+    from specdec.serve.connections import ConnectionLimits
     from specdec.serve.replicas import EngineSpec, ReplicaPlan
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Lossless speculative decoding.")
@@ -369,16 +370,47 @@ def serve(
     --max-batch together; -k, --draft-mode, --draft-confidence and --verify are their defaults, and a
     request may set its own ("speculative": {"k": ..., "draft_mode": ...}). With --replicas, the same server runs as Ray Serve replicas."""
     from specdec.serve import INSTALL_HINT, missing_extra
-    from specdec.serve.access import split_values
 
     missing = missing_extra()
     if missing:
         fail(f"specdec serve needs the serve extra ({', '.join(missing)} missing): {INSTALL_HINT}")
-    from specdec.serve import ServeOptions
-    from specdec.serve.connections import ConnectionLimits, bind
+    from specdec.serve.connections import ConnectionLimits
 
     plan = replica_plan(replicas, ray_address, replica_cpus)
     check_n_ctx_and_threads(n_ctx, threads)
+    check_serve_limits(max_queue, max_batch, max_tokens_limit, max_prompt_tokens, max_body_bytes, port, header_timeout,
+                       keep_alive_timeout, shutdown_timeout, max_connections)
+    budget = serve_memory_budget(memory_budget)
+    if plan is not None and port == 0:
+        fail("--replicas needs a fixed --port: Ray Serve's proxy on every node listens on it")
+    draft_spec = None if draft.lower() == "none" else draft
+    options = serve_options(request, tuple(served_model_name or (target,)), max_queue, max_batch, max_tokens_limit,
+                            max_prompt_tokens, budget, max_body_bytes, api_key, open_metrics, allowed_origins)
+    if max_batch > 1:
+        draft_backend = batched_draft_backend(request, draft_backend)
+    from specdec.serve.replicas import EngineSpec
+
+    spec = EngineSpec(target, draft_spec, dtype.value, draft_dtype.value if draft_dtype else None, backend.value,
+                      draft_backend.value, device.value, n_ctx, threads, suffix_memory)
+    if plan is not None:
+        quiet_libraries()
+        # a replica's torch threads default to its CPUs
+        serve_replicas(dataclasses.replace(spec, threads=threads or max(1, int(plan.cpus))), options, plan, host, port,
+                       ray_address)
+        return
+
+    def load(progress: PullProgress) -> Any:
+        return load_engine(target, draft_spec, dtype, draft_dtype, backend, draft_backend, device, n_ctx, threads,
+                           progress, suffix_memory)
+
+    serve_in_process(spec, options, budget, host, port, ConnectionLimits(header_timeout, keep_alive_timeout, max_connections),
+                     shutdown_timeout, load)
+
+
+def check_serve_limits(max_queue: int, max_batch: int, max_tokens_limit: int, max_prompt_tokens: int | None,
+                       max_body_bytes: int, port: int, header_timeout: float, keep_alive_timeout: float,
+                       shutdown_timeout: float, max_connections: int) -> None:
+    """serve's limits checked: the counts and sizes at least their least, the port a port, the timeouts seconds."""
     for name, value, least in (("--max-queue", max_queue, 1), ("--max-batch", max_batch, 1),
                                ("--max-tokens-limit", max_tokens_limit, 1),
                                ("--max-prompt-tokens", 1 if max_prompt_tokens is None else max_prompt_tokens, 1),
@@ -394,45 +426,51 @@ def serve(
         fail(f"--shutdown-timeout must be a number of seconds >= 0, got {shutdown_timeout}")
     if max_connections < 1:
         fail(f"--max-connections must be >= 1, got {max_connections}")
-    budget = serve_memory_budget(memory_budget)
-    if plan is not None and port == 0:
-        fail("--replicas needs a fixed --port: Ray Serve's proxy on every node listens on it")
-    draft_spec = None if draft.lower() == "none" else draft
-    names = tuple(served_model_name or (target,))
+
+
+def serve_options(request: RequestConfig, names: tuple[str, ...], max_queue: int, max_batch: int, max_tokens_limit: int,
+                  max_prompt_tokens: int | None, budget: int | str, max_body_bytes: int, api_key: list[str] | None,
+                  open_metrics: bool, allowed_origins: list[str] | None) -> ServeOptions:
+    """The app's options from serve's (the memory budget left out where it is measured once the models are loaded)."""
+    from specdec.serve import ServeOptions
+    from specdec.serve.access import split_values
+
     keys = split_values(api_key)
     if api_key and not keys:
         fail("--api-key is empty: give a key, or leave the option out")
-    options = ServeOptions(
+    return ServeOptions(
         served_names=names, defaults=request, max_queue=max_queue, max_batch=max_batch, max_tokens_limit=max_tokens_limit,
         max_prompt_tokens=max_prompt_tokens, memory_budget=budget if isinstance(budget, int) else None,
         max_body_bytes=max_body_bytes, api_keys=keys, metrics_need_key=not open_metrics,
         allowed_origins=split_values(allowed_origins))
-    if max_batch > 1:
-        from specdec.batching import check_batchable
 
-        try:
-            check_batchable(request)
-        except SpecdecError as e:
-            fail(str(e))
-        if draft_backend is DraftBackend.auto:  # each request drafts with a cache of its own over one model
-            draft_backend = DraftBackend.hf
-    from specdec.serve.replicas import EngineSpec
 
-    spec = EngineSpec(target, draft_spec, dtype.value, draft_dtype.value if draft_dtype else None, backend.value,
-                      draft_backend.value, device.value, n_ctx, threads, suffix_memory)
-    if plan is not None:
-        quiet_libraries()
-        # a replica's torch threads default to its CPUs
-        serve_replicas(dataclasses.replace(spec, threads=threads or max(1, int(plan.cpus))), options, plan, host, port,
-                       ray_address)
-        return
+def batched_draft_backend(request: RequestConfig, draft_backend: DraftBackend) -> DraftBackend:
+    """With --max-batch > 1: the requests' defaults checked for batching, and the draft's backend
+    (auto becomes hf: each request drafts with a cache of its own over one model)."""
+    from specdec.batching import check_batchable
+
+    try:
+        check_batchable(request)
+    except SpecdecError as e:
+        fail(str(e))
+    if draft_backend is DraftBackend.auto:  # each request drafts with a cache of its own over one model
+        return DraftBackend.hf
+    return draft_backend
+
+
+def serve_in_process(spec: EngineSpec, options: ServeOptions, budget: int | str, host: str, port: int,
+                     limits: ConnectionLimits, shutdown_timeout: float, load: Callable[[PullProgress], Any]) -> None:
+    """serve without --replicas: the port bound at once, the models loaded (`load`) on a thread of their own
+    while the server answers /health with "loading", then served until SIGTERM or Ctrl-C."""
+    from specdec.serve.connections import bind
     from specdec.serve.deferred import Deferred
     from specdec.serve.deferred import serve as serve_deferred
 
     progress = PullProgress()
     try:
         sock = bind(host, port)  # before loading: a port in use fails at once
-        warn_if_exposed(sock.getsockname()[0], keys)
+        warn_if_exposed(sock.getsockname()[0], options.api_keys)
         spec.check()  # a bad model name fails here, before the server starts
     except SpecdecError as e:
         fail(str(e))
@@ -441,18 +479,16 @@ def serve(
         from specdec.serve.app import create_app
 
         quiet_libraries()
-        engine = load_engine(target, draft_spec, dtype, draft_dtype, backend, draft_backend, device, n_ctx, threads,
-                             progress, suffix_memory)
+        engine = load(progress)
         served, said = resolved_memory_budget(budget)
         err.print(f"models loaded: ready · memory budget {said}", soft_wrap=True)
         return create_app(engine, dataclasses.replace(options, memory_budget=served))
 
     bound_host, bound_port = sock.getsockname()[:2]
     url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
-    err.print(f"serving {', '.join(names)} at {url}/v1 · playground {url}/ · metrics {url}/metrics "
+    err.print(f"serving {', '.join(options.served_names)} at {url}/v1 · playground {url}/ · metrics {url}/metrics "
               "(503 with /health {\"status\": \"loading\"} until the models are loaded)", soft_wrap=True)
-    error = serve_deferred(Deferred(build), sock, ConnectionLimits(header_timeout, keep_alive_timeout, max_connections),
-                           shutdown_timeout=shutdown_timeout)
+    error = serve_deferred(Deferred(build), sock, limits, shutdown_timeout=shutdown_timeout)
     if error is not None:
         progress.close()
         fail(error)
@@ -665,19 +701,12 @@ def profile(
     """Measure forward costs: the target's t(k) for k new tokens, its one-token step against the memory's roof,
     its prefill speed, and the draft's cost per drafted token."""
     from specdec.engine import Engine
-    from specdec.head.cost import profile_head, split_head_spec
-    from specdec.machine import cpu_description
-    from specdec.profile import measure_drafting, measure_forwards, measure_prefill, measure_roof
+    from specdec.head.cost import split_head_spec
 
     quiet_libraries()
     progress = PullProgress()
     try:
-        k_values = _parse_ks(ks)
-        lengths = [] if prefill.strip().lower() == "none" else _parse_lengths(prefill, "--prefill")
-        if prefix < 1 or repeats < 1:
-            raise SpecdecError("--prefix and --repeats must be >= 1")
-        if threads is not None and threads < 1:
-            raise SpecdecError(f"--threads must be >= 1, got {threads}")
+        k_values, lengths = profile_plan(ks, prefill, prefix, repeats, threads)
         import torch
 
         if threads:
@@ -691,58 +720,105 @@ def profile(
                 device=device.value,
             )
         progress.close()
-        cpu = cpu_description()
-
-        def describe(runner, name: str | None, backend_name: str, dtype_name: str | None) -> dict:
-            return {"model": name, "backend": backend_name, "dtype": dtype_name if backend_name == "hf" else "gguf",
-                    "threads": runner.identity()["threads"] or torch.get_num_threads(),
-                    "cpu": cpu,
-                    "batch_invariant": runner.capabilities.batch_invariant}
-
-        with status(f"timing {target}: k = {k_values[0]}..{k_values[-1]}, {repeats} repeats"):
-            table = measure_forwards(engine.target_runner, k_values, prefix=prefix, repeats=repeats)
-        table.info = describe(engine.target_runner, target, backend.value, engine.dtype)
-        out: dict = {"target": table.to_dict()}
-        roof_found = None
-        if roof:
-            with status("measuring the read bandwidth and the one-token step"):
-                roof_found = measure_roof(engine.target_runner, prefix=prefix)
-            if roof_found is not None:
-                out["target"]["roof"] = roof_found.to_dict()
-        rates = {}
-        if lengths:
-            with status(f"timing prefills of {', '.join(map(str, lengths))} tokens"):
-                rates = measure_prefill(engine.target_runner, lengths)
-            out["target"]["prefill_tokens_per_s"] = {str(n): round(r, 1) for n, r in rates.items()}
-        draft_ms = None
-        if engine.draft_runner is not None:
-            d_backend = (draft_backend or backend).value
-            with status(f"timing {draft_spec} per drafted token"):
-                draft_ms = measure_drafting(engine.draft_runner, prefix=prefix, repeats=repeats)
-            out["draft"] = {**describe(engine.draft_runner, draft_spec, d_backend, engine.draft_dtype),
-                            "prefix": prefix, "repeats": repeats, "ms_per_token": round(draft_ms, 3)}
-        with status("timing the draft head per drafted token"):
-            head = profile_head(None if draft.lower() == "none" else draft, target, engine.target_runner, prefix,
-                                repeats, table.ms.get(1))
-        if head is not None:
-            out["head"] = head
-        with status("renewing the controller's cached step costs"):
-            from specdec.engine import MAX_AUTO_K
-            from specdec.profile import step_costs
-            from specdec.zoo import home
-
-            step_costs(engine.target_runner, engine.draft_runner, MAX_AUTO_K, lookup=engine.copies,
-                       cache_dir=home() / "profiles", renew=True)
+        found = measure_profile(engine, target, draft, draft_spec, backend, draft_backend, k_values, lengths, prefix,
+                                repeats, roof)
     except (SpecdecError, ValueError) as e:
         progress.close()
         fail(str(e))
     if as_json:
-        print(json.dumps(out))
+        print(json.dumps(found.out))
         return
+    print_profile(found, target, draft_spec)
+
+
+def profile_plan(ks: str, prefill: str, prefix: int, repeats: int, threads: int | None) -> tuple[list[int], list[int]]:
+    """profile's --ks and --prefill parsed, its counts checked: (the k values, the prefill lengths); a SpecdecError
+    for anything else."""
+    k_values = _parse_ks(ks)
+    lengths = [] if prefill.strip().lower() == "none" else _parse_lengths(prefill, "--prefill")
+    if prefix < 1 or repeats < 1:
+        raise SpecdecError("--prefix and --repeats must be >= 1")
+    if threads is not None and threads < 1:
+        raise SpecdecError(f"--threads must be >= 1, got {threads}")
+    return k_values, lengths
+
+
+@dataclasses.dataclass
+class Profiled:
+    """What specdec profile measured; `out` is its JSON form."""
+
+    table: Any  # specdec.profile.CostTable: the target's t(k), its `info` the machine and model
+    roof: Any  # specdec.profile.Roof, or None (not measured, or not measurable here)
+    rates: dict[int, float]  # prefill tokens/s by prompt length
+    draft_ms: float | None  # the draft model's ms per drafted token
+    head: dict[str, Any] | None  # the draft head's report (specdec.head.cost.profile_head)
+    cpu: str
+    out: dict
+
+
+def measure_profile(engine: Any, target: str, draft: str, draft_spec: str | None, backend: Backend,
+                    draft_backend: DraftBackend, k_values: list[int], lengths: list[int], prefix: int, repeats: int,
+                    roof: bool) -> Profiled:
+    """profile's measurements on the loaded `engine`, each under a status line; the controller's cached
+    step costs renewed last."""
+    import torch
+
+    from specdec.head.cost import profile_head
+    from specdec.machine import cpu_description
+    from specdec.profile import measure_drafting, measure_forwards, measure_prefill, measure_roof
+
+    cpu = cpu_description()
+
+    def describe(runner, name: str | None, backend_name: str, dtype_name: str | None) -> dict:
+        return {"model": name, "backend": backend_name, "dtype": dtype_name if backend_name == "hf" else "gguf",
+                "threads": runner.identity()["threads"] or torch.get_num_threads(),
+                "cpu": cpu,
+                "batch_invariant": runner.capabilities.batch_invariant}
+
+    with status(f"timing {target}: k = {k_values[0]}..{k_values[-1]}, {repeats} repeats"):
+        table = measure_forwards(engine.target_runner, k_values, prefix=prefix, repeats=repeats)
+    table.info = describe(engine.target_runner, target, backend.value, engine.dtype)
+    out: dict = {"target": table.to_dict()}
+    roof_found = None
+    if roof:
+        with status("measuring the read bandwidth and the one-token step"):
+            roof_found = measure_roof(engine.target_runner, prefix=prefix)
+        if roof_found is not None:
+            out["target"]["roof"] = roof_found.to_dict()
+    rates = {}
+    if lengths:
+        with status(f"timing prefills of {', '.join(map(str, lengths))} tokens"):
+            rates = measure_prefill(engine.target_runner, lengths)
+        out["target"]["prefill_tokens_per_s"] = {str(n): round(r, 1) for n, r in rates.items()}
+    draft_ms = None
+    if engine.draft_runner is not None:
+        d_backend = (draft_backend or backend).value
+        with status(f"timing {draft_spec} per drafted token"):
+            draft_ms = measure_drafting(engine.draft_runner, prefix=prefix, repeats=repeats)
+        out["draft"] = {**describe(engine.draft_runner, draft_spec, d_backend, engine.draft_dtype),
+                        "prefix": prefix, "repeats": repeats, "ms_per_token": round(draft_ms, 3)}
+    with status("timing the draft head per drafted token"):
+        head = profile_head(None if draft.lower() == "none" else draft, target, engine.target_runner, prefix,
+                            repeats, table.ms.get(1))
+    if head is not None:
+        out["head"] = head
+    with status("renewing the controller's cached step costs"):
+        from specdec.engine import MAX_AUTO_K
+        from specdec.profile import step_costs
+        from specdec.zoo import home
+
+        step_costs(engine.target_runner, engine.draft_runner, MAX_AUTO_K, lookup=engine.copies,
+                   cache_dir=home() / "profiles", renew=True)
+    return Profiled(table, roof_found, rates, draft_ms, head, cpu, out)
+
+
+def print_profile(found: Profiled, target: str, draft_spec: str | None) -> None:
+    """profile's tables and lines on stdout."""
     from rich.table import Table
 
+    table, draft_ms, head = found.table, found.draft_ms, found.head
     t1 = table.ms[min(table.ms)]
-    title = f"{target} ({table.info['backend']}, {table.info['dtype']}, {table.info['threads']} threads) on {cpu}"
+    title = f"{target} ({table.info['backend']}, {table.info['dtype']}, {table.info['threads']} threads) on {found.cpu}"
     grid = Table("k", "ms per forward", "t(k) / t(1)", *(["break-even tokens/step"] if draft_ms is not None else []),
                  title=title)
     for k, ms in sorted(table.ms.items()):
@@ -752,10 +828,10 @@ def profile(
             row.append(f"{((k - 1) * draft_ms + ms) / t1:.2f}" if k > 1 else "-")
         grid.add_row(*row)
     Console().print(grid)
-    if roof_found is not None:
-        Console().print(f"roof: {roof_found.line()}")
-    if rates:
-        Console().print("prefill: " + ", ".join(f"{r:.0f} tokens/s at {n} tokens" for n, r in rates.items()))
+    if found.roof is not None:
+        Console().print(f"roof: {found.roof.line()}")
+    if found.rates:
+        Console().print("prefill: " + ", ".join(f"{r:.0f} tokens/s at {n} tokens" for n, r in found.rates.items()))
     if draft_ms is not None:
         Console().print(f"draft {draft_spec}: {draft_ms:.1f} ms per drafted token ({draft_ms / t1:.2f} target steps)")
     if head is not None:
