@@ -327,85 +327,97 @@ def plot_all(summary: Summary, out: Path) -> list[Path]:
     """Write the PNG plots into `out`; returns their paths.  Raises ImportError without matplotlib."""
     plt = pyplot()
 
-    paths: list[Path] = []
-    others = [s for s in summary.methods if s.name != summary.reference]
     colors = method_colors(summary.methods)
+    paths = [plot_speedup_by_category(plt, summary, colors, out), plot_acceptance_by_position(plt, summary, colors, out),
+             plot_speedup_vs_gamma(plt, summary, colors, out)]
+    return [p for p in paths if p is not None]
 
-    # 1. Speedup by method and category: grouped bars, one group per category (and all).
-    if others:
-        groups = [*summary.categories, ALL]
-        width = 0.8 / len(others)
-        # Room per group for its bars and its (rotated) category name; the legend sits outside.
-        fig_width = min(18.0, max(7.0, 3.0 + len(groups) * max(0.9, 0.2 * len(others))))
-        fig, ax = plt.subplots(figsize=(fig_width, 4.8))
-        for j, s in enumerate(others):
-            values = [s.overall if g == ALL else s.by_category.get(g) for g in groups]
-            ys = [v.speedup_vs_plain if v is not None and v.speedup_vs_plain is not None else 0.0 for v in values]
-            xs = [i + (j - (len(others) - 1) / 2) * width for i in range(len(groups))]
-            bars = ax.bar(xs, ys, width * 0.95, label=s.name, color=colors[s.name], edgecolor="white", linewidth=0.3)
-            if len(others) * len(groups) <= 60:
-                ax.bar_label(bars, labels=[f"{y:.2f}" if y else "" for y in ys], fontsize=6, padding=1, rotation=90)
-        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label=f"{summary.reference} = 1")
-        ax.set_xticks(range(len(groups)), groups, rotation=20, ha="right", rotation_mode="anchor")
-        ax.set_ylabel("speedup vs plain (geometric mean, ×)")
-        ax.set_title("Speedup vs plain decoding, by method and category")
-        ax.margins(y=0.12)
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        fig.tight_layout()
-        paths.append(out / "speedup_by_category.png")
-        fig.savefig(paths[-1], dpi=120)
-        plt.close(fig)
 
-    # 2. Acceptance by draft position: our loop (solid) and transformers' assisted generation
-    #    with the same draft and γ (dashed).  Prompt lookup and hf-auto are in summary.md.
+def save_figure(plt: Any, fig: Any, path: Path) -> Path:
+    """`fig` laid out, written to `path` (a PNG) and closed; returns `path`."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_speedup_by_category(plt: Any, summary: Summary, colors: dict[str, Any], out: Path) -> Path | None:
+    """speedup_by_category.png: speedup by method and category, grouped bars, one group per category (and
+    all); None when no method but the reference ran."""
+    others = [s for s in summary.methods if s.name != summary.reference]
+    if not others:
+        return None
+    groups = [*summary.categories, ALL]
+    width = 0.8 / len(others)
+    # Room per group for its bars and its (rotated) category name; the legend sits outside.
+    fig_width = min(18.0, max(7.0, 3.0 + len(groups) * max(0.9, 0.2 * len(others))))
+    fig, ax = plt.subplots(figsize=(fig_width, 4.8))
+    for j, s in enumerate(others):
+        values = [s.overall if g == ALL else s.by_category.get(g) for g in groups]
+        ys = [v.speedup_vs_plain if v is not None and v.speedup_vs_plain is not None else 0.0 for v in values]
+        xs = [i + (j - (len(others) - 1) / 2) * width for i in range(len(groups))]
+        bars = ax.bar(xs, ys, width * 0.95, label=s.name, color=colors[s.name], edgecolor="white", linewidth=0.3)
+        if len(others) * len(groups) <= 60:
+            ax.bar_label(bars, labels=[f"{y:.2f}" if y else "" for y in ys], fontsize=6, padding=1, rotation=90)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label=f"{summary.reference} = 1")
+    ax.set_xticks(range(len(groups)), groups, rotation=20, ha="right", rotation_mode="anchor")
+    ax.set_ylabel("speedup vs plain (geometric mean, ×)")
+    ax.set_title("Speedup vs plain decoding, by method and category")
+    ax.margins(y=0.12)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    return save_figure(plt, fig, out / "speedup_by_category.png")
+
+
+def plot_acceptance_by_position(plt: Any, summary: Summary, colors: dict[str, Any], out: Path) -> Path | None:
+    """acceptance_by_position.png: acceptance by draft position, our loop (solid) and transformers' assisted
+    generation with the same draft and γ (dashed); prompt lookup and hf-auto are in summary.md.  None when
+    no such method drafted."""
     drafting = [s for s in summary.methods
                 if s.overall.per_position_acceptance and s.family in ("specdec", "specdec-intersection", "hf")]
-    if drafting:
-        fig, ax = plt.subplots(figsize=(7.0, 4.5))
-        for s in drafting:
-            ys = s.overall.per_position_acceptance or []
-            style = "-" if s.family.startswith("specdec") else "--"
-            marker = "o" if s.family.startswith("specdec") else "x"
-            ax.plot(range(1, len(ys) + 1), ys, style, marker=marker, label=s.name, color=colors[s.name])
-        ax.set_xlabel("draft position i")
-        ax.set_ylabel("P(draft token i accepted | proposed)")
-        ax.set_ylim(0, 1.05)
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.set_title("Acceptance by draft position")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        paths.append(out / "acceptance_by_position.png")
-        fig.savefig(paths[-1], dpi=120)
-        plt.close(fig)
+    if not drafting:
+        return None
+    fig, ax = plt.subplots(figsize=(7.0, 4.5))
+    for s in drafting:
+        ys = s.overall.per_position_acceptance or []
+        style = "-" if s.family.startswith("specdec") else "--"
+        marker = "o" if s.family.startswith("specdec") else "x"
+        ax.plot(range(1, len(ys) + 1), ys, style, marker=marker, label=s.name, color=colors[s.name])
+    ax.set_xlabel("draft position i")
+    ax.set_ylabel("P(draft token i accepted | proposed)")
+    ax.set_ylim(0, 1.05)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_title("Acceptance by draft position")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return save_figure(plt, fig, out / "acceptance_by_position.png")
 
-    # 3. Speedup vs γ, when a sweep ran: one line per family that takes γ; methods without γ as levels.
+
+def plot_speedup_vs_gamma(plt: Any, summary: Summary, colors: dict[str, Any], out: Path) -> Path | None:
+    """speedup_vs_gamma.png, when a sweep ran: one line per family that takes γ; methods without γ as
+    levels.  None without a sweep."""
     swept: dict[str, list[MethodSummary]] = {}
     for s in summary.methods:
         if s.gamma is not None:
             swept.setdefault(s.family, []).append(s)
-    if any(len(v) > 1 for v in swept.values()):
-        fig, ax = plt.subplots(figsize=(7.0, 4.5))
-        for family, ms in swept.items():
-            ms = sorted(ms, key=lambda s: s.gamma or 0)
-            ax.plot([s.gamma for s in ms], [s.overall.speedup_vs_plain or 0.0 for s in ms], marker="o",
-                    label=family, color=colors[ms[-1].name])
-        for s in others:
-            if s.gamma is None and s.overall.speedup_vs_plain is not None:
-                ax.axhline(s.overall.speedup_vs_plain, linestyle=":", linewidth=1.2, color=colors[s.name],
-                           label=f"{s.name} (no γ)")
-        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label=f"{summary.reference} = 1")
-        ax.set_xlabel("γ (draft tokens per step)")
-        ax.set_ylabel("speedup vs plain (geometric mean, ×)")
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.set_title("Speedup vs γ")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="best")
-        fig.tight_layout()
-        paths.append(out / "speedup_vs_gamma.png")
-        fig.savefig(paths[-1], dpi=120)
-        plt.close(fig)
-    return paths
+    if not any(len(v) > 1 for v in swept.values()):
+        return None
+    fig, ax = plt.subplots(figsize=(7.0, 4.5))
+    for family, ms in swept.items():
+        ms = sorted(ms, key=lambda s: s.gamma or 0)
+        ax.plot([s.gamma for s in ms], [s.overall.speedup_vs_plain or 0.0 for s in ms], marker="o",
+                label=family, color=colors[ms[-1].name])
+    for s in summary.methods:
+        if s.name != summary.reference and s.gamma is None and s.overall.speedup_vs_plain is not None:
+            ax.axhline(s.overall.speedup_vs_plain, linestyle=":", linewidth=1.2, color=colors[s.name],
+                       label=f"{s.name} (no γ)")
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label=f"{summary.reference} = 1")
+    ax.set_xlabel("γ (draft tokens per step)")
+    ax.set_ylabel("speedup vs plain (geometric mean, ×)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_title("Speedup vs γ")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return save_figure(plt, fig, out / "speedup_vs_gamma.png")
 
 
 STEP_METHOD = "specdec-auto"  # whose chosen k the per-step plot shows
@@ -452,11 +464,7 @@ def plot_steps(records: Sequence[Record], summary: Summary, out: Path) -> Path |
     bottom.set_ylabel("tokens/s so far (prefill excluded)")
     bottom.grid(alpha=0.3)
     bottom.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "steps.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, out / "steps.png")
 
 
 def write_all(summary: Summary, meta: dict[str, Any], out: Path, records: Sequence[Record] = ()) -> dict[str, Any]:

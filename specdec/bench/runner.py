@@ -181,9 +181,50 @@ def run_bench(
     """
     from contextlib import nullcontext
 
+    from specdec.bench.methods import build_methods
+
+    plan = _plan_bench(options)  # every user mistake is caught before any model is loaded
+    engine, peer = _load_bench_models(options, plan, console, load_progress)
+    encoded, units = _bench_units(options, engine, plan)
+    skipped: dict[str, str] = {}
+    target_gguf, draft_gguf = server_files(plan.families, options.target, plan.draft_model, load_progress)
+    with console.status(escape("starting llama-server")) if console and target_gguf else nullcontext():
+        methods = build_methods(engine, plan.families, plan.gammas, options.max_new_tokens, plan.sampling,
+                                llamacpp_target=peer, target_gguf=target_gguf, draft_gguf=draft_gguf,
+                                threads=options.threads, n_ctx=options.n_ctx, skipped=skipped)
+    for name, why in skipped.items():
+        if console is not None:
+            console.print(escape(f"{name}: not run: {why}"))
+    try:
+        return _run_methods(options, engine, methods, encoded, plan.sessions, units, plan.sampling, plan.gammas,
+                            plan.draft_backend if plan.draft_model is not None else None, target_gguf, skipped,
+                            plan.out, console)
+    finally:
+        for m in methods:
+            m.close()
+
+
+@dataclass
+class _BenchPlan:
+    """What run_bench loads and runs, from its options checked (_plan_bench)."""
+
+    sampling: Any  # specdec.sampling.SamplingParams
+    drafter: str | None  # the drafter spec as Engine.load takes it ("auto" resolved)
+    draft_model: str | None  # its draft model, if any
+    draft_backend: str  # the draft's backend and dtype as Engine.load takes them
+    draft_dtype: str | None
+    families: list[str]  # the methods' entries
+    gammas: list[int]
+    sessions: list[Any]  # a workload's sessions (specdec.bench.workloads.Session), or none
+    prompts: list[Prompt]  # a prompt set's prompts, or none (a workload)
+    out: Path
+
+
+def _plan_bench(options: BenchOptions) -> _BenchPlan:
+    """run_bench's options checked, the drafter, the methods and the prompts (or sessions) resolved; a
+    SpecdecError for any user mistake, before any model is loaded."""
     from specdec.bench.methods import (
         DEFAULT,
-        build_methods,
         check_backends,
         check_drafters,
         default_methods,
@@ -196,7 +237,6 @@ def run_bench(
     from specdec.loading import llamacpp_can_run, resolve_draft, resolve_drafter, split_drafter
     from specdec.sampling import SamplingParams
 
-    # Every user mistake is caught before any model is loaded.
     sampling = SamplingParams(temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
                               seed=options.seed)
     check_run_options(options)
@@ -233,7 +273,14 @@ def run_bench(
     wanting = [f for f in needs_draft(families) if f not in own_drafters]
     if wanting and options.draft is None:
         raise SpecdecError(f"method(s) {', '.join(wanting)} need a draft model: give --draft or drop them")
-    out = output_dir(options)
+    return _BenchPlan(sampling, drafter, draft_model, draft_backend, draft_dtype, families, gammas, sessions, prompts,
+                      output_dir(options))
+
+
+def _load_bench_models(options: BenchOptions, plan: _BenchPlan, console: Any,
+                       load_progress: Callable[[str, int, int], None] | None) -> tuple[Any, Any]:
+    """(the engine, the llamacpp method's plain llama.cpp target or None), loaded under a status line."""
+    from contextlib import nullcontext
 
     import torch
 
@@ -244,40 +291,32 @@ def run_bench(
     loading = f"loading {options.target}" + (f" and {options.draft}" if options.draft else "")
     status = console.status(escape(loading)) if console else nullcontext()
     with status:
-        engine = Engine.load(options.target, drafter, dtype=options.dtype, progress=load_progress,
-                             backend=options.backend, draft_backend=draft_backend, n_ctx=options.n_ctx,
-                             threads=options.threads, draft_dtype=draft_dtype, device=options.device,
+        engine = Engine.load(options.target, plan.drafter, dtype=options.dtype, progress=load_progress,
+                             backend=options.backend, draft_backend=plan.draft_backend, n_ctx=options.n_ctx,
+                             threads=options.threads, draft_dtype=plan.draft_dtype, device=options.device,
                              suffix_memory=options.suffix_memory)
         peer = None
-        if "llamacpp" in families:  # plain llama.cpp on the target's GGUF, its fastest kernels
+        if "llamacpp" in plan.families:  # plain llama.cpp on the target's GGUF, its fastest kernels
             from specdec.loading import load_llamacpp
 
             peer = load_llamacpp(options.target, n_ctx=options.n_ctx, exact=False, progress=load_progress,
                                  n_threads=options.threads)
+    return engine, peer
+
+
+def _bench_units(options: BenchOptions, engine: Any, plan: _BenchPlan) -> tuple[list[tuple[Prompt, list[int]]], list[Any]]:
+    """(the prompt set's prompts with their token ids, or none; what the progress counts: those prompts, or
+    the sessions' turns), every prompt checked against the context window before anything runs."""
     encoded: list[tuple[Prompt, list[int]]] = []
     if options.workload is None:
-        encoded = _encode_all(engine, prompts, options.chat, options.max_new_tokens)
+        encoded = _encode_all(engine, plan.prompts, options.chat, options.max_new_tokens)
         units = [p for p, _ in encoded]
     else:  # the turns' prompts are made as the sessions run, each method's from its own answers;
         # with the answers left empty, a turn that could never fit is refused before anything runs
-        units = [s.prompt(t, [""] * (t - 1)) for s in sessions for t in range(1, len(s.turns) + 1)]
+        units = [s.prompt(t, [""] * (t - 1)) for s in plan.sessions for t in range(1, len(s.turns) + 1)]
         for p in units:
             encode_prompt(engine, p, options.chat, options.max_new_tokens, conversation=True)
-    skipped: dict[str, str] = {}
-    target_gguf, draft_gguf = server_files(families, options.target, draft_model, load_progress)
-    with console.status(escape("starting llama-server")) if console and target_gguf else nullcontext():
-        methods = build_methods(engine, families, gammas, options.max_new_tokens, sampling, llamacpp_target=peer,
-                                target_gguf=target_gguf, draft_gguf=draft_gguf, threads=options.threads,
-                                n_ctx=options.n_ctx, skipped=skipped)
-    for name, why in skipped.items():
-        if console is not None:
-            console.print(escape(f"{name}: not run: {why}"))
-    try:
-        return _run_methods(options, engine, methods, encoded, sessions, units, sampling, gammas,
-                            draft_backend if draft_model is not None else None, target_gguf, skipped, out, console)
-    finally:
-        for m in methods:
-            m.close()
+    return encoded, units
 
 
 def _run_methods(options: BenchOptions, engine: Any, methods: list[Any], encoded: list[tuple[Prompt, list[int]]],
