@@ -149,17 +149,11 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
     training the head saved in `out` (or the default directory) for this target instead, from the material
     its runs did not reach (the same material options give the same material), its shape kept."""
     from specdec.head import data, manifest, store
-    from specdec.head.features import GenerationSource, LeanExtractor, parse_taps
+    from specdec.head.features import LeanExtractor
     from specdec.head.train import TrainConfig, train
 
     began = time.monotonic()
-    for option, paths in (("--text", texts), ("--prompts", prompt_files)):
-        for path in paths:
-            if not Path(path).exists():
-                raise SpecdecError(f"{option} {path}: no such file or directory")
-    for path in prompt_files:
-        if Path(path).is_dir():
-            raise SpecdecError(f"--prompts {path}: a directory; give the prompt files")
+    check_files(texts, prompt_files)
     # gathered before loading: a bad --prompts file is refused before the minutes of loading
     material = data.gather(seed=seed, extra=texts, builtin=builtin, prompt_files=prompt_files)
     directory = Path(out) if out else manifest.default_directory(target)
@@ -168,36 +162,12 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
                            "or give its directory with --out)")
     model, tokenizer = load_target(target)
     head, before = store.load(directory, model, target) if resume else (None, None)
-    try:
-        taps = parse_taps("none" if fuse_layers is None else fuse_layers, int(model.config.num_hidden_layers))
-    except ValueError as e:
-        raise SpecdecError(str(e)) from None
-    if head is not None:
-        for option, differs, saved in (
-                ("--draft-vocab", draft_vocab not in (None, len(head.vocab)), len(head.vocab)),
-                ("--fuse-layers", fuse_layers is not None and taps != head.taps, ",".join(map(str, head.taps)) or "none")):
-            if differs:
-                raise SpecdecError(f"--resume keeps the saved head's shape: its {option} is {saved}; drop {option}")
-        taps = head.taps
+    taps = head_taps(model, head, fuse_layers, draft_vocab)
     extractor = int8_extractor(model, target, batch) if int8 else model
     kind = ((f"{extractor.runners[0].describe()}, lean runner" if isinstance(extractor, LeanExtractor) else "int8")
             if extractor is not model else "fp32")
     say(began, f"loaded {target} ({kind} features)")
-    streams = [tokenizer(t)["input_ids"] for t in material.texts]
-    builtin_prompts = [encode_prompt(tokenizer, p) for p in material.prompts]
-    mine = [encode_messages(tokenizer, chat) for chat in material.chats]
-    if not streams and not builtin_prompts and not mine:
-        raise SpecdecError("no training material: give --text or --prompts files or keep the built-in data")
-    split = split_heldout(mine, builtin_prompts)
-
-    def then(i: int, answer: list[int]) -> list[int] | None:  # what follows the target's answer to split.train[i]
-        if i < split.builtin_from:
-            return None  # the user's own prompts have no follow-ups
-        return follow_up(tokenizer, material, i - split.builtin_from + split.builtin_held, answer)
-
-    eos = sorted(model_eos_token_ids(model) | ({tokenizer.eos_token_id} - {None}))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
-    generation = GenerationSource(extractor, split.train, eos, pad, answer_tokens, batch, then, taps)
+    streams, split, generation = training_material(model, tokenizer, extractor, material, answer_tokens, batch, taps)
     say(began, "material: " + "; ".join(material.describe()))
     # the target's answers to held-out prompts measure the agreement; with only the user's text, its tail
     heldout = [chunk.ids for chunk in generation.answer(split.heldout)] if split.heldout else None
@@ -222,3 +192,56 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
     finally:
         bar.close()
     return store.read_manifest(directory) | {"directory": str(directory)}
+
+
+def check_files(texts: Sequence[str], prompt_files: Sequence[str]) -> None:
+    """--text and --prompts: each path there, a --prompts path not a directory."""
+    for option, paths in (("--text", texts), ("--prompts", prompt_files)):
+        for path in paths:
+            if not Path(path).exists():
+                raise SpecdecError(f"{option} {path}: no such file or directory")
+    for path in prompt_files:
+        if Path(path).is_dir():
+            raise SpecdecError(f"--prompts {path}: a directory; give the prompt files")
+
+
+def head_taps(model: Any, head: Any, fuse_layers: str | None, draft_vocab: int | None) -> tuple[int, ...]:
+    """The layers the head reads: --fuse-layers for a new head; a head to go on training keeps its own,
+    and a --draft-vocab or --fuse-layers that differs from its shape is refused."""
+    from specdec.head.features import parse_taps
+
+    try:
+        taps = parse_taps("none" if fuse_layers is None else fuse_layers, int(model.config.num_hidden_layers))
+    except ValueError as e:
+        raise SpecdecError(str(e)) from None
+    if head is not None:
+        for option, differs, saved in (
+                ("--draft-vocab", draft_vocab not in (None, len(head.vocab)), len(head.vocab)),
+                ("--fuse-layers", fuse_layers is not None and taps != head.taps, ",".join(map(str, head.taps)) or "none")):
+            if differs:
+                raise SpecdecError(f"--resume keeps the saved head's shape: its {option} is {saved}; drop {option}")
+        taps = head.taps
+    return taps
+
+
+def training_material(model: Any, tokenizer: Any, extractor: Any, material: Any, answer_tokens: int, batch: int,
+                      taps: tuple[int, ...]) -> tuple[list[list[int]], Split, Any]:
+    """(the texts' token streams, the prompts split into held-out and trained-on, the GenerationSource
+    that answers the trained-on prompts with the target, follow-ups included); a SpecdecError without any."""
+    from specdec.head.features import GenerationSource
+
+    streams = [tokenizer(t)["input_ids"] for t in material.texts]
+    builtin_prompts = [encode_prompt(tokenizer, p) for p in material.prompts]
+    mine = [encode_messages(tokenizer, chat) for chat in material.chats]
+    if not streams and not builtin_prompts and not mine:
+        raise SpecdecError("no training material: give --text or --prompts files or keep the built-in data")
+    split = split_heldout(mine, builtin_prompts)
+
+    def then(i: int, answer: list[int]) -> list[int] | None:  # what follows the target's answer to split.train[i]
+        if i < split.builtin_from:
+            return None  # the user's own prompts have no follow-ups
+        return follow_up(tokenizer, material, i - split.builtin_from + split.builtin_held, answer)
+
+    eos = sorted(model_eos_token_ids(model) | ({tokenizer.eos_token_id} - {None}))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    return streams, split, GenerationSource(extractor, split.train, eos, pad, answer_tokens, batch, then, taps)

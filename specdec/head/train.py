@@ -389,25 +389,12 @@ def train(target: PreTrainedModel, streams: list[list[int]], config: TrainConfig
         check_taps(config.taps, target.config.num_hidden_layers)
     except ValueError as e:
         raise SpecdecError(str(e)) from None
-    streams = [list(s) for s in streams if len(s) > 1]
-    if heldout is None:
-        streams, heldout = _hold_out(streams, config)
-    all_sources = ([TextSource(extractor, streams, taps=config.taps)] if streams else []) + list(sources)
-    known = [t for source in all_sources for t in source.tokens()]
-    if len(known) < 3 and not sources:
-        raise SpecdecError(f"too little training text: {len(known)} tokens")
+    all_sources, heldout, known = _sources(extractor, streams, heldout, sources, config)
     target.eval().requires_grad_(False)
     if isinstance(extractor, nn.Module):
         extractor.eval().requires_grad_(False)
     resumed = head is not None
-    if head is None:
-        vocab = draft_vocabulary([known], config.draft_vocab, target.config.vocab_size, config.vocab_from_text)
-        with torch.random.fork_rng():
-            torch.manual_seed(config.seed)
-            head = DraftHead(target, vocab, config.intermediate or head_intermediate(target.config), config.window,
-                             config.taps)
-    elif head.taps != tuple(config.taps):
-        raise SpecdecError(f"the head to go on training reads layers {list(head.taps)}, not {list(config.taps)}")
+    head = _the_head(target, config, known, head)
     for source, count in zip(all_sources, cursor):
         if count:
             source.skip(count)
@@ -422,46 +409,86 @@ def train(target: PreTrainedModel, streams: list[list[int]], config: TrainConfig
     began = last_eval = time.monotonic()
     budget = config.minutes * 60
 
-    def evaluate() -> None:
-        head.eval()
-        result.agreement = agreement(head, held, config.positions, config.eval_stride)
-        result.cursor = [int(source.consumed) for source in all_sources]
-        head.train()
-        if checkpoint is not None:
-            checkpoint(result)
-
     precision = autocast_dtype(config.autocast)
     head.train()
     while time.monotonic() - began < budget and result.steps != config.max_steps:
         while (bank.length <= config.window + 1 or result.tokens >= config.replay * bank.length) \
                 and producer.produce(bank):
             pass
-        window = min(config.window, bank.length - 1)
-        if window < 2:
-            raise SpecdecError(f"too little training text: {bank.length} tokens")
-        ids, feats, answer = bank.windows(config.batch, window, generator, config.answer_focus)  # [B, T+1], [B, T+1, H], [B, T+1]
-        weights = torch.where(answer, 1.0, config.context_weight)  # [B, T+1]
         fraction = result.steps / config.max_steps if config.max_steps else (time.monotonic() - began) / budget
-        for group in optimizer.param_groups:
-            group["lr"] = _lr(config, result.steps, fraction, resumed)
-        with torch.autocast("cpu", dtype=precision, enabled=precision is not None):
-            loss = head_loss(head, feats, ids, config.feature_weight, config.noise, generator, config.unroll,
-                             config.unroll_decay, weights)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        value = loss.item()
+        value, tokens = _step(head, optimizer, bank, generator, config, precision,
+                              _lr(config, result.steps, fraction, resumed))
         result.steps += 1
-        result.tokens += ids.shape[0] * window
+        result.tokens += tokens
         result.losses.append(value)
         result.produced = bank.length
         result.seconds = time.monotonic() - began
         if time.monotonic() - last_eval >= config.eval_every_s:
-            evaluate()
+            _evaluate(head, held, config, all_sources, result, checkpoint)
             last_eval = time.monotonic()
         if progress is not None:
             progress(Progress(result.steps, result.tokens, result.seconds, result.tokens / max(result.seconds, 1e-9),
                               value, result.agreement, bank.length))
     head.eval()
-    evaluate()
+    _evaluate(head, held, config, all_sources, result, checkpoint)
     return result
+
+
+def _sources(extractor: PreTrainedModel | LeanExtractor, streams: list[list[int]],
+             heldout: Sequence[int] | Sequence[Sequence[int]] | None, sources: Sequence[Source],
+             config: TrainConfig) -> tuple[list[Source], Sequence[int] | Sequence[Sequence[int]], list[int]]:
+    """train's sources (the streams' first, where any are left) and held-out text (given, or the streams'
+    last heldout_fraction), and the tokens the sources know; a SpecdecError for too little text."""
+    streams = [list(s) for s in streams if len(s) > 1]
+    if heldout is None:
+        streams, heldout = _hold_out(streams, config)
+    all_sources = ([TextSource(extractor, streams, taps=config.taps)] if streams else []) + list(sources)
+    known = [t for source in all_sources for t in source.tokens()]
+    if len(known) < 3 and not sources:
+        raise SpecdecError(f"too little training text: {len(known)} tokens")
+    return all_sources, heldout, known
+
+
+def _the_head(target: PreTrainedModel, config: TrainConfig, known: list[int], head: DraftHead | None) -> DraftHead:
+    """The head to train: a new one (its draft vocabulary from the `known` tokens, seeded weights), or
+    `head` to go on training, which must read config.taps."""
+    if head is None:
+        vocab = draft_vocabulary([known], config.draft_vocab, target.config.vocab_size, config.vocab_from_text)
+        with torch.random.fork_rng():
+            torch.manual_seed(config.seed)
+            head = DraftHead(target, vocab, config.intermediate or head_intermediate(target.config), config.window,
+                             config.taps)
+    elif head.taps != tuple(config.taps):
+        raise SpecdecError(f"the head to go on training reads layers {list(head.taps)}, not {list(config.taps)}")
+    return head
+
+
+def _step(head: DraftHead, optimizer: torch.optim.Optimizer, bank: FeatureBank, generator: torch.Generator,
+          config: TrainConfig, precision: torch.dtype | None, lr: float) -> tuple[float, int]:
+    """One optimizer step at learning rate `lr` on a batch of the bank's windows: (its loss, the positions
+    it trained on)."""
+    window = min(config.window, bank.length - 1)
+    if window < 2:
+        raise SpecdecError(f"too little training text: {bank.length} tokens")
+    ids, feats, answer = bank.windows(config.batch, window, generator, config.answer_focus)  # [B, T+1], [B, T+1, H], [B, T+1]
+    weights = torch.where(answer, 1.0, config.context_weight)  # [B, T+1]
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    with torch.autocast("cpu", dtype=precision, enabled=precision is not None):
+        loss = head_loss(head, feats, ids, config.feature_weight, config.noise, generator, config.unroll,
+                         config.unroll_decay, weights)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item(), ids.shape[0] * window
+
+
+def _evaluate(head: DraftHead, held: list[Heldout], config: TrainConfig, sources: list[Source], result: TrainResult,
+              checkpoint: Callable[[TrainResult], None] | None) -> None:
+    """The agreement on the held-out streams and the sources' cursor into `result`, then its checkpoint."""
+    head.eval()
+    result.agreement = agreement(head, held, config.positions, config.eval_stride)
+    result.cursor = [int(source.consumed) for source in sources]
+    head.train()
+    if checkpoint is not None:
+        checkpoint(result)
