@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
 
 from specdec.defaults import DEFAULT_DRAFTER, DEFAULT_SUFFIX_MEMORY, DEFAULT_TARGET, MODEL_DRAFTER
+from specdec.drafters.spec import is_none
 from specdec.errors import SpecdecError
 from specdec.request import Option, RequestConfig, RequestError, cli_fields, field_type
 
@@ -240,7 +241,7 @@ def generate(
     quiet_libraries()
     progress = PullProgress()
     try:
-        draft_spec = None if draft.lower() == "none" else draft
+        draft_spec = None if is_none(draft) else draft
         engine = load_engine(target, draft_spec, dtype, draft_dtype, backend, draft_backend, device, n_ctx, threads,
                              progress, suffix_memory)
         steps = engine.stream(prompt, request)
@@ -397,7 +398,7 @@ def serve(
     budget = serve_memory_budget(memory_budget)
     if plan is not None and port == 0:
         fail("--replicas needs a fixed --port: Ray Serve's proxy on every node listens on it")
-    draft_spec = None if draft.lower() == "none" else draft
+    draft_spec = None if is_none(draft) else draft
     names = tuple(served_model_name or (target,))
     keys = split_values(api_key)
     if api_key and not keys:
@@ -582,7 +583,7 @@ def bench(
         fail("give --prompts or --workload, not both")
     progress = PullProgress()
     options = BenchOptions(
-        target=target, draft=None if draft.lower() == "none" else draft, prompts=prompts or "builtin",
+        target=target, draft=None if is_none(draft) else draft, prompts=prompts or "builtin",
         workload=workload,
         max_new_tokens=max_new_tokens, methods=methods, gammas=gammas, repeats=repeats,
         limit_per_category=limit_per_category, chat=chat, dtype=dtype.value, out=out, threads=threads,
