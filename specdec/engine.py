@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, overload
 
 from specdec.backends import lean
@@ -173,6 +173,78 @@ class TextStream:
         delta = text[self.printed :]
         self.printed = len(text)
         return delta
+
+
+def _check_load(drafter: DrafterSpec, target: ModelSpec, dtype: str, backend: str, draft_backend: str | None,
+                draft_dtype: str | None, device: str, suffix_memory: int) -> tuple[str, str, str, str | None]:
+    """(target's dtype, target's backend, draft's backend, draft's dtype) as Engine.load loads them, every
+    "auto" resolved; each mistake refused in one line before anything is loaded: a head that cannot draft or
+    is missing, an int4 target, a bad device / dtype pair, a name that no backend can load."""
+    from specdec.loading import AUTO_DTYPE, INT4, check_spec, fastest_dtype, resolve_device
+
+    if suffix_memory < 0:
+        raise SpecdecError(f"the suffix memory must be >= 0 tokens, got {suffix_memory}")
+    if drafter.head is not None:
+        from specdec.head.use import precheck
+
+        precheck(drafter, backend, target)
+    auto = dtype == AUTO_DTYPE
+    if auto:
+        dtype = fastest_dtype(target, backend, device)
+    if dtype == INT4:
+        raise SpecdecError("int4 is a draft's dtype only (--draft-dtype int4): a target's numbers are its "
+                           "output, and int4 weights would change them")
+    draft = drafter.model
+    backend, draft_backend, draft_dtype = resolve_draft(draft, backend, draft_backend, draft_dtype, device)
+    if auto and draft_dtype is None and draft is not None:
+        draft_dtype = fastest_dtype(draft, draft_backend, device)  # "auto" for the draft on its own
+    for which, d, spec in ((backend, dtype, target), (draft_backend, draft_dtype or dtype, draft)):
+        if which == "hf" and spec is not None:
+            resolve_device(device, d)  # a bad device / dtype pair is refused before any load
+    for spec, which in ((target, backend), (draft, draft_backend)):
+        if isinstance(spec, str):
+            check_spec(spec, which)  # every name checked before anything is loaded
+    return dtype, backend, draft_backend, draft_dtype
+
+
+@dataclass
+class _Loader:
+    """Loads Engine.load's models by name (or takes loaded ones), timing each (Engine.timings)."""
+
+    progress: Callable[[str, int, int], None] | None
+    device: str
+    n_ctx: int | None
+    threads: int | None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def timed(self, which: str, load: Callable[[], Any]) -> Any:
+        began = time.perf_counter()
+        try:
+            return load()
+        finally:
+            self.timings[which] = time.perf_counter() - began
+
+    def model(self, spec: DraftModel, which: str, exact: bool, dtype: str) -> tuple[Any, PreTrainedTokenizerBase, str]:
+        """(model or runner, tokenizer, name) of `spec` on backend `which` in `dtype`; exact: llama.cpp's
+        batch-invariant mode (a target's)."""
+        from specdec.loading import GGUF, INT4, load_gguf, load_hf, load_int4_draft, load_llamacpp
+
+        if isinstance(spec, tuple):
+            model, tok = spec
+            config = getattr(model, "config", None)
+            return model, tok, getattr(config, "_name_or_path", "") or type(model).__name__
+        if which == "llamacpp":
+            runner, tok = load_llamacpp(spec, n_ctx=self.n_ctx, exact=exact, progress=self.progress,
+                                        n_threads=self.threads)
+            return runner, tok, spec
+        if dtype == INT4:
+            runner, tok = load_int4_draft(spec, progress=self.progress)
+            return runner, tok, spec
+        if dtype == GGUF:
+            runner, tok = load_gguf(spec, progress=self.progress)
+            return runner, tok, spec
+        model, tok = load_hf(spec, dtype=dtype, progress=self.progress, device=self.device)
+        return model, tok, spec
 
 
 class Engine:
@@ -503,89 +575,29 @@ class Engine:
         kernel (specdec.backends.int4), a cheaper draft token for the same output.
         device: where transformers models run: "cpu", "cuda" or "auto" (cuda when available).
         """
-        from specdec.loading import (
-            AUTO_DTYPE,
-            GGUF,
-            INT4,
-            check_spec,
-            fastest_dtype,
-            load_gguf,
-            load_hf,
-            load_int4_draft,
-            load_llamacpp,
-            resolve_device,
-        )
-
         drafter = resolve_drafter(draft, target, backend)
-        draft = drafter.model
+        dtype, backend, draft_backend, draft_dtype = _check_load(drafter, target, dtype, backend, draft_backend,
+                                                                 draft_dtype, device, suffix_memory)
+        loader = _Loader(progress, device, n_ctx, threads)
+        t_model, t_tok, t_name = loader.timed("target", lambda: loader.model(target, backend, True, dtype))
         copying: dict[str, Any] = dict(copier=drafter.copier, suffix_memory=suffix_memory)
-        if suffix_memory < 0:
-            raise SpecdecError(f"the suffix memory must be >= 0 tokens, got {suffix_memory}")
-        if drafter.head is not None:  # refused before anything is loaded where a head cannot draft, or is missing
-            from specdec.head.use import precheck
-
-            precheck(drafter, backend, target)
-        auto = dtype == AUTO_DTYPE
-        if auto:
-            dtype = fastest_dtype(target, backend, device)
-        if dtype == INT4:
-            raise SpecdecError("int4 is a draft's dtype only (--draft-dtype int4): a target's numbers are its "
-                               "output, and int4 weights would change them")
-        backend, draft_backend, draft_dtype = resolve_draft(draft, backend, draft_backend, draft_dtype, device)
-        if auto and draft_dtype is None and draft is not None:
-            draft_dtype = fastest_dtype(draft, draft_backend, device)  # "auto" for the draft on its own
-        for which, d, spec in ((backend, dtype, target), (draft_backend, draft_dtype or dtype, draft)):
-            if which == "hf" and spec is not None:
-                resolve_device(device, d)  # a bad device / dtype pair is refused before any load
-        for spec, which in ((target, backend), (draft, draft_backend)):
-            if isinstance(spec, str):
-                check_spec(spec, which)  # every name checked before anything is loaded
-
-        def get(spec: ModelSpec, which: str, exact: bool, dtype: str) -> tuple[Any, PreTrainedTokenizerBase, str]:
-            if isinstance(spec, tuple):
-                model, tok = spec
-                config = getattr(model, "config", None)
-                return model, tok, getattr(config, "_name_or_path", "") or type(model).__name__
-            if which == "llamacpp":
-                runner, tok = load_llamacpp(spec, n_ctx=n_ctx, exact=exact, progress=progress, n_threads=threads)
-                return runner, tok, spec
-            if dtype == INT4:
-                runner, tok = load_int4_draft(spec, progress=progress)
-                return runner, tok, spec
-            if dtype == GGUF:
-                runner, tok = load_gguf(spec, progress=progress)
-                return runner, tok, spec
-            model, tok = load_hf(spec, dtype=dtype, progress=progress, device=device)
-            return model, tok, spec
-
-        timings: dict[str, float] = {}  # Engine.timings: each model's load
-
-        def timed(which: str, load: Callable[[], Any]) -> Any:
-            began = time.perf_counter()
-            try:
-                return load()
-            finally:
-                timings[which] = time.perf_counter() - began
-
-        t_model, t_tok, t_name = timed("target", lambda: get(target, backend, exact=True, dtype=dtype))
         if drafter.head is not None:
             from specdec.head.use import load_head
 
             runner = as_runner(t_model)
-            loaded = timed("draft", lambda: load_head(drafter, runner, target if isinstance(target, str) else t_name))
-            engine = cls(runner, t_tok, target_name=t_name, head=loaded, **copying)
-        elif draft is None:
+            head = loader.timed("draft", lambda: load_head(drafter, runner, target if isinstance(target, str) else t_name))
+            engine = cls(runner, t_tok, target_name=t_name, head=head, **copying)
+        elif (draft := drafter.model) is None:
             engine = cls(t_model, t_tok, target_name=t_name, **copying)
         else:
-            d_model, d_tok, d_name = timed("draft", lambda: get(draft, draft_backend, exact=False,
-                                                                dtype=draft_dtype or dtype))
+            d_model, d_tok, d_name = loader.timed("draft", lambda: loader.model(draft, draft_backend, False,
+                                                                                draft_dtype or dtype))
             engine = cls(t_model, t_tok, d_model, d_tok, target_name=t_name, draft_name=d_name, **copying)
+            engine.draft_dtype = (draft_dtype or dtype) if draft_backend == "hf" else "gguf"
         if engine.can_draft:  # the spec as loaded: "lookup+qwen2.5-coder-0.5b", "head:<dir>", "suffix"
             engine.draft_name = engine.drafter_spec.name
-        engine.timings.update(timings)
+        engine.timings.update(loader.timings)
         engine.dtype = dtype if backend == "hf" else "gguf"
-        if draft is not None:
-            engine.draft_dtype = (draft_dtype or dtype) if draft_backend == "hf" else "gguf"
         return engine
 
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
