@@ -72,7 +72,5 @@ def generate(
     from specdec.request import RequestConfig
 
     config = RequestConfig.from_options(**options)  # a bad option is refused before anything loads
-    if isinstance(draft, str) and draft.lower() == "none":
-        draft = None
     engine = Engine.load(target, draft, dtype=dtype, draft_backend=draft_backend)
     return engine.generate(prompt, config)

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
 
 from specdec.defaults import DEFAULT_DRAFTER, DEFAULT_SUFFIX_MEMORY, DEFAULT_TARGET, MODEL_DRAFTER
+from specdec.drafters.spec import is_none
 from specdec.errors import SpecdecError
 from specdec.request import Option, RequestConfig, RequestError, cli_fields, field_type
 
@@ -241,7 +242,7 @@ def generate(
     quiet_libraries()
     progress = PullProgress()
     try:
-        draft_spec = None if draft.lower() == "none" else draft
+        draft_spec = None if is_none(draft) else draft
         engine = load_engine(target, draft_spec, dtype, draft_dtype, backend, draft_backend, device, n_ctx, threads,
                              progress, suffix_memory)
         steps = engine.stream(prompt, request)
@@ -383,7 +384,7 @@ def serve(
     budget = serve_memory_budget(memory_budget)
     if plan is not None and port == 0:
         fail("--replicas needs a fixed --port: Ray Serve's proxy on every node listens on it")
-    draft_spec = None if draft.lower() == "none" else draft
+    draft_spec = None if is_none(draft) else draft
     options = serve_options(request, tuple(served_model_name or (target,)), max_queue, max_batch, max_tokens_limit,
                             max_prompt_tokens, budget, max_body_bytes, api_key, open_metrics, allowed_origins)
     if max_batch > 1:
@@ -618,7 +619,7 @@ def bench(
         fail("give --prompts or --workload, not both")
     progress = PullProgress()
     options = BenchOptions(
-        target=target, draft=None if draft.lower() == "none" else draft, prompts=prompts or "builtin",
+        target=target, draft=None if is_none(draft) else draft, prompts=prompts or "builtin",
         workload=workload,
         max_new_tokens=max_new_tokens, methods=methods, gammas=gammas, repeats=repeats,
         limit_per_category=limit_per_category, chat=chat, dtype=dtype.value, out=out, threads=threads,
@@ -711,7 +712,7 @@ def profile(
 
         if threads:
             torch.set_num_threads(threads)
-        draft_spec, _ = split_head_spec(None if draft.lower() == "none" else draft)  # a head is timed below
+        draft_spec, _ = split_head_spec(None if is_none(draft) else draft)  # a head is timed below
         with status(f"loading {target}" + (f" and {draft_spec}" if draft_spec else "")):
             engine = Engine.load(
                 target, draft_spec, dtype=dtype.value, progress=progress, backend=backend.value,
@@ -798,7 +799,7 @@ def measure_profile(engine: Any, target: str, draft: str, draft_spec: str | None
         out["draft"] = {**describe(engine.draft_runner, draft_spec, d_backend, engine.draft_dtype),
                         "prefix": prefix, "repeats": repeats, "ms_per_token": round(draft_ms, 3)}
     with status("timing the draft head per drafted token"):
-        head = profile_head(None if draft.lower() == "none" else draft, target, engine.target_runner, prefix,
+        head = profile_head(None if is_none(draft) else draft, target, engine.target_runner, prefix,
                             repeats, table.ms.get(1))
     if head is not None:
         out["head"] = head

@@ -1,8 +1,8 @@
 """Default models: the zoo's same-tokenizer pair (see ``specdec models``), and the default drafter.
 
 ``specdec generate``, ``specdec serve``, ``specdec bench`` and ``specdec.generate`` draft with
-DEFAULT_DRAFTER, "auto" (specdec.loading.resolve_drafter): when a draft head was trained for the target
-(``specdec train-drafter``; saved in ``$SPECDEC_HOME/drafters/<target>-head/``) and the target runs on
+DEFAULT_DRAFTER, "auto" (specdec.drafters.spec.resolve_drafter): when a draft head was trained for the
+target (``specdec train-drafter``; saved in ``$SPECDEC_HOME/drafters/<target>-head/``) and the target runs on
 transformers (whose runners give the hidden states a head reads), ``lookup+head``: prompt lookup where the
 context repeats itself, the head elsewhere; else MODEL_DRAFTER: prompt lookup where the context repeats
 itself (free), the 0.5B draft elsewhere (on specdec's int8 / int4 kernel or llama.cpp, whichever is

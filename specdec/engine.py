@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, overload
 
 from specdec.backends import lean
@@ -27,13 +27,22 @@ from specdec.bridge import TextBridge, VocabularyMap
 from specdec.control import AutoK, Controller, Costs, parse_speculation
 from specdec.defaults import DEFAULT_SUFFIX_MEMORY
 from specdec.drafters.base import Drafter
-from specdec.drafters.hybrid import HybridDrafter
-from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import ModelDrafter
-from specdec.drafters.suffix import HYBRID_MIN_SCORE, SuffixDrafter, SuffixStore
+from specdec.drafters.spec import (
+    COPIERS,
+    FREE,
+    LOOKUP,
+    SUFFIX,
+    DrafterSpec,
+    DraftModel,
+    DraftRequest,
+    build_drafter,
+    resolve_drafter,
+)
+from specdec.drafters.suffix import SuffixStore
 from specdec.drafters.universal import UniversalDrafter
 from specdec.errors import IncompatibleDraftError, SpecdecError
-from specdec.loading import AUTO_BACKEND, LOOKUP, SUFFIX, ModelSpec, resolve_draft, resolve_drafter, split_drafter
+from specdec.loading import AUTO_BACKEND, ModelSpec, resolve_draft
 from specdec.loop import Stats, Step, StopCondition, collect, decode
 from specdec.memory import DRAFT_ROWS, TRIM_RETURN_BYTES, Need, request_need, return_freed_memory
 from specdec.pool import Lease, RunnerPool, SinglePool
@@ -166,6 +175,78 @@ class TextStream:
         return delta
 
 
+def _check_load(drafter: DrafterSpec, target: ModelSpec, dtype: str, backend: str, draft_backend: str | None,
+                draft_dtype: str | None, device: str, suffix_memory: int) -> tuple[str, str, str, str | None]:
+    """(target's dtype, target's backend, draft's backend, draft's dtype) as Engine.load loads them, every
+    "auto" resolved; each mistake refused in one line before anything is loaded: a head that cannot draft or
+    is missing, an int4 target, a bad device / dtype pair, a name that no backend can load."""
+    from specdec.loading import AUTO_DTYPE, INT4, check_spec, fastest_dtype, resolve_device
+
+    if suffix_memory < 0:
+        raise SpecdecError(f"the suffix memory must be >= 0 tokens, got {suffix_memory}")
+    if drafter.head is not None:
+        from specdec.head.use import precheck
+
+        precheck(drafter, backend, target)
+    auto = dtype == AUTO_DTYPE
+    if auto:
+        dtype = fastest_dtype(target, backend, device)
+    if dtype == INT4:
+        raise SpecdecError("int4 is a draft's dtype only (--draft-dtype int4): a target's numbers are its "
+                           "output, and int4 weights would change them")
+    draft = drafter.model
+    backend, draft_backend, draft_dtype = resolve_draft(draft, backend, draft_backend, draft_dtype, device)
+    if auto and draft_dtype is None and draft is not None:
+        draft_dtype = fastest_dtype(draft, draft_backend, device)  # "auto" for the draft on its own
+    for which, d, spec in ((backend, dtype, target), (draft_backend, draft_dtype or dtype, draft)):
+        if which == "hf" and spec is not None:
+            resolve_device(device, d)  # a bad device / dtype pair is refused before any load
+    for spec, which in ((target, backend), (draft, draft_backend)):
+        if isinstance(spec, str):
+            check_spec(spec, which)  # every name checked before anything is loaded
+    return dtype, backend, draft_backend, draft_dtype
+
+
+@dataclass
+class _Loader:
+    """Loads Engine.load's models by name (or takes loaded ones), timing each (Engine.timings)."""
+
+    progress: Callable[[str, int, int], None] | None
+    device: str
+    n_ctx: int | None
+    threads: int | None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def timed(self, which: str, load: Callable[[], Any]) -> Any:
+        began = time.perf_counter()
+        try:
+            return load()
+        finally:
+            self.timings[which] = time.perf_counter() - began
+
+    def model(self, spec: DraftModel, which: str, exact: bool, dtype: str) -> tuple[Any, PreTrainedTokenizerBase, str]:
+        """(model or runner, tokenizer, name) of `spec` on backend `which` in `dtype`; exact: llama.cpp's
+        batch-invariant mode (a target's)."""
+        from specdec.loading import GGUF, INT4, load_gguf, load_hf, load_int4_draft, load_llamacpp
+
+        if isinstance(spec, tuple):
+            model, tok = spec
+            config = getattr(model, "config", None)
+            return model, tok, getattr(config, "_name_or_path", "") or type(model).__name__
+        if which == "llamacpp":
+            runner, tok = load_llamacpp(spec, n_ctx=self.n_ctx, exact=exact, progress=self.progress,
+                                        n_threads=self.threads)
+            return runner, tok, spec
+        if dtype == INT4:
+            runner, tok = load_int4_draft(spec, progress=self.progress)
+            return runner, tok, spec
+        if dtype == GGUF:
+            runner, tok = load_gguf(spec, progress=self.progress)
+            return runner, tok, spec
+        model, tok = load_hf(spec, dtype=dtype, progress=self.progress, device=self.device)
+        return model, tok, spec
+
+
 class Engine:
     """A target model and an optional draft model (any tokenizer, any backend), ready for requests.
 
@@ -205,16 +286,23 @@ class Engine:
         head: LoadedHead | None = None,
         suffix: bool = False,
         suffix_memory: int = DEFAULT_SUFFIX_MEMORY,
+        copier: str | None = None,
     ) -> None:
         # lookup: draft by prompt lookup (specdec.drafters.lookup); with a draft model too, by
-        # lookup where it matches and the draft model elsewhere (specdec.drafters.hybrid)
-        if lookup and suffix:
+        # lookup where it matches and the draft model elsewhere (specdec.drafters.hybrid); suffix: the same
+        # with suffix drafts; copier: any model-free drafter of specdec.drafters.spec.DRAFTERS, by its name
+        if lookup + suffix + (copier is not None) > 1:
             raise SpecdecError("draft with prompt lookup or suffix drafts, not both (suffix searches the context too)")
-        self.lookup = lookup
-        self.suffix_store = SuffixStore(suffix_memory) if suffix else None
+        copier = LOOKUP if lookup else SUFFIX if suffix else copier
+        if copier is not None and copier not in FREE:
+            raise ValueError(f"copier must be one of {FREE} or None, not {copier!r}")
+        self.suffix_store = SuffixStore(suffix_memory) if copier == SUFFIX else None
         if head is not None and draft is not None:
             raise SpecdecError("draft with a draft model or a draft head, not both")
         self.head = head
+        # what drafts, parsed (specdec.drafters.spec): make_drafter builds it through the registry, DRAFTERS
+        self.drafter_spec = DrafterSpec(copier, draft_name if draft is not None else None,
+                                        head.spec.head if head is not None else None)
         self.tokenizer = tokenizer
         self.target_runner = as_runner(target)
         self.draft_runner = as_runner(draft) if draft is not None else None
@@ -289,7 +377,7 @@ class Engine:
     @property
     def copier(self) -> str | None:
         """The model-free drafter: LOOKUP, SUFFIX or None."""
-        return LOOKUP if self.lookup else SUFFIX if self.suffix_store is not None else None
+        return self.drafter_spec.copier
 
     def fork_drafting(self, copier: str | None, model: bool, head: LoadedHead | None = None) -> Engine:
         """A fork (:meth:`fork`) that drafts otherwise over the same loaded models: with the model-free
@@ -299,8 +387,8 @@ class Engine:
         target (``specdec-auto@lookup`` beside ``specdec-auto`` with ``--draft suffix``; a head beside
         the draft model).  Where it drafts otherwise than this engine, its `-k auto` controller is its
         own (what it prices depends on the drafters: specdec.profile.step_costs)."""
-        if copier not in (None, LOOKUP, SUFFIX):
-            raise ValueError(f"copier must be {LOOKUP!r}, {SUFFIX!r} or None, not {copier!r}")
+        if copier is not None and copier not in (COPIERS if model or head is not None else FREE):
+            raise ValueError(f"copier must be one of {COPIERS} (or alone, {FREE}) or None, not {copier!r}")
         if head is not None and model:
             raise ValueError("a fork drafts with this engine's draft model or head, or with another head: not both")
         has_model = self.draft_runner is not None or self.head is not None
@@ -312,20 +400,16 @@ class Engine:
         twin = self.fork()
         if (copier, model, head) == (self.copier, has_model, None):
             return twin
-        twin.lookup = copier == LOOKUP
         memory = self.suffix_store.memory if self.suffix_store is not None else DEFAULT_SUFFIX_MEMORY
         twin.suffix_store = SuffixStore(memory) if copier == SUFFIX else None
-        name = self.draft_name  # the model's name, without the copier Engine.load puts before it
-        if self.copier is not None and has_model and name.startswith(f"{self.copier}+"):
-            name = name[len(self.copier) + 1:]
+        mine = self.drafter_spec
+        twin.drafter_spec = DrafterSpec(copier, mine.model if model else None,
+                                        mine.head if model else head.spec.head if head is not None else None)
         if not model:
             twin.draft_runner, twin.head, twin.draft_dtype = None, head, None
             twin.same_vocabulary = False
             twin.pool = twin._single_pool()
-            name = head.name if head is not None else copier or name
-        if copier is not None and (model or head is not None):
-            name = f"{copier}+{name}"
-        twin.draft_name = name
+        twin.draft_name = twin.drafter_spec.name
         twin._auto, twin._measured_costs = None, None  # priced for its own drafters on first use
         return twin
 
@@ -406,12 +490,12 @@ class Engine:
     @property
     def copies(self) -> bool:
         """Whether a model-free drafter (prompt lookup or suffix drafts) drafts, alone or first in a hybrid."""
-        return self.lookup or self.suffix_store is not None
+        return self.drafter_spec.copier is not None
 
     @property
     def can_draft(self) -> bool:
         """Whether requests can be speculative: a draft model, a draft head, prompt lookup or suffix drafts."""
-        return self.copies or self.draft_runner is not None or self.head is not None
+        return self.drafter_spec.drafts
 
     def make_drafter(self, sampling: SamplingParams, mode: str = "auto", confidence: float | None = None,
                      draft_runner: ModelRunner | None = None, target_runner: ModelRunner | None = None) -> Drafter | None:
@@ -419,27 +503,16 @@ class Engine:
         draft model stops after a token it gave less probability (None: it drafts all k; checked by
         RequestConfig).  draft_runner: the draft model's runner to use (default: the engine's; a batch
         gives each request its own cache over the same model).  target_runner: the runner the request
-        verifies with, whose hidden states a head reads (default: the engine's; a batch slot's)."""
-        if self.head is not None:
-            model: Drafter = self.head.drafter(target_runner or self.target_runner, sampling)
-        elif self.draft_runner is not None:
-            model = self._model_drafter(sampling, mode, confidence, draft_runner or self.draft_runner)
-        elif self.suffix_store is not None:
-            return self._suffix_drafter(sampling)
-        else:
-            return LookupDrafter() if self.lookup else None
-        if self.suffix_store is not None:
-            return HybridDrafter(model, self._suffix_drafter(sampling, min_ngram=2, min_score=HYBRID_MIN_SCORE))
-        return HybridDrafter(model) if self.lookup else model
+        verifies with, whose hidden states a head reads (default: the engine's; a batch slot's).  Built by
+        the registry of drafters (specdec.drafters.spec.DRAFTERS) from the engine's drafter_spec."""
+        request = DraftRequest(sampling, mode, confidence, target_runner or self.target_runner,
+                               draft_runner or self.draft_runner)
+        return build_drafter(self.drafter_spec, self, request)
 
-    def _suffix_drafter(self, sampling: SamplingParams, **options: Any) -> SuffixDrafter:
-        """A request's suffix drafter over its context and the engine's store; a seeded sampled request's over
-        its context only (its text then depends on its seed and tokens, not on other requests' answers)."""
-        seeded = not sampling.greedy and sampling.seed is not None
-        return SuffixDrafter(None if seeded else self.suffix_store, **options)
-
-    def _model_drafter(self, sampling: SamplingParams, mode: str, confidence: float | None,
-                       runner: ModelRunner) -> Drafter:
+    def model_drafter(self, sampling: SamplingParams, mode: str, confidence: float | None,
+                      runner: ModelRunner) -> Drafter:
+        """A request's drafter over the draft model's `runner`, in draft mode `mode` (resolve_draft_mode): its
+        token ids as they are (same vocabulary), or through the text (specdec.drafters.universal)."""
         mode = self.resolve_draft_mode(mode)
         if mode == "same":
             return ModelDrafter(runner, sampling, target_vocab_size=self.target_runner.vocab_size,
@@ -458,7 +531,7 @@ class Engine:
     def load(
         cls,
         target: ModelSpec,
-        draft: ModelSpec | None = None,
+        draft: DrafterSpec | DraftModel | None = None,
         dtype: str = "auto",
         progress: Callable[[str, int, int], None] | None = None,
         backend: str = "hf",
@@ -471,14 +544,15 @@ class Engine:
     ) -> Engine:
         """Load models by name (zoo name, .gguf path, model directory, hub id) or take loaded ones.
 
-        draft: a model, "lookup" for prompt lookup drafting (no draft model), or "lookup+<model>":
-        prompt lookup where it matches and the draft model elsewhere; "suffix" or "suffix+<model>": the
-        same with suffix drafts (the context and recent requests' answers, specdec.drafters.suffix) in
-        lookup's place; "head" (the draft head trained for
+        draft: a drafter spec, or one parsed (specdec.drafters.spec): a model, "lookup" for prompt lookup
+        drafting (no draft model), or "lookup+<model>": prompt lookup where it matches and the draft model
+        elsewhere; "suffix" or "suffix+<model>": the same with suffix drafts (the context and recent
+        requests' answers, specdec.drafters.suffix) in lookup's place; "head" (the draft head trained for
         the target: specdec.head.store.default_directory(target)) or "head:<dir>" (the head saved in
-        <dir>), alone or as "lookup+head[:<dir>]" or "suffix+head[:<dir>]" (specdec.head.use); "auto"
-        (specdec.generate's and the CLI's default): "lookup+head" when a head is saved for the target and
-        it runs on transformers, else "lookup+<the 0.5B draft>" (specdec.loading.resolve_drafter).
+        <dir>), alone or as "lookup+head[:<dir>]" or "suffix+head[:<dir>]" (specdec.head.use); "none" (or
+        None): no drafter; "auto" (specdec.generate's and the CLI's default): "lookup+head" when a head is
+        saved for the target and it runs on transformers, else "lookup+<the 0.5B draft>"
+        (specdec.drafters.spec.resolve_drafter).
         suffix_memory: with suffix drafts, the tokens of recent answers the engine keeps
         (specdec.defaults.DEFAULT_SUFFIX_MEMORY).
         dtype: the target's on specdec's side (backend "hf"): "gguf" (a GGUF model's own blocks on
@@ -501,88 +575,29 @@ class Engine:
         kernel (specdec.backends.int4), a cheaper draft token for the same output.
         device: where transformers models run: "cpu", "cuda" or "auto" (cuda when available).
         """
-        from specdec.loading import (
-            AUTO_DTYPE,
-            GGUF,
-            INT4,
-            check_spec,
-            fastest_dtype,
-            load_gguf,
-            load_hf,
-            load_int4_draft,
-            load_llamacpp,
-            resolve_device,
-        )
-
-        copier, draft, head = split_drafter(resolve_drafter(draft, target, backend))
-        copying: dict[str, Any] = dict(lookup=copier == LOOKUP, suffix=copier == SUFFIX, suffix_memory=suffix_memory)
-        if suffix_memory < 0:
-            raise SpecdecError(f"the suffix memory must be >= 0 tokens, got {suffix_memory}")
-        if head is not None:  # refused before anything is loaded where a head cannot draft, or is missing
-            from specdec.head.use import precheck
-
-            precheck(head, backend, target)
-        auto = dtype == AUTO_DTYPE
-        if auto:
-            dtype = fastest_dtype(target, backend, device)
-        if dtype == INT4:
-            raise SpecdecError("int4 is a draft's dtype only (--draft-dtype int4): a target's numbers are its "
-                               "output, and int4 weights would change them")
-        backend, draft_backend, draft_dtype = resolve_draft(draft, backend, draft_backend, draft_dtype, device)
-        if auto and draft_dtype is None and draft is not None:
-            draft_dtype = fastest_dtype(draft, draft_backend, device)  # "auto" for the draft on its own
-        for which, d, spec in ((backend, dtype, target), (draft_backend, draft_dtype or dtype, draft)):
-            if which == "hf" and spec is not None:
-                resolve_device(device, d)  # a bad device / dtype pair is refused before any load
-        for spec, which in ((target, backend), (draft, draft_backend)):
-            if isinstance(spec, str):
-                check_spec(spec, which)  # every name checked before anything is loaded
-
-        def get(spec: ModelSpec, which: str, exact: bool, dtype: str) -> tuple[Any, PreTrainedTokenizerBase, str]:
-            if isinstance(spec, tuple):
-                model, tok = spec
-                config = getattr(model, "config", None)
-                return model, tok, getattr(config, "_name_or_path", "") or type(model).__name__
-            if which == "llamacpp":
-                runner, tok = load_llamacpp(spec, n_ctx=n_ctx, exact=exact, progress=progress, n_threads=threads)
-                return runner, tok, spec
-            if dtype == INT4:
-                runner, tok = load_int4_draft(spec, progress=progress)
-                return runner, tok, spec
-            if dtype == GGUF:
-                runner, tok = load_gguf(spec, progress=progress)
-                return runner, tok, spec
-            model, tok = load_hf(spec, dtype=dtype, progress=progress, device=device)
-            return model, tok, spec
-
-        timings: dict[str, float] = {}  # Engine.timings: each model's load
-
-        def timed(which: str, load: Callable[[], Any]) -> Any:
-            began = time.perf_counter()
-            try:
-                return load()
-            finally:
-                timings[which] = time.perf_counter() - began
-
-        t_model, t_tok, t_name = timed("target", lambda: get(target, backend, exact=True, dtype=dtype))
-        if head is not None:
+        drafter = resolve_drafter(draft, target, backend)
+        dtype, backend, draft_backend, draft_dtype = _check_load(drafter, target, dtype, backend, draft_backend,
+                                                                 draft_dtype, device, suffix_memory)
+        loader = _Loader(progress, device, n_ctx, threads)
+        t_model, t_tok, t_name = loader.timed("target", lambda: loader.model(target, backend, True, dtype))
+        copying: dict[str, Any] = dict(copier=drafter.copier, suffix_memory=suffix_memory)
+        if drafter.head is not None:
             from specdec.head.use import load_head
 
             runner = as_runner(t_model)
-            loaded = timed("draft", lambda: load_head(head, runner, target if isinstance(target, str) else t_name))
-            engine = cls(runner, t_tok, target_name=t_name, draft_name=f"{copier}+{head}" if copier else head,
-                         head=loaded, **copying)
-        elif draft is None:
-            engine = cls(t_model, t_tok, target_name=t_name, draft_name=copier or "draft", **copying)
+            head = loader.timed("draft", lambda: load_head(drafter, runner, target if isinstance(target, str) else t_name))
+            engine = cls(runner, t_tok, target_name=t_name, head=head, **copying)
+        elif (draft := drafter.model) is None:
+            engine = cls(t_model, t_tok, target_name=t_name, **copying)
         else:
-            d_model, d_tok, d_name = timed("draft", lambda: get(draft, draft_backend, exact=False,
-                                                                dtype=draft_dtype or dtype))
-            engine = cls(t_model, t_tok, d_model, d_tok, target_name=t_name,
-                         draft_name=f"{copier}+{d_name}" if copier else d_name, **copying)
-        engine.timings.update(timings)
-        engine.dtype = dtype if backend == "hf" else "gguf"
-        if draft is not None:
+            d_model, d_tok, d_name = loader.timed("draft", lambda: loader.model(draft, draft_backend, False,
+                                                                                draft_dtype or dtype))
+            engine = cls(t_model, t_tok, d_model, d_tok, target_name=t_name, draft_name=d_name, **copying)
             engine.draft_dtype = (draft_dtype or dtype) if draft_backend == "hf" else "gguf"
+        if engine.can_draft:  # the spec as loaded: "lookup+qwen2.5-coder-0.5b", "head:<dir>", "suffix"
+            engine.draft_name = engine.drafter_spec.name
+        engine.timings.update(loader.timings)
+        engine.dtype = dtype if backend == "hf" else "gguf"
         return engine
 
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:

@@ -7,10 +7,9 @@ transformers directory under ``home()/hf/`` so later loads are fast.  An int8
 model (``dtype="int8"``, see specdec.backends.quant) is quantized once from the
 fp32 one and cached under ``home()/int8/``.
 
-Also what a drafter spec means ("lookup", "lookup+<model>", "suffix", "suffix+<model>", a model, a
-trained head: "head", "head:<dir>", "lookup+head", "suffix+head"; "auto", the default:
-resolve_drafter) and which backend and dtype the draft runs in when they are left to "auto"
-(resolve_draft): Engine.load, the bench and serve's replicas all choose here.
+Also which backend and dtype a draft model runs in when they are left to "auto" (resolve_draft):
+Engine.load, the bench and serve's replicas all choose here.  What a drafter spec means ("lookup",
+"lookup+<model>", "head", "auto"...) is specdec.drafters.spec's.
 """
 
 from __future__ import annotations
@@ -21,9 +20,11 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
 from specdec import zoo
+
+# drafter specs are specdec.drafters.spec's; these two names stay importable from here for specdec.bench.runner
 from specdec.errors import SpecdecError
 from specdec.vocab import saved_tokenizer
 
@@ -469,12 +470,9 @@ def load_hf(
     return model, tokenizer
 
 
-# --- drafter specs, and the backend and dtype chosen for a draft (Engine.load, the bench, serve's replicas) ---
+# --- the backend and dtype chosen for a draft (Engine.load, the bench, serve's replicas) ---
 
 BACKENDS = ("hf", "llamacpp")
-LOOKUP = "lookup"  # the draft name for prompt lookup (no draft model)
-SUFFIX = "suffix"  # the draft name for suffix drafting: the context and recent answers (no draft model)
-COPIERS = (LOOKUP, SUFFIX)  # the model-free drafters: alone, or before a draft model as "<name>+<model>"
 AUTO_BACKEND = "auto"  # the draft's backend: llama.cpp where it can run the draft, else the target's
 
 
@@ -532,65 +530,13 @@ def int4_draft_backend(draft_backend: str | None, draft_dtype: str | None) -> st
     return "hf"
 
 
-def split_copier(draft: ModelSpec | None) -> tuple[str | None, ModelSpec | None]:
-    """(the model-free drafter or None, the draft model or None) of a drafter spec: "lookup" or "suffix"
-    -> (it, None); "lookup+<model>" or "suffix+<model>" (a hybrid: it first, the model elsewhere) -> (it,
-    model); anything else -> (None, it).  A one-line SpecdecError for a '+' with nothing after it, or two
-    model-free drafters together."""
-    if not isinstance(draft, str):
-        return None, draft
-    name, plus, rest = draft.partition("+")
-    copier, rest = name.strip().lower(), rest.strip()
-    if copier not in COPIERS:
-        return None, draft
-    if plus and not rest:
-        raise SpecdecError(f"'{copier}+' needs a draft model after the '+', e.g. {copier}+qwen2.5-coder-0.5b")
-    if rest.partition("+")[0].strip().lower() in COPIERS:
-        raise SpecdecError(f"'{draft}' puts two model-free drafters together: use one of them ('suffix' searches "
-                           "the context as 'lookup' does, and recent answers too), alone or before a draft model")
-    return copier, rest or None
-
-
-AUTO_DRAFTER = "auto"  # the default drafter: see resolve_drafter
-
-
-@overload
-def resolve_drafter(draft: str | None, target: ModelSpec, backend: str = "hf") -> str | None: ...
-@overload
-def resolve_drafter(draft: ModelSpec | None, target: ModelSpec, backend: str = "hf") -> ModelSpec | None: ...
-def resolve_drafter(draft: ModelSpec | None, target: ModelSpec, backend: str = "hf") -> ModelSpec | None:
-    """The drafter spec "auto" stands for (specdec.defaults): "lookup+head" when a head is saved for
-    `target` (named as the user named it) and the target runs on transformers, whose runners give the
-    hidden states a head reads; else "lookup+<the 0.5B draft>".  Any other spec as it is."""
-    if not (isinstance(draft, str) and draft.strip().lower() == AUTO_DRAFTER):
-        return draft
-    from specdec.defaults import HEAD_DRAFTER, MODEL_DRAFTER
-    from specdec.head.manifest import has_head
-
-    return HEAD_DRAFTER if backend == "hf" and has_head(target) else MODEL_DRAFTER
-
-
-@overload
-def split_drafter(draft: str | None) -> tuple[str | None, str | None, str | None]: ...
-@overload
-def split_drafter(draft: ModelSpec | None) -> tuple[str | None, ModelSpec | None, str | None]: ...
-def split_drafter(draft: ModelSpec | None) -> tuple[str | None, ModelSpec | None, str | None]:
-    """(the model-free drafter: LOOKUP, SUFFIX or None; the draft model or None; the head spec or None) of a
-    drafter spec ("auto" resolved first: resolve_drafter): "lookup", "suffix", "<model>", "head",
-    "head:<dir>", and "lookup+" or "suffix+" before a model or a head."""
-    from specdec.head.manifest import is_head
-
-    copier, model = split_copier(draft)
-    return (copier, None, model) if is_head(model) else (copier, model, None)
-
-
 def resolve_draft(draft: ModelSpec | None, backend: str, draft_backend: str | None, draft_dtype: str | None,
                   device: str = "cpu") -> tuple[str, str, str | None]:
     """(target's backend, draft's backend, draft's dtype) as Engine.load will load them: an int4 draft on
     specdec's kernel; the draft backend "auto" with a draft dtype given: transformers (a dtype is a
     transformers model's); with none: the draft on specdec's int8 / int4 kernel where that is fastest
     (fastest_spec_draft_dtype), else llama.cpp where it can run the draft, else the target's backend.
-    `draft` is the draft model (without a "lookup+" prefix)."""
+    `draft` is the draft model alone (specdec.drafters.spec.DrafterSpec.model)."""
     draft_backend = int4_draft_backend(draft_backend, draft_dtype)
     if draft_backend == AUTO_BACKEND and draft_dtype is not None and backend == "hf":
         draft_backend = "hf"  # a dtype is a transformers model's: the user asked for the draft there

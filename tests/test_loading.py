@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -62,25 +61,6 @@ def test_resolve_existing_non_gguf_file(tmp_path):
     f.write_bytes(b"x")
     with pytest.raises(SpecdecError, match="unknown model"):
         loading.resolve(str(f))
-
-
-@pytest.mark.parametrize("spec,expected", [
-    ("lookup", ("lookup", None)), ("suffix", ("suffix", None)), ("Suffix", ("suffix", None)),
-    ("suffix+qwen2.5-coder-0.5b", ("suffix", "qwen2.5-coder-0.5b")), ("lookup+ some/dir", ("lookup", "some/dir")),
-    ("suffixes", (None, "suffixes")), ("qwen2.5-coder-0.5b", (None, "qwen2.5-coder-0.5b")), (None, (None, None)),
-])
-def test_split_copier(spec, expected):
-    assert loading.split_copier(spec) == expected
-
-
-@pytest.mark.parametrize("spec,message", [("suffix+", "'suffix+' needs a draft model"),
-                                          ("lookup+ ", "'lookup+' needs a draft model"),
-                                          ("suffix+lookup", "two model-free drafters"),
-                                          ("lookup+suffix+qwen2.5-coder-0.5b", "two model-free drafters")])
-def test_bad_copier_specs_are_one_line_errors(spec, message):
-    with pytest.raises(SpecdecError, match=re.escape(message)) as error:
-        loading.split_copier(spec)
-    assert "\n" not in str(error.value)
 
 
 def test_load_hf_bad_dtype():

@@ -16,8 +16,7 @@ ROOT = Path(specdec.__file__).resolve().parent  # specdec/
 MIN_BLOCK = 6  # lines in a row that may not stand twice
 BRACKETS = set("()[]{}'\",;:")  # a line of only these says nothing on its own
 MAX_FUNCTION_LINES = 80  # a longer function needs a comment line right above it (or its decorators) with "whole" in it
-# TODO(registry branch, /work/wt-registry): Engine.load is rewritten there; remove this exemption once it is merged
-LONG_EXEMPT = {"engine.py:load"}
+LONG_EXEMPT: set[str] = set()  # "file.py:function" allowed over the limit without a comment: none
 
 
 def module_name(path: Path) -> str:

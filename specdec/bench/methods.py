@@ -52,6 +52,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from specdec.drafters.spec import DrafterSpec, parse_drafter, split_drafter
 from specdec.errors import SpecdecError
 from specdec.loop import Stats
 from specdec.sampling import SamplingParams
@@ -757,22 +758,23 @@ def parse_methods(text: str) -> list[str]:
     return families
 
 
+MethodDrafter = tuple[str | None, bool, DrafterSpec | None]  # what check_drafters says of an entry
+
+
 def check_drafters(entries: Sequence[str], draft_model: Any,
-                   head: str | None) -> dict[str, tuple[str | None, bool, str | None]]:
+                   head: DrafterSpec | None) -> dict[str, MethodDrafter]:
     """The drafters of the entries that name one ("specdec-auto@lookup"), as (model-free drafter, whether
     the run's draft model or head drafts too, a head the run must load for it or None) for
     Engine.fork_drafting, keyed by entry; a one-line SpecdecError for a drafter the run cannot give.
-    `draft_model`, `head`: the run's own (the model and head of specdec.loading.split_drafter of
-    --draft): a method may name any model-free drafter, the run's draft model and any head ("head",
+    `draft_model`, `head`: the run's own (the model and the head alone of specdec.drafters.spec.split_drafter
+    of --draft): a method may name any model-free drafter, the run's draft model and any head ("head",
     "head:<dir>": small, it reads the run's target), or leave them out, but not load another model."""
-    from specdec.loading import split_drafter
-
-    drafters: dict[str, tuple[str | None, bool, str | None]] = {}
+    drafters: dict[str, MethodDrafter] = {}
     for entry in entries:
         family, spec = split_method(entry)
         if spec is None or issubclass(METHODS[family], LlamaServerPlain):  # a server's option, not a drafter
             continue
-        if spec.lower() == "auto":
+        if parse_drafter(spec).auto:
             raise SpecdecError(f"method '{entry}': name the drafter (lookup, suffix, lookup+<model>...), not auto")
         other_copier, model, other_head = split_drafter(spec)
         if model is not None and model != draft_model:
@@ -784,7 +786,7 @@ def check_drafters(entries: Sequence[str], draft_model: Any,
     return drafters
 
 
-def load_method_heads(engine: Engine, drafters: dict[str, tuple[str | None, bool, str | None]]) -> dict[str, Any]:
+def load_method_heads(engine: Engine, drafters: dict[str, MethodDrafter]) -> dict[DrafterSpec, Any]:
     """The heads the entries of check_drafters name beside the run's drafter, loaded once each for the
     engine's target (specdec.head.use.load_head), by spec."""
     from specdec.head.use import load_head
@@ -885,12 +887,8 @@ def build_methods(
     return methods
 
 
-def engine_drafter(engine: Engine) -> tuple[str | None, str | None]:
-    """(draft model's name, head's name) of what `engine` drafts with, as check_drafters takes them
-    (Engine.load names a drafter as its spec: "lookup+qwen2.5-coder-0.5b")."""
-    from specdec.loading import split_drafter
-
-    if engine.draft_runner is None and engine.head is None:
-        return None, None
-    _, model, head = split_drafter(engine.draft_name)
+def engine_drafter(engine: Engine) -> tuple[Any, DrafterSpec | None]:
+    """(draft model's name, the head alone) of what `engine` drafts with (Engine.drafter_spec), as
+    check_drafters takes them."""
+    _, model, head = split_drafter(engine.drafter_spec)
     return model, head

@@ -28,6 +28,7 @@ from specdec.bench.prompts import Prompt, conversation_text
 from specdec.bench.results import Record, aggregate, identical_share, mark_identical
 from specdec.bench.sessions import check_across_sessions, rotated, run_sessions
 from specdec.defaults import DEFAULT_SUFFIX_MEMORY
+from specdec.drafters.spec import DrafterSpec
 from specdec.errors import SpecdecError
 
 
@@ -209,7 +210,7 @@ class _BenchPlan:
     """What run_bench loads and runs, from its options checked (_plan_bench)."""
 
     sampling: Any  # specdec.sampling.SamplingParams
-    drafter: str | None  # the drafter spec as Engine.load takes it ("auto" resolved)
+    drafter: DrafterSpec  # the drafter as Engine.load takes it ("auto" resolved)
     draft_model: str | None  # its draft model, if any
     draft_backend: str  # the draft's backend and dtype as Engine.load takes them
     draft_dtype: str | None
@@ -234,7 +235,8 @@ def _plan_bench(options: BenchOptions) -> _BenchPlan:
     )
     from specdec.bench.prompts import load_prompts
     from specdec.bench.workloads import load_workloads
-    from specdec.loading import llamacpp_can_run, resolve_draft, resolve_drafter, split_drafter
+    from specdec.drafters.spec import resolve_drafter, split_drafter
+    from specdec.loading import llamacpp_can_run, resolve_draft
     from specdec.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,

@@ -26,8 +26,6 @@ from specdec.head.model import DraftHead
 from specdec.head.use import head_directory, measure_head
 from specdec.profile import measure_forwards
 
-HEAD = "head"  # the drafter spec of a trained head: head, head:<dir>
-
 
 def describe(head: Any) -> str:
     """How a head runs: a FastHead says so; a DraftHead is the fp32 transformers layer."""
@@ -53,13 +51,12 @@ def head_cost(head: DraftHead | FastHead, target: ModelRunner, tokens: int = 8, 
 
 def split_head_spec(draft: str | None) -> tuple[str | None, str | None]:
     """A profile's --draft -> (the draft model spec for Engine.load or None, the head's directory or
-    "" for the target's default one, or None when no head is named): head, head:<dir>, lookup+head..."""
-    if draft is None:
-        return None, None
-    spec = draft[len("lookup+"):] if draft.startswith("lookup+") else draft
-    if spec != HEAD and not spec.startswith(f"{HEAD}:"):
-        return draft, None
-    return None, spec.partition(":")[2]
+    "" for the target's default one, or None when no head is named): head, head:<dir>, lookup+head...
+    (specdec.drafters.spec.parse_drafter)."""
+    from specdec.drafters.spec import parse_drafter
+
+    head = parse_drafter(draft).head
+    return (draft, None) if head is None else (None, head)
 
 
 def head_for_profile(draft: str | None, target_name: str, model: Any,
@@ -73,7 +70,7 @@ def head_for_profile(draft: str | None, target_name: str, model: Any,
     _, named = split_head_spec(draft)
     if named is None and not has_head(target_name):
         return None  # none named, none trained for the target
-    directory = head_directory(f"{HEAD}:{named}" if named else HEAD, target_name)
+    directory = head_directory(named or "", target_name)
     head, _ = store.load(directory, model, target_name)
     return for_drafting(head, dtype), directory
 

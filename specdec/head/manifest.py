@@ -1,12 +1,12 @@
-"""A draft head's manifest (specdec.head.store writes it beside the weights): where a target's head is kept, whether a
-drafter spec names one, reading and checking a manifest, the table of the heads saved here; all without torch
-(`specdec models` lists the heads, and the command line checks a spec, before anything loads)."""
+"""A draft head's manifest (specdec.head.store writes it beside the weights): where a target's head is kept,
+reading and checking a manifest, the table of the heads saved here; all without torch (`specdec models` lists
+the heads, and the command line checks a spec, before anything loads)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 from specdec.errors import SpecdecError
 from specdec.zoo import home
@@ -14,12 +14,6 @@ from specdec.zoo import home
 MANIFEST = "manifest.json"
 FORMAT = 1
 OLD_WINDOW = None  # the attention window of a head saved before manifests recorded one: all positions
-HEAD = "head"  # the drafter spec of a trained head: "head" or "head:<dir>"
-
-
-def is_head(spec: object) -> TypeGuard[str]:
-    """Whether a drafter spec (without a "lookup+" prefix) names a head: "head" or "head:<dir>"."""
-    return isinstance(spec, str) and (spec.strip().lower() == HEAD or spec.strip().lower().startswith(HEAD + ":"))
 
 
 def default_directory(target_name: str) -> Path:

@@ -2,13 +2,12 @@
 
 A drafter spec names a head as ``head`` (the head trained for the target, in
 ``specdec.head.store.default_directory(<target>)``) or ``head:<dir>`` (the head saved in <dir>), alone
-or behind prompt lookup (``lookup+head``, ``lookup+head:<dir>``: specdec.loading.split_copier) or
-suffix drafts (``suffix+head``).  The Engine loads a head once (:func:`load_head`, checked against the target's
-weights by the store) and
-gives every request, every batch slot, a HeadDrafter of its own over the runner it verifies with (the
-drafter keeps per-request state).  A head reads the target's hidden states, so it drafts only for a
-target runner that gives them (the transformers backend: LeanRunner, HFRunner, a batch's SlotRunner);
-llama.cpp and stairs verification do not.
+or behind prompt lookup (``lookup+head``, ``lookup+head:<dir>``) or suffix drafts (``suffix+head``):
+specdec.drafters.spec parses them, and the functions here take the parsed spec.  The Engine loads a head
+once (:func:`load_head`, checked against the target's weights by the store) and gives every request, every
+batch slot, a HeadDrafter of its own over the runner it verifies with (the drafter keeps per-request state).
+A head reads the target's hidden states, so it drafts only for a target runner that gives them (the
+transformers backend: LeanRunner, HFRunner, a batch's SlotRunner); llama.cpp and stairs verification do not.
 
 The speculation controller prices a head like a draft model: its cost per drafted token is measured
 (:func:`measure_head`: k head forwards after a short cache, the fastest of a few runs) and cached per
@@ -26,10 +25,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.head.manifest import HEAD, MANIFEST, default_directory
+from specdec.head.manifest import MANIFEST, default_directory
 
 if TYPE_CHECKING:
     from specdec.backends.base import ModelRunner
+    from specdec.drafters.spec import DrafterSpec
     from specdec.head.drafter import HeadDrafter
     from specdec.head.fast import FastHead
     from specdec.head.model import DraftHead
@@ -40,11 +40,9 @@ NO_HIDDEN_STATES = ("a draft head reads the target's hidden states, which {what}
                     "transformers backend (--backend hf){also}, or draft with lookup or a draft model")
 
 
-def head_directory(spec: str, target_name: str) -> Path:
-    """The directory a head spec names for `target_name`; a one-line SpecdecError when it holds no head."""
-    given = spec.strip()[len(HEAD) + 1:].strip()
-    if spec.strip().lower().startswith(HEAD + ":") and not given:
-        raise SpecdecError("'head:' needs a directory after the ':', e.g. head:~/heads/my-head")
+def head_directory(given: str, target_name: str) -> Path:
+    """The head's directory for `target_name`: `given` (DrafterSpec.head: "" for the target's default one); a
+    one-line SpecdecError when it holds no head."""
     directory = Path(given).expanduser() if given else default_directory(target_name)
     if not (directory / MANIFEST).is_file():
         if given:
@@ -53,13 +51,14 @@ def head_directory(spec: str, target_name: str) -> Path:
     return directory
 
 
-def precheck(spec: str, backend: str, target: object) -> None:
-    """The one-line SpecdecError loading head `spec` for `target` on `backend` would end with, where it
-    can be known before anything is loaded: a backend without hidden states, no head where `spec` says."""
+def precheck(spec: DrafterSpec, backend: str, target: object) -> None:
+    """The one-line SpecdecError loading the head of `spec` for `target` on `backend` would end with, where
+    it can be known before anything is loaded: a backend without hidden states, no head where `spec` says."""
+    assert spec.head is not None  # a spec that names a head
     if backend != "hf":
         raise SpecdecError(NO_HIDDEN_STATES.format(what=f"a {backend} target", also=""))
-    if isinstance(target, str) or spec.strip().lower() != HEAD:  # a model passed in: its name is known later
-        head_directory(spec, str(target))
+    if isinstance(target, str) or spec.head:  # a model passed in: its name is known later
+        head_directory(spec.head, str(target))
 
 
 def check_hidden_states(runner: ModelRunner, verify: str = "causal") -> None:
@@ -77,7 +76,12 @@ class LoadedHead:
     head: DraftHead | FastHead  # a FastHead once loaded for drafting (for_drafting)
     manifest: dict[str, Any]
     directory: Path
-    name: str  # the drafter's name as the user gave it: "head" or "head:<dir>"
+    spec: DrafterSpec  # the head alone, as the drafter spec named it: head, or head:<dir>
+
+    @property
+    def name(self) -> str:
+        """The head's drafter spec: "head" or "head:<dir>"."""
+        return self.spec.name
 
     def drafter(self, target: ModelRunner, sampling: SamplingParams) -> HeadDrafter:
         """A drafter of its own for one request over `target` (the runner it is verified with)."""
@@ -110,16 +114,18 @@ class _Timed:
                 "threads": torch.get_num_threads()}
 
 
-def load_head(spec: str, target: ModelRunner, target_name: str) -> LoadedHead:
+def load_head(spec: DrafterSpec, target: ModelRunner, target_name: str) -> LoadedHead:
     """The head `spec` names, for `target` (its runner: a transformers model that gives hidden states);
     the store refuses another target's head in one line."""
+    from specdec.drafters.spec import DrafterSpec
     from specdec.head import store
     from specdec.head.fast import for_drafting
 
-    directory = head_directory(spec, target_name)
+    assert spec.head is not None  # a spec that names a head
+    directory = head_directory(spec.head, target_name)
     check_hidden_states(target)
     head, manifest = store.load(directory, target.model, target_name)
-    return LoadedHead(for_drafting(head), manifest, directory, spec.strip())
+    return LoadedHead(for_drafting(head), manifest, directory, DrafterSpec(head=spec.head))
 
 
 def measure_head(head: Any, tokens: int = 8, prefix: int = 16, repeats: int = 3,

@@ -108,13 +108,14 @@ class EngineSpec:
 
     def check(self) -> None:
         """The SpecdecError that loading would raise for a bad name, without loading anything."""
-        from specdec.loading import check_spec, resolve_backends, resolve_drafter, split_drafter
+        from specdec.drafters.spec import resolve_drafter
+        from specdec.loading import check_spec, resolve_backends
 
         # the model of "lookup+<model>", if any; a head's spec is checked where it loads, beside its target
-        _, draft, _ = split_drafter(resolve_drafter(self.draft, self.target, self.backend))
+        draft = resolve_drafter(self.draft, self.target, self.backend).model
         backend, draft_backend = resolve_backends(self.backend, self.draft_backend, draft)
         check_spec(self.target, backend)
-        if draft is not None:
+        if isinstance(draft, str):  # a name: EngineSpec's drafts are all named
             check_spec(draft, draft_backend)
 
     def load(self):

@@ -42,8 +42,11 @@ def tools(tmp_path, monkeypatch):
 
 
 def engine(draft=True):
+    from specdec.drafters.spec import parse_drafter
+
+    name = "lookup+qwen2.5-coder-0.5b" if draft else None
     e = SimpleNamespace(can_draft=draft, draft_runner=object() if draft else None, head=None,
-                        draft_name="lookup+qwen2.5-coder-0.5b" if draft else None,
+                        draft_name=name, drafter_spec=parse_drafter(name),
                         tokenizer=SimpleNamespace(eos_token_id=99), forget=lambda: None)
     e.fork = lambda: e
     return e

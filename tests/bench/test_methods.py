@@ -13,6 +13,7 @@ from specdec.bench.methods import (
     parse_methods,
     split_method,
 )
+from specdec.drafters.spec import DrafterSpec
 from specdec.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams
@@ -227,9 +228,10 @@ def test_check_drafters_allows_the_runs_own_models_and_any_head():
         check_drafters(["specdec@auto"], "m0", None)
     # a head beside the run's draft model, or another than the run's head, is loaded for its methods
     assert check_drafters(["specdec@lookup+head", "specdec-tree@head:/h"], "m0", None) == {
-        "specdec@lookup+head": ("lookup", False, "head"), "specdec-tree@head:/h": (None, False, "head:/h")}
-    assert check_drafters(["specdec@head:/h", "specdec@suffix+head:/g"], None, "head:/h") == {
-        "specdec@head:/h": (None, True, None), "specdec@suffix+head:/g": ("suffix", False, "head:/g")}
+        "specdec@lookup+head": ("lookup", False, DrafterSpec(head="")),
+        "specdec-tree@head:/h": (None, False, DrafterSpec(head="/h"))}
+    assert check_drafters(["specdec@head:/h", "specdec@suffix+head:/g"], None, DrafterSpec(head="/h")) == {
+        "specdec@head:/h": (None, True, None), "specdec@suffix+head:/g": ("suffix", False, DrafterSpec(head="/g"))}
 
 
 def test_methods_with_their_own_drafters_share_the_runs_models():

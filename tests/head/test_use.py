@@ -17,13 +17,13 @@ from typer.testing import CliRunner
 from specdec import zoo
 from specdec.cli import app
 from specdec.defaults import HEAD_DRAFTER, MODEL_DRAFTER
+from specdec.drafters.spec import resolve_drafter
 from specdec.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.head import manifest, store
 from specdec.head.manifest import heads_table
 from specdec.head.train import train
 from specdec.head.use import measure_head
-from specdec.loading import resolve_drafter
 from tests.head.conftest import QUICK, own_text
 from tests.tiny import save_tiny
 
@@ -133,12 +133,12 @@ def test_cli_greedy_is_plain_greedy(saved, draft: str, k: str) -> None:
 
 
 def test_the_default_drafts_with_the_head_when_one_is_saved(saved, home: Path) -> None:
-    assert resolve_drafter("auto", saved["target"]) == MODEL_DRAFTER  # no head yet: today's default
+    assert resolve_drafter("auto", saved["target"]).name == MODEL_DRAFTER  # no head yet: today's default
     install(saved)
-    assert resolve_drafter("auto", saved["target"]) == HEAD_DRAFTER == "lookup+head"
-    assert resolve_drafter("auto", saved["target"], backend="llamacpp") == MODEL_DRAFTER  # no hidden states there
-    assert resolve_drafter("auto", saved["other"]) == MODEL_DRAFTER  # a head of another target is not its default
-    assert resolve_drafter("lookup", saved["target"]) == "lookup"  # what is given stays as it is
+    assert resolve_drafter("auto", saved["target"]).name == HEAD_DRAFTER == "lookup+head"
+    assert resolve_drafter("auto", saved["target"], backend="llamacpp").name == MODEL_DRAFTER  # no hidden states there
+    assert resolve_drafter("auto", saved["other"]).name == MODEL_DRAFTER  # a head of another target is not its default
+    assert resolve_drafter("lookup", saved["target"]).name == "lookup"  # what is given stays as it is
     result = cli.invoke(app, ["generate", PROMPTS[1], "--target", saved["target"], "-n", "20"])
     assert result.exit_code == 0, result.output
     assert "draft lookup+head" in result.output
