@@ -20,12 +20,12 @@ import torch
 import specdec
 from specdec.backends.base import Capabilities
 from specdec.bench.prompts import load_prompts, limit_per_category
-from specdec.control import AutoK, Costs, FixedK
+from specdec.algorithm.control import AutoK, Costs, FixedK
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.model import ModelDrafter
-import specdec.loop
-from specdec.loop import run, StopCondition
-from specdec.sampling import SamplingParams
+import specdec.algorithm.loop
+from specdec.algorithm.loop import run, StopCondition
+from specdec.algorithm.sampling import SamplingParams
 
 # target t(n) ms (1.5B int8), the int8 0.5B draft's ms per token and per caught-up token; the int4 draft's
 # per-token cost is the int8 one times INT4_COST_RATIO (29.0 / 42.8: both measured interleaved on Zen 1)
@@ -103,7 +103,7 @@ def main():
     for seed in a.simulate.split(",") if a.simulate else [None]:
         if seed is not None:
             CLOCK = Clock(int(seed), a.noise)
-            specdec.loop.time = CLOCK  # the loop's timings come from the virtual clock
+            specdec.algorithm.loop.time = CLOCK  # the loop's timings come from the virtual clock
             print(f"seed {seed}:")
         replay(a, eng, drafts, CLOCK)
 

@@ -14,7 +14,7 @@ import sys
 import time
 
 from specdec import zoo
-from specdec.loading import load_hf
+from specdec.runtime.loading import load_hf
 
 
 def main(names: list[str]) -> None:

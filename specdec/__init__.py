@@ -18,17 +18,17 @@ from specdec.defaults import DEFAULT_DRAFTER, DEFAULT_TARGET
 from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:
-    from specdec.engine import Engine, ModelSpec, Result
+    from specdec.algorithm.sampling import SamplingParams
     from specdec.request import RequestConfig
-    from specdec.sampling import SamplingParams
+    from specdec.runtime.engine import Engine, ModelSpec, Result
 
 __all__ = ["Engine", "RequestConfig", "Result", "SamplingParams", "SpecdecError", "generate"]
 __version__ = "0.1.0"
 
 # Imported on first use (PEP 562): `import specdec`, `specdec --help` and the CLI's error paths need no
 # torch or transformers, which take seconds to import.
-_LAZY = {"Engine": "specdec.engine", "Result": "specdec.engine", "RequestConfig": "specdec.request",
-         "SamplingParams": "specdec.sampling"}
+_LAZY = {"Engine": "specdec.runtime.engine", "Result": "specdec.runtime.engine", "RequestConfig": "specdec.request",
+         "SamplingParams": "specdec.algorithm.sampling"}
 
 
 def __getattr__(name: str) -> Any:
@@ -68,8 +68,8 @@ def generate(
     next-token queries only, greedy), tree ("off", "auto", "WxD": token trees); see Engine.stream.
     Returns a Result with text, token_ids, finish_reason and stats.
     """
-    from specdec.engine import Engine
     from specdec.request import RequestConfig
+    from specdec.runtime.engine import Engine
 
     config = RequestConfig.from_options(**options)  # a bad option is refused before anything loads
     engine = Engine.load(target, draft, dtype=dtype, draft_backend=draft_backend)

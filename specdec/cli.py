@@ -232,7 +232,7 @@ def generate(
     """Generate text with speculative decoding (or plainly with --draft none)."""
     started = process_age()  # the interpreter's start and the CLI's own imports
     began = time.perf_counter()
-    from specdec.engine import TextStream
+    from specdec.runtime.engine import TextStream
 
     imported = time.perf_counter() - began
 
@@ -309,7 +309,7 @@ def load_engine(target: str, draft_spec: str | None, dtype: DType, draft_dtype: 
                 draft_backend: DraftBackend, device: Device, n_ctx: int | None, threads: int | None,
                 progress: PullProgress, suffix_memory: int = DEFAULT_SUFFIX_MEMORY):
     """The Engine for generate's and serve's model options, loaded under a status line."""
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
 
     if threads:
         import torch
@@ -449,7 +449,7 @@ def serve_options(request: RequestConfig, names: tuple[str, ...], max_queue: int
 def batched_draft_backend(request: RequestConfig, draft_backend: DraftBackend) -> DraftBackend:
     """With --max-batch > 1: the requests' defaults checked for batching, and the draft's backend
     (auto becomes hf: each request drafts with a cache of its own over one model)."""
-    from specdec.batching import check_batchable
+    from specdec.runtime.batching import check_batchable
 
     try:
         check_batchable(request)
@@ -500,7 +500,7 @@ AUTO_BUDGET, NO_BUDGET = "auto", "off"
 
 def serve_memory_budget(text: str | None) -> int | str:
     """--memory-budget, checked: bytes, AUTO_BUDGET (not given: measured once the models are loaded) or NO_BUDGET."""
-    from specdec.memory import parse_bytes
+    from specdec.runtime.memory import parse_bytes
 
     if text is None or text.strip().lower() == AUTO_BUDGET:
         return AUTO_BUDGET
@@ -514,7 +514,7 @@ def serve_memory_budget(text: str | None) -> int | str:
 
 def resolved_memory_budget(budget: int | str) -> tuple[int | None, str]:
     """(the budget in bytes or None, how the start-up line says it), once the models are loaded."""
-    from specdec.memory import DEFAULT_SHARE, default_budget, format_bytes
+    from specdec.runtime.memory import DEFAULT_SHARE, default_budget, format_bytes
 
     if budget == NO_BUDGET:
         return None, "off (--memory-budget off): requests are admitted by --max-batch and --max-queue only"
@@ -701,8 +701,8 @@ def profile(
 ) -> None:
     """Measure forward costs: the target's t(k) for k new tokens, its one-token step against the memory's roof,
     its prefill speed, and the draft's cost per drafted token."""
-    from specdec.engine import Engine
     from specdec.head.cost import split_head_spec
+    from specdec.runtime.engine import Engine
 
     quiet_libraries()
     progress = PullProgress()
@@ -748,8 +748,8 @@ def profile_plan(ks: str, prefill: str, prefix: int, repeats: int, threads: int 
 class Profiled:
     """What specdec profile measured; `out` is its JSON form."""
 
-    table: Any  # specdec.profile.CostTable: the target's t(k), its `info` the machine and model
-    roof: Any  # specdec.profile.Roof, or None (not measured, or not measurable here)
+    table: Any  # specdec.runtime.profile.CostTable: the target's t(k), its `info` the machine and model
+    roof: Any  # specdec.runtime.profile.Roof, or None (not measured, or not measurable here)
     rates: dict[int, float]  # prefill tokens/s by prompt length
     draft_ms: float | None  # the draft model's ms per drafted token
     head: dict[str, Any] | None  # the draft head's report (specdec.head.cost.profile_head)
@@ -766,7 +766,7 @@ def measure_profile(engine: Any, target: str, draft: str, draft_spec: str | None
 
     from specdec.head.cost import profile_head
     from specdec.machine import cpu_description
-    from specdec.profile import measure_drafting, measure_forwards, measure_prefill, measure_roof
+    from specdec.runtime.profile import measure_drafting, measure_forwards, measure_prefill, measure_roof
 
     cpu = cpu_description()
 
@@ -804,8 +804,8 @@ def measure_profile(engine: Any, target: str, draft: str, draft_spec: str | None
     if head is not None:
         out["head"] = head
     with status("renewing the controller's cached step costs"):
-        from specdec.engine import MAX_AUTO_K
-        from specdec.profile import step_costs
+        from specdec.runtime.engine import MAX_AUTO_K
+        from specdec.runtime.profile import step_costs
         from specdec.zoo import home
 
         step_costs(engine.target_runner, engine.draft_runner, MAX_AUTO_K, lookup=engine.copies,
@@ -856,8 +856,8 @@ def quality(
     """Compare a cheaper target (gguf, int8, bf16, llama.cpp) with the fp32 model: greedy agreement and perplexity."""
     from specdec.bench.prompts import load_prompts
     from specdec.bench.quality import agreement, perplexity, reference_texts
-    from specdec.engine import Engine
     from specdec.machine import cpu_description
+    from specdec.runtime.engine import Engine
 
     quiet_libraries()
     progress = PullProgress()

@@ -20,7 +20,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdec.control import AUTO, Controller, parse_speculation
+from specdec.algorithm.control import AUTO, Controller, parse_speculation
 from specdec.drafters.tree import TreeShape, parse_tree
 from specdec.errors import SpecdecError
 
@@ -29,7 +29,7 @@ from specdec.errors import SpecdecError
 # draft is restricted to the shared tokens and its q is used).  "auto" = "same" when the vocabularies are
 # identical, else "text".
 DRAFT_MODES = ("auto", "same", "text", "intersection")
-VERIFY_MODES = ("causal", "block", "stairs")  # how a draft is checked (specdec.block, specdec.stairs)
+VERIFY_MODES = ("causal", "block", "stairs")  # how a draft is checked (specdec.algorithm.block, specdec.algorithm.stairs)
 MAX_SERVED_K = 32  # the most draft tokens a server request may ask for per step (a forward's size stays bounded)
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed")
 # The roles of a chat message that specdec reads (OpenAI's; "developer" is its newer name for "system").

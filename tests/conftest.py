@@ -193,7 +193,7 @@ def model_bytes(model) -> int:
 def real_hf() -> Callable:
     """get(name, dtype="fp32") -> (model, tokenizer) of a real zoo model, loaded once per session
     (within REAL_HF_BUDGET: the least recently used model is reloaded if it was dropped)."""
-    from specdec.loading import load_hf
+    from specdec.runtime.loading import load_hf
 
     loaded: dict = {}  # (name, dtype) -> (model, tokenizer), least recently used first
 
@@ -215,7 +215,7 @@ def real_hf() -> Callable:
 def real_gguf() -> Callable:
     """get(name) -> (GGUFRunner, tokenizer) of a real zoo model on its own blocks (specdec.backends.gguf), loaded
     once per session; each call hands out a runner of its own over the one loaded model (GGUFRunner.clone)."""
-    from specdec.loading import load_gguf
+    from specdec.runtime.loading import load_gguf
 
     loaded: dict = {}
 
@@ -238,7 +238,7 @@ def real_lcpp() -> Iterator[Callable]:
     (any cache state is fine: the decode loop resets the target).
     """
     require_llama_cpp()
-    from specdec.loading import load_llamacpp
+    from specdec.runtime.loading import load_llamacpp
 
     loaded: dict = {}
 
@@ -260,14 +260,14 @@ def cached_loaders(monkeypatch, real_hf, real_gguf, real_lcpp_optional) -> None:
     Everything but reading weights from disk runs as for a user: name checks,
     backend choice, engine construction, generation and output.
     """
-    import specdec.loading
+    import specdec.runtime.loading
 
-    monkeypatch.setattr(specdec.loading, "load_hf",
+    monkeypatch.setattr(specdec.runtime.loading, "load_hf",
                         lambda spec, dtype="fp32", progress=None, device="cpu": real_hf(spec, dtype))
-    monkeypatch.setattr(specdec.loading, "load_gguf", lambda spec, progress=None, max_context=None: real_gguf(spec))
+    monkeypatch.setattr(specdec.runtime.loading, "load_gguf", lambda spec, progress=None, max_context=None: real_gguf(spec))
     if real_lcpp_optional is not None:
         monkeypatch.setattr(
-            specdec.loading, "load_llamacpp",
+            specdec.runtime.loading, "load_llamacpp",
             lambda spec, n_ctx=None, exact=True, progress=None, n_threads=None: real_lcpp_optional(spec, exact),
         )
 

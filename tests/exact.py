@@ -1,6 +1,6 @@
 """Exact distributions of what a tree or block verifier emits: every random decision enumerated, none sampled.
 
-Those verifiers take their random decisions through specdec.sampling.Randomness: coins of a
+Those verifiers take their random decisions through specdec.algorithm.sampling.Randomness: coins of a
 probability they state, and one final draw from a distribution they state.  :func:`outcomes` runs a
 verifier with a scripted Randomness: the coins come from a script; where the script ends, the run stops
 and is repeated once for each way that coin can fall, weighted by the probability the verifier stated;
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.sampling import Randomness
-from specdec.verdict import Verdict
+from specdec.algorithm.sampling import Randomness
+from specdec.algorithm.verdict import Verdict
 
 TOL = 1e-9
 PLACEHOLDER = -7  # what the scripted final draw returns: the verdict must carry it as next_token

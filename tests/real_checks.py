@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from specdec.engine import Engine
+from specdec.runtime.engine import Engine
 from tests.conftest import real_model_threads
 
 CODE = "import json\n\ndef load_config(path):\n    with open(path) as f:\n        return json.load(f)\n\n"

@@ -1,4 +1,4 @@
-"""Batched decoding (specdec.batching, specdec.backends.lean.forward_packed): neighbours change nothing.
+"""Batched decoding (specdec.runtime.batching, specdec.backends.lean.forward_packed): neighbours change nothing.
 
 - The packed forward: several runners' chunks in one forward give each runner
   bitwise the logits it gets alone (int8; tiny llama / qwen2 / mistral with a
@@ -20,12 +20,12 @@ import time
 import pytest
 import torch
 
+from specdec.algorithm.control import AutoK, Costs, Load
+from specdec.algorithm.sampling import SamplingParams
 from specdec.backends.lean import LeanRunner, forward_packed
-from specdec.batching import BATCH_KS, BatchedTarget
-from specdec.control import AutoK, Costs, Load
-from specdec.engine import Engine
 from specdec.errors import SpecdecError
-from specdec.sampling import SamplingParams
+from specdec.runtime.batching import BATCH_KS, BatchedTarget
+from specdec.runtime.engine import Engine
 from tests.backends.test_lean import int8 as int8_model
 from tests.tiny import VOCAB, tiny_model, tiny_tokenizer
 
@@ -261,8 +261,8 @@ def test_a_long_prefill_joins_the_batch_a_chunk_a_round(dtype, monkeypatch):
     SHARED_PREFILL_CHUNK rows while the other decodes, PREFILL_CHUNK once alone) is one packed forward with the
     other request's step, so that request's tokens go on during the prefill (counted in rounds, not time);
     int8 answers are bitwise each alone."""
-    from specdec import batching
     from specdec.backends.base import PREFILL_CHUNK
+    from specdec.runtime import batching
 
     tok = tiny_tokenizer(0)
     target = tiny_model("qwen2", 0, vocab_size=len(tok), positions=4 * PREFILL_CHUNK)

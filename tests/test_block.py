@@ -1,4 +1,4 @@
-"""Block verification (specdec.block; Sun et al. 2024) is lossless and accepts at least as much as token by token.
+"""Block verification (specdec.algorithm.block; Sun et al. 2024) is lossless and accepts at least as much as token by token.
 
 Exact: every random decision of verify_block enumerated (tests/exact.py), for every draft block the
 drafter can draw, weighted by its probability: the emitted tokens, continued by the target, match the
@@ -16,11 +16,11 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from specdec.block import verify_block
+from specdec.algorithm.block import verify_block
+from specdec.algorithm.sampling import SamplingParams, make_generator, warp_probs
+from specdec.algorithm.trees import verify_tree_sampling
+from specdec.algorithm.verify import SamplingVerifier, Verdict
 from specdec.drafters.base import Draft
-from specdec.sampling import SamplingParams, make_generator, warp_probs
-from specdec.trees import verify_tree_sampling
-from specdec.verify import SamplingVerifier, Verdict
 from tests.chisq import chi_square
 from tests.exact import Dist, Toy, assert_target_distribution, emitted, make_toy, mix, outcomes
 from tests.test_verify_sampling import CodePath, code_verdict

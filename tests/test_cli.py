@@ -69,7 +69,7 @@ def test_bf16_draft_for_an_fp32_target_keeps_the_output(tiny_dirs):
     # is nearly perfect, and the text is the fp32 target's own greedy text.
     import torch
 
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
 
     common = ["Once upon a time", "--target", tiny_dirs["target"], "--max-new-tokens", "25", "--json"]
     spec = json.loads(generate(*common, "--draft", tiny_dirs["target"], "--draft-dtype", "bf16", "-k", "4").stdout)
@@ -82,7 +82,7 @@ def test_bf16_draft_for_an_fp32_target_keeps_the_output(tiny_dirs):
 
 def test_int4_draft_keeps_the_int8_targets_output_and_is_refused_where_it_cannot_run(tiny_dirs):
     from specdec.backends.lean import LeanRunner
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
 
     common = ["Once upon a time", "--target", tiny_dirs["target"], "--dtype", "int8", "--max-new-tokens", "25", "--json"]
     spec = json.loads(generate(*common, "--draft", tiny_dirs["target"], "--draft-dtype", "int4", "-k", "4").stdout)
@@ -115,7 +115,7 @@ def test_streaming_prints_text_and_summary(tiny_dirs):
                       "--max-new-tokens", "10")
     assert result.exit_code == 0, result.output
     assert "tokens in" in result.output
-    from specdec.loading import fastest_dtype
+    from specdec.runtime.loading import fastest_dtype
 
     # the summary line names the target's dtype: by default the fastest exact one (int8 on AVX2 CPUs)
     assert f"target {tiny_dirs['target']} {fastest_dtype(tiny_dirs['target'])}" in " ".join(result.output.split())
@@ -184,7 +184,7 @@ def test_chat_without_template_is_a_user_error(tiny_dirs):
 
 
 def test_chat_applies_the_template(tmp_path):
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
     from tests.tiny import tiny_model, tiny_tokenizer
 
     tok = tiny_tokenizer(0)
@@ -240,7 +240,7 @@ def test_profile_user_errors(tiny_dirs, args, fragment):
 def test_device_errors(tiny_dirs, monkeypatch):
     import torch
 
-    from specdec.loading import resolve_device
+    from specdec.runtime.loading import resolve_device
 
     assert_user_error(generate("hi", "--target", tiny_dirs["target"], "--device", "gpu"), "--device")
     assert resolve_device("cpu") == "cpu"
@@ -256,7 +256,7 @@ def test_device_errors(tiny_dirs, monkeypatch):
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_cuda_speculative_equals_plain(tiny_dirs, dtype):
     # The loop keeps its bookkeeping on the CPU; models, caches and forwards run on the GPU.
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
 
     engine = Engine.load(tiny_dirs["target"], tiny_dirs["draft"], dtype=dtype, device="cuda")
     assert engine.target_runner.model.device.type == "cuda"
@@ -324,9 +324,9 @@ def test_suffix_drafts_print_plain_output_and_acceptance_by_source(tiny_dirs):
 
 def test_a_seeded_request_under_k_auto_gets_a_frozen_controller_of_its_own(tiny_dirs, tmp_path, monkeypatch):
     # A seed's text depends on which tokens were drafted: k must not follow timings or earlier requests.
-    from specdec.control import AutoK
-    from specdec.engine import Engine
-    from specdec.sampling import SamplingParams
+    from specdec.algorithm.control import AutoK
+    from specdec.algorithm.sampling import SamplingParams
+    from specdec.runtime.engine import Engine
 
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))  # the step costs are cached there
     engine = Engine.load(tiny_dirs["target"], tiny_dirs["draft"])

@@ -1,10 +1,10 @@
-"""The speculation controller's choices on synthetic costs and acceptances (specdec.control)."""
+"""The speculation controller's choices on synthetic costs and acceptances (specdec.algorithm.control)."""
 
 from __future__ import annotations
 
 import pytest
 
-from specdec.control import AutoK, Costs, FixedK, expected_tokens, isotonic
+from specdec.algorithm.control import AutoK, Costs, FixedK, expected_tokens, isotonic
 from specdec.drafters.base import LOOKUP, MODEL, SHORT_LOOKUP, SUFFIX
 
 FLAT = {1: 100.0, 16: 100.0}  # verifying 16 tokens costs one step (a GPU-like target)

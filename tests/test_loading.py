@@ -1,4 +1,4 @@
-"""Tests for specdec.loading: spec resolution and load_hf on a tiny random model."""
+"""Tests for specdec.runtime.loading: spec resolution and load_hf on a tiny random model."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from specdec import loading, zoo
+from specdec import zoo
 from specdec.errors import SpecdecError
+from specdec.runtime import loading
 
 
 @pytest.fixture(autouse=True)
@@ -131,7 +132,7 @@ def test_real_load_zoo_model(real_hf):
 @pytest.mark.parametrize("isa,expected", [("avx512-vnni", "int4"), ("avx2", "int4"), ("c", None)])
 def test_the_auto_draft_runs_on_specdecs_kernels_where_that_was_measured_faster(tmp_path, monkeypatch, isa, expected):
     from specdec.backends import kernels
-    from specdec.loading import fastest_spec_draft_dtype
+    from specdec.runtime.loading import fastest_spec_draft_dtype
 
     monkeypatch.setattr(kernels.int8, "isa", lambda: isa)
     assert fastest_spec_draft_dtype("qwen2.5-coder-0.5b", "hf", "cpu") == expected
@@ -148,9 +149,9 @@ def test_the_auto_draft_runs_on_specdecs_kernels_where_that_was_measured_faster(
 
 @pytest.mark.parametrize("faster", ["int8", "int4", None])
 def test_engine_auto_draft_backend_loads_an_int8_or_int4_draft_where_that_is_faster(tmp_path, monkeypatch, faster):
-    from specdec import loading
     from specdec.backends.quant import is_int8
-    from specdec.engine import Engine
+    from specdec.runtime import loading
+    from specdec.runtime.engine import Engine
 
     model_dir = str(make_tiny_model_dir(tmp_path / "tiny"))
     asked = []

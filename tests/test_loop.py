@@ -13,12 +13,12 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from specdec.algorithm.control import AutoK
+from specdec.algorithm.loop import StopCondition, run
 from specdec.backends.hf import HFRunner
-from specdec.control import AutoK
 from specdec.drafters.model import DEFAULT_WINDOW, ModelDrafter
 from specdec.errors import SpecdecError
-from specdec.loop import StopCondition, run
-from specdec.profile import step_costs
+from specdec.runtime.profile import step_costs
 from tests.tiny import VOCAB, assert_near_tie_parting, tiny_model
 from tests.toy import ConstantDrafter, RandomK
 
@@ -83,7 +83,7 @@ def test_k_chosen_per_step_equals_plain_greedy(arch, kind, seed, window):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("kind", ["self", "random"])
 def test_cost_model_controller_equals_plain_greedy(arch, kind):
-    # The controller with costs measured on these runners (specdec.profile.step_costs).
+    # The controller with costs measured on these runners (specdec.runtime.profile.step_costs).
     target, drafter = HFRunner(MODELS[(arch, 0)]), make_drafter(kind, arch)
     controller = AutoK(step_costs(target, drafter.runner, max_k=8), max_k=8)
     prompt = [5, 9, 13, 2]

@@ -1,4 +1,4 @@
-"""specdec.memory: sizes as users write them, a request's need from its runners' footprints, the budget that
+"""specdec.runtime.memory: sizes as users write them, a request's need from its runners' footprints, the budget that
 admits requests, and the lean runner's cache sized exactly for a request and trimmed after it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from specdec.backends.base import PREFILL_CHUNK, Footprint
 from specdec.backends.lean import LeanRunner
 from specdec.errors import SpecdecError
-from specdec.memory import DRAFT_ROWS, MemoryBudget, format_bytes, parse_bytes, request_need
+from specdec.runtime.memory import DRAFT_ROWS, MemoryBudget, format_bytes, parse_bytes, request_need
 from tests.backends.test_lean import int8 as int8_model
 
 

@@ -1,4 +1,4 @@
-"""Prefix reuse across requests (specdec.loop.decode's reuse_prefix, Engine.prefix_cache): a later turn of a
+"""Prefix reuse across requests (specdec.algorithm.loop.decode's reuse_prefix, Engine.prefix_cache): a later turn of a
 conversation prefills only what the target's cache does not hold, with the output of a fresh prefill, bit
 for bit, on batch-invariant (int8) targets; other targets prefill anew."""
 
@@ -8,16 +8,16 @@ import random
 
 import pytest
 
+from specdec.algorithm.control import AutoK, Costs
+from specdec.algorithm.loop import StopCondition, run
+from specdec.algorithm.sampling import SamplingParams
+from specdec.algorithm.verify import make_verifier
 from specdec.backends.base import common_prefix_length, reusable_prefix
 from specdec.backends.lean import LeanRunner
 from specdec.backends.quant import quantize_model
-from specdec.control import AutoK, Costs
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.model import ModelDrafter
-from specdec.engine import Engine
-from specdec.loop import StopCondition, run
-from specdec.sampling import SamplingParams
-from specdec.verify import make_verifier
+from specdec.runtime.engine import Engine
 from tests.tiny import VOCAB, tiny_model, tiny_tokenizer
 
 TARGET = quantize_model(tiny_model("qwen2", 0))
@@ -189,7 +189,7 @@ def test_a_prompt_prefilled_in_chunks_is_bitwise_one_forward(length):
 def test_a_generation_with_its_prompt_in_chunks_is_the_same(monkeypatch):
     import functools
 
-    from specdec import loop
+    from specdec.algorithm import loop
     from specdec.backends.base import forward_chunked
 
     prompt, _ = conversation(7)

@@ -1,9 +1,9 @@
-"""Cached step timings (specdec.profile): reused while a spot check agrees, measured afresh when not."""
+"""Cached step timings (specdec.runtime.profile): reused while a spot check agrees, measured afresh when not."""
 
 from transformers import AutoModelForCausalLM
 
 from specdec.backends.hf import HFRunner
-from specdec.profile import SPOT_TOLERANCE, _cached, agrees
+from specdec.runtime.profile import SPOT_TOLERANCE, _cached, agrees
 from tests.tiny import save_tiny
 
 
@@ -36,7 +36,7 @@ def test_a_cached_timing_is_kept_while_it_agrees_and_measured_afresh_when_not(tm
 
 
 def test_forwards_are_timed_by_their_median_or_their_fastest_run(tmp_path):
-    from specdec.profile import measure_forwards
+    from specdec.runtime.profile import measure_forwards
 
     runner = HFRunner(AutoModelForCausalLM.from_pretrained(save_tiny(tmp_path / "model")))
     ticks = iter([0.0, 0.010, 0.0, 0.030, 0.0, 0.020] * 2)  # three runs of t(1): 10, 30 and 20 ms
@@ -49,7 +49,7 @@ def test_forwards_are_timed_by_their_median_or_their_fastest_run(tmp_path):
 
 
 def test_step_costs_are_reused_as_cached_renewed_on_demand_and_forgotten(tmp_path, monkeypatch):
-    from specdec import profile
+    from specdec.runtime import profile
 
     runner = HFRunner(AutoModelForCausalLM.from_pretrained(save_tiny(tmp_path / "model")))
     timed = []
@@ -73,8 +73,8 @@ def test_step_costs_are_reused_as_cached_renewed_on_demand_and_forgotten(tmp_pat
 
 
 def test_an_engine_drops_cached_step_costs_its_steps_found_twice_off(tmp_path, monkeypatch):
-    from specdec import engine as engine_module
-    from specdec.engine import Engine
+    from specdec.runtime import engine as engine_module
+    from specdec.runtime.engine import Engine
 
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
     engine = Engine.load(save_tiny(tmp_path / "model"), "lookup", dtype="fp32")

@@ -17,7 +17,7 @@ import torch
 from typer.testing import CliRunner
 
 from specdec.cli import app
-from specdec.engine import Engine
+from specdec.runtime.engine import Engine
 from tests.conftest import real_model_threads
 
 pytestmark = pytest.mark.real

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.engine import Engine, as_runner
+from specdec.runtime.engine import Engine, as_runner
 from tests.conftest import real_model_threads
 from tests.real_checks import CODE, MAX_NEW, PROMPTS, assert_bitwise_one_token_at_a_time, plain_outputs, speculative_outputs
 
@@ -79,7 +79,7 @@ def test_int4_draft_leaves_int8_output_unchanged(real_hf, int8_target, int8_plai
 
 
 def test_int8_batched_requests_equal_int8_plain(real_hf, int8_target, int8_plain):
-    # Continuous batching (specdec.batching) on the real 1.5B: four requests from four threads, three
+    # Continuous batching (specdec.runtime.batching) on the real 1.5B: four requests from four threads, three
     # speculative with lookup + the int8 0.5B draft (k auto, or fixed), one plain, all in packed
     # forwards with each other: each output equals its plain output alone (bitwise invariance).
     import threading

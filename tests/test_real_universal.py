@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.engine import Engine
+from specdec.runtime.engine import Engine
 from tests.conftest import real_model_threads
 
 pytestmark = pytest.mark.real

@@ -18,11 +18,11 @@ import pytest
 import typer
 
 from specdec import cli
-from specdec.control import FixedK
-from specdec.engine import Engine
+from specdec.algorithm.control import FixedK
+from specdec.algorithm.sampling import SamplingParams
 from specdec.errors import SpecdecError
 from specdec.request import RequestConfig, RequestError, cli_fields, options, served_fields
-from specdec.sampling import SamplingParams
+from specdec.runtime.engine import Engine
 from tests.tiny import assert_near_tie_parting, tiny_model, tiny_tokenizer
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specdec.algorithm.sampling import SamplingParams, make_generator, sample_from, warp_probs
 from specdec.errors import SpecdecError
-from specdec.sampling import SamplingParams, make_generator, sample_from, warp_probs
 from tests.toy import reference_warp
 
 
@@ -270,7 +270,7 @@ def test_sample_from_draws_each_token_with_its_probability():
 
 def sorted_warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The warp as it was before the partial selection: top-p through a sort of the whole vocabulary."""
-    from specdec.sampling import scaled_logits
+    from specdec.algorithm.sampling import scaled_logits
 
     scores = scaled_logits(logits, params.temperature)
     if params.top_k and params.top_k < scores.shape[-1]:

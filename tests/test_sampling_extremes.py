@@ -15,14 +15,14 @@ import sys
 import pytest
 import torch
 
+from specdec.algorithm.loop import StopCondition, run
+from specdec.algorithm.sampling import SamplingParams, limit_scores, make_generator, sample_from, scaled_logits, warp_probs
+from specdec.algorithm.verify import make_verifier
 from specdec.backends.hf import HFRunner
 from specdec.bridge import TextBridge, VocabularyMap
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.universal import UniversalDrafter
 from specdec.errors import SpecdecError
-from specdec.loop import StopCondition, run
-from specdec.sampling import SamplingParams, limit_scores, make_generator, sample_from, scaled_logits, warp_probs
-from specdec.verify import make_verifier
 from tests.tiny import tiny_model, tiny_tokenizer
 
 SMALLEST_SUBNORMAL = 5e-324  # the smallest positive float64

@@ -2,7 +2,7 @@
 
 Statistical part: a toy target whose next-token logits are a fixed seeded
 function of the last two tokens (tests/toy.py), V = 6.  20,000 seeded runs of
-specdec.loop.run with max_new_tokens = 5 and γ = 3 per case, each run with its
+specdec.algorithm.loop.run with max_new_tokens = 5 and γ = 3 per case, each run with its
 own seed (SamplingParams(seed=i) -> make_verifier and the drafter), and a
 chi-square test of the histogram of the five new tokens against the exact
 target distribution, computed by an independent float64 warp
@@ -13,7 +13,7 @@ token; after a rejection shorter drafts follow.  Drafts: the target itself, an
 unrelated toy model, and deterministic proposals (q = None); temperature 0.8,
 with top-k and top-p, and on a table of tied logits where ties fall at the
 top-k / top-p cut; and with the cost-model controller choosing k from the
-acceptance history (specdec.control: k = 3, then plain steps and probes); with
+acceptance history (specdec.algorithm.control: k = 3, then plain steps and probes); with
 the hybrid drafter (prompt lookup's q = None proposals and a draft model's q
 proposals in the same runs); with suffix drafts (q = None proposals that follow the context: the most
 frequent continuation of its longest match in the run's own context or in a fixed store of earlier
@@ -36,19 +36,19 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from specdec.algorithm.control import AutoK, Controller, Costs
+from specdec.algorithm.loop import StopCondition, run
+from specdec.algorithm.sampling import SamplingParams
+from specdec.algorithm.verify import make_verifier
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner
 from specdec.backends.quant import quantize_model
-from specdec.control import AutoK, Controller, Costs
 from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import DEFAULT_WINDOW, ModelDrafter
 from specdec.drafters.suffix import SuffixDrafter, SuffixStore
 from specdec.drafters.tree import TreeShape
-from specdec.loop import StopCondition, run
-from specdec.sampling import SamplingParams
-from specdec.verify import make_verifier
 from tests.chisq import chi_square, chi_square_sf, seeded_runs
 from tests.tiny import tiny_model
 from tests.toy import FixedDrafter, ToyRunner, ToyTreeRunner, chain_distribution, random_proposal, random_table, reference_warp

@@ -1,4 +1,4 @@
-"""Stairs verification (specdec.stairs): greedy output identical to plain greedy (fp32 tiny models).
+"""Stairs verification (specdec.algorithm.stairs): greedy output identical to plain greedy (fp32 tiny models).
 
 The staircase over a ModelRunner (folded into one forward, and row by row),
 and over a cache-less black-box model; drafts that are always right (the
@@ -14,13 +14,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from specdec.algorithm.loop import StopCondition, run
+from specdec.algorithm.sampling import SamplingParams
+from specdec.algorithm.stairs import BlackBoxNextToken, RunnerNextToken, StairsRunner, is_staircase, stairs_runner
 from specdec.backends.hf import HFRunner
 from specdec.drafters.model import ModelDrafter
-from specdec.engine import Engine
 from specdec.errors import SpecdecError
-from specdec.loop import StopCondition, run
-from specdec.sampling import SamplingParams
-from specdec.stairs import BlackBoxNextToken, RunnerNextToken, StairsRunner, is_staircase, stairs_runner
+from specdec.runtime.engine import Engine
 from tests.tiny import VOCAB, assert_near_tie_parting, tiny_model, tiny_tokenizer
 from tests.toy import ConstantDrafter
 

@@ -1,5 +1,7 @@
-"""The package's shape: no import cycle among specdec's modules, no block of lines written twice, no
-function over MAX_FUNCTION_LINES lines without a comment saying why it reads better whole.
+"""The package's shape: no import cycle among specdec's modules, and no import running back up the house
+(the algorithm below the runtime, both below the server, the bench and the command line); at most
+MAX_TOP_MODULES modules at the top of specdec/; no block of lines written twice, no function over
+MAX_FUNCTION_LINES lines without a comment saying why it reads better whole.
 
 Both read the sources with ``ast`` (no module of the package is run) in well under a second.
 """
@@ -16,7 +18,14 @@ ROOT = Path(specdec.__file__).resolve().parent  # specdec/
 MIN_BLOCK = 6  # lines in a row that may not stand twice
 BRACKETS = set("()[]{}'\",;:")  # a line of only these says nothing on its own
 MAX_FUNCTION_LINES = 80  # a longer function needs a comment line right above it (or its decorators) with "whole" in it
-LONG_EXEMPT: set[str] = set()  # "file.py:function" allowed over the limit without a comment: none
+LONG_EXEMPT: set[str] = set()
+MAX_TOP_MODULES = 14  # .py files directly in specdec/, __init__.py counted; the rest live in its packages (README)
+# The house's floors: what a package's modules may not import (a floor above it).  Nothing imports the command line.
+ABOVE = {
+    "specdec.algorithm": ("specdec.runtime", "specdec.serve", "specdec.bench", "specdec.head", "specdec.cli"),
+    "specdec.runtime": ("specdec.serve", "specdec.bench", "specdec.cli"),
+    "specdec": ("specdec.cli",),
+}  # "file.py:function" allowed over the limit without a comment: none
 
 
 def module_name(path: Path) -> str:
@@ -103,9 +112,37 @@ def test_imported_resolves_every_form() -> None:
 
 def test_no_import_cycle() -> None:
     graph = import_graph()
-    assert "specdec.loop" in graph and "specdec.bench.report" in graph  # the walk found the package
+    assert "specdec.algorithm.loop" in graph and "specdec.bench.report" in graph  # the walk found the package
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def upward_imports(graph: dict[str, set[str]], above: dict[str, tuple[str, ...]]) -> list[str]:
+    """"a -> b" for each import in `graph` of a module in a package that `above` puts over a's package."""
+    return [f"{name} -> {target}" for name, targets in sorted(graph.items()) for target in sorted(targets)
+            for floor, over in above.items() if within(name, floor) and not within(name, target)
+            and any(within(target, upper) for upper in over)]
+
+
+def test_upward_imports_found() -> None:
+    graph = {"p.low.a": {"p.low.b", "p.high.c"}, "p.high.c": {"p.low.a", "p.top"}, "p.top": {"p.high.c"}}
+    above = {"p.low": ("p.high", "p.top"), "p": ("p.top",)}
+    assert upward_imports(graph, above) == ["p.high.c -> p.top", "p.low.a -> p.high.c"]
+
+
+def test_no_import_runs_back_up_the_house() -> None:
+    upward = upward_imports(import_graph(), ABOVE)
+    assert not upward, "imports from a floor above (tests/test_structure.py's ABOVE):\n" + "\n".join(upward)
+
+
+def test_the_top_level_holds_few_modules() -> None:
+    top = sorted(p.name for p in ROOT.glob("*.py"))
+    assert len(top) <= MAX_TOP_MODULES, (f"{len(top)} modules at the top of specdec/ (at most {MAX_TOP_MODULES}): "
+                                         f"{', '.join(top)}; put the new one in the package it belongs to")
 
 
 def code_lines(path: Path) -> list[tuple[str, int]]:

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from specdec.algorithm.trees import chain_parents, check_tree, children, depths, verify_tree_greedy
+from specdec.algorithm.verify import GreedyVerifier, Verdict, verify_greedy
 from specdec.drafters.base import Draft
 from specdec.errors import SpecdecError
-from specdec.trees import chain_parents, check_tree, children, depths, verify_tree_greedy
-from specdec.verify import GreedyVerifier, Verdict, verify_greedy
 from tests.test_verify import logits_for
 
 # A tree of 6 tokens:  root -> 0 (5) -> 2 (7)

@@ -1,4 +1,4 @@
-"""Tree sampling (recursive rejection sampling, specdec.trees) emits exactly the target's distribution.
+"""Tree sampling (recursive rejection sampling, specdec.algorithm.trees) emits exactly the target's distribution.
 
 Exact: every random decision of verify_tree_sampling enumerated (tests/exact.py), for every tree the
 drafter can draw, weighted by its probability; the emitted tokens, continued by the target, must match
@@ -17,10 +17,10 @@ from collections.abc import Iterator, Sequence
 import pytest
 import torch
 
+from specdec.algorithm.sampling import SamplingParams, make_generator, warp_probs
+from specdec.algorithm.trees import chain_parents, children, verify_tree_sampling
+from specdec.algorithm.verify import GreedyVerifier, SamplingVerifier
 from specdec.drafters.base import Draft
-from specdec.sampling import SamplingParams, make_generator, warp_probs
-from specdec.trees import chain_parents, children, verify_tree_sampling
-from specdec.verify import GreedyVerifier, SamplingVerifier
 from tests.chisq import chi_square
 from tests.exact import Dist, Toy, assert_target_distribution, emitted, make_toy, mix, target_deviation
 from tests.test_trees import path_to

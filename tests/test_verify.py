@@ -2,8 +2,8 @@
 
 import torch
 
+from specdec.algorithm.verify import GreedyVerifier, verify_greedy
 from specdec.drafters.base import Draft
-from specdec.verify import GreedyVerifier, verify_greedy
 
 
 def logits_for(choices: list[int], vocab: int = 8) -> torch.Tensor:

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-import specdec.verify as verify_module
+import specdec.algorithm.verify as verify_module
+from specdec.algorithm.sampling import SamplingParams, make_generator, warp_probs
+from specdec.algorithm.verify import SamplingVerifier, Verdict, verify_greedy, verify_speculative
 from specdec.bridge import VocabularyMap
 from specdec.drafters.base import Draft
-from specdec.sampling import SamplingParams, make_generator, warp_probs
-from specdec.verify import SamplingVerifier, Verdict, verify_greedy, verify_speculative
 
 TOL = 1e-6
 Dist = dict[tuple[int, ...], float]  # emitted token sequence -> probability

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 
 import torch
 
+from specdec.algorithm.control import Controller
+from specdec.algorithm.sampling import SamplingParams
 from specdec.backends.base import Capabilities, Footprint, Refusals, cannot_clone
-from specdec.control import Controller
 from specdec.drafters.base import Draft, Drafter
-from specdec.sampling import SamplingParams
 
 
 def random_table(vocab: int, seed: int, scale: float = 1.5) -> torch.Tensor:
@@ -166,7 +166,7 @@ def random_proposal(vocab: int, seed: int) -> torch.Tensor:
 
 def reference_warp(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """The sampling distribution of one row of logits [V], written from the definitions in
-    float64 with Python floats, independently of specdec.sampling.warp_probs: [V] float64.
+    float64 with Python floats, independently of specdec.algorithm.sampling.warp_probs: [V] float64.
 
     Temperature divides the logits (in float32, as the logits are float32); top-k keeps the
     k most likely tokens and every token tied with the k-th; top-p keeps the smallest set of
@@ -223,7 +223,7 @@ def chain_distribution(
 
 
 class RandomK(Controller):
-    """A controller (specdec.control.Controller) that picks k in 0..limit at random, so a generation
+    """A controller (specdec.algorithm.control.Controller) that picks k in 0..limit at random, so a generation
     switches between plain and drafted steps of every length: drafters must follow the context
     through steps they did not draft."""
 

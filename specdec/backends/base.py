@@ -10,7 +10,7 @@ end-of-sequence ids its model names (``eos_token_ids``), the transformers model
 it computes where there is one (``model``), another runner over the same loaded
 model (``clone``, a draft per batch slot), the backend in a few words for the
 user (``describe``), and what its timings depend on (``identity``, the key of
-cached step timings in :mod:`specdec.profile`).  Callers ask these instead of
+cached step timings in :mod:`specdec.runtime.profile`).  Callers ask these instead of
 probing a runner's attributes.
 
 The protocol holds every method a caller may ask of a runner; what only some
@@ -59,7 +59,7 @@ class Capabilities:
 
 @dataclass(frozen=True)
 class Footprint:
-    """What a runner's cache and forwards take in memory (a server prices a request with it: specdec.memory).
+    """What a runner's cache and forwards take in memory (a server prices a request with it: specdec.runtime.memory).
 
     cache_bytes_per_token: the KV cache's bytes per cached token (layers x kv heads x head dim x 2 x the bytes
     of its element); row_bytes: the activations one row of a forward keeps alive at once, at most; logits_row_bytes:
@@ -269,7 +269,7 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 
 # Tokens a long prompt's prefill feeds per forward (forward_chunked): a forward's activations then grow with
 # the chunk, not the prompt.  Measured on the 1.5B gguf target (Zen 4): prefill ran at the same speed in chunks
-# of 256 to 4,096 tokens (2,048 tokens: 168-170 tok/s; 4,096: 141-148); in a batch (specdec.batching) each chunk
+# of 256 to 4,096 tokens (2,048 tokens: 168-170 tok/s; 4,096: 141-148); in a batch (specdec.runtime.batching) each chunk
 # is one round, so the other requests' decode steps go on between a long prompt's chunks.
 PREFILL_CHUNK = 512
 

@@ -31,7 +31,7 @@ quantized transformers model through :class:`specdec.backends.hf.HFRunner`
 -- except as int4 drafts, below.
 
 **Several sequences in one forward** (:func:`forward_packed`, used by
-:mod:`specdec.batching`): the new tokens of several runners -- each with its
+:mod:`specdec.runtime.batching`): the new tokens of several runners -- each with its
 own cache, its own length and its own draft -- are packed into one
 [total, hidden] matrix (no padding).  Every operation but attention is per
 token, so the matrix products read each weight once for the whole batch; each

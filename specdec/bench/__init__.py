@@ -1,6 +1,6 @@
 """The benchmark harness behind ``specdec bench``: every speedup side by side, with the peer.
 
-One loaded :class:`~specdec.engine.Engine` (target + draft, one dtype) serves
+One loaded :class:`~specdec.runtime.engine.Engine` (target + draft, one dtype) serves
 every method: our loop plain and speculative, and transformers' own
 ``generate`` plain, assisted (the peer) and with prompt lookup.  Prompts come
 from a Spec-Bench JSONL file or a plain text file (:mod:`.prompts`); methods

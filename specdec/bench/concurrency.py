@@ -2,14 +2,14 @@
 
 For each concurrency c, c client threads pull the same list of requests (the
 prompt set, cycled to 2 × the largest c requests) through one engine with
-batching enabled (``Engine.enable_batching``, specdec.batching), as a server's clients would: each
+batching enabled (``Engine.enable_batching``, specdec.runtime.batching), as a server's clients would: each
 client sends its next request as soon as the previous one is answered
 (closed loop).  Three ways of decoding run at every c, interleaved (their
 order rotates between levels and repeats):
 
 - ``plain``: batched plain decoding (nothing drafted);
 - ``specdec-auto``: batched speculative decoding, each request's k chosen by the
-  cost-model controller for the load of the whole batch (specdec.control);
+  cost-model controller for the load of the whole batch (specdec.algorithm.control);
 - ``specdec`` (``-g<γ>`` in a sweep): batched speculative decoding with a fixed γ.
 
 Reported per method and c: total tokens/s (all new tokens ÷ wall time of the
@@ -35,7 +35,7 @@ from specdec.bench.plotting import MISSING, pyplot
 from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
 
 
 @dataclass
@@ -137,8 +137,8 @@ def run_concurrency(
     write: Callable[[LevelResult], None] = lambda _: None,
 ) -> list[LevelResult]:
     """Every method at every level (methods: (name, k), k None = plain) through `engine`, its batching
-    enabled (specdec.batching.BatchPool); see the module doc."""
-    from specdec.batching import BatchPool
+    enabled (specdec.runtime.batching.BatchPool); see the module doc."""
+    from specdec.runtime.batching import BatchPool
 
     batch = engine.pool
     assert isinstance(batch, BatchPool), "run_concurrency needs the engine's batching enabled"

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from specdec import zoo
+from specdec.algorithm.sampling import SamplingParams
 from specdec.errors import SpecdecError
-from specdec.sampling import SamplingParams
 
 SERVER = "llama-server"
 BENCH = "llama-bench"
@@ -69,7 +69,7 @@ def free_port() -> int:
 
 
 def sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
-    """The /completion fields that make llama.cpp sample what our warp samples (specdec.sampling): greedy at
+    """The /completion fields that make llama.cpp sample what our warp samples (specdec.algorithm.sampling): greedy at
     temperature 0; else temperature, top-k (0 = off) and top-p alone, every other sampler of its chain off."""
     if sampling.greedy:
         return {"temperature": 0.0}

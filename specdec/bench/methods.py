@@ -1,6 +1,6 @@
 """The decoding methods the benchmark compares, each an object with ``name`` and ``run(prompt_ids)``.
 
-All methods share one loaded :class:`~specdec.engine.Engine` — the same target
+All methods share one loaded :class:`~specdec.runtime.engine.Engine` — the same target
 and draft weights in the same dtype — so they differ only in the decoding
 algorithm:
 
@@ -8,11 +8,11 @@ algorithm:
 plain         our loop with no drafter (autoregressive greedy: the reference)
 specdec       our loop with the draft model, γ draft tokens per step
 specdec-auto  our loop with the draft model, k chosen each step by the cost-model
-              controller (specdec.control; 0 = a plain step)
+              controller (specdec.algorithm.control; 0 = a plain step)
 specdec-tree  specdec-auto with token trees (``--tree auto``: the drafter's runner-ups
               and lookup's other matches verified in the same forward; specdec.drafters.tree)
 specdec-stairs our loop with γ draft tokens per step verified by stairs
-              (specdec.stairs: next-token queries on a staircase of prefixes; greedy)
+              (specdec.algorithm.stairs: next-token queries on a staircase of prefixes; greedy)
 hf            transformers' assisted generation with the same draft model, a
               constant γ (``num_assistant_tokens=γ``, schedule ``"constant"``,
               confidence-based early stop off), greedy
@@ -52,15 +52,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from specdec.algorithm.loop import Stats
+from specdec.algorithm.sampling import SamplingParams
 from specdec.drafters.spec import DrafterSpec, parse_drafter, split_drafter
 from specdec.errors import SpecdecError
-from specdec.loop import Stats
-from specdec.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
 
 DEFAULT_GAMMA = 5
 
@@ -255,7 +255,7 @@ class PlainInt8(Plain):
 
     def __init__(self, engine: Engine, max_new_tokens: int, gamma: int | None = None, name: str | None = None,
                  sampling: SamplingParams | None = None) -> None:
-        from specdec.engine import Engine
+        from specdec.runtime.engine import Engine
 
         super().__init__(engine, max_new_tokens, gamma, name, sampling)
         if not isinstance(engine.target_name, str):
@@ -330,7 +330,7 @@ class SpecdecTree(SpecdecAuto):
 
 
 class SpecdecStairs(Specdec):
-    """Our decode loop with γ draft tokens per step, verified by stairs (specdec.stairs): the target
+    """Our decode loop with γ draft tokens per step, verified by stairs (specdec.algorithm.stairs): the target
     asked only for next-token predictions on the staircase of prefixes (greedy only)."""
 
     family = "specdec-stairs"
@@ -572,7 +572,7 @@ class LlamaCppPlain(Method):
         super().__init__(engine, max_new_tokens, gamma, name, sampling)
         if llamacpp_target is None:
             raise SpecdecError("method llamacpp needs the target as a GGUF model (a zoo name or a .gguf file)")
-        from specdec.engine import Engine
+        from specdec.runtime.engine import Engine
 
         self.peer = Engine(*llamacpp_target)
 

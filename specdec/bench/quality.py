@@ -68,9 +68,7 @@ def agreement(outputs_a: Sequence[Sequence[int]], outputs_b: Sequence[Sequence[i
 
 def reference_texts() -> dict[str, str]:
     """The fixed texts perplexity is measured on: specdec's decode loop (code) and PROSE."""
-    import specdec
-
-    code = resources.files(specdec).joinpath("loop.py").read_text(encoding="utf-8")
+    code = resources.files("specdec.algorithm").joinpath("loop.py").read_text(encoding="utf-8")
     prose = PROSE
     return {"code": code, "prose": prose}
 

@@ -215,7 +215,7 @@ def peers_note(meta: dict[str, Any]) -> list[str]:
                 if "error" not in bench else f"llama-bench: {bench['error']}")
         lines += ["", f"Machine: {peer}; specdec's target ({ours.get('dtype')}): t(1) {fmt(ours.get('t1_ms'), '.1f')} ms "
                   f"({fmt(ours.get('tg_tokens_per_s'), '.1f')} tok/s), prefill at 512 tokens "
-                  f"{fmt(ours.get('pp512_tokens_per_s'), '.1f')} tok/s (specdec.profile, after the run)."]
+                  f"{fmt(ours.get('pp512_tokens_per_s'), '.1f')} tok/s (specdec.runtime.profile, after the run)."]
     return lines
 
 

@@ -18,7 +18,7 @@ Aggregation (:func:`aggregate`), per method, overall and per category:
   its time to the first output;
 * ``identical_rate``: the fraction of prompts whose token ids equal plain's
   (repeat 0) in every repeat;
-* ``acceptance_by_source``: per draft source (model, lookup, suffix, ...: specdec.control) its pooled
+* ``acceptance_by_source``: per draft source (model, lookup, suffix, ...: specdec.algorithm.control) its pooled
   draft steps, drafted and accepted tokens and acceptance rate, None where a method does not report it.
 
 A workload's turn (:mod:`specdec.bench.sessions`) is a prompt here, in its

@@ -209,7 +209,7 @@ def run_bench(
 class _BenchPlan:
     """What run_bench loads and runs, from its options checked (_plan_bench)."""
 
-    sampling: Any  # specdec.sampling.SamplingParams
+    sampling: Any  # specdec.algorithm.sampling.SamplingParams
     drafter: DrafterSpec  # the drafter as Engine.load takes it ("auto" resolved)
     draft_model: str | None  # its draft model, if any
     draft_backend: str  # the draft's backend and dtype as Engine.load takes them
@@ -224,6 +224,7 @@ class _BenchPlan:
 def _plan_bench(options: BenchOptions) -> _BenchPlan:
     """run_bench's options checked, the drafter, the methods and the prompts (or sessions) resolved; a
     SpecdecError for any user mistake, before any model is loaded."""
+    from specdec.algorithm.sampling import SamplingParams
     from specdec.bench.methods import (
         DEFAULT,
         check_backends,
@@ -236,8 +237,7 @@ def _plan_bench(options: BenchOptions) -> _BenchPlan:
     from specdec.bench.prompts import load_prompts
     from specdec.bench.workloads import load_workloads
     from specdec.drafters.spec import resolve_drafter, split_drafter
-    from specdec.loading import llamacpp_can_run, resolve_draft
-    from specdec.sampling import SamplingParams
+    from specdec.runtime.loading import llamacpp_can_run, resolve_draft
 
     sampling = SamplingParams(temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
                               seed=options.seed)
@@ -263,7 +263,7 @@ def _plan_bench(options: BenchOptions) -> _BenchPlan:
 
             precheck(method_head, backend, options.target)
     if "llamacpp" in families:
-        from specdec.loading import check_spec
+        from specdec.runtime.loading import check_spec
 
         check_spec(options.target, "llamacpp")  # the peer needs the target as a GGUF, and llama-cpp-python
     if options.n_ctx is not None and options.n_ctx < 1:
@@ -286,7 +286,7 @@ def _load_bench_models(options: BenchOptions, plan: _BenchPlan, console: Any,
 
     import torch
 
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
 
     if options.threads:
         torch.set_num_threads(options.threads)
@@ -299,7 +299,7 @@ def _load_bench_models(options: BenchOptions, plan: _BenchPlan, console: Any,
                              suffix_memory=options.suffix_memory)
         peer = None
         if "llamacpp" in plan.families:  # plain llama.cpp on the target's GGUF, its fastest kernels
-            from specdec.loading import load_llamacpp
+            from specdec.runtime.loading import load_llamacpp
 
             peer = load_llamacpp(options.target, n_ctx=options.n_ctx, exact=False, progress=load_progress,
                                  n_threads=options.threads)
@@ -406,7 +406,7 @@ def _run_methods(options: BenchOptions, engine: Any, methods: list[Any], encoded
 def llama_server_can_run(target: str) -> bool:
     """Whether the default methods take llama.cpp's own server: llama-server found, the target a GGUF."""
     from specdec.bench.llamaserver import SERVER, find_tool
-    from specdec.loading import resolve
+    from specdec.runtime.loading import resolve
 
     try:
         return find_tool(SERVER) is not None and resolve(target)[0] in ("zoo", "gguf")
@@ -419,7 +419,7 @@ def server_files(families: Sequence[str], target: str, draft_model: str | None,
     """The GGUF files llama-server's methods start with: the target's, and the draft model's where the run
     has one that is a GGUF (None otherwise); (None, None) when no such method runs."""
     from specdec.bench.methods import METHODS, SERVER_METHODS, split_method
-    from specdec.loading import gguf_file, resolve
+    from specdec.runtime.loading import gguf_file, resolve
 
     if not any(issubclass(METHODS[split_method(f)[0]], SERVER_METHODS) for f in families):
         return None, None
@@ -431,12 +431,12 @@ def server_files(families: Sequence[str], target: str, draft_model: str | None,
 
 def machine_bench(engine: Any, target_gguf: Path, threads: int | None, console: Any = None) -> dict[str, Any]:
     """The machine block beside llama-server's rows: llama-bench's pp512 / tg64 on the target's file and
-    our target's one-token step t(1) and prefill at 512 tokens (specdec.profile), measured after the run;
+    our target's one-token step t(1) and prefill at 512 tokens (specdec.runtime.profile), measured after the run;
     a one-line "error" where llama-bench is missing or fails."""
     import torch
 
     from specdec.bench.llamaserver import run_llama_bench
-    from specdec.profile import measure_forwards, measure_prefill
+    from specdec.runtime.profile import measure_forwards, measure_prefill
 
     threads = threads or torch.get_num_threads()
     block: dict[str, Any] = {"threads": threads}
@@ -467,7 +467,7 @@ def run_concurrency_bench(
     from specdec.bench import concurrency
     from specdec.bench.methods import DEFAULT, parse_gammas, parse_methods
     from specdec.bench.prompts import load_prompts
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
 
     levels = concurrency.parse_levels(levels_text)
     check_run_options(options)
@@ -509,7 +509,7 @@ def run_concurrency_bench(
                              suffix_memory=options.suffix_memory)
         engine.enable_batching(max(levels))
         if options.draft is not None:
-            from specdec.batching import BatchPool
+            from specdec.runtime.batching import BatchPool
 
             assert isinstance(engine.pool, BatchPool)  # enable_batching's, for a concurrency above 1
             engine.pool.costs()  # measured before the clock starts

@@ -12,12 +12,12 @@ Schedule.  Optionally one warm-up generation per method on the first turn of
 the first session (not recorded).  Then per session, per repeat (a repeat is
 the whole session again, from its first turn), every method's
 ``before_session()`` (its engine forgets what drafters learned from earlier
-requests: :meth:`specdec.engine.Engine.forget`; with ``across_sessions`` only before the first
+requests: :meth:`specdec.runtime.engine.Engine.forget`; with ``across_sessions`` only before the first
 session, so that a method's suffix store keeps the run's earlier sessions as a server's does), then per
 turn every method once,
 in an order rotated by one place per turn (:func:`rotated`, as
 :func:`specdec.bench.runner.run_interleaved` rotates per prompt).  Each method runs on an engine of its own (a fork:
-:meth:`specdec.engine.Engine.fork`), so a drafter that learns across requests
+:meth:`specdec.runtime.engine.Engine.fork`), so a drafter that learns across requests
 learns from this method's earlier turns of the session and from nothing else —
 never from another method's answer to the turn it is on.
 """

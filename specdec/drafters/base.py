@@ -2,7 +2,7 @@
 
 A drafter proposes k tokens in the *target's* vocabulary, optionally with the
 distribution q it sampled them from.  The decode loop verifies the proposal
-with the target (see specdec.verify) and reports back how many tokens were
+with the target (see specdec.algorithm.verify) and reports back how many tokens were
 accepted, which a drafter may use (e.g. to adapt k).
 
 The protocol holds every method a caller asks of a drafter; a drafter subclasses
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:  # torch only types a draft's q here: the CLI's options import this module without it
     import torch
 
-# The sources a proposal comes from; the speculation controller (specdec.control) keeps acceptance per
+# The sources a proposal comes from; the speculation controller (specdec.algorithm.control) keeps acceptance per
 # source, and plans a step over the sources a drafter offers (Drafter.sources).
 MODEL, LOOKUP = "model", "lookup"  # where a proposal comes from (a draft model costs time, a lookup ~none)
 SHORT_LOOKUP = "lookup-short"  # a hybrid's lookup on a match shorter than its own (weaker evidence; ~free too)
@@ -99,7 +99,7 @@ class Drafter(Protocol):
 
     def sources(self, context: Sequence[int]) -> list[tuple[str, int]]:
         """[(source, lag), ...] of the next proposal for `context`, in the drafter's order of preference
-        (specdec.control.plan asks the controller for each in turn); by default its outlook alone."""
+        (specdec.algorithm.control.plan asks the controller for each in turn); by default its outlook alone."""
         return [self.outlook(context)]
 
     def outlook(self, context: Sequence[int]) -> tuple[str, int]:
@@ -120,7 +120,7 @@ class Drafter(Protocol):
         every proposal alike).  A drafter that knows how sure it is says so: a suffix draft after a 20-token
         match of the context was right 98% of the time per token on the edit and agent workloads, one after
         a 1-token match whose count says 1 in 3, 10%; the controller keeps acceptance per source and grade
-        (specdec.control), so it drafts the first long and skips the second, where one rate per source
+        (specdec.algorithm.control), so it drafts the first long and skips the second, where one rate per source
         drafted both alike."""
         return None
 

@@ -13,7 +13,7 @@ prompt lookup also falls back to) is the last source before a plain step:
 free, and on a text that copies its input right often enough to pay.  The
 sources are offered in that order through ``sources(context)``; the decode
 loop asks the controller for each in turn, fastest first when the controller
-prices them (specdec.control.plan, AutoK.prospect).
+prices them (specdec.algorithm.control.plan, AutoK.prospect).
 
 Suffix drafting (specdec.drafters.suffix: the context and recent requests'
 outputs) takes prompt lookup's place in ``suffix+<model>``: it goes first when

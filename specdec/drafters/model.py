@@ -13,7 +13,7 @@ will write far more often than one that sees only the prompt's tail (measured
 in BENCHMARKS.md).  Later catch-ups feed what the draft missed (the tokens of
 the plain steps the speculation controller chose), never starting over.  Each
 is a batched forward whose cost the controller prices before it drafts (see
-specdec.control: a catch-up is paid once, not per drafted token), so where a
+specdec.algorithm.control: a catch-up is paid once, not per drafted token), so where a
 prefill of the prompt costs more than drafting would save, the controller
 drafts from prompt lookup or decodes plainly instead.  An optional `window`
 bounds catch-ups the old way: a draft more than `window` tokens behind starts
@@ -33,10 +33,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from specdec.algorithm.sampling import SamplingParams, make_generator, sample_from, warp_probs
 from specdec.backends.base import ModelRunner, common_prefix_length, forward_chunked
 from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.tree import alternatives, tree_draft
-from specdec.sampling import SamplingParams, make_generator, sample_from, warp_probs
 
 # What a drafter does with the draft model's logits [V_draft] at one position:
 # (draft id to feed back to the draft model, proposed id in the target's

@@ -29,13 +29,13 @@ from specdec.drafters import base
 from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:
+    from specdec.algorithm.sampling import SamplingParams
     from specdec.backends.base import ModelRunner
     from specdec.drafters.base import Drafter
     from specdec.drafters.lookup import LookupDrafter
     from specdec.drafters.suffix import SuffixDrafter, SuffixStore
-    from specdec.sampling import SamplingParams
 
-# A draft model: a name, or a loaded (transformers model or ModelRunner, tokenizer) pair (specdec.loading.ModelSpec).
+# A draft model: a name, or a loaded (transformers model or ModelRunner, tokenizer) pair (specdec.runtime.loading.ModelSpec).
 DraftModel = str | tuple[Any, Any]
 
 LOOKUP = base.LOOKUP  # prompt lookup (specdec.drafters.lookup): no draft model
@@ -173,7 +173,7 @@ class LoadedDrafter(Protocol):
 
 
 class DraftingParts(Protocol):
-    """What an engine has loaded for drafting (specdec.engine.Engine): the factories read it."""
+    """What an engine has loaded for drafting (specdec.runtime.engine.Engine): the factories read it."""
 
     @property
     def target_runner(self) -> ModelRunner: ...

@@ -16,7 +16,7 @@ the most frequent continuation of that match:
   match drafts at most two tokens and a long match a long draft (vLLM's default factor is 1; 2 bought
   4-7% more speed on the edit and agent workloads, replayed with plain's outputs);
 - **grades** (:meth:`SuffixDrafter.grade`): each proposal is classed by its match's length and its first
-  token's count, and the speculation controller (specdec.control) learns an acceptance rate per class:
+  token's count, and the speculation controller (specdec.algorithm.control) learns an acceptance rate per class:
   the paper's score decides among candidates, the rate per class decides how many tokens to verify;
 - **trees** (specdec.drafters.tree): the greedy chain first, then the most probable other continuation
   nodes (best first by probability), merged by :func:`specdec.drafters.tree.trie`.

@@ -20,7 +20,7 @@ This module holds what the drafters share:
 Lookup proposes the continuations of several earlier matches (specdec.drafters.lookup); a draft model
 its greedy chain and runner-ups; a draft head EAGLE-2's dynamic tree, grown level by level with one head
 forward per level (specdec.head.model.DraftHead.expand).  Only greedy drafts are trees here: a sampled
-draft (with q) stays a chain, so sampling through a tree uses deterministic candidates (specdec.trees).
+draft (with q) stays a chain, so sampling through a tree uses deterministic candidates (specdec.algorithm.trees).
 """
 
 from __future__ import annotations

@@ -24,9 +24,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from specdec import loading
 from specdec.backends.hf import model_eos_token_ids
 from specdec.errors import SpecdecError
+from specdec.runtime import loading
 from specdec.vocab import chat_ids
 
 DRAFT_VOCAB = 16384  # a new head's draft vocabulary: the N most frequent tokens (train-drafter --draft-vocab)

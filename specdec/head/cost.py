@@ -3,8 +3,8 @@
 Issue 38 asks a head to cost at most 0.08 of the int8 target's one-token step.  A drafted token is one
 forward of the head over its own cache (specdec.head.model / specdec.head.fast); :func:`head_cost` times
 `tokens` of them in a row after `prefix` positions in the head's cache, the fastest of `repeats` runs (as
-specdec.profile.measure_drafting does for a draft model: what else the machine does only slows a run),
-and the target's one-token step after the same prefix (specdec.profile.measure_forwards), and reports
+specdec.runtime.profile.measure_drafting does for a draft model: what else the machine does only slows a run),
+and the target's one-token step after the same prefix (specdec.runtime.profile.measure_forwards), and reports
 their ratio.  The features fed are random: a forward's cost does not depend on their values.
 
 :func:`head_for_profile` finds and loads the head `specdec profile` reports on: ``--draft head`` /
@@ -24,7 +24,7 @@ from specdec.errors import SpecdecError
 from specdec.head.fast import FastHead, for_drafting
 from specdec.head.model import DraftHead
 from specdec.head.use import head_directory, measure_head
-from specdec.profile import measure_forwards
+from specdec.runtime.profile import measure_forwards
 
 
 def describe(head: Any) -> str:

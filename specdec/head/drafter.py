@@ -29,13 +29,13 @@ cached, the pending token).  At a request's first proposal that is the prompt's 
 was trained, with up to a window of past pairs, as EAGLE runs its head over the prompt's features.
 Where the features of some positions were never seen (the prompt before its last ``window``
 positions, the positions of more than a window of steps it did not draft, a prompt's part taken from
-the target's cache: specdec.loop's reuse_prefix), the head's cache starts over at the first position
+the target's cache: specdec.algorithm.loop's reuse_prefix), the head's cache starts over at the first position
 whose feature it has: its attention then sees its own past from there on (a head trained on windows
 that start anywhere drafts from a short past as it was trained to).  When no feature of the last
 cached position can be known (a loop that does not report plain steps or verifications to it), the
 head proposes nothing and the loop takes a plain step, whose row it reads next time.
 
-Grades (``grade``, specdec.control.grade): before the controller chooses k it is told how sure the head
+Grades (``grade``, specdec.algorithm.control.grade): before the controller chooses k it is told how sure the head
 is of its first token -- the top probability of the head's draft softmax, in CONFIDENCE_GRADES -- and
 keeps acceptance per grade, so it drafts where the head is sure and takes plain steps where it is
 not, where one rate for all of the head's proposals drafted both alike.  Grading is the draft's first
@@ -52,7 +52,7 @@ Trees (``propose_tree``, greedy only): EAGLE-2's dynamic draft tree (Li et al. 2
 Inference of Language Models with Dynamic Draft Trees", arXiv 2406.16858), grown by DraftHead.expand
 with one head forward per level (as many as a chain of the same depth), its best path first: the greedy
 chain, all of it by default (``keep_chain``; without it as far as pure EAGLE-2 ranking kept it), so the
-controller's count of a tree's gain over its first branch (specdec.loop.verify_tree) is its gain over the chain.
+controller's count of a tree's gain over its first branch (specdec.algorithm.loop.verify_tree) is its gain over the chain.
 """
 
 from __future__ import annotations
@@ -61,17 +61,17 @@ from collections.abc import Sequence
 
 import torch
 
+from specdec.algorithm.sampling import SamplingParams, make_generator, sample_from, warp_probs
 from specdec.backends.base import ModelRunner, common_prefix_length
 from specdec.drafters.base import Draft, Drafter
 from specdec.errors import SpecdecError
 from specdec.head.fast import FastHead
 from specdec.head.model import DraftHead, HeadCache
-from specdec.sampling import SamplingParams, make_generator, sample_from, warp_probs
 
 WINDOW = 64  # the prompt's positions whose features seed the head: specdec.head.train's default window
 
 # The grades of a head's proposal (HeadDrafter.grade): its draft softmax's top probability for the first
-# token, at least each bound (the controller keeps acceptance per grade, specdec.control).
+# token, at least each bound (the controller keeps acceptance per grade, specdec.algorithm.control).
 CONFIDENCE_GRADES = (0.8, 0.5, 0.2, 0.0)
 
 

@@ -11,7 +11,7 @@ transformers backend: LeanRunner, HFRunner, a batch's SlotRunner); llama.cpp and
 
 The speculation controller prices a head like a draft model: its cost per drafted token is measured
 (:func:`measure_head`: k head forwards after a short cache, the fastest of a few runs) and cached per
-head and machine like the runners' timings (specdec.profile).
+head and machine like the runners' timings (specdec.runtime.profile).
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from specdec.errors import SpecdecError
 from specdec.head.manifest import MANIFEST, default_directory
 
 if TYPE_CHECKING:
+    from specdec.algorithm.sampling import SamplingParams
     from specdec.backends.base import ModelRunner
     from specdec.drafters.spec import DrafterSpec
     from specdec.head.drafter import HeadDrafter
     from specdec.head.fast import FastHead
     from specdec.head.model import DraftHead
-    from specdec.sampling import SamplingParams
 
 TRAIN_COMMAND = "specdec train-drafter"
 NO_HIDDEN_STATES = ("a draft head reads the target's hidden states, which {what} does not give: use the "
@@ -95,8 +95,8 @@ class LoadedHead:
 
     def ms_per_token(self, cache_dir: Path | None = None) -> float:
         """Measured ms per drafted token (cached in `cache_dir` per head and machine, spot-checked as the
-        runners' timings are: specdec.profile)."""
-        from specdec.profile import CONTROL_REPEATS, SPOT_REPEATS, _cached, agrees
+        runners' timings are: specdec.runtime.profile)."""
+        from specdec.runtime.profile import CONTROL_REPEATS, SPOT_REPEATS, _cached, agrees
 
         return float(_cached("head-draft", _Timed(self), {"tokens": 8, "repeats": CONTROL_REPEATS},
                              lambda: measure_head(self.head, tokens=8, repeats=CONTROL_REPEATS), cache_dir,
@@ -104,7 +104,7 @@ class LoadedHead:
 
 
 class _Timed:
-    """What a head's timings depend on, as specdec.profile keys a runner's (identity())."""
+    """What a head's timings depend on, as specdec.runtime.profile keys a runner's (identity())."""
 
     def __init__(self, loaded: LoadedHead) -> None:
         self.loaded = loaded
@@ -130,7 +130,7 @@ def load_head(spec: DrafterSpec, target: ModelRunner, target_name: str) -> Loade
 
 def measure_head(head: Any, tokens: int = 8, prefix: int = 16, repeats: int = 3,
               clock: Callable[[], float] = time.perf_counter) -> float:
-    """ms per drafted token (as specdec.profile.measure_drafting times a draft model): `tokens` head forwards in a
+    """ms per drafted token (as specdec.runtime.profile.measure_drafting times a draft model): `tokens` head forwards in a
     row after `prefix` cached positions (stand-in
     features and tokens), the fastest of `repeats` runs after a warm-up."""
     from specdec.head.model import HeadCache

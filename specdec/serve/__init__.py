@@ -37,13 +37,13 @@ class ServeOptions:
     # what a request does not say: its per-request options (-k, --draft-mode, ...; OpenAI's fields map onto the rest)
     defaults: RequestConfig = RequestConfig()
     max_queue: int = 16  # requests waiting behind the running ones; one more is answered 503
-    max_batch: int = 1  # requests decoded together, one target forward per step (specdec.batching)
+    max_batch: int = 1  # requests decoded together, one target forward per step (specdec.runtime.batching)
     max_tokens_limit: int = 2048  # the most a request may ask for
     # the longest prompt a request may send, in tokens (None: the model's context window); one request's long
     # prefill holds the others back (with one worker, all of it; in a batch, a chunk a round)
     max_prompt_tokens: int | None = None
     max_body_bytes: int = 1 << 20  # a larger body is answered 413
-    # bytes the running requests' KV caches and activations may take together (specdec.memory): a request that
+    # bytes the running requests' KV caches and activations may take together (specdec.runtime.memory): a request that
     # needs more is answered 413, one that does not fit beside the running ones waits; None: no budget (`specdec
     # serve` sets one, by default a share of the memory available once the models are loaded)
     memory_budget: int | None = None

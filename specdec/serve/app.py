@@ -35,10 +35,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from specdec.engine import Engine
+from specdec.algorithm.loop import Stats
 from specdec.errors import SpecdecError
-from specdec.loop import Stats
 from specdec.request import RequestError, served_fields
+from specdec.runtime.engine import Engine
 from specdec.serve import ServeOptions
 from specdec.serve.access import allow_origins, check_json, check_key
 from specdec.serve.metrics import Metrics

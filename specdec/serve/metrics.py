@@ -37,7 +37,7 @@ accepted tokens = drafted tokens the target accepted, also by position in the dr
 tree drafts = the drafts that were token trees (``--tree``), tree nodes = the draft tokens those trees
 held (their drafted tokens count each tree's depth: accepted ÷ drafts is the accepted path's length);
 the ``by_source`` counters split drafts, draft tokens and accepted tokens by where each draft came from
-(``source``: model, lookup, lookup-short, suffix, suffix-short: specdec.control), so acceptance by
+(``source``: model, lookup, lookup-short, suffix, suffix-short: specdec.algorithm.control), so acceptance by
 source is accepted ÷ draft tokens of one label;
 tokens_predicted_seconds = seconds spent generating, prefills included, and predicted_tokens_seconds
 the mean tokens/s from it; suffix_store_tokens = the tokens the suffix drafts' store of recent
@@ -49,7 +49,7 @@ requests_refused_total counts the requests refused before they ran, by reason: m
 needs more than --memory-budget), queue_full (a 503), context_length (a 400: the prompt is over the model's
 window or --max-prompt-tokens), body_too_large (a 413), shutting_down (a 503).  memory_budget_bytes is
 --memory-budget (0: none), memory_reserved_bytes what the running requests reserve of it now, with what the
-runners keep between requests (specdec.memory.MemoryBudget).
+runners keep between requests (specdec.runtime.memory.MemoryBudget).
 
 requests_total counts the answers of /v1/completions and /v1/chat/completions by HTTP status; a
 client that left before its answer counts as code 499 (nginx's "client closed request").
@@ -70,7 +70,7 @@ from collections.abc import Callable
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
 
-from specdec.loop import Stats
+from specdec.algorithm.loop import Stats
 
 PREFIX = "specdec:"
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)

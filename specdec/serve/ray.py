@@ -50,8 +50,8 @@ from typing import Any
 import ray
 from ray import serve
 
-from specdec.engine import Engine
 from specdec.errors import SpecdecError
+from specdec.runtime.engine import Engine
 from specdec.serve import ServeOptions
 from specdec.serve.app import create_app
 from specdec.serve.metrics import merge_replicas

@@ -109,7 +109,7 @@ class EngineSpec:
     def check(self) -> None:
         """The SpecdecError that loading would raise for a bad name, without loading anything."""
         from specdec.drafters.spec import resolve_drafter
-        from specdec.loading import check_spec, resolve_backends
+        from specdec.runtime.loading import check_spec, resolve_backends
 
         # the model of "lookup+<model>", if any; a head's spec is checked where it loads, beside its target
         draft = resolve_drafter(self.draft, self.target, self.backend).model
@@ -120,7 +120,7 @@ class EngineSpec:
 
     def load(self):
         """The Engine (in the replica)."""
-        from specdec.engine import Engine
+        from specdec.runtime.engine import Engine
 
         if self.threads:
             import torch

@@ -2,7 +2,7 @@
 
 With ``max_batch`` 1 one thread runs the requests one at a time.  With more, ``max_batch`` threads
 each take a request from the queue and run it through the engine with batching enabled
-(``Engine.enable_batching``, specdec.batching): the running requests' decode steps share one target
+(``Engine.enable_batching``, specdec.runtime.batching): the running requests' decode steps share one target
 forward (continuous batching: a request joins the batch when a thread takes it and leaves it when it
 ends), and each request's draft length is chosen for the load of the whole batch.  Either way a
 thread runs ``engine.stream(prompt_ids, config)``.
@@ -23,11 +23,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-from specdec.engine import Engine, TextStream
+from specdec.algorithm.loop import Stats
 from specdec.errors import SpecdecError
-from specdec.loop import Stats
-from specdec.memory import RETAIN_TOKENS, MemoryBudget, Need, format_bytes
 from specdec.request import RequestConfig
+from specdec.runtime.engine import Engine, TextStream
+from specdec.runtime.memory import RETAIN_TOKENS, MemoryBudget, Need, format_bytes
 from specdec.serve.metrics import Metrics
 
 log = logging.getLogger("specdec.serve")
@@ -130,7 +130,7 @@ class Worker:
     (the engine's batching set to it).  `defaults`: the requests' defaults, refused now where the
     engine could run none of them (stairs verification in a batch).
 
-    `memory_budget` (bytes, None: none; specdec.memory): each request's need (Engine.memory_need) is
+    `memory_budget` (bytes, None: none; specdec.runtime.memory): each request's need (Engine.memory_need) is
     reserved before it starts and released when it ends.  submit() refuses one that needs more than the
     whole budget (OverBudget); the request at the head of the queue waits until the running ones leave it
     room, and those behind it wait behind it (no later, smaller request overtakes it).  Either way the

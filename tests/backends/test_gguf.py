@@ -21,11 +21,11 @@ import pytest
 import torch
 from torch import nn
 
+from specdec.algorithm.loop import StopCondition, run
 from specdec.backends import gguf, kernels
 from specdec.backends.lean import Rotary, forward_packed
 from specdec.drafters.model import ModelDrafter
 from specdec.errors import SpecdecError
-from specdec.loop import StopCondition, run
 from tests.backends.gguf_blocks import quantize_activations
 from tests.backends.test_quant import ConstantDrafter
 from tests.tiny_gguf import TYPES, save_tiny_gguf
@@ -263,8 +263,8 @@ def test_what_it_cannot_run_is_refused_in_one_line(tmp_path, files):
 
 
 def test_the_engine_runs_a_gguf_file_exactly(files, tmp_path, monkeypatch):
-    from specdec.engine import Engine
-    from specdec.loading import fastest_dtype
+    from specdec.runtime.engine import Engine
+    from specdec.runtime.loading import fastest_dtype
 
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
     target = files["qwen2"]
@@ -281,7 +281,7 @@ def test_the_engine_runs_a_gguf_file_exactly(files, tmp_path, monkeypatch):
 
 
 def test_gguf_is_refused_for_what_is_not_a_gguf_file(tmp_path):
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
     from tests.tiny import save_tiny
 
     folder = save_tiny(tmp_path / "tiny")
@@ -311,7 +311,7 @@ def test_the_runner_needs_no_transformers_model(files):
 
     from specdec.backends.hf import model_eos_token_ids
 
-    code = ("import sys; from specdec.engine import Engine; "
+    code = ("import sys; from specdec.runtime.engine import Engine; "
             "Engine.load(sys.argv[1], None, dtype='gguf').generate('def f(x):', max_new_tokens=3); "
             "print(sorted(m for m in sys.modules if m.startswith(('transformers.models.llama.modeling',"
             "'transformers.models.qwen2.modeling', 'transformers.generation.utils'))))")

@@ -23,14 +23,14 @@ import random
 import pytest
 import torch
 
+from specdec.algorithm.control import AutoK, Costs
+from specdec.algorithm.loop import StopCondition, run
 from specdec.backends import kernels
 from specdec.backends.int4 import Int4Linear, quantize_int4
 from specdec.backends.lean import INT8_CATCH_UP_ROWS, CatchUpLayers, Int4Layers, Int8Layers, LeanRunner, forward_packed
 from specdec.backends.quant import Int8Linear, quantize_model
-from specdec.control import AutoK, Costs
 from specdec.drafters.model import ModelDrafter
 from specdec.errors import SpecdecError
-from specdec.loop import StopCondition, run
 from tests.tiny import VOCAB, tiny_model
 
 QMAX = 127.0

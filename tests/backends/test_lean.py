@@ -15,13 +15,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, MistralConfig
 
+from specdec.algorithm.loop import StopCondition, run
 from specdec.backends import lean
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner, fuse
 from specdec.backends.quant import Int8Linear, quantize_model
-from specdec.engine import Engine
 from specdec.errors import SpecdecError
-from specdec.loop import StopCondition, run
+from specdec.runtime.engine import Engine
 from tests.tiny import VOCAB, tiny_model, tiny_tokenizer
 
 

@@ -163,7 +163,7 @@ def test_batch_invariance_of_builds(monkeypatch):
 
 def test_engine_takes_runners_from_any_backend():
     # A fake llama.cpp target and a transformers draft with the same token ids: speculative == plain.
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
     from tests.tiny import tiny_model, tiny_tokenizer
 
     tok = tiny_tokenizer(0, vocab_size=VOCAB + 100)
@@ -178,7 +178,7 @@ def test_engine_takes_runners_from_any_backend():
 
 
 def test_engine_load_refuses_what_llama_cpp_cannot_load(tmp_path):
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
 
     with pytest.raises(SpecdecError, match="unknown backend"):
         Engine.load("smollm2-135m", backend="vllm")
@@ -292,7 +292,7 @@ class DecodeSizes:
 
 @pytest.mark.real
 def test_speculative_equals_plain_on_llama_cpp_same_tokenizer(lcpp, monkeypatch):
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
 
     engine = Engine(*lcpp("qwen2.5-coder-1.5b"), *lcpp("qwen2.5-coder-0.5b", exact=False))
     session = engine.target_runner.session
@@ -315,7 +315,7 @@ def test_speculative_equals_plain_on_llama_cpp_same_tokenizer(lcpp, monkeypatch)
 
 @pytest.mark.real
 def test_speculative_equals_plain_on_llama_cpp_universal(lcpp):
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
 
     engine = Engine(*lcpp("qwen2.5-coder-1.5b"), *lcpp("smollm2-135m", exact=False))
     assert engine.resolve_draft_mode("auto") == "text"
@@ -329,8 +329,8 @@ def test_intersection_mode_and_sampling_on_llama_cpp(lcpp):
     # Every drafter on either backend: the intersection drafter (its vocabulary map
     # sized from the GGUF's vocabulary) is exact under greedy decoding, and sampling
     # through llama.cpp logits is seeded-reproducible, with top-k = 1 equal to greedy.
-    from specdec.engine import Engine
-    from specdec.sampling import SamplingParams
+    from specdec.algorithm.sampling import SamplingParams
+    from specdec.runtime.engine import Engine
 
     engine = Engine(*lcpp("qwen2.5-coder-1.5b"), *lcpp("smollm2-135m", exact=False))
     prompt = PROMPTS[0]
@@ -357,7 +357,7 @@ def hf_target(real_hf):
 
 @pytest.fixture(scope="module")
 def hf_plain(real_hf):
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
 
     engine = Engine(*real_hf("qwen2.5-coder-1.5b", "int8"))
     return {p: engine.generate(p, max_new_tokens=MAX_NEW).token_ids for p in PROMPTS[:2]}
@@ -366,7 +366,7 @@ def hf_plain(real_hf):
 @pytest.mark.real
 @pytest.mark.parametrize("draft", ["qwen2.5-coder-0.5b", "smollm2-135m"])
 def test_torch_target_with_llama_cpp_draft(lcpp, hf_target, hf_plain, draft):
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
 
     engine = Engine(*hf_target, *lcpp(draft, exact=False))
     assert engine.resolve_draft_mode("auto") == ("same" if draft.startswith("qwen") else "text")
@@ -383,7 +383,7 @@ def test_cli_generate_on_llama_cpp(lcpp, cached_loaders):
     from typer.testing import CliRunner
 
     from specdec.cli import app
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
 
     result = CliRunner().invoke(app, ["generate", "def fibonacci(n):", "--json", "-n", "16",
                                       "--backend", "llamacpp", "--threads", "1", "-k", "4"])
@@ -399,7 +399,7 @@ def test_tokenizer_of_an_unconverted_gguf_matches_the_converted_one(tmp_path, mo
     # A .gguf file with no transformers conversion: its tokenizer is built from the GGUF alone
     # (no weights loaded) and cached; it must equal the tokenizer of the zoo's converted copy.
     from specdec import zoo
-    from specdec.loading import gguf_file, load_tokenizer
+    from specdec.runtime.loading import gguf_file, load_tokenizer
 
     reference = load_tokenizer("smollm2-135m")
     gguf = tmp_path / "model.gguf"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specdec.algorithm.stairs import stairs_runner
 from specdec.backends.base import ModelRunner
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import Fp32Layers, Int8Layers, LeanRunner, NativeInt4Layers
@@ -19,7 +20,6 @@ from specdec.backends.llamacpp import LlamaCppRunner
 from specdec.backends.quant import quantize_model
 from specdec.backends.seq2seq import Seq2SeqRunner
 from specdec.errors import SpecdecError
-from specdec.stairs import stairs_runner
 from tests.backends.test_llamacpp import FakeSession
 from tests.backends.test_seq2seq import tiny_t5
 from tests.tiny import tiny_model

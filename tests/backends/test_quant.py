@@ -19,11 +19,11 @@ import pytest
 import torch
 from torch import nn
 
+from specdec.algorithm.loop import StopCondition, run
 from specdec.backends.hf import HFRunner
 from specdec.backends.quant import Int8Linear, is_int8, load_int8, quantize_model, quantize_weight, save_int8
 from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.model import ModelDrafter
-from specdec.loop import StopCondition, run
 from tests.tiny import VOCAB, tiny_model, tiny_tokenizer
 
 ARCHS = ["llama", "qwen2", "gemma3"]
@@ -178,8 +178,8 @@ def test_load_int8_refuses_a_folder_without_an_int8_model(tmp_path):
 
 
 def test_load_hf_quantizes_once_then_loads_the_cache(tmp_path, monkeypatch):
-    from specdec import loading
     from specdec.backends import quant
+    from specdec.runtime import loading
     from tests.tiny import save_tiny
 
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))

@@ -7,7 +7,7 @@ with the decoder starting from the pad id 0 (T5) or EOS (BART).  The weights
 are redrawn wider than T5's own init (see tiny_t5) so that greedy outputs vary
 along a generation and stay far from ties.
 
-Stairs verification (specdec.stairs) over the same pairs: identical to plain
+Stairs verification (specdec.algorithm.stairs) over the same pairs: identical to plain
 greedy too, with the same adversarial drafts.
 
 Backend contract: the runner's logits equal the model's own full forward (no
@@ -32,14 +32,14 @@ import torch
 from transformers import BartConfig, BartForConditionalGeneration, T5Config, T5ForConditionalGeneration
 from typer.testing import CliRunner
 
+from specdec.algorithm.loop import StopCondition, run
+from specdec.algorithm.sampling import SamplingParams
+from specdec.algorithm.stairs import stairs_runner
+from specdec.algorithm.verify import make_verifier
 from specdec.backends.seq2seq import Seq2SeqRunner, is_seq2seq
 from specdec.drafters.model import ModelDrafter
-from specdec.engine import Engine
 from specdec.errors import IncompatibleDraftError, SpecdecError
-from specdec.loop import StopCondition, run
-from specdec.sampling import SamplingParams
-from specdec.stairs import stairs_runner
-from specdec.verify import make_verifier
+from specdec.runtime.engine import Engine
 from tests.chisq import chi_square
 from tests.tiny import save_tiny, tiny_model, tiny_tokenizer
 from tests.toy import ConstantDrafter, reference_warp
@@ -239,7 +239,7 @@ def drafter(kind: str, source: Sequence[int], params: SamplingParams | None = No
 def speculative(source: Sequence[int], kind: str, gamma: int, max_new: int = MAX_NEW, eos: frozenset[int] = frozenset(),
                 verify: str = "causal"):
     """Speculative greedy decoding of the T5 target; verify "stairs": through its staircase of
-    next-token queries (specdec.stairs) instead of one causal forward."""
+    next-token queries (specdec.algorithm.stairs) instead of one causal forward."""
     target = runner(TARGET, source)
     prompt = target.decoder_prompt()
     if verify == "stairs":
@@ -460,7 +460,7 @@ def test_mixed_pairs_are_refused(dirs, target, draft, message):
 
 
 def test_other_draft_modes_and_int8_are_refused(dirs):
-    from specdec.loading import load_hf
+    from specdec.runtime.loading import load_hf
 
     engine = Engine.load(dirs["target"], draft=dirs["draft"])
     with pytest.raises(SpecdecError, match="draft mode 'text'"):

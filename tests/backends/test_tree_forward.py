@@ -229,7 +229,7 @@ def test_runners_that_cannot_compute_trees_say_so():
     assert draft.layer_set.native and not draft.capabilities.tree
     with pytest.raises(SpecdecError, match="token tree"):
         draft.forward_tree([1, 2], [-1, 0])
-    from specdec.batching import BatchedTarget, SlotRunner
+    from specdec.runtime.batching import BatchedTarget, SlotRunner
 
     batch = BatchedTarget(model("int8 llama"), 1)
     assert batch.runners[0].capabilities.tree and not SlotRunner(batch, 0).capabilities.tree

@@ -13,8 +13,8 @@ import pytest
 
 from specdec.bench import concurrency
 from specdec.bench.runner import BenchOptions, run_concurrency_bench
-from specdec.engine import Engine
 from specdec.errors import SpecdecError
+from specdec.runtime.engine import Engine
 from tests.tiny import save_tiny, tiny_model, tiny_tokenizer
 
 

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from specdec.algorithm.sampling import SamplingParams
 from specdec.bench import llamaserver, report
 from specdec.bench.methods import (
     LlamaServerDraft,
@@ -21,7 +22,6 @@ from specdec.bench.prompts import Prompt
 from specdec.bench.results import aggregate
 from specdec.bench.runner import run_interleaved
 from specdec.errors import SpecdecError
-from specdec.sampling import SamplingParams
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
 

@@ -2,6 +2,7 @@
 
 import pytest
 
+from specdec.algorithm.sampling import SamplingParams
 from specdec.bench.methods import (
     DraftCounter,
     HFAssisted,
@@ -14,9 +15,8 @@ from specdec.bench.methods import (
     split_method,
 )
 from specdec.drafters.spec import DrafterSpec
-from specdec.engine import Engine
 from specdec.errors import SpecdecError
-from specdec.sampling import SamplingParams
+from specdec.runtime.engine import Engine
 from tests.tiny import tiny_model, tiny_tokenizer
 
 

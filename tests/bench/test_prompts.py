@@ -165,7 +165,7 @@ def test_missing_file(tmp_path):
 
 def tiny_engine(template: str | None):
     """An Engine over a tiny model whose tokenizer has the given chat template (None: none)."""
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
     from tests.tiny import tiny_model, tiny_tokenizer
 
     tok = tiny_tokenizer(0)

@@ -2,12 +2,12 @@
 
 import pytest
 
+from specdec.algorithm.sampling import SamplingParams
 from specdec.bench.methods import Measurement, Method
 from specdec.bench.report import summary_json, summary_markdown
 from specdec.bench.results import LATER, Record, aggregate, turn_keys
 from specdec.bench.sessions import run_sessions
 from specdec.bench.workloads import Session
-from specdec.sampling import SamplingParams
 
 SESSIONS = [Session("s1", "edit", ("write", "rename", "test")), Session("s2", "agent", ("tools", "obs"))]
 

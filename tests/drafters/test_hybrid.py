@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from specdec.algorithm.control import Controller
+from specdec.algorithm.loop import StopCondition, run
 from specdec.backends.hf import HFRunner
-from specdec.control import Controller
 from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import ModelDrafter
-from specdec.loop import StopCondition, run
 from tests.tiny import VOCAB, tiny_model
 from tests.toy import RandomK
 
@@ -82,7 +82,7 @@ class Refusing(Controller):
 
 
 def test_plan_walks_the_sources_in_order():
-    from specdec.control import plan
+    from specdec.algorithm.control import plan
 
     hybrid = HybridDrafter(Scripted(99), LookupDrafter(max_ngram=3, min_ngram=2))
     context = [1, 2, 3, 4, 2]

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specdec.algorithm.loop import StopCondition, run
 from specdec.backends.hf import HFRunner
 from specdec.drafters.lookup import LookupDrafter
-from specdec.loop import StopCondition, run
 from tests.tiny import VOCAB, tiny_model
 from tests.toy import RandomK
 

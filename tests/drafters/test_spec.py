@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import specdec
+from specdec.algorithm.sampling import SamplingParams
 from specdec.drafters import spec as drafter_spec
 from specdec.drafters.base import LOOKUP, MODEL, SUFFIX
 from specdec.drafters.hybrid import HybridDrafter
@@ -25,7 +26,6 @@ from specdec.drafters.spec import (
 )
 from specdec.drafters.suffix import SuffixDrafter, SuffixStore
 from specdec.errors import SpecdecError
-from specdec.sampling import SamplingParams
 
 PAIR = (object(), object())  # a loaded (model, tokenizer) pair
 

@@ -14,15 +14,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specdec.algorithm.loop import StopCondition, run
+from specdec.algorithm.sampling import SamplingParams
 from specdec.backends.hf import HFRunner
 from specdec.drafters.base import Drafter
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.suffix import STORE_LEAD, SuffixDrafter, SuffixIndex, SuffixStore, greedy_chain
-from specdec.engine import Engine
 from specdec.errors import SpecdecError
-from specdec.loop import StopCondition, run
-from specdec.sampling import SamplingParams
+from specdec.runtime.engine import Engine
 from tests.tiny import VOCAB, tiny_model, tiny_tokenizer
 from tests.toy import RandomK
 
@@ -298,7 +298,7 @@ def test_suffix_speculative_equals_plain_greedy(gamma):
 def test_graded_drafts_of_up_to_24_tokens_equal_plain_greedy():
     # -k auto with grades: the whole earlier answer in the store is a long sure match, so steps draft
     # past the old 8-token cap; every grade and k, the output is plain's token for token
-    from specdec.control import AutoK, Costs
+    from specdec.algorithm.control import AutoK, Costs
     from specdec.drafters.lookup import LookupDrafter
 
     model = tiny_model("llama", 0)

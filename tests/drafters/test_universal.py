@@ -18,12 +18,12 @@ import pytest
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
+from specdec.algorithm.loop import StopCondition, run
+from specdec.algorithm.sampling import SamplingParams
+from specdec.algorithm.verify import make_verifier
 from specdec.backends.hf import HFRunner
 from specdec.bridge import TextBridge, VocabularyMap
 from specdec.drafters.universal import UniversalDrafter
-from specdec.loop import StopCondition, run
-from specdec.sampling import SamplingParams
-from specdec.verify import make_verifier
 from tests.chisq import chi_square, seeded_runs
 from tests.tiny import tiny_model, tiny_tokenizer
 from tests.toy import RandomK, ToyRunner, chain_distribution, random_table

@@ -9,19 +9,19 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from specdec.algorithm.control import Controller
+from specdec.algorithm.loop import StopCondition, run
+from specdec.algorithm.sampling import SamplingParams
+from specdec.algorithm.verify import make_verifier
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner
 from specdec.backends.quant import quantize_model
-from specdec.control import Controller
 from specdec.drafters.base import Draft
 from specdec.drafters.tree import TreeShape
 from specdec.errors import SpecdecError
 from specdec.head.drafter import CONFIDENCE_GRADES, HeadDrafter, confidence_grade
 from specdec.head.model import HeadCache
 from specdec.head.train import TrainResult, target_pass
-from specdec.loop import StopCondition, run
-from specdec.sampling import SamplingParams
-from specdec.verify import make_verifier
 from tests.tiny import assert_near_tie_parting, tiny_model
 
 STOP = StopCondition(max_new_tokens=40)
@@ -217,7 +217,7 @@ def test_sampling_q_lives_on_the_draft_vocabulary(target: torch.nn.Module, text:
 
 
 def test_a_target_without_hidden_states_or_of_another_vocabulary_is_refused(trained: TrainResult) -> None:
-    from specdec.stairs import stairs_runner
+    from specdec.algorithm.stairs import stairs_runner
 
     with pytest.raises(SpecdecError, match="hidden states"):
         HeadDrafter(trained.head, stairs_runner(HFRunner(tiny_model("llama", 0))))

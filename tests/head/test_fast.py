@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from specdec.algorithm.loop import StopCondition, run
+from specdec.algorithm.sampling import SamplingParams
+from specdec.algorithm.verify import make_verifier
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner
 from specdec.backends.quant import quantize_model
@@ -21,9 +24,6 @@ from specdec.head.fast import FastHead, for_drafting
 from specdec.head.model import DraftHead, HeadCache
 from specdec.head.store import save, target_identity
 from specdec.head.train import TrainResult, target_pass
-from specdec.loop import StopCondition, run
-from specdec.sampling import SamplingParams
-from specdec.verify import make_verifier
 from tests.tiny import assert_near_tie_parting, tiny_model
 
 STOP = StopCondition(max_new_tokens=40)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from specdec.algorithm.loop import StopCondition, run
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner
 from specdec.backends.quant import quantize_model
@@ -20,7 +21,6 @@ from specdec.head.fast import FastHead
 from specdec.head.features import features
 from specdec.head.model import HeadCache
 from specdec.head.train import TrainResult, train
-from specdec.loop import StopCondition, run
 from tests.head.conftest import QUICK, own_text
 from tests.tiny import assert_near_tie_parting, tiny_model
 

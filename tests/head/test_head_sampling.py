@@ -2,7 +2,7 @@
 
 A tiny llama target with V = 6 (tests/tiny.py) and a head trained on it for a moment with a draft
 vocabulary of 4 (so the head's q is zero on two target tokens, which it can never propose); RUNS seeded
-runs of specdec.loop.run with MAX_NEW new tokens and γ = 3, temperature 0.8, each run with its own seed;
+runs of specdec.algorithm.loop.run with MAX_NEW new tokens and γ = 3, temperature 0.8, each run with its own seed;
 a chi-square test of the histogram of the new tokens against the exact distribution of plain sampling,
 computed from the model's logits by an independent float64 warp (tests/toy.reference_warp).  The runs
 are split over two processes (tests/chisq.py), each training the same head (the same seed, one thread).
@@ -29,13 +29,13 @@ from functools import lru_cache
 import pytest
 import torch
 
+from specdec.algorithm.loop import StopCondition, run
+from specdec.algorithm.sampling import SamplingParams
+from specdec.algorithm.verify import make_verifier
 from specdec.backends.hf import HFRunner
 from specdec.head.drafter import HeadDrafter
 from specdec.head.model import DraftHead
 from specdec.head.train import train
-from specdec.loop import StopCondition, run
-from specdec.sampling import SamplingParams
-from specdec.verify import make_verifier
 from tests.chisq import chi_square, seeded_runs
 from tests.head.conftest import QUICK
 from tests.tiny import tiny_model

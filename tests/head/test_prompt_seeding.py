@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from specdec.algorithm.loop import StopCondition, run
 from specdec.backends.lean import LeanRunner
 from specdec.backends.quant import quantize_model
 from specdec.drafters.base import Draft
@@ -18,7 +19,6 @@ from specdec.errors import SpecdecError
 from specdec.head.drafter import WINDOW, HeadDrafter
 from specdec.head.model import HeadCache
 from specdec.head.train import TrainResult
-from specdec.loop import StopCondition, run
 from tests.tiny import tiny_model
 
 STOP = StopCondition(max_new_tokens=30)

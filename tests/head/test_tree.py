@@ -10,6 +10,7 @@ import copy
 import pytest
 import torch
 
+from specdec.algorithm.loop import StopCondition, run
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner
 from specdec.backends.quant import quantize_model
@@ -19,7 +20,6 @@ from specdec.head.drafter import HeadDrafter
 from specdec.head.fast import FastHead
 from specdec.head.model import GrownTree, HeadCache
 from specdec.head.train import TrainResult, target_pass
-from specdec.loop import StopCondition, run
 from tests.head.test_drafter import Checked, prompts
 from tests.tiny import assert_near_tie_parting, tiny_model
 

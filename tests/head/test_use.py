@@ -18,12 +18,12 @@ from specdec import zoo
 from specdec.cli import app
 from specdec.defaults import HEAD_DRAFTER, MODEL_DRAFTER
 from specdec.drafters.spec import resolve_drafter
-from specdec.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.head import manifest, store
 from specdec.head.manifest import heads_table
 from specdec.head.train import train
 from specdec.head.use import measure_head
+from specdec.runtime.engine import Engine
 from tests.head.conftest import QUICK, own_text
 from tests.tiny import save_tiny
 

@@ -18,8 +18,8 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed: pip ins
 import uvicorn  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
-from specdec.engine import Engine  # noqa: E402
 from specdec.request import RequestConfig, field_names  # noqa: E402
+from specdec.runtime.engine import Engine  # noqa: E402
 from specdec.serve.app import ServeOptions, create_app  # noqa: E402
 from specdec.serve.connections import (  # noqa: E402
     ConnectionLimits,

@@ -79,7 +79,7 @@ def test_speculative_field(server):
 
 def test_a_draft_that_agrees_is_accepted(tiny_dirs):
     """The target's bf16 copy as the draft: most drafts accepted, the same text as plain decoding."""
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
     from tests.serve.conftest import serve
 
     engine = Engine.load(tiny_dirs["target"], tiny_dirs["target"], draft_dtype="bf16")
@@ -151,7 +151,7 @@ def test_metrics_add_up_to_the_responses(server):
 
 
 def test_suffix_drafts_learn_across_requests_and_are_counted_by_source(tiny_dirs):
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
 
     engine = Engine.load(tiny_dirs["target"], "suffix+" + tiny_dirs["draft"], dtype="fp32", suffix_memory=5000)
     with serve(engine, k=4) as server:

@@ -10,7 +10,7 @@ import threading
 import httpx
 import pytest
 
-from specdec.memory import RETAIN_TOKENS
+from specdec.runtime.memory import RETAIN_TOKENS
 from tests.serve.conftest import MODEL, metric, metric_samples, serve
 from tests.serve.test_concurrency import in_thread, wait_for
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from specdec.backends.hf import HFRunner
-from specdec.engine import Engine
+from specdec.runtime.engine import Engine
 from tests.serve.conftest import MODEL, metric, metric_samples, serve
 
 BODY = {"model": MODEL, "prompt": "for i in range", "temperature": 0}

@@ -154,7 +154,7 @@ def test_errors_are_counted_by_status(limited):
 
 def test_a_model_without_a_chat_template(tiny_dirs):
     """Chat needs a chat template: without one it is a 400 that says to use completions."""
-    from specdec.engine import Engine
+    from specdec.runtime.engine import Engine
 
     engine = Engine.load(tiny_dirs["draft"])  # saved without a chat template
     with serve(engine) as server:

@@ -21,7 +21,7 @@ from urllib.parse import urlencode
 import pytest
 import uvicorn
 
-from specdec.engine import Engine
+from specdec.runtime.engine import Engine
 from specdec.serve.connections import bind
 from tests.conftest import in_ci
 from tests.serve.conftest import MODEL, serve

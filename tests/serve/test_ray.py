@@ -39,8 +39,8 @@ pytestmark = pytest.mark.ray
 
 from ray import cloudpickle  # noqa: E402
 
-from specdec.engine import Engine  # noqa: E402
 from specdec.request import RequestConfig  # noqa: E402
+from specdec.runtime.engine import Engine  # noqa: E402
 from specdec.serve.app import ServeOptions  # noqa: E402
 from specdec.serve.connections import bind  # noqa: E402
 from specdec.serve.ray import REPLICA_HEADER, connect, deploy  # noqa: E402

@@ -12,8 +12,8 @@ import time
 import httpx
 
 from specdec.backends.hf import HFRunner
-from specdec.engine import Engine
 from specdec.request import RequestConfig
+from specdec.runtime.engine import Engine
 from specdec.serve import ServeOptions
 from specdec.serve.app import create_app
 from specdec.serve.connections import bind, server_config

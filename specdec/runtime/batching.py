@@ -20,17 +20,17 @@ How it works:
   padding rows are computed and no attention mask is built; and for an int8
   target every row is computed exactly as when it runs alone, so a request's
   logits are bitwise independent of its neighbours.
-- :meth:`Engine.enable_batching <specdec.engine.Engine.enable_batching>` gives
-  the engine a :class:`BatchPool` (specdec.pool): every request still goes
+- :meth:`Engine.enable_batching <specdec.runtime.engine.Engine.enable_batching>` gives
+  the engine a :class:`BatchPool` (specdec.runtime.pool): every request still goes
   through ``Engine.stream`` and runs the one decode loop,
-  :func:`specdec.loop.decode`, in the thread that consumes it, over a
+  :func:`specdec.algorithm.loop.decode`, in the thread that consumes it, over a
   :class:`SlotRunner` (a ModelRunner view of its slot) the pool lends it.  A
   slot's forward waits until every other active slot has submitted its forward
   too (or left); the last one to arrive runs the packed forward for all and
   hands each its logits.  Drafting, verification and
   rollback stay per request.
 - Each speculative request gets its own cost-model controller
-  (:class:`specdec.control.AutoK`) that sees the load of the others (their
+  (:class:`specdec.algorithm.control.AutoK`) that sees the load of the others (their
   tokens in the step, their expected tokens, their drafting time) and prices
   its k against t(total tokens) measured over packed forwards (a table timed
   once, then kept current by the batch from every packed forward's time
@@ -55,13 +55,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from specdec.algorithm.control import AutoK, Controller, Costs, Load
+from specdec.algorithm.sampling import SamplingParams
 from specdec.backends import lean
 from specdec.backends.base import PREFILL_CHUNK, Footprint, ModelRunner, Refusals, cannot_clone
 from specdec.backends.lean import LeanRunner, forward_packed
-from specdec.control import AutoK, Controller, Costs, Load
 from specdec.errors import SpecdecError
-from specdec.pool import Lease
-from specdec.sampling import SamplingParams
+from specdec.runtime.pool import Lease
 
 if TYPE_CHECKING:
     from specdec.request import RequestConfig
@@ -293,8 +293,8 @@ def check_batchable(config: RequestConfig) -> None:
 class BatchPool:
     """An Engine's models serving up to `max_batch` concurrent requests, one packed target forward per
     step (see the module doc): the runner pool Engine.enable_batching gives the engine
-    (specdec.pool).  Each request's lease is a slot: a SlotRunner, a draft runner of its own and a
-    controller that sees the other slots' load.  `engine`: a specdec.engine.Engine (not imported here:
+    (specdec.runtime.pool).  Each request's lease is a slot: a SlotRunner, a draft runner of its own and a
+    controller that sees the other slots' load.  `engine`: a specdec.runtime.engine.Engine (not imported here:
     the engine imports this module)."""
 
     def __init__(self, engine: Any, max_batch: int = 4) -> None:
@@ -319,7 +319,7 @@ class BatchPool:
         cached on disk like the engine's) and the engine's measured drafting costs."""
         with self._costs_lock:
             if self._costs is None:
-                from specdec.profile import _cached, measure_forwards
+                from specdec.runtime.profile import _cached, measure_forwards
                 from specdec.zoo import home
 
                 runner = self.target.runners[0].clone()  # the slots' weights, a cache of its own

@@ -33,8 +33,8 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.sampling import Randomness, as_randomness
-from specdec.verdict import Verdict
+from specdec.algorithm.sampling import Randomness, as_randomness
+from specdec.algorithm.verdict import Verdict
 
 
 def block_weights(p_x: Sequence[float], q_x: Sequence[float]) -> list[float]:

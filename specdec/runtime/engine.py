@@ -3,8 +3,8 @@
 It turns text into token ids (optionally through the target's chat template),
 builds the strategy objects for a request — a drafter, a verifier, a stop
 condition, a controller — from its :class:`~specdec.request.RequestConfig`, and
-runs the one decode loop of :mod:`specdec.loop` over runners its pool lends it
-(:mod:`specdec.pool`: one request at a time, or a batch's slots after
+runs the one decode loop of :mod:`specdec.algorithm.loop` over runners its pool lends it
+(:mod:`specdec.runtime.pool`: one request at a time, or a batch's slots after
 :meth:`Engine.enable_batching`).  :meth:`Engine.stream` is the one place a
 request is set up: the CLI, the server, the Python API and the benchmark all go
 through it.
@@ -18,13 +18,17 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, overload
 
+from specdec.algorithm.control import AutoK, Controller, Costs, parse_speculation
+from specdec.algorithm.loop import Stats, Step, StopCondition, collect, decode
+from specdec.algorithm.sampling import SamplingParams
+from specdec.algorithm.stairs import StairsRunner, stairs_runner
+from specdec.algorithm.verify import make_verifier
 from specdec.backends import lean
 from specdec.backends.base import ModelRunner
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner
 from specdec.backends.seq2seq import Seq2SeqRunner, is_seq2seq
 from specdec.bridge import TextBridge, VocabularyMap
-from specdec.control import AutoK, Controller, Costs, parse_speculation
 from specdec.defaults import DEFAULT_SUFFIX_MEMORY
 from specdec.drafters.base import Drafter
 from specdec.drafters.model import ModelDrafter
@@ -42,14 +46,10 @@ from specdec.drafters.spec import (
 from specdec.drafters.suffix import SuffixStore
 from specdec.drafters.universal import UniversalDrafter
 from specdec.errors import IncompatibleDraftError, SpecdecError
-from specdec.loading import AUTO_BACKEND, ModelSpec, resolve_draft
-from specdec.loop import Stats, Step, StopCondition, collect, decode
-from specdec.memory import DRAFT_ROWS, TRIM_RETURN_BYTES, Need, request_need, return_freed_memory
-from specdec.pool import Lease, RunnerPool, SinglePool
 from specdec.request import RequestConfig, check_draft_mode, check_verify_mode
-from specdec.sampling import SamplingParams
-from specdec.stairs import StairsRunner, stairs_runner
-from specdec.verify import make_verifier
+from specdec.runtime.loading import AUTO_BACKEND, ModelSpec, resolve_draft
+from specdec.runtime.memory import DRAFT_ROWS, TRIM_RETURN_BYTES, Need, request_need, return_freed_memory
+from specdec.runtime.pool import Lease, RunnerPool, SinglePool
 from specdec.vocab import chat_ids, decoded, same_vocabulary
 
 if TYPE_CHECKING:
@@ -180,7 +180,7 @@ def _check_load(drafter: DrafterSpec, target: ModelSpec, dtype: str, backend: st
     """(target's dtype, target's backend, draft's backend, draft's dtype) as Engine.load loads them, every
     "auto" resolved; each mistake refused in one line before anything is loaded: a head that cannot draft or
     is missing, an int4 target, a bad device / dtype pair, a name that no backend can load."""
-    from specdec.loading import AUTO_DTYPE, INT4, check_spec, fastest_dtype, resolve_device
+    from specdec.runtime.loading import AUTO_DTYPE, INT4, check_spec, fastest_dtype, resolve_device
 
     if suffix_memory < 0:
         raise SpecdecError(f"the suffix memory must be >= 0 tokens, got {suffix_memory}")
@@ -227,7 +227,7 @@ class _Loader:
     def model(self, spec: DraftModel, which: str, exact: bool, dtype: str) -> tuple[Any, PreTrainedTokenizerBase, str]:
         """(model or runner, tokenizer, name) of `spec` on backend `which` in `dtype`; exact: llama.cpp's
         batch-invariant mode (a target's)."""
-        from specdec.loading import GGUF, INT4, load_gguf, load_hf, load_int4_draft, load_llamacpp
+        from specdec.runtime.loading import GGUF, INT4, load_gguf, load_hf, load_int4_draft, load_llamacpp
 
         if isinstance(spec, tuple):
             model, tok = spec
@@ -323,21 +323,21 @@ class Engine:
         self.prefix_cache = True  # requests reuse the target's cached prefix where exact (see the class doc)
         self.dtype = "as loaded"  # the target's dtype, as Engine.load resolved it ("gguf" on llama.cpp)
         self.draft_dtype = "as loaded" if draft is not None else None  # the draft model's, likewise
-        self.pool: RunnerPool = self._single_pool()  # lends the runners to requests (specdec.pool)
+        self.pool: RunnerPool = self._single_pool()  # lends the runners to requests (specdec.runtime.pool)
         # After each request its runners keep at most this many cached tokens (prefix reuse) and free the rest of
-        # their caches, handing a large freed block back to the OS (ModelRunner.trim; specdec.memory); None: they
+        # their caches, handing a large freed block back to the OS (ModelRunner.trim; specdec.runtime.memory); None: they
         # keep all of it until the next request (the library's default; `specdec serve` sets RETAIN_TOKENS).
         self.retain_tokens: int | None = None
 
     def enable_batching(self, max_batch: int) -> None:
         """Decode up to `max_batch` requests (streams consumed from as many threads) together, one packed
-        target forward per step (specdec.batching); 1: one request at a time, the engine's own runners."""
+        target forward per step (specdec.runtime.batching); 1: one request at a time, the engine's own runners."""
         if max_batch < 1:
             raise SpecdecError(f"the batch size must be >= 1, got {max_batch}")
         if max_batch == 1:
             self.pool = self._single_pool()
             return
-        from specdec.batching import BatchPool
+        from specdec.runtime.batching import BatchPool
 
         self.pool = BatchPool(self, max_batch)
 
@@ -386,7 +386,7 @@ class Engine:
         (specdec.head.use.load_head) in their place -- so that one benchmark run compares drafters on one
         target (``specdec-auto@lookup`` beside ``specdec-auto`` with ``--draft suffix``; a head beside
         the draft model).  Where it drafts otherwise than this engine, its `-k auto` controller is its
-        own (what it prices depends on the drafters: specdec.profile.step_costs)."""
+        own (what it prices depends on the drafters: specdec.runtime.profile.step_costs)."""
         if copier is not None and copier not in (COPIERS if model or head is not None else FREE):
             raise ValueError(f"copier must be one of {COPIERS} (or alone, {FREE}) or None, not {copier!r}")
         if head is not None and model:
@@ -419,8 +419,8 @@ class Engine:
 
     def speculation(self, k: int | str | Controller, sampling: SamplingParams | None = None) -> int | Controller:
         """A draft length for the loop: an int γ as it is, a Controller as it is, or "auto": this
-        engine's cost-model controller (specdec.control.AutoK; its costs measured on first use and
-        cached on disk, see specdec.profile.step_costs; what it learns carries over between requests).
+        engine's cost-model controller (specdec.algorithm.control.AutoK; its costs measured on first use and
+        cached on disk, see specdec.runtime.profile.step_costs; what it learns carries over between requests).
 
         A seeded sampled request gets a controller of its own instead, started afresh from the
         measured costs and never updated from timings: a seed's text depends on which tokens were
@@ -444,8 +444,8 @@ class Engine:
         """After a generation of `steps` steps: where the shared controller has learnt that the target's steps
         cost more than twice or less than half what the cached table says (a table timed while the machine
         was busy, or a machine that changed under the same CPU name), drop the cached table so that the next
-        start times it again (specdec.profile.forget_step_costs); this engine goes on with what it learnt."""
-        from specdec.profile import SPOT_TOLERANCE, forget_step_costs
+        start times it again (specdec.runtime.profile.forget_step_costs); this engine goes on with what it learnt."""
+        from specdec.runtime.profile import SPOT_TOLERANCE, forget_step_costs
         from specdec.zoo import home
 
         auto = self._auto
@@ -458,7 +458,7 @@ class Engine:
     def auto_controller(self) -> AutoK:
         """The engine's controller for `-k auto` (measures the step costs the first time, seconds)."""
         if self._auto is None:
-            from specdec.profile import step_costs
+            from specdec.runtime.profile import step_costs
             from specdec.zoo import home
 
             self._set_sources()  # an encoder-decoder model is timed over a stand-in source
@@ -558,7 +558,7 @@ class Engine:
         dtype: the target's on specdec's side (backend "hf"): "gguf" (a GGUF model's own blocks on
         specdec's kernels: specdec.backends.gguf), "int8", "fp32", "bf16", or "auto" (the default: gguf
         for a GGUF model and int8 for others on CPUs where specdec's kernels run SIMD, fp32 elsewhere;
-        see specdec.loading.fastest_dtype); the engine's `dtype` says which it took.
+        see specdec.runtime.loading.fastest_dtype); the engine's `dtype` says which it took.
         backend / draft_backend: "hf" (transformers, in `dtype`) or "llamacpp" (the GGUF
         through llama.cpp; zoo names and .gguf files only); the draft's defaults to the
         target's; "auto": llama.cpp where it can run the draft (fastest_draft_backend), except
@@ -623,13 +623,13 @@ class Engine:
 
     def stream(self, prompt: str | Sequence[int], config: RequestConfig | None = None,
                **options: Any) -> Generator[Step, None, None]:
-        """Decode steps for one request (see :func:`specdec.loop.decode`): the one place a request is set up.
+        """Decode steps for one request (see :func:`specdec.algorithm.loop.decode`): the one place a request is set up.
 
         config: the request's options (specdec.request.RequestConfig), changed by keyword `options`
         (RequestConfig.from_options: max_new_tokens, num_speculative_tokens / k -- a fixed γ, "auto" or a
         Controller --, use_draft / speculative, stop, chat, sampling, draft_mode, draft_confidence, verify
-        -- "causal", "block": sampled drafts verified as blocks, specdec.block, or "stairs": next-token
-        queries only, greedy; specdec.stairs -- and tree: "off", "auto" or "WxD", specdec.drafters.tree).
+        -- "causal", "block": sampled drafts verified as blocks, specdec.algorithm.block, or "stairs": next-token
+        queries only, greedy; specdec.algorithm.stairs -- and tree: "off", "auto" or "WxD", specdec.drafters.tree).
         The options, the prompt and the draft mode are checked now; the runners are taken from the
         engine's pool when the first step is asked for, and given back when the steps end or are closed.
         """
@@ -680,13 +680,13 @@ class Engine:
 
     def memory_need(self, prompt_tokens: int, max_new_tokens: int) -> Need:
         """The memory a request of `prompt_tokens` asking for `max_new_tokens` needs from the runners this
-        engine's pool lends (specdec.memory.request_need): its KV caches and its largest forward's activations."""
+        engine's pool lends (specdec.runtime.memory.request_need): its KV caches and its largest forward's activations."""
         target, draft = self.pool.footprints()
         return request_need(target, draft, prompt_tokens, max_new_tokens)
 
     def _release(self, lease: Lease) -> None:
         """After a request: its runners keep at most retain_tokens cached tokens, and a large cache freed goes
-        back to the OS (specdec.memory.return_freed_memory)."""
+        back to the OS (specdec.runtime.memory.return_freed_memory)."""
         if self.retain_tokens is None:
             return
         freed = sum(runner.trim(self.retain_tokens) for runner in (lease.target, lease.draft) if runner is not None)
@@ -725,7 +725,7 @@ class Engine:
                 runner.set_source(source if source is not None else runner.decoder_prompt())
 
     def verification_target(self, verify: str, sampling: SamplingParams) -> ModelRunner:
-        """The runner the loop verifies with: the target itself, or its stairs view (specdec.stairs)."""
+        """The runner the loop verifies with: the target itself, or its stairs view (specdec.algorithm.stairs)."""
         if check_verify_mode(verify, sampling.greedy) != "stairs":
             return self.target_runner
         if self._stairs is None:

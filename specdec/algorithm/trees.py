@@ -42,9 +42,9 @@ from collections.abc import Sequence
 
 import torch
 
+from specdec.algorithm.sampling import Randomness, as_randomness
+from specdec.algorithm.verdict import Verdict
 from specdec.errors import SpecdecError
-from specdec.sampling import Randomness, as_randomness
-from specdec.verdict import Verdict
 
 
 def chain_parents(k: int) -> list[int]:

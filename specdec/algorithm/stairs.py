@@ -19,7 +19,7 @@ sequences -> next-token logits per sequence.  :class:`StairsRunner` turns such
 a model into a :class:`~specdec.backends.base.ModelRunner` whose ``forward``
 over k + 1 new tokens *is* the staircase batch (its rows are the cached tokens
 plus 1, 2, ... k + 1 of the new ones) and whose rollback just forgets tokens,
-so the decode loop and its greedy verification (:func:`specdec.verify.verify_greedy`,
+so the decode loop and its greedy verification (:func:`specdec.algorithm.verify.verify_greedy`,
 the walk up the stairs) run unchanged.
 
 Two NextTokenModels:
@@ -41,7 +41,7 @@ Two NextTokenModels:
   (k + 1) x (context + k) token positions.
 
 Greedy only: the paper's algorithm is greedy and the loop refuses sampling
-with stairs (specdec.engine).  Exactness: on a batch-invariant target (int8,
+with stairs (specdec.runtime.engine).  Exactness: on a batch-invariant target (int8,
 llama.cpp exact mode) stairs output is bitwise plain output; in fp32 it is
 as for causal verification (a near-tie may flip between batch shapes).
 """

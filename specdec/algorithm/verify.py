@@ -19,8 +19,8 @@ p.  A draft without q (a deterministic proposal) is treated as if q_i were
 one-hot on x_i: accept with probability p_i(x_i), else draw from p_i with x_i
 removed and renormalised — still exact.
 
-Trees (issue 39): specdec.trees verifies a token tree, greedily or by recursive rejection sampling
-(SpecInfer, Miao et al. 2024); specdec.block verifies a chain as one block (Sun et al. 2024), an
+Trees (issue 39): specdec.algorithm.trees verifies a token tree, greedily or by recursive rejection sampling
+(SpecInfer, Miao et al. 2024); specdec.algorithm.block verifies a chain as one block (Sun et al. 2024), an
 option of SamplingVerifier.  The verifiers' `verify_tree` takes either.
 """
 
@@ -31,11 +31,11 @@ from typing import Protocol
 
 import torch
 
-from specdec.block import verify_block
+from specdec.algorithm.block import verify_block
+from specdec.algorithm.sampling import SamplingParams, make_generator, sample_from, warp_probs
+from specdec.algorithm.trees import verify_tree_greedy, verify_tree_sampling
+from specdec.algorithm.verdict import Verdict
 from specdec.drafters.base import Draft
-from specdec.sampling import SamplingParams, make_generator, sample_from, warp_probs
-from specdec.trees import verify_tree_greedy, verify_tree_sampling
-from specdec.verdict import Verdict
 
 
 def verify_greedy(draft_tokens: Sequence[int], target_logits: torch.Tensor) -> Verdict:
@@ -128,9 +128,9 @@ class GreedyVerifier:
 class SamplingVerifier:
     """Target sampling with `params`, and lossless speculative-sampling verification.
 
-    block: verify chains with block verification (specdec.block; Sun et al. 2024), which accepts at least
+    block: verify chains with block verification (specdec.algorithm.block; Sun et al. 2024), which accepts at least
     as many tokens on average; False (the default): token by token (verify_speculative).
-    Trees: recursive rejection sampling (specdec.trees); a draft whose parents form a chain goes through
+    Trees: recursive rejection sampling (specdec.algorithm.trees); a draft whose parents form a chain goes through
     verify (token by token or block)."""
 
     def __init__(self, params: SamplingParams, generator: torch.Generator | None = None, block: bool = False) -> None:

@@ -11,7 +11,7 @@ controller here uses measured costs instead of that assumption:
     E[tokens | k] = 1 + Σ_{i=1..k} Π_{j≤i} α_j,
 
 where t(n) is the target's time for a forward of n new tokens (measured by
-specdec.profile, then kept current from the loop's own timings), d the draft's
+specdec.runtime.profile, then kept current from the loop's own timings), d the draft's
 cost per proposed token (measured), c what a proposal costs on top of its
 tokens (learnt from the loop's timings), and α_j the probability that draft token j is
 accepted given that token j - 1 was (estimated online, per position, with
@@ -48,11 +48,11 @@ that were right less often than the lookup's).
 draft head by its own probability of its first token),
 and α_j is then estimated per source and grade, shrunk toward the source's
 own record: long verbatim matches (an edit that rewrites the previous answer)
-draft up to 24 tokens a step (specdec.engine.MAX_AUTO_K) where each is right
+draft up to 24 tokens a step (specdec.runtime.engine.MAX_AUTO_K) where each is right
 98% of the time, and weak one-token matches draft nothing, where one rate per
 source drafted both at its average.
 
-**In a batch** (specdec.batching) one target forward serves several requests,
+**In a batch** (specdec.runtime.batching) one target forward serves several requests,
 so a request's draft tokens lengthen everyone's step.  There each request's
 controller is given the load of the others in the step: their tokens n_o,
 their expected emitted tokens e_o and their drafting time d_o, and picks the k
@@ -352,7 +352,7 @@ class Costs:
 
 
 class Load(NamedTuple):
-    """What the other requests of a batch put into the same step (specdec.batching)."""
+    """What the other requests of a batch put into the same step (specdec.runtime.batching)."""
 
     tokens: int = 0  # tokens they feed the target forward
     expected: float = 0.0  # tokens they are expected to emit
@@ -403,7 +403,7 @@ class AutoK(Controller):
     max_probe_gap: int = 64
     horizon: int = 256
     probe_budget: float = 0.03
-    # the other requests of a batch in this step (specdec.batching); None: decoding alone
+    # the other requests of a batch in this step (specdec.runtime.batching); None: decoding alone
     load: Callable[[], Load] | None = None
     # what the last choose() planned: (tokens fed to the target, expected tokens emitted, draft ms)
     planned: Load = field(default_factory=lambda: Load(1, 1.0, 0.0))

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from specdec.backends.base import ModelRunner
 
 if TYPE_CHECKING:
-    from specdec.control import Costs
+    from specdec.algorithm.control import Costs
 
 DEFAULT_KS = tuple(range(1, 17))
 
@@ -210,12 +210,12 @@ def measure_prefill(runner: ModelRunner, lengths: Sequence[int] = PREFILL_LENGTH
     return rates
 
 
-# What a step of the speculation controller (specdec.control) costs, measured once per
+# What a step of the speculation controller (specdec.algorithm.control) costs, measured once per
 # model / backend / dtype / threads / CPU and kept on disk: a few timed forwards, seconds.
 CONTROL_PREFIX = 64
 # Runs per timed n; the target's t(n) keeps the fastest (as the draft's timing does): what else the machine
 # does only slows a forward, and a seeded sampled request prices its steps with this table alone (its costs
-# are frozen: specdec.engine.Engine.speculation).  On the Zen 4 VM the table's t(2) / t(1) came out 1.03
+# are frozen: specdec.runtime.engine.Engine.speculation).  On the Zen 4 VM the table's t(2) / t(1) came out 1.03
 # (median of two and fastest of three alike) where the loop measured 1.15-1.24: the VM's memory is faster
 # some minutes than others, which no timing at start sees.
 CONTROL_REPEATS = 3
@@ -304,7 +304,7 @@ def agrees(cached: float, now: float) -> bool:
 
 
 # A draft model's ms per token is timed over this many drafted tokens (at most max_k): what a model drafts
-# in a step; the controller's larger k (up to specdec.engine.MAX_AUTO_K) are for free sources' long matches
+# in a step; the controller's larger k (up to specdec.runtime.engine.MAX_AUTO_K) are for free sources' long matches
 DRAFT_TIMED_TOKENS = 8
 
 
@@ -349,7 +349,7 @@ def step_costs(
     `specdec profile` renews the timings, and so does a start after a run whose steps cost more than twice
     or less than half what the cache says (Engine._check_step_costs, forget_step_costs).  renew: measure
     everything afresh and cache that (`specdec profile`)."""
-    from specdec.control import Costs
+    from specdec.algorithm.control import Costs
 
     def renewed(cached: object) -> bool:
         return not renew

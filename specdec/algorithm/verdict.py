@@ -1,8 +1,8 @@
 """What verifying one draft decides: how many draft tokens are kept, and the token that follows them.
 
-Its own module so that chain verification (specdec.verify), tree verification (specdec.trees) and block
-verification (specdec.block) can all return it without importing one another in a cycle;
-specdec.verify re-exports it.
+Its own module so that chain verification (specdec.algorithm.verify), tree verification (specdec.algorithm.trees) and block
+verification (specdec.algorithm.block) can all return it without importing one another in a cycle;
+specdec.algorithm.verify re-exports it.
 """
 
 from __future__ import annotations

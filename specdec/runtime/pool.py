@@ -6,7 +6,7 @@ draft model's runner (or None) and the controller factory (k as given -> a fixed
 
 - :class:`SinglePool` (the default) lends the engine's own runners to one request at a time; a request
   from another thread waits for the one running to end.
-- ``specdec.batching.BatchPool`` (``Engine.enable_batching``) lends each request a slot of a batch:
+- ``specdec.runtime.batching.BatchPool`` (``Engine.enable_batching``) lends each request a slot of a batch:
   a target runner whose forwards are packed with the other slots', a draft runner of its own and a
   controller that sees the batch's load.
 """
@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Protocol
 from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:
+    from specdec.algorithm.control import Controller
+    from specdec.algorithm.sampling import SamplingParams
     from specdec.backends.base import Footprint, ModelRunner
-    from specdec.control import Controller
     from specdec.request import RequestConfig
-    from specdec.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class RunnerPool(Protocol):
 
     def footprints(self) -> tuple[Footprint, Footprint | None]:
         """The footprints of the target runner and the draft runner (None: none) a lease gives: what a request's
-        memory is priced by (specdec.memory.request_need)."""
+        memory is priced by (specdec.runtime.memory.request_need)."""
 
 
 class SinglePool:

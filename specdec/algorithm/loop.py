@@ -18,13 +18,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
+from specdec.algorithm.control import Controller, FixedK, plan, propose
+from specdec.algorithm.trees import depths
+from specdec.algorithm.verify import GreedyVerifier, Verifier
 from specdec.backends.base import ModelRunner, forward_chunked, reusable_prefix
-from specdec.control import Controller, FixedK, plan, propose
 from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.tree import TreeShape
 from specdec.errors import SpecdecError
-from specdec.trees import depths
-from specdec.verify import GreedyVerifier, Verifier
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Stats:
     accepted_at: list[int] = field(default_factory=list)  # [i]: steps whose draft token i was accepted
     tree_steps: int = 0  # draft steps that verified a token tree (counted in draft_steps too)
     tree_nodes: int = 0  # draft tokens those trees held (their depth is what `drafted` counts)
-    # per draft source (specdec.control: "model", "lookup", "suffix", ...): [draft steps, drafted, accepted]
+    # per draft source (specdec.algorithm.control: "model", "lookup", "suffix", ...): [draft steps, drafted, accepted]
     by_source: dict[str, list[int]] = field(default_factory=dict)
     wall_s: float = 0.0
     draft_s: float = 0.0  # in the drafter (proposals)
@@ -217,7 +217,7 @@ def decode(
     """Generate after `prompt_ids`, yielding the tokens of each step.
 
     drafter None -> plain autoregressive decoding (the reference).
-    num_speculative_tokens: a fixed draft length γ, or a Controller (specdec.control) that
+    num_speculative_tokens: a fixed draft length γ, or a Controller (specdec.algorithm.control) that
     chooses k each step (0 = a plain step) from measured costs and acceptance.
     verifier: how target logits become tokens (default greedy).
     tree: drafts may be token trees of this shape (specdec.drafters.tree), verified in one forward

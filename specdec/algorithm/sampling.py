@@ -9,7 +9,7 @@ Sampling") is lossless with respect to whatever distribution p is, so warping p
 exactly as plain sampling would is what keeps the output distribution equal to
 plain sampling's.
 
-The tree and block verifiers (specdec.trees, specdec.block) take their random decisions through a
+The tree and block verifiers (specdec.algorithm.trees, specdec.algorithm.block) take their random decisions through a
 :class:`Randomness`: a coin of a stated probability and a draw from a stated distribution.  A generator
 gives them in production (:class:`GeneratorRandomness`); a test can script them instead and so
 enumerate every outcome of a verifier exactly.
