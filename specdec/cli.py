@@ -23,73 +23,20 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
 
-from specdec.defaults import DEFAULT_DRAFTER, DEFAULT_SUFFIX_MEMORY, DEFAULT_TARGET, MODEL_DRAFTER
-from specdec.drafters.spec import is_none
+from specdec.engine_config import DTYPE_HELP, EngineConfig, engine_fields
 from specdec.errors import SpecdecError
 from specdec.request import Option, RequestConfig, RequestError, cli_fields, field_type
 
 if TYPE_CHECKING:  # the serve extra's modules load only when serving
     from specdec.serve import ServeOptions
     from specdec.serve.connections import ConnectionLimits
-    from specdec.serve.replicas import EngineSpec, ReplicaPlan
+    from specdec.serve.replicas import ReplicaPlan
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Lossless speculative decoding.")
 models_app = typer.Typer(help="The offline model zoo: list models, pull them; and the draft heads trained here.")
 app.add_typer(models_app, name="models")
 err = Console(stderr=True, highlight=False, markup=False)  # plain text unless a print asks for markup: lines quote paths
 
-
-
-class DType(str, Enum):
-    auto = "auto"
-    gguf = "gguf"
-    int8 = "int8"
-    fp32 = "fp32"
-    bf16 = "bf16"
-
-
-DTYPE_HELP = ("The target's dtype on specdec's side (--backend hf): auto (default: gguf for a GGUF model and int8 "
-              "for others on CPUs with AVX2 or AVX-512 VNNI, where specdec's exact kernels run; fp32 elsewhere), "
-              "gguf (a GGUF model's own quantised blocks on specdec's kernels), int8 (int8 weights and "
-              "activations), both batch-invariant: speculative output is exactly their plain output; fp32 (the "
-              "reference; `specdec quality` measures what the others change) or bf16.")
-
-
-class DraftDType(str, Enum):
-    gguf = "gguf"
-    fp32 = "fp32"
-    bf16 = "bf16"
-    int8 = "int8"
-    int4 = "int4"  # drafts only (specdec.backends.int4)
-
-
-class Backend(str, Enum):
-    hf = "hf"
-    llamacpp = "llamacpp"
-
-
-class DraftBackend(str, Enum):
-    hf = "hf"
-    llamacpp = "llamacpp"
-    auto = "auto"
-
-
-class Device(str, Enum):
-    cpu = "cpu"
-    cuda = "cuda"
-    auto = "auto"
-
-
-DRAFT_HELP = ("The drafter: a draft model, 'lookup' (prompt lookup: no draft model), 'lookup+<model>' (lookup where it "
-              "matches, the model elsewhere), 'head' (the draft head trained for the target with specdec train-drafter) "
-              "or 'head:<dir>' (a head saved in <dir>), 'lookup+head[:<dir>]' (lookup where it matches, the head "
-              "elsewhere), 'suffix' (suffix drafts: matches in the context and in recent answers, no draft model), "
-              "'suffix+<model>' or 'suffix+head' (suffix drafts where they score well, the model or head elsewhere), "
-              "'none' for plain decoding, or 'auto' (the default): lookup+head when a head was trained for "
-              f"the target and it runs on transformers (--backend hf), else {MODEL_DRAFTER}.")
-SUFFIX_MEMORY_HELP = (f"With suffix drafts: the tokens of recent answers the engine keeps to draft from (default "
-                      f"{DEFAULT_SUFFIX_MEMORY:,}, ~20 MB; the oldest answers go first; 0: each request's own context only).")
-DEVICE_HELP = "Where transformers models run: cpu, cuda, or auto (cuda when available). int8 is CPU-only."
 
 
 def status(what: str) -> Any:
@@ -113,26 +60,47 @@ def request_options(per_request: bool = False) -> Callable[[Callable], Callable]
     only those a server request may set, as serve's defaults for them).  The command is called with
     `request` the RequestConfig they make; a value it refuses is a one-line error naming the flag.  So
     a RequestConfig field with flags is an option of each command decorated."""
-    fields = cli_fields(per_request)
+
+    def build(given: dict[str, Any]) -> RequestConfig:
+        try:
+            return RequestConfig(**given)
+        except RequestError as e:
+            fail(e.named(flag_of(e.field)))
+        except SpecdecError as e:
+            fail(str(e))
+
+    return config_options("request", [cli_parameter(f, o) for f, o in cli_fields(per_request)], build)
+
+
+def engine_options(*names: str, **changes: dict[str, Any]) -> Callable[[Callable], Callable]:
+    """A command's `models` parameter becomes EngineConfig's CLI options (the model options: --target, --draft,
+    --dtype, ...), in its place; the command is called with `models` the EngineConfig they make.  `names`: only
+    these fields (default: all); `changes`: a field's own help, default or long_only (its short flag left out)
+    in this command, e.g. draft={"default": "none", "help": ...}.  So the model options are declared once, in
+    specdec.engine_config."""
+    chosen = [(f, o) for f, o in engine_fields() if not names or f.name in names]
+    parameters = [cli_parameter(f, o, EngineConfig, **changes.get(f.name, {})) for f, o in chosen]
+    return config_options("models", parameters, lambda given: EngineConfig(**given))
+
+
+def config_options(name: str, parameters: list[inspect.Parameter],
+                   build: Callable[[dict[str, Any]], Any]) -> Callable[[Callable], Callable]:
+    """A command's parameter `name` becomes `parameters` (typer options), in its place; the command is called
+    with `name` = build({each parameter's name: its value}).  request_options and engine_options make theirs."""
+    names = [p.name for p in parameters]
 
     def wrap(command: Callable) -> Callable:
         signature = inspect.signature(command)
         params: list[inspect.Parameter] = []
         for p in signature.parameters.values():
-            params += [cli_parameter(f, o) for f, o in fields] if p.name == "request" else [p]
+            params += parameters if p.name == name else [p]
 
         def run(**values):
-            given: dict[str, Any] = {f.name: cli_value(values.pop(f.name)) for f, _ in fields}
-            try:
-                config = RequestConfig(**given)
-            except RequestError as e:
-                fail(e.named(flag_of(e.field)))
-            except SpecdecError as e:
-                fail(str(e))
-            return command(request=config, **values)
+            given: dict[str, Any] = {n: cli_value(values.pop(n)) for n in names}
+            return command(**{name: build(given)}, **values)
 
-        for name in ("__name__", "__qualname__", "__doc__", "__module__"):
-            setattr(run, name, getattr(command, name))
+        for attribute in ("__name__", "__qualname__", "__doc__", "__module__"):
+            setattr(run, attribute, getattr(command, attribute))
         # what typer (and inspect) read; a function has no such attribute declared, hence the ignore
         run.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
         run.__annotations__ = {p.name: p.annotation for p in params}
@@ -147,22 +115,29 @@ def choice_enum(name: str, choices: Sequence[str]) -> type[Enum]:
     return Enum(name, {c: c for c in choices}, type=str)  # type: ignore[return-value]
 
 
-def cli_parameter(f: dataclasses.Field, option: Option) -> inspect.Parameter:
-    """A RequestConfig field as a typer option: a str field with choices is an Enum of them, so that the
-    CLI lists and checks them; an empty tuple's default is None (no option given)."""
-    kind: Any = option.cli_type or field_type(f)
-    default = f.default
+def cli_parameter(f: dataclasses.Field, option: Option, owner: type = RequestConfig, default: Any = dataclasses.MISSING,
+                  help: str | None = None, long_only: bool = False) -> inspect.Parameter:
+    """A config field (of `owner`) as a typer option: a str field with choices is an Enum of them, so that the
+    CLI lists and checks them; an empty tuple's default is None (no option given).  default, help, long_only:
+    a command's own default and help, and its flags without the short one."""
+    kind: Any = option.cli_type or field_type(f, owner)
+    default = f.default if default is dataclasses.MISSING else default
     if option.choices:
         kind = choice_enum(f.name, option.choices)
-        default = kind(default)
+        if default is None:
+            kind = kind | None
+        elif default is not ...:
+            default = kind(default)
     if default == ():
         default = None
+    flags = tuple(flag for flag in option.flags if flag.startswith("--")) if long_only else option.flags
     return inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=kind,
-                             default=typer.Option(default, *option.flags, help=option.help))
+                             default=typer.Option(default, *flags, help=option.help if help is None else help,
+                                                  min=option.minimum))
 
 
 def cli_value(value: object) -> object:
-    """A typer option's value as RequestConfig takes it (an Enum's value)."""
+    """A typer option's value as a config takes it (an Enum's value)."""
     return value.value if isinstance(value, Enum) else value
 
 
@@ -210,19 +185,13 @@ def draft_backend_note(engine) -> str:
 
 
 @app.command()
+@engine_options()
 @request_options()
 def generate(
     prompt: str = typer.Argument(..., help="Text to continue (or the user message with --chat)."),
-    target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
-    draft: str = typer.Option(DEFAULT_DRAFTER, "--draft", "-d", help=DRAFT_HELP),
-    dtype: DType = typer.Option(DType.auto, "--dtype", help=DTYPE_HELP),
-    draft_dtype: DraftDType | None = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype); gguf runs a GGUF draft's own blocks, bf16 makes a transformers draft cheaper without changing the output, and int4 (drafts only: the int8 draft's weights in 4 bits, llama-family and Gemma 3 models) cheaper still."),
-    backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend: hf (transformers) or llamacpp (GGUF via llama.cpp)."),
-    device: Device = typer.Option(Device.cpu, "--device", help=DEVICE_HELP),
-    draft_backend: DraftBackend = typer.Option(DraftBackend.auto, "--draft-backend", help="Draft's backend: hf, llamacpp, or auto (with --draft-dtype: transformers; without: specdec's int8 kernel for a zoo draft on CPUs with AVX-512 VNNI, its int4 kernel on other AVX2 CPUs, else llama.cpp when it is installed and the draft is a GGUF, else the target's)."),
-    n_ctx: int | None = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
-    threads: int | None = typer.Option(None, "--threads", help="CPU threads for llama.cpp and torch (default: llama.cpp all CPUs, torch its own choice)."),
-    suffix_memory: int = typer.Option(DEFAULT_SUFFIX_MEMORY, "--suffix-memory", min=0, help=SUFFIX_MEMORY_HELP),
+    # EngineConfig's options (--target, --draft, --dtype, ...): engine_options puts them here, and passes the
+    # EngineConfig they make (never None, as `request` below)
+    models: EngineConfig = None,  # type: ignore[assignment]
     # RequestConfig's options (-n, -k, --temperature, ...): request_options puts them here, and passes the
     # RequestConfig they make (never None; the default only makes the parameter optional for typer)
     request: RequestConfig = None,  # type: ignore[assignment]
@@ -238,13 +207,12 @@ def generate(
 
     if not prompt:
         fail("the prompt is empty: give some text to continue")
-    check_n_ctx_and_threads(n_ctx, threads)
+    check_n_ctx_and_threads(models.n_ctx, models.threads)
     quiet_libraries()
     progress = PullProgress()
     try:
-        draft_spec = None if is_none(draft) else draft
-        engine = load_engine(target, draft_spec, dtype, draft_dtype, backend, draft_backend, device, n_ctx, threads,
-                             progress, suffix_memory)
+        draft_spec = models.draft
+        engine = load_engine(models, progress)
         steps = engine.stream(prompt, request)
         if as_json:
             result = engine.generate_from(steps, request.stop)
@@ -305,45 +273,21 @@ def check_n_ctx_and_threads(n_ctx: int | None, threads: int | None) -> None:
         fail(f"--threads must be >= 1, got {threads}")
 
 
-def load_engine(target: str, draft_spec: str | None, dtype: DType, draft_dtype: DraftDType | None, backend: Backend,
-                draft_backend: DraftBackend, device: Device, n_ctx: int | None, threads: int | None,
-                progress: PullProgress, suffix_memory: int = DEFAULT_SUFFIX_MEMORY):
-    """The Engine for generate's and serve's model options, loaded under a status line."""
+def load_engine(models: EngineConfig, progress: PullProgress):
+    """The Engine for a command's model options, loaded under a status line."""
     from specdec.runtime.engine import Engine
 
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-    with status(f"loading {target}" + (f" and {draft_spec}" if draft_spec else "")):
-        engine = Engine.load(
-            target, draft_spec, dtype=dtype.value, progress=progress, backend=backend.value,
-            draft_dtype=draft_dtype.value if draft_dtype else None,
-            draft_backend=draft_backend.value, n_ctx=n_ctx, threads=threads,
-            device=device.value, suffix_memory=suffix_memory,
-        )
+    with status(f"loading {models.target}" + (f" and {models.draft}" if models.draft else "")):
+        engine = Engine.from_config(models, progress=progress)
     progress.close()
     return engine
 
 
-def generate_option(name: str):
-    """generate's definition of option `name`: serve takes the same model options, defined once."""
-    return inspect.signature(generate).parameters[name].default
-
-
 @app.command()
+@engine_options()
 @request_options(per_request=True)
 def serve(
-    target: str = generate_option("target"),
-    draft: str = generate_option("draft"),
-    dtype: DType = generate_option("dtype"),
-    draft_dtype: DraftDType | None = generate_option("draft_dtype"),
-    backend: Backend = generate_option("backend"),
-    device: Device = generate_option("device"),
-    draft_backend: DraftBackend = generate_option("draft_backend"),
-    n_ctx: int | None = generate_option("n_ctx"),
-    threads: int | None = generate_option("threads"),
-    suffix_memory: int = generate_option("suffix_memory"),
+    models: EngineConfig = None,  # type: ignore[assignment]  # the model options, as generate's (engine_options)
     # the requests' defaults: -k, --draft-mode, ... (request_options passes the RequestConfig; never None)
     request: RequestConfig = None,  # type: ignore[assignment]
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (127.0.0.1: this machine only)."),
@@ -378,34 +322,25 @@ def serve(
     from specdec.serve.connections import ConnectionLimits
 
     plan = replica_plan(replicas, ray_address, replica_cpus)
-    check_n_ctx_and_threads(n_ctx, threads)
+    check_n_ctx_and_threads(models.n_ctx, models.threads)
     check_serve_limits(max_queue, max_batch, max_tokens_limit, max_prompt_tokens, max_body_bytes, port, header_timeout,
                        keep_alive_timeout, shutdown_timeout, max_connections)
     budget = serve_memory_budget(memory_budget)
     if plan is not None and port == 0:
         fail("--replicas needs a fixed --port: Ray Serve's proxy on every node listens on it")
-    draft_spec = None if is_none(draft) else draft
-    options = serve_options(request, tuple(served_model_name or (target,)), max_queue, max_batch, max_tokens_limit,
-                            max_prompt_tokens, budget, max_body_bytes, api_key, open_metrics, allowed_origins)
-    if max_batch > 1:
-        draft_backend = batched_draft_backend(request, draft_backend)
-    from specdec.serve.replicas import EngineSpec
-
-    spec = EngineSpec(target, draft_spec, dtype.value, draft_dtype.value if draft_dtype else None, backend.value,
-                      draft_backend.value, device.value, n_ctx, threads, suffix_memory)
+    options = serve_options(request, tuple(served_model_name or (models.target,)), max_queue, max_batch,
+                            max_tokens_limit, max_prompt_tokens, budget, max_body_bytes, api_key, open_metrics,
+                            allowed_origins)
+    if max_batch > 1:  # each request drafts with a cache of its own over one model
+        models = dataclasses.replace(models, draft_backend=batched_draft_backend(request, models.draft_backend))
     if plan is not None:
         quiet_libraries()
         # a replica's torch threads default to its CPUs
-        serve_replicas(dataclasses.replace(spec, threads=threads or max(1, int(plan.cpus))), options, plan, host, port,
-                       ray_address)
+        serve_replicas(dataclasses.replace(models, threads=models.threads or max(1, int(plan.cpus))), options, plan,
+                       host, port, ray_address)
         return
-
-    def load(progress: PullProgress) -> Any:
-        return load_engine(target, draft_spec, dtype, draft_dtype, backend, draft_backend, device, n_ctx, threads,
-                           progress, suffix_memory)
-
-    serve_in_process(spec, options, budget, host, port, ConnectionLimits(header_timeout, keep_alive_timeout, max_connections),
-                     shutdown_timeout, load)
+    serve_in_process(models, options, budget, host, port, ConnectionLimits(header_timeout, keep_alive_timeout, max_connections),
+                     shutdown_timeout)
 
 
 def check_serve_limits(max_queue: int, max_batch: int, max_tokens_limit: int, max_prompt_tokens: int | None,
@@ -446,7 +381,7 @@ def serve_options(request: RequestConfig, names: tuple[str, ...], max_queue: int
         allowed_origins=split_values(allowed_origins))
 
 
-def batched_draft_backend(request: RequestConfig, draft_backend: DraftBackend) -> DraftBackend:
+def batched_draft_backend(request: RequestConfig, draft_backend: str | None) -> str | None:
     """With --max-batch > 1: the requests' defaults checked for batching, and the draft's backend
     (auto becomes hf: each request drafts with a cache of its own over one model)."""
     from specdec.runtime.batching import check_batchable
@@ -455,14 +390,14 @@ def batched_draft_backend(request: RequestConfig, draft_backend: DraftBackend) -
         check_batchable(request)
     except SpecdecError as e:
         fail(str(e))
-    if draft_backend is DraftBackend.auto:  # each request drafts with a cache of its own over one model
-        return DraftBackend.hf
+    if draft_backend == "auto":  # each request drafts with a cache of its own over one model
+        return "hf"
     return draft_backend
 
 
-def serve_in_process(spec: EngineSpec, options: ServeOptions, budget: int | str, host: str, port: int,
-                     limits: ConnectionLimits, shutdown_timeout: float, load: Callable[[PullProgress], Any]) -> None:
-    """serve without --replicas: the port bound at once, the models loaded (`load`) on a thread of their own
+def serve_in_process(spec: EngineConfig, options: ServeOptions, budget: int | str, host: str, port: int,
+                     limits: ConnectionLimits, shutdown_timeout: float) -> None:
+    """serve without --replicas: the port bound at once, the models (`spec`) loaded on a thread of their own
     while the server answers /health with "loading", then served until SIGTERM or Ctrl-C."""
     from specdec.serve.connections import bind
     from specdec.serve.deferred import Deferred
@@ -480,7 +415,7 @@ def serve_in_process(spec: EngineSpec, options: ServeOptions, budget: int | str,
         from specdec.serve.app import create_app
 
         quiet_libraries()
-        engine = load(progress)
+        engine = load_engine(spec, progress)
         served, said = resolved_memory_budget(budget)
         err.print(f"models loaded: ready · memory budget {said}", soft_wrap=True)
         return create_app(engine, dataclasses.replace(options, memory_budget=served))
@@ -557,7 +492,7 @@ def replica_plan(replicas: str | None, ray_address: str | None, replica_cpus: fl
     return plan
 
 
-def serve_replicas(spec: EngineSpec, options: ServeOptions, plan: ReplicaPlan, host: str, port: int,
+def serve_replicas(spec: EngineConfig, options: ServeOptions, plan: ReplicaPlan, host: str, port: int,
                    ray_address: str | None) -> None:
     """serve --replicas: the app as Ray Serve replicas until Ctrl-C (specdec.serve.ray)."""
     from specdec.serve.connections import bind
@@ -582,9 +517,16 @@ def serve_replicas(spec: EngineSpec, options: ServeOptions, plan: ReplicaPlan, h
 
 
 @app.command()
+@engine_options(
+    draft={"help": "Drafter, as for generate (the same default, auto): a draft model, 'lookup' (prompt lookup), 'lookup+<model>' (hybrid), 'suffix' or 'suffix+<model>' (suffix drafts), 'head' or 'lookup+head' (a trained draft head; the methods' summary names it), or 'none' (then only plain, hf-plain, hf-pld, llamacpp)."},
+    dtype={"help": DTYPE_HELP + " For every method."},
+    draft_dtype={"help": "The draft's dtype (default: --dtype), for every method that drafts."},
+    threads={"help": "CPU threads for torch and llama.cpp (default: torch's choice, llama.cpp all CPUs)."},
+    backend={"help": "Target's backend for plain and specdec: hf or llamacpp (the hf* methods need hf)."},
+    draft_backend={"help": "Draft's backend, as for generate (the same default: auto)."},
+)
 def bench(
-    target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
-    draft: str = typer.Option(DEFAULT_DRAFTER, "--draft", "-d", help="Drafter, as for generate (the same default, auto): a draft model, 'lookup' (prompt lookup), 'lookup+<model>' (hybrid), 'suffix' or 'suffix+<model>' (suffix drafts), 'head' or 'lookup+head' (a trained draft head; the methods' summary names it), or 'none' (then only plain, hf-plain, hf-pld, llamacpp)."),
+    models: EngineConfig = None,  # type: ignore[assignment]  # the model options (engine_options), bench's help
     prompts: str | None = typer.Option(None, "--prompts", help="'builtin' (the default: user-shaped prompts, multi-turn chats), 'short' (the first short set), a Spec-Bench .jsonl (\"replies\" make a conversation), or a text file with one prompt per line (\\n escapes allowed)."),
     workload: str | None = typer.Option(None, "--workload", help="Instead of --prompts, sessions of repeated text run turn by turn, each turn's prompt holding the method's own earlier answers: edit (code-edit sessions), agent (tool-call loops), template (templated generation), comma-separated, or .jsonl session files; --limit-per-category takes the first M sessions of each."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Most tokens to generate per prompt."),
@@ -593,14 +535,6 @@ def bench(
     repeats: int = typer.Option(1, "--repeats", help="Runs per prompt and method; the median is reported."),
     limit_per_category: int | None = typer.Option(None, "--limit-per-category", help="Take only the first M prompts of each category."),
     chat: bool = typer.Option(False, "--chat", help="Apply the target's chat template to each prompt."),
-    dtype: DType = typer.Option(DType.auto, "--dtype", help=DTYPE_HELP + " For every method."),
-    draft_dtype: DraftDType | None = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype), for every method that drafts."),
-    threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch and llama.cpp (default: torch's choice, llama.cpp all CPUs)."),
-    backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend for plain and specdec: hf or llamacpp (the hf* methods need hf)."),
-    device: Device = typer.Option(Device.cpu, "--device", help=DEVICE_HELP),
-    draft_backend: DraftBackend = typer.Option(DraftBackend.auto, "--draft-backend", help="Draft's backend, as for generate (the same default: auto)."),
-    n_ctx: int | None = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
-    suffix_memory: int = typer.Option(DEFAULT_SUFFIX_MEMORY, "--suffix-memory", min=0, help=SUFFIX_MEMORY_HELP),
     across_sessions: bool = typer.Option(False, "--across-sessions", help="With --workload: each method's suffix store and cached prompt keep the run's earlier sessions, as a server's do (default: every session starts afresh); --repeats 1."),
     temperature: float = typer.Option(0.0, "--temperature", help="> 0: every method samples (then no identical-output rate is reported)."),
     top_k: int = typer.Option(0, "--top-k", help="0 = off."),
@@ -619,14 +553,10 @@ def bench(
         fail("give --prompts or --workload, not both")
     progress = PullProgress()
     options = BenchOptions(
-        target=target, draft=None if is_none(draft) else draft, prompts=prompts or "builtin",
-        workload=workload,
+        engine=models, prompts=prompts or "builtin", workload=workload,
         max_new_tokens=max_new_tokens, methods=methods, gammas=gammas, repeats=repeats,
-        limit_per_category=limit_per_category, chat=chat, dtype=dtype.value, out=out, threads=threads,
-        draft_dtype=draft_dtype.value if draft_dtype else None,
-        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, backend=backend.value,
-        draft_backend=draft_backend.value, n_ctx=n_ctx, device=device.value, suffix_memory=suffix_memory,
-        across_sessions=across_sessions,
+        limit_per_category=limit_per_category, chat=chat, out=out,
+        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, across_sessions=across_sessions,
     )
     try:
         if concurrency is not None:
@@ -682,16 +612,16 @@ def _parse_lengths(text: str, option: str) -> list[int]:
 
 
 @app.command()
+@engine_options(
+    "target", "draft", "dtype", "draft_dtype", "backend", "device", "draft_backend", "n_ctx", "threads",
+    draft={"default": "none", "help": "Draft model to time per drafted token, 'head' or 'head:<dir>' (a draft head: timed anyway when one was trained for the target), or 'none'."},
+    draft_dtype={"help": "The draft's dtype (default: --dtype)."},
+    backend={"help": "Target's backend: hf or llamacpp."},
+    draft_backend={"help": "Draft's backend, as for generate (the same default: auto)."},
+    threads={"help": "CPU threads for torch and llama.cpp."},
+)
 def profile(
-    target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Target model: zoo name, .gguf, directory or hub id."),
-    draft: str = typer.Option("none", "--draft", "-d", help="Draft model to time per drafted token, 'head' or 'head:<dir>' (a draft head: timed anyway when one was trained for the target), or 'none'."),
-    dtype: DType = typer.Option(DType.auto, "--dtype", help=DTYPE_HELP),
-    draft_dtype: DraftDType | None = typer.Option(None, "--draft-dtype", help="The draft's dtype (default: --dtype)."),
-    backend: Backend = typer.Option(Backend.hf, "--backend", help="Target's backend: hf or llamacpp."),
-    device: Device = typer.Option(Device.cpu, "--device", help=DEVICE_HELP),
-    draft_backend: DraftBackend = typer.Option(DraftBackend.auto, "--draft-backend", help="Draft's backend, as for generate (the same default: auto)."),
-    threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch and llama.cpp."),
-    n_ctx: int | None = typer.Option(None, "--n-ctx", help="llama.cpp context size in tokens (default 4096)."),
+    models: EngineConfig = None,  # type: ignore[assignment]  # the model options (engine_options), no --suffix-memory
     ks: str = typer.Option("1-16", "--ks", help="Numbers of new tokens per target forward to time: a range (1-16) or a list (1,2,4,8)."),
     prefix: int = typer.Option(128, "--prefix", help="Tokens in the cache before each timed forward."),
     repeats: int = typer.Option(3, "--repeats", help="Timings per k; the median is reported."),
@@ -702,34 +632,21 @@ def profile(
     """Measure forward costs: the target's t(k) for k new tokens, its one-token step against the memory's roof,
     its prefill speed, and the draft's cost per drafted token."""
     from specdec.head.cost import split_head_spec
-    from specdec.runtime.engine import Engine
 
     quiet_libraries()
     progress = PullProgress()
     try:
-        k_values, lengths = profile_plan(ks, prefill, prefix, repeats, threads)
-        import torch
-
-        if threads:
-            torch.set_num_threads(threads)
-        draft_spec, _ = split_head_spec(None if is_none(draft) else draft)  # a head is timed below
-        with status(f"loading {target}" + (f" and {draft_spec}" if draft_spec else "")):
-            engine = Engine.load(
-                target, draft_spec, dtype=dtype.value, progress=progress, backend=backend.value,
-                draft_dtype=draft_dtype.value if draft_dtype else None,
-                draft_backend=draft_backend.value if draft_backend else None, n_ctx=n_ctx, threads=threads,
-                device=device.value,
-            )
-        progress.close()
-        found = measure_profile(engine, target, draft, draft_spec, backend, draft_backend, k_values, lengths, prefix,
-                                repeats, roof)
+        k_values, lengths = profile_plan(ks, prefill, prefix, repeats, models.threads)
+        draft_spec, _ = split_head_spec(models.draft)  # a head is timed below
+        engine = load_engine(dataclasses.replace(models, draft=draft_spec), progress)
+        found = measure_profile(engine, models, draft_spec, k_values, lengths, prefix, repeats, roof)
     except (SpecdecError, ValueError) as e:
         progress.close()
         fail(str(e))
     if as_json:
         print(json.dumps(found.out))
         return
-    print_profile(found, target, draft_spec)
+    print_profile(found, models.target, draft_spec)
 
 
 def profile_plan(ks: str, prefill: str, prefix: int, repeats: int, threads: int | None) -> tuple[list[int], list[int]]:
@@ -757,11 +674,10 @@ class Profiled:
     out: dict
 
 
-def measure_profile(engine: Any, target: str, draft: str, draft_spec: str | None, backend: Backend,
-                    draft_backend: DraftBackend, k_values: list[int], lengths: list[int], prefix: int, repeats: int,
-                    roof: bool) -> Profiled:
-    """profile's measurements on the loaded `engine`, each under a status line; the controller's cached
-    step costs renewed last."""
+def measure_profile(engine: Any, models: EngineConfig, draft_spec: str | None, k_values: list[int], lengths: list[int],
+                    prefix: int, repeats: int, roof: bool) -> Profiled:
+    """profile's measurements on the loaded `engine` (`models`: its options; `draft_spec`: the draft model timed),
+    each under a status line; the controller's cached step costs renewed last."""
     import torch
 
     from specdec.head.cost import profile_head
@@ -769,6 +685,7 @@ def measure_profile(engine: Any, target: str, draft: str, draft_spec: str | None
     from specdec.runtime.profile import measure_drafting, measure_forwards, measure_prefill, measure_roof
 
     cpu = cpu_description()
+    target = models.target
 
     def describe(runner, name: str | None, backend_name: str, dtype_name: str | None) -> dict:
         return {"model": name, "backend": backend_name, "dtype": dtype_name if backend_name == "hf" else "gguf",
@@ -778,7 +695,7 @@ def measure_profile(engine: Any, target: str, draft: str, draft_spec: str | None
 
     with status(f"timing {target}: k = {k_values[0]}..{k_values[-1]}, {repeats} repeats"):
         table = measure_forwards(engine.target_runner, k_values, prefix=prefix, repeats=repeats)
-    table.info = describe(engine.target_runner, target, backend.value, engine.dtype)
+    table.info = describe(engine.target_runner, target, models.backend, engine.dtype)
     out: dict = {"target": table.to_dict()}
     roof_found = None
     if roof:
@@ -793,13 +710,13 @@ def measure_profile(engine: Any, target: str, draft: str, draft_spec: str | None
         out["target"]["prefill_tokens_per_s"] = {str(n): round(r, 1) for n, r in rates.items()}
     draft_ms = None
     if engine.draft_runner is not None:
-        d_backend = (draft_backend or backend).value
+        d_backend = models.draft_backend or models.backend
         with status(f"timing {draft_spec} per drafted token"):
             draft_ms = measure_drafting(engine.draft_runner, prefix=prefix, repeats=repeats)
         out["draft"] = {**describe(engine.draft_runner, draft_spec, d_backend, engine.draft_dtype),
                         "prefix": prefix, "repeats": repeats, "ms_per_token": round(draft_ms, 3)}
     with status("timing the draft head per drafted token"):
-        head = profile_head(None if is_none(draft) else draft, target, engine.target_runner, prefix,
+        head = profile_head(models.draft, target, engine.target_runner, prefix,
                             repeats, table.ms.get(1))
     if head is not None:
         out["head"] = head
@@ -842,15 +759,19 @@ def print_profile(found: Profiled, target: str, draft_spec: str | None) -> None:
 
 
 @app.command()
+@engine_options(
+    "target", "dtype", "backend", "threads",
+    target={"help": "Model: zoo name, .gguf, directory or hub id."},
+    dtype={"help": "The candidate's dtype on specdec's side (default: what generate runs)."},
+    backend={"help": "The candidate's backend: hf or llamacpp."},
+    threads={"help": "CPU threads for torch and llama.cpp."},
+)
 def quality(
-    target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="Model: zoo name, .gguf, directory or hub id."),
-    dtype: DType = typer.Option(DType.auto, "--dtype", help="The candidate's dtype on specdec's side (default: what generate runs)."),
-    backend: Backend = typer.Option(Backend.hf, "--backend", help="The candidate's backend: hf or llamacpp."),
+    models: EngineConfig = None,  # type: ignore[assignment]  # the candidate (engine_options)
     prompts: str = typer.Option("builtin", "--prompts", help="Prompts for greedy agreement (as for bench)."),
     limit_per_category: int | None = typer.Option(2, "--limit-per-category", help="First M prompts of each category."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="Tokens decoded per prompt."),
     chat: bool = typer.Option(True, "--chat/--no-chat", help="Apply the chat template to each prompt."),
-    threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch and llama.cpp."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Compare a cheaper target (gguf, int8, bf16, llama.cpp) with the fp32 model: greedy agreement and perplexity."""
@@ -864,17 +785,18 @@ def quality(
     try:
         if max_new_tokens <= 0:
             raise SpecdecError(f"--max-new-tokens must be > 0, got {max_new_tokens}")
-        if threads:
+        if models.threads:
             import torch
 
-            torch.set_num_threads(threads)
+            torch.set_num_threads(models.threads)
         prompt_set = load_prompts(prompts, limit_per_category)
-        with status(f"loading {target} (fp32 and {backend.value} {dtype.value})"):
+        target, backend = models.target, models.backend
+        with status(f"loading {target} (fp32 and {backend} {models.dtype})"):
             reference = Engine.load(target, dtype="fp32", progress=progress)
-            candidate = Engine.load(target, dtype=dtype.value, backend=backend.value, progress=progress,
-                                    threads=threads)
+            candidate = Engine.load(target, dtype=models.dtype, backend=backend, progress=progress,
+                                    threads=models.threads)
         progress.close()
-        label = f"{backend.value} {candidate.dtype}" if backend == Backend.hf else "llamacpp (exact)"
+        label = f"{backend} {candidate.dtype}" if backend == "hf" else "llamacpp (exact)"
         outputs: dict[str, list[list[int]]] = {"fp32": [], label: []}
         with status(f"greedy decoding {len(prompt_set)} prompts with both"):
             for p in prompt_set:
@@ -892,7 +814,7 @@ def quality(
         progress.close()
         fail(str(e))
     result = {
-        "target": target, "candidate": label, "cpu": cpu_description(), "prompts": len(prompt_set),
+        "target": models.target, "candidate": label, "cpu": cpu_description(), "prompts": len(prompt_set),
         "max_new_tokens": max_new_tokens, "mean_first_divergence": agree.mean_first_divergence,
         "identical_rate": agree.identical_rate, "first_divergence": agree.divergences, "perplexity": ppl,
     }
@@ -900,7 +822,7 @@ def quality(
         print(json.dumps(result))
         return
     Console().print(
-        f"{target}: {label} vs fp32 on {len(prompt_set)} prompts, {max_new_tokens} greedy tokens each: "
+        f"{models.target}: {label} vs fp32 on {len(prompt_set)} prompts, {max_new_tokens} greedy tokens each: "
         f"first divergence at token {agree.mean_first_divergence:.1f} on average, "
         f"{agree.identical_rate:.0%} of outputs identical"
     )
@@ -909,8 +831,10 @@ def quality(
 
 
 @app.command("train-drafter")
+@engine_options("target", target={"default": ..., "long_only": True,
+                                  "help": "The model to train a draft head for (zoo name, directory, .gguf, hub id)."})
 def train_drafter(
-    target: str = typer.Option(..., "--target", help="The model to train a draft head for (zoo name, directory, .gguf, hub id)."),
+    models: EngineConfig = None,  # type: ignore[assignment]  # --target, required here (engine_options)
     minutes: float = typer.Option(60.0, "--minutes", min=0.1, help="Time budget of the whole run after loading."),
     text: list[str] = typer.Option([], "--text", help="Your own training text: a file or a directory (repeatable)."),
     prompts: list[str] = typer.Option([], "--prompts", help="Your own chat prompts, answered by the target first and a tenth of them held out to measure the agreement (repeatable): .jsonl (a string, {\"prompt\": ...} or {\"messages\": [...]} a line), .json (a list of them), or a bench prompt file (Spec-Bench \"turns\" records, or one prompt a line with \\n escapes)."),
@@ -926,7 +850,7 @@ def train_drafter(
 
     quiet_libraries()
     try:
-        manifest = run_training(target, minutes, tuple(text), out, builtin, draft_vocab, seed,
+        manifest = run_training(models.target, minutes, tuple(text), out, builtin, draft_vocab, seed,
                                 prompt_files=tuple(prompts), fuse_layers=fuse_layers, resume=resume)
     except SpecdecError as e:
         fail(str(e))

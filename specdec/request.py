@@ -93,10 +93,11 @@ class RequestError(SpecdecError):
 
 @dataclass(frozen=True)
 class Option:
-    """How a RequestConfig field reaches its callers.
+    """How a RequestConfig (or EngineConfig: specdec.engine_config) field reaches its callers.
 
     flags: the CLI's option names (none: not a CLI option); help: the CLI's help text;
-    cli_type: the type the CLI parses, where not the field's own; choices: the values a str takes.
+    cli_type: the type the CLI parses, where not the field's own; choices: the values a str takes;
+    minimum: the least number the CLI takes.
     per_request: a server request may set it in its "speculative" object, as `wire` (default the
     field's name), a JSON value of `json_type`; server_max: the most a request may ask for there;
     serve's defaults for it are CLI options of `specdec serve` too.
@@ -107,6 +108,7 @@ class Option:
     help: str = ""
     cli_type: Any = None
     choices: tuple[str, ...] = ()
+    minimum: int | None = None
     per_request: bool = False
     wire: str | None = None
     json_type: Any = None
@@ -116,7 +118,7 @@ class Option:
 
 
 def option(default: Any, *flags: str, **how: Any) -> Any:
-    """A RequestConfig field with its Option (see Option for `how`)."""
+    """A config field with its Option (see Option for `how`)."""
     return field(default=default, metadata={"option": Option(flags=flags, **how)})
 
 
@@ -233,9 +235,9 @@ def options() -> list[tuple[dataclasses.Field, Option]]:
     return [(f, f.metadata["option"]) for f in dataclasses.fields(RequestConfig)]
 
 
-def field_type(f: dataclasses.Field) -> Any:
-    """A field's type (its annotation, resolved)."""
-    return typing.get_type_hints(RequestConfig)[f.name]
+def field_type(f: dataclasses.Field, owner: type = RequestConfig) -> Any:
+    """A field's type (its annotation in `owner`, resolved)."""
+    return typing.get_type_hints(owner)[f.name]
 
 
 def field_names() -> dict[str, str]:

@@ -10,6 +10,7 @@ from specdec.backends import kernels
 from specdec.bench.methods import default_methods
 from specdec.bench.runner import BenchOptions
 from specdec.defaults import DEFAULT_DRAFTER
+from specdec.engine_config import EngineConfig
 from specdec.runtime.engine import Engine
 from specdec.runtime.loading import fastest_dtype
 from specdec.serve.replicas import EngineSpec
@@ -48,14 +49,15 @@ def test_every_entry_point_defaults_to_auto_and_the_same_drafter():
     assert inspect.signature(Engine.load).parameters["dtype"].default == "auto"
     for command in (cli.generate, cli.serve, cli.bench, cli.profile):
         options = inspect.signature(command).parameters
-        assert options["dtype"].default.default == cli.DType.auto, command.__name__  # typer.Option(...)
+        assert options["dtype"].default.default == "auto", command.__name__  # typer.Option(...)
     for command in (cli.generate, cli.serve, cli.bench):
         options = inspect.signature(command).parameters
         assert options["draft"].default.default == DEFAULT_DRAFTER, command.__name__
-        assert options["draft_backend"].default.default == cli.DraftBackend.auto, command.__name__
+        assert options["draft_backend"].default.default == "auto", command.__name__
     assert EngineSpec("t").dtype == "auto"  # what serve's Ray replicas load
-    options = BenchOptions(target="t", draft=DEFAULT_DRAFTER)
-    assert (options.dtype, options.draft_backend, options.methods) == ("auto", "auto", "default")
+    options = BenchOptions(EngineConfig("t"))
+    assert (options.engine.dtype, options.engine.draft, options.engine.draft_backend, options.methods) == (
+        "auto", DEFAULT_DRAFTER, "auto", "default")
 
 
 def test_bench_runs_what_generate_runs_beside_what_users_would_otherwise_run():

@@ -12,7 +12,8 @@ are aggregated into a summary (:mod:`.results`); the report writes markdown,
 JSON and plots (:mod:`.report`).
 
     >>> from specdec.bench import BenchOptions, run_bench
-    >>> summary = run_bench(BenchOptions(target="qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b"))
+    >>> from specdec.engine_config import EngineConfig
+    >>> summary = run_bench(BenchOptions(EngineConfig("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")))
 """
 
 from specdec.bench.methods import METHODS, Measurement, Method, build_methods

@@ -17,7 +17,7 @@ import json
 import os
 import platform
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,8 @@ from specdec.bench.methods import Method
 from specdec.bench.prompts import Prompt, conversation_text
 from specdec.bench.results import Record, aggregate, identical_share, mark_identical
 from specdec.bench.sessions import check_across_sessions, rotated, run_sessions
-from specdec.defaults import DEFAULT_SUFFIX_MEMORY
 from specdec.drafters.spec import DrafterSpec
+from specdec.engine_config import EngineConfig
 from specdec.errors import SpecdecError
 
 
@@ -81,8 +81,9 @@ def run_interleaved(
 
 @dataclass
 class BenchOptions:
-    target: str
-    draft: str | None
+    """A bench run's options: the models (`engine`: the CLI's model options, as generate's) and the run's own."""
+
+    engine: EngineConfig = field(default_factory=EngineConfig)  # target, draft (None: no drafter), dtypes, backends...
     prompts: str = "builtin"
     workload: str | None = None  # "edit,agent,template" (specdec.bench.workloads): sessions instead of prompts
     max_new_tokens: int = 128
@@ -91,20 +92,12 @@ class BenchOptions:
     repeats: int = 1
     limit_per_category: int | None = None
     chat: bool = False
-    dtype: str = "auto"  # the target's: gguf or int8 where specdec's kernels run SIMD, else fp32 (loading.fastest_dtype)
-    draft_dtype: str | None = None  # a transformers draft's dtype (default: as `specdec generate` picks)
-    device: str = "cpu"  # where transformers models run: cpu, cuda, auto
     out: str = "bench-out"
-    threads: int | None = None
     warmup: bool = True
     temperature: float = 0.0  # > 0: every method samples (then no identical_rate: sampled outputs differ)
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
-    backend: str = "hf"  # the target's: "hf" or "llamacpp"
-    draft_backend: str | None = "auto"  # the draft's: as `specdec generate` picks (loading.resolve_draft)
-    n_ctx: int | None = None  # llama.cpp's context size
-    suffix_memory: int = DEFAULT_SUFFIX_MEMORY  # with suffix drafts: tokens of recent answers the engine keeps
     across_sessions: bool = False  # workloads: drafters and caches keep earlier sessions (sessions.run_sessions)
 
 
@@ -158,8 +151,8 @@ def check_run_options(options: BenchOptions) -> None:
         raise SpecdecError(f"--max-new-tokens must be > 0, got {options.max_new_tokens}")
     if options.repeats < 1:
         raise SpecdecError(f"--repeats must be >= 1, got {options.repeats}")
-    if options.threads is not None and options.threads < 1:
-        raise SpecdecError(f"--threads must be >= 1, got {options.threads}")
+    if options.engine.threads is not None and options.engine.threads < 1:
+        raise SpecdecError(f"--threads must be >= 1, got {options.engine.threads}")
 
 
 def output_dir(options: BenchOptions) -> Path:
@@ -188,11 +181,11 @@ def run_bench(
     engine, peer = _load_bench_models(options, plan, console, load_progress)
     encoded, units = _bench_units(options, engine, plan)
     skipped: dict[str, str] = {}
-    target_gguf, draft_gguf = server_files(plan.families, options.target, plan.draft_model, load_progress)
+    target_gguf, draft_gguf = server_files(plan.families, options.engine.target, plan.draft_model, load_progress)
     with console.status(escape("starting llama-server")) if console and target_gguf else nullcontext():
         methods = build_methods(engine, plan.families, plan.gammas, options.max_new_tokens, plan.sampling,
                                 llamacpp_target=peer, target_gguf=target_gguf, draft_gguf=draft_gguf,
-                                threads=options.threads, n_ctx=options.n_ctx, skipped=skipped)
+                                threads=options.engine.threads, n_ctx=options.engine.n_ctx, skipped=skipped)
     for name, why in skipped.items():
         if console is not None:
             console.print(escape(f"{name}: not run: {why}"))
@@ -245,35 +238,36 @@ def _plan_bench(options: BenchOptions) -> _BenchPlan:
     if options.across_sessions and options.workload is None:
         raise SpecdecError("--across-sessions is for --workload sessions: a prompt set's prompts start afresh")
     check_across_sessions(options.across_sessions, options.repeats)
-    drafter = resolve_drafter(options.draft, options.target, options.backend)  # "auto": a head, or the 0.5B
+    models = options.engine
+    drafter = resolve_drafter(models.draft, models.target, models.backend)  # "auto": a head, or the 0.5B
     _, draft_model, head = split_drafter(drafter)
     # The draft's backend and dtype as Engine.load takes them (the same defaults as `specdec generate`).
-    backend, draft_backend, draft_dtype = resolve_draft(draft_model, options.backend, options.draft_backend,
-                                                        options.draft_dtype, options.device)
+    backend, draft_backend, draft_dtype = resolve_draft(draft_model, models.backend, models.draft_backend,
+                                                        models.draft_dtype, models.device)
     if options.methods.strip().lower() == DEFAULT:
-        families = default_methods(options.draft is not None, draft_model is not None, options.backend, draft_backend,
-                                   draft_dtype, llamacpp_can_run(options.target), llama_server_can_run(options.target))
+        families = default_methods(models.draft is not None, draft_model is not None, models.backend, draft_backend,
+                                   draft_dtype, llamacpp_can_run(models.target), llama_server_can_run(models.target))
     else:
         families = parse_methods(options.methods)
-    check_backends(families, options.backend, draft_backend, draft_dtype)
+    check_backends(families, models.backend, draft_backend, draft_dtype)
     own_drafters = check_drafters(families, draft_model, head)  # "specdec-auto@lookup": the run's draft model only
     for _, _, method_head in own_drafters.values():  # "specdec-auto@lookup+head" beside a draft model
         if method_head is not None:
             from specdec.head.use import precheck
 
-            precheck(method_head, backend, options.target)
+            precheck(method_head, backend, models.target)
     if "llamacpp" in families:
         from specdec.runtime.loading import check_spec
 
-        check_spec(options.target, "llamacpp")  # the peer needs the target as a GGUF, and llama-cpp-python
-    if options.n_ctx is not None and options.n_ctx < 1:
-        raise SpecdecError(f"--n-ctx must be >= 1, got {options.n_ctx}")
+        check_spec(models.target, "llamacpp")  # the peer needs the target as a GGUF, and llama-cpp-python
+    if models.n_ctx is not None and models.n_ctx < 1:
+        raise SpecdecError(f"--n-ctx must be >= 1, got {models.n_ctx}")
     gammas = parse_gammas(options.gammas)
     # a workload's sessions, or a prompt set
     sessions = load_workloads(options.workload, options.limit_per_category) if options.workload is not None else []
     prompts = load_prompts(options.prompts, options.limit_per_category) if options.workload is None else []
     wanting = [f for f in needs_draft(families) if f not in own_drafters]
-    if wanting and options.draft is None:
+    if wanting and models.draft is None:
         raise SpecdecError(f"method(s) {', '.join(wanting)} need a draft model: give --draft or drop them")
     return _BenchPlan(sampling, drafter, draft_model, draft_backend, draft_dtype, families, gammas, sessions, prompts,
                       output_dir(options))
@@ -288,21 +282,21 @@ def _load_bench_models(options: BenchOptions, plan: _BenchPlan, console: Any,
 
     from specdec.runtime.engine import Engine
 
-    if options.threads:
-        torch.set_num_threads(options.threads)
-    loading = f"loading {options.target}" + (f" and {options.draft}" if options.draft else "")
+    if options.engine.threads:
+        torch.set_num_threads(options.engine.threads)
+    loading = f"loading {options.engine.target}" + (f" and {options.engine.draft}" if options.engine.draft else "")
     status = console.status(escape(loading)) if console else nullcontext()
     with status:
-        engine = Engine.load(options.target, plan.drafter, dtype=options.dtype, progress=load_progress,
-                             backend=options.backend, draft_backend=plan.draft_backend, n_ctx=options.n_ctx,
-                             threads=options.threads, draft_dtype=plan.draft_dtype, device=options.device,
-                             suffix_memory=options.suffix_memory)
+        engine = Engine.load(options.engine.target, plan.drafter, dtype=options.engine.dtype, progress=load_progress,
+                             backend=options.engine.backend, draft_backend=plan.draft_backend, n_ctx=options.engine.n_ctx,
+                             threads=options.engine.threads, draft_dtype=plan.draft_dtype, device=options.engine.device,
+                             suffix_memory=options.engine.suffix_memory)
         peer = None
         if "llamacpp" in plan.families:  # plain llama.cpp on the target's GGUF, its fastest kernels
             from specdec.runtime.loading import load_llamacpp
 
-            peer = load_llamacpp(options.target, n_ctx=options.n_ctx, exact=False, progress=load_progress,
-                                 n_threads=options.threads)
+            peer = load_llamacpp(options.engine.target, n_ctx=options.engine.n_ctx, exact=False, progress=load_progress,
+                                 n_threads=options.engine.threads)
     return engine, peer
 
 
@@ -363,11 +357,11 @@ def _run_methods(options: BenchOptions, engine: Any, methods: list[Any], encoded
 
     summary = aggregate(records, compare_outputs=sampling.greedy)
     meta = {
-        "target": options.target,
-        "draft": engine.draft_name if options.draft else None,  # as resolved: "lookup+head", "lookup+<model>"...
+        "target": options.engine.target,
+        "draft": engine.draft_name if options.engine.draft else None,  # as resolved: "lookup+head", "lookup+<model>"...
         "dtype": engine.dtype,
         "draft_dtype": engine.draft_dtype,
-        "backend": options.backend,
+        "backend": options.engine.backend,
         "draft_backend": draft_backend,
         "sampling": {"temperature": options.temperature, "top_k": options.top_k, "top_p": options.top_p,
                      "seed": options.seed},
@@ -393,13 +387,13 @@ def _run_methods(options: BenchOptions, engine: Any, methods: list[Any], encoded
         if sampling.greedy:
             meta["servers_identical"] = identical_share(records, reference=SERVER, family=SERVER)
     if target_gguf is not None and servers:
-        meta["machine_bench"] = machine_bench(engine, target_gguf, options.threads, console)
+        meta["machine_bench"] = machine_bench(engine, target_gguf, options.engine.threads, console)
     if options.workload is not None:
         meta["workload"] = parse_workloads(options.workload)
         meta["sessions_per_category"] = {c: sum(s.category == c for s in sessions) for c in summary.categories}
         meta["across_sessions"] = options.across_sessions
-    if options.device != "cpu":
-        meta["device"] = f"{options.device}: {meta['device']}"
+    if options.engine.device != "cpu":
+        meta["device"] = f"{options.engine.device}: {meta['device']}"
     return report.write_all(summary, meta, out, records)
 
 
@@ -475,14 +469,14 @@ def run_concurrency_bench(
         raise SpecdecError("--workload runs sessions turn by turn, one request at a time: drop --concurrency")
     if options.temperature > 0:
         raise SpecdecError("--concurrency measures greedy decoding: drop --temperature")
-    if options.backend != "hf":
+    if options.engine.backend != "hf":
         raise SpecdecError("--concurrency batches transformers targets: drop --backend llamacpp")
     default = options.methods.strip().lower() == DEFAULT
     families = list(CONCURRENCY_METHODS) if default else parse_methods(options.methods)
     other = [f for f in families if f not in CONCURRENCY_METHODS]
     if other:
         raise SpecdecError(f"--concurrency runs {', '.join(CONCURRENCY_METHODS)}; drop {', '.join(other)} from --methods")
-    if options.draft is None and families != ["plain"]:
+    if options.engine.draft is None and families != ["plain"]:
         raise SpecdecError("--concurrency with speculative methods needs --draft (a model, lookup or lookup+<model>)")
     gammas = parse_gammas(options.gammas)
     methods: list[tuple[str, int | str | None]] = [("plain", None)]
@@ -495,20 +489,20 @@ def run_concurrency_bench(
 
     import torch
 
-    if options.threads:
-        torch.set_num_threads(options.threads)
+    if options.engine.threads:
+        torch.set_num_threads(options.engine.threads)
     # A batch drafts with a cache per request over one transformers model.
-    draft_backend = "hf" if options.draft_backend in (None, "auto") else options.draft_backend
+    draft_backend = "hf" if options.engine.draft_backend in (None, "auto") else options.engine.draft_backend
     from contextlib import nullcontext
 
-    status = console.status(escape(f"loading {options.target}")) if console else nullcontext()
+    status = console.status(escape(f"loading {options.engine.target}")) if console else nullcontext()
     with status:
-        engine = Engine.load(options.target, options.draft, dtype=options.dtype, progress=load_progress,
-                             backend="hf", draft_backend=draft_backend, threads=options.threads,
-                             draft_dtype=options.draft_dtype, device=options.device,
-                             suffix_memory=options.suffix_memory)
+        engine = Engine.load(options.engine.target, options.engine.draft, dtype=options.engine.dtype, progress=load_progress,
+                             backend="hf", draft_backend=draft_backend, threads=options.engine.threads,
+                             draft_dtype=options.engine.draft_dtype, device=options.engine.device,
+                             suffix_memory=options.engine.suffix_memory)
         engine.enable_batching(max(levels))
-        if options.draft is not None:
+        if options.engine.draft is not None:
             from specdec.runtime.batching import BatchPool
 
             assert isinstance(engine.pool, BatchPool)  # enable_batching's, for a concurrency above 1
@@ -526,7 +520,7 @@ def run_concurrency_bench(
 
         results = concurrency.run_concurrency(engine, encoded, levels, options.max_new_tokens, methods,
                                               options.repeats, advance, write)
-    meta = {"target": options.target, "draft": engine.draft_name if options.draft else None, "dtype": engine.dtype,
+    meta = {"target": options.engine.target, "draft": engine.draft_name if options.engine.draft else None, "dtype": engine.dtype,
             "draft_dtype": engine.draft_dtype,
             "max_new_tokens": options.max_new_tokens, "repeats": options.repeats, "levels": levels,
             "requests": results[0].requests, "chat": options.chat, "prompts": options.prompts,

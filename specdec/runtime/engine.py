@@ -45,6 +45,7 @@ from specdec.drafters.spec import (
 )
 from specdec.drafters.suffix import SuffixStore
 from specdec.drafters.universal import UniversalDrafter
+from specdec.engine_config import EngineConfig, loading_options
 from specdec.errors import IncompatibleDraftError, SpecdecError
 from specdec.request import RequestConfig, check_draft_mode, check_verify_mode
 from specdec.runtime.loading import AUTO_BACKEND, ModelSpec, resolve_draft
@@ -599,6 +600,16 @@ class Engine:
         engine.timings.update(loader.timings)
         engine.dtype = dtype if backend == "hf" else "gguf"
         return engine
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, progress: Callable[[str, int, int], None] | None = None) -> Engine:
+        """Engine.load with `config`'s models and options (specdec.engine_config.EngineConfig: the CLI's model
+        options); its threads, when given, are torch's too, as the CLI sets them."""
+        if config.threads:
+            import torch
+
+            torch.set_num_threads(config.threads)
+        return cls.load(config.target, config.draft, progress=progress, **loading_options(config))
 
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
         """Prompt text (or ids) -> token ids, through the chat template when chat=True."""

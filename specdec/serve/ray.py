@@ -180,7 +180,7 @@ class SpecdecReplica:
 
         transformers.logging.set_verbosity_error()  # no warnings or progress bars in the replicas' logs
         transformers.utils.logging.disable_progress_bar()
-        self.engine = engine.load() if isinstance(engine, EngineSpec) else engine()
+        self.engine = Engine.from_config(engine) if isinstance(engine, EngineSpec) else engine()
         self.options = options
         self.replica = serve.get_replica_context().replica_id.unique_id
         handle = None

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.defaults import DEFAULT_SUFFIX_MEMORY
+from specdec.engine_config import EngineConfig
 from specdec.errors import SpecdecError
 
 INSTALL_HINT = "pip install 'specdec[ray]'"
@@ -89,46 +89,10 @@ def deployment_options(plan: ReplicaPlan, max_batch: int, max_queue: int) -> dic
     return options
 
 
-@dataclass(frozen=True)
-class EngineSpec:
-    """The models a replica loads, by name (what `specdec serve` takes): sent to every replica,
-    which loads them itself (on its own node: names resolve there, zoo models come from that
-    node's cache or PyPI)."""
-
-    target: str
-    draft: str | None = None  # a model, "lookup", "suffix", "<lookup or suffix>+<model or head>", "auto"; None: plain
-    dtype: str = "auto"
-    draft_dtype: str | None = None
-    backend: str = "hf"
-    draft_backend: str | None = None
-    device: str = "cpu"
-    n_ctx: int | None = None
-    threads: int | None = None  # torch (and llama.cpp) threads in the replica
-    suffix_memory: int = DEFAULT_SUFFIX_MEMORY  # with suffix drafts: tokens of recent answers each replica keeps
-
-    def check(self) -> None:
-        """The SpecdecError that loading would raise for a bad name, without loading anything."""
-        from specdec.drafters.spec import resolve_drafter
-        from specdec.runtime.loading import check_spec, resolve_backends
-
-        # the model of "lookup+<model>", if any; a head's spec is checked where it loads, beside its target
-        draft = resolve_drafter(self.draft, self.target, self.backend).model
-        backend, draft_backend = resolve_backends(self.backend, self.draft_backend, draft)
-        check_spec(self.target, backend)
-        if isinstance(draft, str):  # a name: EngineSpec's drafts are all named
-            check_spec(draft, draft_backend)
-
-    def load(self):
-        """The Engine (in the replica)."""
-        from specdec.runtime.engine import Engine
-
-        if self.threads:
-            import torch
-
-            torch.set_num_threads(self.threads)
-        return Engine.load(self.target, self.draft, dtype=self.dtype, backend=self.backend,
-                           draft_dtype=self.draft_dtype, draft_backend=self.draft_backend, n_ctx=self.n_ctx,
-                           threads=self.threads, device=self.device, suffix_memory=self.suffix_memory)
+# The models a replica loads, by name (what `specdec serve` takes): sent to every replica, which loads them
+# itself (Engine.from_config; on its own node: names resolve there, zoo models come from that node's cache or
+# PyPI).  The serve command's model options, declared once (specdec.engine_config).
+EngineSpec = EngineConfig
 
 
 def check_fits(plan: ReplicaPlan, cpus: int) -> None:

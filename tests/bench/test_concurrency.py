@@ -8,11 +8,13 @@ single-client output, the batch was really shared, and the report files are writ
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from specdec.bench import concurrency
 from specdec.bench.runner import BenchOptions, run_concurrency_bench
+from specdec.engine_config import EngineConfig
 from specdec.errors import SpecdecError
 from specdec.runtime.engine import Engine
 from tests.tiny import save_tiny, tiny_model, tiny_tokenizer
@@ -50,7 +52,7 @@ def test_concurrency_bench_end_to_end_and_refusals(tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("def f(x):\nThe quick brown fox\n")
     out = tmp_path / "out"
-    options = BenchOptions(target=target, draft="lookup", prompts=str(prompts), max_new_tokens=8,
+    options = BenchOptions(EngineConfig(target, "lookup"), prompts=str(prompts), max_new_tokens=8,
                            methods="plain,specdec-auto,specdec", gammas="2", out=str(out))
     data = run_concurrency_bench(options, "1,2")
     assert {(r["method"], r["concurrency"]) for r in data["levels"]} == {
@@ -58,7 +60,9 @@ def test_concurrency_bench_end_to_end_and_refusals(tmp_path):
     assert all(r["identical_rate"] == 1.0 for r in data["levels"])
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 6
+    lookup = options.engine
     for bad, match in ((dict(methods="plain,hf"), "drop hf"), (dict(temperature=0.5), "greedy"),
-                       (dict(backend="llamacpp"), "transformers"), (dict(draft=None, methods="plain,specdec"), "--draft")):
+                       (dict(engine=replace(lookup, backend="llamacpp")), "transformers"),
+                       (dict(engine=replace(lookup, draft=None), methods="plain,specdec"), "--draft")):
         with pytest.raises(SpecdecError, match=match):
-            run_concurrency_bench(BenchOptions(**{**options.__dict__, **bad}), "1,2")
+            run_concurrency_bench(replace(options, **bad), "1,2")

@@ -1,0 +1,71 @@
+"""The model options, declared once (specdec.engine_config.EngineConfig): every command's --target, --draft,
+--dtype, ... are its fields' flags, and Engine, the Ray replicas' spec and the bench take the config."""
+
+import dataclasses
+import inspect
+from pathlib import Path
+
+import typer
+
+import specdec
+from specdec import cli
+from specdec.bench.runner import BenchOptions
+from specdec.engine_config import EngineConfig, engine_fields, loading_options
+from specdec.serve.replicas import EngineSpec
+
+# The model options each command takes (train-drafter: --target alone, required, without -t).
+COMMANDS = {
+    "generate": None, "serve": None, "bench": None,  # all of them
+    "profile": {"target", "draft", "dtype", "draft_dtype", "backend", "device", "draft_backend", "n_ctx", "threads"},
+    "quality": {"target", "dtype", "backend", "threads"},
+    "train-drafter": {"target"},
+}
+
+
+def test_target_is_declared_once_in_the_package():
+    root = Path(specdec.__file__).parent
+    found = {p.relative_to(root).as_posix(): p.read_text().count('"--target"') for p in root.rglob("*.py")}
+    assert {name: n for name, n in found.items() if n} == {"engine_config.py": 1}
+
+
+def test_every_commands_model_flags_come_from_engine_config():
+    commands = typer.main.get_command(cli.app).commands
+    fields = {f.name: o for f, o in engine_fields()}
+    for name, wanted in COMMANDS.items():
+        params = {p.name: p for p in commands[name].params}
+        taken = {field for field in fields if field in params}
+        assert taken == (wanted or set(fields)), name
+        assert "models" not in params, name
+        for field in taken:
+            flags = fields[field].flags
+            if name == "train-drafter":
+                flags = tuple(flag for flag in flags if flag.startswith("--"))
+            assert sorted(params[field].opts) == sorted(flags), (name, field)
+    assert commands["train-drafter"].params[0].required
+    profile = {p.name: p for p in commands["profile"].params}
+    assert profile["draft"].default == "none"  # profile times no drafter unless asked
+
+
+def test_the_config_is_what_engine_replicas_and_bench_take():
+    from specdec.runtime.engine import Engine
+
+    assert EngineSpec is EngineConfig
+    assert EngineConfig(draft="none").draft is None and EngineConfig(draft=" None ").draft is None
+    load = inspect.signature(Engine.load).parameters
+    options = loading_options(EngineConfig())
+    assert set(options) <= set(load)
+    for name, value in options.items():  # the config's defaults are the CLI's and Engine.load's
+        assert value == load[name].default, name
+    bench = BenchOptions(dataclasses.replace(EngineConfig(), target="t", threads=2))
+    assert (bench.engine.target, bench.engine.threads, bench.methods) == ("t", 2, "default")
+
+
+def test_engine_from_config_loads_as_load_does(tmp_path):
+    from specdec.runtime.engine import Engine
+    from tests.tiny import save_tiny
+
+    target = save_tiny(tmp_path / "target", "llama", seed=0)
+    engine = Engine.from_config(EngineConfig(target, "lookup", dtype="fp32"))
+    assert (engine.dtype, engine.draft_name) == ("fp32", "lookup")
+    assert engine.generate([1, 2, 3], max_new_tokens=4).token_ids == Engine.load(target, "lookup", dtype="fp32").generate(
+        [1, 2, 3], max_new_tokens=4).token_ids
