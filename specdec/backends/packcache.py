@@ -16,11 +16,11 @@ and vector extensions); a file whose key differs (another CPU or build, a change
 rebuilt in place, which also evicts it: a model has one file, not one per build it ever ran with.
 
 **Written once, atomically.**  A load that built its tensors hands them to :meth:`PackCache.save`, which writes
-them from memory in a background thread (the process goes on to prefill and decode meanwhile; at exit it waits
-for the write to end) into a temporary file renamed into place when complete, so a file at the cache's path is
-always whole; a file that is truncated or damaged (size, magic, header or a sampled page's CRC) is rebuilt with
-one line on stderr saying so.  A cache that cannot be written (read-only, full) costs the packing next time,
-nothing else.
+them from memory in a background thread (the process goes on to prefill and decode meanwhile; a process that ends
+first hands what is left to a child process, so that it ends at once) into a temporary file renamed into place
+when complete, so a file at the cache's path is always whole; the writing thread runs at the lowest CPU priority.
+A file that is truncated or damaged (size, magic, header or a sampled page's CRC) is rebuilt with one line on
+stderr saying so.  A cache that cannot be written (read-only, full) costs the packing next time, nothing else.
 """
 
 from __future__ import annotations
@@ -47,16 +47,46 @@ ALIGN = 4096  # each tensor starts on a page
 SAMPLES = 64  # pages whose CRC-32 the header keeps (a cheap check of the data at every load)
 CHUNK = 64 << 20  # bytes per write call (the GIL is released during each)
 
-_writers: list[threading.Thread] = []
+# the writes under way: (thread, cache, its tensors)
+_writers: list[tuple[threading.Thread, PackCache, dict[str, torch.Tensor]]] = []
 
 
 def wait_for_writes() -> None:
-    """Let the cache files being written finish (at exit: what remains of them; the run's work overlapped)."""
+    """Let the cache files being written finish."""
     while _writers:
-        _writers.pop().join()
+        _writers.pop()[0].join()
 
 
-atexit.register(wait_for_writes)
+def _finish_at_exit() -> None:
+    """At exit: the writes still under way are finished by a child process (os.fork: the tensors are the parent's
+    memory, copied on write), so that the process ends at once -- a first run would otherwise wait seconds for
+    its 1-2 GB of cache to reach the disk.  The child writes each file afresh to a temporary file of its own
+    and renames it when whole (the parent's half-written one is cleaned up by a later write).  Where fork is
+    not available the process waits for them."""
+    pending = [(cache, tensors) for thread, cache, tensors in _writers if thread.is_alive()]
+    _writers.clear()
+    if not pending:
+        return
+    if not hasattr(os, "fork"):
+        for cache, tensors in pending:
+            cache._write(tensors)
+        return
+    try:
+        pid = os.fork()
+    except OSError:
+        pid = -1
+    if pid == 0:  # the child: write, then leave without the parent's exit handlers
+        try:
+            for cache, tensors in pending:
+                cache._write(tensors)
+        finally:
+            os._exit(0)
+    if pid < 0:  # no child: wait here
+        for cache, tensors in pending:
+            cache._write(tensors)
+
+
+atexit.register(_finish_at_exit)
 
 
 def enabled() -> bool:
@@ -207,10 +237,14 @@ class PackCache:
         tensors = dict(self._tensors)
         thread = threading.Thread(target=self._write, args=(tensors,), name=f"specdec-pack {self.path.name}",
                                   daemon=True)
-        _writers.append(thread)
+        _writers.append((thread, self, tensors))
         thread.start()
 
     def _write(self, tensors: dict[str, torch.Tensor]) -> None:
+        try:  # the lowest CPU priority for this thread (Linux: per thread): the run's own work goes first
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):
+            pass
         entries, offset = {}, 0
         for name, t in tensors.items():
             nbytes = t.numel() * t.element_size()

@@ -138,3 +138,20 @@ def test_an_int4_draft_from_the_cache_is_bitwise_a_fresh_one(source, tmp_path, c
     assert any(name.startswith("int8.") for name in again._tensors) == catch_up
     assert [torch.equal(a, b) for a, b in zip(logits(again), fresh)] == [True] * 3
     assert not again._stale  # every packed tensor came from the file: nothing made afresh
+
+
+def test_a_process_that_ends_first_leaves_the_write_to_a_child(source, tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    directory = tmp_path / "packed"
+    code = ("import sys, torch; from pathlib import Path; from specdec.backends.packcache import PackCache; "
+            "c = PackCache('test', sys.argv[1], None, Path(sys.argv[2])); "
+            "c.tensor('big', lambda: torch.ones(64 << 20, dtype=torch.uint8)); c.save()")  # then exits at once
+    subprocess.run([sys.executable, "-c", code, str(source), str(directory)], check=True, timeout=120)
+    deadline = time.monotonic() + 120
+    while not list(directory.glob("test-*.bin")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    cache = PackCache("test", source, None, directory)
+    assert cache.hit and torch.equal(cache.get("big")[:: 1 << 20], torch.ones(64, dtype=torch.uint8))
