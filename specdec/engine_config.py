@@ -73,7 +73,9 @@ class EngineConfig:
     suffix_memory: int = option(DEFAULT_SUFFIX_MEMORY, "--suffix-memory", minimum=0, help=SUFFIX_MEMORY_HELP)
 
     def __post_init__(self) -> None:
-        if isinstance(self.draft, str) and self.draft.strip().lower() == "none":  # drafters.spec.is_none
+        from specdec.drafters.spec import is_none
+
+        if is_none(self.draft):
             object.__setattr__(self, "draft", None)
 
     def check(self) -> None:
