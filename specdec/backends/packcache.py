@@ -134,9 +134,10 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 class PackCache:
     """The packed tensors of one model of one kind (see the module doc): get() the mapped ones, save() new ones.
 
-    kind: what the bytes are ("gguf", "int4"); source: the model file they are made from (its path keys the
-    cache file, its size and time the key); extra: anything else the bytes depend on (e.g. the packing's
-    parameters); directory: where the files live (default $SPECDEC_HOME/packed)."""
+    kind: what the bytes are ("gguf": a gguf target's blocks; "lean": an int4 draft's int4 and int8 weights);
+    source: the model file they are made from (its path keys the cache file, its size and time the key); extra:
+    anything else the bytes depend on (e.g. the packing's parameters); directory: where the files live (default
+    $SPECDEC_HOME/packed)."""
 
     def __init__(self, kind: str, source: str | Path, extra: dict[str, Any] | None = None,
                  directory: Path | None = None) -> None:
