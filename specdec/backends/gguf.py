@@ -38,10 +38,11 @@ import numpy as np
 import torch
 
 from specdec.backends import kernels
+from specdec.backends.hf import eos_id_set
 from specdec.backends.kernels.bindings import LayersModel
 from specdec.backends.kernels.gguf import BLOCK, FILE_BYTES, NAMES, Part, Parts
 from specdec.backends.lean import LayerSet, LeanRunner, Rotary, _Layer, _NativeTable
-from specdec.backends.packcache import PackCache, enabled
+from specdec.backends.packcache import cache_for
 from specdec.backends.tree import Tree
 from specdec.errors import SpecdecError
 
@@ -256,17 +257,6 @@ def config_of(file: GGUFFile, name: str = "") -> Any:
 # ---------------------------------------------------------------- the weights
 
 
-def _pack_cache(file: GGUFFile) -> PackCache | None:
-    """The cache of `file`'s packed blocks (specdec.backends.packcache), or None where it cannot be had (a file
-    that vanished under its mapping, $SPECDEC_PACK_CACHE=0)."""
-    if not enabled():
-        return None
-    try:
-        return PackCache("gguf", file.path)
-    except OSError:
-        return None
-
-
 def _unpermute(rows: int, heads: int) -> list[int]:
     """The file's row of each output channel of a llama q or k projection: llama.cpp's converter interleaves each
     head's two rotary halves (row 2 i + j of a head holds channel j * half + i); transformers' rotate-half
@@ -348,7 +338,7 @@ class GGUFModel:
                          [(blk + "attn_output", None)], [(blk + "ffn_gate", None), (blk + "ffn_up", None)],
                          [(blk + "ffn_down", None)]])
         head = [("output" if "output.weight" in file.tensors else "token_embd", None)]
-        cache = _pack_cache(file)
+        cache = cache_for("gguf", file.path)
         self._arena = _Arena([self._tensor(stem) for layer in plan for linear in layer for stem, _ in linear]
                              + [self._tensor(head[0][0])], None if cache is None else cache.get("arena"))
         layers = []
@@ -512,10 +502,7 @@ class GGUFRunner(LeanRunner):
     @property
     def eos_token_ids(self) -> frozenset[int]:
         """The config's end-of-sequence ids (what the generation config of its transformers model holds)."""
-        eos = self.gguf.config.eos_token_id
-        if isinstance(eos, int):
-            return frozenset({eos})
-        return frozenset(int(i) for i in eos) if eos else frozenset()
+        return eos_id_set(self.gguf.config.eos_token_id)
 
     def embed_tokens(self, tokens: Sequence[int]) -> torch.Tensor:
         return self.gguf.embedding(tokens)

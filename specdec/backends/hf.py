@@ -142,7 +142,11 @@ def model_vocab_size(model: PreTrainedModel) -> int:
 
 def model_eos_token_ids(model: PreTrainedModel) -> frozenset[int]:
     """The end-of-sequence ids of the model's generation config (one id or a list; none without one)."""
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    return eos_id_set(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+
+
+def eos_id_set(eos: Any) -> frozenset[int]:
+    """An eos_token_id as configs give it (one id, a list, or none) as a set of ids."""
     if isinstance(eos, int):
         return frozenset({eos})
     return frozenset(int(i) for i in eos) if eos else frozenset()

@@ -67,23 +67,18 @@ def _finish_at_exit() -> None:
     _writers.clear()
     if not pending:
         return
-    if not hasattr(os, "fork"):
-        for cache, tensors in pending:
-            cache._write(tensors)
-        return
     try:
-        pid = os.fork()
+        pid = os.fork() if hasattr(os, "fork") else -1
     except OSError:
         pid = -1
-    if pid == 0:  # the child: write, then leave without the parent's exit handlers
-        try:
-            for cache, tensors in pending:
-                cache._write(tensors)
-        finally:
-            os._exit(0)
-    if pid < 0:  # no child: wait here
+    if pid > 0:  # the parent: the child writes
+        return
+    try:  # the child, or this process where there is none
         for cache, tensors in pending:
             cache._write(tensors)
+    finally:
+        if pid == 0:
+            os._exit(0)  # without the parent's exit handlers
 
 
 atexit.register(_finish_at_exit)
@@ -92,6 +87,17 @@ atexit.register(_finish_at_exit)
 def enabled() -> bool:
     """Whether loads use the cache ($SPECDEC_PACK_CACHE=0 turns it off: every load packs afresh)."""
     return os.environ.get("SPECDEC_PACK_CACHE", "1") != "0"
+
+
+def cache_for(kind: str, source: str | Path) -> PackCache | None:
+    """The PackCache of `source`'s packed weights of `kind`, or None where loads do not use one
+    ($SPECDEC_PACK_CACHE=0) or it cannot be had (a source that vanished)."""
+    if not enabled():
+        return None
+    try:
+        return PackCache(kind, source)
+    except OSError:
+        return None
 
 
 def file_identity(path: str | Path) -> dict[str, Any]:
@@ -190,8 +196,7 @@ class PackCache:
 
     def _drop(self) -> None:
         self._tensors = {}
-        if self._map is not None:
-            self._map = None  # the tensors' views went with _tensors; the mapping closes when unreferenced
+        self._map = None  # the tensors' views went with _tensors; the mapping closes when unreferenced
 
     def _map_file(self, f: Any) -> str:
         """Map the open file and check it: "" when whole and current, "stale" for another key, else the damage."""

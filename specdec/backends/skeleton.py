@@ -26,9 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from specdec.backends.lean import ARCHITECTURES, Rotary
 from specdec.backends.quant import WEIGHTS_FILE, Int8Linear, saved_index
-
-ARCHITECTURES = ("llama", "qwen2", "mistral")
 
 
 class Part(nn.Module):
@@ -77,8 +76,6 @@ def load(folder: str | Path) -> nn.Module | None:
     None where it is not covered (another architecture, activation or rotary scaling; a tied head)."""
     from safetensors.torch import load_file
     from transformers import AutoConfig
-
-    from specdec.backends.lean import Rotary
 
     folder = Path(folder)
     index = saved_index(folder)

@@ -227,9 +227,9 @@ class SlotRunner(Refusals):  # no trees
             return self.batch.submit(self.slot, tokens, last_n)
         at = 0
         while True:  # each round's chunk as the batch is then; the last one holds the last_n rows asked for
-            size = PREFILL_CHUNK if self.batch.active <= 1 else SHARED_PREFILL_CHUNK
-            size = min(size, len(tokens) - at - last_n)
-            if len(tokens) - at <= (PREFILL_CHUNK if self.batch.active <= 1 else SHARED_PREFILL_CHUNK) or size < 1:
+            chunk = PREFILL_CHUNK if self.batch.active <= 1 else SHARED_PREFILL_CHUNK
+            size = min(chunk, len(tokens) - at - last_n)
+            if len(tokens) - at <= chunk or size < 1:
                 return self.batch.submit(self.slot, tokens[at:], last_n)
             self.batch.submit(self.slot, tokens[at : at + size], 1)
             at += size

@@ -343,13 +343,21 @@ def int8_cache(kind: str, location: str) -> tuple[Path, dict]:
     return zoo.home() / "int8" / ("hub-" + location.replace("/", "--")), {"hub": location}
 
 
+def _current_int8(kind: str, location: str) -> Path | None:
+    """The cached int8 folder of a resolved spec when it is complete and made from the same source, else None."""
+    from specdec.backends import quant
+
+    folder, source = int8_cache(kind, location)
+    index = quant.saved_index(folder)
+    return folder if index is not None and all(index.get(k) == v for k, v in source.items()) else None
+
+
 def _load_int8(kind: str, location: str, progress: zoo.Progress | None):
     """The int8 model of a resolved spec: from its cache, else quantized from fp32 and cached."""
     from specdec.backends import quant
 
     folder, source = int8_cache(kind, location)
-    index = quant.saved_index(folder)
-    if index is not None and all(index.get(k) == v for k, v in source.items()):
+    if _current_int8(kind, location) is not None:
         try:
             return quant.load_int8(folder)
         except (OSError, ValueError, KeyError):
@@ -415,13 +423,12 @@ def load_int4_draft(spec: str, progress: zoo.Progress | None = None) -> tuple[Mo
 def _saved_int8_skeleton(spec: str) -> tuple[Any, PreTrainedTokenizerBase] | None:
     """(the cached int8 model of `spec` as specdec.backends.skeleton builds it, its tokenizer), or None where it is
     not cached yet, not current, or not covered (load_hf then loads, or quantizes, transformers' model)."""
-    from specdec.backends import quant, skeleton
+    from specdec.backends import skeleton
     from specdec.vocab import saved_tokenizer
 
     try:
-        folder, source = int8_cache(*resolve(spec))
-        index = quant.saved_index(folder)
-        if index is None or any(index.get(k) != v for k, v in source.items()):
+        folder = _current_int8(*resolve(spec))
+        if folder is None:
             return None
         model = skeleton.load(folder)
         return None if model is None else (model, saved_tokenizer(folder))
@@ -432,16 +439,11 @@ def _saved_int8_skeleton(spec: str) -> tuple[Any, PreTrainedTokenizerBase] | Non
 def _pack_cache(spec: str) -> PackCache | None:
     """The cache of the packed weights of `spec`'s int8 model (specdec.backends.packcache, keyed by its cached
     int8 file), or None ($SPECDEC_PACK_CACHE=0, no int8 file)."""
-    from specdec.backends.packcache import PackCache, enabled
+    from specdec.backends.packcache import cache_for
     from specdec.backends.quant import WEIGHTS_FILE
 
-    if not enabled():
-        return None
     folder, _ = int8_cache(*resolve(spec))
-    try:
-        return PackCache("lean", folder / WEIGHTS_FILE)
-    except OSError:
-        return None
+    return cache_for("lean", folder / WEIGHTS_FILE)
 
 
 def load_hf(
