@@ -8,6 +8,7 @@ The models' embedding matrices may still differ in width (padding rows, e.g.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import pickle
 import sys
@@ -25,17 +26,32 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 CACHE_FORMAT = 1
 
 
+def installed_version(package: str) -> str:
+    """The installed version of `package`, read from its dist-info folder's name beside it (no import of the
+    package: transformers' takes half a second), else from importlib.metadata; "" when it is not installed."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    site = Path(next(iter(spec.submodule_search_locations))).parent
+    found = sorted(site.glob(f"{package}-*.dist-info"))
+    if len(found) == 1:
+        return found[0].name[len(package) + 1: -len(".dist-info")]
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return ""
+
+
 def tokenizer_key(folder: str | Path) -> str | None:
     """A digest of the tokenizer saved in `folder` (where it is, its files' bytes) and of the transformers and
     tokenizers versions that build it; None for a folder with no tokenizer.json (nothing to gain from a cache)."""
-    import tokenizers
-    import transformers
-
     folder = Path(folder)
     if not (folder / "tokenizer.json").is_file():
         return None
     # the folder too: a tokenizer remembers where it was loaded from (name_or_path)
-    digest = hashlib.sha256(repr((CACHE_FORMAT, transformers.__version__, tokenizers.__version__,
+    digest = hashlib.sha256(repr((CACHE_FORMAT, installed_version("transformers"), installed_version("tokenizers"),
                                   str(folder.resolve()))).encode())
     for name in TOKENIZER_FILES:
         path = folder / name
@@ -85,10 +101,24 @@ def saved_tokenizer(location: str | Path, cache_dir: Path | None = None) -> PreT
     return tokenizer
 
 
+def fast_tokenizer(location: str | Path) -> Any:
+    """saved_tokenizer(location) as a specdec.tokenizer.LeanTokenizer where a snapshot of it stands for it (no
+    transformers import at all: the zoo's tokenizers all have one), else that transformers tokenizer.  The
+    snapshots live beside the pickles, in $SPECDEC_HOME/tokenizers/lean."""
+    folder = Path(location)
+    key = tokenizer_key(folder) if folder.is_dir() else None
+    if key is None:
+        return saved_tokenizer(location)
+    from specdec.tokenizer import lean_tokenizer
+    from specdec.zoo import home
+
+    return lean_tokenizer(key, home() / "tokenizers" / "lean", lambda: saved_tokenizer(location))
+
+
 def same_vocabulary(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bool:
     """True when both tokenizers have identical token -> id maps (added tokens included)."""
-    if a is b:
-        return True
+    if a is b or getattr(a, "backend_tokenizer", a) is getattr(b, "backend_tokenizer", b):
+        return True  # one object, or two lean tokenizers over one parsed vocabulary
     return a.get_vocab() == b.get_vocab()
 
 

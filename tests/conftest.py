@@ -95,6 +95,7 @@ REAL_MODEL_GROUPS = {
     "tests/test_real_gguf.py": "fp32-target",  # the zoo on its own blocks, the int8 0.5B as an int4 draft
     "tests/backends/test_llamacpp.py": "int8-and-llama.cpp",  # the llama.cpp 1.5B / 0.5B, the int8 1.5B
     "tests/test_bridge.py": "int8-and-llama.cpp",  # the real tokenizers
+    "tests/test_tokenizer.py": "int8-and-llama.cpp",  # the real tokenizers, lean and transformers'
     "tests/test_zoo.py": "int8-and-llama.cpp",
     "tests/test_loading.py": "int8-and-llama.cpp",
 }

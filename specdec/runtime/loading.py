@@ -26,7 +26,7 @@ from specdec import zoo
 
 # drafter specs are specdec.drafters.spec's; these two names stay importable from here for specdec.bench.runner
 from specdec.errors import SpecdecError
-from specdec.vocab import saved_tokenizer
+from specdec.vocab import fast_tokenizer, saved_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -215,7 +215,7 @@ def load_tokenizer(spec: str, progress: zoo.Progress | None = None) -> PreTraine
     else:
         folder = Path(location) if kind == "dir" else location
     try:
-        return saved_tokenizer(folder)
+        return fast_tokenizer(folder)
     except Exception as e:  # offline hub id, broken directory: fixable by the user
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SpecdecError(f"cannot load the tokenizer of '{spec}' ({first})") from e
@@ -424,14 +424,13 @@ def _saved_int8_skeleton(spec: str) -> tuple[Any, PreTrainedTokenizerBase] | Non
     """(the cached int8 model of `spec` as specdec.backends.skeleton builds it, its tokenizer), or None where it is
     not cached yet, not current, or not covered (load_hf then loads, or quantizes, transformers' model)."""
     from specdec.backends import skeleton
-    from specdec.vocab import saved_tokenizer
 
     try:
         folder = _current_int8(*resolve(spec))
         if folder is None:
             return None
         model = skeleton.load(folder)
-        return None if model is None else (model, saved_tokenizer(folder))
+        return None if model is None else (model, fast_tokenizer(folder))
     except (OSError, ValueError, KeyError, SpecdecError):
         return None  # load_hf says what is wrong, or rebuilds a damaged cache
 
