@@ -22,7 +22,8 @@ verifying a draft costs little more than a step: the regime speculative decoding
 The runner is a :class:`specdec.backends.lean.LeanRunner` (its KV cache, rollback, token trees, hidden
 states, packed forwards of several sequences) whose layer set is :class:`GGUFLayers`.  The GGUF file is read
 here (its header and tensor table; the blocks memory-mapped), its config mapped to the transformers config
-of the architecture; llama-architecture files store their q and k rows permuted for llama.cpp's rotary
+values of the architecture and read as transformers would read them without importing it
+(:mod:`specdec.backends.modelconfig`); llama-architecture files store their q and k rows permuted for llama.cpp's rotary
 layout, which packing undoes (a permutation of output channels: the same integers).
 """
 
@@ -38,10 +39,10 @@ import numpy as np
 import torch
 
 from specdec.backends import kernels
-from specdec.backends.hf import eos_id_set
 from specdec.backends.kernels.bindings import LayersModel
 from specdec.backends.kernels.gguf import BLOCK, FILE_BYTES, NAMES, Part, Parts
 from specdec.backends.lean import LayerSet, LeanRunner, Rotary, _Layer, _NativeTable
+from specdec.backends.modelconfig import ModelConfig, eos_id_set, model_config
 from specdec.backends.packcache import cache_for
 from specdec.backends.tree import Tree
 from specdec.errors import SpecdecError
@@ -211,11 +212,10 @@ def _type_name(type_id: int) -> str:
 # ---------------------------------------------------------------- the config
 
 
-def config_of(file: GGUFFile, name: str = "") -> Any:
-    """The transformers config of a llama / qwen2 / mistral GGUF file, from its metadata (as transformers' own
-    GGUF loader maps it; a one-line SpecdecError for an architecture or rotary scaling the gguf target lacks)."""
-    from transformers import AutoConfig
-
+def config_values(file: GGUFFile) -> dict[str, Any]:
+    """The transformers config values of a llama / qwen2 / mistral GGUF file, from its metadata (as transformers'
+    own GGUF loader maps it; a one-line SpecdecError for an architecture or rotary scaling the gguf target lacks):
+    the arguments of the architecture's config class."""
     arch = file.architecture
     if arch not in ARCHITECTURES:
         raise SpecdecError(f"--dtype gguf runs {'/'.join(ARCHITECTURES)} GGUF models, and {file.path.name} is a "
@@ -249,7 +249,23 @@ def config_of(file: GGUFFile, name: str = "") -> Any:
     window = file.get("attention.sliding_window")
     if arch == "mistral":
         values["sliding_window"] = int(window) if window else None
-    config = AutoConfig.for_model(arch, **{k: v for k, v in values.items() if v is not None})
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def config_of(file: GGUFFile, name: str = "") -> ModelConfig:
+    """The config of a llama / qwen2 / mistral GGUF file (config_values) as the gguf target reads it: the
+    attributes transformers' config of the architecture would have, without transformers."""
+    config = model_config({**config_values(file), "model_type": file.architecture}, name or str(file.path))
+    assert config is not None  # (config_values refuses what model_config does not cover)
+    return config
+
+
+def transformers_config_of(file: GGUFFile, name: str = "") -> Any:
+    """transformers' config of a llama / qwen2 / mistral GGUF file (config_values): for its model on the meta
+    device (GGUFRunner.model)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(file.architecture, **config_values(file))
     config._name_or_path = name or str(file.path)
     return config
 
@@ -492,7 +508,7 @@ class GGUFRunner(LeanRunner):
             from transformers import AutoModelForCausalLM
 
             with torch.device("meta"):
-                self._meta = AutoModelForCausalLM.from_config(self.gguf.config)
+                self._meta = AutoModelForCausalLM.from_config(transformers_config_of(self.gguf.file, self.gguf.name))
         return self._meta
 
     @model.setter

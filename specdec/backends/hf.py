@@ -64,6 +64,12 @@ if TYPE_CHECKING:
 
 from specdec.backends import fastlinear
 from specdec.backends.base import Capabilities, Footprint, checked_new_tokens, checked_taps, decoder_footprint, last_hidden
+from specdec.backends.modelconfig import (  # what every runner reads of a model (transformers-free there)
+    layer_window,
+    model_eos_token_ids,
+    model_identity,
+    model_max_context,
+)
 from specdec.backends.tree import Tree, check_forward, check_rollback, kept_rows
 from specdec.errors import SpecdecError
 
@@ -77,16 +83,6 @@ _WATCHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # output layers and ba
 # architectures whose layers' sliding windows layer_window knows, so HFRunner can mask a token tree
 TREE_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text")
 TREE_ATTENTION = ("sdpa", "eager", "specdec_rowwise")  # implementations that take a 4D additive mask or the tree
-
-
-def layer_window(config: Any, attention: Any) -> int | None:
-    """The sliding window an attention layer of TREE_ARCHITECTURES passes to the attention function (None:
-    full)."""
-    if config.model_type in ("qwen2", "qwen3", "gemma3_text"):
-        return getattr(attention, "sliding_window", None)  # per layer type
-    if config.model_type == "mistral":
-        return getattr(config, "sliding_window", None)
-    return None  # llama
 
 
 def tree_windows(model: PreTrainedModel) -> dict[str, int | None] | None:
@@ -127,29 +123,11 @@ def tree_mask(tree: Tree, cached: int, window: int | None, dtype: torch.dtype) -
     return mask[None, None]
 
 
-def model_max_context(model: PreTrainedModel) -> int:
-    """The longest context the model was built for (max_position_embeddings)."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return int(getattr(config, "max_position_embeddings", None) or 2**31 - 1)
-
-
 def model_vocab_size(model: PreTrainedModel) -> int:
     """Width V of the model's logits: its output head's rows (an nn.Linear, or an int8 linear
     without .weight)."""
     head = model.get_output_embeddings()
     return int(head.out_features if hasattr(head, "out_features") else head.weight.shape[0])
-
-
-def model_eos_token_ids(model: PreTrainedModel) -> frozenset[int]:
-    """The end-of-sequence ids of the model's generation config (one id or a list; none without one)."""
-    return eos_id_set(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
-
-
-def eos_id_set(eos: Any) -> frozenset[int]:
-    """An eos_token_id as configs give it (one id, a list, or none) as a set of ids."""
-    if isinstance(eos, int):
-        return frozenset({eos})
-    return frozenset(int(i) for i in eos) if eos else frozenset()
 
 
 def model_backend(model: PreTrainedModel) -> str:
@@ -177,28 +155,6 @@ def model_footprint(model: PreTrainedModel, chunked: bool, decoder: bool = False
     element = model.get_input_embeddings().weight.element_size()  # type: ignore[operator]  # a Parameter's method
     return decoder_footprint(layers, kv_heads, head_dim, heads, hidden, intermediate, model_vocab_size(model),
                              cache_element=element, element=element, chunked=chunked)
-
-
-def model_identity(backend: str, model: PreTrainedModel, dtype: str | None = None) -> dict[str, Any]:
-    """What the timings of a runner over a transformers model depend on (ModelRunner.identity): the
-    runner's class, the model's name ("" for a model built in memory), its dtype (int8, or `dtype`
-    where the runner computes another, or the parameters'), device, torch's threads and, for int8
-    weights, the kernels' version (a new kernel times differently)."""
-    from specdec.backends.quant import is_int8
-
-    name = getattr(model.config, "_name_or_path", "") or ""
-    if not name:
-        return {"backend": backend, "model": "", "threads": torch.get_num_threads()}
-    param = next(model.parameters())
-    int8 = is_int8(model)
-    who: dict[str, Any] = {"backend": backend, "model": str(name),
-                           "dtype": dtype or ("int8" if int8 else str(param.dtype)),
-                           "device": str(param.device), "threads": torch.get_num_threads()}
-    if int8:
-        from specdec.backends.kernels.build import version
-
-        who["kernel"] = version()
-    return who
 
 
 def _keep_head_input(module: nn.Module, args: tuple[Any, ...]) -> None:

@@ -107,10 +107,10 @@ from torch import nn
 from specdec.backends import kernels
 from specdec.backends.base import Capabilities, Footprint, checked_taps, decoder_footprint, last_hidden
 from specdec.backends.fastlinear import is_fp32_cpu_linear, weight_major_linear
-from specdec.backends.hf import layer_window, model_eos_token_ids, model_identity, model_max_context
 from specdec.backends.int4 import Int4Linear
 from specdec.backends.kernels.bindings import LayersModel
 from specdec.backends.kernels.gguf import Parts
+from specdec.backends.modelconfig import layer_window, model_eos_token_ids, model_identity, model_max_context
 from specdec.backends.packcache import PackCache
 from specdec.backends.quant import Int8Linear, is_int8, pack_all
 from specdec.backends.tree import Tree, check_forward, check_rollback, kept_rows

@@ -50,13 +50,11 @@ from specdec.backends.hf import (
     HFRunner,
     head_inputs,
     model_backend,
-    model_eos_token_ids,
     model_footprint,
-    model_identity,
-    model_max_context,
     own_rows,
     watch_head_input,
 )
+from specdec.backends.modelconfig import model_eos_token_ids, model_identity, model_max_context
 from specdec.errors import SpecdecError
 
 

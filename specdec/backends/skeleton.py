@@ -8,8 +8,9 @@ which the lean runner reads only the tensors, the config and a few attributes.  
 those: modules named as transformers names them (``model.layers[i].self_attn.q_proj``, ``model.norm``,
 ``lm_head`` ...) holding the saved tensors, the attention's scaling and sliding window as the architecture
 sets them, the rotary tables of :class:`specdec.backends.lean.Rotary` (transformers' operations, the same
-bits) and the generation config's end-of-sequence ids.  The runner over it computes the same logits,
-bitwise, as over transformers' model (tested).
+bits) and the generation config's end-of-sequence ids.  Its config is
+:func:`specdec.backends.modelconfig.read_config`'s: the values transformers reads, without importing it.
+The runner over it computes the same logits, bitwise, as over transformers' model (tested).
 
 Covered: the llama, qwen2 and mistral architectures with SiLU MLPs, default or linear rotary scaling and a
 saved (untied) output head; for anything else :func:`load` returns None and the caller loads transformers'
@@ -27,6 +28,7 @@ import torch
 from torch import nn
 
 from specdec.backends.lean import ARCHITECTURES, Rotary
+from specdec.backends.modelconfig import read_config
 from specdec.backends.quant import WEIGHTS_FILE, Int8Linear, saved_index
 
 
@@ -55,11 +57,11 @@ def covered(config: Any) -> bool:
 
 
 def _window(config: Any, layer: int) -> int | None:
-    """The sliding window transformers' attention layer `layer` holds (hf.layer_window reads it)."""
+    """The sliding window transformers' attention layer `layer` holds (modelconfig.layer_window reads it)."""
     if config.model_type == "qwen2":
         types = getattr(config, "layer_types", None)
         return config.sliding_window if types and types[layer] == "sliding_attention" else None
-    return None  # llama: none; mistral: read from the config by hf.layer_window
+    return None  # llama: none; mistral: read from the config by modelconfig.layer_window
 
 
 def _eos(folder: Path, config: Any) -> Any:
@@ -75,14 +77,13 @@ def load(folder: str | Path) -> nn.Module | None:
     """The int8 model saved in `folder` (quant.save_int8) as the lean runner reads it (see the module doc), or
     None where it is not covered (another architecture, activation or rotary scaling; a tied head)."""
     from safetensors.torch import load_file
-    from transformers import AutoConfig
 
     folder = Path(folder)
     index = saved_index(folder)
     if index is None:
         return None
-    config = AutoConfig.from_pretrained(folder)
-    if not covered(config):
+    config = read_config(folder)  # transformers' values, without transformers
+    if config is None or not covered(config):
         return None
     tensors = load_file(str(folder / WEIGHTS_FILE))
     if "lm_head.qweight" not in tensors:

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from specdec.backends.hf import model_eos_token_ids
+from specdec.backends.modelconfig import model_eos_token_ids
 from specdec.errors import SpecdecError
 from specdec.runtime import loading
 from specdec.vocab import chat_ids

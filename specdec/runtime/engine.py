@@ -13,10 +13,11 @@ through it.
 from __future__ import annotations
 
 import copy
+import sys
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, TypeGuard, overload
 
 from specdec.algorithm.control import AutoK, Controller, Costs, parse_speculation
 from specdec.algorithm.loop import Stats, Step, StopCondition, collect, decode
@@ -25,9 +26,7 @@ from specdec.algorithm.stairs import StairsRunner, stairs_runner
 from specdec.algorithm.verify import make_verifier
 from specdec.backends import lean
 from specdec.backends.base import ModelRunner
-from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner
-from specdec.backends.seq2seq import Seq2SeqRunner, is_seq2seq
 from specdec.bridge import TextBridge, VocabularyMap
 from specdec.defaults import DEFAULT_SUFFIX_MEMORY
 from specdec.drafters.base import Drafter
@@ -56,6 +55,7 @@ from specdec.vocab import chat_ids, decoded, same_vocabulary
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from specdec.backends.seq2seq import Seq2SeqRunner
     from specdec.head.use import LoadedHead
 
 # The most tokens the controller drafts in one step: a free source's long match (a suffix draft after a
@@ -90,13 +90,24 @@ def as_runner(model: PreTrainedModel | ModelRunner) -> ModelRunner:
     # `model` property (transformers' model of its config: a second of imports it otherwise never needs)
     if isinstance(model, LeanRunner) or isinstance(model, ModelRunner):
         return model
-    from transformers import PreTrainedModel  # here: its import takes a second a GGUF target never needs
+    # here, as the runners over transformers models: their imports take a second a GGUF target never needs
+    from transformers import PreTrainedModel
+
+    from specdec.backends.hf import HFRunner
+    from specdec.backends.seq2seq import Seq2SeqRunner, is_seq2seq
 
     if isinstance(model, PreTrainedModel):
         if is_seq2seq(model):
             return Seq2SeqRunner(model)
         return LeanRunner(model) if lean.supports(model) else HFRunner(model)
     raise TypeError(f"expected a transformers model or a ModelRunner, got {type(model).__name__}")
+
+
+def is_seq2seq_runner(runner: object) -> TypeGuard[Seq2SeqRunner]:
+    """Whether `runner` is a Seq2SeqRunner, without importing its module (and transformers) where no runner can
+    be one: none was built unless specdec.backends.seq2seq was imported."""
+    module = sys.modules.get("specdec.backends.seq2seq")
+    return module is not None and isinstance(runner, module.Seq2SeqRunner)
 
 
 @overload
@@ -121,7 +132,7 @@ def check_seq2seq_pair(target: ModelRunner, draft: ModelRunner | None, same_voca
     decoder-only target with a decoder-only draft.  Prompt lookup works with either."""
     if draft is None:
         return
-    target_s2s, draft_s2s = isinstance(target, Seq2SeqRunner), isinstance(draft, Seq2SeqRunner)
+    target_s2s, draft_s2s = is_seq2seq_runner(target), is_seq2seq_runner(draft)
     if target_s2s and not draft_s2s:
         raise IncompatibleDraftError(
             f"target '{target_name}' is an encoder-decoder model but draft '{draft_name}' is decoder-only: "
@@ -476,7 +487,7 @@ class Engine:
     def resolve_draft_mode(self, mode: str = "auto") -> str:
         """The concrete drafting mode for `mode` with this pair of models."""
         check_draft_mode(mode)
-        if mode in ("text", "intersection") and isinstance(self.target_runner, Seq2SeqRunner):
+        if mode in ("text", "intersection") and is_seq2seq_runner(self.target_runner):
             raise SpecdecError(f"draft mode '{mode}' is for a draft with another tokenizer; an encoder-decoder "
                                "pair shares one: use draft mode 'same' or 'auto'")
         if mode == "auto":
@@ -686,7 +697,7 @@ class Engine:
                     self._release(lease)
         finally:
             if self.suffix_store is not None:  # after its prompt's end (an encoder's input is not the context)
-                lead = () if isinstance(self.target_runner, Seq2SeqRunner) else prompt_ids
+                lead = () if is_seq2seq_runner(self.target_runner) else prompt_ids
                 self.suffix_store.add(output, lead)
 
     def memory_need(self, prompt_tokens: int, max_new_tokens: int) -> Need:
@@ -715,7 +726,7 @@ class Engine:
                                      target_runner=lease.target) if drafting else None)
         k = lease.controller(config.k, sampling) if drafter is not None else 1
         target = lease.target if config.verify != "stairs" else self.verification_target(config.verify, sampling)
-        if isinstance(lease.target, Seq2SeqRunner):  # the prompt is the encoders' input
+        if is_seq2seq_runner(lease.target):  # the prompt is the encoders' input
             self._set_sources(prompt_ids)
             prompt_ids = lease.target.decoder_prompt()
         return decode(target, prompt_ids, condition, drafter=drafter, num_speculative_tokens=k,
@@ -732,7 +743,7 @@ class Engine:
         `source`; None: only where no source is set yet, over the decoder start token (a stand-in
         for timing the decoder, see auto_controller)."""
         for runner in (self.target_runner, self.draft_runner):
-            if isinstance(runner, Seq2SeqRunner) and (source is not None or runner.source is None):
+            if is_seq2seq_runner(runner) and (source is not None or runner.source is None):
                 runner.set_source(source if source is not None else runner.decoder_prompt())
 
     def verification_target(self, verify: str, sampling: SamplingParams) -> ModelRunner:
