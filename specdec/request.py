@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.algorithm.control import AUTO, Controller, parse_speculation
-from specdec.drafters.tree import TreeShape, parse_tree
+from specdec.algorithm.draft import TreeShape, parse_tree
 from specdec.errors import SpecdecError
 
 # How the draft model drafts: "same" (shared tokenizer: ids are used as they are), "text" (another
@@ -186,7 +186,7 @@ class RequestConfig:
 
     @property
     def tree_shape(self) -> TreeShape | None:
-        """The tree option parsed (specdec.drafters.tree): None for chains."""
+        """The tree option parsed (specdec.algorithm.draft.parse_tree): None for chains."""
         return self._tree  # type: ignore[attr-defined]  # set (and validated) in __post_init__
 
     @property

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, overload
 
 from specdec.algorithm.control import AutoK, Controller, Costs, parse_speculation
+from specdec.algorithm.draft import Drafter
 from specdec.algorithm.loop import Stats, Step, StopCondition, collect, decode
 from specdec.algorithm.sampling import SamplingParams
 from specdec.algorithm.stairs import StairsRunner, stairs_runner
@@ -30,7 +31,6 @@ from specdec.backends.lean import LeanRunner
 from specdec.backends.seq2seq import Seq2SeqRunner, is_seq2seq
 from specdec.bridge import TextBridge, VocabularyMap
 from specdec.defaults import DEFAULT_SUFFIX_MEMORY
-from specdec.drafters.base import Drafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.spec import (
     COPIERS,
@@ -640,7 +640,7 @@ class Engine:
         (RequestConfig.from_options: max_new_tokens, num_speculative_tokens / k -- a fixed γ, "auto" or a
         Controller --, use_draft / speculative, stop, chat, sampling, draft_mode, draft_confidence, verify
         -- "causal", "block": sampled drafts verified as blocks, specdec.algorithm.block, or "stairs": next-token
-        queries only, greedy; specdec.algorithm.stairs -- and tree: "off", "auto" or "WxD", specdec.drafters.tree).
+        queries only, greedy; specdec.algorithm.stairs -- and tree: "off", "auto" or "WxD", specdec.algorithm.draft.parse_tree).
         The options, the prompt and the draft mode are checked now; the runners are taken from the
         engine's pool when the first step is asked for, and given back when the steps end or are closed.
         """

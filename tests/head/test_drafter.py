@@ -10,14 +10,13 @@ import pytest
 import torch
 
 from specdec.algorithm.control import Controller
+from specdec.algorithm.draft import Draft, TreeShape
 from specdec.algorithm.loop import StopCondition, run
 from specdec.algorithm.sampling import SamplingParams
 from specdec.algorithm.verify import make_verifier
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner
 from specdec.backends.quant import quantize_model
-from specdec.drafters.base import Draft
-from specdec.drafters.tree import TreeShape
 from specdec.errors import SpecdecError
 from specdec.head.drafter import CONFIDENCE_GRADES, HeadDrafter, confidence_grade
 from specdec.head.model import HeadCache

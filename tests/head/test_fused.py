@@ -10,11 +10,11 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from specdec.algorithm.draft import TreeShape
 from specdec.algorithm.loop import StopCondition, run
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner
 from specdec.backends.quant import quantize_model
-from specdec.drafters.tree import TreeShape
 from specdec.errors import SpecdecError
 from specdec.head.drafter import HeadDrafter
 from specdec.head.fast import FastHead

@@ -9,10 +9,10 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from specdec.algorithm.draft import Draft
 from specdec.algorithm.loop import StopCondition, run
 from specdec.backends.lean import LeanRunner
 from specdec.backends.quant import quantize_model
-from specdec.drafters.base import Draft
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.errors import SpecdecError

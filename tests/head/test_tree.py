@@ -10,12 +10,12 @@ import copy
 import pytest
 import torch
 
+from specdec.algorithm.draft import Draft, TreeShape
 from specdec.algorithm.loop import StopCondition, run
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner
 from specdec.backends.quant import quantize_model
-from specdec.drafters.base import Draft
-from specdec.drafters.tree import TreeShape, alternatives, tree_draft
+from specdec.drafters.tree import alternatives, tree_draft
 from specdec.head.drafter import HeadDrafter
 from specdec.head.fast import FastHead
 from specdec.head.model import GrownTree, HeadCache
