@@ -399,6 +399,7 @@ def serve_in_process(spec: EngineConfig, options: ServeOptions, budget: int | st
                      limits: ConnectionLimits, shutdown_timeout: float) -> None:
     """serve without --replicas: the port bound at once, the models (`spec`) loaded on a thread of their own
     while the server answers /health with "loading", then served until SIGTERM or Ctrl-C."""
+    from specdec.runtime.loading import check_config
     from specdec.serve.connections import bind
     from specdec.serve.deferred import Deferred
     from specdec.serve.deferred import serve as serve_deferred
@@ -407,7 +408,7 @@ def serve_in_process(spec: EngineConfig, options: ServeOptions, budget: int | st
     try:
         sock = bind(host, port)  # before loading: a port in use fails at once
         warn_if_exposed(sock.getsockname()[0], options.api_keys)
-        spec.check()  # a bad model name fails here, before the server starts
+        check_config(spec)  # a bad model name fails here, before the server starts
     except SpecdecError as e:
         fail(str(e))
 
@@ -495,6 +496,7 @@ def replica_plan(replicas: str | None, ray_address: str | None, replica_cpus: fl
 def serve_replicas(spec: EngineConfig, options: ServeOptions, plan: ReplicaPlan, host: str, port: int,
                    ray_address: str | None) -> None:
     """serve --replicas: the app as Ray Serve replicas until Ctrl-C (specdec.serve.ray)."""
+    from specdec.runtime.loading import check_config
     from specdec.serve.connections import bind
     from specdec.serve.replicas import check_fits
 
@@ -502,7 +504,7 @@ def serve_replicas(spec: EngineConfig, options: ServeOptions, plan: ReplicaPlan,
         from specdec.serve.ray import available_cpus, serve_until_stopped
 
         if ray_address is None:  # a cluster on this machine: what would fail there fails here, at once
-            spec.check()
+            check_config(spec)
             check_fits(plan, available_cpus())
             bind(host, port).close()
 

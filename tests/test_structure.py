@@ -206,7 +206,8 @@ def test_the_package_and_its_command_line_import_without_torch_or_transformers()
 
     # and `specdec serve` checks its models' names before it listens, without them (it answers in half a second)
     code = ("import sys, specdec, specdec.cli, specdec.request, specdec.head.manifest; "
-            "from specdec.serve.replicas import EngineSpec; EngineSpec('qwen2.5-coder-1.5b', 'auto').check(); "
+            "from specdec.serve.replicas import EngineSpec; from specdec.runtime.loading import check_config; "
+            "check_config(EngineSpec('qwen2.5-coder-1.5b', 'auto')); "
             "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules); "
             "assert not heavy, heavy; specdec.SamplingParams; assert 'torch' in sys.modules")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
