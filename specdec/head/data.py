@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdec.bench.prompts import looks_like_jsonl, parse_jsonl, unescape_line
 from specdec.errors import SpecdecError
+from specdec.prompt_files import looks_like_jsonl, parse_jsonl, unescape_line
 from specdec.request import CHAT_ROLES, message_text
 
 MAX_FILE_BYTES = 200_000  # larger source/doc files are skipped (generated tables, vendored bundles)
