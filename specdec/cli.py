@@ -633,7 +633,7 @@ def profile(
 ) -> None:
     """Measure forward costs: the target's t(k) for k new tokens, its one-token step against the memory's roof,
     its prefill speed, and the draft's cost per drafted token."""
-    from specdec.head.cost import split_head_spec
+    from specdec.runtime.head_cost import split_head_spec
 
     quiet_libraries()
     progress = PullProgress()
@@ -671,7 +671,7 @@ class Profiled:
     roof: Any  # specdec.runtime.profile.Roof, or None (not measured, or not measurable here)
     rates: dict[int, float]  # prefill tokens/s by prompt length
     draft_ms: float | None  # the draft model's ms per drafted token
-    head: dict[str, Any] | None  # the draft head's report (specdec.head.cost.profile_head)
+    head: dict[str, Any] | None  # the draft head's report (specdec.runtime.head_cost.profile_head)
     cpu: str
     out: dict
 
@@ -682,8 +682,8 @@ def measure_profile(engine: Any, models: EngineConfig, draft_spec: str | None, k
     each under a status line; the controller's cached step costs renewed last."""
     import torch
 
-    from specdec.head.cost import profile_head
     from specdec.machine import cpu_description
+    from specdec.runtime.head_cost import profile_head
     from specdec.runtime.profile import measure_drafting, measure_forwards, measure_prefill, measure_roof
 
     cpu = cpu_description()
@@ -848,7 +848,7 @@ def train_drafter(
     resume: bool = typer.Option(False, "--resume", help="Go on training the head saved in --out (or the default directory) for --minutes more, from the material its runs did not reach; its shape is kept."),
 ) -> None:
     """Train a draft head (EAGLE-style) for TARGET on this CPU: the target's own answers and text, distilled."""
-    from specdec.head.command import train_drafter as run_training
+    from specdec.training.command import train_drafter as run_training
 
     quiet_libraries()
     try:

@@ -68,7 +68,7 @@ from specdec.errors import SpecdecError
 from specdec.head.fast import FastHead
 from specdec.head.model import DraftHead, HeadCache
 
-WINDOW = 64  # the prompt's positions whose features seed the head: specdec.head.train's default window
+WINDOW = 64  # the prompt's positions whose features seed the head: specdec.training.train's default window
 
 # The grades of a head's proposal (HeadDrafter.grade): its draft softmax's top probability for the first
 # token, at least each bound (the controller keeps acceptance per grade, specdec.algorithm.control).

@@ -459,6 +459,7 @@ class Engine:
     def auto_controller(self) -> AutoK:
         """The engine's controller for `-k auto` (measures the step costs the first time, seconds)."""
         if self._auto is None:
+            from specdec.runtime.head_cost import head_ms_per_token
             from specdec.runtime.profile import step_costs
             from specdec.zoo import home
 
@@ -467,7 +468,7 @@ class Engine:
             costs = step_costs(self.target_runner, self.draft_runner, MAX_AUTO_K, lookup=self.copies,
                                cache_dir=home() / "profiles")
             if self.head is not None:  # priced like a draft model: its measured ms per drafted token
-                costs = replace(costs, draft_ms=self.head.ms_per_token(home() / "profiles"))
+                costs = replace(costs, draft_ms=head_ms_per_token(self.head, home() / "profiles"))
             self._measured_costs = replace(costs)  # as measured, before any online update
             self._auto = AutoK(costs, max_k=MAX_AUTO_K)
             self.timings["step costs"] = time.perf_counter() - began

@@ -20,7 +20,8 @@ from specdec.backends.quant import quantize_model
 from specdec.errors import SpecdecError
 from specdec.head.drafter import CONFIDENCE_GRADES, HeadDrafter, confidence_grade
 from specdec.head.model import HeadCache
-from specdec.head.train import TrainResult, target_pass
+from specdec.head.store import TrainResult
+from tests.head.conftest import target_pass
 from tests.tiny import assert_near_tie_parting, tiny_model
 
 STOP = StopCondition(max_new_tokens=40)

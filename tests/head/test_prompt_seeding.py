@@ -18,7 +18,7 @@ from specdec.drafters.lookup import LookupDrafter
 from specdec.errors import SpecdecError
 from specdec.head.drafter import WINDOW, HeadDrafter
 from specdec.head.model import HeadCache
-from specdec.head.train import TrainResult
+from specdec.head.store import TrainResult
 from tests.tiny import tiny_model
 
 STOP = StopCondition(max_new_tokens=30)

@@ -19,7 +19,8 @@ from specdec.drafters.tree import alternatives, tree_draft
 from specdec.head.drafter import HeadDrafter
 from specdec.head.fast import FastHead
 from specdec.head.model import GrownTree, HeadCache
-from specdec.head.train import TrainResult, target_pass
+from specdec.head.store import TrainResult
+from tests.head.conftest import target_pass
 from tests.head.test_drafter import Checked, prompts
 from tests.tiny import assert_near_tie_parting, tiny_model
 
