@@ -404,6 +404,7 @@ def serve_in_process(spec: EngineConfig, options: ServeOptions, budget: int | st
                      limits: ConnectionLimits, shutdown_timeout: float) -> None:
     """serve without --replicas: the port bound at once, the models (`spec`) loaded on a thread of their own
     while the server answers /health with "loading", then served until SIGTERM or Ctrl-C."""
+    from specdec.runtime.loading import check_config
     from specdec.serve.connections import bind
     from specdec.serve.deferred import Deferred
     from specdec.serve.deferred import serve as serve_deferred
@@ -412,7 +413,7 @@ def serve_in_process(spec: EngineConfig, options: ServeOptions, budget: int | st
     try:
         sock = bind(host, port)  # before loading: a port in use fails at once
         warn_if_exposed(sock.getsockname()[0], options.api_keys)
-        spec.check()  # a bad model name fails here, before the server starts
+        check_config(spec)  # a bad model name fails here, before the server starts
     except SpecdecError as e:
         fail(str(e))
 
@@ -500,6 +501,7 @@ def replica_plan(replicas: str | None, ray_address: str | None, replica_cpus: fl
 def serve_replicas(spec: EngineConfig, options: ServeOptions, plan: ReplicaPlan, host: str, port: int,
                    ray_address: str | None) -> None:
     """serve --replicas: the app as Ray Serve replicas until Ctrl-C (specdec.serve.ray)."""
+    from specdec.runtime.loading import check_config
     from specdec.serve.connections import bind
     from specdec.serve.replicas import check_fits
 
@@ -507,7 +509,7 @@ def serve_replicas(spec: EngineConfig, options: ServeOptions, plan: ReplicaPlan,
         from specdec.serve.ray import available_cpus, serve_until_stopped
 
         if ray_address is None:  # a cluster on this machine: what would fail there fails here, at once
-            spec.check()
+            check_config(spec)
             check_fits(plan, available_cpus())
             bind(host, port).close()
 
@@ -636,7 +638,7 @@ def profile(
 ) -> None:
     """Measure forward costs: the target's t(k) for k new tokens, its one-token step against the memory's roof,
     its prefill speed, and the draft's cost per drafted token."""
-    from specdec.head.cost import split_head_spec
+    from specdec.runtime.head_cost import split_head_spec
 
     quiet_libraries()
     progress = PullProgress()
@@ -674,7 +676,7 @@ class Profiled:
     roof: Any  # specdec.runtime.profile.Roof, or None (not measured, or not measurable here)
     rates: dict[int, float]  # prefill tokens/s by prompt length
     draft_ms: float | None  # the draft model's ms per drafted token
-    head: dict[str, Any] | None  # the draft head's report (specdec.head.cost.profile_head)
+    head: dict[str, Any] | None  # the draft head's report (specdec.runtime.head_cost.profile_head)
     cpu: str
     out: dict
 
@@ -685,8 +687,8 @@ def measure_profile(engine: Any, models: EngineConfig, draft_spec: str | None, k
     each under a status line; the controller's cached step costs renewed last."""
     import torch
 
-    from specdec.head.cost import profile_head
     from specdec.machine import cpu_description
+    from specdec.runtime.head_cost import profile_head
     from specdec.runtime.profile import measure_drafting, measure_forwards, measure_prefill, measure_roof
 
     cpu = cpu_description()
@@ -851,7 +853,7 @@ def train_drafter(
     resume: bool = typer.Option(False, "--resume", help="Go on training the head saved in --out (or the default directory) for --minutes more, from the material its runs did not reach; its shape is kept."),
 ) -> None:
     """Train a draft head (EAGLE-style) for TARGET on this CPU: the target's own answers and text, distilled."""
-    from specdec.head.command import train_drafter as run_training
+    from specdec.training.command import train_drafter as run_training
 
     quiet_libraries()
     try:

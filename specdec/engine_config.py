@@ -78,18 +78,6 @@ class EngineConfig:
         if is_none(self.draft):
             object.__setattr__(self, "draft", None)
 
-    def check(self) -> None:
-        """The SpecdecError that loading would raise for a bad name, without loading anything."""
-        from specdec.drafters.spec import resolve_drafter
-        from specdec.runtime.loading import check_spec, resolve_backends
-
-        # the model of "lookup+<model>", if any; a head's spec is checked where it loads, beside its target
-        draft = resolve_drafter(self.draft, self.target, self.backend).model
-        backend, draft_backend = resolve_backends(self.backend, self.draft_backend, draft)
-        check_spec(self.target, backend)
-        if isinstance(draft, str):  # a name: a config's drafts are all named
-            check_spec(draft, draft_backend)
-
 
 def engine_fields() -> list[tuple[dataclasses.Field, Option]]:
     """EngineConfig's fields with their Options, in order."""

@@ -57,21 +57,3 @@ def cpu_description(cpuinfo: str | None = None) -> str:
     if "AVX2" in features and "AVX-512" not in features:
         extras += " (no AVX-512)"
     return f"{info['name']}, {info['cpus']} CPUs, {extras}"
-
-
-def read_bandwidth(threads: int | None = None, size: int = 1 << 30, passes: int = 3) -> float | None:
-    """The memory's read bandwidth in GB/s: the best of `passes` streaming reads of a `size`-byte buffer (far
-    larger than the caches; huge pages where the kernel allows, as the gguf target's weights) on `threads`
-    threads (default: torch's), by specdec's kernel library (kernels/bandwidth.c).  None where the library
-    cannot be built (no C compiler) or the buffer cannot be had."""
-    from specdec.errors import SpecdecError
-
-    try:
-        import torch
-
-        from specdec.backends.kernels.bindings import library
-
-        rate = library().sd_read_bandwidth(int(size), int(threads or torch.get_num_threads()), int(passes), None)
-    except SpecdecError:
-        return None
-    return float(rate) if rate > 0 else None

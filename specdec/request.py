@@ -15,13 +15,13 @@ speculative tokens").
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.algorithm.control import AUTO, Controller, parse_speculation
-from specdec.drafters.tree import TreeShape, parse_tree
+from specdec.algorithm.draft import TreeShape, parse_tree
+from specdec.algorithm.params import SamplingParams
 from specdec.errors import SpecdecError
 
 # How the draft model drafts: "same" (shared tokenizer: ids are used as they are), "text" (another
@@ -34,34 +34,6 @@ MAX_SERVED_K = 32  # the most draft tokens a server request may ask for per step
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed")
 # The roles of a chat message that specdec reads (OpenAI's; "developer" is its newer name for "system").
 CHAT_ROLES = ("system", "developer", "user", "assistant")
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How the next token is chosen from a distribution.
-
-    temperature: 0 = greedy (argmax); > 0 divides the logits.
-    top_k: keep the k most likely tokens; 0 = off.
-    top_p: keep the smallest set of most likely tokens whose mass reaches top_p; 1.0 = off.
-    seed: seeds the random generators; None = nondeterministic.
-    """
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if not (self.temperature >= 0.0 and math.isfinite(self.temperature)):  # also rejects NaN
-            raise SpecdecError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise SpecdecError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise SpecdecError(f"top_p must be in (0, 1], got {self.top_p}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
 
 
 def message_text(content: Any) -> str | None:
@@ -186,7 +158,7 @@ class RequestConfig:
 
     @property
     def tree_shape(self) -> TreeShape | None:
-        """The tree option parsed (specdec.drafters.tree): None for chains."""
+        """The tree option parsed (specdec.algorithm.draft.parse_tree): None for chains."""
         return self._tree  # type: ignore[attr-defined]  # set (and validated) in __post_init__
 
     @property

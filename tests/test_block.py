@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from specdec.algorithm.block import verify_block
+from specdec.algorithm.draft import Draft
 from specdec.algorithm.sampling import SamplingParams, make_generator, warp_probs
 from specdec.algorithm.trees import verify_tree_sampling
 from specdec.algorithm.verify import SamplingVerifier, Verdict
-from specdec.drafters.base import Draft
 from tests.chisq import chi_square
 from tests.exact import Dist, Toy, assert_target_distribution, emitted, make_toy, mix, outcomes
 from tests.test_verify_sampling import CodePath, code_verdict

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specdec.algorithm.control import AutoK, Costs, FixedK, expected_tokens, isotonic
-from specdec.drafters.base import LOOKUP, MODEL, SHORT_LOOKUP, SUFFIX
+from specdec.algorithm.draft import LOOKUP, MODEL, SHORT_LOOKUP, SUFFIX
 
 FLAT = {1: 100.0, 16: 100.0}  # verifying 16 tokens costs one step (a GPU-like target)
 CPU = {1: 100.0, 2: 115.0, 4: 170.0, 6: 230.0, 8: 290.0, 16: 600.0}  # grows with k (int8 on AVX2)

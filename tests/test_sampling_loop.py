@@ -37,18 +37,17 @@ import pytest
 import torch
 
 from specdec.algorithm.control import AutoK, Controller, Costs
+from specdec.algorithm.draft import Draft, Drafter, TreeShape
 from specdec.algorithm.loop import StopCondition, run
 from specdec.algorithm.sampling import SamplingParams
 from specdec.algorithm.verify import make_verifier
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner
 from specdec.backends.quant import quantize_model
-from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import DEFAULT_WINDOW, ModelDrafter
 from specdec.drafters.suffix import SuffixDrafter, SuffixStore
-from specdec.drafters.tree import TreeShape
 from tests.chisq import chi_square, chi_square_sf, seeded_runs
 from tests.tiny import tiny_model
 from tests.toy import FixedDrafter, ToyRunner, ToyTreeRunner, chain_distribution, random_proposal, random_table, reference_warp

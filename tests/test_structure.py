@@ -1,7 +1,7 @@
 """The package's shape: no import cycle among specdec's modules, and no import running back up the house
-(the algorithm below the runtime, both below the server, the bench and the command line); at most
-MAX_TOP_MODULES modules at the top of specdec/; no block of lines written twice, no function over
-MAX_FUNCTION_LINES lines without a comment saying why it reads better whole.
+(FLOORS: each module imports only from its own floor and the floors below it); at most MAX_TOP_MODULES
+modules at the top of specdec/; no block of lines written twice, no function over MAX_FUNCTION_LINES lines
+without a comment saying why it reads better whole.
 
 Both read the sources with ``ast`` (no module of the package is run) in well under a second.
 """
@@ -18,14 +18,24 @@ ROOT = Path(specdec.__file__).resolve().parent  # specdec/
 MIN_BLOCK = 6  # lines in a row that may not stand twice
 BRACKETS = set("()[]{}'\",;:")  # a line of only these says nothing on its own
 MAX_FUNCTION_LINES = 80  # a longer function needs a comment line right above it (or its decorators) with "whole" in it
-LONG_EXEMPT: set[str] = set()
+LONG_EXEMPT: set[str] = set()  # "file.py:function" allowed over the limit without a comment: none
 MAX_TOP_MODULES = 14  # .py files directly in specdec/, __init__.py counted; the rest live in its packages (README)
-# The house's floors: what a package's modules may not import (a floor above it).  Nothing imports the command line.
-ABOVE = {
-    "specdec.algorithm": ("specdec.runtime", "specdec.serve", "specdec.bench", "specdec.head", "specdec.cli"),
-    "specdec.runtime": ("specdec.serve", "specdec.bench", "specdec.cli"),
-    "specdec": ("specdec.cli",),
-}  # "file.py:function" allowed over the limit without a comment: none
+# The house, bottom floor first (docs/extending.md, "The layout"): a module may import from its own floor and the
+# floors below, never from one above.  A package stands for all its modules; a top-level module is named on its own
+# ("specdec" is the package's __init__, the public API, alone).  Every module has a floor.
+FLOORS: list[tuple[str, ...]] = [
+    # the ground: what every floor reads (errors, the defaults, the model files, the CPU, tokenizers, prompt files)
+    ("specdec.errors", "specdec.defaults", "specdec.zoo", "specdec.machine", "specdec.vocab", "specdec.tokenizer",
+     "specdec.bridge", "specdec.prompt_files"),
+    ("specdec.backends",),  # the runners and specdec's kernels
+    ("specdec.algorithm",),  # the math and the decode loop, on the ModelRunner protocol and the draft types
+    ("specdec.request",),  # one request's options: the algorithm's parts (controller, tree shape, sampling) parsed
+    ("specdec.drafters", "specdec.head"),  # the drafters, a trained head's among them
+    ("specdec.engine_config",),  # the models to load: drafter specs, backends, dtypes
+    ("specdec.runtime",),  # loading, the engine, batching, measured costs
+    ("specdec.bench", "specdec.serve", "specdec.training"),  # what runs the engine, or a target, for a purpose
+    ("specdec.cli", "specdec"),  # the command line and the public API
+]
 
 
 def module_name(path: Path) -> str:
@@ -117,26 +127,37 @@ def test_no_import_cycle() -> None:
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
-def within(name: str, package: str) -> bool:
-    return name == package or name.startswith(package + ".")
+def floor_of(name: str, floors: list[tuple[str, ...]]) -> int | None:
+    """The index in `floors` of the floor whose entry is `name`, or the package `name` is in (the longest such
+    entry; a dotless entry, the root package, names its __init__ alone); None when no floor holds it."""
+    found = [(len(entry), i) for i, floor in enumerate(floors) for entry in floor
+             if name == entry or ("." in entry and name.startswith(entry + "."))]
+    return max(found)[1] if found else None
 
 
-def upward_imports(graph: dict[str, set[str]], above: dict[str, tuple[str, ...]]) -> list[str]:
-    """"a -> b" for each import in `graph` of a module in a package that `above` puts over a's package."""
-    return [f"{name} -> {target}" for name, targets in sorted(graph.items()) for target in sorted(targets)
-            for floor, over in above.items() if within(name, floor) and not within(name, target)
-            and any(within(target, upper) for upper in over)]
+def upward_imports(graph: dict[str, set[str]], floors: list[tuple[str, ...]]) -> list[str]:
+    """"a -> b" for each import in `graph` of a module on a floor above a's, and "a: no floor" for each module
+    that `floors` does not place."""
+    level = {name: floor_of(name, floors) for name in graph}
+    unplaced = [f"{name}: no floor" for name, at in sorted(level.items()) if at is None]
+    upward = [f"{name} -> {target}" for name, targets in sorted(graph.items()) for target in sorted(targets)
+              if (at := level[name]) is not None and (to := floor_of(target, floors)) is not None and to > at]
+    return unplaced + upward
 
 
 def test_upward_imports_found() -> None:
-    graph = {"p.low.a": {"p.low.b", "p.high.c"}, "p.high.c": {"p.low.a", "p.top"}, "p.top": {"p.high.c"}}
-    above = {"p.low": ("p.high", "p.top"), "p": ("p.top",)}
-    assert upward_imports(graph, above) == ["p.high.c -> p.top", "p.low.a -> p.high.c"]
+    graph = {"p.low.a": {"p.low.b", "p.high.c", "p.mid"}, "p.low.b": {"p.low.a"}, "p.high.c": {"p.low.a", "p.top"},
+             "p.mid": {"p.low.b"}, "p.top": {"p.high.c"}, "p": {"p.top", "p.high.c"}, "p.stray": set()}
+    floors = [("p.low", "p.mid"), ("p.high",), ("p.top", "p")]
+    # both ways within a floor is allowed; "p" names the root's __init__, not everything in it
+    assert floor_of("p.high.c", floors) == 1 and floor_of("p", floors) == 2 and floor_of("p.stray", floors) is None
+    assert upward_imports(graph, floors) == ["p.stray: no floor", "p.high.c -> p.top", "p.low.a -> p.high.c"]
 
 
 def test_no_import_runs_back_up_the_house() -> None:
-    upward = upward_imports(import_graph(), ABOVE)
-    assert not upward, "imports from a floor above (tests/test_structure.py's ABOVE):\n" + "\n".join(upward)
+    upward = upward_imports(import_graph(), FLOORS)
+    assert not upward, "imports from a floor above, or modules on none (tests/test_structure.py's FLOORS):\n" + \
+        "\n".join(upward)
 
 
 def test_the_top_level_holds_few_modules() -> None:
@@ -206,7 +227,8 @@ def test_the_package_and_its_command_line_import_without_torch_or_transformers()
 
     # and `specdec serve` checks its models' names before it listens, without them (it answers in half a second)
     code = ("import sys, specdec, specdec.cli, specdec.request, specdec.head.manifest; "
-            "from specdec.serve.replicas import EngineSpec; EngineSpec('qwen2.5-coder-1.5b', 'auto').check(); "
+            "from specdec.serve.replicas import EngineSpec; from specdec.runtime.loading import check_config; "
+            "check_config(EngineSpec('qwen2.5-coder-1.5b', 'auto')); "
             "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules); "
             "assert not heavy, heavy; specdec.SamplingParams; assert 'torch' in sys.modules")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

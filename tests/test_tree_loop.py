@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 
 from specdec.algorithm.control import AutoK
+from specdec.algorithm.draft import TreeShape
 from specdec.algorithm.loop import StopCondition, run
 from specdec.backends.lean import LeanRunner
 from specdec.backends.quant import quantize_model
@@ -21,7 +22,6 @@ from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.suffix import HYBRID_MIN_SCORE, SuffixDrafter, SuffixStore
-from specdec.drafters.tree import TreeShape
 from specdec.runtime.profile import step_costs
 from tests.tiny import tiny_model
 from tests.toy import FixedDrafter, ToyRunner, ToyTreeRunner, random_proposal, random_table

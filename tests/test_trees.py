@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from specdec.algorithm.draft import Draft
 from specdec.algorithm.trees import chain_parents, check_tree, children, depths, verify_tree_greedy
 from specdec.algorithm.verify import GreedyVerifier, Verdict, verify_greedy
-from specdec.drafters.base import Draft
 from specdec.errors import SpecdecError
 from tests.test_verify import logits_for
 

@@ -17,10 +17,10 @@ from collections.abc import Iterator, Sequence
 import pytest
 import torch
 
+from specdec.algorithm.draft import Draft
 from specdec.algorithm.sampling import SamplingParams, make_generator, warp_probs
 from specdec.algorithm.trees import chain_parents, children, verify_tree_sampling
 from specdec.algorithm.verify import GreedyVerifier, SamplingVerifier
-from specdec.drafters.base import Draft
 from tests.chisq import chi_square
 from tests.exact import Dist, Toy, assert_target_distribution, emitted, make_toy, mix, target_deviation
 from tests.test_trees import path_to

@@ -2,8 +2,8 @@
 
 import torch
 
+from specdec.algorithm.draft import Draft
 from specdec.algorithm.verify import GreedyVerifier, verify_greedy
-from specdec.drafters.base import Draft
 
 
 def logits_for(choices: list[int], vocab: int = 8) -> torch.Tensor:

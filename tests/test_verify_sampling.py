@@ -33,10 +33,10 @@ import pytest
 import torch
 
 import specdec.algorithm.verify as verify_module
+from specdec.algorithm.draft import Draft
 from specdec.algorithm.sampling import SamplingParams, make_generator, warp_probs
 from specdec.algorithm.verify import SamplingVerifier, Verdict, verify_greedy, verify_speculative
 from specdec.bridge import VocabularyMap
-from specdec.drafters.base import Draft
 
 TOL = 1e-6
 Dist = dict[tuple[int, ...], float]  # emitted token sequence -> probability

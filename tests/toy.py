@@ -17,9 +17,9 @@ from collections.abc import Sequence
 import torch
 
 from specdec.algorithm.control import Controller
+from specdec.algorithm.draft import Draft, Drafter
 from specdec.algorithm.sampling import SamplingParams
 from specdec.backends.base import Capabilities, Footprint, Refusals, cannot_clone
-from specdec.drafters.base import Draft, Drafter
 
 
 def random_table(vocab: int, seed: int, scale: float = 1.5) -> torch.Tensor:

@@ -78,9 +78,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import NamedTuple, Protocol, runtime_checkable
 
-# the sources a proposal comes from (MODEL, ...) are the drafters' words; the controller keeps acceptance per source
-from specdec.drafters.base import MODEL, SHORT_LOOKUP, SHORT_SUFFIX, Draft, Drafter
-from specdec.drafters.tree import TreeShape
+# what a draft is (its sources: MODEL, ...; the protocol; a tree's shape); the controller keeps acceptance per source
+from specdec.algorithm.draft import MODEL, SHORT_LOOKUP, SHORT_SUFFIX, Draft, Drafter, TreeShape
 from specdec.errors import SpecdecError
 
 AUTO = "auto"  # num_speculative_tokens: the cost-model controller chooses k each step

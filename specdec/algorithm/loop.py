@@ -19,11 +19,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from specdec.algorithm.control import Controller, FixedK, plan, propose
+from specdec.algorithm.draft import Draft, Drafter, TreeShape
 from specdec.algorithm.trees import depths
 from specdec.algorithm.verify import GreedyVerifier, Verifier
 from specdec.backends.base import ModelRunner, forward_chunked, reusable_prefix
-from specdec.drafters.base import Draft, Drafter
-from specdec.drafters.tree import TreeShape
 from specdec.errors import SpecdecError
 
 
@@ -220,8 +219,8 @@ def decode(
     num_speculative_tokens: a fixed draft length γ, or a Controller (specdec.algorithm.control) that
     chooses k each step (0 = a plain step) from measured costs and acceptance.
     verifier: how target logits become tokens (default greedy).
-    tree: drafts may be token trees of this shape (specdec.drafters.tree), verified in one forward
-    where the target can (capabilities.tree); None: chains only.
+    tree: drafts may be token trees of this shape (specdec.algorithm.draft.TreeShape; built by
+    specdec.drafters.tree), verified in one forward where the target can (capabilities.tree); None: chains only.
     reuse_prefix: keep the part of the target's cache that the prompt starts with (an earlier turn of
     the conversation) and prefill only the rest, where that is exact (specdec.backends.base.reusable_prefix:
     batch-invariant targets); False: the whole prompt is prefilled from an empty cache.

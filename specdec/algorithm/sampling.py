@@ -1,5 +1,5 @@
 """The logits -> probabilities warp, and the random draws of sampling (SamplingParams, the request's
-sampling options, live in specdec.request and are re-exported here).
+sampling options, live in specdec.algorithm.params, without torch, and are re-exported here).
 
 The same warp (temperature, then top-k, then top-p) is applied to the target's
 logits (p) and to the draft's logits (q).  Speculative sampling (Leviathan et
@@ -27,7 +27,7 @@ from typing import Protocol
 
 import torch
 
-from specdec.request import SamplingParams
+from specdec.algorithm.params import SamplingParams
 
 __all__ = ["SamplingParams", "warp_probs", "nucleus_threshold", "scaled_logits", "limit_scores", "make_generator",
            "sample_from", "Randomness", "GeneratorRandomness", "as_randomness"]

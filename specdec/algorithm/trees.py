@@ -1,6 +1,6 @@
 """Token trees: their shape, and verifying a tree draft against the target in one step (issue 39).
 
-A tree draft (specdec.drafters.base.Draft with `parents`) holds n tokens; parents[i] is the index of
+A tree draft (specdec.algorithm.draft.Draft with `parents`) holds n tokens; parents[i] is the index of
 token i's parent, -1 for a child of the pending token (the context's last, which the target's forward
 starts with), and parents come before their children.  The target's forward over [pending, *tokens]
 with tree attention gives logits [n + 1, V]: row 0 is the prediction after the pending token (for the

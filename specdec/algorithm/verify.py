@@ -32,10 +32,10 @@ from typing import Protocol
 import torch
 
 from specdec.algorithm.block import verify_block
+from specdec.algorithm.draft import Draft
 from specdec.algorithm.sampling import SamplingParams, make_generator, sample_from, warp_probs
 from specdec.algorithm.trees import verify_tree_greedy, verify_tree_sampling
 from specdec.algorithm.verdict import Verdict
-from specdec.drafters.base import Draft
 
 
 def verify_greedy(draft_tokens: Sequence[int], target_logits: torch.Tensor) -> Verdict:

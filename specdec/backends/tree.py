@@ -41,10 +41,6 @@ class Tree:
     def __len__(self) -> int:
         return len(self.parents)
 
-    def is_chain(self) -> bool:
-        """Whether token i follows token i - 1 throughout (a chain given as a tree)."""
-        return all(p == i - 1 for i, p in enumerate(self.parents))
-
     def visible(self, i: int, start: int, window: int | None = None) -> list[int]:
         """The positions of the keys row i sees when the new rows sit at start .. start + n - 1: the cached
         ones, then its ancestors' rows and its own, the last `window` of them where a window is given."""

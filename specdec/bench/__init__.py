@@ -17,11 +17,12 @@ JSON and plots (:mod:`.report`).
 """
 
 from specdec.bench.methods import METHODS, Measurement, Method, build_methods
-from specdec.bench.prompts import BUILTIN, Prompt, load_prompts
+from specdec.bench.prompts import BUILTIN, load_prompts
 from specdec.bench.results import Record, Summary, aggregate
 from specdec.bench.runner import BenchOptions, run_bench, run_interleaved
 from specdec.bench.sessions import run_sessions
 from specdec.bench.workloads import WORKLOADS, Session, load_workloads
+from specdec.prompt_files import Prompt
 
 __all__ = [
     "BUILTIN", "METHODS", "WORKLOADS", "BenchOptions", "Measurement", "Method", "Prompt", "Record", "Session",

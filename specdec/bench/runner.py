@@ -24,12 +24,12 @@ from typing import Any
 from rich.markup import escape
 
 from specdec.bench.methods import Method
-from specdec.bench.prompts import Prompt, conversation_text
 from specdec.bench.results import Record, aggregate, identical_share, mark_identical
 from specdec.bench.sessions import check_across_sessions, rotated, run_sessions
 from specdec.drafters.spec import DrafterSpec
 from specdec.engine_config import EngineConfig
 from specdec.errors import SpecdecError
+from specdec.prompt_files import Prompt, conversation_text
 
 
 def run_interleaved(

@@ -28,10 +28,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from specdec.bench.methods import REFERENCE, Method
-from specdec.bench.prompts import Prompt
 from specdec.bench.results import Record
 from specdec.bench.workloads import Session
 from specdec.errors import SpecdecError
+from specdec.prompt_files import Prompt
 
 Encoder = Callable[[Prompt], list[int]]  # a turn's prompt -> token ids (chat template or plain text)
 Decoder = Callable[[list[int]], str]  # an answer's token ids -> the text that goes into the history

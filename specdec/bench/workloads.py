@@ -44,8 +44,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from specdec.bench.prompts import ASSISTANT, USER, Prompt, json_records, limit_per_category
+from specdec.bench.prompts import limit_per_category
 from specdec.errors import SpecdecError
+from specdec.prompt_files import ASSISTANT, USER, Prompt, json_records
 
 WORKLOADS = ("edit", "agent", "template")  # shipped: specdec/bench/prompts/workload-<name>.jsonl
 SOURCE = "written for specdec"  # the "source" of every shipped session

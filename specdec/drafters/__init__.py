@@ -1,5 +1,5 @@
 """Drafters: strategies that propose tokens for the target to verify."""
 
-from specdec.drafters.base import Draft, Drafter
+from specdec.algorithm.draft import Draft, Drafter
 
 __all__ = ["Draft", "Drafter"]

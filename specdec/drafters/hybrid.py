@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specdec.drafters.base import MODEL, Draft, Drafter
+from specdec.algorithm.draft import MODEL, Draft, Drafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.suffix import SuffixDrafter
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specdec.drafters.base import LOOKUP, SHORT_LOOKUP, Draft, Drafter, match_grade
+from specdec.algorithm.draft import LOOKUP, SHORT_LOOKUP, Draft, Drafter, match_grade
 from specdec.drafters.tree import tree_draft
 
 MATCHES = 8  # earlier occurrences of an n-gram remembered for trees and grades (the latest ones)

@@ -33,9 +33,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from specdec.algorithm.draft import Draft, Drafter
 from specdec.algorithm.sampling import SamplingParams, make_generator, sample_from, warp_probs
 from specdec.backends.base import ModelRunner, common_prefix_length, forward_chunked
-from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.tree import alternatives, tree_draft
 
 # What a drafter does with the draft model's logits [V_draft] at one position:

@@ -13,7 +13,7 @@ the rest of specdec reads instead of the string:
 - ``none`` (or None): no drafter, plain decoding; ``auto``: :func:`resolve_drafter` chooses.
 
 :data:`DRAFTERS` maps each kind of drafter to its :class:`DrafterKind`: the controller source its
-proposals are counted under (specdec.drafters.base) and the factory that builds it for one request from
+proposals are counted under (specdec.algorithm.draft) and the factory that builds it for one request from
 what the engine loaded (:class:`DraftingParts`).  :func:`build_drafter` composes a spec's kinds: one
 alone, or a model-free kind's ``first`` drafter in front of the other's in a HybridDrafter.  Adding a
 drafter is one class and one entry here (docs/extending.md).
@@ -25,22 +25,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, overload
 
-from specdec.drafters import base
+from specdec.algorithm import draft as sources
 from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:
+    from specdec.algorithm.draft import Drafter
     from specdec.algorithm.sampling import SamplingParams
     from specdec.backends.base import ModelRunner
-    from specdec.drafters.base import Drafter
     from specdec.drafters.lookup import LookupDrafter
     from specdec.drafters.suffix import SuffixDrafter, SuffixStore
 
 # A draft model: a name, or a loaded (transformers model or ModelRunner, tokenizer) pair (specdec.runtime.loading.ModelSpec).
 DraftModel = str | tuple[Any, Any]
 
-LOOKUP = base.LOOKUP  # prompt lookup (specdec.drafters.lookup): no draft model
-SUFFIX = base.SUFFIX  # suffix drafts over the context and recent answers (specdec.drafters.suffix): no draft model
-MODEL = base.MODEL  # a draft model (specdec.drafters.model, specdec.drafters.universal)
+LOOKUP = sources.LOOKUP  # prompt lookup (specdec.drafters.lookup): no draft model
+SUFFIX = sources.SUFFIX  # suffix drafts over the context and recent answers (specdec.drafters.suffix): no draft model
+MODEL = sources.MODEL  # a draft model (specdec.drafters.model, specdec.drafters.universal)
 HEAD = "head"  # a draft head trained for the target (specdec.head): "head" or "head:<dir>"
 NONE = "none"  # no drafter: plain decoding
 AUTO = "auto"  # the default (specdec.defaults.DEFAULT_DRAFTER): resolve_drafter chooses
@@ -206,7 +206,7 @@ FirstFactory = Callable[[DraftingParts, DraftRequest], "LookupDrafter | SuffixDr
 
 @dataclass(frozen=True)
 class DrafterKind:
-    """One kind of drafter: the controller source its proposals are counted under (specdec.drafters.base:
+    """One kind of drafter: the controller source its proposals are counted under (specdec.algorithm.draft:
     the speculation controller keeps acceptance, and prices a step, per source), how to build it for a
     request alone, and -- a model-free kind only -- how to build it in front of a model or head (`first`,
     in a HybridDrafter); None: it needs something loaded (`loads`: "model" or "head") and stands last."""

@@ -82,8 +82,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from specdec.algorithm.draft import SHORT_SUFFIX, SUFFIX, Draft, Drafter, match_grade
 from specdec.defaults import DEFAULT_SUFFIX_MEMORY
-from specdec.drafters.base import SHORT_SUFFIX, SUFFIX, Draft, Drafter, match_grade
 from specdec.drafters.tree import tree_draft
 from specdec.errors import SpecdecError
 

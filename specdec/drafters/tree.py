@@ -3,13 +3,13 @@
 A chain of k draft tokens uses a verification's spare rows only while its first guesses are right; a
 tree spends some of them on second choices where the drafter is unsure (SpecInfer, Miao et al. 2024,
 arXiv 2305.09781; Medusa, Cai et al. 2024; EAGLE-2's dynamic trees, Li et al. 2024, arXiv 2406.16858).
-A tree draft is a :class:`specdec.drafters.base.Draft` with ``parents``; the target verifies every node
+A tree draft is a :class:`specdec.algorithm.draft.Draft` with ``parents``; the target verifies every node
 in one forward with tree attention (specdec.backends.base.ModelRunner.forward_tree) and keeps the longest accepted path.
 
-This module holds what the drafters share:
+How far a tree may grow is a :class:`specdec.algorithm.draft.TreeShape` (``--tree WxD``: at most W children
+per node, paths at most D tokens deep; ``auto``: the speculation controller's k is the depth), which the
+loop and the controller read too.  This module holds what the drafters share:
 
-- :class:`TreeShape`: how far a tree may grow (``--tree WxD``: at most W children per node, paths at most D
-  tokens deep; ``auto``: the speculation controller's k is the depth), parsed from the user's words;
 - :func:`trie`: candidate continuations (each a list of tokens, most promising first) merged into one
   tree: shared prefixes become one path, at most `width` children per node, at most `nodes` tokens;
 - :func:`alternatives`: a greedy chain drafted by a model plus its runner-up tokens, ranked as EAGLE-2
@@ -25,57 +25,13 @@ draft (with q) stays a chain, so sampling through a tree uses deterministic cand
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from specdec.drafters.base import Draft
-from specdec.errors import SpecdecError
+from specdec.algorithm.draft import Draft
 
-if TYPE_CHECKING:  # the CLI's options parse tree shapes (parse_tree) without torch
+if TYPE_CHECKING:
     import torch
-
-TREE_MODES = "off, auto or <width>x<depth> (e.g. 2x4)"
-
-
-@dataclass(frozen=True)
-class TreeShape:
-    """How a draft tree may grow: at most `width` children per node (1: a chain), at most `nodes` draft
-    tokens in all (None: width times the depth), `depth` tokens on a path (None: the controller's k)."""
-
-    width: int = 2
-    depth: int | None = None
-    nodes: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.width < 1 or (self.depth is not None and self.depth < 1) or (self.nodes is not None and self.nodes < 1):
-            raise SpecdecError(f"a tree needs width, depth and nodes >= 1, got {self.width}x{self.depth} ({self.nodes})")
-
-    def budget(self, k: int) -> int:
-        """The most draft tokens for a tree whose deepest path is k tokens."""
-        return self.nodes if self.nodes is not None else self.width * k
-
-    def describe(self) -> str:
-        return f"{self.width}x{self.depth if self.depth is not None else 'k'}"
-
-
-def parse_tree(text: str | TreeShape | None) -> TreeShape | None:
-    """`--tree`'s value -> a TreeShape, or None for off (chains only); a one-line SpecdecError else."""
-    if text is None or isinstance(text, TreeShape):
-        return text
-    value = text.strip().lower()
-    if value in ("off", "none", "chain", "1"):
-        return None
-    if value == "auto":
-        return TreeShape(width=2)
-    match = re.fullmatch(r"(\d+)\s*x\s*(\d+)", value)
-    if not match:
-        raise SpecdecError(f"--tree must be {TREE_MODES}, got '{text}'")
-    width, depth = int(match[1]), int(match[2])
-    if width < 1 or depth < 1 or width > 8 or depth > 32:
-        raise SpecdecError(f"--tree wants a width of 1..8 and a depth of 1..32, got {width}x{depth}")
-    return None if width == 1 else TreeShape(width=width, depth=depth)
 
 
 def trie(branches: Sequence[Sequence[int]], width: int, nodes: int) -> tuple[list[int], list[int]]:

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 
 import torch
 
+from specdec.algorithm.draft import Draft, Drafter
 from specdec.algorithm.sampling import SamplingParams, make_generator, sample_from, warp_probs
 from specdec.backends.base import ModelRunner
 from specdec.bridge import TextBridge, VocabularyMap
-from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.model import DEFAULT_WINDOW, Choice, DraftCache, run_draft_model
 
 

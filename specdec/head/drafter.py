@@ -1,4 +1,4 @@
-"""The draft head as a drafter (specdec.drafters.base.Drafter): proposals read off the target's own features.
+"""The draft head as a drafter (specdec.algorithm.draft.Drafter): proposals read off the target's own features.
 
 A head drafts from pairs (f_t, x_{t+1}): the target's final hidden state at position t and the token
 after it (specdec.head.model).  The target runner hands out the hidden states of the positions whose
@@ -61,14 +61,14 @@ from collections.abc import Sequence
 
 import torch
 
+from specdec.algorithm.draft import Draft, Drafter
 from specdec.algorithm.sampling import SamplingParams, make_generator, sample_from, warp_probs
 from specdec.backends.base import ModelRunner, common_prefix_length
-from specdec.drafters.base import Draft, Drafter
 from specdec.errors import SpecdecError
 from specdec.head.fast import FastHead
 from specdec.head.model import DraftHead, HeadCache
 
-WINDOW = 64  # the prompt's positions whose features seed the head: specdec.head.train's default window
+WINDOW = 64  # the prompt's positions whose features seed the head: specdec.training.train's default window
 
 # The grades of a head's proposal (HeadDrafter.grade): its draft softmax's top probability for the first
 # token, at least each bound (the controller keeps acceptance per grade, specdec.algorithm.control).

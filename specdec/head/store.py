@@ -23,6 +23,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -33,10 +34,25 @@ from torch import nn
 from specdec.errors import SpecdecError
 from specdec.head.manifest import FORMAT, MANIFEST, OLD_WINDOW, read_manifest
 from specdec.head.model import DraftHead
-from specdec.head.train import TrainResult
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+
+@dataclass
+class TrainResult:
+    """A trained head and the record of its training that save() keeps in the manifest (specdec.training.train
+    returns one, and its checkpoints are these)."""
+
+    head: DraftHead
+    tokens: int
+    seconds: float
+    steps: int
+    agreement: tuple[float | None, ...]
+    losses: list[float] = field(default_factory=list)  # per step
+    produced: int = 0  # positions whose features were produced
+    cursor: list[int] = field(default_factory=list)  # per source, how far it got (Source.consumed; 0: unknown)
+
 
 _ROWS = 4096  # rows hashed at a time (bounds the fp32 copy of a large embedding table)
 

@@ -9,20 +9,15 @@ batch slot, a HeadDrafter of its own over the runner it verifies with (the draft
 A head reads the target's hidden states, so it drafts only for a target runner that gives them (the
 transformers backend: LeanRunner, HFRunner, a batch's SlotRunner); llama.cpp and stairs verification do not.
 
-The speculation controller prices a head like a draft model: its cost per drafted token is measured
-(:func:`measure_head`: k head forwards after a short cache, the fastest of a few runs) and cached per
-head and machine like the runners' timings (specdec.runtime.profile).
+What a head costs per drafted token, which the speculation controller prices it by, is measured a floor
+up, beside the runners' timings (specdec.runtime.head_cost).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 from specdec.errors import SpecdecError
 from specdec.head.manifest import MANIFEST, default_directory
@@ -93,26 +88,6 @@ class LoadedHead:
         """The head in a few words, as the CLI names a draft's backend."""
         return f"a draft head of {len(self.head.vocab)} tokens ({self.directory})"
 
-    def ms_per_token(self, cache_dir: Path | None = None) -> float:
-        """Measured ms per drafted token (cached in `cache_dir` per head and machine, spot-checked as the
-        runners' timings are: specdec.runtime.profile)."""
-        from specdec.runtime.profile import CONTROL_REPEATS, SPOT_REPEATS, _cached, agrees
-
-        return float(_cached("head-draft", _Timed(self), {"tokens": 8, "repeats": CONTROL_REPEATS},
-                             lambda: measure_head(self.head, tokens=8, repeats=CONTROL_REPEATS), cache_dir,
-                             lambda cached: agrees(cached, measure_head(self.head, tokens=2, repeats=SPOT_REPEATS))))
-
-
-class _Timed:
-    """What a head's timings depend on, as specdec.runtime.profile keys a runner's (identity())."""
-
-    def __init__(self, loaded: LoadedHead) -> None:
-        self.loaded = loaded
-
-    def identity(self) -> dict[str, Any]:
-        return {"backend": f"head-{type(self.loaded.head).__name__}", "model": self.loaded.manifest["weights_sha256"],
-                "threads": torch.get_num_threads()}
-
 
 def load_head(spec: DrafterSpec, target: ModelRunner, target_name: str) -> LoadedHead:
     """The head `spec` names, for `target` (its runner: a transformers model that gives hidden states);
@@ -126,29 +101,3 @@ def load_head(spec: DrafterSpec, target: ModelRunner, target_name: str) -> Loade
     check_hidden_states(target)
     head, manifest = store.load(directory, target.model, target_name)
     return LoadedHead(for_drafting(head), manifest, directory, DrafterSpec(head=spec.head))
-
-
-def measure_head(head: Any, tokens: int = 8, prefix: int = 16, repeats: int = 3,
-              clock: Callable[[], float] = time.perf_counter) -> float:
-    """ms per drafted token (as specdec.runtime.profile.measure_drafting times a draft model): `tokens` head forwards in a
-    row after `prefix` cached positions (stand-in
-    features and tokens), the fastest of `repeats` runs after a warm-up."""
-    from specdec.head.model import HeadCache
-
-    generator = torch.Generator().manual_seed(0)
-    features = torch.randn(prefix, int(head.width), generator=generator)  # [P, F]: a fused head's fuse runs too
-    ids = head.vocab[torch.randint(len(head.vocab), (prefix,), generator=generator)]  # [P] target ids
-    cache = HeadCache()
-    head.eval()
-    with torch.inference_mode():
-        if prefix > 1:
-            head.extend(cache, features[:-1], ids[:-1])  # P - 1 positions cached
-        head.draft(cache, features[-1:], ids[-1:], 1)  # warm-up: first calls allocate
-        cache.crop(prefix - 1)
-        runs = []
-        for _ in range(repeats):
-            start = clock()
-            head.draft(cache, features[-1:], ids[-1:], tokens)  # `tokens` head forwards
-            runs.append((clock() - start) / tokens)
-            cache.crop(prefix - 1)
-    return 1000 * min(runs)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeGuard, overload
 
 from specdec.algorithm.control import AutoK, Controller, Costs, parse_speculation
+from specdec.algorithm.draft import Drafter
 from specdec.algorithm.loop import Stats, Step, StopCondition, collect, decode
 from specdec.algorithm.sampling import SamplingParams
 from specdec.algorithm.stairs import StairsRunner, stairs_runner
@@ -29,7 +30,6 @@ from specdec.backends.base import ModelRunner
 from specdec.backends.lean import LeanRunner
 from specdec.bridge import TextBridge, VocabularyMap
 from specdec.defaults import DEFAULT_SUFFIX_MEMORY
-from specdec.drafters.base import Drafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.spec import (
     COPIERS,
@@ -470,6 +470,7 @@ class Engine:
     def auto_controller(self) -> AutoK:
         """The engine's controller for `-k auto` (measures the step costs the first time, seconds)."""
         if self._auto is None:
+            from specdec.runtime.head_cost import head_ms_per_token
             from specdec.runtime.profile import step_costs
             from specdec.zoo import home
 
@@ -478,7 +479,7 @@ class Engine:
             costs = step_costs(self.target_runner, self.draft_runner, MAX_AUTO_K, lookup=self.copies,
                                cache_dir=home() / "profiles")
             if self.head is not None:  # priced like a draft model: its measured ms per drafted token
-                costs = replace(costs, draft_ms=self.head.ms_per_token(home() / "profiles"))
+                costs = replace(costs, draft_ms=head_ms_per_token(self.head, home() / "profiles"))
             self._measured_costs = replace(costs)  # as measured, before any online update
             self._auto = AutoK(costs, max_k=MAX_AUTO_K)
             self.timings["step costs"] = time.perf_counter() - began
@@ -651,7 +652,7 @@ class Engine:
         (RequestConfig.from_options: max_new_tokens, num_speculative_tokens / k -- a fixed γ, "auto" or a
         Controller --, use_draft / speculative, stop, chat, sampling, draft_mode, draft_confidence, verify
         -- "causal", "block": sampled drafts verified as blocks, specdec.algorithm.block, or "stairs": next-token
-        queries only, greedy; specdec.algorithm.stairs -- and tree: "off", "auto" or "WxD", specdec.drafters.tree).
+        queries only, greedy; specdec.algorithm.stairs -- and tree: "off", "auto" or "WxD", specdec.algorithm.draft.parse_tree).
         The options, the prompt and the draft mode are checked now; the runners are taken from the
         engine's pool when the first step is asked for, and given back when the steps end or are closed.
         """

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from specdec.backends.base import ModelRunner
     from specdec.backends.packcache import PackCache
+    from specdec.engine_config import EngineConfig
 
 # A name, or a loaded (transformers model or ModelRunner, tokenizer) pair.
 ModelSpec = str | tuple[Any, "PreTrainedTokenizerBase"]
@@ -235,6 +236,19 @@ def check_spec(spec: str, backend: str = "hf") -> None:
         import_llama_cpp()
         if kind not in ("zoo", "gguf"):
             raise _not_gguf(spec)
+
+
+def check_config(config: EngineConfig) -> None:
+    """Raise the SpecdecError that loading `config`'s models would raise for a bad name (check_spec on the
+    target and on a named draft), without loading anything: a server checks its models before it listens."""
+    from specdec.drafters.spec import resolve_drafter
+
+    # the model of "lookup+<model>", if any; a head's spec is checked where it loads, beside its target
+    draft = resolve_drafter(config.draft, config.target, config.backend).model
+    backend, draft_backend = resolve_backends(config.backend, config.draft_backend, draft)
+    check_spec(config.target, backend)
+    if isinstance(draft, str):  # a name: a config's drafts are all named
+        check_spec(draft, draft_backend)
 
 
 def llamacpp_can_run(spec: Any) -> bool:

@@ -19,10 +19,10 @@ import pytest
 import torch
 from torch import nn
 
+from specdec.algorithm.draft import Draft, Drafter
 from specdec.algorithm.loop import StopCondition, run
 from specdec.backends.hf import HFRunner
 from specdec.backends.quant import Int8Linear, is_int8, load_int8, quantize_model, quantize_weight, save_int8
-from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.model import ModelDrafter
 from tests.tiny import VOCAB, tiny_model, tiny_tokenizer
 

@@ -18,10 +18,10 @@ from specdec.bench.methods import (
     default_methods,
     parse_methods,
 )
-from specdec.bench.prompts import Prompt
 from specdec.bench.results import aggregate
 from specdec.bench.runner import run_interleaved
 from specdec.errors import SpecdecError
+from specdec.prompt_files import Prompt
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
 

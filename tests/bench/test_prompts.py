@@ -1,19 +1,13 @@
-"""Prompt files: Spec-Bench JSONL, conversations, plain text with escapes, the named sets, and one-line errors."""
+"""Prompt files (specdec.prompt_files) and the bench's sets (specdec.bench.prompts): Spec-Bench JSONL, conversations,
+plain text with escapes, the named sets, and one-line errors."""
 
 import json
 
 import pytest
 
-from specdec.bench.prompts import (
-    BUILTIN,
-    SHORT,
-    Prompt,
-    builtin_path,
-    limit_per_category,
-    load_prompts,
-    unescape_line,
-)
+from specdec.bench.prompts import BUILTIN, SHORT, builtin_path, limit_per_category, load_prompts
 from specdec.errors import SpecdecError
+from specdec.prompt_files import Prompt, unescape_line
 
 BUILTIN_CATEGORIES = {"code", "qa", "math", "translation", "writing", "chat", "summarization", "rag"}
 

@@ -6,9 +6,9 @@ import pytest
 
 from specdec.algorithm.sampling import SamplingParams
 from specdec.bench.methods import Measurement, Method
-from specdec.bench.prompts import Prompt
 from specdec.bench.results import Record, aggregate, geometric_mean, per_prompt
 from specdec.bench.runner import rotated, run_interleaved
+from specdec.prompt_files import Prompt
 
 
 class Fake(Method):

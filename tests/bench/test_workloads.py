@@ -5,7 +5,6 @@ import re
 
 import pytest
 
-from specdec.bench.prompts import ASSISTANT, USER
 from specdec.bench.workloads import (
     SOURCE,
     WORKLOADS,
@@ -16,6 +15,7 @@ from specdec.bench.workloads import (
     workload_path,
 )
 from specdec.errors import SpecdecError
+from specdec.prompt_files import ASSISTANT, USER
 
 
 @pytest.mark.parametrize("name", WORKLOADS)

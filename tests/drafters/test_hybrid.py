@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from specdec.algorithm.control import Controller
+from specdec.algorithm.draft import Draft, Drafter
 from specdec.algorithm.loop import StopCondition, run
 from specdec.backends.hf import HFRunner
-from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import ModelDrafter
@@ -124,7 +124,7 @@ def test_hybrid_speculative_equals_plain_greedy(gamma):
 
 
 def test_outlook_names_the_source_and_its_catch_up():
-    from specdec.drafters.base import LOOKUP, MODEL
+    from specdec.algorithm.draft import LOOKUP, MODEL
     from specdec.drafters.model import ModelDrafter
 
     hybrid = HybridDrafter(ModelDrafter(HFRunner(tiny_model("llama", 5))), LookupDrafter(max_ngram=3, min_ngram=2))

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import specdec
+from specdec.algorithm.draft import LOOKUP, MODEL, SUFFIX
 from specdec.algorithm.sampling import SamplingParams
 from specdec.drafters import spec as drafter_spec
-from specdec.drafters.base import LOOKUP, MODEL, SUFFIX
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.spec import (

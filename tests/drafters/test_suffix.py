@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specdec.algorithm.draft import Drafter
 from specdec.algorithm.loop import StopCondition, run
 from specdec.algorithm.sampling import SamplingParams
 from specdec.backends.hf import HFRunner
-from specdec.drafters.base import Drafter
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.suffix import STORE_LEAD, SuffixDrafter, SuffixIndex, SuffixStore, greedy_chain
@@ -249,7 +249,7 @@ class Scripted(Drafter):
         self.token = token
 
     def propose(self, context, k, source=None):
-        from specdec.drafters.base import Draft
+        from specdec.algorithm.draft import Draft
 
         return Draft([self.token] * k)
 

@@ -1,14 +1,15 @@
-"""Token-tree drafting (specdec.drafters.tree): shapes, merging candidates, lookup and model trees."""
+"""Token-tree drafting (specdec.drafters.tree): shapes (specdec.algorithm.draft), merging candidates, lookup and
+model trees."""
 
 import pytest
 import torch
 
+from specdec.algorithm.draft import Draft, Drafter, TreeShape, parse_tree
 from specdec.backends.hf import HFRunner
-from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import ModelDrafter
-from specdec.drafters.tree import TreeShape, alternatives, parse_tree, rerank, trie
+from specdec.drafters.tree import alternatives, rerank, trie
 from specdec.errors import SpecdecError
 from tests.tiny import tiny_model
 

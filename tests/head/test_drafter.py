@@ -10,18 +10,18 @@ import pytest
 import torch
 
 from specdec.algorithm.control import Controller
+from specdec.algorithm.draft import Draft, TreeShape
 from specdec.algorithm.loop import StopCondition, run
 from specdec.algorithm.sampling import SamplingParams
 from specdec.algorithm.verify import make_verifier
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner
 from specdec.backends.quant import quantize_model
-from specdec.drafters.base import Draft
-from specdec.drafters.tree import TreeShape
 from specdec.errors import SpecdecError
 from specdec.head.drafter import CONFIDENCE_GRADES, HeadDrafter, confidence_grade
 from specdec.head.model import HeadCache
-from specdec.head.train import TrainResult, target_pass
+from specdec.head.store import TrainResult
+from tests.head.conftest import target_pass
 from tests.tiny import assert_near_tie_parting, tiny_model
 
 STOP = StopCondition(max_new_tokens=40)

@@ -1,4 +1,4 @@
-"""The head's inference form (specdec.head.fast) and its cost report (specdec.head.cost): fp32 it is the trained
+"""The head's inference form (specdec.head.fast) and its cost report (specdec.runtime.head_cost): fp32 it is the trained
 head's numbers, int8 it proposes nearly what the fp32 head does, through the loop the output is plain greedy's
 (int8 target: bitwise), and where the kernels do not run it falls back to fp32 and says why."""
 
@@ -18,12 +18,12 @@ from specdec.backends.lean import LeanRunner
 from specdec.backends.quant import quantize_model
 from specdec.errors import SpecdecError
 from specdec.head import fast
-from specdec.head.cost import head_cost, head_for_profile, profile_head, split_head_spec
 from specdec.head.drafter import HeadDrafter
 from specdec.head.fast import FastHead, for_drafting
 from specdec.head.model import DraftHead, HeadCache
-from specdec.head.store import save, target_identity
-from specdec.head.train import TrainResult, target_pass
+from specdec.head.store import TrainResult, save, target_identity
+from specdec.runtime.head_cost import head_cost, head_for_profile, profile_head, split_head_spec
+from tests.head.conftest import target_pass
 from tests.tiny import assert_near_tie_parting, tiny_model
 
 STOP = StopCondition(max_new_tokens=40)

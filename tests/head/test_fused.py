@@ -10,17 +10,18 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from specdec.algorithm.draft import TreeShape
 from specdec.algorithm.loop import StopCondition, run
 from specdec.backends.hf import HFRunner
 from specdec.backends.lean import LeanRunner
 from specdec.backends.quant import quantize_model
-from specdec.drafters.tree import TreeShape
 from specdec.errors import SpecdecError
 from specdec.head.drafter import HeadDrafter
 from specdec.head.fast import FastHead
-from specdec.head.features import features
 from specdec.head.model import HeadCache
-from specdec.head.train import TrainResult, train
+from specdec.head.store import TrainResult
+from specdec.training.features import features
+from specdec.training.train import train
 from tests.head.conftest import QUICK, own_text
 from tests.tiny import assert_near_tie_parting, tiny_model
 

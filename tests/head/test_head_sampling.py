@@ -35,7 +35,7 @@ from specdec.algorithm.verify import make_verifier
 from specdec.backends.hf import HFRunner
 from specdec.head.drafter import HeadDrafter
 from specdec.head.model import DraftHead
-from specdec.head.train import train
+from specdec.training.train import train
 from tests.chisq import chi_square, seeded_runs
 from tests.head.conftest import QUICK
 from tests.tiny import tiny_model

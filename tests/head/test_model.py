@@ -7,7 +7,7 @@ import torch
 
 from specdec.errors import SpecdecError
 from specdec.head.model import DraftHead, HeadCache, band, draft_vocabulary, tree_mask
-from specdec.head.train import target_pass
+from tests.head.conftest import target_pass
 from tests.tiny import tiny_model
 
 

@@ -12,9 +12,9 @@ import torch
 from specdec.errors import SpecdecError
 from specdec.head.manifest import default_directory
 from specdec.head.model import DraftHead, HeadCache
-from specdec.head.store import MANIFEST, checkpointer, load, save, target_identity
-from specdec.head.train import TrainResult, target_pass, train
-from tests.head.conftest import QUICK
+from specdec.head.store import MANIFEST, TrainResult, checkpointer, load, save, target_identity
+from specdec.training.train import train
+from tests.head.conftest import QUICK, target_pass
 from tests.tiny import tiny_model
 
 
@@ -115,7 +115,7 @@ def test_default_directory_is_under_specdec_home(tmp_path: Path, monkeypatch: py
 def test_a_fused_head_trains_and_round_trips_with_its_taps(tmp_path: Path) -> None:
     """Trained with a tapped layer, the head's fuse projection learns (it starts at zero); the manifest records
     the taps and the reloaded head drafts the same tokens from the same tapped features."""
-    from specdec.head.features import features
+    from specdec.training.features import features
     from tests.head.conftest import own_text
 
     target = tiny_model("llama", 0, layers=3)

@@ -21,9 +21,9 @@ from specdec.drafters.spec import resolve_drafter
 from specdec.errors import SpecdecError
 from specdec.head import manifest, store
 from specdec.head.manifest import heads_table
-from specdec.head.train import train
-from specdec.head.use import measure_head
 from specdec.runtime.engine import Engine
+from specdec.runtime.head_cost import measure_head
+from specdec.training.train import train
 from tests.head.conftest import QUICK, own_text
 from tests.tiny import save_tiny
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specdec.errors import SpecdecError
+from specdec.runtime.loading import check_config
 from specdec.serve.metrics import Metrics, merge_replicas
 from specdec.serve.replicas import EngineSpec, ReplicaPlan, check_fits, deployment_options, parse_replicas
 from tests.serve.conftest import metric_samples
@@ -46,12 +47,12 @@ def test_check_fits():
 
 
 def test_engine_spec_checks_names_without_loading(tiny_dirs):
-    EngineSpec(tiny_dirs["target"], "lookup+" + tiny_dirs["draft"]).check()
-    EngineSpec(tiny_dirs["target"], "lookup").check()
+    check_config(EngineSpec(tiny_dirs["target"], "lookup+" + tiny_dirs["draft"]))
+    check_config(EngineSpec(tiny_dirs["target"], "lookup"))
     with pytest.raises(SpecdecError, match="no-such-draft"):
-        EngineSpec(tiny_dirs["target"], "lookup+no-such-draft").check()
+        check_config(EngineSpec(tiny_dirs["target"], "lookup+no-such-draft"))
     with pytest.raises(SpecdecError, match="no-such-target"):
-        EngineSpec("no-such-target", tiny_dirs["draft"]).check()
+        check_config(EngineSpec("no-such-target", tiny_dirs["draft"]))
 
 
 def test_merged_metrics_label_every_sample_with_its_replica():

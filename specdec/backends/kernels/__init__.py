@@ -7,7 +7,8 @@
   header's structs mirrored as ``ctypes.Structure`` classes.
 - :mod:`.int8` (W8A8 linears), :mod:`.int4` (group-wise int4 linears), :mod:`.gguf` (linears on a
   GGUF file's own blocks), :mod:`.attention` (exact causal attention), :mod:`.layers` (a model's decoder
-  layers in one call): the torch-facing functions, one module a kernel.
+  layers in one call): the torch-facing functions, one module a kernel; :mod:`.bandwidth`, the memory's read
+  bandwidth (``specdec profile``'s roof).
 
 Every kernel computes each output row from its own input row in a fixed order of operations, on every
 SIMD path (AVX-512, AVX2, portable C) alike: a token's numbers do not depend on the other rows of the

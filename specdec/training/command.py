@@ -4,8 +4,8 @@ Loads the target (fp32, the head's reference: its embedding table, final norm an
 copy of it for producing features (the target specdec runs by default where its kernels run in SIMD --
 the gguf target for a GGUF model, the int8 one on its lean runner for others: the features drafting will
 read; else ``quantize_dynamic`` int8 where torch has a quantized CPU engine; else the fp32 model itself), gathers the
-offline material (``specdec.head.data``) and trains
-(``specdec.head.train``): the target answers the built-in prompts in batches while the head learns
+offline material (``specdec.training.data``) and trains
+(``specdec.training.train``): the target answers the built-in prompts in batches while the head learns
 from those answers and from the text; the user's own prompts (--prompts) are answered first.  The
 agreement is measured on the target's answers to held-out prompts (a tenth of the user's where they gave
 enough, else built-in ones), generated first.  Checkpoints go to ``$SPECDEC_HOME/drafters/<target>-head/`` (or --out) at
@@ -43,18 +43,18 @@ def load_target(spec: str) -> tuple[Any, Any]:
 
 def int8_extractor(model: Any, target: str | None = None, batch: int = 16) -> Any:
     """The cheapest copy of `model` that produces the features the target runs with: for a `target` spec
-    that runs by default on specdec's kernels, its runner there (specdec.head.features.LeanExtractor, `batch`
+    that runs by default on specdec's kernels, its runner there (specdec.training.features.LeanExtractor, `batch`
     prompts a forward): the gguf target's for a GGUF model, the int8 lean runner's for others; else a
     dynamically quantized int8 copy of `model`; else `model` itself, where torch has no quantized CPU engine."""
     dtype = loading.fastest_dtype(target) if target is not None else None
     if target is not None and dtype == loading.GGUF:
-        from specdec.head.features import LeanExtractor
+        from specdec.training.features import LeanExtractor
 
         runner, _ = loading.load_gguf(target)
         return LeanExtractor(runner, batch)
     if target is not None and dtype == "int8":
         from specdec.backends import lean
-        from specdec.head.features import LeanExtractor
+        from specdec.training.features import LeanExtractor
 
         kind, location = loading.resolve(target)
         int8, _ = loading._load_int8(kind, location, None)
@@ -148,9 +148,10 @@ def train_drafter(target: str, minutes: float = 60.0, texts: tuple[str, ...] = (
     `draft_vocab` (default DRAFT_VOCAB) and `fuse_layers` (default none) shape a new head.  `resume`: go on
     training the head saved in `out` (or the default directory) for this target instead, from the material
     its runs did not reach (the same material options give the same material), its shape kept."""
-    from specdec.head import data, manifest, store
-    from specdec.head.features import LeanExtractor
-    from specdec.head.train import TrainConfig, train
+    from specdec.head import manifest, store
+    from specdec.training import data
+    from specdec.training.features import LeanExtractor
+    from specdec.training.train import TrainConfig, train
 
     began = time.monotonic()
     check_files(texts, prompt_files)
@@ -208,7 +209,7 @@ def check_files(texts: Sequence[str], prompt_files: Sequence[str]) -> None:
 def head_taps(model: Any, head: Any, fuse_layers: str | None, draft_vocab: int | None) -> tuple[int, ...]:
     """The layers the head reads: --fuse-layers for a new head; a head to go on training keeps its own,
     and a --draft-vocab or --fuse-layers that differs from its shape is refused."""
-    from specdec.head.features import parse_taps
+    from specdec.training.features import parse_taps
 
     try:
         taps = parse_taps("none" if fuse_layers is None else fuse_layers, int(model.config.num_hidden_layers))
@@ -228,7 +229,7 @@ def training_material(model: Any, tokenizer: Any, extractor: Any, material: Any,
                       taps: tuple[int, ...]) -> tuple[list[list[int]], Split, Any]:
     """(the texts' token streams, the prompts split into held-out and trained-on, the GenerationSource
     that answers the trained-on prompts with the target, follow-ups included); a SpecdecError without any."""
-    from specdec.head.features import GenerationSource
+    from specdec.training.features import GenerationSource
 
     streams = [tokenizer(t)["input_ids"] for t in material.texts]
     builtin_prompts = [encode_prompt(tokenizer, p) for p in material.prompts]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.head.features import FeatureBank, GenerationSource, TextSource, features
-from specdec.head.train import target_pass
+from specdec.training.features import FeatureBank, GenerationSource, TextSource, features
+from tests.head.conftest import target_pass
 from tests.tiny import tiny_model
 
 
@@ -96,7 +96,7 @@ def test_lean_answers_are_the_int8_runners_greedy_tokens_and_features() -> None:
     are a teacher-forced prefill's, bitwise (int8 is batch-invariant)."""
     from specdec.backends.lean import LeanRunner
     from specdec.backends.quant import quantize_model
-    from specdec.head.features import LeanExtractor
+    from specdec.training.features import LeanExtractor
     from tests.tiny import tiny_model
 
     runner = LeanRunner(quantize_model(tiny_model("qwen2", 0)))
@@ -130,7 +130,7 @@ def test_lean_answers_are_the_int8_runners_greedy_tokens_and_features() -> None:
 def test_lean_answers_stay_within_the_targets_window() -> None:
     from specdec.backends.lean import LeanRunner
     from specdec.backends.quant import quantize_model
-    from specdec.head.features import LeanExtractor
+    from specdec.training.features import LeanExtractor
     from tests.tiny import tiny_model
 
     extractor = LeanExtractor(LeanRunner(quantize_model(tiny_model("llama", 0, positions=64))), batch=2)
@@ -169,7 +169,7 @@ def test_lean_tapped_rows_are_the_int8_models_layer_outputs() -> None:
     are that model's), in a prefill and in the packed answers alike; taps off gives the final feature alone."""
     from specdec.backends.lean import LeanRunner
     from specdec.backends.quant import quantize_model
-    from specdec.head.features import LeanExtractor, check_taps
+    from specdec.training.features import LeanExtractor, check_taps
 
     model = quantize_model(tiny_model("qwen2", 0, layers=3))
     extractor = LeanExtractor(LeanRunner(model), batch=2)

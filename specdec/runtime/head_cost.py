@@ -1,15 +1,20 @@
-"""What a draft head costs per drafted token, against its target's one-token step (`specdec profile`).
+"""What a draft head costs per drafted token: the price the speculation controller plans with, and
+`specdec profile`'s report of it against its target's one-token step.
 
-Issue 38 asks a head to cost at most 0.08 of the int8 target's one-token step.  A drafted token is one
-forward of the head over its own cache (specdec.head.model / specdec.head.fast); :func:`head_cost` times
-`tokens` of them in a row after `prefix` positions in the head's cache, the fastest of `repeats` runs (as
-specdec.runtime.profile.measure_drafting does for a draft model: what else the machine does only slows a run),
-and the target's one-token step after the same prefix (specdec.runtime.profile.measure_forwards), and reports
-their ratio.  The features fed are random: a forward's cost does not depend on their values.
+A drafted token is one forward of the head over its own cache (specdec.head.model / specdec.head.fast);
+:func:`measure_head` times `tokens` of them in a row after `prefix` positions in the head's cache, the
+fastest of `repeats` runs (as specdec.runtime.profile.measure_drafting does for a draft model: what else
+the machine does only slows a run).  The features fed are random: a forward's cost does not depend on
+their values.
 
-:func:`head_for_profile` finds and loads the head `specdec profile` reports on: ``--draft head`` /
-``head:<dir>`` (alone or behind ``lookup+``), or, with no draft given, the head trained for the target if
-there is one (specdec.head.store.default_directory).
+The controller prices a head like a draft model (:func:`head_ms_per_token`): measured once and cached per
+head and machine like the runners' timings (specdec.runtime.profile), spot-checked on later loads.
+
+Issue 38 asks a head to cost at most 0.08 of the int8 target's one-token step.  :func:`head_cost` times
+the head and the target's one-token step after the same prefix (specdec.runtime.profile.measure_forwards)
+and reports their ratio.  :func:`head_for_profile` finds and loads the head `specdec profile` reports on:
+``--draft head`` / ``head:<dir>`` (alone or behind ``lookup+``), or, with no draft given, the head trained
+for the target if there is one (specdec.head.store.default_directory).
 """
 
 from __future__ import annotations
@@ -19,12 +24,57 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from specdec.backends.base import ModelRunner
 from specdec.errors import SpecdecError
 from specdec.head.fast import FastHead, for_drafting
-from specdec.head.model import DraftHead
-from specdec.head.use import head_directory, measure_head
-from specdec.runtime.profile import measure_forwards
+from specdec.head.model import DraftHead, HeadCache
+from specdec.head.use import LoadedHead, head_directory
+from specdec.runtime.profile import CONTROL_REPEATS, SPOT_REPEATS, _cached, agrees, measure_forwards
+
+
+def measure_head(head: Any, tokens: int = 8, prefix: int = 16, repeats: int = 3,
+                 clock: Callable[[], float] = time.perf_counter) -> float:
+    """ms per drafted token (as specdec.runtime.profile.measure_drafting times a draft model): `tokens` head forwards
+    in a row after `prefix` cached positions (stand-in features and tokens), the fastest of `repeats` runs after a
+    warm-up."""
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(prefix, int(head.width), generator=generator)  # [P, F]: a fused head's fuse runs too
+    ids = head.vocab[torch.randint(len(head.vocab), (prefix,), generator=generator)]  # [P] target ids
+    cache = HeadCache()
+    head.eval()
+    with torch.inference_mode():
+        if prefix > 1:
+            head.extend(cache, features[:-1], ids[:-1])  # P - 1 positions cached
+        head.draft(cache, features[-1:], ids[-1:], 1)  # warm-up: first calls allocate
+        cache.crop(prefix - 1)
+        runs = []
+        for _ in range(repeats):
+            start = clock()
+            head.draft(cache, features[-1:], ids[-1:], tokens)  # `tokens` head forwards
+            runs.append((clock() - start) / tokens)
+            cache.crop(prefix - 1)
+    return 1000 * min(runs)
+
+
+def head_ms_per_token(loaded: LoadedHead, cache_dir: Path | None = None) -> float:
+    """Measured ms per token `loaded` drafts (cached in `cache_dir` per head and machine, spot-checked as the
+    runners' timings are: specdec.runtime.profile)."""
+    return float(_cached("head-draft", _Timed(loaded), {"tokens": 8, "repeats": CONTROL_REPEATS},
+                         lambda: measure_head(loaded.head, tokens=8, repeats=CONTROL_REPEATS), cache_dir,
+                         lambda cached: agrees(cached, measure_head(loaded.head, tokens=2, repeats=SPOT_REPEATS))))
+
+
+class _Timed:
+    """What a head's timings depend on, as specdec.runtime.profile keys a runner's (identity())."""
+
+    def __init__(self, loaded: LoadedHead) -> None:
+        self.loaded = loaded
+
+    def identity(self) -> dict[str, Any]:
+        return {"backend": f"head-{type(self.loaded.head).__name__}", "model": self.loaded.manifest["weights_sha256"],
+                "threads": torch.get_num_threads()}
 
 
 def describe(head: Any) -> str:

@@ -210,7 +210,7 @@ class FeatureBank:
 
 class Source(Protocol):
     """Where a run's features come from, and how far it got (``consumed``) and to start there
-    (``skip(count)``), so that a resumed run (specdec.head.train.train's `head`) learns from material the
+    (``skip(count)``), so that a resumed run (specdec.training.train.train's `head`) learns from material the
     run before did not reach."""
 
     def produce(self) -> list[Chunk]:

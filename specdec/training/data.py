@@ -10,7 +10,7 @@ translation and writing, and plain code and prose.  Nothing here is downloaded; 
   as plain text and as summarize / answer-from-the-document / translate prompts;
 - **prompts written here** (math word problems with drawn numbers, writing tasks over a list of topics,
   questions that ask for an explanation, a comparison or a fix, writing in another language), whose
-  answers the target itself generates (``specdec.head.train`` runs the generation in batches);
+  answers the target itself generates (``specdec.training.train`` runs the generation in batches);
 - **follow-ups** to some of them (``FollowUp``): a second user turn after the target's answer (a chat
   that goes on), or a new prompt that quotes the answer (what the target wrote in another language, to
   be translated into English).  Their answers are the target's too.
@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdec.bench.prompts import looks_like_jsonl, parse_jsonl, unescape_line
 from specdec.errors import SpecdecError
+from specdec.prompt_files import looks_like_jsonl, parse_jsonl, unescape_line
 from specdec.request import CHAT_ROLES, message_text
 
 MAX_FILE_BYTES = 200_000  # larger source/doc files are skipped (generated tables, vendored bundles)

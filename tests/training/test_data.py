@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specdec.errors import SpecdecError
-from specdec.head import data
+from specdec.training import data
 
 TROFF = r""".\" a comment
 .TH LS "1" "September 2022"

@@ -1,4 +1,8 @@
-"""The drafter protocol: anything that proposes the next few tokens.
+"""What a draft is, to the algorithm: the drafter protocol, the sources a proposal comes from, a tree's shape.
+
+The decode loop and the speculation controller (specdec.algorithm.loop, .control) work on these; the
+drafters (specdec.drafters, specdec.head) implement them, a floor above.
+
 
 A drafter proposes k tokens in the *target's* vocabulary, optionally with the
 distribution q it sampled them from.  The decode loop verifies the proposal
@@ -14,13 +18,19 @@ drafter that reads what the target computed hears: that the prompt's prefill
 has just run (``prefilled``), before any other forward replaces what the runner
 kept of it, and that a plain step has just run (``plain_step``); ``observe``
 follows every verification, whichever of a hybrid's sources proposed.
+
+A token tree's shape (:class:`TreeShape`, ``--tree WxD``) says how far a drafter's tree may grow; the
+drafters' tree building is specdec.drafters.tree.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:  # torch only types a draft's q here: the CLI's options import this module without it
     import torch
@@ -147,3 +157,44 @@ def match_grade(length: int, agreement: float) -> str:
     sure = "p=1" if agreement >= 1.0 else "p>=.5" if agreement >= 0.5 else "p<.5"
     return f"match {LENGTH_CLASSES[top]} {sure}"
 
+
+TREE_MODES = "off, auto or <width>x<depth> (e.g. 2x4)"
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """How a draft tree may grow: at most `width` children per node (1: a chain), at most `nodes` draft
+    tokens in all (None: width times the depth), `depth` tokens on a path (None: the controller's k)."""
+
+    width: int = 2
+    depth: int | None = None
+    nodes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.width < 1 or (self.depth is not None and self.depth < 1) or (self.nodes is not None and self.nodes < 1):
+            raise SpecdecError(f"a tree needs width, depth and nodes >= 1, got {self.width}x{self.depth} ({self.nodes})")
+
+    def budget(self, k: int) -> int:
+        """The most draft tokens for a tree whose deepest path is k tokens."""
+        return self.nodes if self.nodes is not None else self.width * k
+
+    def describe(self) -> str:
+        return f"{self.width}x{self.depth if self.depth is not None else 'k'}"
+
+
+def parse_tree(text: str | TreeShape | None) -> TreeShape | None:
+    """`--tree`'s value -> a TreeShape, or None for off (chains only); a one-line SpecdecError else."""
+    if text is None or isinstance(text, TreeShape):
+        return text
+    value = text.strip().lower()
+    if value in ("off", "none", "chain", "1"):
+        return None
+    if value == "auto":
+        return TreeShape(width=2)
+    match = re.fullmatch(r"(\d+)\s*x\s*(\d+)", value)
+    if not match:
+        raise SpecdecError(f"--tree must be {TREE_MODES}, got '{text}'")
+    width, depth = int(match[1]), int(match[2])
+    if width < 1 or depth < 1 or width > 8 or depth > 32:
+        raise SpecdecError(f"--tree wants a width of 1..8 and a depth of 1..32, got {width}x{depth}")
+    return None if width == 1 else TreeShape(width=width, depth=depth)

@@ -9,8 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from specdec.cli import app
-from specdec.head import data, store
-from specdec.head.command import HELDOUT_PROMPTS, encode_messages, follow_up, load_target, split_heldout
+from specdec.head import store
+from specdec.training import data
+from specdec.training.command import HELDOUT_PROMPTS, encode_messages, follow_up, load_target, split_heldout
 from tests.tiny import save_tiny
 
 
@@ -48,7 +49,7 @@ def test_a_fused_head_records_its_layers(tiny_target: str, tmp_path: Path) -> No
 
 
 def test_fuse_layers_values() -> None:
-    from specdec.head.features import parse_taps
+    from specdec.training.features import parse_taps
 
     assert parse_taps("none", 28) == () and parse_taps("auto", 28) == (2, 14) and parse_taps("auto", 4) == ()
     assert parse_taps(" 3,9 ", 28) == (3, 9)

@@ -1,6 +1,6 @@
 """Distil a draft head from its frozen target within a time budget, on features produced while it trains.
 
-Data: ``specdec.head.features`` sources (text run through the target teacher-forced; the target's own
+Data: ``specdec.training.features`` sources (text run through the target teacher-forced; the target's own
 greedy answers to chat prompts, with their features captured while it writes them) fill a
 ``FeatureBank`` chunk by chunk; training cuts random windows of `window` + 1 positions from the bank.
 More data is produced whenever training has seen `replay` times what the bank holds, so a run starts
@@ -54,7 +54,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -62,8 +62,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from specdec.errors import SpecdecError
-from specdec.head.features import FeatureBank, LeanExtractor, Source, TextSource, check_taps, features
 from specdec.head.model import DraftHead, HeadCache, additive_mask, draft_vocabulary, head_intermediate
+from specdec.head.store import TrainResult
+from specdec.training.features import FeatureBank, LeanExtractor, Source, TextSource, check_taps, features
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -123,30 +124,6 @@ class Progress:
     loss: float
     agreement: tuple[float | None, ...]  # latest held-out agreement by draft position (None: not measured yet)
     produced: int = 0  # positions in the feature bank
-
-
-@dataclass
-class TrainResult:
-    head: DraftHead
-    tokens: int
-    seconds: float
-    steps: int
-    agreement: tuple[float | None, ...]
-    losses: list[float] = field(default_factory=list)  # per step
-    produced: int = 0  # positions whose features were produced
-    cursor: list[int] = field(default_factory=list)  # per source, how far it got (Source.consumed; 0: unknown)
-
-
-def target_pass(target: PreTrainedModel, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The frozen target over ids [B, T] -> (post-norm final hidden states [B, T, H], logits [B, T, V]), fp32."""
-    captured: list[torch.Tensor] = []
-    hook = target.get_decoder().norm.register_forward_hook(lambda _m, _i, out: captured.append(out))
-    try:
-        with torch.no_grad():
-            logits = target(input_ids=ids).logits
-    finally:
-        hook.remove()
-    return captured[-1].float(), logits.float()
 
 
 def head_loss(head: DraftHead, feats: torch.Tensor, ids: torch.Tensor, feature_weight: float,

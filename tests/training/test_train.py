@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.head.train import Progress, TrainResult, train
+from specdec.head.store import TrainResult
+from specdec.training.train import Progress, train
 from tests.head.conftest import QUICK
 
 
@@ -71,7 +72,7 @@ def test_unrolled_steps_are_the_heads_own_drafts(target: torch.nn.Module, steps:
     """Training-time test: step d's logits at position t are DraftHead's d-th draft after the context's
     pairs 0..t, fed its own predicted features (with the true tokens as the earlier drafts)."""
     from specdec.head.model import DraftHead, HeadCache
-    from specdec.head.train import unrolled
+    from specdec.training.train import unrolled
 
     torch.manual_seed(1)
     head = DraftHead(target, torch.arange(target.config.vocab_size)).eval()
@@ -95,7 +96,7 @@ def test_unrolled_steps_are_the_heads_own_drafts(target: torch.nn.Module, steps:
 
 def test_bf16_autocast_is_chosen_by_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     from specdec import machine
-    from specdec.head.train import autocast_dtype
+    from specdec.training.train import autocast_dtype
 
     monkeypatch.setattr(machine, "cpu_info", lambda: {"features": ["AVX2", "AVX-512", "AVX512-BF16"]})
     assert autocast_dtype("auto") is torch.bfloat16
@@ -109,7 +110,7 @@ def test_bf16_autocast_is_chosen_by_the_cpu(monkeypatch: pytest.MonkeyPatch) -> 
 def test_held_out_answers_count_from_their_start(target: torch.nn.Module) -> None:
     """Drafts in a held-out prompt do not count: with start S, position 1 counts the pairs from S - 1 on."""
     from specdec.head.model import DraftHead
-    from specdec.head.train import Heldout, agreement
+    from specdec.training.train import Heldout, agreement
 
     torch.manual_seed(2)
     head = DraftHead(target, torch.arange(target.config.vocab_size)).eval()
@@ -132,7 +133,7 @@ def test_position_weights_weigh_each_predicted_positions_loss(target: torch.nn.M
     """The loss is a weighted mean over the positions it predicts: weights of one set of positions and of
     another add up as their weighted means do, a uniform weight is no weight, and weight 0 drops a position."""
     from specdec.head.model import DraftHead
-    from specdec.head.train import head_loss
+    from specdec.training.train import head_loss
 
     torch.manual_seed(3)
     head = DraftHead(target, torch.arange(target.config.vocab_size)).eval()
@@ -172,7 +173,7 @@ def test_a_resumed_run_goes_on_from_the_given_head(trained: TrainResult, target:
 
 def test_a_resumed_run_starts_each_source_where_the_last_run_stopped(target: torch.nn.Module,
                                                                     text: list[list[int]]) -> None:
-    from specdec.head.features import TextSource
+    from specdec.training.features import TextSource
 
     class Recorded(TextSource):  # the pieces produced, in order
         def produce(self):
@@ -194,7 +195,7 @@ def test_a_resumed_run_starts_each_source_where_the_last_run_stopped(target: tor
 
 
 def test_a_resumed_run_learns_at_a_share_of_the_rate() -> None:
-    from specdec.head.train import _lr
+    from specdec.training.train import _lr
 
     for step, fraction in ((0, 0.0), (100, 0.5), (500, 1.0)):
         assert _lr(QUICK, step, fraction, resumed=True) == pytest.approx(QUICK.resume_lr * _lr(QUICK, step, fraction))
