@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from specdec.zoo import write_atomically
 
 if TYPE_CHECKING:
     import tokenizers
@@ -256,23 +256,6 @@ def snapshot(hf: Any) -> tuple[dict[str, Any], str] | None:
     return meta, source
 
 
-def _write(path: Path, text: str) -> None:
-    """`text` to `path` atomically (a temporary file renamed); an unwritable cache is left as it is."""
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError:
-        pass
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-
-
 def _parsed(source: str) -> tokenizers.Tokenizer:
     """`source` (a Rust tokenizer's JSON) parsed, neither truncating nor padding."""
     import tokenizers
@@ -311,11 +294,11 @@ def lean_tokenizer(key: str, cache_dir: Path, load_full: Callable[[], Any]) -> A
     hf = load_full()
     taken = snapshot(hf)
     if taken is None:
-        _write(meta_path, json.dumps({"format": SNAPSHOT_FORMAT, "lean": False}))
+        write_atomically(meta_path, json.dumps({"format": SNAPSHOT_FORMAT, "lean": False}))
         return hf
     meta, source = taken
-    _write(cache_dir / f"backend-{meta['backend']}.json", source)
-    _write(meta_path, json.dumps(meta))
+    write_atomically(cache_dir / f"backend-{meta['backend']}.json", source)
+    write_atomically(meta_path, json.dumps(meta))
     lean = LeanTokenizer(meta, _backend(cache_dir, meta["backend"], source), load_full)
     lean._full = hf  # already loaded: nothing to load again
     return lean

@@ -114,6 +114,25 @@ ZOO: dict[str, ZooModel] = {
 }
 
 
+def write_atomically(path: Path, data: str | bytes) -> bool:
+    """`data` to `path` through a temporary file renamed over it (a reader sees the old file or the whole new one);
+    False, and nothing left behind, where the cache cannot be written (it is then built again next time)."""
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+        tmp = None
+        return True
+    except OSError:
+        return False
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+
+
 def home() -> Path:
     """specdec's cache root: $SPECDEC_HOME, else $XDG_CACHE_HOME/specdec, else ~/.cache/specdec."""
     if os.environ.get(HOME_ENV):

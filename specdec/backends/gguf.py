@@ -29,7 +29,10 @@ layout, which packing undoes (a permutation of output channels: the same integer
 
 from __future__ import annotations
 
+import hashlib
+import json
 import struct
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,9 +46,10 @@ from specdec.backends.kernels.bindings import LayersModel
 from specdec.backends.kernels.gguf import BLOCK, FILE_BYTES, NAMES, Part, Parts
 from specdec.backends.lean import LayerSet, LeanRunner, Rotary, _Layer, _NativeTable
 from specdec.backends.modelconfig import ModelConfig, eos_id_set, model_config
-from specdec.backends.packcache import cache_for
+from specdec.backends.packcache import cache_for, file_identity
 from specdec.backends.tree import Tree
 from specdec.errors import SpecdecError
+from specdec.zoo import home, write_atomically
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")  # GGUF general.architecture values the gguf target runs
 F32, F16 = 0, 1  # ggml type ids of unquantised tensors (norms, biases)
@@ -54,6 +58,7 @@ F32, F16 = 0, 1  # ggml type ids of unquantised tensors (norms, biases)
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+INDEX_FORMAT = 1  # of the parsed header kept per file (GGUFFile._read_index)
 _KEEP_ARRAY = 1024  # arrays up to this many elements are read (per-layer values); longer ones (a vocabulary) skipped
 
 
@@ -94,9 +99,41 @@ class GGUFFile:
         self.tensors: dict[str, Tensor] = {}
         try:
             self.data = np.memmap(self.path, dtype=np.uint8, mode="r")
-            self._parse()
+            if not self._read_index():
+                self._parse()
+                self._write_index()
         except (OSError, ValueError, struct.error, UnicodeDecodeError) as e:
             raise SpecdecError(f"cannot read GGUF file {self.path}: {e}") from e
+
+    # The parsed header is kept in $SPECDEC_HOME/gguf-index, per file (its real path, size and modification time):
+    # walking past a vocabulary's 150,000 strings takes 90 ms of Python at every start, reading the index 2.
+    def _index_path(self) -> Path:
+        digest = hashlib.sha256(str(self.path.resolve()).encode()).hexdigest()[:20]
+        return home() / "gguf-index" / f"{digest}.json"
+
+    def _read_index(self) -> bool:
+        """The metadata and tensor table from this file's index, when it has a current one (False: parse)."""
+        path = self._index_path()
+        if not path.is_file():
+            return False
+        try:
+            index = json.loads(path.read_text(encoding="utf-8"))
+            if index["format"] != INDEX_FORMAT or index["file"] != file_identity(self.path):
+                return False  # another version of the file: parsed again
+            self.metadata = index["metadata"]
+            self.tensors = {name: Tensor(name, type_id, tuple(shape), offset)
+                            for name, type_id, shape, offset in index["tensors"]}
+            return True
+        except (ValueError, KeyError, TypeError) as e:
+            print(f"specdec: the GGUF index {path} could not be read ({type(e).__name__}); parsing the file again",
+                  file=sys.stderr)
+            self.metadata, self.tensors = {}, {}
+            return False
+
+    def _write_index(self) -> None:
+        index = {"format": INDEX_FORMAT, "file": file_identity(self.path), "metadata": self.metadata,
+                 "tensors": [[t.name, t.type_id, list(t.shape), t.offset] for t in self.tensors.values()]}
+        write_atomically(self._index_path(), json.dumps(index))
 
     def _parse(self) -> None:
         buf = memoryview(self.data)  # type: ignore[arg-type]  # numpy's stubs give memmap no __buffer__; it has one
@@ -122,7 +159,7 @@ class GGUFFile:
                 at += 12
                 if inner in _SCALARS:
                     size = struct.calcsize(_SCALARS[inner])
-                    items = (list(np.frombuffer(buf, dtype=np.dtype(_SCALARS[inner]), count=count, offset=at))
+                    items = (np.frombuffer(buf, dtype=np.dtype(_SCALARS[inner]), count=count, offset=at).tolist()
                              if count <= _KEEP_ARRAY else None)
                     return items, at + size * count
                 if inner == _STRING and count > _KEEP_ARRAY:  # skip: walk the lengths only

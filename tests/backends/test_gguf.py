@@ -50,6 +50,28 @@ def runner(models, arch: str, path: str | None = None) -> gguf.GGUFRunner:
     return gguf.GGUFRunner(models[arch], layer_set=layer_set)
 
 
+def test_the_parsed_header_is_kept_and_renewed(files, tmp_path, capsys):
+    import os
+    import shutil
+
+    path = shutil.copy(files["qwen2"], tmp_path / "model.gguf")
+    first = gguf.GGUFFile(path)  # parsed, its index written
+    index = first._index_path()
+    assert index.is_file()
+    again = gguf.GGUFFile(path)  # from the index
+    assert again.metadata == first.metadata and again.tensors == first.tensors
+    assert isinstance(again.metadata["tokenizer.ggml.tokens"], list) and isinstance(again.get("block_count"), int)
+    index.write_text(index.read_text().replace('"qwen2"', '"llama"'))  # an index that lies ...
+    stat = os.stat(path)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1000))  # ... about another version of the file
+    assert gguf.GGUFFile(path).architecture == "qwen2"  # parsed again
+    index.write_text(index.read_text()[:50])  # truncated
+    assert gguf.GGUFFile(path).tensors == first.tensors
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "could not be read" in err[0] and "parsing the file again" in err[0]
+    assert gguf.GGUFFile(path).metadata == first.metadata and capsys.readouterr().err == ""  # written whole again
+
+
 def test_the_file_is_read_as_ggufs_reader_reads_it(files):
     from gguf import GGUFReader
 
