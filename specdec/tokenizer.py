@@ -170,6 +170,15 @@ class LeanTokenizer:
         # transformers 5 skips the clean-up for a BPE model even when it is asked for
         return type(self.backend_tokenizer.model).__name__ != "BPE"
 
+    def __len__(self) -> int:
+        """The vocabulary's size, added tokens included (transformers' ``len(tokenizer)``)."""
+        return int(self.backend_tokenizer.get_vocab_size(with_added_tokens=True))
+
+    @property
+    def vocab_size(self) -> int:
+        """The base vocabulary's size, added tokens left out (transformers' ``vocab_size``)."""
+        return int(self.backend_tokenizer.get_vocab_size(with_added_tokens=False))
+
     def get_vocab(self) -> dict[str, int]:
         return dict(self.backend_tokenizer.get_vocab(with_added_tokens=True))
 

@@ -54,7 +54,8 @@ def assert_same(lean: LeanTokenizer, hf, texts: list[str], seed: int = 0) -> Non
                 assert lean.decode(ids, skip_special_tokens=skip, clean_up_tokenization_spaces=clean) == hf.decode(
                     ids, skip_special_tokens=skip, clean_up_tokenization_spaces=clean)
     assert (lean.eos_token_id, lean.bos_token_id, lean.pad_token_id) == (hf.eos_token_id, hf.bos_token_id, hf.pad_token_id)
-    assert lean.get_vocab() == hf.get_vocab() and lean.chat_template == hf.chat_template
+    assert lean.get_vocab() == hf.get_vocab() and lean.chat_template == hf.chat_template and len(lean) == len(hf)
+    assert lean.vocab_size == hf.vocab_size
 
 
 @pytest.mark.real
