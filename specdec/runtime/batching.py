@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
@@ -294,18 +294,19 @@ class BatchPool:
     """An Engine's models serving up to `max_batch` concurrent requests, one packed target forward per
     step (see the module doc): the runner pool Engine.enable_batching gives the engine
     (specdec.runtime.pool).  Each request's lease is a slot: a SlotRunner, a draft runner of its own and a
-    controller that sees the other slots' load.  `engine`: a specdec.runtime.engine.Engine (not imported here:
-    the engine imports this module)."""
+    controller that sees the other slots' load.  What it needs of the engine that builds it comes as values:
+    its runners; `speculation`, what Engine.speculation makes of a request's k; `shared`, the engine's "auto"
+    controller (made on first use); `drafts`, whether the engine drafts at all."""
 
-    def __init__(self, engine: Any, max_batch: int = 4) -> None:
-        self.engine = engine
-        target = engine.target_runner
+    def __init__(self, target: ModelRunner, draft: ModelRunner | None, max_batch: int = 4, *,
+                 speculation: Callable[[int | str | Controller, SamplingParams], int | Controller],
+                 shared: Callable[[], AutoK], drafts: bool) -> None:
+        self._speculation, self._shared, self._drafting = speculation, shared, drafts
         if not isinstance(target, LeanRunner):
             target = target.model
             if target is None:
                 raise SpecdecError("batched decoding needs a gguf or transformers target (not --backend llamacpp)")
         self.target = BatchedTarget(target, max_batch)
-        draft = engine.draft_runner
         self._drafts = [clone_runner(draft) for _ in range(max_batch)] if draft is not None else []
         self._costs: Costs | None = None
         self._costs_lock = threading.Lock()
@@ -327,7 +328,7 @@ class BatchPool:
                 ms = _cached("batch-target", runner, {"ks": ks, "prefix": 64, "repeats": 2},
                              lambda: {str(k): v for k, v in measure_forwards(runner, ks, prefix=64, repeats=2).ms.items()},
                              home() / "profiles")
-                draft = self.engine.auto_controller().costs
+                draft = self._shared().costs
                 self._costs = Costs({int(k): float(v) for k, v in ms.items()}, draft.draft_ms,
                                     draft_overhead_ms=draft.draft_overhead_ms, sync_ms=draft.sync_ms)
                 self.target.costs = self._costs  # learns from the packed forwards from now on
@@ -341,7 +342,7 @@ class BatchPool:
         acceptance estimates are its own; its costs are the batch's, shared by every such request and
         learnt by the batch itself from each packed forward's time against its rows (a request's own
         step time holds its waits for the others, so the controller learns no costs itself)."""
-        chosen, shared = self.engine.speculation(k, sampling), self.engine.auto_controller()
+        chosen, shared = self._speculation(k, sampling), self._shared()
         if chosen is not shared:
             return chosen
         # the engine's lengths of recent answers (shared: each request adds its own) and share of model steps
@@ -361,7 +362,7 @@ class BatchPool:
     @contextmanager
     def lease(self, config: RequestConfig) -> Iterator[Lease]:
         """A slot for one request, from when its first step is asked for until its steps end or are closed."""
-        if config.speculative and self.engine.can_draft:
+        if config.speculative and self._drafting:
             self.costs()  # measured before the slot is taken: the others do not wait for it
         slot = self.target.acquire()
         try:

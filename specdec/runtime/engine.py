@@ -351,7 +351,8 @@ class Engine:
             return
         from specdec.runtime.batching import BatchPool
 
-        self.pool = BatchPool(self, max_batch)
+        self.pool = BatchPool(self.target_runner, self.draft_runner, max_batch, speculation=self.speculation,
+                              shared=self.auto_controller, drafts=self.can_draft)
 
     def forget(self) -> None:
         """Drop what this engine keeps of its earlier requests: what drafters learned (the suffix drafts'
