@@ -156,12 +156,15 @@ class LeanTokenizer:
         return list(backend.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
-        return {"input_ids": self.encode(text, add_special_tokens=add_special_tokens)}
+        """transformers' encoding of one text: its ids and attention mask."""
+        ids = self.encode(text, add_special_tokens=add_special_tokens)
+        return {"input_ids": ids, "attention_mask": [1] * len(ids)}
 
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False,
+    def decode(self, token_ids: int | Sequence[int], skip_special_tokens: bool = False,
                clean_up_tokenization_spaces: bool | None = None) -> str:
-        """The text of `token_ids` (transformers' ``decode`` of one sequence)."""
-        text: str = self.backend_tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        """The text of `token_ids` (transformers' ``decode`` of one sequence: ids, one id, or a 1-d tensor)."""
+        ids = [int(token_ids)] if isinstance(token_ids, int) else [int(t) for t in token_ids]
+        text: str = self.backend_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
         clean = self.cleans_up if clean_up_tokenization_spaces is None else clean_up_tokenization_spaces
         return clean_up(text) if clean and self._cleans_when_asked else text
 
@@ -184,9 +187,11 @@ class LeanTokenizer:
 
     def apply_chat_template(self, conversation: list[dict[str, str]], add_generation_prompt: bool = False,
                             tokenize: bool = True, **kwargs: Any) -> Any:
-        """transformers' ``apply_chat_template`` for one conversation of role/content messages (anything more
-        -- tools, documents, batches, other options -- goes to the transformers tokenizer)."""
-        if kwargs or not self._chat_ok or self.chat_template is None:
+        """transformers' ``apply_chat_template`` for one conversation of role/content messages: the text, or (as
+        transformers 5 returns it) its ids and attention mask.  Anything more -- tools, documents, batches, other
+        options -- goes to the transformers tokenizer."""
+        batch = bool(conversation) and isinstance(conversation[0], (list, tuple))
+        if kwargs or batch or not self._chat_ok or self.chat_template is None:
             return self.full().apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
                                                    tokenize=tokenize, **kwargs)
         if not conversation:
@@ -196,7 +201,7 @@ class LeanTokenizer:
         messages = [{k: v for k, v in dict(m).items() if v is not None} for m in conversation]
         text: str = self._template.render(messages=messages, tools=None, documents=None,
                                           add_generation_prompt=add_generation_prompt, **self.special_tokens_map)
-        return self.encode(text, add_special_tokens=False) if tokenize else text
+        return self(text, add_special_tokens=False) if tokenize else text
 
 
 def _ids(value: Any) -> list[int]:
@@ -237,7 +242,7 @@ def agrees(lean: LeanTokenizer, hf: Any) -> tuple[bool, bool]:
             messages = [{"role": role, "content": content} for role, content in turns]
             for opened in (True, False):
                 want = _ids(hf.apply_chat_template(messages, add_generation_prompt=opened, tokenize=True))
-                if lean.apply_chat_template(messages, add_generation_prompt=opened) != want:
+                if _ids(lean.apply_chat_template(messages, add_generation_prompt=opened)) != want:
                     return True, False
     except Exception:  # noqa: BLE001 -- a template only transformers renders (or none renders): it keeps chat
         return True, False

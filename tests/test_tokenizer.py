@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -43,7 +44,7 @@ def assert_same(lean: LeanTokenizer, hf, texts: list[str], seed: int = 0) -> Non
     assert isinstance(lean, LeanTokenizer)
     for text in texts:
         for special in (True, False):
-            assert lean(text, add_special_tokens=special)["input_ids"] == hf(text, add_special_tokens=special)["input_ids"]
+            assert lean(text, add_special_tokens=special) == dict(hf(text, add_special_tokens=special))
     rng = random.Random(seed)
     vocab = len(hf)
     specials = [i for i in (hf.eos_token_id, hf.bos_token_id, hf.pad_token_id) if i is not None]
@@ -56,6 +57,8 @@ def assert_same(lean: LeanTokenizer, hf, texts: list[str], seed: int = 0) -> Non
     assert (lean.eos_token_id, lean.bos_token_id, lean.pad_token_id) == (hf.eos_token_id, hf.bos_token_id, hf.pad_token_id)
     assert lean.get_vocab() == hf.get_vocab() and lean.chat_template == hf.chat_template and len(lean) == len(hf)
     assert lean.vocab_size == hf.vocab_size
+    some = hf("hello world, 12")["input_ids"]
+    assert lean.decode(torch.tensor(some)) == hf.decode(torch.tensor(some)) and lean.decode(some[0]) == hf.decode(some[0])
 
 
 @pytest.mark.real
@@ -77,7 +80,7 @@ def test_the_zoo_tokenizers_answer_as_transformers(name):
         for opened in (True, False):
             messages = [{"role": r, "content": c} for r, c in p.messages]
             want = hf.apply_chat_template(messages, add_generation_prompt=opened, tokenize=True)
-            assert lean.apply_chat_template(messages, add_generation_prompt=opened) == list(want["input_ids"])
+            assert lean.apply_chat_template(messages, add_generation_prompt=opened) == dict(want)
             assert lean.apply_chat_template(messages, add_generation_prompt=opened, tokenize=False) == \
                 hf.apply_chat_template(messages, add_generation_prompt=opened, tokenize=False)
 
@@ -128,7 +131,7 @@ def test_a_template_with_every_extra_renders_as_transformers(tmp_path):
         assert lean.apply_chat_template(messages, add_generation_prompt=opened, tokenize=False) == \
             hf.apply_chat_template(messages, add_generation_prompt=opened, tokenize=False)
         assert lean.apply_chat_template(messages, add_generation_prompt=opened) == \
-            list(hf.apply_chat_template(messages, add_generation_prompt=opened)["input_ids"])
+            dict(hf.apply_chat_template(messages, add_generation_prompt=opened))
     with pytest.raises(Exception, match="no tools"):
         lean.apply_chat_template([{"role": "tool", "content": "x"}])
 
