@@ -263,30 +263,24 @@ def snapshot(hf: Any) -> tuple[dict[str, Any], str] | None:
             "split_special_tokens": bool(hf.split_special_tokens),
             "cleans_up": bool(hf.clean_up_tokenization_spaces), "chat_ok": True,
             "backend": hashlib.sha256(source.encode()).hexdigest()[:24]}
-    texts, chat = agrees(LeanTokenizer(meta, _parsed(source), lambda: hf), hf)
+    texts, chat = agrees(LeanTokenizer(meta, _backend(meta["backend"], lambda: source), lambda: hf), hf)
     if not texts:
         return None
     meta["chat_ok"] = chat
     return meta, source
 
 
-def _parsed(source: str) -> tokenizers.Tokenizer:
-    """`source` (a Rust tokenizer's JSON) parsed, neither truncating nor padding."""
+def _backend(digest: str, source: Callable[[], str]) -> tokenizers.Tokenizer:
+    """The Rust tokenizer whose JSON (`source()`, read only when needed) has this digest, parsed once per process
+    (0.37 s for a 151,936-token vocabulary), neither truncating nor padding."""
     import tokenizers
 
-    rust = tokenizers.Tokenizer.from_str(source)
-    rust.no_truncation()
-    rust.no_padding()
-    return rust
-
-
-def _backend(folder: Path, digest: str, source: str | None = None) -> tokenizers.Tokenizer:
-    """The Rust tokenizer saved as backend-<digest>.json in `folder` (or given as its JSON, `source`), parsed
-    once per process."""
     with _LOCK:
         if digest not in _BACKENDS:
-            _BACKENDS[digest] = _parsed(source if source is not None
-                                        else (folder / f"backend-{digest}.json").read_text(encoding="utf-8"))
+            rust = tokenizers.Tokenizer.from_str(source())
+            rust.no_truncation()
+            rust.no_padding()
+            _BACKENDS[digest] = rust
         return _BACKENDS[digest]
 
 
@@ -301,7 +295,9 @@ def lean_tokenizer(key: str, cache_dir: Path, load_full: Callable[[], Any]) -> A
             if meta.get("format") == SNAPSHOT_FORMAT:
                 if meta.get("lean") is False:
                     return load_full()
-                return LeanTokenizer(meta, _backend(cache_dir, meta["backend"]), load_full)
+                saved = cache_dir / f"backend-{meta['backend']}.json"
+                return LeanTokenizer(meta, _backend(meta["backend"], lambda: saved.read_text(encoding="utf-8")),
+                                     load_full)
         except Exception as e:  # noqa: BLE001 -- truncated or damaged: taken again below
             print(f"specdec: the tokenizer snapshot {meta_path} could not be read ({type(e).__name__}); "
                   "taking it again", file=sys.stderr)
@@ -313,6 +309,6 @@ def lean_tokenizer(key: str, cache_dir: Path, load_full: Callable[[], Any]) -> A
     meta, source = taken
     write_atomically(cache_dir / f"backend-{meta['backend']}.json", source)
     write_atomically(meta_path, json.dumps(meta))
-    lean = LeanTokenizer(meta, _backend(cache_dir, meta["backend"], source), load_full)
+    lean = LeanTokenizer(meta, _backend(meta["backend"], lambda: source), load_full)  # parsed by snapshot()
     lean._full = hf  # already loaded: nothing to load again
     return lean

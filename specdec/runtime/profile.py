@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from specdec.backends.base import ModelRunner
+from specdec.zoo import write_atomically
 
 if TYPE_CHECKING:
     from specdec.algorithm.control import Costs
@@ -280,13 +281,7 @@ def _cached(kind: str, runner: Timed, params: dict, measure: Callable[[], _Value
     except (OSError, ValueError, KeyError):
         pass
     value = measure()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": key, "value": value}))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only cache costs a re-measurement next time, nothing else
+    write_atomically(path, json.dumps({"key": key, "value": value}))  # read-only: measured again next time
     return value
 
 
