@@ -15,6 +15,7 @@ speculative tokens").
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -209,7 +210,14 @@ def options() -> list[tuple[dataclasses.Field, Option]]:
 
 def field_type(f: dataclasses.Field, owner: type = RequestConfig) -> Any:
     """A field's type (its annotation in `owner`, resolved)."""
-    return typing.get_type_hints(owner)[f.name]
+    return _type_hints(owner)[f.name]
+
+
+@functools.cache
+def _type_hints(owner: type) -> dict[str, Any]:
+    """`owner`'s resolved annotations, once per class: resolving them anew for each of the CLI's 61 options took
+    14 ms of every command's start."""
+    return typing.get_type_hints(owner)
 
 
 def field_names() -> dict[str, str]:

@@ -406,6 +406,8 @@ class GGUFModel:
         self.final_norm = file.float_tensor("output_norm.weight")
         self.head = self._parts(head)
         if self._arena.filled:
+            assert cache is not None
+            cache.prefault()
             return  # the file's pages of the packed tensors were never touched
         packed = {stem + ".weight" for layer in plan for linear in layer for stem, _ in linear} | {head[0][0] + ".weight"}
         file.release(sorted(packed - {self.embed.name}))  # the embedding's rows are read from the file

@@ -129,8 +129,8 @@ def load_gguf(spec: str, progress: zoo.Progress | None = None, max_context: int 
         raise SpecdecError(f"--dtype gguf runs a GGUF model (a zoo name or a .gguf file), not '{spec}': "
                            "use --dtype int8")
     path = gguf_file(spec, progress=progress)
-    tokenizer = load_tokenizer(spec, progress=progress)
-    return load(path, name=spec, max_context=max_context), tokenizer
+    runner = load(path, name=spec, max_context=max_context)  # first: its pages map in while the tokenizer parses
+    return runner, load_tokenizer(spec, progress=progress)
 
 
 def _torch_dtype(dtype: str):

@@ -155,3 +155,58 @@ def test_a_process_that_ends_first_leaves_the_write_to_a_child(source, tmp_path)
         time.sleep(0.1)
     cache = PackCache("test", source, None, directory)
     assert cache.hit and torch.equal(cache.get("big")[:: 1 << 20], torch.ones(64, dtype=torch.uint8))
+
+
+def _resident_bytes(address: int) -> int | None:
+    """The bytes of this process's mapping at `address` that are mapped in (/proc/self/smaps' Rss), None where
+    there is no such file (not Linux)."""
+    try:
+        with open("/proc/self/smaps", encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    inside = False
+    for line in lines:
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            start, end = (int(x, 16) for x in head.split("-"))
+            inside = start <= address < end
+        elif inside and head == "Rss:":
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def test_prefault_maps_every_page_in_on_its_own_thread(source, tmp_path, monkeypatch):
+    monkeypatch.setattr(packcache, "SAMPLES", 1)  # the load's CRC check reads one page (a kernel may map its folio)
+    big = torch.arange(32 << 20, dtype=torch.int64).to(torch.uint8)  # 32 MiB
+    first = PackCache("test", source, None, tmp_path / "packed")
+    assert first.prefault() is None  # nothing mapped: nothing to read
+    first.tensor("big", lambda: big)
+    first.save()
+    wait_for_writes()
+    cache = PackCache("test", source, None, tmp_path / "packed")
+    mapped = cache.get("big")
+    assert cache.hit and mapped is not None
+    before = _resident_bytes(mapped.data_ptr())
+    if before is None:
+        pytest.skip("no /proc/self/smaps here")
+    assert before < 8 << 20
+    thread = cache.prefault()
+    assert thread is not None
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert _resident_bytes(mapped.data_ptr()) >= 32 << 20
+    assert torch.equal(mapped, big)  # read, not written
+
+
+def test_a_cache_dropped_while_its_pages_map_in_stays_mapped_until_done(source, tmp_path):
+    first = PackCache("test", source, None, tmp_path / "packed")
+    first.tensor("big", lambda: torch.ones(64 << 20, dtype=torch.uint8))
+    first.save()
+    wait_for_writes()
+    cache = PackCache("test", source, None, tmp_path / "packed")
+    thread = cache.prefault()
+    del cache  # the thread's view keeps the mapping: no read of unmapped memory (that would kill the process)
+    assert thread is not None
+    thread.join(timeout=60)
+    assert not thread.is_alive()
