@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
 
 from specdec.engine_config import DTYPE_HELP, EngineConfig, engine_fields
 from specdec.errors import SpecdecError
 from specdec.request import Option, RequestConfig, RequestError, cli_fields, field_type
 
-if TYPE_CHECKING:  # the serve extra's modules load only when serving
+if TYPE_CHECKING:  # the serve extra's modules load only when serving; rich's progress bar when a pull starts
+    from rich.progress import Progress, TaskID
+
     from specdec.serve import ServeOptions
     from specdec.serve.connections import ConnectionLimits
     from specdec.serve.replicas import ReplicaPlan
@@ -155,6 +156,8 @@ class PullProgress:
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         if self.progress is None:
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
             self.progress = Progress(
                 TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                 console=err, transient=False,
