@@ -199,6 +199,10 @@ class PackCache:
         except OSError:
             return  # not built yet (or unreadable: built again)
         try:
+            self._clean()
+        except OSError:
+            pass
+        try:
             with os.fdopen(fd, "rb") as f:
                 reason = self._map_file(f)
         except (OSError, ValueError) as e:
@@ -208,6 +212,13 @@ class PackCache:
         elif reason:
             self._drop()
             print(f"specdec: the packed weights {self.path} are damaged ({reason}); rebuilding them", file=sys.stderr)
+
+    def _clean(self) -> None:
+        """Delete the temporary files of this cache file that a killed process left (a whole model's size each:
+        a current file is never written again, so a load looks too)."""
+        for stale in self.path.parent.glob(f".{self.path.name}.*.tmp"):
+            if not _alive(stale):
+                stale.unlink(missing_ok=True)
 
     def _drop(self) -> None:
         self._tensors = {}
@@ -275,9 +286,7 @@ class PackCache:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            for stale in self.path.parent.glob(f".{self.path.name}.*.tmp"):  # left by a process that was killed
-                if not _alive(stale):
-                    stale.unlink(missing_ok=True)
+            self._clean()
             samples: list[tuple[int, int]] = []
             wanted = _sample_offsets(data_size)
             with open(tmp, "wb") as f:

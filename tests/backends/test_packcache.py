@@ -210,3 +210,19 @@ def test_a_cache_dropped_while_its_pages_map_in_stays_mapped_until_done(source, 
     assert thread is not None
     thread.join(timeout=60)
     assert not thread.is_alive()
+
+
+def test_a_killed_writers_temporary_file_goes_at_the_next_load(source, tmp_path):
+    import subprocess
+    import sys
+
+    saved(source, tmp_path / "packed")
+    cache_file = next((tmp_path / "packed").glob("test-*.bin"))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()  # a pid that has ended
+    left = cache_file.with_name(f".{cache_file.name}.{dead}.1.tmp")
+    writing = cache_file.with_name(f".{cache_file.name}.{os.getpid()}.1.tmp")  # this process's: still writing
+    left.write_bytes(b"half a model")
+    writing.write_bytes(b"being written")
+    assert PackCache("test", source, None, tmp_path / "packed").hit  # a current file: never written again
+    assert not left.exists() and writing.exists()
