@@ -553,6 +553,7 @@ def bench(
     out: str = typer.Option("bench-out", "--out", help="Output directory: results.jsonl, summary.md, summary.json, PNG plots."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object on stdout."),
     concurrency: str | None = typer.Option(None, "--concurrency", help="Client counts, e.g. 1,2,4,8: run the batched engine under that many concurrent clients and report total tokens/s, latency and mean k per count (methods: plain, specdec, specdec-auto)."),
+    startup: int | None = typer.Option(None, "--startup", help="Time start-up instead, N interleaved rounds after a warm-up one: import specdec, --help, generate -n 1 and serve to /health 200 (the run's drafter, and --draft none), beside llama-server plain and with the draft model where it is built; medians in --out's summary.md."),
 ) -> None:
     """Benchmark plain, speculative and transformers' decoding side by side on a prompt set."""
     from specdec.bench.report import console_table
@@ -561,6 +562,11 @@ def bench(
     quiet_libraries()
     if workload is not None and prompts is not None:
         fail("give --prompts or --workload, not both")
+    if startup is not None:
+        if prompts is not None or workload is not None or concurrency is not None:
+            fail("--startup times launches with the run's models: give no --prompts, --workload or --concurrency")
+        bench_startup(models, startup, Path(out))
+        return
     progress = PullProgress()
     options = BenchOptions(
         engine=models, prompts=prompts or "builtin", workload=workload,
@@ -593,6 +599,18 @@ def bench(
         err.print(f"results in {out}/ (summary.md, results.jsonl, plots)")
         if "note" in data["files"]:
             err.print(data["files"]["note"])
+
+
+def bench_startup(models: EngineConfig, rounds: int, out: Path) -> None:
+    """bench --startup: the start-up bench (specdec.bench.startup), its table on stderr."""
+    from specdec.bench.startup import run_startup_bench
+
+    try:  # no spinner: the bench's own process stays quiet on the machine it times
+        run_startup_bench(models, rounds, out, tick=lambda what: err.print(f"start-up bench: {what}"))
+    except SpecdecError as e:
+        fail(str(e))
+    err.print((out / "summary.md").read_text(), soft_wrap=True)
+    err.print(f"results in {out}/ (summary.md, summary.json)")
 
 
 def _parse_ks(text: str) -> list[int]:

@@ -87,3 +87,14 @@ def engine_fields() -> list[tuple[dataclasses.Field, Option]]:
 def loading_options(config: EngineConfig) -> dict[str, Any]:
     """Engine.load's keyword options for `config` (its target and draft aside)."""
     return {f.name: getattr(config, f.name) for f, _ in engine_fields() if f.name not in ("target", "draft")}
+
+
+def command_line(config: EngineConfig) -> list[str]:
+    """`config` as the CLI's model options, each that is not its default ("--draft none" for no drafter):
+    ``specdec generate PROMPT *command_line(config)`` loads the same models."""
+    args: list[str] = []
+    for f, o in engine_fields():
+        value = getattr(config, f.name)
+        if value != f.default:
+            args += [o.flags[0], "none" if value is None else str(value)]
+    return args

@@ -69,3 +69,16 @@ def test_engine_from_config_loads_as_load_does(tmp_path):
     assert (engine.dtype, engine.draft_name) == ("fp32", "lookup")
     assert engine.generate([1, 2, 3], max_new_tokens=4).token_ids == Engine.load(target, "lookup", dtype="fp32").generate(
         [1, 2, 3], max_new_tokens=4).token_ids
+
+
+def test_a_config_written_as_options_parses_back_to_itself():
+    from specdec.engine_config import command_line
+
+    assert command_line(EngineConfig()) == []  # every default: no option
+    config = EngineConfig(target="model.gguf", draft=None, dtype="int8", draft_dtype="int4", backend="llamacpp",
+                          draft_backend="hf", n_ctx=512, threads=2, suffix_memory=0)
+    args = command_line(config)
+    assert args[:2] == ["--target", "model.gguf"] and "none" in args
+    generate = typer.main.get_command(cli.app).commands["generate"]
+    params = generate.make_context("generate", ["a prompt", *args]).params
+    assert EngineConfig(**{f.name: params[f.name] for f, _ in engine_fields()}) == config
