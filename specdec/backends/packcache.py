@@ -173,8 +173,9 @@ class PackCache:
         gguf target's load parses its tokenizer next, 0.35 s holding the GIL): a page's first read faults, and
         1 GB of them took 0.05 s of the first prefill otherwise (2-core Zen 4).  The thread reads one byte per
         page by numpy's strided sum, which runs without the GIL; its view of the mapping keeps it mapped until
-        the thread is done.  Returns the thread; None where no file was mapped (nothing to read)."""
-        if self._map is None:
+        the thread is done.  Returns the thread; None where no file was mapped (nothing to read) or the process
+        has one CPU (the thread would only take the caller's time)."""
+        if self._map is None or _cpus() < 2:
             return None
         import numpy as np
 
@@ -312,6 +313,11 @@ class PackCache:
                 tmp.unlink(missing_ok=True)
             except OSError:
                 pass
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _alive(tmp: Path) -> bool:

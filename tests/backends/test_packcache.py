@@ -191,6 +191,9 @@ def test_prefault_maps_every_page_in_on_its_own_thread(source, tmp_path, monkeyp
     if before is None:
         pytest.skip("no /proc/self/smaps here")
     assert before < 8 << 20
+    monkeypatch.setattr(packcache, "_cpus", lambda: 1)
+    assert cache.prefault() is None  # one CPU: the thread would only take the caller's time
+    monkeypatch.setattr(packcache, "_cpus", lambda: 2)
     thread = cache.prefault()
     assert thread is not None
     thread.join(timeout=60)
@@ -199,11 +202,12 @@ def test_prefault_maps_every_page_in_on_its_own_thread(source, tmp_path, monkeyp
     assert torch.equal(mapped, big)  # read, not written
 
 
-def test_a_cache_dropped_while_its_pages_map_in_stays_mapped_until_done(source, tmp_path):
+def test_a_cache_dropped_while_its_pages_map_in_stays_mapped_until_done(source, tmp_path, monkeypatch):
     first = PackCache("test", source, None, tmp_path / "packed")
     first.tensor("big", lambda: torch.ones(64 << 20, dtype=torch.uint8))
     first.save()
     wait_for_writes()
+    monkeypatch.setattr(packcache, "_cpus", lambda: 2)
     cache = PackCache("test", source, None, tmp_path / "packed")
     thread = cache.prefault()
     del cache  # the thread's view keeps the mapping: no read of unmapped memory (that would kill the process)
