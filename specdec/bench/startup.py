@@ -97,8 +97,11 @@ def time_case(case: Case, timeout_s: float = TIMEOUT_S) -> float:
     a SpecdecError with its last line where it fails."""
     if not case.server:
         start = time.perf_counter()
-        done = subprocess.run(case.command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              timeout=timeout_s, check=False)
+        try:
+            done = subprocess.run(case.command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            raise SpecdecError(f"start-up case '{case.name}' did not end in {timeout_s:.0f} s") from None
         took = time.perf_counter() - start
         if done.returncode != 0:
             raise _failed(case, done.stdout + done.stderr, done.returncode)
@@ -134,15 +137,19 @@ def _wait_healthy(case: Case, process: subprocess.Popen, port: int, start: float
     return time.perf_counter() - start
 
 
+def check_rounds(rounds: int) -> None:
+    if rounds < 1:
+        raise SpecdecError(f"--startup takes the number of rounds, at least 1; got {rounds}")
+
+
 def run_rounds(found: Sequence[Case], rounds: int, time_one: Callable[[Case], float] = time_case,
                tick: Callable[[str], None] | None = None) -> dict[str, list[float]]:
     """Every case once per round, in turn, after a warm-up round that is not kept: case name -> seconds."""
-    if rounds < 1:
-        raise SpecdecError(f"--startup takes the number of rounds, at least 1; got {rounds}")
+    check_rounds(rounds)
     seconds: dict[str, list[float]] = {case.name: [] for case in found}
     for r in range(rounds + 1):
         if tick is not None:  # once a round: the bench's own process stays quiet while a case runs
-            tick("warm-up round" if r == 0 else f"round {r} of {rounds}")
+            tick("warm-up round (what a first run pulls and caches)" if r == 0 else f"round {r} of {rounds}")
         for case in found:
             took = time_one(case)
             if r > 0:
@@ -152,8 +159,11 @@ def run_rounds(found: Sequence[Case], rounds: int, time_one: Callable[[Case], fl
 
 def phases(config: EngineConfig) -> str | None:
     """The `timings:` line of one `generate --timings` run (where start-up went), None where it gave none."""
-    done = subprocess.run([*specdec_command(), "generate", PROMPT, "-n", "1", "--timings", *command_line(config)],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    try:
+        done = subprocess.run([*specdec_command(), "generate", PROMPT, "-n", "1", "--timings", *command_line(config)],
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return None
     lines = [line for line in done.stderr.splitlines() if line.startswith("timings:")]
     return lines[-1] if lines else None
 
@@ -182,6 +192,7 @@ def run_startup_bench(config: EngineConfig, rounds: int, out: Path,
     from specdec.drafters.spec import resolve_drafter, split_drafter
     from specdec.machine import cpu_info
 
+    check_rounds(rounds)
     llama_server, target_gguf, draft_gguf = find_tool(SERVER), None, None
     if llama_server is not None:
         _, draft_model, _ = split_drafter(resolve_drafter(config.draft, config.target, config.backend))

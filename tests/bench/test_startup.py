@@ -60,7 +60,7 @@ def test_rounds_are_interleaved_after_a_warm_up_that_is_not_kept():
                          tick=ticks.append)
     assert ran == ["a", "b"] * 3
     assert seconds == {"a": [2.0, 4.0], "b": [3.0, 5.0]}  # the warm-up's 0 and 1 dropped
-    assert ticks == ["warm-up round", "round 1 of 2", "round 2 of 2"]
+    assert ticks == ["warm-up round (what a first run pulls and caches)", "round 1 of 2", "round 2 of 2"]
     assert summarize(seconds)[0] == {"case": "a", "median_s": 3.0, "min_s": 2.0, "max_s": 4.0, "runs": 2}
     with pytest.raises(SpecdecError, match="at least 1"):
         run_rounds(found, 0)
@@ -81,7 +81,17 @@ def test_the_cases_carry_the_runs_models_and_llama_servers_where_it_runs():
     assert "llama-server -md <draft>" not in {case.name for case in cases(config, Path("s"), Path("t.gguf"))}
 
 
-def test_the_cli_takes_rounds_and_refuses_what_does_not_go_with_them():
+def test_a_case_that_does_not_end_is_one_line():
+    with pytest.raises(SpecdecError, match="'hang' did not end in 1 s"):
+        time_case(Case("hang", (sys.executable, "-c", "import time; time.sleep(30)")), timeout_s=1)
+
+
+def test_the_cli_takes_rounds_and_refuses_what_does_not_go_with_them(tmp_path, monkeypatch):
     runner = CliRunner()
     result = runner.invoke(app, ["bench", "--startup", "1", "--concurrency", "1,2"])
     assert result.exit_code == 2 and "--startup times launches" in result.output
+    import specdec.bench.llamaserver as llamaserver
+
+    monkeypatch.setattr(llamaserver, "find_tool", lambda name: pytest.fail("no work before the rounds are checked"))
+    result = runner.invoke(app, ["bench", "--startup", "0", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "at least 1; got 0" in result.output
