@@ -70,6 +70,8 @@ def cases(config: EngineConfig, llama_server: Path | None = None, target_gguf: P
              Case("specdec generate -n 1 --draft none", (*specdec, "generate", PROMPT, "-n", "1", *plain)),
              Case("specdec serve", (*specdec, "serve", *models), server=True),
              Case("specdec serve --draft none", (*specdec, "serve", *plain), server=True)]
+    if config.draft is None:  # the run's drafter is none: its cases are the plain ones
+        found = [case for case in found if not case.name.endswith("--draft none")]
     if llama_server is not None and target_gguf is not None:
         base = (str(llama_server), "-m", str(target_gguf), "-t", str(threads or os.cpu_count() or 1))
         found.append(Case("llama-server", base, server=True, port_flags=("--host", "127.0.0.1", "--port")))

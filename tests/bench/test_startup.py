@@ -79,6 +79,8 @@ def test_the_cases_carry_the_runs_models_and_llama_servers_where_it_runs():
     assert servers["llama-server"].command == ("llama-server", "-m", "t.gguf", "-t", "2")
     assert servers["llama-server -md <draft>"].command[-2:] == ("-md", "d.gguf")
     assert "llama-server -md <draft>" not in {case.name for case in cases(config, Path("s"), Path("t.gguf"))}
+    plain = [case.name for case in cases(EngineConfig(draft="none"))]  # no drafter: no second plain case
+    assert plain == ['python -c "import specdec"', "specdec --help", "specdec generate -n 1", "specdec serve"]
 
 
 def test_a_case_that_does_not_end_is_one_line():
