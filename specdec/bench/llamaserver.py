@@ -30,7 +30,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,44 @@ def sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
     return fields
 
 
+def last_words(output: str) -> str:
+    """What a process that failed said last: its last line naming an error, else its last line (300 characters
+    at most); "" for no output."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()]
+    return (errors or lines or [""])[-1][:300]
+
+
+def wait_healthy(process: subprocess.Popen, url: str, timeout_s: float, poll_s: float, name: str,
+                 log: Callable[[], str]) -> None:
+    """Return once `url`/health answers 200 (llama-server's convention, which specdec serve follows), polled
+    every `poll_s`; a one-line SpecdecError naming `name`, with log()'s last words, where the process exits or
+    `timeout_s` passes first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SpecdecError(f"{name} exited ({process.returncode}) before it was ready: {log() or 'no output'}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass  # not listening yet, or 503 while it loads
+        time.sleep(poll_s)
+    raise SpecdecError(f"{name} was not ready after {timeout_s:.0f} s: {log() or 'no output'}")
+
+
+def stop(process: subprocess.Popen, timeout_s: float = 15) -> None:
+    """Terminate `process` if it still runs, killed where it has not ended after `timeout_s`."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 class LlamaServer:
     """One llama-server process on 127.0.0.1: started at construction (ready when /health says 200),
     stopped by close().  `args`: its arguments after the binary, the port left to this class."""
@@ -109,26 +147,13 @@ class LlamaServer:
 
     def _last_log_line(self) -> str:
         try:
-            lines = [line.strip() for line in Path(self.log.name).read_text(errors="replace").splitlines() if line.strip()]
+            return last_words(Path(self.log.name).read_text(errors="replace"))
         except OSError:
             return ""
-        errors = [line for line in lines if "error" in line.lower()]
-        return (errors or lines or [""])[-1][:300]
 
     def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process is None or self.process.poll() is not None:
-                code = None if self.process is None else self.process.returncode
-                raise SpecdecError(f"{SERVER} exited ({code}) before it was ready: {self._last_log_line() or 'no output'}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass  # not listening yet, or 503 while it loads
-            time.sleep(0.25)
-        raise SpecdecError(f"{SERVER} was not ready after {timeout_s:.0f} s: {self._last_log_line() or 'no output'}")
+        assert self.process is not None
+        wait_healthy(self.process, self.url, timeout_s, 0.25, SERVER, self._last_log_line)
 
     def complete(self, prompt_ids: Sequence[int], n_predict: int, sampling: SamplingParams) -> dict[str, Any]:
         """POST /completion with the prompt's token ids; the server's JSON answer."""
@@ -145,13 +170,8 @@ class LlamaServer:
             raise SpecdecError(f"{SERVER} stopped answering ({err}): {self._last_log_line()}") from None
 
     def close(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            stop(self.process)
         self.process = None
         self.log.close()
         Path(self.log.name).unlink(missing_ok=True)

@@ -26,13 +26,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from specdec.bench.llamaserver import SERVER, find_tool, free_port, last_words, stop, wait_healthy
 from specdec.engine_config import EngineConfig, command_line
 from specdec.errors import SpecdecError
 
@@ -81,22 +80,13 @@ def cases(config: EngineConfig, llama_server: Path | None = None, target_gguf: P
     return found
 
 
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):  # not listening yet, or 503 while it loads
-        return False
-
-
-def _failed(case: Case, stderr: str, code: int | None) -> SpecdecError:
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    return SpecdecError(f"start-up case '{case.name}' exited ({code}): {lines[-1] if lines else 'no output'}")
+def _failed(case: Case, output: str, code: int | None) -> SpecdecError:
+    return SpecdecError(f"start-up case '{case.name}' exited ({code}): {last_words(output) or 'no output'}")
 
 
 def time_case(case: Case, timeout_s: float = TIMEOUT_S) -> float:
     """Seconds from launching `case` to its exit (a command) or to its /health 200 (a server, then stopped);
-    a SpecdecError with its last line where it fails."""
+    a SpecdecError with its last words where it fails."""
     if not case.server:
         start = time.perf_counter()
         try:
@@ -108,35 +98,21 @@ def time_case(case: Case, timeout_s: float = TIMEOUT_S) -> float:
         if done.returncode != 0:
             raise _failed(case, done.stdout + done.stderr, done.returncode)
         return took
-    from specdec.bench.llamaserver import free_port
-
     port = free_port()
     with tempfile.TemporaryFile("w+") as log:  # its output, read back only if it fails (a pipe could fill)
+
+        def said() -> str:
+            log.seek(0)
+            return last_words(log.read())
+
         start = time.perf_counter()
         process = subprocess.Popen([*case.command, *case.port_flags, str(port)], stdin=subprocess.DEVNULL,
                                    stdout=log, stderr=subprocess.STDOUT)
         try:
-            return _wait_healthy(case, process, port, start, timeout_s, log)
+            wait_healthy(process, f"http://127.0.0.1:{port}", timeout_s, POLL_S, f"start-up case '{case.name}'", said)
+            return time.perf_counter() - start
         finally:
-            process.terminate()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def _wait_healthy(case: Case, process: subprocess.Popen, port: int, start: float, timeout_s: float,
-                  log: Any) -> float:
-    """Seconds from `start` to the server's /health 200; a SpecdecError where it exits or times out first."""
-    while not _healthy(f"http://127.0.0.1:{port}/health"):
-        if process.poll() is not None:
-            log.seek(0)
-            raise _failed(case, log.read(), process.returncode)
-        if time.perf_counter() - start > timeout_s:
-            raise SpecdecError(f"start-up case '{case.name}' was not ready in {timeout_s:.0f} s")
-        time.sleep(POLL_S)
-    return time.perf_counter() - start
+            stop(process, 30)
 
 
 def check_rounds(rounds: int) -> None:
@@ -189,7 +165,6 @@ def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
 def run_startup_bench(config: EngineConfig, rounds: int, out: Path,
                       tick: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The start-up bench for `config`'s models (see the module doc); summary.md and summary.json in `out`."""
-    from specdec.bench.llamaserver import SERVER, find_tool
     from specdec.bench.runner import server_files
     from specdec.drafters.spec import resolve_drafter, split_drafter
     from specdec.machine import cpu_info

@@ -48,7 +48,7 @@ def test_a_failing_launch_is_one_line_with_its_last_words(monkeypatch):
     with pytest.raises(SpecdecError, match="'boom' exited \\(1\\): no such model"):
         time_case(Case("boom", (sys.executable, "-c", "import sys; sys.exit('no such model')")))
     monkeypatch.setenv("FAKE_LLAMA_SERVER_MODE", "fail")
-    with pytest.raises(SpecdecError, match="exited \\(1\\): llama_model_load: error loading model"):
+    with pytest.raises(SpecdecError, match="'fake' exited \\(1\\) before it was ready: llama_model_load: error loading model"):
         time_case(Case("fake", (sys.executable, FAKE_SERVER, "-m", "x"), server=True, port_flags=SERVER_PORT))
 
 
@@ -92,8 +92,8 @@ def test_the_cli_takes_rounds_and_refuses_what_does_not_go_with_them(tmp_path, m
     runner = CliRunner()
     result = runner.invoke(app, ["bench", "--startup", "1", "--concurrency", "1,2"])
     assert result.exit_code == 2 and "--startup times launches" in result.output
-    import specdec.bench.llamaserver as llamaserver
+    import specdec.bench.startup as startup
 
-    monkeypatch.setattr(llamaserver, "find_tool", lambda name: pytest.fail("no work before the rounds are checked"))
+    monkeypatch.setattr(startup, "find_tool", lambda name: pytest.fail("no work before the rounds are checked"))
     result = runner.invoke(app, ["bench", "--startup", "0", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "at least 1; got 0" in result.output
