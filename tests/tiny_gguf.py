@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.backends.gguf_blocks import Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, random_blocks
+from tests.backends.gguf_blocks import Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, dequantize, random_blocks
 from tests.tiny import tiny_tokenizer
 
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS = 256, 512, 4, 2
@@ -36,9 +36,11 @@ def _bpe(tokenizer) -> tuple[list[str], list[str], list[int]]:
 
 
 def save_tiny_gguf(path: str | Path, arch: str = "qwen2", seed: int = 0, layers: int = 2, positions: int = 512,
-                   scale: float = 1.0) -> str:
+                   scale: float = 1.0, requantized: bool = False) -> str:
     """Write a tiny random GGUF model (see the module doc) to `path`; returns the path.  `scale` multiplies
-    every block's scale (larger weights: logits further from ties)."""
+    every block's scale (larger weights: logits further from ties).  requantized: every linear and the output
+    head (not the embedding) written as the Q4_1 blocks of its de-quantised values (specdec.backends.int4.q4_1_blocks):
+    the file a model of the same seed requantised at load should be."""
     from gguf import GGMLQuantizationType, GGUFWriter
 
     rng = np.random.default_rng(seed)
@@ -71,6 +73,13 @@ def save_tiny_gguf(path: str | Path, arch: str = "qwen2", seed: int = 0, layers:
         raw = random_blocks(type_id, rows, columns, rng)
         if scale != 1.0:
             raw = _scaled(raw, type_id, rows, columns, scale)
+        if requantized and kind != "token_embd":
+            import torch
+
+            from specdec.backends.int4 import q4_1_blocks
+
+            raw = q4_1_blocks(torch.from_numpy(dequantize(type_id, raw, rows, columns))).numpy()
+            type_id = Q4_1
         writer.add_tensor(name, raw, raw_dtype=GGMLQuantizationType(type_id))
 
     def floats(name: str, values: np.ndarray) -> None:

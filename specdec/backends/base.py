@@ -55,6 +55,8 @@ class Capabilities:
     taps: bool = False
     # forward_tree / keep_rows verify a token tree in one forward
     tree: bool = False
+    # draft_greedy(feed, k) feeds tokens and drafts k greedy ones in one native call (a draft model's chain)
+    draft_chain: bool = False
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,13 @@ class ModelRunner(Protocol):
         hidden_tail(): the kept rows' [len(rows), H]."""
         ...
 
+    def draft_greedy(self, feed: Sequence[int], k: int) -> list[int]:
+        """Where capabilities say draft_chain (a draft model's chain in one native call): feed `feed`, then
+        k tokens, each the argmax of the last row's logits and the next one's input, as forward() and an
+        argmax would give them one at a time; the cache then holds feed and the first k - 1 (the last is
+        not fed)."""
+        ...
+
 
 class Refusals:
     """The protocol's methods that only some runners offer, as a runner whose capabilities do not say so
@@ -213,6 +222,9 @@ class Refusals:
 
     def keep_rows(self, cached: int, rows: Sequence[int]) -> None:
         raise refused(self, "cannot verify a token tree")
+
+    def draft_greedy(self, feed: Sequence[int], k: int) -> list[int]:
+        raise refused(self, "drafts no chain in one call")
 
 
 def refused(runner: object, what: str) -> SpecdecError:

@@ -34,7 +34,7 @@ import json
 import struct
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,8 @@ from specdec.zoo import home, write_atomically
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")  # GGUF general.architecture values the gguf target runs
 F32, F16 = 0, 1  # ggml type ids of unquantised tensors (norms, biases)
+Q4_1 = 3  # the type a draft's weights are requantised to (GGUFModel's requantize)
+REQUANTIZE_ROWS = 4096  # rows de-quantised at a time when requantising (a 151,936-row head: 4096 x 4 x 896 bytes)
 
 # ---------------------------------------------------------------- the file: header, metadata, tensor table
 
@@ -327,12 +329,13 @@ class _Arena:
     ALIGN = 4096
     HUGE = 2 << 20
 
-    def __init__(self, tensors: Sequence[Tensor], packed: torch.Tensor | None = None) -> None:
-        """packed: the arena's bytes as an earlier load packed them (a memory-mapped cache file, see
+    def __init__(self, shapes: Sequence[tuple[int, int, int]], packed: torch.Tensor | None = None) -> None:
+        """shapes: the packed tensors' (type id, rows, columns) in the order take() hands them out.  packed: the
+        arena's bytes as an earlier load packed them (a memory-mapped cache file, see
         specdec.backends.packcache; `filled`), else an empty block to pack into."""
         import mmap
 
-        sizes = [-(-kernels.gguf.packed_bytes(t.type_id, t.rows, t.columns) // self.ALIGN) * self.ALIGN for t in tensors]
+        sizes = [-(-kernels.gguf.packed_bytes(*shape) // self.ALIGN) * self.ALIGN for shape in shapes]
         self.used = sum(sizes)
         self.filled = packed is not None and packed.dtype == torch.uint8 and packed.numel() == self.used
         if self.filled:
@@ -356,8 +359,8 @@ class _Arena:
         start = 0 if self.filled else self._start
         return self._bytes[start : start + self.used]
 
-    def take(self, tensor: Tensor) -> torch.Tensor:
-        size = kernels.gguf.packed_bytes(tensor.type_id, tensor.rows, tensor.columns)
+    def take(self, type_id: int, rows: int, columns: int) -> torch.Tensor:
+        size = kernels.gguf.packed_bytes(type_id, rows, columns)
         out = self._bytes[self._at : self._at + size]
         self._at += -(-size // self.ALIGN) * self.ALIGN
         return out
@@ -367,12 +370,20 @@ class GGUFModel:
     """A GGUF model's weights as the gguf target runs them: each layer's linears packed for the block kernel
     (q, k, v side by side in one call; gate and up too), norms and biases in fp32, the output head packed, the
     token embedding left in the mapped file (a step reads only its tokens' rows).  Built once per file and
-    shared by every runner over it."""
+    shared by every runner over it.
 
-    def __init__(self, file: GGUFFile, name: str = "") -> None:
+    requantize: a ggml type id (Q4_1) to store every linear and the head in instead of the file's own blocks: a
+    draft's weights in fewer bytes (specdec.backends.int4.q4_1_blocks: the file's de-quantised values in 4 bits
+    with an fp16 scale and minimum per 32 columns); never a target's (its numbers are its output)."""
+
+    def __init__(self, file: GGUFFile, name: str = "", requantize: int | None = None) -> None:
+        if requantize not in (None, Q4_1):
+            raise ValueError(f"the gguf model requantises to Q4_1 only, not type {requantize}")
         self.file = file
         self.config = config_of(file, name)
         self.name = name or str(file.path)
+        self.requantize = requantize
+        self.dtype = "gguf" if requantize is None else "q4_1"
         c = self.config
         self.num_heads, self.num_kv_heads = c.num_attention_heads, c.num_key_value_heads
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
@@ -391,9 +402,10 @@ class GGUFModel:
                          [(blk + "attn_output", None)], [(blk + "ffn_gate", None), (blk + "ffn_up", None)],
                          [(blk + "ffn_down", None)]])
         head = [("output" if "output.weight" in file.tensors else "token_embd", None)]
-        cache = cache_for("gguf", file.path)
-        self._arena = _Arena([self._tensor(stem) for layer in plan for linear in layer for stem, _ in linear]
-                             + [self._tensor(head[0][0])], None if cache is None else cache.get("arena"))
+        stems = [stem for layer in plan for linear in layer for stem, _ in linear] + [head[0][0]]
+        cache = cache_for("gguf" if requantize is None else f"gguf-{self.dtype}", file.path)
+        self._arena = _Arena([self._shape(self._tensor(stem)) for stem in stems],
+                             None if cache is None else cache.get("arena"))
         layers = []
         for i, (qkv, o, gate_up, down) in enumerate(plan):
             blk = f"blk.{i}."
@@ -409,19 +421,24 @@ class GGUFModel:
             assert cache is not None
             cache.prefault()
             return  # the file's pages of the packed tensors were never touched
-        packed = {stem + ".weight" for layer in plan for linear in layer for stem, _ in linear} | {head[0][0] + ".weight"}
-        file.release(sorted(packed - {self.embed.name}))  # the embedding's rows are read from the file
+        file.release(sorted({stem + ".weight" for stem in stems} - {self.embed.name}))  # the embedding's rows are read
         if cache is not None:
             cache.tensor("arena", self._arena.packed)
             cache.save()  # in the background: the next load maps it
 
     def _tensor(self, stem: str) -> Tensor:
-        """The weight of linear `stem` (checked: a type and shape the block kernel multiplies)."""
+        """The weight of linear `stem` (checked: a type and shape the block kernel multiplies, or de-quantises where
+        it requantises)."""
         tensor = self.file.tensors.get(stem + ".weight")
         if tensor is None:
             raise SpecdecError(f"GGUF file {self.file.path.name} has no {stem}.weight")
-        self._check(tensor)
+        if self.requantize is None or tensor.type_id not in (F32, F16):
+            self._check(tensor)
         return tensor
+
+    def _shape(self, tensor: Tensor) -> tuple[int, int, int]:
+        """(type id, rows, columns) of `tensor` as packed: its own type, or the one it is requantised to."""
+        return (tensor.type_id if self.requantize is None else self.requantize, tensor.rows, tensor.columns)
 
     def _check(self, tensor: Tensor) -> None:
         if not kernels.gguf.supported(tensor.type_id) or tensor.columns % BLOCK.get(tensor.type_id, 1 << 30):
@@ -429,28 +446,44 @@ class GGUFModel:
                                f"which the gguf target does not multiply (it takes {', '.join(NAMES.values())}): "
                                "use --dtype int8 or the llama.cpp backend")
 
+    def _blocks(self, tensor: Tensor) -> tuple[int, np.ndarray | torch.Tensor]:
+        """(type id, blocks) of `tensor` as packed: the file's own, or its values requantised (rows in the file's
+        order, a few thousand at a time)."""
+        if self.requantize is None:
+            return tensor.type_id, self.file.blocks(tensor.name)
+        from specdec.backends.int4 import q4_1_blocks
+
+        out = []
+        for lo in range(0, tensor.rows, REQUANTIZE_ROWS):
+            out.append(q4_1_blocks(self.float_rows(tensor, range(lo, min(lo + REQUANTIZE_ROWS, tensor.rows)))))
+        return self.requantize, torch.cat(out)
+
+    def float_rows(self, tensor: Tensor, rows: Sequence[int]) -> torch.Tensor:
+        """Rows `rows` of `tensor` [len(rows), columns] fp32: the file's de-quantised values."""
+        if tensor.type_id in (F32, F16):
+            table = self.file.blocks(tensor.name).view(np.float32 if tensor.type_id == F32 else np.float16)
+            return torch.from_numpy(table.reshape(tensor.rows, -1)[list(rows)].astype(np.float32))
+        return kernels.gguf.rows(tensor.type_id, self.file.blocks(tensor.name), tensor.columns, list(rows))
+
     def _parts(self, names: Sequence[tuple[str, list[int] | None]]) -> Parts:
         """The linears `names` (without ".weight") side by side as one Parts, each packed into the arena in the
         given channel order (its bias, where the file has one, in the same order)."""
         parts = []
         for stem, order in names:
             tensor = self._tensor(stem)
-            packed = self._arena.take(tensor)
+            type_id = self._shape(tensor)[0]
+            packed = self._arena.take(*self._shape(tensor))
             if not self._arena.filled:
-                kernels.gguf.pack(tensor.type_id, self.file.blocks(tensor.name), tensor.rows, tensor.columns, order,
-                                  out=packed)
+                kernels.gguf.pack(*self._blocks(tensor), tensor.rows, tensor.columns, order, out=packed)
             bias = self.file.float_tensor(stem + ".bias") if stem + ".bias" in self.file.tensors else None
             if bias is not None and order is not None:
                 bias = bias[torch.tensor(order)].contiguous()
-            parts.append(Part(packed, tensor.type_id, tensor.rows, bias))
+            parts.append(Part(packed, type_id, tensor.rows, bias))
         return Parts(parts, self._tensor(names[0][0]).columns)
 
     def embedding(self, tokens: Sequence[int]) -> torch.Tensor:
         """The token embedding's rows [n, hidden] fp32: the file's de-quantised values."""
-        if self.embed.type_id in (F32, F16):
-            table = self.file.blocks(self.embed.name).view(np.float32 if self.embed.type_id == F32 else np.float16)
-            return torch.from_numpy(table.reshape(self.embed.rows, -1)[list(tokens)].astype(np.float32))
-        return kernels.gguf.rows(self.embed.type_id, self.file.blocks(self.embed.name), self.hidden, tokens)
+        return self.float_rows(self.embed, tokens)
 
     def nbytes(self) -> int:
         """Bytes of the model in memory: the packed weights' block (the embedding stays in the mapped file)."""
@@ -469,6 +502,9 @@ class GGUFLayers(LayerSet):
     def __init__(self, model: GGUFModel) -> None:
         super().__init__(model.layers, model.head)
         self.model = model
+        self.dtype = model.dtype
+        if model.requantize is not None:
+            self.backend = f"specdec {model.dtype} (gguf kernel)"
         self.table = _gguf_table(model.layers)
         self._kernel_model = LayersModel(
             tensors=self.table.tensors.data_ptr(), scaling=self.table.scaling.data_ptr(),
@@ -539,6 +575,7 @@ class GGUFRunner(LeanRunner):
             eps=float(config.rms_norm_eps), num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
             head_dim=model.head_dim, max_context=max_context or int(config.max_position_embeddings),
             rotary=Rotary(config, model.head_dim), rope_kinds=[None])
+        self.capabilities = replace(self.capabilities, draft_chain=True)
 
     @property
     def model(self) -> Any:
@@ -562,16 +599,39 @@ class GGUFRunner(LeanRunner):
     def embed_tokens(self, tokens: Sequence[int]) -> torch.Tensor:
         return self.gguf.embedding(tokens)
 
+    def draft_greedy(self, feed: Sequence[int], k: int) -> list[int]:
+        """Feed `feed`, then draft k tokens greedily, in one native call (kernels/draft.c; Capabilities.draft_chain):
+        the tokens forward() and an argmax of each last row would give one at a time.  The cache then holds feed
+        and the first k - 1 drafted tokens (the last one is not fed)."""
+        feed = self._check(feed)
+        if k < 1:
+            raise ValueError(f"draft_greedy needs k >= 1, got {k}")
+        start = len(self.tokens)
+        if start + len(feed) + k - 1 > self.max_context:
+            raise SpecdecError(f"context of {start + len(feed) + k - 1} tokens exceeds the model's window of "
+                               f"{self.max_context}")
+        self._reserve(start + len(feed) + k - 1)
+        model = self.gguf
+        table = model.file.blocks(model.embed.name)
+        out = kernels.layers.draft_greedy(
+            self.layer_set._kernel_model, self._addresses, self.capacity * self.head_dim, self._cos[0], self._sin[0],
+            self.final_norm, (model.head.address, len(model.head.parts), model.head.out_features), None,
+            (model.embed.type_id, table.ctypes.data, model.embed.rows), feed, start, k)
+        self.tokens.extend(feed + out[: k - 1])
+        self._hidden = self._tail = None
+        return out
+
     def clone(self) -> GGUFRunner:
         return GGUFRunner(self.gguf, self.max_context, layer_set=self.layer_set)
 
     def identity(self) -> dict[str, Any]:
         from specdec.backends.kernels.build import version
 
-        return {"backend": type(self).__name__, "model": self.gguf.name, "dtype": "gguf", "device": "cpu",
+        return {"backend": type(self).__name__, "model": self.gguf.name, "dtype": self.gguf.dtype, "device": "cpu",
                 "threads": torch.get_num_threads(), "kernel": version()}
 
 
-def load(path: str | Path, name: str = "", max_context: int | None = None) -> GGUFRunner:
-    """A GGUFRunner over the GGUF file at `path` (`name`: what the runner reports as its model, e.g. a zoo name)."""
-    return GGUFRunner(GGUFModel(GGUFFile(path), name), max_context=max_context)
+def load(path: str | Path, name: str = "", max_context: int | None = None, requantize: int | None = None) -> GGUFRunner:
+    """A GGUFRunner over the GGUF file at `path` (`name`: what the runner reports as its model, e.g. a zoo name;
+    requantize: Q4_1 for a draft's weights in 4 bits, see GGUFModel)."""
+    return GGUFRunner(GGUFModel(GGUFFile(path), name, requantize), max_context=max_context)

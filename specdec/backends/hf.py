@@ -63,7 +63,15 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 from specdec.backends import fastlinear
-from specdec.backends.base import Capabilities, Footprint, checked_new_tokens, checked_taps, decoder_footprint, last_hidden
+from specdec.backends.base import (
+    Capabilities,
+    Footprint,
+    checked_new_tokens,
+    checked_taps,
+    decoder_footprint,
+    last_hidden,
+    refused,
+)
 from specdec.backends.modelconfig import (  # what every runner reads of a model (transformers-free there)
     layer_window,
     model_eos_token_ids,
@@ -314,6 +322,10 @@ class HFRunner:
             logits = self._forward(new_tokens, None, attention_mask=mask, position_ids=positions)
         self._tree = (cached, tree)
         return logits
+
+    def draft_greedy(self, feed: Sequence[int], k: int) -> list[int]:
+        """Refused: a transformers model drafts token by token."""
+        raise refused(self, "drafts no chain in one call")
 
     def keep_rows(self, cached: int, rows: Sequence[int]) -> None:
         """After forward_tree over `cached` tokens, keep those and the tree's nodes `rows` (a root-to-node

@@ -84,3 +84,21 @@ class Int4Linear:
             rows = rows.float()
         y = kernels.int4.linear(rows, self.packed, self.scales, self.in_features, self.out_features, self.bias)
         return y.reshape(*shape[:-1], self.out_features)
+
+
+Q4_1_BYTES = 20  # ggml's block_q4_1: fp16 d, fp16 m, 16 bytes of nibbles for 32 columns
+
+
+def q4_1_blocks(weight: torch.Tensor) -> torch.Tensor:
+    """fp32 weight [N, K] (K a multiple of 32) -> the same int4 numbers as quantize_int4 in ggml's Q4_1 blocks,
+    as a GGUF file stores them: uint8 [N, K / 32 * 20], per block d and m (fp16), then byte i holding column i
+    in its low nibble and column i + 16 in its high one (w ~ d * q + m).  What the gguf kernel multiplies
+    (specdec.backends.gguf: a draft requantised to 4 bits)."""
+    n, k = weight.shape
+    if k % GROUP:
+        raise ValueError(f"Q4_1 blocks need a multiple of {GROUP} columns, got {k}")
+    values, scales, mins = quantize_int4(weight)  # [N, K] in 0..15, fp16 [N, K / 32] each
+    q = values.view(n, k // GROUP, GROUP)
+    nibbles = q[:, :, :16] | (q[:, :, 16:] << 4)  # [N, G, 16]
+    head = torch.stack([scales, mins], dim=2).contiguous().view(torch.uint8)  # [N, G, 4]: d, m little-endian
+    return torch.cat([head, nibbles], dim=2).reshape(n, -1)

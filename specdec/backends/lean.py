@@ -105,7 +105,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.backends import kernels
-from specdec.backends.base import Capabilities, Footprint, checked_taps, decoder_footprint, last_hidden
+from specdec.backends.base import Capabilities, Footprint, checked_taps, decoder_footprint, last_hidden, refused
 from specdec.backends.fastlinear import is_fp32_cpu_linear, weight_major_linear
 from specdec.backends.int4 import Int4Linear
 from specdec.backends.kernels.bindings import LayersModel
@@ -869,6 +869,10 @@ class LeanRunner:
         if taps and not self.capabilities.taps:
             raise SpecdecError(f"the {self.describe()} lean runner keeps no intermediate layers' rows")
         self.taps = taps
+
+    def draft_greedy(self, feed: Sequence[int], k: int) -> list[int]:
+        """Refused: the lean runner's layer sets draft token by token (the gguf runner overrides it)."""
+        raise refused(self, "drafts no chain in one call")
 
     def rollback(self, n: int) -> None:
         check_rollback(self._tree, n)

@@ -46,6 +46,7 @@ Choice = tuple[int, int, "torch.Tensor | None"]
 
 DEFAULT_WINDOW: int | None = None  # catch-ups unbounded: the draft reads the whole prompt
 DRAFT_ROOM = 16  # positions kept free in the draft's own context window for the tokens it drafts
+NATIVE_FEED = 64  # a native greedy chain feeds at most this many catch-up tokens itself (more: chunked forwards first)
 
 
 class DraftCache:
@@ -98,7 +99,7 @@ def run_draft_model(
     cache: DraftCache,
     context: Sequence[int],
     k: int,
-    choose: Callable[[torch.Tensor], Choice],
+    choose: Callable[[torch.Tensor], Choice] | None,
     confidence: float | None = None,
 ) -> tuple[list[int], torch.Tensor | None, int]:
     """Sync the draft model's cache with `context` (draft ids), then draft up to k tokens.
@@ -110,6 +111,8 @@ def run_draft_model(
     drafting after a token the draft model gave less than this probability (the draft's own
     softmax; the token is still proposed): an optional early stop, as transformers'
     assistant_confidence_threshold.  Where to stop never changes what verification accepts.
+    choose None: the draft's own greedy chain in one native call (runner.draft_greedy, Capabilities.draft_chain:
+    the argmax of each last row, as a greedy `choose` takes it, with no Python between the drafted tokens).
     """
     runner = cache.runner
     if not context:
@@ -122,6 +125,10 @@ def run_draft_model(
         return [], None, 0
     cache.offset = offset
     runner.rollback(keep)
+    if choose is None:
+        if len(fresh) > NATIVE_FEED:  # a long catch-up in chunks first (bounded memory), then the chain
+            forward_chunked(runner, fresh[:-1], last_n=1)
+        return runner.draft_greedy(fresh[-1:] if len(fresh) > NATIVE_FEED else fresh, k), None, len(fresh)
     logits = forward_chunked(runner, fresh, last_n=1)[-1]  # [V_draft]: a long catch-up in chunks
     proposed: list[int] = []
     qs: list[torch.Tensor] = []
@@ -176,8 +183,16 @@ class ModelDrafter(Drafter):
         token = sample_from(q, self.generator)
         return token, token, q
 
+    def native(self) -> bool:
+        """Whether a proposal is the runner's own greedy chain in one call (run_draft_model's choose None): a greedy
+        draft with no confidence stop, on a runner that drafts so, whose vocabulary is no wider than the target's
+        (padding ids the draft lacks are -inf: an argmax over its own rows is the one over the target's width)."""
+        return (self.params.greedy and self.confidence is None and self.runner.capabilities.draft_chain
+                and self.runner.vocab_size <= self.target_vocab_size)
+
     def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Draft:
-        tokens, q, synced = run_draft_model(self.cache, context, k, self._choose, self.confidence)
+        tokens, q, synced = run_draft_model(self.cache, context, k, None if self.native() else self._choose,
+                                            self.confidence)
         return Draft(tokens, q, synced)
 
     def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int,

@@ -239,7 +239,8 @@ class _Loader:
     def model(self, spec: DraftModel, which: str, exact: bool, dtype: str) -> tuple[Any, PreTrainedTokenizerBase, str]:
         """(model or runner, tokenizer, name) of `spec` on backend `which` in `dtype`; exact: llama.cpp's
         batch-invariant mode (a target's)."""
-        from specdec.runtime.loading import GGUF, INT4, load_gguf, load_hf, load_int4_draft, load_llamacpp
+        from specdec.backends.gguf import Q4_1
+        from specdec.runtime.loading import GGUF, INT4, gguf_runs, load_gguf, load_hf, load_int4_draft, load_llamacpp
 
         if isinstance(spec, tuple):
             model, tok = spec
@@ -248,6 +249,9 @@ class _Loader:
         if which == "llamacpp":
             runner, tok = load_llamacpp(spec, n_ctx=self.n_ctx, exact=exact, progress=self.progress,
                                         n_threads=self.threads)
+            return runner, tok, spec
+        if dtype == INT4 and gguf_runs(spec):  # a GGUF the gguf kernel runs: its weights in Q4_1 blocks there
+            runner, tok = load_gguf(spec, progress=self.progress, requantize=Q4_1)
             return runner, tok, spec
         if dtype == INT4:
             runner, tok = load_int4_draft(spec, progress=self.progress)

@@ -119,9 +119,10 @@ def gguf_runs(spec: str) -> bool:
         return False
 
 
-def load_gguf(spec: str, progress: zoo.Progress | None = None, max_context: int | None = None):
+def load_gguf(spec: str, progress: zoo.Progress | None = None, max_context: int | None = None,
+              requantize: int | None = None):
     """`spec` (a zoo name, pulled on first use, or a .gguf path) as a GGUFRunner over the file's own blocks
-    (specdec.backends.gguf) plus its transformers tokenizer."""
+    (specdec.backends.gguf; requantize: Q4_1 for a draft's weights in 4 bits) plus its transformers tokenizer."""
     from specdec.backends.gguf import load
 
     kind, _ = resolve(spec)
@@ -129,7 +130,8 @@ def load_gguf(spec: str, progress: zoo.Progress | None = None, max_context: int 
         raise SpecdecError(f"--dtype gguf runs a GGUF model (a zoo name or a .gguf file), not '{spec}': "
                            "use --dtype int8")
     path = gguf_file(spec, progress=progress)
-    runner = load(path, name=spec, max_context=max_context)  # first: its pages map in while the tokenizer parses
+    runner = load(path, name=spec, max_context=max_context, requantize=requantize)  # first: its pages map in while
+    # the tokenizer parses
     return runner, load_tokenizer(spec, progress=progress)
 
 

@@ -64,8 +64,19 @@ class GGUFParams(ctypes.Structure):
                 ("m", c_int), ("y", c_void_p), ("ldy", c_int64), ("threads", c_int), ("isa", c_int)]
 
 
+class DraftParams(ctypes.Structure):
+    """sd_draft_params: a draft model's greedy chain of k tokens in one call (draft.c)."""
+
+    _fields_ = [("model", c_void_p), ("caches", c_void_p), ("kv_head", c_int64), ("cos", c_void_p),
+                ("sin", c_void_p), ("final_norm", c_void_p), ("head", c_void_p), ("head_parts", c_int),
+                ("head_rows", c_int), ("head_ids", c_void_p), ("embed_type", c_int), ("embed", c_void_p),
+                ("embed_rows", c_int64), ("threads", c_int), ("feed", c_void_p), ("nfeed", c_int), ("start", c_int),
+                ("k", c_int), ("out", c_void_p)]
+
+
 STRUCTS = {"sd_linear_params": LinearParams, "sd_attention_params": AttentionParams, "sd_layers_model": LayersModel,
-           "sd_layers_rows": LayersRows, "sd_gguf_part": GGUFPart, "sd_gguf_params": GGUFParams}  # the header's name of each
+           "sd_layers_rows": LayersRows, "sd_gguf_part": GGUFPart, "sd_gguf_params": GGUFParams,
+           "sd_draft_params": DraftParams}  # the header's name of each
 
 _ptr, _i32 = c_void_p, c_int
 # Every function the header exports: name -> (result type, argument types).
@@ -89,6 +100,7 @@ SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     "sd_gguf_rows": (c_int, [_i32, _ptr, _i32, _ptr, _i32, _ptr]),
     "sd_gguf_isa": (c_int, []),
     "sd_read_bandwidth": (ctypes.c_double, [c_int64, _i32, _i32, _ptr]),
+    "sd_draft_greedy": (c_int, [POINTER(DraftParams)]),
 }
 
 _lock = threading.Lock()

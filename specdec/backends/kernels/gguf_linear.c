@@ -241,13 +241,27 @@ int sd_gguf_pack(int type, const uint8_t *src, int n, int k, const int32_t *orde
 
 /* ------------------------------------------------------------------ activations
  * Row i of x: xq[i * k ..] int8 in [-127, 127], block scales dx (per BLOCK_K or BLOCK_0 columns), X16 int32 (per
- * 16 columns) and X32 (int32 per 32; for Q4_K's vpdpwssd also as int16 pairs). */
+ * 16 columns) and X32 (int32 per 32; for Q4_K's vpdpwssd also as int16 pairs): what the portable path reads.
+ *
+ * The SIMD paths read the same numbers laid out in panels, one per pass of R_MAX rows (rows 8p .. 8p + 7; rows past
+ * m zero): the 4 columns a lane multiplies at once sit side by side for the pass's rows, so that every
+ * activation a pass reads is at a constant offset from one pointer (qp + 256 s + 32 g + 4 r for the columns
+ * 32 s + 4 g .. + 3 of row r), and the per-block sums and scales are gathered by block and row likewise.  One
+ * pointer a pass, where rows of their own took a register each and spilled (8 rows: 9 pointers live in the loop). */
+#define PANEL (32 * R_MAX) /* bytes of one 32-column slice of a pass's panel */
 typedef struct {
     int8_t *q;
     float *dx;     /* [m, k / block] */
     int32_t *x16;  /* [m, k / 16] */
     int32_t *x32;  /* [m, k / 32] */
     int16_t *x32h; /* [m, k / 32] */
+    /* the panels, P = ceil(m / R_MAX) passes */
+    int8_t *qp;     /* [P, k / 32, 8 groups of 4 columns, R_MAX rows, 4] */
+    float *dxp;     /* [P, k / block, R_MAX] */
+    int32_t *x32p;  /* [P, k / 32, 3, R_MAX]: X32, -16 X32 (Q5_0's offset), -128 X32 (Q8_0's) */
+    int16_t *x32hp; /* [P, k / 256, R_MAX, 8]: Q4_K's minimums' X32 of a block's 8 sub-blocks */
+    int32_t *x16np; /* [P, k / 16, R_MAX]: -32 X16, Q6_K's offset of each 16 columns (AVX-512 VNNI) */
+    int16_t *x16hp; /* [P, k / 256, R_MAX, 16]: X16 of a block's 16 sub-blocks, Q6_K's offsets (AVX2) */
     int k, block;
 } acts_t;
 
@@ -312,6 +326,39 @@ static int has_avx512(void) {
 #endif
 }
 
+/* X16: the sums of q over each 16 columns of a row (n16 of them, an even number). */
+static void sums16_c(const int8_t *q, int n16, int32_t *x16) {
+    for (int j = 0; j < n16; j++) {
+        int32_t s = 0;
+        for (int e = 0; e < 16; e++) s += q[16 * j + e];
+        x16[j] = s;
+    }
+}
+
+#ifdef SD_X86
+/* The same sums, 32 columns a step: pair sums (vpmaddubsw with ones), then sums of 4, then of 16 per 128 bits. */
+__attribute__((target("avx2"))) static void sums16_avx2(const int8_t *q, int n16, int32_t *x16) {
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    for (int j = 0; j < n16; j += 2) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 16 * j));
+        const __m256i fours = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, v), ones16); /* 8 sums of 4 */
+        __m256i h = _mm256_hadd_epi32(fours, fours);
+        h = _mm256_hadd_epi32(h, h); /* each 128-bit half: its 16 columns' sum */
+        x16[j] = _mm256_extract_epi32(h, 0);
+        x16[j + 1] = _mm256_extract_epi32(h, 4);
+    }
+}
+
+static int has_avx2(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = __builtin_cpu_supports("avx2");
+    }
+    return cached;
+}
+#endif
+
 static void quantize_row(const float *x, acts_t *a, int i, int isa) {
     const int k = a->k, nb = k / a->block;
     int8_t *q = a->q + (int64_t)i * k;
@@ -323,33 +370,77 @@ static void quantize_row(const float *x, acts_t *a, int i, int isa) {
 #endif
             a->dx[(int64_t)i * nb + b] = quantize_block_c(x + (int64_t)b * a->block, a->block, q + (int64_t)b * a->block);
     }
-    (void)isa;
-    for (int j = 0; j < k / 16; j++) {
-        int32_t s = 0;
-        for (int e = 0; e < 16; e++) s += q[16 * j + e];
-        a->x16[(int64_t)i * (k / 16) + j] = s;
-    }
+    int32_t *x16 = a->x16 + (int64_t)i * (k / 16);
+#ifdef SD_X86
+    if (isa > ISA_C && has_avx2())
+        sums16_avx2(q, k / 16, x16);
+    else
+#endif
+        sums16_c(q, k / 16, x16);
     for (int j = 0; j < k / 32; j++) {
-        const int32_t s = a->x16[(int64_t)i * (k / 16) + 2 * j] + a->x16[(int64_t)i * (k / 16) + 2 * j + 1];
+        const int32_t s = x16[2 * j] + x16[2 * j + 1];
         a->x32[(int64_t)i * (k / 32) + j] = s;
         a->x32h[(int64_t)i * (k / 32) + j] = (int16_t)s; /* |s| <= 32 * 127 */
     }
 }
 
+/* Row i's numbers into its pass's panels (see acts_t); i >= m: zeros (a last pass's rows past the input). */
+static void panel_row(acts_t *a, int i, int m) {
+    const int k = a->k, nb = k / a->block, p = i / R_MAX, r = i % R_MAX, n32 = k / 32;
+    const int live = i < m;
+    int8_t *qp = a->qp + (int64_t)p * R_MAX * k + 4 * r;
+    const int8_t *q = a->q + (int64_t)i * k;
+    for (int s = 0; s < n32; s++)
+        for (int g = 0; g < 8; g++) {
+            if (live) memcpy(qp + (int64_t)s * PANEL + 32 * g, q + 32 * s + 4 * g, 4);
+            else memset(qp + (int64_t)s * PANEL + 32 * g, 0, 4);
+        }
+    for (int b = 0; b < nb; b++) a->dxp[((int64_t)p * nb + b) * R_MAX + r] = live ? a->dx[(int64_t)i * nb + b] : 0.0f;
+    for (int s = 0; s < n32; s++) {
+        const int32_t x32 = live ? a->x32[(int64_t)i * n32 + s] : 0;
+        int32_t *at = a->x32p + ((int64_t)p * n32 + s) * 3 * R_MAX + r;
+        at[0] = x32;
+        at[R_MAX] = -16 * x32;
+        at[2 * R_MAX] = -128 * x32;
+    }
+    if (a->block != BLOCK_K) return;
+    for (int j = 0; j < k / 16; j++)
+        a->x16np[((int64_t)p * (k / 16) + j) * R_MAX + r] = live ? -32 * a->x16[(int64_t)i * (k / 16) + j] : 0;
+    for (int b = 0; b < k / BLOCK_K; b++) {
+        int16_t *mins = a->x32hp + (((int64_t)p * (k / BLOCK_K) + b) * R_MAX + r) * 8;
+        int16_t *offs = a->x16hp + (((int64_t)p * (k / BLOCK_K) + b) * R_MAX + r) * 16;
+        for (int j = 0; j < 8; j++) mins[j] = live ? a->x32h[(int64_t)i * n32 + 8 * b + j] : 0;
+        for (int j = 0; j < 16; j++) offs[j] = live ? (int16_t)a->x16[(int64_t)i * (k / 16) + 16 * b + j] : 0; /* |X16| <= 2032 */
+    }
+}
+
 /* The activations of m rows in one block of scratch memory (slot 0 for the K types' blocks, 1 for the others). */
 static void *alloc_acts(acts_t *a, int m, int k, int block) {
-    const size_t rows = (size_t)(m > 0 ? m : 1);
-    const size_t qb = (rows * k + 63) / 64 * 64, db = rows * (k / block) * 4, x16 = rows * (k / 16) * 4,
-                 x32 = rows * (k / 32) * 4, x32h = rows * (k / 32) * 2;
-    const size_t total = qb + ((db + 63) / 64 + (x16 + 63) / 64 + (x32 + 63) / 64 + (x32h + 63) / 64 + 1) * 64;
+    const size_t rows = (size_t)(m > 0 ? m : 1), padded = (rows + R_MAX - 1) / R_MAX * R_MAX;
+    const size_t sizes[11] = {rows * k, rows * (k / block) * 4, rows * (k / 16) * 4, rows * (k / 32) * 4,
+                              rows * (k / 32) * 2, padded * k, padded * (k / block) * 4, padded * (k / 32) * 12,
+                              padded * (k / 32) * 2, padded * (k / 16) * 4, padded * (k / 16) * 2};
+    size_t total = 0;
+    for (int i = 0; i < 11; i++) total += (sizes[i] + 63) / 64 * 64;
     uint8_t *block_mem = scratch_take(block == BLOCK_K ? 0 : 1, total);
     if (!block_mem) return NULL;
+    void *at[11];
     uint8_t *p = block_mem;
-    a->q = (int8_t *)p; p += qb;
-    a->dx = (float *)p; p += (db + 63) / 64 * 64;
-    a->x16 = (int32_t *)p; p += (x16 + 63) / 64 * 64;
-    a->x32 = (int32_t *)p; p += (x32 + 63) / 64 * 64;
-    a->x32h = (int16_t *)p;
+    for (int i = 0; i < 11; i++) {
+        at[i] = p;
+        p += (sizes[i] + 63) / 64 * 64;
+    }
+    a->q = at[0];
+    a->dx = at[1];
+    a->x16 = at[2];
+    a->x32 = at[3];
+    a->x32h = at[4];
+    a->qp = at[5];
+    a->dxp = at[6];
+    a->x32p = at[7];
+    a->x32hp = at[8];
+    a->x16np = at[9];
+    a->x16hp = at[10];
     a->k = k;
     a->block = block;
     return block_mem;
@@ -488,9 +579,27 @@ VNNI INLINE __m512i dpbusd_at(__m512i acc, __m512i w, const void *p) {
 #endif
 }
 
+/* S = the sums of w[g]'s unsigned bytes times the 4 activations at x + 32 g (g = 0..7: 32 columns) for one row.
+ * `chains` independent accumulators (1, 2 or 4, a constant once inlined), summed at the end: a pass of one or two
+ * rows would otherwise wait on vpdpbusd's latency (eight in a chain), where many rows interleave their chains.
+ * Integer sums: the order changes no bit. */
+VNNI INLINE __m512i dot32(const __m512i w[8], const int8_t *x, const int chains) {
+    __m512i s[4];
+    for (int c = 0; c < chains; c++) s[c] = _mm512_setzero_si512();
+    for (int g = 0; g < 8; g++) s[g % chains] = dpbusd_at(s[g % chains], w[g], x + 32 * g);
+    for (int c = 1; c < chains; c++) s[0] = _mm512_add_epi32(s[0], s[c]);
+    return s[0];
+}
+#define CHAINS(R) ((R) == 1 ? 4 : (R) <= 3 ? 2 : 1)
+
+/* A pass's panel (see acts_t) for the rows i0 .. i0 + R_MAX - 1. */
+INLINE const int8_t *panel(const acts_t *a, int i0) { return a->qp + (int64_t)(i0 / R_MAX) * R_MAX * a->k; }
+
 /* Q4_K: one group's blocks against rows i0 .. i0 + R - 1 (R a constant once inlined). */
 VNNI INLINE void q4k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, float out[R_MAX][LANES]) {
-    const int k = a->k;
+    const int8_t *xq = panel(a, i0);
+    const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
+    const int16_t *mins = a->x32hp + (int64_t)(i0 / R_MAX) * nb * R_MAX * 8;
     const __m512i low = _mm512_set1_epi8(0x0F);
     __m512 acc[R_MAX];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
@@ -502,6 +611,7 @@ VNNI INLINE void q4k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
         for (int r = 0; r < R; r++) t[r] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
             const uint8_t *qs = blk + 256 + 256 * j;
+            const int8_t *xs = xq + (int64_t)(8 * b + j) * PANEL;
             prefetch_ahead(blk + 288 * j, 320, PF_AHEAD(R)); /* 8 x 288 = 2304: the whole stream, headers included */
             const __m512i sc = _mm512_cvtepu8_epi32(sc8[j]);
             __m512i w[8];
@@ -510,12 +620,7 @@ VNNI INLINE void q4k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
                 w[z] = _mm512_and_si512(v, low);
                 w[z + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
             }
-            for (int r = 0; r < R; r++) {
-                const int8_t *xq = a->q + (int64_t)(i0 + r) * k + (int64_t)b * 256 + 32 * j;
-                __m512i s = _mm512_setzero_si512();
-                for (int g = 0; g < 8; g++) s = dpbusd_at(s, w[g], xq + 4 * g);
-                t[r] = _mm512_add_epi32(t[r], _mm512_mullo_epi32(s, sc));
-            }
+            for (int r = 0; r < R; r++) t[r] = _mm512_add_epi32(t[r], _mm512_mullo_epi32(dot32(w, xs + 4 * r, CHAINS(R)), sc));
         }
         const __m512 d = load_half16(blk), dmin = load_half16(blk + 32);
         __m512i mp[4]; /* lane c: (m_2p, m_2p+1) as two int16 */
@@ -524,10 +629,10 @@ VNNI INLINE void q4k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
             mp[p] = _mm512_cvtepu8_epi16(_mm256_set_m128i(hi, lo));
         }
         for (int r = 0; r < R; r++) {
-            const int16_t *x32 = a->x32h + (int64_t)(i0 + r) * (k / 32) + (int64_t)b * 8;
+            const int16_t *x32 = mins + ((int64_t)b * R_MAX + r) * 8;
             __m512i mm = _mm512_setzero_si512();
             for (int p = 0; p < 4; p++) mm = _mm512_dpwssd_epi32(mm, mp[p], bcast32(x32 + 2 * p));
-            const __m512 dx = _mm512_set1_ps(a->dx[(int64_t)(i0 + r) * (k / 256) + b]);
+            const __m512 dx = _mm512_set1_ps(dxs[b * R_MAX + r]);
             const __m512 v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(t[r])), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mm)));
             acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(dx, v));
         }
@@ -545,8 +650,11 @@ VNNI INLINE __m512i q6_high(__m512i h, int s) {
     }
 }
 
+/* Q6_K: each 16-column sub-block's sum starts at its offset -32 X16 (a broadcast from the panel). */
 VNNI INLINE void q6k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, float out[R_MAX][LANES]) {
-    const int k = a->k;
+    const int8_t *xq = panel(a, i0);
+    const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
+    const int32_t *offs = a->x16np + (int64_t)(i0 / R_MAX) * nb * 16 * R_MAX;
     const __m512i low = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
     __m512 acc[R_MAX];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
@@ -556,6 +664,8 @@ VNNI INLINE void q6k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
         for (int r = 0; r < R; r++) t[r] = _mm512_setzero_si512();
         for (int c = 0; c < 8; c++) {
             const uint8_t *chunk = blk + 288 + 384 * c;
+            const int8_t *xs = xq + (int64_t)(8 * b + c) * PANEL;
+            const int32_t *off = offs + (int64_t)(16 * b + 2 * c) * R_MAX;
             prefetch_ahead(blk + 420 * c, 448, PF_AHEAD(R)); /* 8 x 420 = 3360 */
             const __m512i h0 = _mm512_loadu_si512(chunk + 256), h1 = _mm512_loadu_si512(chunk + 320);
             __m512i w[8];
@@ -568,17 +678,16 @@ VNNI INLINE void q6k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
             const __m512i sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * (2 * c))));
             const __m512i sc1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * (2 * c + 1))));
             for (int r = 0; r < R; r++) {
-                const int8_t *xq = a->q + (int64_t)(i0 + r) * k + (int64_t)b * 256 + 32 * c;
-                const int32_t *x16 = a->x16 + (int64_t)(i0 + r) * (k / 16) + (int64_t)b * 16 + 2 * c;
-                __m512i s0 = _mm512_set1_epi32(-32 * x16[0]), s1 = _mm512_set1_epi32(-32 * x16[1]);
-                for (int g = 0; g < 4; g++) s0 = dpbusd_at(s0, w[g], xq + 4 * g);
-                for (int g = 4; g < 8; g++) s1 = dpbusd_at(s1, w[g], xq + 4 * g);
+                const int8_t *x = xs + 4 * r;
+                __m512i s0 = _mm512_set1_epi32(off[r]), s1 = _mm512_set1_epi32(off[R_MAX + r]);
+                for (int g = 0; g < 4; g++) s0 = dpbusd_at(s0, w[g], x + 32 * g);
+                for (int g = 4; g < 8; g++) s1 = dpbusd_at(s1, w[g], x + 32 * g);
                 t[r] = _mm512_add_epi32(t[r], _mm512_add_epi32(_mm512_mullo_epi32(s0, sc0), _mm512_mullo_epi32(s1, sc1)));
             }
         }
         const __m512 d = load_half16(blk);
         for (int r = 0; r < R; r++) {
-            const __m512 dx = _mm512_set1_ps(a->dx[(int64_t)(i0 + r) * (k / 256) + b]);
+            const __m512 dx = _mm512_set1_ps(dxs[b * R_MAX + r]);
             acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(dx, _mm512_mul_ps(d, _mm512_cvtepi32_ps(t[r]))));
         }
     }
@@ -601,12 +710,17 @@ VNNI INLINE __m512i q5_high(__m512i h, int g) {
 
 VNNI INLINE void q32_vnni(int type, const uint8_t *grp, int nb, const acts_t *a, int i0, const int R,
                           float out[R_MAX][LANES]) {
-    const int k = a->k, gbytes = type == GG_Q5_0 ? 352 : type == GG_Q8_0 ? 544 : 320;
+    const int gbytes = type == GG_Q5_0 ? 352 : type == GG_Q8_0 ? 544 : 320;
+    const int8_t *xq = panel(a, i0);
+    const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
+    const int32_t *x32s = a->x32p + (int64_t)(i0 / R_MAX) * nb * 3 * R_MAX; /* [nb, 3, R_MAX] */
+    const int which = type == GG_Q5_0 ? 1 : type == GG_Q8_0 ? 2 : 0; /* the offset's row of x32p */
     const __m512i low = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
     __m512 acc[R_MAX];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = grp + (int64_t)b * gbytes;
+        const int8_t *xs = xq + (int64_t)b * PANEL;
         prefetch_ahead(blk, gbytes, PF_AHEAD(R));
         __m512i w[8];
         if (type == GG_Q8_0) {
@@ -625,15 +739,13 @@ VNNI INLINE void q32_vnni(int type, const uint8_t *grp, int nb, const acts_t *a,
         }
         const __m512 d = load_half16(blk);
         const __m512 m = type == GG_Q4_1 ? load_half16(blk + 32) : _mm512_setzero_ps();
-        const int32_t offset = type == GG_Q5_0 ? -16 : type == GG_Q8_0 ? -128 : 0;
         for (int r = 0; r < R; r++) {
-            const int8_t *xq = a->q + (int64_t)(i0 + r) * k + (int64_t)b * 32;
-            const int32_t x32 = a->x32[(int64_t)(i0 + r) * (k / 32) + b];
-            __m512i s = _mm512_set1_epi32(offset * x32);
-            for (int g = 0; g < 8; g++) s = dpbusd_at(s, w[g], xq + 4 * g);
-            const __m512 dx = _mm512_set1_ps(a->dx[(int64_t)(i0 + r) * (k / 32) + b]);
+            const int32_t *x32 = x32s + (int64_t)b * 3 * R_MAX + r;
+            __m512i s = dot32(w, xs + 4 * r, CHAINS(R));
+            if (which) s = _mm512_add_epi32(s, _mm512_set1_epi32(x32[which * R_MAX]));
+            const __m512 dx = _mm512_set1_ps(dxs[b * R_MAX + r]);
             __m512 v = _mm512_mul_ps(d, _mm512_cvtepi32_ps(s));
-            if (type == GG_Q4_1) v = _mm512_add_ps(v, _mm512_mul_ps(m, _mm512_set1_ps((float)x32)));
+            if (type == GG_Q4_1) v = _mm512_add_ps(v, _mm512_mul_ps(m, _mm512_set1_ps((float)x32[0])));
             acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(dx, v));
         }
     }
@@ -687,7 +799,10 @@ AVX2F INLINE __m256i pair16_s8(const uint8_t *p) {
 
 AVX2F INLINE void q4k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, int half,
                            float out[R_MAX][LANES]) {
-    const int k = a->k, h32 = 32 * half;
+    const int h32 = 32 * half;
+    const int8_t *xq = panel(a, i0);
+    const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
+    const int16_t *mins = a->x32hp + (int64_t)(i0 / R_MAX) * nb * R_MAX * 8;
     const __m256i low = _mm256_set1_epi8(0x0F);
     __m256 acc[R_MAX];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
@@ -699,6 +814,7 @@ AVX2F INLINE void q4k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
         for (int r = 0; r < R; r++) t[r] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
             const uint8_t *qs = blk + 256 + 256 * j + h32;
+            const int8_t *xs = xq + (int64_t)(8 * b + j) * PANEL;
             const __m256i v32 = _mm256_cvtepu8_epi32(half ? _mm_srli_si128(sc8[j], 8) : sc8[j]);
             const __m256i sc = _mm256_or_si256(v32, _mm256_slli_epi32(v32, 16)); /* each lane's scale twice */
             __m256i w[8];
@@ -708,9 +824,9 @@ AVX2F INLINE void q4k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
                 w[z + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
             }
             for (int r = 0; r < R; r++) {
-                const int8_t *xq = a->q + (int64_t)(i0 + r) * k + (int64_t)b * 256 + 32 * j;
+                const int8_t *x = xs + 4 * r;
                 __m256i p = _mm256_setzero_si256();
-                for (int g = 0; g < 8; g++) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[g], bcast32_8(xq + 4 * g)));
+                for (int g = 0; g < 8; g++) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[g], bcast32_8(x + 32 * g)));
                 /* eight pair sums of 2 * 15 * 127 each stay within s16 */
                 t[r] = _mm256_add_epi32(t[r], _mm256_madd_epi16(p, sc));
             }
@@ -722,10 +838,10 @@ AVX2F INLINE void q4k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
             mp[p] = _mm256_cvtepu8_epi16(pairs);
         }
         for (int r = 0; r < R; r++) {
-            const int16_t *x32 = a->x32h + (int64_t)(i0 + r) * (k / 32) + (int64_t)b * 8;
+            const int16_t *x32 = mins + ((int64_t)b * R_MAX + r) * 8;
             __m256i mm = _mm256_setzero_si256();
             for (int p = 0; p < 4; p++) mm = _mm256_add_epi32(mm, _mm256_madd_epi16(mp[p], bcast32_8(x32 + 2 * p)));
-            const __m256 dx = _mm256_set1_ps(a->dx[(int64_t)(i0 + r) * (k / 256) + b]);
+            const __m256 dx = _mm256_set1_ps(dxs[b * R_MAX + r]);
             const __m256 v = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(t[r])), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mm)));
             acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, v));
         }
@@ -742,9 +858,14 @@ AVX2F INLINE __m256i q6_high8(__m256i h, int s) {
     }
 }
 
+/* Q6_K: T = sum_j sc_j S_j - 32 sum_j sc_j X16_j (the top comment's sum, regrouped: the same integer), the second
+ * sum once a block and row, by vpmaddwd on (sc_2p, sc_2p+1) pairs, rather than a multiply per sub-block. */
 AVX2F INLINE void q6k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, int half,
                            float out[R_MAX][LANES]) {
-    const int k = a->k, h32 = 32 * half;
+    const int h32 = 32 * half;
+    const int8_t *xq = panel(a, i0);
+    const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
+    const int16_t *offs = a->x16hp + (int64_t)(i0 / R_MAX) * nb * R_MAX * 16;
     const __m256i low = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
     __m256 acc[R_MAX];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
@@ -754,6 +875,7 @@ AVX2F INLINE void q6k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
         for (int r = 0; r < R; r++) t[r] = _mm256_setzero_si256();
         for (int c = 0; c < 8; c++) {
             const uint8_t *chunk = blk + 288 + 384 * c + h32;
+            const int8_t *xs = xq + (int64_t)(8 * b + c) * PANEL;
             const __m256i h0 = _mm256_loadu_si256((const __m256i *)(chunk + 256));
             const __m256i h1 = _mm256_loadu_si256((const __m256i *)(chunk + 320));
             __m256i w[8];
@@ -765,31 +887,35 @@ AVX2F INLINE void q6k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
             }
             const __m256i sc0 = pair16_s8(blk + 32 + 16 * (2 * c) + 8 * half);
             const __m256i sc1 = pair16_s8(blk + 32 + 16 * (2 * c + 1) + 8 * half);
-            const __m256i sc0d = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 32 + 16 * (2 * c) + 8 * half)));
-            const __m256i sc1d = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 32 + 16 * (2 * c + 1) + 8 * half)));
             for (int r = 0; r < R; r++) {
-                const int8_t *xq = a->q + (int64_t)(i0 + r) * k + (int64_t)b * 256 + 32 * c;
-                const int32_t *x16 = a->x16 + (int64_t)(i0 + r) * (k / 16) + (int64_t)b * 16 + 2 * c;
+                const int8_t *x = xs + 4 * r;
                 __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
                 /* four pair sums of 2 * 63 * 127 each would pass s16: widen every second one */
                 for (int g = 0; g < 4; g += 2) {
                     p0 = _mm256_add_epi32(p0, _mm256_madd_epi16(_mm256_add_epi16(
-                        _mm256_maddubs_epi16(w[g], bcast32_8(xq + 4 * g)),
-                        _mm256_maddubs_epi16(w[g + 1], bcast32_8(xq + 4 * g + 4))), sc0));
+                        _mm256_maddubs_epi16(w[g], bcast32_8(x + 32 * g)),
+                        _mm256_maddubs_epi16(w[g + 1], bcast32_8(x + 32 * g + 32))), sc0));
                     p1 = _mm256_add_epi32(p1, _mm256_madd_epi16(_mm256_add_epi16(
-                        _mm256_maddubs_epi16(w[g + 4], bcast32_8(xq + 16 + 4 * g)),
-                        _mm256_maddubs_epi16(w[g + 5], bcast32_8(xq + 16 + 4 * g + 4))), sc1));
+                        _mm256_maddubs_epi16(w[g + 4], bcast32_8(x + 32 * g + 128)),
+                        _mm256_maddubs_epi16(w[g + 5], bcast32_8(x + 32 * g + 160))), sc1));
                 }
-                /* minus 32 sc_j X16_j */
-                const __m256i off = _mm256_add_epi32(_mm256_mullo_epi32(sc0d, _mm256_set1_epi32(-32 * x16[0])),
-                                                     _mm256_mullo_epi32(sc1d, _mm256_set1_epi32(-32 * x16[1])));
-                t[r] = _mm256_add_epi32(t[r], _mm256_add_epi32(_mm256_add_epi32(p0, p1), off));
+                t[r] = _mm256_add_epi32(t[r], _mm256_add_epi32(p0, p1));
             }
+        }
+        __m256i sp[8]; /* lane c: (sc_2p, sc_2p+1) as two int16 */
+        for (int p = 0; p < 8; p++) {
+            const __m128i s0 = _mm_loadu_si128((const __m128i *)(blk + 32 + 16 * (2 * p)));
+            const __m128i s1 = _mm_loadu_si128((const __m128i *)(blk + 32 + 16 * (2 * p + 1)));
+            sp[p] = _mm256_cvtepi8_epi16(half ? _mm_unpackhi_epi8(s0, s1) : _mm_unpacklo_epi8(s0, s1));
         }
         const __m256 d = load_half8(blk + 16 * half);
         for (int r = 0; r < R; r++) {
-            const __m256 dx = _mm256_set1_ps(a->dx[(int64_t)(i0 + r) * (k / 256) + b]);
-            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, _mm256_mul_ps(d, _mm256_cvtepi32_ps(t[r]))));
+            const int16_t *x16 = offs + ((int64_t)b * R_MAX + r) * 16;
+            __m256i o = _mm256_setzero_si256();
+            for (int p = 0; p < 8; p++) o = _mm256_add_epi32(o, _mm256_madd_epi16(sp[p], bcast32_8(x16 + 2 * p)));
+            const __m256i tt = _mm256_sub_epi32(t[r], _mm256_slli_epi32(o, 5));
+            const __m256 dx = _mm256_set1_ps(dxs[b * R_MAX + r]);
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, _mm256_mul_ps(d, _mm256_cvtepi32_ps(tt))));
         }
     }
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r] + 8 * half, acc[r]);
@@ -810,13 +936,17 @@ AVX2F INLINE __m256i q5_high8(__m256i h, int g) {
 
 AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, int half,
                            float out[R_MAX][LANES]) {
-    const int k = a->k, h32 = 32 * half, gbytes = type == GG_Q5_0 ? 352 : type == GG_Q8_0 ? 544 : 320;
+    const int h32 = 32 * half, gbytes = type == GG_Q5_0 ? 352 : type == GG_Q8_0 ? 544 : 320;
+    const int8_t *xq = panel(a, i0);
+    const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
+    const int32_t *x32s = a->x32p + (int64_t)(i0 / R_MAX) * nb * 3 * R_MAX; /* [nb, 3, R_MAX] */
     const __m256i low = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
     const __m256i flip = _mm256_set1_epi8((char)0x80);
     __m256 acc[R_MAX];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = grp + (int64_t)b * gbytes;
+        const int8_t *xs = xq + (int64_t)b * PANEL;
         __m256i w[8];
         if (type == GG_Q8_0) {
             for (int g = 0; g < 8; g++) w[g] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 32 + 64 * g + h32)), flip);
@@ -835,11 +965,11 @@ AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a
         const __m256 d = load_half8(blk + 16 * half);
         const __m256 m = type == GG_Q4_1 ? load_half8(blk + 32 + 16 * half) : _mm256_setzero_ps();
         for (int r = 0; r < R; r++) {
-            const int8_t *xq = a->q + (int64_t)(i0 + r) * k + (int64_t)b * 32;
-            const int32_t x32 = a->x32[(int64_t)(i0 + r) * (k / 32) + b];
-            __m256i s = _mm256_set1_epi32(type == GG_Q5_0 ? -16 * x32 : 0);
+            const int8_t *x = xs + 4 * r;
+            const int32_t *x32 = x32s + (int64_t)b * 3 * R_MAX + r;
+            __m256i s = _mm256_set1_epi32(type == GG_Q5_0 ? x32[R_MAX] : 0);
             for (int g = 0; g < 8; g += 2) {
-                const __m256i x0 = bcast32_8(xq + 4 * g), x1 = bcast32_8(xq + 4 * g + 4);
+                const __m256i x0 = bcast32_8(x + 32 * g), x1 = bcast32_8(x + 32 * g + 32);
                 __m256i p;
                 if (type == GG_Q8_0) /* signed quants: |q| (128 for -128, as u8) times sign(q) x */
                     p = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w[g]), _mm256_sign_epi8(x0, w[g])), ones),
@@ -848,9 +978,9 @@ AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a
                     p = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w[g], x0), _mm256_maddubs_epi16(w[g + 1], x1)), ones);
                 s = _mm256_add_epi32(s, p);
             }
-            const __m256 dx = _mm256_set1_ps(a->dx[(int64_t)(i0 + r) * (k / 32) + b]);
+            const __m256 dx = _mm256_set1_ps(dxs[b * R_MAX + r]);
             __m256 v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(s));
-            if (type == GG_Q4_1) v = _mm256_add_ps(v, _mm256_mul_ps(m, _mm256_set1_ps((float)x32)));
+            if (type == GG_Q4_1) v = _mm256_add_ps(v, _mm256_mul_ps(m, _mm256_set1_ps((float)x32[0])));
             acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, v));
         }
     }
@@ -980,9 +1110,11 @@ int sd_gguf_linear(const sd_gguf_params *p) {
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && p->m >= 4)
 #endif
-    for (int i = 0; i < p->m; i++) {
-        if (need[0]) quantize_row(p->x + (int64_t)i * p->ldx, &ak, i, isa);
-        if (need[1]) quantize_row(p->x + (int64_t)i * p->ldx, &a0, i, isa);
+    for (int i = 0; i < (p->m + R_MAX - 1) / R_MAX * R_MAX; i++) { /* every pass's rows: past m, zeros */
+        if (need[0] && i < p->m) quantize_row(p->x + (int64_t)i * p->ldx, &ak, i, isa);
+        if (need[1] && i < p->m) quantize_row(p->x + (int64_t)i * p->ldx, &a0, i, isa);
+        if (need[0] && isa > ISA_C) panel_row(&ak, i, p->m);
+        if (need[1] && isa > ISA_C) panel_row(&a0, i, p->m);
     }
     const acts_t *acts[2] = {&ak, &a0};
     /* units of a few groups each, claimed dynamically; many rows: fewer, larger units */
@@ -1017,8 +1149,16 @@ int sd_gguf_linear(const sd_gguf_params *p) {
 
 /* Dequantise rows of a tensor as the file stores them (row-major blocks; e.g. an embedding's): out[r, :] =
  * W[rows[r], :] as llama.cpp de-quantises it, (d * sc) * q - (dmin * m) for Q4_K, (d * sc) * (q - 32) for Q6_K,
- * d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1.  Returns 0, or -2 for a type it lacks. */
+ * d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1; an F32 or F16 table's rows as they are (widened).
+ * Returns 0, or -2 for a type it lacks. */
 int sd_gguf_rows(int type, const void *blocks, int k, const int64_t *rows, int count, float *out) {
+    if (type == GG_F32 || type == GG_F16) { /* an unquantised table: its rows as they are, widened */
+        for (int r = 0; r < count; r++)
+            for (int j = 0; j < k; j++)
+                out[(int64_t)r * k + j] = type == GG_F32 ? ((const float *)blocks)[rows[r] * k + j]
+                                                         : half_to_float(((const uint16_t *)blocks)[rows[r] * k + j]);
+        return 0;
+    }
     if (!sd_gguf_supported(type) || k % block_columns(type)) return -2;
     const int cols = block_columns(type), nb = k / cols, fbytes = file_block_bytes(type);
     uint8_t v[BLOCK_K];

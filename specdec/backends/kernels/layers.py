@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.backends.kernels.bindings import LayersModel, LayersRows, library
+from specdec.backends.kernels.bindings import DraftParams, LayersModel, LayersRows, library
 
 INT4, GGUF = 0, 1  # LIN_* in specdec_kernels.h: the kernel a model's linears run on
 
@@ -56,3 +56,26 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = torch.empty_like(x)
     library().sd_rms_norm(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), eps, out.data_ptr())
     return out
+
+
+def draft_greedy(model: LayersModel, caches: Sequence[int], kv_head: int, cos: torch.Tensor, sin: torch.Tensor,
+                 final_norm: torch.Tensor, head: tuple[int, int, int], head_ids: torch.Tensor | None,
+                 embed: tuple[int, int, int], feed: Sequence[int], start: int, k: int) -> list[int]:
+    """draft.c's greedy chain: `feed` at positions start.. of one sequence's cache, then k tokens, each the argmax
+    of the head over the last row (the last one not fed).  caches: [layers * 2] addresses of its keys and values;
+    kv_head = capacity * D; cos, sin [capacity, D] fp32 (one rotary table, contiguous); head: (address of its
+    sd_gguf_part array, parts, rows); head_ids: int32 [rows], each row's token (None: the row's index); embed:
+    (ggml type, address, rows) of the token embedding."""
+    addresses = (ctypes.c_int64 * len(caches))(*caches)
+    tokens = (ctypes.c_int32 * len(feed))(*feed)
+    out = (ctypes.c_int32 * k)()
+    params = DraftParams(ctypes.addressof(model), ctypes.addressof(addresses), kv_head, cos.data_ptr(), sin.data_ptr(),
+                         final_norm.data_ptr(), head[0], head[1], head[2],
+                         None if head_ids is None else head_ids.data_ptr(), embed[0], embed[1], embed[2],
+                         torch.get_num_threads(), ctypes.addressof(tokens), len(feed), start, k, ctypes.addressof(out))
+    status = library().sd_draft_greedy(params)
+    if status == -1:
+        raise MemoryError("draft: out of memory")
+    if status != 0:
+        raise ValueError("draft: a token outside the embedding")
+    return list(out)

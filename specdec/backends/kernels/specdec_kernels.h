@@ -50,7 +50,7 @@ int sd_isa4(void);
 /* ------------------------------------------------------------------ GGUF blocks (gguf_linear.c)
  * A linear on a GGUF file's own quantised blocks, repacked 16 output channels side by side (sd_gguf_pack).  The
  * types are ggml's ids. */
-enum { GG_Q4_1 = 3, GG_Q5_0 = 6, GG_Q8_0 = 8, GG_Q4_K = 12, GG_Q6_K = 14 };
+enum { GG_F32 = 0, GG_F16 = 1, GG_Q4_1 = 3, GG_Q5_0 = 6, GG_Q8_0 = 8, GG_Q4_K = 12, GG_Q6_K = 14 };
 
 /* One block of output columns: a packed tensor [n, k] and its bias, written to y's columns col .. col + n - 1. */
 typedef struct {
@@ -77,6 +77,8 @@ int sd_gguf_linear(const sd_gguf_params *p);
 int sd_gguf_pack(int type, const uint8_t *src, int n, int k, const int32_t *order, uint8_t *out, int threads);
 int64_t sd_gguf_packed_bytes(int type, int n, int k);
 int sd_gguf_supported(int type);
+/* Rows of a tensor as a file stores it (row-major blocks, or an F32 / F16 table) in fp32: llama.cpp's de-quantised
+ * values.  Returns 0, or -2 for a type it lacks. */
 int sd_gguf_rows(int type, const void *blocks, int k, const int64_t *rows, int count, float *out);
 int sd_gguf_isa(void);
 
@@ -152,6 +154,31 @@ int sd_layers(const sd_layers_model *model, const sd_layers_rows *rows);
 
 /* out[i] = w * (x[i] / sqrt(mean(x[i]^2) + eps)) for each of m rows of `hidden` (out may be x): the layers' norm. */
 void sd_rms_norm(const float *x, int m, int hidden, const float *w, float eps, float *out);
+
+/* ------------------------------------------------------------------ a draft's greedy chain (draft.c)
+ * A draft model on the GGUF block kernel (LIN_GGUF layers) feeds `feed` (nfeed tokens at positions start..), then
+ * drafts k tokens greedily, each the argmax of the head over the last row, all in one call; the last drafted token
+ * is not fed.  One sequence, one rotary table. */
+typedef struct {
+    const sd_layers_model *model;
+    const int64_t *caches;      /* [layers, 2]: keys, values [kv_heads, capacity, d] */
+    int64_t kv_head;            /* capacity * d */
+    const float *cos, *sin;     /* [capacity, d]: the rotary table from position 0 */
+    const float *final_norm;    /* [hidden] */
+    const sd_gguf_part *head;   /* the head's parts (sd_gguf_linear's), over head_rows tokens */
+    int head_parts, head_rows;
+    const int32_t *head_ids;    /* [head_rows]: each head row's token, or NULL: the row's index */
+    int embed_type;             /* the embedding's ggml type: 0 F32, 1 F16, or a block type sd_gguf_rows reads */
+    const void *embed;
+    int64_t embed_rows;
+    int threads;
+    const int32_t *feed;        /* [nfeed] */
+    int nfeed, start, k;
+    int32_t *out;               /* [k]: the drafted tokens */
+} sd_draft_params;
+
+/* Returns 0, -1 when out of memory or a kernel fails, -2 for a token the embedding lacks or nfeed, k < 1. */
+int sd_draft_greedy(const sd_draft_params *p);
 
 /* ------------------------------------------------------------------ scratch memory (internal, not exported)
  * A call's temporary buffers, kept per thread and slot for the next call (up to SCRATCH_KEEP bytes): a prefill's
