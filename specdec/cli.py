@@ -679,7 +679,7 @@ def profile(
     models: EngineConfig = None,  # type: ignore[assignment]  # the model options (engine_options), no --suffix-memory
     ks: str = typer.Option("1-16", "--ks", help="Numbers of new tokens per target forward to time: a range (1-16) or a list (1,2,4,8)."),
     prefix: int = typer.Option(128, "--prefix", help="Tokens in the cache before each timed forward."),
-    repeats: int = typer.Option(3, "--repeats", help="Timings per k; the median is reported."),
+    repeats: int = typer.Option(3, "--repeats", help="Timings per k (the rounds, where llama-bench runs beside); the median is reported."),
     prefill: str = typer.Option("512,2048", "--prefill", help="Prompt lengths whose prefill tokens/s to measure (a list, or 'none')."),
     roof: bool = typer.Option(True, "--roof/--no-roof", help="Measure the memory's read bandwidth and the one-token step against its roof."),
     llama_bench: bool | None = typer.Option(None, "--llama-bench/--no-llama-bench", help="Time llama.cpp's llama-bench pp1, pp2, pp4, pp8 on the target's GGUF file (same threads, --prefix as its depth) beside t(k), in --repeats rounds alternated with ours (default: where llama-bench is built and the target is a GGUF)."),
