@@ -553,6 +553,7 @@ def bench(
     out: str = typer.Option("bench-out", "--out", help="Output directory: results.jsonl, summary.md, summary.json, PNG plots."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object on stdout."),
     concurrency: str | None = typer.Option(None, "--concurrency", help="Client counts, e.g. 1,2,4,8: run the batched engine under that many concurrent clients and report total tokens/s, latency and mean k per count (methods: plain, specdec, specdec-auto)."),
+    decode_vs_llama_bench: int | None = typer.Option(None, "--decode-vs-llama-bench", help="Time the target's one-token decode instead, beside llama.cpp's llama-bench tg64 on the same GGUF file and threads: N rounds, each --repeats runs of 64 one-token forwards from an empty cache, then llama-bench -p 0 -n 64 -r <repeats>; per-round records, medians and their ratio in --out."),
     startup: int | None = typer.Option(None, "--startup", help="Time start-up instead, N interleaved rounds after a warm-up one: import specdec, --help, generate -n 1 and serve to /health 200 (the run's drafter, and --draft none), beside llama-server plain and with the draft model where it is built; medians in --out's summary.md."),
 ) -> None:
     """Benchmark plain, speculative and transformers' decoding side by side on a prompt set."""
@@ -562,6 +563,12 @@ def bench(
     quiet_libraries()
     if workload is not None and prompts is not None:
         fail("give --prompts or --workload, not both")
+    if decode_vs_llama_bench is not None:
+        if prompts is not None or workload is not None or concurrency is not None or startup is not None:
+            fail("--decode-vs-llama-bench times the target's one-token step: give no --prompts, --workload, "
+                 "--concurrency or --startup")
+        bench_decode(models, decode_vs_llama_bench, repeats, Path(out), as_json)
+        return
     if startup is not None:
         if prompts is not None or workload is not None or concurrency is not None:
             fail("--startup times launches with the run's models: give no --prompts, --workload or --concurrency")
@@ -613,6 +620,26 @@ def bench_startup(models: EngineConfig, rounds: int, out: Path) -> None:
     err.print(f"results in {out}/ (summary.md, summary.json)")
 
 
+def bench_decode(models: EngineConfig, rounds: int, repeats: int, out: Path, as_json: bool) -> None:
+    """bench --decode-vs-llama-bench: specdec.bench.llamabench.run_decode_bench, its summary on stderr (--json:
+    summary.json's object on stdout)."""
+    from specdec.bench.llamabench import run_decode_bench
+
+    progress = PullProgress()
+    try:  # no spinner: the bench's own process stays quiet on the machine it times
+        data = run_decode_bench(models, rounds, repeats, out, tick=lambda what: err.print(f"decode bench: {what}"),
+                                progress=progress)
+    except SpecdecError as e:
+        progress.close()
+        fail(str(e))
+    progress.close()
+    if as_json:
+        print(json.dumps(data, ensure_ascii=False))
+        return
+    err.print((out / "summary.md").read_text(), soft_wrap=True)
+    err.print(f"results in {out}/ (summary.md, summary.json, results.jsonl)")
+
+
 def _parse_ks(text: str) -> list[int]:
     """"1-16" or "1,2,4,8" -> [1, ..]; a SpecdecError for anything else."""
     ks: set[int] = set()
@@ -652,22 +679,25 @@ def profile(
     models: EngineConfig = None,  # type: ignore[assignment]  # the model options (engine_options), no --suffix-memory
     ks: str = typer.Option("1-16", "--ks", help="Numbers of new tokens per target forward to time: a range (1-16) or a list (1,2,4,8)."),
     prefix: int = typer.Option(128, "--prefix", help="Tokens in the cache before each timed forward."),
-    repeats: int = typer.Option(3, "--repeats", help="Timings per k; the median is reported."),
+    repeats: int = typer.Option(3, "--repeats", help="Timings per k (the rounds, where llama-bench runs beside); the median is reported."),
     prefill: str = typer.Option("512,2048", "--prefill", help="Prompt lengths whose prefill tokens/s to measure (a list, or 'none')."),
     roof: bool = typer.Option(True, "--roof/--no-roof", help="Measure the memory's read bandwidth and the one-token step against its roof."),
+    llama_bench: bool | None = typer.Option(None, "--llama-bench/--no-llama-bench", help="Time llama.cpp's llama-bench pp1, pp2, pp4, pp8 on the target's GGUF file (same threads, --prefix as its depth) beside t(k), in --repeats rounds alternated with ours (default: where llama-bench is built and the target is a GGUF)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object {target: {...}, draft: {...}}."),
 ) -> None:
-    """Measure forward costs: the target's t(k) for k new tokens, its one-token step against the memory's roof,
-    its prefill speed, and the draft's cost per drafted token."""
+    """Measure forward costs: the target's t(k) for k new tokens (beside llama-bench's where it is built), its
+    one-token step against the memory's roof, its prefill speed, and the draft's cost per drafted token."""
+    from specdec.bench.llamabench import profile_file
     from specdec.runtime.head_cost import split_head_spec
 
     quiet_libraries()
     progress = PullProgress()
     try:
         k_values, lengths = profile_plan(ks, prefill, prefix, repeats, models.threads)
+        peer = profile_file(models.target, llama_bench, progress)
         draft_spec, _ = split_head_spec(models.draft)  # a head is timed below
         engine = load_engine(dataclasses.replace(models, draft=draft_spec), progress)
-        found = measure_profile(engine, models, draft_spec, k_values, lengths, prefix, repeats, roof)
+        found = measure_profile(engine, models, draft_spec, k_values, lengths, prefix, repeats, roof, peer)
     except (SpecdecError, ValueError) as e:
         progress.close()
         fail(str(e))
@@ -700,14 +730,17 @@ class Profiled:
     head: dict[str, Any] | None  # the draft head's report (specdec.runtime.head_cost.profile_head)
     cpu: str
     out: dict
+    beside: Any = None  # specdec.bench.llamabench.ForwardsBeside: llama-bench's pp(k) in the same rounds, or None
 
 
 def measure_profile(engine: Any, models: EngineConfig, draft_spec: str | None, k_values: list[int], lengths: list[int],
-                    prefix: int, repeats: int, roof: bool) -> Profiled:
-    """profile's measurements on the loaded `engine` (`models`: its options; `draft_spec`: the draft model timed),
-    each under a status line; the controller's cached step costs renewed last."""
+                    prefix: int, repeats: int, roof: bool, peer: Path | None = None) -> Profiled:
+    """profile's measurements on the loaded `engine` (`models`: its options; `draft_spec`: the draft model timed;
+    `peer`: the GGUF file llama-bench times beside t(k), or None), each under a status line; the controller's
+    cached step costs renewed last."""
     import torch
 
+    from specdec.bench.llamabench import forwards_beside, peer_ks
     from specdec.machine import cpu_description
     from specdec.runtime.head_cost import profile_head
     from specdec.runtime.profile import measure_drafting, measure_forwards, measure_prefill, measure_roof
@@ -721,10 +754,20 @@ def measure_profile(engine: Any, models: EngineConfig, draft_spec: str | None, k
                 "cpu": cpu,
                 "batch_invariant": runner.capabilities.batch_invariant}
 
-    with status(f"timing {target}: k = {k_values[0]}..{k_values[-1]}, {repeats} repeats"):
-        table = measure_forwards(engine.target_runner, k_values, prefix=prefix, repeats=repeats)
+    beside = None
+    if peer is None:
+        with status(f"timing {target}: k = {k_values[0]}..{k_values[-1]}, {repeats} repeats"):
+            table = measure_forwards(engine.target_runner, k_values, prefix=prefix, repeats=repeats)
+    else:
+        threads = engine.target_runner.identity()["threads"] or torch.get_num_threads()
+        with status(f"timing {target}: k = {k_values[0]}..{k_values[-1]}, then llama-bench's pp"
+                    f"{','.join(map(str, peer_ks(k_values)))}, {repeats} rounds"):
+            beside = forwards_beside(engine.target_runner, peer, k_values, prefix, repeats, threads)
+        table = beside.table()
     table.info = describe(engine.target_runner, target, models.backend, engine.dtype)
     out: dict = {"target": table.to_dict()}
+    if beside is not None:
+        out["target"]["llama_bench"] = beside.to_dict()
     roof_found = None
     if roof:
         with status("measuring the read bandwidth and the one-token step"):
@@ -755,25 +798,31 @@ def measure_profile(engine: Any, models: EngineConfig, draft_spec: str | None, k
 
         step_costs(engine.target_runner, engine.draft_runner, MAX_AUTO_K, lookup=engine.copies,
                    cache_dir=home() / "profiles", renew=True)
-    return Profiled(table, roof_found, rates, draft_ms, head, cpu, out)
+    return Profiled(table, roof_found, rates, draft_ms, head, cpu, out, beside)
 
 
 def print_profile(found: Profiled, target: str, draft_spec: str | None) -> None:
     """profile's tables and lines on stdout."""
     from rich.table import Table
 
-    table, draft_ms, head = found.table, found.draft_ms, found.head
+    table, draft_ms, head, beside = found.table, found.draft_ms, found.head, found.beside
     t1 = table.ms[min(table.ms)]
+    peer_ms, peer_ratio = (beside.peer_ms(), beside.peer_ratio()) if beside is not None else ({}, {})
     title = f"{target} ({table.info['backend']}, {table.info['dtype']}, {table.info['threads']} threads) on {found.cpu}"
-    grid = Table("k", "ms per forward", "t(k) / t(1)", *(["break-even tokens/step"] if draft_ms is not None else []),
-                 title=title)
+    grid = Table("k", "ms per forward", "t(k) / t(1)",
+                 *(["llama-bench ms", "llama-bench t(k) / t(1)"] if peer_ms else []),
+                 *(["break-even tokens/step"] if draft_ms is not None else []), title=title)
     for k, ms in sorted(table.ms.items()):
         row = [str(k), f"{ms:.1f}", f"{ms / t1:.2f}"]
+        if peer_ms:
+            row += [f"{peer_ms[k]:.1f}", f"{peer_ratio[k]:.2f}"] if k in peer_ms else ["-", "-"]
         if draft_ms is not None:
             # a step drafting k-1 tokens and verifying k must emit this many tokens to match plain decoding
             row.append(f"{((k - 1) * draft_ms + ms) / t1:.2f}" if k > 1 else "-")
         grid.add_row(*row)
     Console().print(grid)
+    if beside is not None:
+        Console().print(beside_line(beside), markup=False, highlight=False, soft_wrap=True)
     if found.roof is not None:
         Console().print(f"roof: {found.roof.line()}")
     if found.rates:
@@ -784,6 +833,16 @@ def print_profile(found: Profiled, target: str, draft_spec: str | None) -> None:
         Console().print(f"draft head {head['directory']} ({head['head']}, {head['draft_vocab']} draft tokens): "
                         f"{head['ms_per_token']:.2f} ms per drafted token ({head['ratio']:.3f} of the target's "
                         f"one-token step, {head['target_step_ms']:.1f} ms)")
+
+
+def beside_line(beside: Any) -> str:
+    """The line under profile's table on llama-bench's columns: what ran, how, or why it did not."""
+    rounds = max(len(v) for v in beside.ours.values())
+    if beside.error is not None and not beside.peer_ms():
+        return f"llama-bench: {beside.error}"
+    line = (f"llama-bench (build {beside.build or '?'}, the same file, {beside.threads} threads, depth {beside.prefix}): "
+            f"`{beside.command}`, {rounds} rounds, each after ours; medians")
+    return line + (f" (then it failed: {beside.error})" if beside.error else "")
 
 
 @app.command()

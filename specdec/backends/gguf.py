@@ -228,6 +228,26 @@ class GGUFFile:
                 except (OSError, ValueError):
                     return
 
+    def weight_types(self) -> str:
+        """The types of the file's weight matrices by their share of its weight bytes, and the output head's:
+        "Q5_0 55%, Q8_0 30%, Q6_K 9%, Q4_K 6% of the weight bytes; output head Q8_0" (a tied head is the
+        embedding: "output head Q5_0, the embedding's").  What a file name's "Q4_K_M" leaves out: a quantiser
+        mixes types, and which one the head (a seventh of a small model) has moves a step's cost."""
+        shares: dict[str, int] = {}
+        for tensor in self.tensors.values():
+            if len(tensor.shape) > 1:  # matrices: norms and biases are a vector each
+                name = _type_name(tensor.type_id)
+                shares[name] = shares.get(name, 0) + max(0, tensor.nbytes())
+        total = sum(shares.values()) or 1
+        ranked = sorted(shares.items(), key=lambda item: -item[1])
+        line = ", ".join(f"{name} {size / total:.0%}" for name, size in ranked) + " of the weight bytes"
+        head = self.tensors.get("output.weight")
+        tied = head is None
+        head = head or self.tensors.get("token_embd.weight")
+        if head is None:
+            return line
+        return f"{line}; output head {_type_name(head.type_id)}" + (", the embedding's" if tied else "")
+
     def float_tensor(self, name: str) -> torch.Tensor:
         """An F32 or F16 tensor (a norm's weight, a bias) as an fp32 torch tensor of its own."""
         tensor = self.tensors[name]

@@ -14,8 +14,8 @@ chat template) through its ``/completion`` endpoint, one request at a time, as a
   ``timings`` (``prompt_ms``), drafted and accepted tokens from ``draft_n`` / ``draft_n_accepted``.
 
 The binaries come from ``scripts/install-llamacpp.sh --server`` (built from the llama.cpp tree that
-llama-cpp-python vendors, into ``$SPECDEC_HOME/bin``) or from PATH.  ``llama-bench`` gives the target
-file's pp512 / tg64 for the summary's machine block.
+llama-cpp-python vendors, into ``$SPECDEC_HOME/bin``) or from PATH.  ``llama-bench`` is run by
+:mod:`specdec.bench.llamabench`, never beside a server started here (:func:`running`).
 """
 
 from __future__ import annotations
@@ -109,6 +109,26 @@ def wait_healthy(process: subprocess.Popen, url: str, timeout_s: float, poll_s: 
     raise SpecdecError(f"{name} was not ready after {timeout_s:.0f} s: {log() or 'no output'}")
 
 
+# The processes a bench started with spawn() and has not stopped: llama-bench times the machine only once
+# none runs (specdec.bench.llamabench), as an idle llama-server still holds its threads' memory and wakes.
+_STARTED: dict[int, tuple[subprocess.Popen, str]] = {}  # pid -> (the process, its binary's name)
+
+
+def spawn(command: Sequence[str], **options: Any) -> subprocess.Popen:
+    """subprocess.Popen(command, **options), kept among the processes started (running()) until stop()."""
+    process = subprocess.Popen(list(command), **options)
+    _STARTED[process.pid] = (process, Path(command[0]).name)
+    return process
+
+
+def running() -> list[str]:
+    """The names of the processes spawn() started that have not ended (stopped or not)."""
+    for pid, (process, _) in list(_STARTED.items()):
+        if process.poll() is not None:
+            del _STARTED[pid]
+    return [name for _, name in _STARTED.values()]
+
+
 def stop(process: subprocess.Popen, timeout_s: float = 15) -> None:
     """Terminate `process` if it still runs, killed where it has not ended after `timeout_s`."""
     if process.poll() is None:
@@ -118,6 +138,7 @@ def stop(process: subprocess.Popen, timeout_s: float = 15) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+    _STARTED.pop(process.pid, None)
 
 
 class LlamaServer:
@@ -129,7 +150,7 @@ class LlamaServer:
         self.args = [*args, "--host", "127.0.0.1", "--port", str(self.port)]
         self.command = [str(binary), *self.args]
         self.log = tempfile.NamedTemporaryFile("w+", prefix="llama-server-", suffix=".log", delete=False)  # noqa: SIM115
-        self.process: subprocess.Popen[bytes] | None = subprocess.Popen(
+        self.process: subprocess.Popen[bytes] | None = spawn(
             self.command, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             self._wait_ready(start_timeout_s)
@@ -176,28 +197,3 @@ class LlamaServer:
         self.log.close()
         Path(self.log.name).unlink(missing_ok=True)
 
-
-def run_llama_bench(model: Path, threads: int, prompt: int = 512, generate: int = 64, repeats: int = 3,
-                    timeout_s: float = 600.0) -> dict[str, float]:
-    """llama-bench's pp<prompt> and tg<generate> (tokens/s, its mean over `repeats`) for `model` at `threads`:
-    {"pp512": ..., "tg64": ..., "command": "..."}; a SpecdecError (one line) when it is missing or fails."""
-    binary = require_tool(BENCH)
-    args = ["-m", str(model), "-t", str(threads), "-p", str(prompt), "-n", str(generate), "-r", str(repeats), "-o", "json"]
-    try:
-        done = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise SpecdecError(f"{BENCH} took more than {timeout_s:.0f} s") from None
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise SpecdecError(f"{BENCH} failed ({done.returncode}): {tail[:300]}")
-    try:
-        rows = json.loads(done.stdout)
-    except json.JSONDecodeError:
-        raise SpecdecError(f"{BENCH} printed no JSON") from None
-    out: dict[str, Any] = {"command": shlex.join([BENCH, *args[:1], model.name, *args[2:]])}
-    for row in rows:
-        if row.get("n_prompt") and not row.get("n_gen"):
-            out[f"pp{row['n_prompt']}"] = float(row["avg_ts"])
-        elif row.get("n_gen") and not row.get("n_prompt"):
-            out[f"tg{row['n_gen']}"] = float(row["avg_ts"])
-    return out

@@ -176,6 +176,16 @@ def repeats_note(summary: Summary, meta: dict[str, Any]) -> list[str]:
             "(geometric mean over the prompts), seed by seed: " + "; ".join(cells) + "."]
 
 
+DRAFT_SIDES = {"specdec": "specdec's draft model", "llama-server": "llama-server-draft's draft model"}
+
+
+def draft_files_note(meta: dict[str, Any]) -> list[str]:
+    """A line per side that drafted with a model: its file, the file's types, and how that side ran it
+    (runner.draft_files); nothing where no side did."""
+    files = meta.get("draft_files") or {}
+    return [f"- {DRAFT_SIDES.get(side, side)}: {what}" for side, what in files.items()]
+
+
 def inputs_note(m: dict[str, Any]) -> str:
     """The summary's line on what ran: the prompt set, or the workload's sessions and turns."""
     how = (f"{'chat template' if m.get('chat') else 'raw text'}, {m.get('repeats')} repeat(s) (median), "
@@ -215,7 +225,8 @@ def peers_note(meta: dict[str, Any]) -> list[str]:
                 if "error" not in bench else f"llama-bench: {bench['error']}")
         lines += ["", f"Machine: {peer}; specdec's target ({ours.get('dtype')}): t(1) {fmt(ours.get('t1_ms'), '.1f')} ms "
                   f"({fmt(ours.get('tg_tokens_per_s'), '.1f')} tok/s), prefill at 512 tokens "
-                  f"{fmt(ours.get('pp512_tokens_per_s'), '.1f')} tok/s (specdec.runtime.profile, after the run)."]
+                  f"{fmt(ours.get('pp512_tokens_per_s'), '.1f')} tok/s (specdec.runtime.profile); both after the run, "
+                  "its servers stopped."]
     return lines
 
 
@@ -228,6 +239,7 @@ def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str
         f"{backend_note(m.get('draft_backend'))}, dtype {m.get('dtype')}{draft_dtype_note(m)}, "
         f"{decoding_note(m.get('sampling'), m.get('repeats') or 1)}, "
         f"max {m.get('max_new_tokens')} new tokens, γ {', '.join(map(str, m.get('gammas', [])))}",
+        *draft_files_note(m),
         inputs_note(m),
         f"- {m.get('device', 'cpu')} ({m.get('cpu') or m.get('processor')}, {m.get('torch_threads')} torch threads), "
         f"torch {m.get('torch')}, transformers {m.get('transformers')}, {m.get('date_utc')} UTC",

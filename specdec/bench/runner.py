@@ -190,12 +190,22 @@ def run_bench(
         if console is not None:
             console.print(escape(f"{name}: not run: {why}"))
     try:
-        return _run_methods(options, engine, methods, encoded, plan.sessions, units, plan.sampling, plan.gammas,
-                            plan.draft_backend if plan.draft_model is not None else None, target_gguf, skipped,
-                            plan.out, console)
+        summary, meta, records = _run_methods(options, engine, methods, encoded, plan.sessions, units, plan.sampling,
+                                              plan.gammas, plan.draft_backend if plan.draft_model is not None else None,
+                                              skipped, plan.out, console)
     finally:
         for m in methods:
             m.close()
+    # Every server of the run is stopped before llama-bench times the machine (llamabench.run refuses otherwise).
+    if target_gguf is not None and meta.get("servers"):
+        meta["machine_bench"] = machine_bench(engine, target_gguf, options.engine.threads, console)
+    files = draft_files(plan.draft_model, meta["draft_backend"], engine.draft_dtype,
+                        draft_gguf if any(getattr(m, "family", "") == "llama-server-draft" for m in methods) else None)
+    if files:
+        meta["draft_files"] = files
+    from specdec.bench import report
+
+    return report.write_all(summary, meta, plan.out, records)
 
 
 @dataclass
@@ -317,11 +327,11 @@ def _bench_units(options: BenchOptions, engine: Any, plan: _BenchPlan) -> tuple[
 
 def _run_methods(options: BenchOptions, engine: Any, methods: list[Any], encoded: list[tuple[Prompt, list[int]]],
                  sessions: list[Any], units: list[Any], sampling: Any, gammas: list[int], draft_backend: str | None,
-                 target_gguf: Path | None, skipped: dict[str, str], out: Path, console: Any) -> dict[str, Any]:
-    """run_bench's timed part: every method over the prompts (or sessions), then the summary."""
+                 skipped: dict[str, str], out: Path, console: Any) -> tuple[Any, dict[str, Any], list[Record]]:
+    """run_bench's timed part: every method over the prompts (or sessions); (the summary, the run's meta, the
+    records), results.jsonl written as they come."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from specdec.bench import report
     from specdec.bench.workloads import parse_workloads
 
     out.mkdir(parents=True, exist_ok=True)
@@ -386,15 +396,13 @@ def _run_methods(options: BenchOptions, engine: Any, methods: list[Any], encoded
         meta["skipped"] = skipped
         if sampling.greedy:
             meta["servers_identical"] = identical_share(records, reference=SERVER, family=SERVER)
-    if target_gguf is not None and servers:
-        meta["machine_bench"] = machine_bench(engine, target_gguf, options.engine.threads, console)
     if options.workload is not None:
         meta["workload"] = parse_workloads(options.workload)
         meta["sessions_per_category"] = {c: sum(s.category == c for s in sessions) for c in summary.categories}
         meta["across_sessions"] = options.across_sessions
     if options.engine.device != "cpu":
         meta["device"] = f"{options.engine.device}: {meta['device']}"
-    return report.write_all(summary, meta, out, records)
+    return summary, meta, records
 
 
 def llama_server_can_run(target: str) -> bool:
@@ -425,11 +433,11 @@ def server_files(families: Sequence[str], target: str, draft_model: str | None,
 
 def machine_bench(engine: Any, target_gguf: Path, threads: int | None, console: Any = None) -> dict[str, Any]:
     """The machine block beside llama-server's rows: llama-bench's pp512 / tg64 on the target's file and
-    our target's one-token step t(1) and prefill at 512 tokens (specdec.runtime.profile), measured after the run;
-    a one-line "error" where llama-bench is missing or fails."""
+    our target's one-token step t(1) and prefill at 512 tokens (specdec.runtime.profile), measured after the run
+    with its servers stopped; a one-line "error" where llama-bench is missing or fails."""
     import torch
 
-    from specdec.bench.llamaserver import run_llama_bench
+    from specdec.bench.llamabench import run_llama_bench
     from specdec.runtime.profile import measure_forwards, measure_prefill
 
     threads = threads or torch.get_num_threads()
@@ -445,6 +453,34 @@ def machine_bench(engine: Any, target_gguf: Path, threads: int | None, console: 
     block["specdec"] = {"dtype": engine.dtype, "t1_ms": t1, "tg_tokens_per_s": 1000.0 / t1,
                         "pp512_tokens_per_s": measure_prefill(runner, (512,), repeats=2).get(512)}
     return block
+
+
+# How specdec runs a draft model, by (its backend, its dtype as the engine reports it): the summary's words.
+DRAFT_FORMATS = {("llamacpp", "gguf"): "run as is by llama.cpp (llama-cpp-python)",
+                 ("hf", "gguf"): "its own blocks on specdec's gguf kernels",
+                 ("hf", "int4"): "requantised at load to specdec's int4 (group-wise, from its int8 copy)",
+                 ("hf", "int8"): "quantised at load to specdec's int8 (a scale per output channel)"}
+
+
+def draft_files(draft_model: str | None, draft_backend: str | None, draft_dtype: str | None,
+                server_draft: Path | None) -> dict[str, str]:
+    """What each side drafted with: {"specdec": the run's draft model, its file and how specdec runs it,
+    "llama-server": the file llama-server-draft's -md loaded and its types}, each where there was one."""
+    from specdec.backends.gguf import GGUFFile
+    from specdec.runtime.loading import gguf_file, resolve
+
+    found: dict[str, str] = {}
+    if draft_model is not None:
+        how = DRAFT_FORMATS.get((draft_backend or "hf", draft_dtype or ""))
+        if resolve(draft_model)[0] in ("zoo", "gguf"):
+            path = gguf_file(draft_model)
+            how = how or f"de-quantised at load to {draft_dtype} for transformers"
+            found["specdec"] = f"{path} ({GGUFFile(path).weight_types()}), {how}"
+        else:
+            found["specdec"] = f"{draft_model}, {how or f'{draft_dtype} in transformers'}"
+    if server_draft is not None:
+        found["llama-server"] = f"{server_draft} ({GGUFFile(server_draft).weight_types()}), loaded as is (-md)"
+    return found
 
 
 CONCURRENCY_METHODS = ("plain", "specdec", "specdec-auto")

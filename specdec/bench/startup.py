@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from specdec.bench.llamaserver import SERVER, find_tool, free_port, last_words, stop, wait_healthy
+from specdec.bench.llamaserver import SERVER, find_tool, free_port, last_words, spawn, stop, wait_healthy
 from specdec.engine_config import EngineConfig, command_line
 from specdec.errors import SpecdecError
 
@@ -106,8 +106,8 @@ def time_case(case: Case, timeout_s: float = TIMEOUT_S) -> float:
             return last_words(log.read())
 
         start = time.perf_counter()
-        process = subprocess.Popen([*case.command, *case.port_flags, str(port)], stdin=subprocess.DEVNULL,
-                                   stdout=log, stderr=subprocess.STDOUT)
+        process = spawn([*case.command, *case.port_flags, str(port)], stdin=subprocess.DEVNULL, stdout=log,
+                        stderr=subprocess.STDOUT)
         try:
             wait_healthy(process, f"http://127.0.0.1:{port}", timeout_s, POLL_S, f"start-up case '{case.name}'", said)
             return time.perf_counter() - start

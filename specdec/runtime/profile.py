@@ -88,21 +88,21 @@ def measure_forwards(
     return CostTable({k: 1000 * stat(v) for k, v in times.items()}, prefix, repeats)
 
 
-def measure_drafting(
+def decode_runs(
     runner: ModelRunner,
     tokens: int = 16,
     prefix: int = 128,
     repeats: int = 3,
     clock: Callable[[], float] = time.perf_counter,
-) -> float:
-    """ms per drafted token: `tokens` one-token forwards in a row after `prefix` cached tokens, the
-    fastest of `repeats` runs.  The fastest, not the median: what else the machine does only ever slows
-    a run, and a drafter priced too high is never tried, so its cost would never be corrected online (a
-    median of two runs once priced a draft at 1.6 times what it cost in the loop: BENCHMARKS.md)."""
-    if prefix + tokens > runner.max_context:
-        raise ValueError(f"a prefix of {prefix} and {tokens} draft tokens do not fit a window of {runner.max_context}")
+) -> list[float]:
+    """ms per token of each of `repeats` runs of `tokens` one-token forwards in a row after `prefix` cached
+    tokens (0: from an empty cache, as llama-bench's tg<tokens> decodes), rolled back after each run; one
+    forward before them is not timed (first calls allocate)."""
+    if prefix < 0 or prefix + tokens > runner.max_context:
+        raise ValueError(f"a prefix of {prefix} and {tokens} one-token steps do not fit a window of {runner.max_context}")
     runner.reset()
-    runner.forward(_tokens(runner.vocab_size, prefix, seed=3), last_n=1)
+    if prefix:
+        runner.forward(_tokens(runner.vocab_size, prefix, seed=3), last_n=1)
     new = _tokens(runner.vocab_size, tokens, seed=4)
     runner.forward(new[:1])  # warm-up
     runner.rollback(prefix)
@@ -111,10 +111,24 @@ def measure_drafting(
         start = clock()
         for t in new:
             runner.forward([t])
-        per_token.append((clock() - start) / tokens)
+        per_token.append(1000 * (clock() - start) / tokens)
         runner.rollback(prefix)
     runner.reset()
-    return 1000 * min(per_token)
+    return per_token
+
+
+def measure_drafting(
+    runner: ModelRunner,
+    tokens: int = 16,
+    prefix: int = 128,
+    repeats: int = 3,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
+    """ms per drafted token: `tokens` one-token forwards in a row after `prefix` cached tokens, the
+    fastest of `repeats` runs (decode_runs).  The fastest, not the median: what else the machine does only
+    ever slows a run, and a drafter priced too high is never tried, so its cost would never be corrected
+    online (a median of two runs once priced a draft at 1.6 times what it cost in the loop: BENCHMARKS.md)."""
+    return min(decode_runs(runner, tokens, prefix, repeats, clock))
 
 
 def step_bytes(runner: ModelRunner) -> int | None:

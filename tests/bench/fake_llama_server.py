@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 
 
 def main() -> None:
@@ -15,6 +16,9 @@ def main() -> None:
     if os.environ.get("FAKE_LLAMA_SERVER_MODE") == "fail":
         print("llama_model_load: error loading model: tensor 'blk.0' has wrong shape", flush=True)
         sys.exit(1)
+    pids = os.environ.get("FAKE_LLAMA_SERVER_PIDS")
+    if pids:
+        (Path(pids) / str(os.getpid())).touch()
     port = int(args[args.index("--port") + 1])
     drafting = "-md" in args or "--spec-type" in args
     log = os.environ.get("FAKE_LLAMA_SERVER_LOG")
