@@ -458,7 +458,9 @@ def machine_bench(engine: Any, target_gguf: Path, threads: int | None, console: 
 # How specdec runs a draft model, by (its backend, its dtype as the engine reports it): the summary's words.
 DRAFT_FORMATS = {("llamacpp", "gguf"): "run as is by llama.cpp (llama-cpp-python)",
                  ("hf", "gguf"): "its own blocks on specdec's gguf kernels",
-                 ("hf", "int4"): "requantised at load to specdec's int4 (group-wise, from its int8 copy)",
+                 ("hf", "int4"): ("requantised at load to specdec's int4 (4 bits, an fp16 scale and minimum per 32 "
+                                  "columns: Q4_1 blocks on the gguf kernel for a llama / qwen2 / mistral GGUF, the "
+                                  "int4 kernel from its int8 copy otherwise)"),
                  ("hf", "int8"): "quantised at load to specdec's int8 (a scale per output channel)"}
 
 
