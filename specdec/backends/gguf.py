@@ -501,6 +501,18 @@ class GGUFModel:
             parts.append(Part(packed, type_id, tensor.rows, bias))
         return Parts(parts, self._tensor(names[0][0]).columns)
 
+    def head_rows(self, ids: Sequence[int]) -> Parts:
+        """The output head restricted to vocabulary ids `ids` (its rows, packed anew in that order: a draft's head
+        over a trimmed vocabulary, FR-Spec): logit j of a row is bitwise the full head's logit ids[j] (the kernel
+        computes each output channel from its own weights and the row)."""
+        stem = "output" if "output.weight" in self.file.tensors else "token_embd"
+        tensor = self._tensor(stem)
+        type_id, rows, columns = self._shape(tensor)
+        order = [int(i) for i in ids]
+        packed = torch.empty(kernels.gguf.packed_bytes(type_id, len(order), columns), dtype=torch.uint8)
+        kernels.gguf.pack(*self._blocks(tensor), rows, columns, order, out=packed)
+        return Parts([Part(packed, type_id, len(order))], columns)
+
     def embedding(self, tokens: Sequence[int]) -> torch.Tensor:
         """The token embedding's rows [n, hidden] fp32: the file's de-quantised values."""
         return self.float_rows(self.embed, tokens)

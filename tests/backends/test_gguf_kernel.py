@@ -128,5 +128,10 @@ def test_a_channel_order_is_the_files_rows_in_that_order():
     permuted = gguf.Parts([gguf.Part(gguf.pack(Q4_K, raw, n, k, order), Q4_K, n)], k)(x)
     reordered = gguf.Parts([gguf.Part(gguf.pack(Q4_K, raw[order], n, k), Q4_K, n)], k)(x)
     assert torch.equal(permuted, reordered)
-    with pytest.raises(ValueError, match="permutation"):
-        gguf.pack(Q4_K, raw, n, k, [0] * n)
+    some = [31, 2, 17, 0, 39, 8, 25]  # some of the rows (a trimmed head's): the full layer's outputs at those
+    picked = gguf.Parts([gguf.Part(gguf.pack(Q4_K, raw, n, k, some), Q4_K, len(some))], k)(x)
+    full = gguf.Parts([gguf.Part(gguf.pack(Q4_K, raw, n, k), Q4_K, n)], k)(x)
+    assert torch.equal(picked, full[:, some])
+    for bad in ([0] * n, [3, 3], [n], [-1]):
+        with pytest.raises(ValueError, match="distinct rows"):
+            gguf.pack(Q4_K, raw, n, k, bad)

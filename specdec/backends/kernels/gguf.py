@@ -66,10 +66,12 @@ def pack(type_id: int, raw: np.ndarray | torch.Tensor, n: int, k: int, order: Se
          out: torch.Tensor | None = None) -> torch.Tensor:
     """A tensor's blocks as the file stores them (n rows of k columns, row-major bytes) -> the kernel's layout
     (uint8, 16 channels side by side; the same integers and scales).  order: output channel c is the file's
-    row order[c] (a permutation of range(n); None: the file's order).  out: where to write it (packed_bytes
-    uint8, contiguous), else a new tensor."""
-    size = packed_bytes(type_id, n, k)
-    if size < 0:
+    row order[c] (distinct rows of range(n): a permutation of them all, or some of them, e.g. a head's rows of
+    a trimmed vocabulary; None: every row in the file's order).  out: where to write it (packed_bytes of
+    len(order) rows, uint8, contiguous), else a new tensor."""
+    channels = n if order is None else len(order)
+    size = packed_bytes(type_id, channels, k)
+    if size < 0 or channels < 1:
         raise ValueError(f"the GGUF kernel cannot multiply {NAMES.get(type_id, type_id)} blocks of {k} columns")
     if out is not None and (out.dtype != torch.uint8 or out.numel() != size or not out.is_contiguous()):
         raise ValueError(f"pack: out must be {size} contiguous bytes")
@@ -80,11 +82,11 @@ def pack(type_id: int, raw: np.ndarray | torch.Tensor, n: int, k: int, order: Se
     rows = None
     if order is not None:
         rows = torch.as_tensor(list(order), dtype=torch.int32)
-        if rows.shape != (n,) or not torch.equal(rows.sort().values, torch.arange(n, dtype=torch.int32)):
-            raise ValueError(f"order must be a permutation of range({n})")
+        if rows.dim() != 1 or int(rows.min()) < 0 or int(rows.max()) >= n or rows.unique().numel() != channels:
+            raise ValueError(f"order must hold distinct rows of range({n})")
     out = torch.empty(size, dtype=torch.uint8) if out is None else out
-    if library().sd_gguf_pack(int(type_id), address, n, k, None if rows is None else rows.data_ptr(), out.data_ptr(),
-                              torch.get_num_threads()) != 0:
+    if library().sd_gguf_pack(int(type_id), address, channels, k, None if rows is None else rows.data_ptr(),
+                              out.data_ptr(), torch.get_num_threads()) != 0:
         raise ValueError(f"cannot pack {NAMES[type_id]} [{n}, {k}]")
     return out
 
