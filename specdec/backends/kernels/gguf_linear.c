@@ -797,7 +797,7 @@ AVX2F INLINE __m256i pair16_s8(const uint8_t *p) {
     return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
 }
 
-AVX2F INLINE void q4k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, int half,
+AVX2F INLINE void q4k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, const int r0, int half,
                            float out[R_MAX][LANES]) {
     const int h32 = 32 * half;
     const int8_t *xq = panel(a, i0);
@@ -824,7 +824,7 @@ AVX2F INLINE void q4k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
                 w[z + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
             }
             for (int r = 0; r < R; r++) {
-                const int8_t *x = xs + 4 * r;
+                const int8_t *x = xs + 4 * (r0 + r);
                 __m256i p = _mm256_setzero_si256();
                 for (int g = 0; g < 8; g++) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[g], bcast32_8(x + 32 * g)));
                 /* eight pair sums of 2 * 15 * 127 each stay within s16 */
@@ -838,15 +838,15 @@ AVX2F INLINE void q4k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
             mp[p] = _mm256_cvtepu8_epi16(pairs);
         }
         for (int r = 0; r < R; r++) {
-            const int16_t *x32 = mins + ((int64_t)b * R_MAX + r) * 8;
+            const int16_t *x32 = mins + ((int64_t)b * R_MAX + r0 + r) * 8;
             __m256i mm = _mm256_setzero_si256();
             for (int p = 0; p < 4; p++) mm = _mm256_add_epi32(mm, _mm256_madd_epi16(mp[p], bcast32_8(x32 + 2 * p)));
-            const __m256 dx = _mm256_set1_ps(dxs[b * R_MAX + r]);
+            const __m256 dx = _mm256_set1_ps(dxs[b * R_MAX + r0 + r]);
             const __m256 v = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(t[r])), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mm)));
             acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, v));
         }
     }
-    for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r] + 8 * half, acc[r]);
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r0 + r] + 8 * half, acc[r]);
 }
 
 AVX2F INLINE __m256i q6_high8(__m256i h, int s) {
@@ -860,7 +860,7 @@ AVX2F INLINE __m256i q6_high8(__m256i h, int s) {
 
 /* Q6_K: T = sum_j sc_j S_j - 32 sum_j sc_j X16_j (the top comment's sum, regrouped: the same integer), the second
  * sum once a block and row, by vpmaddwd on (sc_2p, sc_2p+1) pairs, rather than a multiply per sub-block. */
-AVX2F INLINE void q6k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, int half,
+AVX2F INLINE void q6k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, const int r0, int half,
                            float out[R_MAX][LANES]) {
     const int h32 = 32 * half;
     const int8_t *xq = panel(a, i0);
@@ -888,7 +888,7 @@ AVX2F INLINE void q6k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
             const __m256i sc0 = pair16_s8(blk + 32 + 16 * (2 * c) + 8 * half);
             const __m256i sc1 = pair16_s8(blk + 32 + 16 * (2 * c + 1) + 8 * half);
             for (int r = 0; r < R; r++) {
-                const int8_t *x = xs + 4 * r;
+                const int8_t *x = xs + 4 * (r0 + r);
                 __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
                 /* four pair sums of 2 * 63 * 127 each would pass s16: widen every second one */
                 for (int g = 0; g < 4; g += 2) {
@@ -910,15 +910,15 @@ AVX2F INLINE void q6k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
         }
         const __m256 d = load_half8(blk + 16 * half);
         for (int r = 0; r < R; r++) {
-            const int16_t *x16 = offs + ((int64_t)b * R_MAX + r) * 16;
+            const int16_t *x16 = offs + ((int64_t)b * R_MAX + r0 + r) * 16;
             __m256i o = _mm256_setzero_si256();
             for (int p = 0; p < 8; p++) o = _mm256_add_epi32(o, _mm256_madd_epi16(sp[p], bcast32_8(x16 + 2 * p)));
             const __m256i tt = _mm256_sub_epi32(t[r], _mm256_slli_epi32(o, 5));
-            const __m256 dx = _mm256_set1_ps(dxs[b * R_MAX + r]);
+            const __m256 dx = _mm256_set1_ps(dxs[b * R_MAX + r0 + r]);
             acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, _mm256_mul_ps(d, _mm256_cvtepi32_ps(tt))));
         }
     }
-    for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r] + 8 * half, acc[r]);
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r0 + r] + 8 * half, acc[r]);
 }
 
 AVX2F INLINE __m256i q5_high8(__m256i h, int g) {
@@ -934,7 +934,7 @@ AVX2F INLINE __m256i q5_high8(__m256i h, int g) {
     }
 }
 
-AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, int half,
+AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, const int r0, int half,
                            float out[R_MAX][LANES]) {
     const int h32 = 32 * half, gbytes = type == GG_Q5_0 ? 352 : type == GG_Q8_0 ? 544 : 320;
     const int8_t *xq = panel(a, i0);
@@ -965,8 +965,8 @@ AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a
         const __m256 d = load_half8(blk + 16 * half);
         const __m256 m = type == GG_Q4_1 ? load_half8(blk + 32 + 16 * half) : _mm256_setzero_ps();
         for (int r = 0; r < R; r++) {
-            const int8_t *x = xs + 4 * r;
-            const int32_t *x32 = x32s + (int64_t)b * 3 * R_MAX + r;
+            const int8_t *x = xs + 4 * (r0 + r);
+            const int32_t *x32 = x32s + (int64_t)b * 3 * R_MAX + r0 + r;
             __m256i s = _mm256_set1_epi32(type == GG_Q5_0 ? x32[R_MAX] : 0);
             for (int g = 0; g < 8; g += 2) {
                 const __m256i x0 = bcast32_8(x + 32 * g), x1 = bcast32_8(x + 32 * g + 32);
@@ -978,40 +978,44 @@ AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a
                     p = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w[g], x0), _mm256_maddubs_epi16(w[g + 1], x1)), ones);
                 s = _mm256_add_epi32(s, p);
             }
-            const __m256 dx = _mm256_set1_ps(dxs[b * R_MAX + r]);
+            const __m256 dx = _mm256_set1_ps(dxs[b * R_MAX + r0 + r]);
             __m256 v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(s));
             if (type == GG_Q4_1) v = _mm256_add_ps(v, _mm256_mul_ps(m, _mm256_set1_ps((float)x32[0])));
             acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, v));
         }
     }
-    for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r] + 8 * half, acc[r]);
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r0 + r] + 8 * half, acc[r]);
 }
 
-#define AVX2_ROWS(NAME, CALL)                                                                                      \
+/* Rows r0 .. r0 + R - 1 of a pass a call (R a constant once inlined).  16 ymm registers hold 8 unpacked weight
+ * vectors and a few rows' sums: where SPLIT, 7 and 8 rows run as 4 and the rest (Q4_K on one Zen 4 core, AVX2 path,
+ * in G products of 64 a second: 8 rows at once 1.41, as 4 + 4 1.52, 6 rows 1.67); Q6_K's dearer unpacking pays
+ * for 8 at once (1.42, as 4 + 4 1.19), and so do the 32-column types'. */
+#define AVX2_ROWS(NAME, CALL, SPLIT)                                                                               \
     AVX2F static void NAME(int type, const uint8_t *grp, int nb, const acts_t *a, int i0, int rows,                  \
                            float out[R_MAX][LANES]) {                                                               \
         (void)type;                                                                                                 \
         for (int half = 0; half < 2; half++) switch (rows) {                                                        \
-            case 1: CALL(1); break;                                                                                 \
-            case 2: CALL(2); break;                                                                                 \
-            case 3: CALL(3); break;                                                                                 \
-            case 4: CALL(4); break;                                                                                 \
-            case 5: CALL(5); break;                                                                                 \
-            case 6: CALL(6); break;                                                                                 \
-            case 7: CALL(7); break;                                                                                 \
-            default: CALL(8); break;                                                                                \
+            case 1: CALL(1, 0); break;                                                                              \
+            case 2: CALL(2, 0); break;                                                                              \
+            case 3: CALL(3, 0); break;                                                                              \
+            case 4: CALL(4, 0); break;                                                                              \
+            case 5: CALL(5, 0); break;                                                                              \
+            case 6: CALL(6, 0); break;                                                                              \
+            case 7: if (SPLIT) { CALL(4, 0); CALL(3, 4); } else CALL(7, 0); break;                                  \
+            default: if (SPLIT) { CALL(4, 0); CALL(4, 4); } else CALL(8, 0); break;                                 \
             }                                                                                                       \
     }
-#define Q4K_CALL2(R) q4k_avx2(grp, nb, a, i0, R, half, out)
-#define Q6K_CALL2(R) q6k_avx2(grp, nb, a, i0, R, half, out)
-#define Q50_CALL2(R) q32_avx2(GG_Q5_0, grp, nb, a, i0, R, half, out)
-#define Q80_CALL2(R) q32_avx2(GG_Q8_0, grp, nb, a, i0, R, half, out)
-#define Q41_CALL2(R) q32_avx2(GG_Q4_1, grp, nb, a, i0, R, half, out)
-AVX2_ROWS(group_q4k_avx2, Q4K_CALL2)
-AVX2_ROWS(group_q6k_avx2, Q6K_CALL2)
-AVX2_ROWS(group_q50_avx2, Q50_CALL2)
-AVX2_ROWS(group_q80_avx2, Q80_CALL2)
-AVX2_ROWS(group_q41_avx2, Q41_CALL2)
+#define Q4K_CALL2(R, R0) q4k_avx2(grp, nb, a, i0, R, R0, half, out)
+#define Q6K_CALL2(R, R0) q6k_avx2(grp, nb, a, i0, R, R0, half, out)
+#define Q50_CALL2(R, R0) q32_avx2(GG_Q5_0, grp, nb, a, i0, R, R0, half, out)
+#define Q80_CALL2(R, R0) q32_avx2(GG_Q8_0, grp, nb, a, i0, R, R0, half, out)
+#define Q41_CALL2(R, R0) q32_avx2(GG_Q4_1, grp, nb, a, i0, R, R0, half, out)
+AVX2_ROWS(group_q4k_avx2, Q4K_CALL2, 1)
+AVX2_ROWS(group_q6k_avx2, Q6K_CALL2, 0)
+AVX2_ROWS(group_q50_avx2, Q50_CALL2, 0)
+AVX2_ROWS(group_q80_avx2, Q80_CALL2, 0)
+AVX2_ROWS(group_q41_avx2, Q41_CALL2, 0)
 #endif /* SD_X86 */
 
 /* ------------------------------------------------------------------ dispatch */
