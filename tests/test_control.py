@@ -298,7 +298,7 @@ def test_short_generations_still_earn_a_probe():
 
 def test_prospect_prices_a_source_with_its_catch_up():
     # A model right 90% of the time and a free lookup right 50%: in steady state the model is faster
-    # per token; 40 tokens behind (200 ms) with 8 tokens left, the lookup is.
+    # per token; 41 tokens behind (200 ms: 40 past a steady step's one) with 8 tokens left, the lookup is.
     controller = AutoK(Costs(CPU, draft_ms=10, sync_ms=5), max_k=8)
     for _ in range(40):  # each step the loop weighs both sources (plan() asks prospect), then one drafts
         for source in (MODEL, "lookup-short"):
@@ -310,8 +310,8 @@ def test_prospect_prices_a_source_with_its_catch_up():
     model, lookup = controller.prospect(200, 2, MODEL), controller.prospect(200, 0, "lookup-short")
     k = controller.best(200, source=MODEL)
     assert model == pytest.approx(1 / controller.rate(k)) and model < lookup
-    assert controller.prospect(7, 40, MODEL) == pytest.approx(1 / controller.rate(controller.best(7)) + 200 / 8)
-    assert controller.prospect(7, 40, MODEL) > controller.prospect(7, 0, "lookup-short")
+    assert controller.prospect(7, 41, MODEL) == pytest.approx(1 / controller.rate(controller.best(7)) + 200 / 8)
+    assert controller.prospect(7, 41, MODEL) > controller.prospect(7, 0, "lookup-short")
     useless = trained(AutoK(Costs(CPU, draft_ms=10), max_k=8), accept_prob=0.0)
     assert useless.prospect(8) == pytest.approx(100)  # drafting does not pay: a plain step's t(1)
 
@@ -319,9 +319,9 @@ def test_prospect_prices_a_source_with_its_catch_up():
 def test_catch_up_costs_are_learnt_online():
     controller = AutoK(Costs(CPU, draft_ms=10, sync_ms=5), max_k=8, cost_ewma=0.5)
     for _ in range(20):
-        controller.observe(2, 2, 0.02 + 0.4, 0.115, synced=40)  # 40 tokens caught up in 400 ms: 10 ms each
+        controller.observe(2, 2, 0.02 + 0.4, 0.115, synced=41)  # 41 tokens fed in 400 ms more: 10 ms each past the 1st
     assert controller.costs.sync_ms == pytest.approx(10, rel=1e-3)
-    assert controller.costs.catch_up(40) == pytest.approx(400, rel=1e-3) and controller.costs.catch_up(2) == 0
+    assert controller.costs.catch_up(41) == pytest.approx(400, rel=1e-3) and controller.costs.catch_up(2) == 0
 
 
 def test_sources_keep_their_own_acceptance_and_costs():

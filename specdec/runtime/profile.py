@@ -341,6 +341,14 @@ def forget_step_costs(target: ModelRunner, max_k: int, cache_dir: Path | None) -
     return True
 
 
+def marginal_row_ms(runner: ModelRunner, n: int, prefix: int) -> float:
+    """ms a row adds to a forward of `runner`: (t(n) - t(1)) / (n - 1) after `prefix` tokens (the fastest of
+    CONTROL_REPEATS each): what a draft model's catch-up of n tokens costs per token beyond a steady step's one
+    (specdec.algorithm.control.Costs.catch_up)."""
+    table = measure_forwards(runner, [1, n], prefix=prefix, repeats=CONTROL_REPEATS, fastest=True).ms
+    return max(table[n] - table[1], 0.0) / (n - 1)
+
+
 def step_costs(
     target: ModelRunner,
     draft: ModelRunner | None = None,
@@ -351,7 +359,7 @@ def step_costs(
 ) -> Costs:
     """The controller's Costs: the target's t(n) for n = 1..max_k + 1 (a few points, interpolated),
     the draft's ms per proposed token (a draft model's one-token forwards; prompt lookup ~0) and per
-    token of a catch-up (one forward of SYNC_TOKENS tokens).
+    token of a catch-up (marginal_row_ms: what a forward of SYNC_TOKENS tokens costs more than one of 1).
     Measured once and cached in `cache_dir` per runner identity (model, backend, dtype, threads, kernel
     build, CPU: see runner_identity) and reused as it is: nothing is timed at a start that was timed before
     on this machine and build (but a cached draft token dearer than a target step, which is spot-checked).
@@ -385,10 +393,10 @@ def step_costs(
                                             "stat": "min"},
                            lambda: measure_drafting(draft, tokens=drafted, prefix=d_prefix, repeats=CONTROL_REPEATS),
                            cache_dir, plausible)
-        n = max(1, min(SYNC_TOKENS, draft.max_context - d_prefix - 1))
-        sync_ms = _cached("draft-sync", draft, {"tokens": n, "prefix": d_prefix, "repeats": CONTROL_REPEATS},
-                          lambda: measure_forwards(draft, [n], prefix=d_prefix, repeats=CONTROL_REPEATS).ms[n] / n,
-                          cache_dir, renewed)
+        n = max(2, min(SYNC_TOKENS, draft.max_context - d_prefix - 1))
+        sync_ms = _cached("draft-sync", draft, {"tokens": n, "prefix": d_prefix, "repeats": CONTROL_REPEATS,
+                                                "stat": "marginal"},
+                          lambda: marginal_row_ms(draft, n, d_prefix), cache_dir, renewed)
     else:
         draft_ms = LOOKUP_MS_PER_TOKEN if lookup else 0.0
         sync_ms = 0.0
