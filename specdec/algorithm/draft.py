@@ -44,6 +44,8 @@ MODEL, LOOKUP = "model", "lookup"  # where a proposal comes from (a draft model 
 SHORT_LOOKUP = "lookup-short"  # a hybrid's lookup on a match shorter than its own (weaker evidence; ~free too)
 SUFFIX = "suffix"  # suffix drafting over the context and recent requests' outputs (specdec.drafters.suffix; ~free)
 SHORT_SUFFIX = "suffix-short"  # a hybrid's suffix drafts below its score threshold (weaker evidence; ~free)
+RECYCLE = "recycle"  # the target's own top candidates from earlier forwards (specdec.drafters.recycling; ~free)
+SHORT_RECYCLE = "recycle-short"  # a hybrid's recycled drafts below its margin threshold (weaker evidence; ~free)
 
 
 @dataclass(frozen=True)
