@@ -34,6 +34,14 @@ Worked example, WIDTH = 2 (tokens are words), an empty matrix, k = 3::
     the verification's forward over ["the", "mat", ".", "the"]: four rows, each its token's new row
     (two for "the": the last one's)
 
+What it buys, measured on the built-in prompts (qwen2.5-coder-1.5b gguf, greedy, -n 64, one prompt per
+category, in the bench's order, one engine): recycled chains of k = 5 gave 1.11 tokens per target forward
+(prompt lookup 1.47), trees of 2x5, 4x5 and 8x6 (48 nodes, near the paper's 80) 1.22, 1.34 and 1.73 (lookup's
+2x5 1.52); with the matrix first warmed on the 70 prompts of the short set (1,968 tokens then had a row),
+1.14, 1.31, 1.48 and 1.76.  The matrix knows only tokens the target was fed, so most steps of a young
+engine find no row; and a CPU pays for every row it verifies, where the paper's GPU verifies 80 for
+about the price of one.
+
 A proposal carries no probabilities (``q = None``): verified as a deterministic draft, exactly greedy's
 output under greedy decoding and the target's distribution under sampling.  What the drafter pays is
 a top-8 of each row the target computes (:func:`top_candidates`: ~0.2 ms for 9 rows of Qwen2.5's
@@ -54,7 +62,9 @@ from specdec.drafters.tree import tree_draft
 
 WIDTH = 8  # candidates kept per token (the paper keeps the top 8)
 BLOCK = 128  # top_candidates: logits per block whose maximum is taken first
-# A tree's ranking (propose_tree): the chance that the target's next token is a row's candidate of rank r
+# A tree's ranking (propose_tree): the chance that the target's next token after a token is that token's row's
+# candidate of rank r, measured over every row verified on the built-in prompts (qwen2.5-coder-1.5b, greedy,
+# -n 64, chains; 32% the first candidate, 52% one of the eight)
 RANK_PRIOR = (0.32, 0.07, 0.045, 0.02, 0.02, 0.015, 0.015, 0.015)
 MARGINS = (1.0, 2.0, 4.0)  # grade(): classes of the first candidate's margin over the second, in logits
 HYBRID_MIN_MARGIN = 4.0  # in a hybrid, recycled drafts go first where the first candidate led by this much
@@ -73,8 +83,9 @@ def top_candidates(logits: torch.Tensor, k: int) -> torch.Tensor:
     """[n, min(k, V)] the indices of each row's k largest `logits` [n, V], largest first: torch.topk's
     (ties may be broken otherwise), found by a faster route on a large vocabulary.  The row is cut into
     blocks of BLOCK logits; the k blocks with the largest maxima hold the row's k largest logits (a block
-    that holds one of them has a maximum at least the k-th largest, and at most k blocks do, ties aside);
-    so a top-k of the block maxima and one of those k blocks' logits give them, reading the row once."""
+    that holds one of them has a maximum at least the k-th largest, and at most k blocks do, as each holds
+    one of them; ties aside), so a top-k of the block maxima and one of those k blocks' logits give them,
+    reading the row once."""
     rows, vocab = logits.shape
     k = min(k, vocab)
     blocks = vocab // BLOCK

@@ -574,7 +574,9 @@ class Engine:
         draft: a drafter spec, or one parsed (specdec.drafters.spec): a model, "lookup" for prompt lookup
         drafting (no draft model), or "lookup+<model>": prompt lookup where it matches and the draft model
         elsewhere; "suffix" or "suffix+<model>": the same with suffix drafts (the context and recent
-        requests' answers, specdec.drafters.suffix) in lookup's place; "head" (the draft head trained for
+        requests' answers, specdec.drafters.suffix) in lookup's place; "recycle" or "recycle+<model>": Token
+        Recycling (the target's own top candidates from earlier forwards, specdec.drafters.recycling), alone
+        or where the target was sure of them, before the model; "head" (the draft head trained for
         the target: specdec.head.store.default_directory(target)) or "head:<dir>" (the head saved in
         <dir>), alone or as "lookup+head[:<dir>]" or "suffix+head[:<dir>]" (specdec.head.use); "none" (or
         None): no drafter; "auto" (specdec.generate's and the CLI's default): "lookup+head" when a head is
