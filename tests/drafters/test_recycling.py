@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specdec.algorithm.control import AutoK, Costs
 from specdec.algorithm.draft import RECYCLE, SHORT_RECYCLE, TreeShape
 from specdec.algorithm.loop import StopCondition, run
 from specdec.algorithm.sampling import SamplingParams
@@ -211,6 +212,18 @@ def test_recycled_trees_equal_plain_greedy(gamma, width):
                   num_speculative_tokens=gamma, tree=shape)
         assert out.token_ids == plain
     assert out.stats.tree_steps > 0 and out.stats.accepted > 0
+
+
+def test_the_cost_model_controller_keeps_acceptance_per_margin_and_equals_plain_greedy():
+    target, plain = model()
+    matrix = RecycleMatrix()
+    for _ in range(2):
+        controller = AutoK(Costs({1: 70.0, 2: 74.0, 9: 115.0}, draft_ms=10.0), max_k=8, cost_ewma=0.0)
+        assert controller.source_prior(RECYCLE) == 0.2
+        out = run(HFRunner(target), PROMPT, StopCondition(48), drafter=RecyclingDrafter(matrix),
+                  num_speculative_tokens=controller)
+        assert out.token_ids == plain
+    assert out.stats.drafted > 0 and any(key.startswith("recycle margin ") for key in controller.hits)
 
 
 def test_garbage_in_the_matrix_changes_nothing():
