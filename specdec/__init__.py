@@ -55,8 +55,9 @@ def generate(
     directory, a Hugging Face hub id, or an already-loaded ``(model, tokenizer)``
     pair, "lookup" (prompt lookup), "lookup+<model>" (lookup where it matches, the draft model
     elsewhere), "suffix" / "suffix+<model>" (suffix drafts: the context and the engine's recent answers,
-    specdec.drafters.suffix), "head" / "head:<dir>" / "lookup+head[:<dir>]" (a draft head trained for the target:
-    specdec train-drafter), or "auto" (the default: "lookup+head" when a head was trained for the
+    specdec.drafters.suffix), "recycle" / "recycle+<model>" (Token Recycling: the target's own top candidates
+    from earlier forwards, specdec.drafters.recycling), "head" / "head:<dir>" / "lookup+head[:<dir>]" (a draft
+    head trained for the target: specdec train-drafter), or "auto" (the default: "lookup+head" when a head was trained for the
     target and it runs on transformers, else "lookup+qwen2.5-coder-0.5b", the draft's backend chosen
     by draft_backend "auto").  draft=None (or "none") decodes plainly with the target alone.
     dtype: the target's: "auto" (gguf for a GGUF model and int8 for others on CPUs where specdec's exact

@@ -528,7 +528,7 @@ def serve_replicas(spec: EngineConfig, options: ServeOptions, plan: ReplicaPlan,
 
 @app.command()
 @engine_options(
-    draft={"help": "Drafter, as for generate (the same default, auto): a draft model, 'lookup' (prompt lookup), 'lookup+<model>' (hybrid), 'suffix' or 'suffix+<model>' (suffix drafts), 'head' or 'lookup+head' (a trained draft head; the methods' summary names it), or 'none' (then only plain, hf-plain, hf-pld, llamacpp)."},
+    draft={"help": "Drafter, as for generate (the same default, auto): a draft model, 'lookup' (prompt lookup), 'lookup+<model>' (hybrid), 'suffix' or 'suffix+<model>' (suffix drafts), 'recycle' or 'recycle+<model>' (Token Recycling), 'head' or 'lookup+head' (a trained draft head; the methods' summary names it), or 'none' (then only plain, hf-plain, hf-pld, llamacpp)."},
     dtype={"help": DTYPE_HELP + " For every method."},
     draft_dtype={"help": "The draft's dtype (default: --dtype), for every method that drafts."},
     threads={"help": "CPU threads for torch and llama.cpp (default: torch's choice, llama.cpp all CPUs)."},

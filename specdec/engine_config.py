@@ -35,6 +35,8 @@ DRAFT_HELP = ("The drafter: a draft model, 'lookup' (prompt lookup: no draft mod
               "or 'head:<dir>' (a head saved in <dir>), 'lookup+head[:<dir>]' (lookup where it matches, the head "
               "elsewhere), 'suffix' (suffix drafts: matches in the context and in recent answers, no draft model), "
               "'suffix+<model>' or 'suffix+head' (suffix drafts where they score well, the model or head elsewhere), "
+              "'recycle' (Token Recycling: the target's own top candidates from earlier steps, no draft model) or "
+              "'recycle+<model>' (recycled drafts where the target was sure of them, the model elsewhere), "
               "'none' for plain decoding, or 'auto' (the default): lookup+head when a head was trained for "
               f"the target and it runs on transformers (--backend hf), else {MODEL_DRAFTER}.")
 SUFFIX_MEMORY_HELP = (f"With suffix drafts: the tokens of recent answers the engine keeps to draft from (default "

@@ -3,7 +3,8 @@
 Drafts: the target itself (all accepted), an unrelated random model (mostly
 rejected), and a constant-token drafter (adversarial).  γ = 1..8 and k chosen per
 step (a random controller, the cost-model controller), llama and qwen2
-architectures, hypothesis-generated prompts.  Also the stop rules.
+architectures, hypothesis-generated prompts.  Also the stop rules, and what a drafter hears of each
+target forward (Drafter.target_logits, on the toy target).
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from specdec.algorithm.control import AutoK
+from specdec.algorithm.draft import TreeShape
 from specdec.algorithm.loop import StopCondition, run
 from specdec.backends.hf import HFRunner
 from specdec.drafters.model import DEFAULT_WINDOW, ModelDrafter
 from specdec.errors import SpecdecError
 from specdec.runtime.profile import step_costs
 from tests.tiny import VOCAB, assert_near_tie_parting, tiny_model
-from tests.toy import ConstantDrafter, RandomK
+from tests.toy import ConstantDrafter, FixedDrafter, RandomK, ToyRunner, ToyTreeRunner, random_proposal, random_table
 
 ARCHS = ("llama", "qwen2")
 MODELS = {(arch, seed): tiny_model(arch, seed) for arch in ARCHS for seed in (0, 1)}
@@ -236,3 +238,47 @@ def test_stats_record_every_step():
     assert sum(n for _, n, _ in s.steps) == s.new_tokens - 1  # the prefill's token is not a step's
     assert sum(k for k, _, _ in s.steps) == s.drafted and all(sec > 0 for _, _, sec in s.steps)
     assert s.to_dict()["steps"][0][:2] == list(s.steps[0][:2])
+
+
+class Listener(FixedDrafter):
+    """Fixed proposals (chains, or trees with second choices), and every target forward the loop reports
+    (Drafter.target_logits): the tokens fed, the runner's cache then, the last draft's parents, the rows."""
+
+    def __init__(self, runner: ToyRunner) -> None:
+        super().__init__(random_proposal(6, seed=2))
+        self.runner, self.heard, self.parents = runner, [], None
+
+    def propose_tree(self, context, k, width, nodes, source=None):
+        draft = super().propose_tree(context, k, width, nodes, source)
+        self.parents = draft.parents
+        return draft
+
+    def propose(self, context, k, source=None):
+        self.parents = None
+        return super().propose(context, k, source)
+
+    def target_logits(self, fed, logits):
+        self.heard.append((list(fed), list(self.runner.tokens), self.parents, logits.clone()))
+        self.parents = None  # a plain step may come next
+
+
+@pytest.mark.parametrize("tree", [None, TreeShape(2, depth=3)])
+def test_the_drafter_hears_every_target_forward_row_by_row(tree):
+    # A second-order toy target: row i must be the table's row after (the token before fed[i], fed[i]):
+    # the prefill's last token, plain steps (k from RandomK, 0 some steps), every row of a verification.
+    table = random_table(6, seed=0)
+    runner = ToyTreeRunner(table)
+    listener = Listener(runner)
+    prompt = [1, 4, 2]
+    out = run(runner, prompt, StopCondition(24), drafter=listener, num_speculative_tokens=RandomK(1, max_k=3), tree=tree)
+    assert out.token_ids == run(ToyRunner(table), prompt, StopCondition(24)).token_ids
+    assert len(listener.heard) == out.stats.target_forwards  # the prefill, plain steps and verifications
+    assert listener.heard[0][0] == [2] and torch.equal(listener.heard[0][3], table[4, 2].unsqueeze(0))
+    sizes = {len(fed) for fed, *_ in listener.heard[1:]}
+    assert min(sizes) == 1 and max(sizes) > 2  # plain steps and drafts
+    assert (out.stats.tree_steps > 0) == (tree is not None)
+    for fed, cached, parents, logits in listener.heard[1:]:
+        assert cached[-len(fed):] == fed and logits.shape == (len(fed), 6)  # heard before any rollback
+        before = [cached[-len(fed) - 1]] + (fed[:-1] if parents is None else [fed[p + 1] for p in parents])
+        for i, token in enumerate(fed):
+            assert torch.equal(logits[i], table[before[i], token])

@@ -17,7 +17,10 @@ catch-up), how sure a proposal is (``grade``; by default ungraded), and what a
 drafter that reads what the target computed hears: that the prompt's prefill
 has just run (``prefilled``), before any other forward replaces what the runner
 kept of it, and that a plain step has just run (``plain_step``); ``observe``
-follows every verification, whichever of a hybrid's sources proposed.
+follows every verification, whichever of a hybrid's sources proposed.  A drafter
+that recycles the target's own predictions (specdec.drafters.recycling) hears
+the logits of every target forward (``target_logits``): the prefill's last row,
+each plain step's row and every row of each verification, accepted or not.
 
 A token tree's shape (:class:`TreeShape`, ``--tree WxD``) says how far a drafter's tree may grow; the
 drafters' tree building is specdec.drafters.tree.
@@ -41,6 +44,8 @@ MODEL, LOOKUP = "model", "lookup"  # where a proposal comes from (a draft model 
 SHORT_LOOKUP = "lookup-short"  # a hybrid's lookup on a match shorter than its own (weaker evidence; ~free too)
 SUFFIX = "suffix"  # suffix drafting over the context and recent requests' outputs (specdec.drafters.suffix; ~free)
 SHORT_SUFFIX = "suffix-short"  # a hybrid's suffix drafts below its score threshold (weaker evidence; ~free)
+RECYCLE = "recycle"  # the target's own top candidates from earlier forwards (specdec.drafters.recycling; ~free)
+SHORT_RECYCLE = "recycle-short"  # a hybrid's recycled drafts below its margin threshold (weaker evidence; ~free)
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,14 @@ class Drafter(Protocol):
     def plain_step(self, context: Sequence[int]) -> None:
         """The target has just run a plain one-token step on `context`'s last (pending) token: a draft head
         reads that position's hidden state before the next forward replaces it; by default nothing."""
+        return None
+
+    def target_logits(self, fed: Sequence[int], logits: torch.Tensor) -> None:
+        """The target has just run a forward over `fed` (the prefill's last token, a plain step's token, a
+        verification's pending token and draft tokens, a tree's in its node order) and gave `logits`
+        [len(fed), V]: row i is its prediction after fed[i] (in a tree, after the path to node i).  Every
+        row is heard, accepted or not; the rows must not be changed.  By default nothing (a drafter that
+        wants them pays for what it computes of them: specdec.drafters.recycling)."""
         return None
 
 

@@ -258,11 +258,11 @@ def decode(
         elif draft.is_tree:
             if shape is None or shape.nodes is None:
                 raise ValueError("the drafter proposed a tree where a chain was asked for")
-            k, new, extra = verify_tree(target, verifier, draft, context[-1], k, shape.nodes, stats)
+            k, new, extra = verify_tree(target, verifier, draft, context[-1], k, shape.nodes, stats, drafter)
             n = len(new) - 1
             controller.observe_tree(len(draft.tokens) + 1, time.perf_counter() - t1, extra, source)
         else:
-            k, n, new = verify_chain(target, verifier, draft, context[-1], k, stats)
+            k, n, new = verify_chain(target, verifier, draft, context[-1], k, stats, drafter)
         t2 = time.perf_counter()
         if drafter is not None:
             if k:
@@ -317,9 +317,11 @@ def _prefill(target: ModelRunner, prompt_ids: list[int], drafter: Drafter | None
 
     # Prefill: the prompt (what the cache does not hold of it), in chunks where that is exact
     # (forward_chunked); its last logits give the first token.
-    first = verifier.choose(forward_chunked(target, prompt_ids[reused:], last_n=1)[-1])
+    last = forward_chunked(target, prompt_ids[reused:], last_n=1)[-1:]  # [1, V]
+    first = verifier.choose(last[-1])
     stats.reused_prompt_tokens = reused
     if drafter is not None:
+        drafter.target_logits(prompt_ids[-1:], last)
         drafter.prefilled(prompt_ids)  # a draft head keeps the prompt's last hidden states now
     stats.target_forwards += 1
     stats.target_s = time.perf_counter() - start
@@ -369,20 +371,25 @@ def _plain_step(target: ModelRunner, verifier: Verifier, drafter: Drafter | None
     new = [verifier.choose(logits[-1])]
     stats.plain_steps += 1
     if drafter is not None:
+        drafter.target_logits(context[-1:], logits)
         drafter.plain_step(context)
     return new
 
 
 def verify_chain(target: ModelRunner, verifier: Verifier, draft: Draft, pending: int, k: int,
-                 stats: Stats) -> tuple[int, int, list[int]]:
-    """One chain step (a chain asked for at most k long): the target's forward over [pending, *draft],
-    verification (Verifier.verify), the target's cache cut to pending and the accepted tokens.  Returns
+                 stats: Stats, drafter: Drafter | None = None) -> tuple[int, int, list[int]]:
+    """One chain step (a chain asked for at most k long): the target's forward over [pending, *draft]
+    (whose logits `drafter` hears: Drafter.target_logits), verification (Verifier.verify), the target's
+    cache cut to pending and the accepted tokens.  Returns
     (the draft's length, how many of its tokens were accepted, the tokens emitted: those and the next)."""
     if len(draft.tokens) > k:
         raise ValueError(f"the drafter proposed {len(draft.tokens)} tokens where {k} were asked for")
     k = len(draft.tokens)
     cached = len(target.tokens)
-    logits = target.forward([pending, *draft.tokens])  # [k+1, V]
+    fed = [pending, *draft.tokens]
+    logits = target.forward(fed)  # [k+1, V]
+    if drafter is not None:
+        drafter.target_logits(fed, logits)
     verdict = verifier.verify(draft, logits)
     n = verdict.num_accepted
     target.rollback(cached + 1 + n)  # keep pending + the accepted draft tokens
@@ -391,18 +398,22 @@ def verify_chain(target: ModelRunner, verifier: Verifier, draft: Draft, pending:
 
 
 def verify_tree(target: ModelRunner, verifier: Verifier, draft: Draft, pending: int, k: int, nodes: int,
-                stats: Stats) -> tuple[int, list[int], int]:
+                stats: Stats, drafter: Drafter | None = None) -> tuple[int, list[int], int]:
     """One tree step (a tree asked for at most k deep, `nodes` tokens): the target's forward over
-    [pending, *tree] with tree attention, verification (Verifier.verify_tree), the target's cache cut to
-    the accepted path.  Returns (the tree's depth, the tokens emitted: the accepted path's and the next,
-    how many more the tree accepted than its first branch alone: the chain 0, 1, .. the drafters put first)."""
+    [pending, *tree] with tree attention (whose logits `drafter` hears, row by row), verification
+    (Verifier.verify_tree), the target's cache cut to the accepted path.  Returns (the tree's depth, the
+    tokens emitted: the accepted path's and the next, how many more the tree accepted than its first branch
+    alone: the chain 0, 1, .. the drafters put first)."""
     assert draft.parents is not None
     depth = max(depths(draft.parents)) + 1  # tokens on the longest path
     if len(draft.tokens) > nodes or depth > k:
         raise ValueError(f"the drafter proposed a tree of {len(draft.tokens)} tokens, {depth} deep, "
                          f"where at most {nodes} tokens, {k} deep were asked for")
     cached = len(target.tokens)
-    logits = target.forward_tree([pending, *draft.tokens], [-1, *(p + 1 for p in draft.parents)])  # [nodes + 1, V]
+    fed = [pending, *draft.tokens]
+    logits = target.forward_tree(fed, [-1, *(p + 1 for p in draft.parents)])  # [nodes + 1, V]
+    if drafter is not None:
+        drafter.target_logits(fed, logits)
     verdict = verifier.verify_tree(draft, logits)
     target.keep_rows(cached, [0, *(i + 1 for i in verdict.path)])  # pending + the accepted path
     stats.record_draft(depth, verdict.num_accepted)

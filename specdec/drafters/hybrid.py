@@ -22,6 +22,11 @@ HYBRID_MIN_SCORE, as the suffix drafter goes before a speculator in
 ArcticInference; a proposal below that is the last source (``suffix-short``),
 as the short lookup is for prompt lookup.
 
+Token Recycling (specdec.drafters.recycling: the target's own top candidates from earlier forwards)
+does the same in ``recycle+<model>``: it goes first where its first token led the target's second
+choice by HYBRID_MIN_MARGIN logits when the target computed it, and the rest of its proposals are the
+last source (``recycle-short``).
+
 Each proposal comes from one source, so it is verified exactly as that
 source's proposals are: a lookup proposal has no q (greedy: exact match;
 sampling: the one-hot rule), a draft model's carries its q (Leviathan et al.
@@ -31,25 +36,33 @@ sampling: the one-hot rule), a draft model's carries its q (Leviathan et al.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from specdec.algorithm.draft import MODEL, Draft, Drafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.suffix import SuffixDrafter
 
+if TYPE_CHECKING:
+    import torch
+
+    from specdec.drafters.recycling import RecyclingDrafter
+
+    First = LookupDrafter | SuffixDrafter | RecyclingDrafter  # a model-free drafter that goes first
+
 
 class HybridDrafter(Drafter):
-    """Proposes from `lookup` (prompt lookup, or a suffix drafter) when it matches, else from `model` (any
-    drafter), else (with `short_matches`) from `lookup`'s shorter() fallback: a lookup on the matches
-    shorter than its min_ngram, the suffix drafts below its score threshold."""
+    """Proposes from `lookup` (prompt lookup, a suffix drafter or a recycling one) when it matches, else
+    from `model` (any drafter), else (with `short_matches`) from `lookup`'s shorter() fallback: a lookup on
+    the matches shorter than its min_ngram, the suffix drafts below its score threshold, the recycled
+    drafts below its margin."""
 
-    def __init__(self, model: Drafter, lookup: LookupDrafter | SuffixDrafter | None = None,
-                 short_matches: bool = True) -> None:
+    def __init__(self, model: Drafter, lookup: First | None = None, short_matches: bool = True) -> None:
         self.model = model
-        self.lookup = lookup or LookupDrafter(max_ngram=4, min_ngram=2)
-        self.first = self.lookup.source  # LOOKUP or SUFFIX
+        self.lookup: First = lookup or LookupDrafter(max_ngram=4, min_ngram=2)
+        self.first = self.lookup.source  # LOOKUP, SUFFIX or RECYCLE
         fallback = self.lookup.shorter() if short_matches else None
         self.short_source: str | None
-        self.short: LookupDrafter | SuffixDrafter | None
+        self.short: First | None
         self.short_source, self.short = fallback if fallback is not None else (None, None)
         sources = ((self.first, self.lookup), (MODEL, self.model), (self.short_source, self.short))
         self.by_source = {name: drafter for name, drafter in sources if drafter is not None}
@@ -107,6 +120,12 @@ class HybridDrafter(Drafter):
     def plain_step(self, context: Sequence[int]) -> None:
         """The target has just run a plain step: the model hears it (Drafter.plain_step)."""
         self.model.plain_step(context)
+
+    def target_logits(self, fed: Sequence[int], logits: torch.Tensor) -> None:
+        """The model and the first source hear the target's logits (Drafter.target_logits), whichever
+        proposed; the short fallback shares what its first source keeps (a recycled drafts' matrix)."""
+        self.model.target_logits(fed, logits)
+        self.lookup.target_logits(fed, logits)
 
     def reset(self) -> None:
         self.model.reset()

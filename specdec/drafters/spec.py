@@ -4,7 +4,8 @@ A drafter spec (``--draft``, ``specdec.generate(draft=...)``, ``Engine.load(draf
 ``@<drafter>``, ``EngineSpec.draft``) is parsed here once into a :class:`DrafterSpec`, a frozen value
 the rest of specdec reads instead of the string:
 
-- ``lookup``, ``suffix``: a model-free drafter alone (prompt lookup, suffix drafts);
+- ``lookup``, ``suffix``, ``recycle``: a model-free drafter alone (prompt lookup, suffix drafts, the target's
+  own recycled top candidates);
 - ``<model>``: a draft model (a zoo name, a .gguf file, a model directory, a hub id, or a loaded
   ``(model, tokenizer)`` pair);
 - ``head``, ``head:<dir>``: a draft head trained for the target (its default directory, or <dir>);
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from specdec.algorithm.sampling import SamplingParams
     from specdec.backends.base import ModelRunner
     from specdec.drafters.lookup import LookupDrafter
+    from specdec.drafters.recycling import RecycleMatrix, RecyclingDrafter
     from specdec.drafters.suffix import SuffixDrafter, SuffixStore
 
 # A draft model: a name, or a loaded (transformers model or ModelRunner, tokenizer) pair (specdec.runtime.loading.ModelSpec).
@@ -40,6 +42,7 @@ DraftModel = str | tuple[Any, Any]
 
 LOOKUP = sources.LOOKUP  # prompt lookup (specdec.drafters.lookup): no draft model
 SUFFIX = sources.SUFFIX  # suffix drafts over the context and recent answers (specdec.drafters.suffix): no draft model
+RECYCLE = sources.RECYCLE  # the target's own earlier top candidates (specdec.drafters.recycling): no draft model
 MODEL = sources.MODEL  # a draft model (specdec.drafters.model, specdec.drafters.universal)
 HEAD = "head"  # a draft head trained for the target (specdec.head): "head" or "head:<dir>"
 NONE = "none"  # no drafter: plain decoding
@@ -183,6 +186,8 @@ class DraftingParts(Protocol):
     def head(self) -> LoadedDrafter | None: ...  # a draft head (specdec.head.use.LoadedHead)
     @property
     def suffix_store(self) -> SuffixStore | None: ...
+    @property
+    def recycle_matrix(self) -> RecycleMatrix | None: ...  # the engine's Token Recycling matrix (specdec.drafters.recycling)
 
     def model_drafter(self, sampling: SamplingParams, mode: str, confidence: float | None,
                       runner: ModelRunner) -> Drafter: ...
@@ -201,7 +206,7 @@ class DraftRequest:
 
 Factory = Callable[[DraftingParts, DraftRequest], "Drafter"]
 # a model-free drafter in front of a model or head: HybridDrafter asks it whether it matches, and for its shorter()
-FirstFactory = Callable[[DraftingParts, DraftRequest], "LookupDrafter | SuffixDrafter"]
+FirstFactory = Callable[[DraftingParts, DraftRequest], "LookupDrafter | SuffixDrafter | RecyclingDrafter"]
 
 
 @dataclass(frozen=True)
@@ -244,6 +249,22 @@ def _suffix_first(parts: DraftingParts, request: DraftRequest) -> SuffixDrafter:
     return _suffix(parts, request, min_ngram=2, min_score=HYBRID_MIN_SCORE)
 
 
+def _recycle(parts: DraftingParts, request: DraftRequest, **options: Any) -> RecyclingDrafter:
+    """A request's Token Recycling drafter over the engine's matrix, which every request's target forwards
+    update; a seeded sampled request's over a matrix of its own, empty at its start (its text then depends
+    on its seed and tokens, not on what other requests fed the target)."""
+    from specdec.drafters.recycling import RecyclingDrafter
+
+    seeded = not request.sampling.greedy and request.sampling.seed is not None
+    return RecyclingDrafter(None if seeded else parts.recycle_matrix, **options)
+
+
+def _recycle_first(parts: DraftingParts, request: DraftRequest) -> RecyclingDrafter:
+    from specdec.drafters.recycling import HYBRID_MIN_MARGIN
+
+    return _recycle(parts, request, min_margin=HYBRID_MIN_MARGIN)
+
+
 def _model(parts: DraftingParts, request: DraftRequest) -> Drafter:
     runner = request.draft_runner or parts.draft_runner
     assert runner is not None  # Engine.load loaded the draft model the spec names
@@ -258,6 +279,7 @@ def _head_drafter(parts: DraftingParts, request: DraftRequest) -> Drafter:
 DRAFTERS: dict[str, DrafterKind] = {
     LOOKUP: DrafterKind(LOOKUP, _lookup, first=_lookup_first),
     SUFFIX: DrafterKind(SUFFIX, _suffix, first=_suffix_first),
+    RECYCLE: DrafterKind(RECYCLE, _recycle, first=_recycle_first),
     MODEL: DrafterKind(MODEL, _model, loads=MODEL),
     HEAD: DrafterKind(MODEL, _head_drafter, loads=HEAD),  # priced like a draft model (its measured ms a token)
 }

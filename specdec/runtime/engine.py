@@ -31,10 +31,12 @@ from specdec.backends.lean import LeanRunner
 from specdec.bridge import TextBridge, VocabularyMap
 from specdec.defaults import DEFAULT_SUFFIX_MEMORY
 from specdec.drafters.model import ModelDrafter
+from specdec.drafters.recycling import RecycleMatrix
 from specdec.drafters.spec import (
     COPIERS,
     FREE,
     LOOKUP,
+    RECYCLE,
     SUFFIX,
     DrafterSpec,
     DraftModel,
@@ -282,6 +284,10 @@ class Engine:
     every request and batch slot; each request's output enters it when the request ends); with a draft
     model or a head too, suffix drafts where they score well and the model elsewhere (the hybrid).
 
+    copier="recycle": Token Recycling (specdec.drafters.recycling), drafts from the target's own top
+    candidates of earlier forwards, kept in the engine's `recycle_matrix`, which every request's (and
+    batch slot's) target forwards update; a seeded sampled request keeps a matrix of its own.
+
     Prefix reuse (`prefix_cache`, on by default): one request at a time, the runners keep their caches
     between requests, and a request whose prompt starts with what the target's cache holds (the earlier
     turns of a conversation, a system prompt) prefills only the rest -- where that is exact, a
@@ -313,6 +319,8 @@ class Engine:
         if copier is not None and copier not in FREE:
             raise ValueError(f"copier must be one of {FREE} or None, not {copier!r}")
         self.suffix_store = SuffixStore(suffix_memory) if copier == SUFFIX else None
+        # Token Recycling's matrix (specdec.drafters.recycling), which every request's target forwards update
+        self.recycle_matrix = RecycleMatrix() if copier == RECYCLE else None
         if head is not None and draft is not None:
             raise SpecdecError("draft with a draft model or a draft head, not both")
         self.head = head
@@ -360,14 +368,17 @@ class Engine:
 
     def forget(self) -> None:
         """Drop what this engine keeps of its earlier requests: what drafters learned (the suffix drafts'
-        store of recent answers, specdec.drafters.suffix) and the runners' cached prompts (prefix reuse),
-        so that the next request drafts from its own context only and prefills all of it.  The store is
-        a new, empty one of the same memory, not the one the engine holds emptied, for a fork
+        store of recent answers, specdec.drafters.suffix; Token Recycling's matrix, specdec.drafters.recycling)
+        and the runners' cached prompts (prefix reuse), so that the next request drafts from its own context
+        only and prefills all of it.  The store is a new, empty one of the same memory (the matrix a new,
+        empty one), not the one the engine holds emptied, for a fork
         (:meth:`fork`) shares its parent's objects until its forget() runs.  The cost-model
         controller is not such state (what it learns is the machine's speed): it is kept.
         """
         if self.suffix_store is not None:
             self.suffix_store = SuffixStore(self.suffix_store.memory)
+        if self.recycle_matrix is not None:
+            self.recycle_matrix = RecycleMatrix(self.recycle_matrix.width)
         for runner in (self.target_runner, self.draft_runner):
             if runner is not None:
                 runner.reset()
@@ -393,13 +404,13 @@ class Engine:
 
     @property
     def copier(self) -> str | None:
-        """The model-free drafter: LOOKUP, SUFFIX or None."""
+        """The model-free drafter: LOOKUP, SUFFIX, RECYCLE or None."""
         return self.drafter_spec.copier
 
     def fork_drafting(self, copier: str | None, model: bool, head: LoadedHead | None = None) -> Engine:
         """A fork (:meth:`fork`) that drafts otherwise over the same loaded models: with the model-free
-        drafter `copier` (LOOKUP, SUFFIX or None) in front of this engine's draft model or head when
-        `model`, without them when not, or in front of another `head` loaded for this engine's target
+        drafter `copier` (one of FREE alone, one of COPIERS in front; or None) in front of this engine's draft
+        model or head when `model`, without them when not, or in front of another `head` loaded for this engine's target
         (specdec.head.use.load_head) in their place -- so that one benchmark run compares drafters on one
         target (``specdec-auto@lookup`` beside ``specdec-auto`` with ``--draft suffix``; a head beside
         the draft model).  Where it drafts otherwise than this engine, its `-k auto` controller is its
@@ -411,14 +422,15 @@ class Engine:
         has_model = self.draft_runner is not None or self.head is not None
         if model and not has_model:
             raise SpecdecError("this engine has no draft model or head to draft with: name a model-free drafter "
-                               f"({LOOKUP} or {SUFFIX}) alone")
+                               f"({', '.join(FREE)}) alone")
         if copier is None and not model and head is None:
-            raise SpecdecError(f"a drafter needs {LOOKUP}, {SUFFIX}, a draft model or a head")
+            raise SpecdecError(f"a drafter needs {', '.join(FREE)}, a draft model or a head")
         twin = self.fork()
         if (copier, model, head) == (self.copier, has_model, None):
             return twin
         memory = self.suffix_store.memory if self.suffix_store is not None else DEFAULT_SUFFIX_MEMORY
         twin.suffix_store = SuffixStore(memory) if copier == SUFFIX else None
+        twin.recycle_matrix = RecycleMatrix() if copier == RECYCLE else None
         mine = self.drafter_spec
         twin.drafter_spec = DrafterSpec(copier, mine.model if model else None,
                                         mine.head if model else head.spec.head if head is not None else None)
@@ -507,7 +519,8 @@ class Engine:
 
     @property
     def copies(self) -> bool:
-        """Whether a model-free drafter (prompt lookup or suffix drafts) drafts, alone or first in a hybrid."""
+        """Whether a model-free drafter (prompt lookup, suffix drafts, Token Recycling) drafts, alone or first in a
+        hybrid."""
         return self.drafter_spec.copier is not None
 
     @property
@@ -565,7 +578,9 @@ class Engine:
         draft: a drafter spec, or one parsed (specdec.drafters.spec): a model, "lookup" for prompt lookup
         drafting (no draft model), or "lookup+<model>": prompt lookup where it matches and the draft model
         elsewhere; "suffix" or "suffix+<model>": the same with suffix drafts (the context and recent
-        requests' answers, specdec.drafters.suffix) in lookup's place; "head" (the draft head trained for
+        requests' answers, specdec.drafters.suffix) in lookup's place; "recycle" or "recycle+<model>": Token
+        Recycling (the target's own top candidates from earlier forwards, specdec.drafters.recycling), alone
+        or where the target was sure of them, before the model; "head" (the draft head trained for
         the target: specdec.head.store.default_directory(target)) or "head:<dir>" (the head saved in
         <dir>), alone or as "lookup+head[:<dir>]" or "suffix+head[:<dir>]" (specdec.head.use); "none" (or
         None): no drafter; "auto" (specdec.generate's and the CLI's default): "lookup+head" when a head is

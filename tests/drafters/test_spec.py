@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 import specdec
-from specdec.algorithm.draft import LOOKUP, MODEL, SUFFIX
+from specdec.algorithm.draft import LOOKUP, MODEL, RECYCLE, SUFFIX
 from specdec.algorithm.sampling import SamplingParams
 from specdec.drafters import spec as drafter_spec
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
+from specdec.drafters.recycling import RecycleMatrix, RecyclingDrafter
 from specdec.drafters.spec import (
     DRAFTERS,
     DrafterSpec,
@@ -38,6 +39,8 @@ PAIR = (object(), object())  # a loaded (model, tokenizer) pair
     ("suffixes", DrafterSpec(model="suffixes"), "model"),
     ("lookup+qwen2.5-coder-0.5b", DrafterSpec(LOOKUP, "qwen2.5-coder-0.5b"), "lookup+model"),
     ("suffix+qwen2.5-coder-0.5b", DrafterSpec(SUFFIX, "qwen2.5-coder-0.5b"), "suffix+model"),
+    ("recycle", DrafterSpec(RECYCLE), "recycle"),
+    ("recycle+qwen2.5-coder-0.5b", DrafterSpec(RECYCLE, "qwen2.5-coder-0.5b"), "recycle+model"),
     ("lookup+ some/dir", DrafterSpec(LOOKUP, "some/dir"), "lookup+model"),
     ("head", DrafterSpec(head=""), "head"),
     ("HEAD", DrafterSpec(head=""), "head"),
@@ -102,6 +105,7 @@ class Parts:
     def __init__(self) -> None:
         self.target_runner, self.draft_runner, self.head = object(), object(), None
         self.suffix_store = SuffixStore(1000)
+        self.recycle_matrix = RecycleMatrix()
         self.made: list[tuple] = []
 
     def model_drafter(self, sampling, mode, confidence, runner):
@@ -128,12 +132,12 @@ def test_the_registry_builds_each_kind_with_its_source():
     assert DRAFTERS[MODEL].source == DRAFTERS["head"].source == MODEL
 
 
-@pytest.mark.parametrize("copier,first", [(LOOKUP, LookupDrafter), (SUFFIX, SuffixDrafter)])
+@pytest.mark.parametrize("copier,first", [(LOOKUP, LookupDrafter), (SUFFIX, SuffixDrafter), (RECYCLE, RecyclingDrafter)])
 def test_a_model_free_kind_goes_first_in_a_hybrid(copier, first):
     hybrid = build_drafter(DrafterSpec(copier, "m"), Parts(), request())
     assert isinstance(hybrid, HybridDrafter) and isinstance(hybrid.lookup, first) and hybrid.first == copier
     assert isinstance(hybrid.model, LookupDrafter) and hybrid.model.max_ngram == 7
-    assert drafter_spec.COPIERS == drafter_spec.FREE == (LOOKUP, SUFFIX)
+    assert drafter_spec.COPIERS == drafter_spec.FREE == (LOOKUP, SUFFIX, RECYCLE)
 
 
 def test_a_new_kind_is_one_registry_entry(monkeypatch):
