@@ -52,6 +52,26 @@ void sd_rms_norm(const float *x, int m, int hidden, const float *w, float eps, f
     }
 }
 
+/* Rows of a forward on several threads from this many (the work a row is a few microseconds: fewer are not worth
+ * waking the other threads for). */
+#define ROWS_PARALLEL 4
+
+/* Per row i of x [total, hidden]: x[i] += add[i] (add NULL: nothing), then out[i] = rms_norm(x[i]) * w (w NULL: no
+ * norm), each row in one fixed order of operations, whichever thread computes it (out may be x). */
+static void add_norm_rows(float *x, const float *add, int total, int hidden, const float *w, float eps, float *out,
+                          int threads) {
+    (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && total >= ROWS_PARALLEL)
+#endif
+    for (int i = 0; i < total; i++) {
+        float *row = x + (int64_t)i * hidden;
+        if (add)
+            for (int j = 0; j < hidden; j++) row[j] += add[(int64_t)i * hidden + j];
+        if (w) sd_rms_norm(row, 1, hidden, w, eps, out + (int64_t)i * hidden);
+    }
+}
+
 /* Rotate `count` heads of d values each at v (contiguous): v = v cos + rotate_half(v) sin, with
  * rotate_half(v) = [-v[d/2:], v[:d/2]]. */
 static void rotate_heads(float *v, int count, int d, const float *cos, const float *sin, float *tmp) {
@@ -162,7 +182,7 @@ static void silu_mul(float *gate, const float *up, int n, int path) {
 static void gate_rows(float *gu, int total, int intermediate, int act, int threads, int path) {
     (void)threads;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && total >= 4)
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && total >= ROWS_PARALLEL)
 #endif
     for (int i = 0; i < total; i++) {
         float *g = gu + (int64_t)i * 2 * intermediate;
@@ -200,9 +220,9 @@ int sd_layers(const sd_layers_model *model, const sd_layers_rows *rows) {
     const int intermediate = model->intermediate, layers = model->layers;
     const float eps = model->eps;
     const int width = (heads + 2 * kv_heads) * d, attn_width = heads * d;
-    /* the rows' buffers in one block of scratch memory: h, qkv, att, gu, tmp (with room for one head more) */
+    /* the rows' buffers in one block of scratch memory: h, qkv, att, gu, tmp (with room for one head more a row) */
     const size_t sizes[5] = {(size_t)total * hidden, (size_t)total * width, (size_t)total * attn_width,
-                             (size_t)total * 2 * intermediate, (size_t)total * hidden + (size_t)d};
+                             (size_t)total * 2 * intermediate, (size_t)total * (hidden + d)};
     size_t room = 0;
     for (int i = 0; i < 5; i++) room += (sizes[i] + 15) / 16 * 16;
     float *block = scratch_take(0, sizeof(float) * room);
@@ -212,16 +232,20 @@ int sd_layers(const sd_layers_model *model, const sd_layers_rows *rows) {
     for (int l = 0; l < layers && status == 0; l++) {
         const int64_t *t = model->tensors + (int64_t)l * L_FIELDS;
 #define PTR(type, field) ((const type *)(intptr_t)t[field])
-        sd_rms_norm(x, total, hidden, PTR(float, L_IN_NORM), eps, h);
+        add_norm_rows(x, NULL, total, hidden, PTR(float, L_IN_NORM), eps, h, threads);
         status |= linear(model, t, L_QKV_W, width, hidden, h, hidden, total, qkv, threads);
         const int64_t table = t[L_ROPE] * (int64_t)total * d;
+        (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && total >= ROWS_PARALLEL)
+#endif
         for (int i = 0; i < total; i++) {  /* q and k heads are the first heads + kv_heads of the row */
             float *row = qkv + (int64_t)i * width;
             if (t[L_Q_NORM]) sd_rms_norm(row, heads, d, PTR(float, L_Q_NORM), eps, row);
             if (t[L_K_NORM]) sd_rms_norm(row + (int64_t)heads * d, kv_heads, d, PTR(float, L_K_NORM), eps,
                                            row + (int64_t)heads * d);
             rotate_heads(row, heads + kv_heads, d, rows->cos + table + (int64_t)i * d,
-                         rows->sin + table + (int64_t)i * d, tmp + (size_t)total * hidden);
+                         rows->sin + table + (int64_t)i * d, tmp + (size_t)total * hidden + (size_t)i * d);
         }
         for (int r = 0, lo = 0; r < rows->runners && status == 0; lo += rows->sizes[r], r++) {
             float *keys = (float *)(intptr_t)rows->caches[((int64_t)r * layers + l) * 2];
@@ -246,14 +270,13 @@ int sd_layers(const sd_layers_model *model, const sd_layers_rows *rows) {
             status |= sd_attention(&attention);
         }
         status |= linear(model, t, L_O_W, hidden, attn_width, att, attn_width, total, tmp, threads);
-        if (t[L_ATTN_OUT_NORM]) sd_rms_norm(tmp, total, hidden, PTR(float, L_ATTN_OUT_NORM), eps, tmp);
-        for (int64_t j = 0; j < (int64_t)total * hidden; j++) x[j] += tmp[j];
-        sd_rms_norm(x, total, hidden, PTR(float, L_POST_NORM), eps, h);
+        if (t[L_ATTN_OUT_NORM]) add_norm_rows(tmp, NULL, total, hidden, PTR(float, L_ATTN_OUT_NORM), eps, tmp, threads);
+        add_norm_rows(x, tmp, total, hidden, PTR(float, L_POST_NORM), eps, h, threads);
         status |= linear(model, t, L_GU_W, 2 * intermediate, hidden, h, hidden, total, gu, threads);
         gate_rows(gu, total, intermediate, model->act, threads, model->isa);
         status |= linear(model, t, L_DOWN_W, hidden, intermediate, gu, 2 * intermediate, total, tmp, threads);
-        if (t[L_MLP_OUT_NORM]) sd_rms_norm(tmp, total, hidden, PTR(float, L_MLP_OUT_NORM), eps, tmp);
-        for (int64_t j = 0; j < (int64_t)total * hidden; j++) x[j] += tmp[j];
+        if (t[L_MLP_OUT_NORM]) add_norm_rows(tmp, NULL, total, hidden, PTR(float, L_MLP_OUT_NORM), eps, tmp, threads);
+        add_norm_rows(x, tmp, total, hidden, NULL, eps, NULL, threads);
         if (rows->taps && rows->taps[l]) memcpy((void *)(intptr_t)rows->taps[l], x, sizeof(float) * (size_t)total * hidden);
 #undef PTR
     }
