@@ -243,12 +243,14 @@ int sd_gguf_pack(int type, const uint8_t *src, int n, int k, const int32_t *orde
  * Row i of x: xq[i * k ..] int8 in [-127, 127], block scales dx (per BLOCK_K or BLOCK_0 columns), X16 int32 (per
  * 16 columns) and X32 (int32 per 32; for Q4_K's vpdpwssd also as int16 pairs): what the portable path reads.
  *
- * The SIMD paths read the same numbers laid out in panels, one per pass of R_MAX rows (rows 8p .. 8p + 7; rows past
- * m zero): the 4 columns a lane multiplies at once sit side by side for the pass's rows, so that every
- * activation a pass reads is at a constant offset from one pointer (qp + 256 s + 32 g + 4 r for the columns
- * 32 s + 4 g .. + 3 of row r), and the per-block sums and scales are gathered by block and row likewise.  One
- * pointer a pass, where rows of their own took a register each and spilled (8 rows: 9 pointers live in the loop). */
-#define PANEL (32 * R_MAX) /* bytes of one 32-column slice of a pass's panel */
+ * The SIMD paths read the same numbers laid out in panels, one per pass of up to R_MAX rows: the 4 columns a lane
+ * multiplies at once sit side by side for the pass's rows, so that every activation a pass reads is at a constant
+ * offset from one pointer, and the per-block sums and scales are gathered by block and row likewise: one pointer a
+ * pass, where rows of their own took a register each and spilled (8 rows: 9 pointers live in the loop).  A pass of
+ * P rows (rows 8 p .. 8 p + P - 1, P = min(R_MAX, m - 8 p)) has its panel at qp + 8 p k: column 32 s + 4 g + e of
+ * its row r at 32 P s + 4 P g + 4 r + e (P = 1: the row as it is, so that a one-row pass reads no more memory than
+ * its row: spread over 8 rows' room, a row of 8,960 columns took 70 KB of cache, and a down projection's step 30
+ * us more). */
 typedef struct {
     int8_t *q;
     float *dx;     /* [m, k / block] */
@@ -262,7 +264,7 @@ typedef struct {
     int16_t *x32hp; /* [P, k / 256, R_MAX, 8]: Q4_K's minimums' X32 of a block's 8 sub-blocks */
     int32_t *x16np; /* [P, k / 16, R_MAX]: -32 X16, Q6_K's offset of each 16 columns (AVX-512 VNNI) */
     int16_t *x16hp; /* [P, k / 256, R_MAX, 16]: X16 of a block's 16 sub-blocks, Q6_K's offsets (AVX2) */
-    int k, block;
+    int k, block, m;
 } acts_t;
 
 static float quantize_block_c(const float *x, int n, int8_t *q) {
@@ -384,33 +386,30 @@ static void quantize_row(const float *x, acts_t *a, int i, int isa) {
     }
 }
 
-/* Row i's numbers into its pass's panels (see acts_t); i >= m: zeros (a last pass's rows past the input). */
+/* Row i's numbers into its pass's panels (see acts_t).  A last pass's rows past m are never read (a pass of R rows
+ * reads rows 0 .. R - 1 of its panel): they stay as they are. */
 static void panel_row(acts_t *a, int i, int m) {
     const int k = a->k, nb = k / a->block, p = i / R_MAX, r = i % R_MAX, n32 = k / 32;
-    const int live = i < m;
+    const int rows = m - R_MAX * p < R_MAX ? m - R_MAX * p : R_MAX; /* the pass's P */
     int8_t *qp = a->qp + (int64_t)p * R_MAX * k + 4 * r;
     const int8_t *q = a->q + (int64_t)i * k;
-    for (int s = 0; s < n32; s++)
-        for (int g = 0; g < 8; g++) {
-            if (live) memcpy(qp + (int64_t)s * PANEL + 32 * g, q + 32 * s + 4 * g, 4);
-            else memset(qp + (int64_t)s * PANEL + 32 * g, 0, 4);
-        }
-    for (int b = 0; b < nb; b++) a->dxp[((int64_t)p * nb + b) * R_MAX + r] = live ? a->dx[(int64_t)i * nb + b] : 0.0f;
+    for (int s = 0; s < n32 && rows > 1; s++) /* a pass of one row reads the row itself (panel) */
+        for (int g = 0; g < 8; g++) memcpy(qp + (int64_t)s * 32 * rows + 4 * rows * g, q + 32 * s + 4 * g, 4);
+    for (int b = 0; b < nb; b++) a->dxp[((int64_t)p * nb + b) * R_MAX + r] = a->dx[(int64_t)i * nb + b];
     for (int s = 0; s < n32; s++) {
-        const int32_t x32 = live ? a->x32[(int64_t)i * n32 + s] : 0;
+        const int32_t x32 = a->x32[(int64_t)i * n32 + s];
         int32_t *at = a->x32p + ((int64_t)p * n32 + s) * 3 * R_MAX + r;
         at[0] = x32;
         at[R_MAX] = -16 * x32;
         at[2 * R_MAX] = -128 * x32;
     }
     if (a->block != BLOCK_K) return;
-    for (int j = 0; j < k / 16; j++)
-        a->x16np[((int64_t)p * (k / 16) + j) * R_MAX + r] = live ? -32 * a->x16[(int64_t)i * (k / 16) + j] : 0;
+    for (int j = 0; j < k / 16; j++) a->x16np[((int64_t)p * (k / 16) + j) * R_MAX + r] = -32 * a->x16[(int64_t)i * (k / 16) + j];
     for (int b = 0; b < k / BLOCK_K; b++) {
         int16_t *mins = a->x32hp + (((int64_t)p * (k / BLOCK_K) + b) * R_MAX + r) * 8;
         int16_t *offs = a->x16hp + (((int64_t)p * (k / BLOCK_K) + b) * R_MAX + r) * 16;
-        for (int j = 0; j < 8; j++) mins[j] = live ? a->x32h[(int64_t)i * n32 + 8 * b + j] : 0;
-        for (int j = 0; j < 16; j++) offs[j] = live ? (int16_t)a->x16[(int64_t)i * (k / 16) + 16 * b + j] : 0; /* |X16| <= 2032 */
+        for (int j = 0; j < 8; j++) mins[j] = a->x32h[(int64_t)i * n32 + 8 * b + j];
+        for (int j = 0; j < 16; j++) offs[j] = (int16_t)a->x16[(int64_t)i * (k / 16) + 16 * b + j]; /* |X16| <= 2032 */
     }
 }
 
@@ -443,6 +442,7 @@ static void *alloc_acts(acts_t *a, int m, int k, int block) {
     a->x16hp = at[10];
     a->k = k;
     a->block = block;
+    a->m = m;
     return block_mem;
 }
 
@@ -559,10 +559,14 @@ __attribute__((target("avx2"))) INLINE void q4k_scales(const uint8_t *blk, __m12
  * follow one another, and a thread's groups too, so the stream runs on).  The distance was measured on the 1.5B
  * (Zen 4, two builds alternated in one process, medians of 8): one row, where a step only streams, is fastest
  * far ahead (8 KiB: 21.9 ms a step, 4 KiB 23.6, none 21.9); several rows, where the multiplies must overlap
- * the stream, nearer (4 KiB: 4 rows 33.4 ms, 8 KiB 34.1, none 47.0; 8 rows 48.2, 49.0, 77.0). */
+ * the stream, nearer (4 KiB: 4 rows 33.4 ms, 8 KiB 34.1, none 47.0; 8 rows 48.2, 49.0, 77.0), and into L2 from
+ * 16 KiB ahead as well (8 rows 47.9 -> 44.1 ms, medians of 12, 32 and 64 KiB no better; one row no faster). */
 #define PF_AHEAD(R) ((R) == 1 ? 8192 : 4096)
+#define PF_L2 16384 /* several rows: each line into L2 this far ahead too */
 VNNI INLINE void prefetch_ahead(const uint8_t *p, int bytes, int ahead) {
     for (int l = 0; l < bytes; l += 64) _mm_prefetch((const char *)p + ahead + l, _MM_HINT_T0);
+    if (ahead != PF_AHEAD(1))
+        for (int l = 0; l < bytes; l += 64) _mm_prefetch((const char *)p + PF_L2 + l, _MM_HINT_T1);
 }
 
 VNNI INLINE __m512 load_half16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
@@ -579,21 +583,21 @@ VNNI INLINE __m512i dpbusd_at(__m512i acc, __m512i w, const void *p) {
 #endif
 }
 
-/* S = the sums of w[g]'s unsigned bytes times the 4 activations at x + 32 g (g = 0..7: 32 columns) for one row.
+/* S = the sums of w[g]'s unsigned bytes times the 4 activations at x + step g (g = 0..7: 32 columns) for one row.
  * `chains` independent accumulators (1, 2 or 4, a constant once inlined), summed at the end: a pass of one or two
  * rows would otherwise wait on vpdpbusd's latency (eight in a chain), where many rows interleave their chains.
  * Integer sums: the order changes no bit. */
-VNNI INLINE __m512i dot32(const __m512i w[8], const int8_t *x, const int chains) {
+VNNI INLINE __m512i dot32(const __m512i w[8], const int8_t *x, const int step, const int chains) {
     __m512i s[4];
     for (int c = 0; c < chains; c++) s[c] = _mm512_setzero_si512();
-    for (int g = 0; g < 8; g++) s[g % chains] = dpbusd_at(s[g % chains], w[g], x + 32 * g);
+    for (int g = 0; g < 8; g++) s[g % chains] = dpbusd_at(s[g % chains], w[g], x + step * g);
     for (int c = 1; c < chains; c++) s[0] = _mm512_add_epi32(s[0], s[c]);
     return s[0];
 }
 #define CHAINS(R) ((R) == 1 ? 4 : (R) <= 3 ? 2 : 1)
 
-/* A pass's panel (see acts_t) for the rows i0 .. i0 + R_MAX - 1. */
-INLINE const int8_t *panel(const acts_t *a, int i0) { return a->qp + (int64_t)(i0 / R_MAX) * R_MAX * a->k; }
+/* The panel (see acts_t) of the pass of rows i0 ..: a pass of one row's is the row itself. */
+INLINE const int8_t *panel(const acts_t *a, int i0) { return (a->m - i0 == 1 ? a->q : a->qp) + (int64_t)i0 * a->k; }
 
 /* Q4_K: one group's blocks against rows i0 .. i0 + R - 1 (R a constant once inlined). */
 VNNI INLINE void q4k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, float out[R_MAX][LANES]) {
@@ -611,7 +615,7 @@ VNNI INLINE void q4k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
         for (int r = 0; r < R; r++) t[r] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
             const uint8_t *qs = blk + 256 + 256 * j;
-            const int8_t *xs = xq + (int64_t)(8 * b + j) * PANEL;
+            const int8_t *xs = xq + (int64_t)(8 * b + j) * 32 * R;
             prefetch_ahead(blk + 288 * j, 320, PF_AHEAD(R)); /* 8 x 288 = 2304: the whole stream, headers included */
             const __m512i sc = _mm512_cvtepu8_epi32(sc8[j]);
             __m512i w[8];
@@ -620,7 +624,7 @@ VNNI INLINE void q4k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
                 w[z] = _mm512_and_si512(v, low);
                 w[z + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
             }
-            for (int r = 0; r < R; r++) t[r] = _mm512_add_epi32(t[r], _mm512_mullo_epi32(dot32(w, xs + 4 * r, CHAINS(R)), sc));
+            for (int r = 0; r < R; r++) t[r] = _mm512_add_epi32(t[r], _mm512_mullo_epi32(dot32(w, xs + 4 * r, 4 * R, CHAINS(R)), sc));
         }
         const __m512 d = load_half16(blk), dmin = load_half16(blk + 32);
         __m512i mp[4]; /* lane c: (m_2p, m_2p+1) as two int16 */
@@ -664,7 +668,7 @@ VNNI INLINE void q6k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
         for (int r = 0; r < R; r++) t[r] = _mm512_setzero_si512();
         for (int c = 0; c < 8; c++) {
             const uint8_t *chunk = blk + 288 + 384 * c;
-            const int8_t *xs = xq + (int64_t)(8 * b + c) * PANEL;
+            const int8_t *xs = xq + (int64_t)(8 * b + c) * 32 * R;
             const int32_t *off = offs + (int64_t)(16 * b + 2 * c) * R_MAX;
             prefetch_ahead(blk + 420 * c, 448, PF_AHEAD(R)); /* 8 x 420 = 3360 */
             const __m512i h0 = _mm512_loadu_si512(chunk + 256), h1 = _mm512_loadu_si512(chunk + 320);
@@ -680,8 +684,8 @@ VNNI INLINE void q6k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
             for (int r = 0; r < R; r++) {
                 const int8_t *x = xs + 4 * r;
                 __m512i s0 = _mm512_set1_epi32(off[r]), s1 = _mm512_set1_epi32(off[R_MAX + r]);
-                for (int g = 0; g < 4; g++) s0 = dpbusd_at(s0, w[g], x + 32 * g);
-                for (int g = 4; g < 8; g++) s1 = dpbusd_at(s1, w[g], x + 32 * g);
+                for (int g = 0; g < 4; g++) s0 = dpbusd_at(s0, w[g], x + 4 * R * g);
+                for (int g = 4; g < 8; g++) s1 = dpbusd_at(s1, w[g], x + 4 * R * g);
                 t[r] = _mm512_add_epi32(t[r], _mm512_add_epi32(_mm512_mullo_epi32(s0, sc0), _mm512_mullo_epi32(s1, sc1)));
             }
         }
@@ -720,7 +724,7 @@ VNNI INLINE void q32_vnni(int type, const uint8_t *grp, int nb, const acts_t *a,
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = grp + (int64_t)b * gbytes;
-        const int8_t *xs = xq + (int64_t)b * PANEL;
+        const int8_t *xs = xq + (int64_t)b * 32 * R;
         prefetch_ahead(blk, gbytes, PF_AHEAD(R));
         __m512i w[8];
         if (type == GG_Q8_0) {
@@ -741,7 +745,7 @@ VNNI INLINE void q32_vnni(int type, const uint8_t *grp, int nb, const acts_t *a,
         const __m512 m = type == GG_Q4_1 ? load_half16(blk + 32) : _mm512_setzero_ps();
         for (int r = 0; r < R; r++) {
             const int32_t *x32 = x32s + (int64_t)b * 3 * R_MAX + r;
-            __m512i s = dot32(w, xs + 4 * r, CHAINS(R));
+            __m512i s = dot32(w, xs + 4 * r, 4 * R, CHAINS(R));
             if (which) s = _mm512_add_epi32(s, _mm512_set1_epi32(x32[which * R_MAX]));
             const __m512 dx = _mm512_set1_ps(dxs[b * R_MAX + r]);
             __m512 v = _mm512_mul_ps(d, _mm512_cvtepi32_ps(s));
@@ -797,7 +801,7 @@ AVX2F INLINE __m256i pair16_s8(const uint8_t *p) {
     return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
 }
 
-AVX2F INLINE void q4k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, const int r0, int half,
+AVX2F INLINE void q4k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, const int r0, const int P, int half,
                            float out[R_MAX][LANES]) {
     const int h32 = 32 * half;
     const int8_t *xq = panel(a, i0);
@@ -814,7 +818,7 @@ AVX2F INLINE void q4k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
         for (int r = 0; r < R; r++) t[r] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
             const uint8_t *qs = blk + 256 + 256 * j + h32;
-            const int8_t *xs = xq + (int64_t)(8 * b + j) * PANEL;
+            const int8_t *xs = xq + (int64_t)(8 * b + j) * 32 * P;
             const __m256i v32 = _mm256_cvtepu8_epi32(half ? _mm_srli_si128(sc8[j], 8) : sc8[j]);
             const __m256i sc = _mm256_or_si256(v32, _mm256_slli_epi32(v32, 16)); /* each lane's scale twice */
             __m256i w[8];
@@ -826,7 +830,7 @@ AVX2F INLINE void q4k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
             for (int r = 0; r < R; r++) {
                 const int8_t *x = xs + 4 * (r0 + r);
                 __m256i p = _mm256_setzero_si256();
-                for (int g = 0; g < 8; g++) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[g], bcast32_8(x + 32 * g)));
+                for (int g = 0; g < 8; g++) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[g], bcast32_8(x + 4 * P * g)));
                 /* eight pair sums of 2 * 15 * 127 each stay within s16 */
                 t[r] = _mm256_add_epi32(t[r], _mm256_madd_epi16(p, sc));
             }
@@ -860,7 +864,7 @@ AVX2F INLINE __m256i q6_high8(__m256i h, int s) {
 
 /* Q6_K: T = sum_j sc_j S_j - 32 sum_j sc_j X16_j (the top comment's sum, regrouped: the same integer), the second
  * sum once a block and row, by vpmaddwd on (sc_2p, sc_2p+1) pairs, rather than a multiply per sub-block. */
-AVX2F INLINE void q6k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, const int r0, int half,
+AVX2F INLINE void q6k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, const int r0, const int P, int half,
                            float out[R_MAX][LANES]) {
     const int h32 = 32 * half;
     const int8_t *xq = panel(a, i0);
@@ -875,7 +879,7 @@ AVX2F INLINE void q6k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
         for (int r = 0; r < R; r++) t[r] = _mm256_setzero_si256();
         for (int c = 0; c < 8; c++) {
             const uint8_t *chunk = blk + 288 + 384 * c + h32;
-            const int8_t *xs = xq + (int64_t)(8 * b + c) * PANEL;
+            const int8_t *xs = xq + (int64_t)(8 * b + c) * 32 * P;
             const __m256i h0 = _mm256_loadu_si256((const __m256i *)(chunk + 256));
             const __m256i h1 = _mm256_loadu_si256((const __m256i *)(chunk + 320));
             __m256i w[8];
@@ -893,11 +897,11 @@ AVX2F INLINE void q6k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
                 /* four pair sums of 2 * 63 * 127 each would pass s16: widen every second one */
                 for (int g = 0; g < 4; g += 2) {
                     p0 = _mm256_add_epi32(p0, _mm256_madd_epi16(_mm256_add_epi16(
-                        _mm256_maddubs_epi16(w[g], bcast32_8(x + 32 * g)),
-                        _mm256_maddubs_epi16(w[g + 1], bcast32_8(x + 32 * g + 32))), sc0));
+                        _mm256_maddubs_epi16(w[g], bcast32_8(x + 4 * P * g)),
+                        _mm256_maddubs_epi16(w[g + 1], bcast32_8(x + 4 * P * (g + 1)))), sc0));
                     p1 = _mm256_add_epi32(p1, _mm256_madd_epi16(_mm256_add_epi16(
-                        _mm256_maddubs_epi16(w[g + 4], bcast32_8(x + 32 * g + 128)),
-                        _mm256_maddubs_epi16(w[g + 5], bcast32_8(x + 32 * g + 160))), sc1));
+                        _mm256_maddubs_epi16(w[g + 4], bcast32_8(x + 4 * P * (g + 4))),
+                        _mm256_maddubs_epi16(w[g + 5], bcast32_8(x + 4 * P * (g + 5)))), sc1));
                 }
                 t[r] = _mm256_add_epi32(t[r], _mm256_add_epi32(p0, p1));
             }
@@ -934,7 +938,7 @@ AVX2F INLINE __m256i q5_high8(__m256i h, int g) {
     }
 }
 
-AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, const int r0, int half,
+AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, const int r0, const int P, int half,
                            float out[R_MAX][LANES]) {
     const int h32 = 32 * half, gbytes = type == GG_Q5_0 ? 352 : type == GG_Q8_0 ? 544 : 320;
     const int8_t *xq = panel(a, i0);
@@ -946,7 +950,7 @@ AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = grp + (int64_t)b * gbytes;
-        const int8_t *xs = xq + (int64_t)b * PANEL;
+        const int8_t *xs = xq + (int64_t)b * 32 * P;
         __m256i w[8];
         if (type == GG_Q8_0) {
             for (int g = 0; g < 8; g++) w[g] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 32 + 64 * g + h32)), flip);
@@ -969,7 +973,7 @@ AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a
             const int32_t *x32 = x32s + (int64_t)b * 3 * R_MAX + r0 + r;
             __m256i s = _mm256_set1_epi32(type == GG_Q5_0 ? x32[R_MAX] : 0);
             for (int g = 0; g < 8; g += 2) {
-                const __m256i x0 = bcast32_8(x + 32 * g), x1 = bcast32_8(x + 32 * g + 32);
+                const __m256i x0 = bcast32_8(x + 4 * P * g), x1 = bcast32_8(x + 4 * P * (g + 1));
                 __m256i p;
                 if (type == GG_Q8_0) /* signed quants: |q| (128 for -128, as u8) times sign(q) x */
                     p = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w[g]), _mm256_sign_epi8(x0, w[g])), ones),
@@ -996,21 +1000,21 @@ AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a
                            float out[R_MAX][LANES]) {                                                               \
         (void)type;                                                                                                 \
         for (int half = 0; half < 2; half++) switch (rows) {                                                        \
-            case 1: CALL(1, 0); break;                                                                              \
-            case 2: CALL(2, 0); break;                                                                              \
-            case 3: CALL(3, 0); break;                                                                              \
-            case 4: CALL(4, 0); break;                                                                              \
-            case 5: CALL(5, 0); break;                                                                              \
-            case 6: CALL(6, 0); break;                                                                              \
-            case 7: if (SPLIT) { CALL(4, 0); CALL(3, 4); } else CALL(7, 0); break;                                  \
-            default: if (SPLIT) { CALL(4, 0); CALL(4, 4); } else CALL(8, 0); break;                                 \
+            case 1: CALL(1, 0, 1); break;                                                                           \
+            case 2: CALL(2, 0, 2); break;                                                                           \
+            case 3: CALL(3, 0, 3); break;                                                                           \
+            case 4: CALL(4, 0, 4); break;                                                                           \
+            case 5: CALL(5, 0, 5); break;                                                                           \
+            case 6: CALL(6, 0, 6); break;                                                                           \
+            case 7: if (SPLIT) { CALL(4, 0, 7); CALL(3, 4, 7); } else CALL(7, 0, 7); break;                         \
+            default: if (SPLIT) { CALL(4, 0, 8); CALL(4, 4, 8); } else CALL(8, 0, 8); break;                        \
             }                                                                                                       \
     }
-#define Q4K_CALL2(R, R0) q4k_avx2(grp, nb, a, i0, R, R0, half, out)
-#define Q6K_CALL2(R, R0) q6k_avx2(grp, nb, a, i0, R, R0, half, out)
-#define Q50_CALL2(R, R0) q32_avx2(GG_Q5_0, grp, nb, a, i0, R, R0, half, out)
-#define Q80_CALL2(R, R0) q32_avx2(GG_Q8_0, grp, nb, a, i0, R, R0, half, out)
-#define Q41_CALL2(R, R0) q32_avx2(GG_Q4_1, grp, nb, a, i0, R, R0, half, out)
+#define Q4K_CALL2(R, R0, P) q4k_avx2(grp, nb, a, i0, R, R0, P, half, out)
+#define Q6K_CALL2(R, R0, P) q6k_avx2(grp, nb, a, i0, R, R0, P, half, out)
+#define Q50_CALL2(R, R0, P) q32_avx2(GG_Q5_0, grp, nb, a, i0, R, R0, P, half, out)
+#define Q80_CALL2(R, R0, P) q32_avx2(GG_Q8_0, grp, nb, a, i0, R, R0, P, half, out)
+#define Q41_CALL2(R, R0, P) q32_avx2(GG_Q4_1, grp, nb, a, i0, R, R0, P, half, out)
 AVX2_ROWS(group_q4k_avx2, Q4K_CALL2, 1)
 AVX2_ROWS(group_q6k_avx2, Q6K_CALL2, 0)
 AVX2_ROWS(group_q50_avx2, Q50_CALL2, 0)
@@ -1114,9 +1118,9 @@ int sd_gguf_linear(const sd_gguf_params *p) {
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && p->m >= 4)
 #endif
-    for (int i = 0; i < (p->m + R_MAX - 1) / R_MAX * R_MAX; i++) { /* every pass's rows: past m, zeros */
-        if (need[0] && i < p->m) quantize_row(p->x + (int64_t)i * p->ldx, &ak, i, isa);
-        if (need[1] && i < p->m) quantize_row(p->x + (int64_t)i * p->ldx, &a0, i, isa);
+    for (int i = 0; i < p->m; i++) {
+        if (need[0]) quantize_row(p->x + (int64_t)i * p->ldx, &ak, i, isa);
+        if (need[1]) quantize_row(p->x + (int64_t)i * p->ldx, &a0, i, isa);
         if (need[0] && isa > ISA_C) panel_row(&ak, i, p->m);
         if (need[1] && isa > ISA_C) panel_row(&a0, i, p->m);
     }
