@@ -88,7 +88,7 @@ def decoder_footprint(layers: int, kv_heads: int, head_dim: int, heads: int, hid
 class ModelRunner(Protocol):
     tokens: list[int]  # exactly what the KV cache holds, in order
     capabilities: Capabilities
-    vocab_size: int  # width V of the logits
+    vocab_size: int  # width V of the logits (the token ids it embeds; see logit_ids for a trimmed head)
     max_context: int  # the most tokens the cache may hold
     @property
     def model(self) -> Any:
@@ -256,6 +256,13 @@ def checked_new_tokens(new_tokens: Sequence[int], cached: int, max_context: int,
             f"context of {cached + len(new_tokens)} {what} exceeds the model's window of {max_context}"
         )
     return new_tokens
+
+
+def logit_ids(runner: ModelRunner) -> torch.Tensor | None:
+    """The vocabulary ids [N] of the columns of `runner`'s logits where its head is trimmed to some of the
+    vocabulary (a draft's: specdec.backends.lean.LeanRunner.trim_head, specdec.drafters.draft_vocab), else None: the
+    logits are [n, vocab_size], column i token i, as for every other runner."""
+    return getattr(runner, "head_ids", None)
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:

@@ -563,13 +563,15 @@ class GGUFRunner(LeanRunner):
         return self.gguf.embedding(tokens)
 
     def clone(self) -> GGUFRunner:
-        return GGUFRunner(self.gguf, self.max_context, layer_set=self.layer_set)
+        twin = GGUFRunner(self.gguf, self.max_context, layer_set=self.layer_set)
+        twin.trim_head(self.head_ids)
+        return twin
 
     def identity(self) -> dict[str, Any]:
         from specdec.backends.kernels.build import version
 
-        return {"backend": type(self).__name__, "model": self.gguf.name, "dtype": "gguf", "device": "cpu",
-                "threads": torch.get_num_threads(), "kernel": version()}
+        return self._trimmed_identity({"backend": type(self).__name__, "model": self.gguf.name, "dtype": "gguf",
+                                       "device": "cpu", "threads": torch.get_num_threads(), "kernel": version()})
 
 
 def load(path: str | Path, name: str = "", max_context: int | None = None) -> GGUFRunner:

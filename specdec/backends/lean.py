@@ -95,6 +95,7 @@ attention over each row's gathered keys); the native int4 layers do not
 
 from __future__ import annotations
 
+import hashlib
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -180,6 +181,44 @@ class FloatLinear:
 
 
 Linear = Int8Linear | FloatLinear | Int4Linear | Parts  # Parts: a GGUF file's packed tensors (specdec.backends.gguf)
+
+
+def output_rows(linear: Linear, ids: torch.Tensor) -> Linear:
+    """`linear` restricted to its output channels `ids` [N] (int64): the same weights gathered, so that each
+    of its outputs is bitwise the full layer's at that id where each output depends on its own weight row
+    only (int4, int8); an fp32 layer's up to rounding (BLAS blocks its products by their width).  A GGUF
+    file's tensors (Parts) are refused."""
+    if isinstance(linear, Int4Linear):
+        return linear.rows(ids)
+    if isinstance(linear, Int8Linear | FloatLinear):
+        bias = None if linear.bias is None else linear.bias.detach()[ids]
+        if isinstance(linear, FloatLinear):
+            return FloatLinear(linear.weight[ids], bias)
+        rows = Int8Linear(linear.int8_weight()[ids], linear.scale[ids], bias)
+        rows.pack()
+        return rows
+    raise SpecdecError(f"a head of {type(linear).__name__} cannot be trimmed to some of its rows")
+
+
+class TrimmedHead:
+    """An output head over some vocabulary ids only (a draft's: FR-Spec, Zhao et al. 2025, arXiv 2502.14856;
+    specdec.drafters.draft_vocab): hidden states [n, hidden] -> logits [n, N] whose column j is the full head's
+    column ids[j], bitwise for int4 and int8 (output_rows).  A drafted token then reads N of the head's V rows."""
+
+    def __init__(self, head: Linear, ids: torch.Tensor) -> None:
+        self.ids = torch.as_tensor(ids, dtype=torch.int64)  # [N]: the vocabulary id of each logits column
+        if self.ids.dim() != 1 or not self.ids.numel() or len(set(self.ids.tolist())) != self.ids.numel() \
+                or int(self.ids.min()) < 0 or int(self.ids.max()) >= head.out_features:
+            raise ValueError(f"a trimmed head needs distinct vocabulary ids in [0, {head.out_features}), at least one")
+        self.rows = output_rows(head, self.ids)  # hidden -> N
+        self.out_features, self.in_features = int(self.ids.numel()), head.in_features
+
+    def nbytes(self) -> int:
+        """The bytes a product reads: the kept rows' weights."""
+        return self.rows.nbytes()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [n, hidden] -> [n, N]
+        return self.rows(x)
 
 
 def fuse(linears: Sequence[Any]) -> Linear:
@@ -424,16 +463,26 @@ class LayerSet:
         self.layers = layers
         self.head = head  # hidden -> V
         self.intermediate = layers[0].gate_up.out_features // 2  # I
+        self._trimmed: dict[bytes, TrimmedHead] = {}  # the heads trimmed to some ids (trimmed_head), by those ids
+
+    def trimmed_head(self, ids: torch.Tensor) -> TrimmedHead:
+        """The head over vocabulary ids `ids` [N] only (TrimmedHead), made once and shared by this model's
+        runners (a batch's draft runners, clones)."""
+        ids = torch.as_tensor(ids, dtype=torch.int64)
+        key = ids.numpy().tobytes()
+        if key not in self._trimmed:
+            self._trimmed[key] = TrimmedHead(self.head, ids)
+        return self._trimmed[key]
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """The final norm of rows x [n, hidden] (transformers' RMSNorm, op for op)."""
         return rms_norm(x, weight, eps)
 
-    def step_bytes(self) -> int:
-        """The weight bytes a one-token step reads: every layer's linears and the head, as stored for their
-        kernels (profile's roof)."""
+    def step_bytes(self, head: Linear | TrimmedHead | None = None) -> int:
+        """The weight bytes a one-token step reads: every layer's linears and the head (`head`, default this
+        set's: a runner's trimmed one), as stored for their kernels (profile's roof)."""
         linears = [lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        return sum(lin.nbytes() for lin in [*linears, self.head])
+        return sum(lin.nbytes() for lin in [*linears, head or self.head])
 
     @classmethod
     def of(cls, model: Any) -> Self:
@@ -732,8 +781,9 @@ class LeanRunner:
         self.embed_scale = embed_scale
         self.final_norm = final_norm  # [hidden]
         self.eps = eps
-        self.head: Linear = self.layer_set.head
-        self.vocab_size = self.head.out_features
+        self.head: Linear | TrimmedHead = self.layer_set.head  # trim_head() may swap it for a trimmed one
+        self.head_ids: torch.Tensor | None = None  # [N]: the vocabulary ids of the logits' columns (None: all V)
+        self.vocab_size = self.layer_set.head.out_features
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.max_context = max_context
         self._rotary = rotary
@@ -785,7 +835,7 @@ class LeanRunner:
         """Its fp32 cache's bytes per token and a forward's per row (ModelRunner.footprint); a long prefill in
         chunks where the runner is batch-invariant (forward_chunked)."""
         return decoder_footprint(len(self.layer_set.layers), self.num_kv_heads, self.head_dim, self.num_heads,
-                                 int(self.final_norm.shape[0]), self.layer_set.intermediate, self.vocab_size,
+                                 int(self.final_norm.shape[0]), self.layer_set.intermediate, self.head.out_features,
                                  CACHE_DTYPE.itemsize, chunked=self.capabilities.batch_invariant)
 
     def expect(self, tokens: int) -> None:
@@ -884,13 +934,34 @@ class LeanRunner:
         return model_eos_token_ids(self.model)
 
     def clone(self) -> LeanRunner:
-        return LeanRunner(self.model, self.max_context, layer_set=self.layer_set)
+        twin = LeanRunner(self.model, self.max_context, layer_set=self.layer_set)
+        twin.trim_head(self.head_ids)
+        return twin
+
+    def trim_head(self, ids: torch.Tensor | None) -> None:
+        """From the next forward on, compute logits over vocabulary ids `ids` [N] only (a draft's trimmed
+        vocabulary: specdec.drafters.draft_vocab): forward returns [n, N], column j bitwise the full head's column
+        ids[j] (TrimmedHead), and head_ids says which; None: the whole vocabulary again ([n, vocab_size])."""
+        if ids is None:
+            self.head, self.head_ids = self.layer_set.head, None
+            return
+        self.head = self.layer_set.trimmed_head(ids)
+        self.head_ids = self.head.ids
 
     def describe(self) -> str:
-        return self.layer_set.backend
+        trimmed = f", a head of {self.head.out_features:,} tokens" if self.head_ids is not None else ""
+        return self.layer_set.backend + trimmed
 
     def identity(self) -> dict[str, Any]:
-        return model_identity(type(self).__name__, self.model, self.layer_set.dtype)
+        return self._trimmed_identity(model_identity(type(self).__name__, self.model, self.layer_set.dtype))
+
+    def _trimmed_identity(self, identity: dict[str, Any]) -> dict[str, Any]:
+        """`identity` with the trimmed head's size and ids (a digest) where the head is trimmed: what the
+        profile's cached timings are keyed by (a drafted token costs less)."""
+        if self.head_ids is None:
+            return identity
+        digest = hashlib.sha256(self.head_ids.numpy().tobytes()).hexdigest()[:16]
+        return {**identity, "head_rows": self.head.out_features, "head_ids": digest}
 
 
 @torch.inference_mode()
