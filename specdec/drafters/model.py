@@ -25,6 +25,11 @@ changes the output: verification decides.
 Greedy: the draft proposes its argmax (q = None, verified as one-hot).
 Sampling: the draft samples from q = warp(draft logits) with the same
 temperature / top-k / top-p as the target and returns q for verification.
+
+A draft whose head is trimmed to part of the vocabulary (FR-Spec, Zhao et al. 2025; specdec.drafters.draft_vocab:
+its runner's logits are [N] over specdec.backends.base.logit_ids) proposes among those tokens only: greedy,
+the argmax over them; sampling, q = warp(its logits) over them and 0 at every other id.  Still lossless:
+the standard rule is exact for any q, and a token outside the set is simply never proposed.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import torch
 
 from specdec.algorithm.draft import Draft, Drafter
 from specdec.algorithm.sampling import SamplingParams, make_generator, sample_from, warp_probs
-from specdec.backends.base import ModelRunner, common_prefix_length, forward_chunked
+from specdec.backends.base import ModelRunner, common_prefix_length, forward_chunked, logit_ids
 from specdec.drafters.tree import alternatives, tree_draft
 
 # What a drafter does with the draft model's logits [V_draft] at one position:
@@ -94,12 +99,19 @@ class DraftCache:
         self.offset = 0
 
 
+def widened(logits: torch.Tensor, ids: torch.Tensor, width: int) -> torch.Tensor:
+    """Logits over vocabulary ids `ids` [..., N] -> [..., width]: -inf at every other id (a trimmed head's)."""
+    full = logits.new_full((*logits.shape[:-1], width), float("-inf"))
+    return full.index_copy_(-1, ids, logits)
+
+
 def run_draft_model(
     cache: DraftCache,
     context: Sequence[int],
     k: int,
     choose: Callable[[torch.Tensor], Choice],
     confidence: float | None = None,
+    trimmed: bool = False,
 ) -> tuple[list[int], torch.Tensor | None, int]:
     """Sync the draft model's cache with `context` (draft ids), then draft up to k tokens.
 
@@ -110,8 +122,14 @@ def run_draft_model(
     drafting after a token the draft model gave less than this probability (the draft's own
     softmax; the token is still proposed): an optional early stop, as transformers'
     assistant_confidence_threshold.  Where to stop never changes what verification accepts.
+    choose gets the draft's logits [V_draft]; where its runner's head is trimmed (logit_ids), those
+    over the trimmed ids [N] as they are with trimmed=True, else widened to [V_draft] (-inf elsewhere).
     """
     runner = cache.runner
+    ids = logit_ids(runner)
+    if ids is not None and not trimmed:
+        given = choose
+        choose = lambda logits: given(widened(logits, ids, runner.vocab_size))  # noqa: E731
     if not context:
         return [], None, 0
     offset, keep = cache.plan(context)
@@ -130,11 +148,21 @@ def run_draft_model(
         proposed.append(token)
         if q is not None:
             qs.append(q)
-        if confidence is not None and float(torch.softmax(logits.float(), dim=-1)[feed]) < confidence:
+        if confidence is not None and _probability(logits, feed, ids) < confidence:
             break  # the draft doubts this token: the ones after it would be likelier still to fail
         if i < k - 1:  # the last draft token need not be fed: nobody reads logits after it yet
             logits = runner.forward([feed])[-1]
     return proposed, torch.stack(qs) if qs else None, len(fresh)  # q: [k, V_target]
+
+
+def _probability(logits: torch.Tensor, token: int, ids: torch.Tensor | None) -> float:
+    """The draft's own probability of `token` (a draft id): softmax of its logits [V_draft], or of those over
+    the trimmed ids [N] (0 for a token outside them)."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    if ids is None:
+        return float(probs[token])
+    column = torch.nonzero(ids == token)
+    return float(probs[int(column[0, 0])]) if column.numel() else 0.0
 
 
 class ModelDrafter(Drafter):
@@ -167,8 +195,19 @@ class ModelDrafter(Drafter):
         pad = logits.new_full((*logits.shape[:-1], width - logits.shape[-1]), float("-inf"))
         return torch.cat([logits, pad], dim=-1)
 
+    def _full(self, logits: torch.Tensor) -> torch.Tensor:
+        """The draft's logits as the runner gives them ([V_draft], or [N] over a trimmed head's ids) ->
+        [V_target], -inf where the draft proposes nothing."""
+        ids = logit_ids(self.runner)
+        return self._to_target_width(logits if ids is None else widened(logits, ids, self.runner.vocab_size))
+
     def _choose(self, logits: torch.Tensor) -> Choice:
-        logits = self._to_target_width(logits)  # [V_target]
+        ids = logit_ids(self.runner)
+        if ids is not None and self.params.greedy:  # a trimmed head's argmax, no full-width row needed
+            token = int(ids[int(logits.argmax())])
+            if token < self.target_vocab_size:
+                return token, token, None
+        logits = self._full(logits)  # [V_target]
         if self.params.greedy:
             token = int(logits.argmax())
             return token, token, None
@@ -177,7 +216,7 @@ class ModelDrafter(Drafter):
         return token, token, q
 
     def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Draft:
-        tokens, q, synced = run_draft_model(self.cache, context, k, self._choose, self.confidence)
+        tokens, q, synced = run_draft_model(self.cache, context, k, self._choose, self.confidence, trimmed=True)
         return Draft(tokens, q, synced)
 
     def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int,
@@ -189,10 +228,10 @@ class ModelDrafter(Drafter):
         rows: list[torch.Tensor] = []
 
         def choose(logits: torch.Tensor) -> Choice:
-            rows.append(self._to_target_width(logits))  # [V_target]
+            rows.append(self._full(logits))  # [V_target]
             return self._choose(logits)
 
-        tokens, _, synced = run_draft_model(self.cache, context, k, choose, self.confidence)
+        tokens, _, synced = run_draft_model(self.cache, context, k, choose, self.confidence, trimmed=True)
         return tree_draft(alternatives(tokens, rows, width, nodes), width, nodes, synced)
 
     def lag(self, context: Sequence[int]) -> int:
