@@ -86,14 +86,15 @@ class Int4Linear:
         blocks = self.packed.shape[1] // (BLOCK // 2)  # 64-column blocks per row (padded(K) / 64)
         tiles = self.packed.shape[0] // TILE
         # the layout (kernels/int4_linear.c): per tile, per block, per row 32 bytes; per tile and block 16 fp16
-        # values, 4 kinds (the two groups' scales, then their minimums) x TILE rows
-        nibbles = self.packed.view(tiles, blocks, TILE, BLOCK // 2).transpose(1, 2).reshape(tiles * TILE, blocks, -1)
-        factors = self.scales.view(tiles, blocks, 4, TILE).permute(0, 3, 1, 2).reshape(tiles * TILE, blocks, 4)
+        # values, 4 kinds (the two groups' scales, then their minimums) x TILE rows.  Indexed by (tile, row in
+        # tile) for each id, so only the kept rows are read: no copy of the whole layer
+        tile, row = ids // TILE, ids % TILE
         n = ids.numel()
         out_tiles = -(-n // TILE)
         packed = torch.zeros(out_tiles * TILE, blocks, BLOCK // 2, dtype=torch.uint8)  # padding rows: u = 0
         scales = torch.zeros(out_tiles * TILE, blocks, 4, dtype=self.scales.dtype)  # d = m = 0
-        packed[:n], scales[:n] = nibbles[ids], factors[ids]
+        packed[:n] = self.packed.view(tiles, blocks, TILE, BLOCK // 2)[tile, :, row]  # [n, blocks, 32]
+        scales[:n] = self.scales.view(tiles, blocks, 4, TILE)[tile, :, :, row]  # [n, blocks, 4]
         packed = packed.view(out_tiles, TILE, blocks, -1).transpose(1, 2).reshape(out_tiles * TILE, -1)
         scales = scales.view(out_tiles, TILE, blocks, 4).permute(0, 2, 3, 1).reshape(-1)
         bias = None if self.bias is None else self.bias[ids]
