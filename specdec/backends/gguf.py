@@ -564,7 +564,7 @@ class GGUFRunner(LeanRunner):
 
     def clone(self) -> GGUFRunner:
         twin = GGUFRunner(self.gguf, self.max_context, layer_set=self.layer_set)
-        twin.trim_head(self.head_ids)
+        twin.trim_head(None if self._fixed is None else self._fixed.ids)
         return twin
 
     def identity(self) -> dict[str, Any]:

@@ -95,6 +95,7 @@ attention over each row's gathered keys); the native int4 layers do not
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import weakref
 from collections.abc import Callable, Sequence
@@ -203,22 +204,49 @@ def output_rows(linear: Linear, ids: torch.Tensor) -> Linear:
 class TrimmedHead:
     """An output head over some vocabulary ids only (a draft's: FR-Spec, Zhao et al. 2025, arXiv 2502.14856;
     specdec.drafters.draft_vocab): hidden states [n, hidden] -> logits [n, N] whose column j is the full head's
-    column ids[j], bitwise for int4 and int8 (output_rows).  A drafted token then reads N of the head's V rows."""
+    column ids[j], bitwise for int4 and int8 (output_rows).  A drafted token then reads N of the head's V rows.
+
+    Its ids are a fixed set (made once per model: LayerSet.trimmed_head) and, in a head made by
+    :meth:`extended`, a request's own few more (its context's tokens outside the set), computed by a second,
+    small product whose columns follow the set's."""
 
     def __init__(self, head: Linear, ids: torch.Tensor) -> None:
-        self.ids = torch.as_tensor(ids, dtype=torch.int64)  # [N]: the vocabulary id of each logits column
-        if self.ids.dim() != 1 or not self.ids.numel() or len(set(self.ids.tolist())) != self.ids.numel() \
-                or int(self.ids.min()) < 0 or int(self.ids.max()) >= head.out_features:
-            raise ValueError(f"a trimmed head needs distinct vocabulary ids in [0, {head.out_features}), at least one")
-        self.rows = output_rows(head, self.ids)  # hidden -> N
+        self.full = head  # the untrimmed head the rows come from
+        self.ids = self._checked(torch.as_tensor(ids, dtype=torch.int64), head.out_features)  # [N]
+        self.fixed = self.ids  # the set's ids (ids: these, then an extended head's extra ones)
+        self.parts = [output_rows(head, self.ids)]  # hidden -> N (then hidden -> the extra ids)
         self.out_features, self.in_features = int(self.ids.numel()), head.in_features
+
+    @staticmethod
+    def _checked(ids: torch.Tensor, width: int) -> torch.Tensor:
+        if ids.dim() != 1 or not ids.numel() or len(set(ids.tolist())) != ids.numel() \
+                or int(ids.min()) < 0 or int(ids.max()) >= width:
+            raise ValueError(f"a trimmed head needs distinct vocabulary ids in [0, {width}), at least one")
+        return ids
+
+    def extended(self, extra: torch.Tensor) -> TrimmedHead:
+        """This head's set and the ids `extra` [E] (distinct, none in the set): logits [n, N + E], the set's
+        columns first; `extra` empty: the set alone (this head's first part).  Rows gathered per call (E of them)."""
+        extra = torch.as_tensor(extra, dtype=torch.int64)
+        head = copy.copy(self)
+        head.parts = self.parts[:1]
+        head.ids = self.fixed
+        if extra.numel():
+            if bool(torch.isin(extra, self.fixed).any()):
+                raise ValueError("a trimmed head's extra ids must lie outside its set")
+            head.ids = self._checked(torch.cat([self.fixed, extra]), self.full.out_features)
+            head.parts = [self.parts[0], output_rows(self.full, extra)]
+        head.out_features = int(head.ids.numel())
+        return head
 
     def nbytes(self) -> int:
         """The bytes a product reads: the kept rows' weights."""
-        return self.rows.nbytes()
+        return sum(part.nbytes() for part in self.parts)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [n, hidden] -> [n, N]
-        return self.rows(x)
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [n, hidden] -> [n, N (+ E)]
+        if len(self.parts) == 1:
+            return self.parts[0](x)
+        return torch.cat([part(x) for part in self.parts], dim=-1)
 
 
 def fuse(linears: Sequence[Any]) -> Linear:
@@ -783,6 +811,7 @@ class LeanRunner:
         self.eps = eps
         self.head: Linear | TrimmedHead = self.layer_set.head  # trim_head() may swap it for a trimmed one
         self.head_ids: torch.Tensor | None = None  # [N]: the vocabulary ids of the logits' columns (None: all V)
+        self._fixed: TrimmedHead | None = None  # the trimmed head's set (trim_head), before any extra ids
         self.vocab_size = self.layer_set.head.out_features
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.max_context = max_context
@@ -935,17 +964,31 @@ class LeanRunner:
 
     def clone(self) -> LeanRunner:
         twin = LeanRunner(self.model, self.max_context, layer_set=self.layer_set)
-        twin.trim_head(self.head_ids)
+        twin.trim_head(None if self._fixed is None else self._fixed.ids)
         return twin
 
     def trim_head(self, ids: torch.Tensor | None) -> None:
         """From the next forward on, compute logits over vocabulary ids `ids` [N] only (a draft's trimmed
         vocabulary: specdec.drafters.draft_vocab): forward returns [n, N], column j bitwise the full head's column
         ids[j] (TrimmedHead), and head_ids says which; None: the whole vocabulary again ([n, vocab_size])."""
-        if ids is None:
-            self.head, self.head_ids = self.layer_set.head, None
+        self._fixed = None if ids is None else self.layer_set.trimmed_head(ids)
+        self.head = self._fixed or self.layer_set.head
+        self.head_ids = None if self._fixed is None else self._fixed.ids
+
+    def extend_head(self, extra: Sequence[int]) -> None:
+        """A trimmed head's set (trim_head) and the ids `extra` among those outside it (a request's context:
+        specdec.drafters.model.ModelDrafter), in place of any extra ids before; logits then [n, N + E], head_ids
+        the set's then these.  Nothing for an untrimmed head."""
+        if self._fixed is None:
             return
-        self.head = self.layer_set.trimmed_head(ids)
+        fixed = self._fixed.fixed
+        wanted = torch.tensor(sorted({int(t) for t in extra}), dtype=torch.int64)
+        wanted = wanted[(wanted >= 0) & (wanted < self.vocab_size)]
+        wanted = wanted[~torch.isin(wanted, fixed)]
+        assert self.head_ids is not None  # trimmed
+        if torch.equal(wanted, self.head_ids[len(fixed):]):  # the same extra ids as now
+            return
+        self.head = self._fixed.extended(wanted) if wanted.numel() else self._fixed
         self.head_ids = self.head.ids
 
     def describe(self) -> str:
@@ -958,10 +1001,10 @@ class LeanRunner:
     def _trimmed_identity(self, identity: dict[str, Any]) -> dict[str, Any]:
         """`identity` with the trimmed head's size and ids (a digest) where the head is trimmed: what the
         profile's cached timings are keyed by (a drafted token costs less)."""
-        if self.head_ids is None:
+        if self._fixed is None:
             return identity
-        digest = hashlib.sha256(self.head_ids.numpy().tobytes()).hexdigest()[:16]
-        return {**identity, "head_rows": self.head.out_features, "head_ids": digest}
+        digest = hashlib.sha256(self._fixed.ids.numpy().tobytes()).hexdigest()[:16]
+        return {**identity, "head_rows": self._fixed.out_features, "head_ids": digest}
 
 
 @torch.inference_mode()
@@ -983,8 +1026,8 @@ def forward_packed(runners: Sequence[LeanRunner], chunks: Sequence[Sequence[int]
     if len({id(r) for r in runners}) != len(runners):
         raise ValueError("a runner appears twice in one packed forward")
     lead = runners[0]
-    if any(r.layer_set is not lead.layer_set for r in runners):
-        raise ValueError("a packed forward needs runners over the same model")
+    if any(r.layer_set is not lead.layer_set or r.head is not lead.head for r in runners):
+        raise ValueError("a packed forward needs runners over the same model and head")
     chunks = [r._check(c) for r, c in zip(runners, chunks)]
     starts = [len(r.tokens) for r in runners]
     for r, start, c in zip(runners, starts, chunks):

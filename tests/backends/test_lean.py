@@ -147,3 +147,21 @@ def test_a_trimmed_head_gives_the_full_heads_logits_at_its_ids_bitwise(kind):
         runner.trim_head(torch.tensor([VOCAB]))
     with pytest.raises(ValueError):
         runner.trim_head(torch.tensor([3, 3]))
+
+
+def test_a_trimmed_head_extended_by_a_requests_ids_gives_the_full_heads_logits_at_all_of_them():
+    runner = LeanRunner(int8("qwen2"), int4=True, int8_catch_up=False)
+    full = runner.forward([3, 4, 5, 6])  # [4, V]
+    kept = torch.tensor([2, 90, 5, 17])
+    runner.trim_head(kept)
+    fixed = runner.head
+    runner.extend_head([5, 60, 33, 60, VOCAB + 7, -1])  # 5 is in the set; ids outside the vocabulary are dropped
+    assert runner.head_ids.tolist() == [2, 90, 5, 17, 33, 60] and runner.head.nbytes() > fixed.nbytes()
+    runner.reset()
+    assert torch.equal(runner.forward([3, 4, 5, 6]), full[:, runner.head_ids])  # both products, bitwise
+    extended = runner.head
+    runner.extend_head([33, 60])  # the same extra ids: the same head
+    assert runner.head is extended
+    runner.extend_head([])  # another request's: none
+    assert runner.head is fixed and torch.equal(runner.head_ids, kept)
+    assert runner.clone().head is fixed  # a clone keeps the set, not a request's extra ids
