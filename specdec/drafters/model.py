@@ -186,6 +186,10 @@ class ModelDrafter(Drafter):
         # Vocabularies may differ only by padding rows (e.g. 151936 vs 152064):
         # logits are cut or padded to the target's width so ids and q line up.
         self.target_vocab_size = target_vocab_size or runner.vocab_size
+        # A trimmed head (FR-Spec) also proposes the tokens of this request's context (_follow_context):
+        self._context_ids: set[int] = set()  # every token of the context so far
+        self._in_head: torch.Tensor | None = None  # [V_draft] bool: the ids the head's logits cover
+        self._followed = 0  # context tokens looked at
 
     def _to_target_width(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [V_draft] -> [V_target]; padding ids the draft lacks get -inf."""
@@ -215,7 +219,30 @@ class ModelDrafter(Drafter):
         token = sample_from(q, self.generator)
         return token, token, q
 
+    def _follow_context(self, context: Sequence[int]) -> None:
+        """Where the runner's head is trimmed to a set of tokens (specdec.drafters.draft_vocab): that set and every
+        token of this request's context -- a prompt's tokens are likely in its answer (code, documents to
+        summarize or answer from), and an answer repeats its own -- through LeanRunner.extend_head, once per new
+        token outside them.  The first call replaces an earlier request's: what the head holds depends on this
+        request's tokens alone."""
+        extend = getattr(self.runner, "extend_head", None)
+        if extend is None or logit_ids(self.runner) is None:
+            return
+        if self._in_head is not None and len(context) <= self._followed:  # nothing new
+            return
+        fresh = [int(t) for t in context[self._followed :] if 0 <= int(t) < self.runner.vocab_size]
+        self._followed = len(context)
+        if self._in_head is not None and all(self._in_head[fresh].tolist()):
+            return
+        self._context_ids.update(fresh)
+        extend(self._context_ids)
+        ids = logit_ids(self.runner)
+        assert ids is not None
+        self._in_head = torch.zeros(self.runner.vocab_size, dtype=torch.bool)
+        self._in_head[ids] = True
+
     def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Draft:
+        self._follow_context(context)
         tokens, q, synced = run_draft_model(self.cache, context, k, self._choose, self.confidence, trimmed=True)
         return Draft(tokens, q, synced)
 
@@ -225,6 +252,7 @@ class ModelDrafter(Drafter):
         (specdec.drafters.tree.alternatives: no extra draft forwards); a sampled draft stays a chain."""
         if not self.params.greedy:
             return self.propose(context, k)
+        self._follow_context(context)
         rows: list[torch.Tensor] = []
 
         def choose(logits: torch.Tensor) -> Choice:
@@ -243,3 +271,4 @@ class ModelDrafter(Drafter):
 
     def reset(self) -> None:
         self.cache.reset()
+        self._context_ids, self._in_head, self._followed = set(), None, 0
