@@ -19,8 +19,8 @@ proposals in the same runs); with suffix drafts (q = None proposals that follow 
 frequent continuation of its longest match in the run's own context or in a fixed store of earlier
 outputs); and with an int4 draft model (a tiny qwen2 model
 with V = 6 on specdec's int4 kernel and C layers, specdec.backends.lean), also with its head trimmed to
-two of the six tokens and the run's context (FR-Spec: q is zero at the tokens outside them).  Seeds are fixed, so every p-value is a fixed number
-(recorded below); the test passes when p > 0.001.  The runs are split over two
+two of the six tokens and the run's context (FR-Spec: q is zero at the tokens outside them).  Seeds are
+fixed, so every p-value is a fixed number (recorded below); the test passes when p > 0.001.  The runs are split over two
 processes (tests/chisq.py); the histogram does not depend on the split.
 
 Exact part (tiny transformers models, tests/tiny.py): top_k = 1 and a

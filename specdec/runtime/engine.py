@@ -34,7 +34,6 @@ from specdec.drafters.draft_vocab import (
     AUTO_MIN_VOCAB,
     DEFAULT_DRAFT_VOCAB,
     VOCAB_AUTO,
-    VOCAB_FULL,
     draft_vocabulary,
     parse_draft_vocab,
 )
@@ -542,30 +541,25 @@ class Engine:
         if runner is None:
             return
         trim = getattr(runner, "trim_head", None)  # LeanRunner's (specdec.backends.lean)
-        if draft_vocab == VOCAB_FULL:
-            if trim is not None:
-                trim(None)
-            return
         auto = draft_vocab == VOCAB_AUTO
-        size = DEFAULT_DRAFT_VOCAB if auto else int(draft_vocab)
-        if auto and runner.vocab_size <= AUTO_MIN_VOCAB:
-            return
-        if trim is None or not self.same_vocabulary:
-            if auto:
-                return
-            raise SpecdecError(f"--draft-vocab {size}: only a draft with the target's tokenizer on specdec's int4 or "
-                               f"int8 kernel ({self.draft_name} runs on {runner.describe()}) proposes among some "
-                               "tokens; use --draft-vocab full")
-        ids = draft_vocabulary(self.draft_tokenizer, size, runner.vocab_size, self.eos_token_ids)
-        if len(ids) >= runner.vocab_size:
-            trim(None)
+        size = DEFAULT_DRAFT_VOCAB if auto else draft_vocab
+        ids = None  # the whole vocabulary
+        if isinstance(size, int) and (not auto or runner.vocab_size > AUTO_MIN_VOCAB):
+            if trim is not None and self.same_vocabulary:
+                ids = draft_vocabulary(self.draft_tokenizer, size, runner.vocab_size, self.eos_token_ids)
+                ids = ids if len(ids) < runner.vocab_size else None
+            elif not auto:
+                raise SpecdecError(f"--draft-vocab {size}: only a draft with the target's tokenizer on specdec's int4 "
+                                   f"or int8 kernel ({self.draft_name} runs on {runner.describe()}) proposes among "
+                                   "some tokens; use --draft-vocab full")
+        if trim is None:
             return
         try:
             trim(ids)
-        except SpecdecError:
-            if not auto:  # a head of another kind (a GGUF draft's blocks): refused where asked for
-                raise
+        except SpecdecError as e:  # a head of another kind (a GGUF draft's blocks): refused where asked for
             trim(None)
+            if not auto:
+                raise SpecdecError(f"--draft-vocab {size}: {e}; use --draft-vocab full") from None
 
     def model_drafter(self, sampling: SamplingParams, mode: str, confidence: float | None,
                       runner: ModelRunner) -> Drafter:

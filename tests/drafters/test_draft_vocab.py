@@ -118,5 +118,8 @@ def test_the_engine_trims_a_draft_that_can_be_trimmed_and_refuses_one_that_canno
         Engine(target, tok).generate("def f", max_new_tokens=12).token_ids
     engine.trim_draft_vocabulary(VOCAB_FULL)
     assert draft.head_ids is None
+    engine.trim_draft_vocabulary(100)
+    engine.trim_draft_vocabulary(VOCAB_AUTO)  # auto again: whole
+    assert draft.head_ids is None
     with pytest.raises(SpecdecError, match="draft-vocab"):
         Engine(target, tok, HFRunner(tiny_model("llama", 1, vocab_size=len(tok))), tok).trim_draft_vocabulary(100)
