@@ -67,6 +67,12 @@ its AVX-512 VNNI path, an int4 draft's forwards of several rows -- its
 catch-ups -- run on the int8 weights instead (:class:`CatchUpLayers`): a
 drafted token is bound by memory, a catch-up by arithmetic.
 
+**Trimmed heads** (``trim_head`` / ``extend_head``; FR-Spec, Zhao et al. 2025): a draft's head may compute
+the logits of some vocabulary ids only (:class:`TrimmedHead`: their rows gathered from the head's packed
+weights, so bitwise the full head's logits there for int4 and int8), a fixed set shared by the model's
+runners and a request's own few more; forward then returns [n, N] and ``head_ids`` names the columns
+(specdec.drafters.draft_vocab).  A drafted token reads N of the head's rows instead of all of them.
+
 **Hidden states** (``hidden()``, specdec.backends.base.ModelRunner.hidden):
 the head's input, the final norm's output at the rows whose logits a forward
 returns, is kept by reference: each runner of a packed forward gets its own rows.
