@@ -668,7 +668,7 @@ def _parse_lengths(text: str, option: str) -> list[int]:
 
 @app.command()
 @engine_options(
-    "target", "draft", "dtype", "draft_dtype", "backend", "device", "draft_backend", "n_ctx", "threads",
+    "target", "draft", "dtype", "draft_dtype", "backend", "device", "draft_backend", "n_ctx", "threads", "draft_vocab",
     draft={"default": "none", "help": "Draft model to time per drafted token, 'head' or 'head:<dir>' (a draft head: timed anyway when one was trained for the target), or 'none'."},
     draft_dtype={"help": "The draft's dtype (default: --dtype)."},
     backend={"help": "Target's backend: hf or llamacpp."},

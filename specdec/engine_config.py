@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.defaults import DEFAULT_DRAFTER, DEFAULT_SUFFIX_MEMORY, DEFAULT_TARGET, MODEL_DRAFTER
+from specdec.drafters.draft_vocab import AUTO_MIN_VOCAB, DEFAULT_DRAFT_VOCAB, VOCAB_AUTO, VOCAB_FULL, parse_draft_vocab
 from specdec.request import Option, option
 
 DTYPES = ("auto", "gguf", "int8", "fp32", "bf16")  # the target's, on specdec's side (specdec.runtime.loading)
@@ -41,6 +42,10 @@ DRAFT_HELP = ("The drafter: a draft model, 'lookup' (prompt lookup: no draft mod
               f"the target and it runs on transformers (--backend hf), else {MODEL_DRAFTER}.")
 SUFFIX_MEMORY_HELP = (f"With suffix drafts: the tokens of recent answers the engine keeps to draft from (default "
                       f"{DEFAULT_SUFFIX_MEMORY:,}, ~20 MB; the oldest answers go first; 0: each request's own context only).")
+DRAFT_VOCAB_HELP = (f"The tokens the draft model proposes among (FR-Spec): a number N (its head computes the logits of the "
+                    f"N most frequent tokens only: a cheaper drafted token, never another output), {VOCAB_FULL}, or "
+                    f"{VOCAB_AUTO} (the default: {DEFAULT_DRAFT_VOCAB} for a draft of over {AUTO_MIN_VOCAB:,} tokens on "
+                    f"specdec's int4 or int8 kernel that shares the target's tokenizer, else {VOCAB_FULL}).")
 DEVICE_HELP = "Where transformers models run: cpu, cuda, or auto (cuda when available). int8 is CPU-only."
 
 
@@ -73,12 +78,14 @@ class EngineConfig:
         None, "--threads",
         help="CPU threads for llama.cpp and torch (default: llama.cpp all CPUs, torch its own choice).")
     suffix_memory: int = option(DEFAULT_SUFFIX_MEMORY, "--suffix-memory", minimum=0, help=SUFFIX_MEMORY_HELP)
+    draft_vocab: str = option(VOCAB_AUTO, "--draft-vocab", cli_type=str, help=DRAFT_VOCAB_HELP)
 
     def __post_init__(self) -> None:
         from specdec.drafters.spec import is_none
 
         if is_none(self.draft):
             object.__setattr__(self, "draft", None)
+        object.__setattr__(self, "draft_vocab", str(parse_draft_vocab(self.draft_vocab)))  # refused here if wrong
 
 
 def engine_fields() -> list[tuple[dataclasses.Field, Option]]:

@@ -18,8 +18,9 @@ the hybrid drafter (prompt lookup's q = None proposals and a draft model's q
 proposals in the same runs); with suffix drafts (q = None proposals that follow the context: the most
 frequent continuation of its longest match in the run's own context or in a fixed store of earlier
 outputs); and with an int4 draft model (a tiny qwen2 model
-with V = 6 on specdec's int4 kernel and C layers, specdec.backends.lean).  Seeds are fixed, so every p-value is a fixed number
-(recorded below); the test passes when p > 0.001.  The runs are split over two
+with V = 6 on specdec's int4 kernel and C layers, specdec.backends.lean), also with its head trimmed to
+two of the six tokens and the run's context (FR-Spec: q is zero at the tokens outside them).  Seeds are
+fixed, so every p-value is a fixed number (recorded below); the test passes when p > 0.001.  The runs are split over two
 processes (tests/chisq.py); the histogram does not depend on the split.
 
 Exact part (tiny transformers models, tests/tiny.py): top_k = 1 and a
@@ -93,6 +94,15 @@ def int4_drafter() -> Callable[[SamplingParams], ModelDrafter]:
     return lambda params: ModelDrafter(runner, params)
 
 
+def trimmed_int4_drafter() -> Callable[[SamplingParams], ModelDrafter]:
+    """The int4 draft above with its head trimmed to tokens 0 and 2 (FR-Spec), and the run's context: the
+    prompt's 1 and 4 from the start, 3 and 5 once the run has emitted them (the head grows within a run).
+    Until then q is 0 at 3 and 5, which the target samples too: they come from the residual alone."""
+    runner = LeanRunner(quantize_model(tiny_model("qwen2", 0, vocab_size=VOCAB)), int4=True, int8_catch_up=False)
+    runner.trim_head(torch.tensor([0, 2]))
+    return lambda params: ModelDrafter(runner, params)
+
+
 def hybrid_drafter(table: torch.Tensor) -> Callable[[SamplingParams], HybridDrafter]:
     """Prompt lookup (one-token matches allowed, so both sources propose in a 7-token context:
     q = None proposals and the draft model's q proposals in one run) in front of a draft model."""
@@ -122,7 +132,8 @@ def fixed_drafter() -> Callable[[SamplingParams], FixedDrafter]:
 # (unrelated-draft), 0.687 (q=None-draft), 0.544 (unrelated-draft-top-k-top-p), 0.313
 # (ties-at-the-top-k-top-p-cut), 0.606 (auto-k-controller), 0.327 (hybrid-lookup-then-draft), 0.297
 # (suffix-drafts), 0.742 (draft-confidence-stop), 0.822 (draft-window-1) and 0.183 (int4-draft; on an
-# AVX2 CPU, whose int4 kernel paths give the same bits).  The bugs tried against this
+# AVX2 CPU, whose int4 kernel paths give the same bits; 0.559 on an AMD EPYC Zen 4), 0.595 (trimmed-int4-draft,
+# that Zen 4).  The bugs tried against this
 # test (residual = p, bonus from the wrong row, q ignored, target rolled back one token short,
 # q = None residual keeping x, the drafter's q not warped like its samples) gave p < 1e-30
 # with 50,000 runs in the cases they affect; at 20,000, residual = p still gives chi2 > 7,600
@@ -141,6 +152,7 @@ CASES = {
     # a catch-up window of 1: the draft model starts over from the last token whenever it is further behind
     "draft-window-1": (TARGET, T08, lambda: model_drafter(OTHER, window=1)),
     "int4-draft": (TARGET, T08, int4_drafter),
+    "trimmed-int4-draft": (TARGET, T08, trimmed_int4_drafter),
     # token trees (the chain and a second token at each of its positions) verified in one forward
     "tree-of-fixed-proposals": (TARGET, T08, fixed_drafter),
     "tree-top-k-top-p": (TARGET, TOPK_TOPP, fixed_drafter),

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 if TYPE_CHECKING:  # torch types the protocols here; what checks a spec imports this module without it
     import torch
@@ -57,6 +57,9 @@ class Capabilities:
     tree: bool = False
     # draft_greedy(feed, k) feeds tokens and drafts k greedy ones in one native call (a draft model's chain)
     draft_chain: bool = False
+    # trim_head(ids) / extend_head(extra) compute logits over some vocabulary ids only, head_ids naming them
+    # (a draft's trimmed vocabulary: TrimmableHead)
+    trim_head: bool = False
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,7 @@ def decoder_footprint(layers: int, kv_heads: int, head_dim: int, heads: int, hid
 class ModelRunner(Protocol):
     tokens: list[int]  # exactly what the KV cache holds, in order
     capabilities: Capabilities
-    vocab_size: int  # width V of the logits
+    vocab_size: int  # width V of the logits (the token ids it embeds; see logit_ids for a trimmed head)
     max_context: int  # the most tokens the cache may hold
     @property
     def model(self) -> Any:
@@ -268,6 +271,34 @@ def checked_new_tokens(new_tokens: Sequence[int], cached: int, max_context: int,
             f"context of {cached + len(new_tokens)} {what} exceeds the model's window of {max_context}"
         )
     return new_tokens
+
+
+class TrimmableHead(Protocol):
+    """What a runner whose capabilities say trim_head offers (specdec.backends.lean.LeanRunner: a draft's head over
+    a trimmed vocabulary, FR-Spec; specdec.drafters.draft_vocab)."""
+
+    head_ids: torch.Tensor | None  # [N]: the vocabulary id of each logits column (None: every id, [n, vocab_size])
+
+    def trim_head(self, ids: torch.Tensor | None) -> None:
+        """From the next forward on, logits over vocabulary ids `ids` [N] only (None: the whole vocabulary)."""
+        ...
+
+    def extend_head(self, extra: Sequence[int]) -> None:
+        """A trimmed head's set and the ids `extra` outside it (a request's own), in place of any extra before."""
+        ...
+
+
+def trimmable(runner: ModelRunner) -> TrimmableHead | None:
+    """`runner` as a TrimmableHead where its capabilities say trim_head, else None."""
+    return cast(TrimmableHead, runner) if runner.capabilities.trim_head else None
+
+
+def logit_ids(runner: ModelRunner) -> torch.Tensor | None:
+    """The vocabulary ids [N] of the columns of `runner`'s logits where its head is trimmed to some of the
+    vocabulary (a draft's: specdec.backends.lean.LeanRunner.trim_head, specdec.drafters.draft_vocab), else None: the
+    logits are [n, vocab_size], column i token i, as for every other runner."""
+    head = trimmable(runner)
+    return None if head is None else head.head_ids
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:

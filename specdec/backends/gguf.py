@@ -36,7 +36,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -44,7 +44,7 @@ import torch
 from specdec.backends import kernels
 from specdec.backends.kernels.bindings import LayersModel
 from specdec.backends.kernels.gguf import BLOCK, FILE_BYTES, NAMES, Part, Parts
-from specdec.backends.lean import LayerSet, LeanRunner, Rotary, _Layer, _NativeTable
+from specdec.backends.lean import LayerSet, LeanRunner, Rotary, TrimmedHead, _Layer, _NativeTable
 from specdec.backends.modelconfig import ModelConfig, eos_id_set, model_config
 from specdec.backends.packcache import cache_for, file_identity
 from specdec.backends.tree import Tree
@@ -421,7 +421,8 @@ class GGUFModel:
             plan.append([[(blk + "attn_q", q_order), (blk + "attn_k", k_order), (blk + "attn_v", None)],
                          [(blk + "attn_output", None)], [(blk + "ffn_gate", None), (blk + "ffn_up", None)],
                          [(blk + "ffn_down", None)]])
-        head = [("output" if "output.weight" in file.tensors else "token_embd", None)]
+        self._head_stem = "output" if "output.weight" in file.tensors else "token_embd"
+        head = [(self._head_stem, None)]
         stems = [stem for layer in plan for linear in layer for stem, _ in linear] + [head[0][0]]
         cache = cache_for("gguf" if requantize is None else f"gguf-{self.dtype}", file.path)
         self._arena = _Arena([self._shape(self._tensor(stem)) for stem in stems],
@@ -437,6 +438,7 @@ class GGUFModel:
         self.layers = layers
         self.final_norm = file.float_tensor("output_norm.weight")
         self.head = self._parts(head)
+        self.head.rows_of = self.head_rows  # a trimmed vocabulary's head is its rows packed anew
         if self._arena.filled:
             assert cache is not None
             cache.prefault()
@@ -504,14 +506,19 @@ class GGUFModel:
     def head_rows(self, ids: Sequence[int]) -> Parts:
         """The output head restricted to vocabulary ids `ids` (its rows, packed anew in that order: a draft's head
         over a trimmed vocabulary, FR-Spec): logit j of a row is bitwise the full head's logit ids[j] (the kernel
-        computes each output channel from its own weights and the row)."""
-        stem = "output" if "output.weight" in self.file.tensors else "token_embd"
-        tensor = self._tensor(stem)
-        type_id, rows, columns = self._shape(tensor)
+        computes each output channel from its own weights and the row; a requantised head's rows are requantised
+        alone, each row's blocks its own)."""
+        tensor = self._tensor(self._head_stem)
         order = [int(i) for i in ids]
-        packed = torch.empty(kernels.gguf.packed_bytes(type_id, len(order), columns), dtype=torch.uint8)
-        kernels.gguf.pack(*self._blocks(tensor), rows, columns, order, out=packed)
-        return Parts([Part(packed, type_id, len(order))], columns)
+        if self.requantize is None:
+            type_id = tensor.type_id
+            packed = kernels.gguf.pack(type_id, self.file.blocks(tensor.name), tensor.rows, tensor.columns, order)
+        else:
+            from specdec.backends.int4 import q4_1_blocks
+
+            type_id = self.requantize
+            packed = kernels.gguf.pack(type_id, q4_1_blocks(self.float_rows(tensor, order)), len(order), tensor.columns)
+        return Parts([Part(packed, type_id, len(order))], tensor.columns, rows_of=self.head_rows)
 
     def embedding(self, tokens: Sequence[int]) -> torch.Tensor:
         """The token embedding's rows [n, hidden] fp32: the file's de-quantised values."""
@@ -608,6 +615,7 @@ class GGUFRunner(LeanRunner):
             head_dim=model.head_dim, max_context=max_context or int(config.max_position_embeddings),
             rotary=Rotary(config, model.head_dim), rope_kinds=[None])
         self.capabilities = replace(self.capabilities, draft_chain=True)
+        self._chain: tuple[Any, Parts, torch.Tensor] | None = None  # (head, its Parts, ids): _chain_head's
 
     @property
     def model(self) -> Any:
@@ -645,22 +653,39 @@ class GGUFRunner(LeanRunner):
         self._reserve(start + len(feed) + k - 1)
         model = self.gguf
         table = model.file.blocks(model.embed.name)
+        head, ids = self._chain_head()
         out = kernels.layers.draft_greedy(
             self.layer_set._kernel_model, self._addresses, self.capacity * self.head_dim, self._cos[0], self._sin[0],
-            self.final_norm, (model.head.address, len(model.head.parts), model.head.out_features), None,
+            self.final_norm, (head.address, len(head.parts), head.out_features), ids,
             (model.embed.type_id, table.ctypes.data, model.embed.rows), feed, start, k)
         self.tokens.extend(feed + out[: k - 1])
         self._hidden = self._tail = None
         return out
 
+    def _chain_head(self) -> tuple[Parts, torch.Tensor | None]:
+        """The head draft_greedy multiplies, as one Parts (a trimmed head's set and extra ids side by side), and
+        its columns' token ids (int32 [N], None for the whole vocabulary): made once per head."""
+        head = self.head
+        if isinstance(head, Parts):
+            return head, None
+        assert isinstance(head, TrimmedHead)  # a GGUF model's head is Parts, or a trimmed one over its rows
+        if self._chain is None or self._chain[0] is not head:
+            assert self.head_ids is not None
+            parts = [part for piece in head.parts for part in cast(Parts, piece).parts]  # a GGUF head's rows: Parts
+            self._chain = (head, Parts(parts, head.in_features), self.head_ids.to(torch.int32).contiguous())
+        return self._chain[1], self._chain[2]
+
     def clone(self) -> GGUFRunner:
-        return GGUFRunner(self.gguf, self.max_context, layer_set=self.layer_set)
+        twin = GGUFRunner(self.gguf, self.max_context, layer_set=self.layer_set)
+        twin.trim_head(None if self._fixed is None else self._fixed.ids)
+        return twin
 
     def identity(self) -> dict[str, Any]:
         from specdec.backends.kernels.build import version
 
-        return {"backend": type(self).__name__, "model": self.gguf.name, "dtype": self.gguf.dtype, "device": "cpu",
-                "threads": torch.get_num_threads(), "kernel": version()}
+        return self._trimmed_identity({"backend": type(self).__name__, "model": self.gguf.name,
+                                       "dtype": self.gguf.dtype, "device": "cpu", "threads": torch.get_num_threads(),
+                                       "kernel": version()})
 
 
 def load(path: str | Path, name: str = "", max_context: int | None = None, requantize: int | None = None) -> GGUFRunner:

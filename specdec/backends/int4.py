@@ -29,9 +29,11 @@ import torch.nn.functional as F
 
 from specdec.backends import kernels
 from specdec.backends.kernels.int4 import GROUP
+from specdec.backends.kernels.int8 import TILE
 from specdec.backends.quant import Int8Linear
 
 LEVELS = 15  # u in [0, 15]: unsigned 4-bit values
+BLOCK = 64  # the packed layout's columns per 32 bytes of a row's nibbles (kernels/int4_linear.c)
 
 
 def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -72,6 +74,31 @@ class Int4Linear:
         from_weight on those weights, made in one pass in C (the 0.5B's 494M weights: seconds less)."""
         return cls(*kernels.int4.pack_int8(linear.int8_weight(), linear.scale), linear.out_features,
                    linear.in_features, linear.bias)
+
+    def rows(self, ids: torch.Tensor) -> Int4Linear:
+        """The layer restricted to output channels `ids` [N'] (int64, each in [0, N)): their packed nibbles,
+        scales and minimums gathered from this layer's tiles into tiles of their own, nothing requantized.
+        Every output of the kernel depends on its own weight row only, so output j of the result is bitwise
+        output ids[j] of this layer (an FR-Spec draft head: specdec.drafters.draft_vocab)."""
+        ids = torch.as_tensor(ids, dtype=torch.int64)
+        if ids.dim() != 1 or (ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.out_features)):
+            raise ValueError(f"output channel ids must be a 1-d tensor of ids in [0, {self.out_features})")
+        blocks = self.packed.shape[1] // (BLOCK // 2)  # 64-column blocks per row (padded(K) / 64)
+        tiles = self.packed.shape[0] // TILE
+        # the layout (kernels/int4_linear.c): per tile, per block, per row 32 bytes; per tile and block 16 fp16
+        # values, 4 kinds (the two groups' scales, then their minimums) x TILE rows.  Indexed by (tile, row in
+        # tile) for each id, so only the kept rows are read: no copy of the whole layer
+        tile, row = ids // TILE, ids % TILE
+        n = ids.numel()
+        out_tiles = -(-n // TILE)
+        packed = torch.zeros(out_tiles * TILE, blocks, BLOCK // 2, dtype=torch.uint8)  # padding rows: u = 0
+        scales = torch.zeros(out_tiles * TILE, blocks, 4, dtype=self.scales.dtype)  # d = m = 0
+        packed[:n] = self.packed.view(tiles, blocks, TILE, BLOCK // 2)[tile, :, row]  # [n, blocks, 32]
+        scales[:n] = self.scales.view(tiles, blocks, 4, TILE)[tile, :, :, row]  # [n, blocks, 4]
+        packed = packed.view(out_tiles, TILE, blocks, -1).transpose(1, 2).reshape(out_tiles * TILE, -1)
+        scales = scales.view(out_tiles, TILE, blocks, 4).permute(0, 2, 3, 1).reshape(-1)
+        bias = None if self.bias is None else self.bias[ids]
+        return Int4Linear(packed, scales, n, self.in_features, bias)
 
     def nbytes(self) -> int:
         """The bytes its kernel reads: the packed 4-bit weights, fp16 scales and minimums, and the bias."""

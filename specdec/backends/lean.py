@@ -67,6 +67,12 @@ its AVX-512 VNNI path, an int4 draft's forwards of several rows -- its
 catch-ups -- run on the int8 weights instead (:class:`CatchUpLayers`): a
 drafted token is bound by memory, a catch-up by arithmetic.
 
+**Trimmed heads** (``trim_head`` / ``extend_head``; FR-Spec, Zhao et al. 2025): a draft's head may compute
+the logits of some vocabulary ids only (:class:`TrimmedHead`: their rows gathered from the head's packed
+weights, so bitwise the full head's logits there for int4 and int8), a fixed set shared by the model's
+runners and a request's own few more; forward then returns [n, N] and ``head_ids`` names the columns
+(specdec.drafters.draft_vocab).  A drafted token reads N of the head's rows instead of all of them.
+
 **Hidden states** (``hidden()``, specdec.backends.base.ModelRunner.hidden):
 the head's input, the final norm's output at the rows whose logits a forward
 returns, is kept by reference: each runner of a packed forward gets its own rows.
@@ -95,6 +101,8 @@ attention over each row's gathered keys); the native int4 layers do not
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -180,6 +188,73 @@ class FloatLinear:
 
 
 Linear = Int8Linear | FloatLinear | Int4Linear | Parts  # Parts: a GGUF file's packed tensors (specdec.backends.gguf)
+
+
+def output_rows(linear: Linear, ids: torch.Tensor) -> Linear:
+    """`linear` restricted to its output channels `ids` [N] (int64): the same weights gathered, so that each
+    of its outputs is bitwise the full layer's at that id where each output depends on its own weight row
+    only (int4, int8, a GGUF file's blocks: Parts that know where their rows come from); an fp32 layer's up to
+    rounding (BLAS blocks its products by their width)."""
+    if isinstance(linear, Int4Linear):
+        return linear.rows(ids)
+    if isinstance(linear, Parts):
+        return linear.rows(ids.tolist())
+    if isinstance(linear, Int8Linear | FloatLinear):
+        bias = None if linear.bias is None else linear.bias.detach()[ids]
+        if isinstance(linear, FloatLinear):
+            return FloatLinear(linear.weight[ids], bias)
+        rows = Int8Linear(linear.int8_weight()[ids], linear.scale[ids], bias)
+        rows.pack()
+        return rows
+    raise SpecdecError(f"a head of {type(linear).__name__} cannot be trimmed to some of its rows")
+
+
+class TrimmedHead:
+    """An output head over some vocabulary ids only (a draft's: FR-Spec, Zhao et al. 2025, arXiv 2502.14856;
+    specdec.drafters.draft_vocab): hidden states [n, hidden] -> logits [n, N] whose column j is the full head's
+    column ids[j], bitwise for int4 and int8 (output_rows).  A drafted token then reads N of the head's V rows.
+
+    Its ids are a fixed set (made once per model: LayerSet.trimmed_head) and, in a head made by
+    :meth:`extended`, a request's own few more (its context's tokens outside the set), computed by a second,
+    small product whose columns follow the set's."""
+
+    def __init__(self, head: Linear, ids: torch.Tensor) -> None:
+        self.full = head  # the untrimmed head the rows come from
+        self.ids = self._checked(torch.as_tensor(ids, dtype=torch.int64), head.out_features)  # [N]
+        self.fixed = self.ids  # the set's ids (ids: these, then an extended head's extra ones)
+        self.parts = [output_rows(head, self.ids)]  # hidden -> N (then hidden -> the extra ids)
+        self.out_features, self.in_features = int(self.ids.numel()), head.in_features
+
+    @staticmethod
+    def _checked(ids: torch.Tensor, width: int) -> torch.Tensor:
+        if ids.dim() != 1 or not ids.numel() or len(set(ids.tolist())) != ids.numel() \
+                or int(ids.min()) < 0 or int(ids.max()) >= width:
+            raise ValueError(f"a trimmed head needs distinct vocabulary ids in [0, {width}), at least one")
+        return ids
+
+    def extended(self, extra: torch.Tensor) -> TrimmedHead:
+        """This head's set and the ids `extra` [E] (distinct, none in the set): logits [n, N + E], the set's
+        columns first; `extra` empty: the set alone (this head's first part).  Rows gathered per call (E of them)."""
+        extra = torch.as_tensor(extra, dtype=torch.int64)
+        head = copy.copy(self)
+        head.parts = self.parts[:1]
+        head.ids = self.fixed
+        if extra.numel():
+            if bool(torch.isin(extra, self.fixed).any()):
+                raise ValueError("a trimmed head's extra ids must lie outside its set")
+            head.ids = self._checked(torch.cat([self.fixed, extra]), self.full.out_features)
+            head.parts = [self.parts[0], output_rows(self.full, extra)]
+        head.out_features = int(head.ids.numel())
+        return head
+
+    def nbytes(self) -> int:
+        """The bytes a product reads: the kept rows' weights."""
+        return sum(part.nbytes() for part in self.parts)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [n, hidden] -> [n, N (+ E)]
+        if len(self.parts) == 1:
+            return self.parts[0](x)
+        return torch.cat([part(x) for part in self.parts], dim=-1)
 
 
 def fuse(linears: Sequence[Any]) -> Linear:
@@ -424,16 +499,26 @@ class LayerSet:
         self.layers = layers
         self.head = head  # hidden -> V
         self.intermediate = layers[0].gate_up.out_features // 2  # I
+        self._trimmed: dict[bytes, TrimmedHead] = {}  # the heads trimmed to some ids (trimmed_head), by those ids
+
+    def trimmed_head(self, ids: torch.Tensor) -> TrimmedHead:
+        """The head over vocabulary ids `ids` [N] only (TrimmedHead), made once and shared by this model's
+        runners (a batch's draft runners, clones)."""
+        ids = torch.as_tensor(ids, dtype=torch.int64)
+        key = ids.numpy().tobytes()
+        if key not in self._trimmed:
+            self._trimmed[key] = TrimmedHead(self.head, ids)
+        return self._trimmed[key]
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """The final norm of rows x [n, hidden] (transformers' RMSNorm, op for op)."""
         return rms_norm(x, weight, eps)
 
-    def step_bytes(self) -> int:
-        """The weight bytes a one-token step reads: every layer's linears and the head, as stored for their
-        kernels (profile's roof)."""
+    def step_bytes(self, head: Linear | TrimmedHead | None = None) -> int:
+        """The weight bytes a one-token step reads: every layer's linears and the head (`head`, default this
+        set's: a runner's trimmed one), as stored for their kernels (profile's roof)."""
         linears = [lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        return sum(lin.nbytes() for lin in [*linears, self.head])
+        return sum(lin.nbytes() for lin in [*linears, head or self.head])
 
     @classmethod
     def of(cls, model: Any) -> Self:
@@ -727,13 +812,15 @@ class LeanRunner:
         """The model's shapes and shared tensors (after layer_set and model are set), and an empty cache."""
         # int8 models are batch-invariant (specdec.backends.quant); fp32 ones are not
         self.capabilities = Capabilities(batch_invariant=self.layer_set.batch_invariant, hidden_states=True,
-                                         taps=self.layer_set.tappable, tree=self.layer_set.tree)
+                                         taps=self.layer_set.tappable, tree=self.layer_set.tree, trim_head=True)
         self.embed_rows = embed_rows  # the token ids the embedding has
         self.embed_scale = embed_scale
         self.final_norm = final_norm  # [hidden]
         self.eps = eps
-        self.head: Linear = self.layer_set.head
-        self.vocab_size = self.head.out_features
+        self.head: Linear | TrimmedHead = self.layer_set.head  # trim_head() may swap it for a trimmed one
+        self.head_ids: torch.Tensor | None = None  # [N]: the vocabulary ids of the logits' columns (None: all V)
+        self._fixed: TrimmedHead | None = None  # the trimmed head's set (trim_head), before any extra ids
+        self.vocab_size = self.layer_set.head.out_features
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.max_context = max_context
         self._rotary = rotary
@@ -785,7 +872,7 @@ class LeanRunner:
         """Its fp32 cache's bytes per token and a forward's per row (ModelRunner.footprint); a long prefill in
         chunks where the runner is batch-invariant (forward_chunked)."""
         return decoder_footprint(len(self.layer_set.layers), self.num_kv_heads, self.head_dim, self.num_heads,
-                                 int(self.final_norm.shape[0]), self.layer_set.intermediate, self.vocab_size,
+                                 int(self.final_norm.shape[0]), self.layer_set.intermediate, self.head.out_features,
                                  CACHE_DTYPE.itemsize, chunked=self.capabilities.batch_invariant)
 
     def expect(self, tokens: int) -> None:
@@ -888,13 +975,48 @@ class LeanRunner:
         return model_eos_token_ids(self.model)
 
     def clone(self) -> LeanRunner:
-        return LeanRunner(self.model, self.max_context, layer_set=self.layer_set)
+        twin = LeanRunner(self.model, self.max_context, layer_set=self.layer_set)
+        twin.trim_head(None if self._fixed is None else self._fixed.ids)
+        return twin
+
+    def trim_head(self, ids: torch.Tensor | None) -> None:
+        """From the next forward on, compute logits over vocabulary ids `ids` [N] only (a draft's trimmed
+        vocabulary: specdec.drafters.draft_vocab): forward returns [n, N], column j bitwise the full head's column
+        ids[j] (TrimmedHead), and head_ids says which; None: the whole vocabulary again ([n, vocab_size])."""
+        self._fixed = None if ids is None else self.layer_set.trimmed_head(ids)
+        self.head = self._fixed or self.layer_set.head
+        self.head_ids = None if self._fixed is None else self._fixed.ids
+
+    def extend_head(self, extra: Sequence[int]) -> None:
+        """A trimmed head's set (trim_head) and the ids `extra` among those outside it (a request's context:
+        specdec.drafters.model.ModelDrafter), in place of any extra ids before; logits then [n, N + E], head_ids
+        the set's then these.  Nothing for an untrimmed head."""
+        if self._fixed is None:
+            return
+        fixed = self._fixed.fixed
+        wanted = torch.tensor(sorted({int(t) for t in extra}), dtype=torch.int64)
+        wanted = wanted[(wanted >= 0) & (wanted < self.vocab_size)]
+        wanted = wanted[~torch.isin(wanted, fixed)]
+        assert self.head_ids is not None  # trimmed
+        if torch.equal(wanted, self.head_ids[len(fixed):]):  # the same extra ids as now
+            return
+        self.head = self._fixed.extended(wanted) if wanted.numel() else self._fixed
+        self.head_ids = self.head.ids
 
     def describe(self) -> str:
-        return self.layer_set.backend
+        trimmed = f", a head of {self.head.out_features:,} tokens" if self.head_ids is not None else ""
+        return self.layer_set.backend + trimmed
 
     def identity(self) -> dict[str, Any]:
-        return model_identity(type(self).__name__, self.model, self.layer_set.dtype)
+        return self._trimmed_identity(model_identity(type(self).__name__, self.model, self.layer_set.dtype))
+
+    def _trimmed_identity(self, identity: dict[str, Any]) -> dict[str, Any]:
+        """`identity` with the trimmed head's size and ids (a digest) where the head is trimmed: what the
+        profile's cached timings are keyed by (a drafted token costs less)."""
+        if self._fixed is None:
+            return identity
+        digest = hashlib.sha256(self._fixed.ids.numpy().tobytes()).hexdigest()[:16]
+        return {**identity, "head_rows": self._fixed.out_features, "head_ids": digest}
 
 
 @torch.inference_mode()
@@ -916,8 +1038,8 @@ def forward_packed(runners: Sequence[LeanRunner], chunks: Sequence[Sequence[int]
     if len({id(r) for r in runners}) != len(runners):
         raise ValueError("a runner appears twice in one packed forward")
     lead = runners[0]
-    if any(r.layer_set is not lead.layer_set for r in runners):
-        raise ValueError("a packed forward needs runners over the same model")
+    if any(r.layer_set is not lead.layer_set or r.head is not lead.head for r in runners):
+        raise ValueError("a packed forward needs runners over the same model and head")
     chunks = [r._check(c) for r, c in zip(runners, chunks)]
     starts = [len(r.tokens) for r in runners]
     for r, start, c in zip(runners, starts, chunks):

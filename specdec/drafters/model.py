@@ -25,6 +25,11 @@ changes the output: verification decides.
 Greedy: the draft proposes its argmax (q = None, verified as one-hot).
 Sampling: the draft samples from q = warp(draft logits) with the same
 temperature / top-k / top-p as the target and returns q for verification.
+
+A draft whose head is trimmed to part of the vocabulary (FR-Spec, Zhao et al. 2025; specdec.drafters.draft_vocab:
+its runner's logits are [N] over specdec.backends.base.logit_ids) proposes among those tokens only: greedy,
+the argmax over them; sampling, q = warp(its logits) over them and 0 at every other id.  Still lossless:
+the standard rule is exact for any q, and a token outside the set is simply never proposed.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import torch
 
 from specdec.algorithm.draft import Draft, Drafter
 from specdec.algorithm.sampling import SamplingParams, make_generator, sample_from, warp_probs
-from specdec.backends.base import ModelRunner, common_prefix_length, forward_chunked
+from specdec.backends.base import ModelRunner, common_prefix_length, forward_chunked, logit_ids, trimmable
 from specdec.drafters.tree import alternatives, tree_draft
 
 # What a drafter does with the draft model's logits [V_draft] at one position:
@@ -95,12 +100,19 @@ class DraftCache:
         self.offset = 0
 
 
+def widened(logits: torch.Tensor, ids: torch.Tensor, width: int) -> torch.Tensor:
+    """Logits over vocabulary ids `ids` [..., N] -> [..., width]: -inf at every other id (a trimmed head's)."""
+    full = logits.new_full((*logits.shape[:-1], width), float("-inf"))
+    return full.index_copy_(-1, ids, logits)
+
+
 def run_draft_model(
     cache: DraftCache,
     context: Sequence[int],
     k: int,
     choose: Callable[[torch.Tensor], Choice] | None,
     confidence: float | None = None,
+    trimmed: bool = False,
 ) -> tuple[list[int], torch.Tensor | None, int]:
     """Sync the draft model's cache with `context` (draft ids), then draft up to k tokens.
 
@@ -111,10 +123,17 @@ def run_draft_model(
     drafting after a token the draft model gave less than this probability (the draft's own
     softmax; the token is still proposed): an optional early stop, as transformers'
     assistant_confidence_threshold.  Where to stop never changes what verification accepts.
+    choose gets the draft's logits [V_draft]; where its runner's head is trimmed (logit_ids), those
+    over the trimmed ids [N] as they are with trimmed=True, else widened to [V_draft] (-inf elsewhere).
     choose None: the draft's own greedy chain in one native call (runner.draft_greedy, Capabilities.draft_chain:
-    the argmax of each last row, as a greedy `choose` takes it, with no Python between the drafted tokens).
+    the argmax of each last row over its head's ids, as a greedy `choose` takes it, with no Python between the
+    drafted tokens).
     """
     runner = cache.runner
+    ids = logit_ids(runner)
+    if ids is not None and not trimmed and choose is not None:
+        given = choose
+        choose = lambda logits: given(widened(logits, ids, runner.vocab_size))  # noqa: E731
     if not context:
         return [], None, 0
     offset, keep = cache.plan(context)
@@ -137,11 +156,21 @@ def run_draft_model(
         proposed.append(token)
         if q is not None:
             qs.append(q)
-        if confidence is not None and float(torch.softmax(logits.float(), dim=-1)[feed]) < confidence:
+        if confidence is not None and _probability(logits, feed, ids) < confidence:
             break  # the draft doubts this token: the ones after it would be likelier still to fail
         if i < k - 1:  # the last draft token need not be fed: nobody reads logits after it yet
             logits = runner.forward([feed])[-1]
     return proposed, torch.stack(qs) if qs else None, len(fresh)  # q: [k, V_target]
+
+
+def _probability(logits: torch.Tensor, token: int, ids: torch.Tensor | None) -> float:
+    """The draft's own probability of `token` (a draft id): softmax of its logits [V_draft], or of those over
+    the trimmed ids [N] (0 for a token outside them)."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    if ids is None:
+        return float(probs[token])
+    column = torch.nonzero(ids == token)
+    return float(probs[int(column[0, 0])]) if column.numel() else 0.0
 
 
 class ModelDrafter(Drafter):
@@ -165,6 +194,10 @@ class ModelDrafter(Drafter):
         # Vocabularies may differ only by padding rows (e.g. 151936 vs 152064):
         # logits are cut or padded to the target's width so ids and q line up.
         self.target_vocab_size = target_vocab_size or runner.vocab_size
+        # A trimmed head (FR-Spec) also proposes the tokens of this request's context (_follow_context):
+        self._context_ids: set[int] = set()  # every token of the context so far
+        self._in_head: torch.Tensor | None = None  # [V_draft] bool: the ids the head's logits cover
+        self._followed = 0  # context tokens looked at
 
     def _to_target_width(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [V_draft] -> [V_target]; padding ids the draft lacks get -inf."""
@@ -174,8 +207,19 @@ class ModelDrafter(Drafter):
         pad = logits.new_full((*logits.shape[:-1], width - logits.shape[-1]), float("-inf"))
         return torch.cat([logits, pad], dim=-1)
 
+    def _full(self, logits: torch.Tensor) -> torch.Tensor:
+        """The draft's logits as the runner gives them ([V_draft], or [N] over a trimmed head's ids) ->
+        [V_target], -inf where the draft proposes nothing."""
+        ids = logit_ids(self.runner)
+        return self._to_target_width(logits if ids is None else widened(logits, ids, self.runner.vocab_size))
+
     def _choose(self, logits: torch.Tensor) -> Choice:
-        logits = self._to_target_width(logits)  # [V_target]
+        ids = logit_ids(self.runner)
+        if ids is not None and self.params.greedy:  # a trimmed head's argmax, no full-width row needed
+            token = int(ids[int(logits.argmax())])
+            if token < self.target_vocab_size:
+                return token, token, None
+        logits = self._full(logits)  # [V_target]
         if self.params.greedy:
             token = int(logits.argmax())
             return token, token, None
@@ -190,9 +234,33 @@ class ModelDrafter(Drafter):
         return (self.params.greedy and self.confidence is None and self.runner.capabilities.draft_chain
                 and self.runner.vocab_size <= self.target_vocab_size)
 
+    def _follow_context(self, context: Sequence[int]) -> None:
+        """Where the runner's head is trimmed to a set of tokens (specdec.drafters.draft_vocab): that set and every
+        token of this request's context -- a prompt's tokens are likely in its answer (code, documents to
+        summarize or answer from), and an answer repeats its own -- through LeanRunner.extend_head, once per new
+        token outside them.  The first call replaces an earlier request's: what the head holds depends on this
+        request's tokens alone."""
+        head = trimmable(self.runner)
+        if head is None or head.head_ids is None:
+            return
+        extend = head.extend_head
+        if self._in_head is not None and len(context) <= self._followed:  # nothing new
+            return
+        fresh = [int(t) for t in context[self._followed :] if 0 <= int(t) < self.runner.vocab_size]
+        self._followed = len(context)
+        if self._in_head is not None and all(self._in_head[fresh].tolist()):
+            return
+        self._context_ids.update(fresh)
+        extend(sorted(self._context_ids))
+        ids = logit_ids(self.runner)
+        assert ids is not None
+        self._in_head = torch.zeros(self.runner.vocab_size, dtype=torch.bool)
+        self._in_head[ids] = True
+
     def propose(self, context: Sequence[int], k: int, source: str | None = None) -> Draft:
+        self._follow_context(context)
         tokens, q, synced = run_draft_model(self.cache, context, k, None if self.native() else self._choose,
-                                            self.confidence)
+                                            self.confidence, trimmed=True)
         return Draft(tokens, q, synced)
 
     def propose_tree(self, context: Sequence[int], k: int, width: int, nodes: int,
@@ -201,13 +269,14 @@ class ModelDrafter(Drafter):
         (specdec.drafters.tree.alternatives: no extra draft forwards); a sampled draft stays a chain."""
         if not self.params.greedy:
             return self.propose(context, k)
+        self._follow_context(context)
         rows: list[torch.Tensor] = []
 
         def choose(logits: torch.Tensor) -> Choice:
-            rows.append(self._to_target_width(logits))  # [V_target]
+            rows.append(self._full(logits))  # [V_target]
             return self._choose(logits)
 
-        tokens, _, synced = run_draft_model(self.cache, context, k, choose, self.confidence)
+        tokens, _, synced = run_draft_model(self.cache, context, k, choose, self.confidence, trimmed=True)
         return tree_draft(alternatives(tokens, rows, width, nodes), width, nodes, synced)
 
     def lag(self, context: Sequence[int]) -> int:
@@ -219,3 +288,4 @@ class ModelDrafter(Drafter):
 
     def reset(self) -> None:
         self.cache.reset()
+        self._context_ids, self._in_head, self._followed = set(), None, 0

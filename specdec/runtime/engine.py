@@ -26,10 +26,17 @@ from specdec.algorithm.sampling import SamplingParams
 from specdec.algorithm.stairs import StairsRunner, stairs_runner
 from specdec.algorithm.verify import make_verifier
 from specdec.backends import lean
-from specdec.backends.base import ModelRunner
+from specdec.backends.base import ModelRunner, trimmable
 from specdec.backends.lean import LeanRunner
 from specdec.bridge import TextBridge, VocabularyMap
 from specdec.defaults import DEFAULT_SUFFIX_MEMORY
+from specdec.drafters.draft_vocab import (
+    AUTO_MIN_VOCAB,
+    DEFAULT_DRAFT_VOCAB,
+    VOCAB_AUTO,
+    draft_vocabulary,
+    parse_draft_vocab,
+)
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.recycling import RecycleMatrix
 from specdec.drafters.spec import (
@@ -540,6 +547,39 @@ class Engine:
                                draft_runner or self.draft_runner)
         return build_drafter(self.drafter_spec, self, request)
 
+    def trim_draft_vocabulary(self, draft_vocab: str | int = VOCAB_AUTO) -> None:
+        """Let the draft model propose among some of its vocabulary only, its head computing their logits alone
+        (FR-Spec: specdec.drafters.draft_vocab): a number of tokens, "full" (all of them) or "auto" (the default:
+        DEFAULT_DRAFT_VOCAB tokens for a draft of more than AUTO_MIN_VOCAB whose head can be trimmed, the
+        whole vocabulary for any other).  Only a draft that shares the target's tokenizer, on specdec's kernels
+        (int4, int8, or a GGUF draft's blocks), can be trimmed; a number given for another is refused.  Never changes
+        the output."""
+        draft_vocab = parse_draft_vocab(draft_vocab)
+        runner = self.draft_runner
+        if runner is None:
+            return
+        head = trimmable(runner)  # a lean or gguf draft's (specdec.backends.lean, .gguf)
+        trim = None if head is None else head.trim_head
+        auto = draft_vocab == VOCAB_AUTO
+        size = DEFAULT_DRAFT_VOCAB if auto else draft_vocab
+        ids = None  # the whole vocabulary
+        if isinstance(size, int) and (not auto or runner.vocab_size > AUTO_MIN_VOCAB):
+            if trim is not None and self.same_vocabulary:
+                ids = draft_vocabulary(self.draft_tokenizer, size, runner.vocab_size, self.eos_token_ids)
+                ids = ids if len(ids) < runner.vocab_size else None
+            elif not auto:
+                raise SpecdecError(f"--draft-vocab {size}: only a draft with the target's tokenizer on specdec's "
+                                   f"kernels ({self.draft_name} runs on {runner.describe()}) proposes among "
+                                   "some tokens; use --draft-vocab full")
+        if trim is None:
+            return
+        try:
+            trim(ids)
+        except SpecdecError as e:  # a head that cannot be trimmed: refused where asked for
+            trim(None)
+            if not auto:
+                raise SpecdecError(f"--draft-vocab {size}: {e}; use --draft-vocab full") from None
+
     def model_drafter(self, sampling: SamplingParams, mode: str, confidence: float | None,
                       runner: ModelRunner) -> Drafter:
         """A request's drafter over the draft model's `runner`, in draft mode `mode` (resolve_draft_mode): its
@@ -572,6 +612,7 @@ class Engine:
         draft_dtype: str | None = None,
         device: str = "cpu",
         suffix_memory: int = DEFAULT_SUFFIX_MEMORY,
+        draft_vocab: str | int = VOCAB_AUTO,
     ) -> Engine:
         """Load models by name (zoo name, .gguf path, model directory, hub id) or take loaded ones.
 
@@ -607,7 +648,10 @@ class Engine:
         llama-family and Gemma 3 models) runs the draft's int8 weights requantized to 4 bits on specdec's int4
         kernel (specdec.backends.int4), a cheaper draft token for the same output.
         device: where transformers models run: "cpu", "cuda" or "auto" (cuda when available).
+        draft_vocab: the tokens the draft model proposes among (:meth:`trim_draft_vocabulary`): "auto" (the
+        default), "full", or a number of tokens.
         """
+        draft_vocab = parse_draft_vocab(draft_vocab)
         drafter = resolve_drafter(draft, target, backend)
         dtype, backend, draft_backend, draft_dtype = _check_load(drafter, target, dtype, backend, draft_backend,
                                                                  draft_dtype, device, suffix_memory)
@@ -627,6 +671,7 @@ class Engine:
                                                                                 draft_dtype or dtype))
             engine = cls(t_model, t_tok, d_model, d_tok, target_name=t_name, draft_name=d_name, **copying)
             engine.draft_dtype = (draft_dtype or dtype) if draft_backend == "hf" else "gguf"
+            engine.trim_draft_vocabulary(draft_vocab)
         if engine.can_draft:  # the spec as loaded: "lookup+qwen2.5-coder-0.5b", "head:<dir>", "suffix"
             engine.draft_name = engine.drafter_spec.name
         engine.timings.update(loader.timings)

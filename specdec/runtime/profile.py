@@ -139,7 +139,7 @@ def step_bytes(runner: ModelRunner) -> int | None:
     from specdec.backends.llamacpp import LlamaCppRunner
 
     if isinstance(runner, LeanRunner):
-        return runner.layer_set.step_bytes()
+        return runner.layer_set.step_bytes(runner.head)
     if isinstance(runner, LlamaCppRunner):
         from specdec.backends.gguf import GGUFFile
 

@@ -127,3 +127,39 @@ def test_speculative_with_a_native_draft_equals_plain(files, drafts, arch):
             if draft is target:
                 assert spec.stats.accepted == spec.stats.drafted
     assert np.unique(plain.token_ids).size > 1  # not a degenerate constant output
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_a_trimmed_head_is_the_full_heads_rows(drafts, arch):
+    for model in drafts[arch]:  # requantised at load, and the file's own Q4_1 blocks
+        full, trimmed = gguf.GGUFRunner(model), gguf.GGUFRunner(model)
+        ids = torch.tensor([5, 200, 17, 3, 120, 64, 1, 99], dtype=torch.int64)
+        trimmed.trim_head(ids)
+        tokens = list(range(3, 30))
+        assert torch.equal(trimmed.forward(tokens), full.forward(tokens)[:, ids])
+        trimmed.extend_head([250, 7, 17])  # 17 is in the set already: 250 and 7 follow it
+        assert trimmed.head_ids is not None and trimmed.head_ids.tolist() == ids.tolist() + [7, 250]
+        assert torch.equal(trimmed.forward([8]), full.forward([8])[:, trimmed.head_ids])
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_draft_greedy_over_a_trimmed_head_is_its_argmax(drafts, arch):
+    model = drafts[arch][0]
+    rng = random.Random(arch + "trim")
+    ids = torch.tensor(sorted(rng.sample(range(256), 40)), dtype=torch.int64)
+    for extra in ([], [rng.randrange(256) for _ in range(5)]):
+        ref, fast = gguf.GGUFRunner(model), gguf.GGUFRunner(model)
+        for r in (ref, fast):
+            r.trim_head(ids)
+            r.extend_head(extra)
+            r.forward([9, 10, 11])
+        head_ids = ref.head_ids
+        assert head_ids is not None
+        logits = ref.forward([12, 13])[-1]
+        want = []
+        for i in range(6):
+            want.append(int(head_ids[int(logits.argmax())]))
+            if i < 5:
+                logits = ref.forward([want[-1]])[-1]
+        assert fast.draft_greedy([12, 13], 6) == want
+        assert set(want) <= set(head_ids.tolist())

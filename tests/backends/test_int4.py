@@ -118,6 +118,25 @@ def test_a_row_is_the_same_alone_and_in_any_batch():
     assert torch.equal(layer(x[perm]), full[perm])
 
 
+@pytest.mark.parametrize("n,k,bias", [(13, 100, True), (96, 640, False), (301, 150, True)])
+def test_rows_are_bitwise_the_full_layers_outputs_at_those_ids_on_every_path(n, k, bias):
+    # A trimmed draft head (FR-Spec): the kept channels' nibbles, scales and minimums gathered out of the tiles.
+    gen = torch.Generator().manual_seed(n + k)
+    layer = Int4Linear.from_weight(torch.randn(n, k, generator=gen) * 0.1, torch.randn(n, generator=gen) if bias else None)
+    x = torch.randn(5, k, generator=gen)
+    for ids in (torch.tensor([n - 1, 0, 7, 3]), torch.randperm(n, generator=gen)[: n // 2 + 1],
+                torch.arange(n), torch.tensor([5]), torch.tensor([2, 2])):
+        rows = layer.rows(ids)
+        assert (rows.out_features, rows.in_features) == (len(ids), k)
+        assert rows.nbytes() < layer.nbytes() or len(ids) >= n - 3
+        for path in kernels.int4.paths():
+            full = kernels.int4.linear(x, layer.packed, layer.scales, k, n, layer.bias, path=path)
+            kept = kernels.int4.linear(x, rows.packed, rows.scales, k, len(ids), rows.bias, path=path)
+            assert torch.equal(kept, full[:, ids]), path
+    with pytest.raises(ValueError):
+        layer.rows(torch.tensor([n]))
+
+
 def test_from_int8_in_c_is_bitwise_the_torch_quantization_of_the_int8_weights():
     int8 = Int8Linear.from_linear(torch.nn.Linear(150, 41, bias=True))  # neither a multiple of 64 nor of 4
     a = Int4Linear.from_int8(int8)

@@ -4,7 +4,8 @@ On tiny llama / qwen2 / mistral (sliding window) models: random forward /
 rollback sequences give the same logits, bit for bit, as an HFRunner over the
 same int8 model; the KV cache grows past its first capacity without changing
 a number; fusing linears changes no number; and the Engine picks the lean
-runner for int8 llama-family models only.
+runner for int8 llama-family models only.  A head trimmed to some vocabulary ids
+(a draft's, FR-Spec) gives the full head's logits at those ids, bitwise for int8 and int4.
 """
 
 from __future__ import annotations
@@ -118,3 +119,49 @@ def test_runners_over_one_model_share_weights_not_caches():
     assert a.tokens == [3, 4, 5] and b.tokens == [9, 9]
     a.reset()
     assert torch.equal(a.forward([3, 4, 5]), first)
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp32", "int4"])
+def test_a_trimmed_head_gives_the_full_heads_logits_at_its_ids_bitwise(kind):
+    # A draft's trimmed vocabulary (specdec.drafters.draft_vocab): logits [n, N], column j the full head's ids[j].
+    model = tiny_model("qwen2", 0) if kind == "fp32" else int8("qwen2")
+    runner = LeanRunner(model, fp32=kind == "fp32", int4=kind == "int4", int8_catch_up=False)
+    ids = torch.tensor([2, 90, 5, 17, 40, 41, 3])
+    prompt, steps = [3, 4, 5, 6, 7, 8], [9, 10, 11]
+    full = [runner.forward(prompt, last_n=2)] + [runner.forward([t]) for t in steps]  # [2, V], then [1, V] each
+    identity = runner.identity()
+    runner.reset()
+    runner.trim_head(ids)
+    assert runner.head.out_features == len(ids) and torch.equal(runner.head_ids, ids)
+    assert runner.vocab_size == VOCAB and runner.identity() != identity and "7 tokens" in runner.describe()
+    trimmed = [runner.forward(prompt, last_n=2)] + [runner.forward([t]) for t in steps]
+    for f, t in zip(full, trimmed):  # fp32: BLAS rounds a narrower product otherwise
+        assert torch.equal(t, f[:, ids]) if kind != "fp32" else torch.allclose(t, f[:, ids], atol=1e-5, rtol=0)
+    twin = runner.clone()  # a batch slot's draft runner: the same trimmed head
+    assert twin.head is runner.head and torch.equal(twin.forward(prompt, last_n=2), trimmed[0])
+    runner.trim_head(None)
+    runner.reset()
+    assert runner.head_ids is None and runner.identity() == identity
+    assert torch.equal(runner.forward(prompt, last_n=2), full[0])
+    with pytest.raises(ValueError):  # out of the vocabulary
+        runner.trim_head(torch.tensor([VOCAB]))
+    with pytest.raises(ValueError):
+        runner.trim_head(torch.tensor([3, 3]))
+
+
+def test_a_trimmed_head_extended_by_a_requests_ids_gives_the_full_heads_logits_at_all_of_them():
+    runner = LeanRunner(int8("qwen2"), int4=True, int8_catch_up=False)
+    full = runner.forward([3, 4, 5, 6])  # [4, V]
+    kept = torch.tensor([2, 90, 5, 17])
+    runner.trim_head(kept)
+    fixed = runner.head
+    runner.extend_head([5, 60, 33, 60, VOCAB + 7, -1])  # 5 is in the set; ids outside the vocabulary are dropped
+    assert runner.head_ids.tolist() == [2, 90, 5, 17, 33, 60] and runner.head.nbytes() > fixed.nbytes()
+    runner.reset()
+    assert torch.equal(runner.forward([3, 4, 5, 6]), full[:, runner.head_ids])  # both products, bitwise
+    extended = runner.head
+    runner.extend_head([33, 60])  # the same extra ids: the same head
+    assert runner.head is extended
+    runner.extend_head([])  # another request's: none
+    assert runner.head is fixed and torch.equal(runner.head_ids, kept)
+    assert runner.clone().head is fixed  # a clone keeps the set, not a request's extra ids

@@ -1,4 +1,5 @@
-"""The draft-model drafter: cache synchronisation and vocabulary padding."""
+"""The draft-model drafter: cache synchronisation, vocabulary padding, and a draft head trimmed to some tokens
+(FR-Spec): its argmax, q and confidence over the kept tokens and the request's context."""
 
 import torch
 
@@ -156,3 +157,67 @@ def test_a_confidence_threshold_stops_the_draft_after_a_doubtful_token():
     assert ModelDrafter(HFRunner(MODEL), confidence=1e-9).propose(context, 6).tokens == greedy_continuation(context, 6)
     with pytest.raises(ValueError):
         ModelDrafter(HFRunner(MODEL), confidence=1.5)
+
+
+def trimmed_runner(ids):
+    """A tiny int8 draft on the lean runner, its head trimmed to vocabulary ids `ids` (FR-Spec)."""
+    from specdec.backends.lean import LeanRunner
+    from specdec.backends.quant import quantize_model
+
+    runner = LeanRunner(quantize_model(tiny_model("llama", 5)))
+    full = runner.clone()
+    runner.trim_head(torch.tensor(ids))
+    return runner, full
+
+
+KEPT = list(range(0, VOCAB, 3))  # a third of the vocabulary
+CONTEXT = [3, 4, 5]
+WITH_CONTEXT = sorted(set(KEPT) | set(CONTEXT))  # the head's set and the request's context
+
+
+def test_a_trimmed_draft_proposes_its_argmax_among_the_kept_tokens_and_its_context():
+    runner, full = trimmed_runner(KEPT)
+    drafter = ModelDrafter(runner)
+    draft = drafter.propose(CONTEXT, 4)
+    assert sorted(runner.head_ids.tolist()) == WITH_CONTEXT  # the context's tokens 4 and 5 added after the set
+    expected, logits = [], full.forward(CONTEXT)[-1]
+    for _ in range(4):  # the full head's logits, the best of the kept ids
+        expected.append(WITH_CONTEXT[int(logits[WITH_CONTEXT].argmax())])
+        logits = full.forward([expected[-1]])[-1]
+    assert draft.tokens == expected and draft.q is None
+    later = CONTEXT + draft.tokens[:1] + [7]  # a token the next step adds
+    drafter.propose(later, 2)
+    assert sorted(runner.head_ids.tolist()) == sorted(set(WITH_CONTEXT) | {7})
+    # the tree's rows are the target's width, -inf outside the kept ids; a new request starts from the set
+    tree = ModelDrafter(runner).propose_tree([9, 3], 3, width=2, nodes=5)
+    assert set(tree.tokens) <= set(KEPT) and sorted(runner.head_ids.tolist()) == KEPT
+
+
+def test_a_trimmed_draft_samples_from_q_over_the_kept_tokens_and_zero_elsewhere():
+    from specdec.algorithm.sampling import SamplingParams, warp_probs
+
+    runner, full = trimmed_runner(KEPT)
+    params = SamplingParams(temperature=0.9, top_p=0.95, seed=3)
+    drafter = ModelDrafter(runner, params, target_vocab_size=VOCAB + 4)
+    draft = drafter.propose([3, 4, 5], 3)
+    assert draft.q is not None and draft.q.shape == (3, VOCAB + 4)
+    outside = torch.ones(VOCAB + 4, dtype=torch.bool)
+    outside[WITH_CONTEXT] = False
+    assert (draft.q[:, outside] == 0).all() and torch.allclose(draft.q.sum(-1), torch.ones(3))
+    assert all(t in WITH_CONTEXT and float(draft.q[i, t]) > 0 for i, t in enumerate(draft.tokens))
+    # q is the warp of the full head's logits restricted to the kept ids
+    restricted = torch.full((VOCAB,), float("-inf"))
+    restricted[WITH_CONTEXT] = full.forward(CONTEXT)[-1][WITH_CONTEXT]
+    assert torch.equal(draft.q[0, :VOCAB], warp_probs(restricted, params))
+
+
+def test_a_trimmed_drafts_confidence_is_its_softmax_over_the_kept_tokens():
+    runner, full = trimmed_runner(KEPT)
+    logits = full.forward(CONTEXT)[-1][WITH_CONTEXT]
+    probs = torch.softmax(logits, -1)
+    first = WITH_CONTEXT[int(logits.argmax())]
+    just_above = float(probs.max()) * 1.0001  # a hair above the first token's own probability over the kept ids
+    assert len(ModelDrafter(runner, confidence=just_above).propose([3, 4, 5], 4).tokens) == 1
+    runner.reset()
+    tokens = ModelDrafter(runner, confidence=float(probs.max()) * 0.999).propose([3, 4, 5], 4).tokens
+    assert tokens[0] == first and len(tokens) >= 2  # the first passed: a second was drafted

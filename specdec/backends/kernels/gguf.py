@@ -13,7 +13,7 @@ batch, a pass here unpacks a block once for up to 8 rows.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,8 +105,10 @@ class Parts:
     """Several packed tensors side by side as one linear: y = x [W_0 | W_1 | ...]^T (+ biases), e.g. a layer's q,
     k and v projections in one call, whatever type each is stored in."""
 
-    def __init__(self, parts: Sequence[Part], k: int) -> None:
+    def __init__(self, parts: Sequence[Part], k: int, rows_of: Callable[[Sequence[int]], Parts] | None = None) -> None:
+        """rows_of: what rows(ids) returns, where the tensors' blocks can be packed anew (a GGUF model's head)."""
         self.parts = list(parts)
+        self.rows_of = rows_of
         self.in_features = k
         self.out_features = sum(p.n for p in self.parts)
         self.path: str | None = None  # the path a call takes by default (None: the best; tests set others)
@@ -121,6 +123,13 @@ class Parts:
 
     def nbytes(self) -> int:
         return sum(p.packed.numel() + (0 if p.bias is None else p.bias.numel() * 4) for p in self.parts)
+
+    def rows(self, ids: Sequence[int]) -> Parts:
+        """This linear over its output channels `ids` only (a head over a trimmed vocabulary): outputs bitwise
+        this one's at those channels; a ValueError where the blocks cannot be had again (rows_of None)."""
+        if self.rows_of is None:
+            raise ValueError("these packed tensors cannot be restricted to some of their rows")
+        return self.rows_of([int(i) for i in ids])
 
     def __call__(self, x: torch.Tensor, path: str | None = None) -> torch.Tensor:
         """x [M, K] fp32 -> y [M, N] fp32 (see the module doc).  path: one of paths() instead of the best."""
