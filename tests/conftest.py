@@ -214,17 +214,19 @@ def real_hf() -> Callable:
 
 @pytest.fixture(scope="session")
 def real_gguf() -> Callable:
-    """get(name) -> (GGUFRunner, tokenizer) of a real zoo model on its own blocks (specdec.backends.gguf), loaded
-    once per session; each call hands out a runner of its own over the one loaded model (GGUFRunner.clone)."""
+    """get(name, requantize=None) -> (GGUFRunner, tokenizer) of a real zoo model on its own blocks
+    (specdec.backends.gguf; requantize=Q4_1: a draft's weights in 4 bits), loaded once per session; each call
+    hands out a runner of its own over the one loaded model (GGUFRunner.clone)."""
     from specdec.runtime.loading import load_gguf
 
     loaded: dict = {}
 
-    def get(name: str):
-        if name not in loaded:
+    def get(name: str, requantize: int | None = None):
+        key = (name, requantize)
+        if key not in loaded:
             with real_model_threads(), user_home():
-                loaded[name] = load_gguf(name)
-        runner, tokenizer = loaded[name]
+                loaded[key] = load_gguf(name, requantize=requantize)
+        runner, tokenizer = loaded[key]
         return runner.clone(), tokenizer
 
     return get
@@ -265,7 +267,8 @@ def cached_loaders(monkeypatch, real_hf, real_gguf, real_lcpp_optional) -> None:
 
     monkeypatch.setattr(specdec.runtime.loading, "load_hf",
                         lambda spec, dtype="fp32", progress=None, device="cpu": real_hf(spec, dtype))
-    monkeypatch.setattr(specdec.runtime.loading, "load_gguf", lambda spec, progress=None, max_context=None: real_gguf(spec))
+    monkeypatch.setattr(specdec.runtime.loading, "load_gguf",
+                        lambda spec, progress=None, max_context=None, requantize=None: real_gguf(spec, requantize))
     if real_lcpp_optional is not None:
         monkeypatch.setattr(
             specdec.runtime.loading, "load_llamacpp",
