@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from specdec.defaults import DEFAULT_DRAFTER, DEFAULT_TARGET
 from specdec.errors import SpecdecError
+from specdec.machine import limit_torch_isa
+
+limit_torch_isa()  # SPECDEC_ISA=avx2|c: torch's own kernels capped too, before anything imports torch
 
 if TYPE_CHECKING:
     from specdec.algorithm.sampling import SamplingParams

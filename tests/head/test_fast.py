@@ -88,14 +88,24 @@ def test_greedy_through_the_loop_is_plain_greedy(k: int, target: torch.nn.Module
 
 
 def test_samples_through_the_loop(target: torch.nn.Module, text: list[list[int]], trained: TrainResult) -> None:
-    """Sampling: the drafter's q is the int8 head's warped distribution, on the draft vocabulary."""
+    """Sampling: the loop runs with the int8 head drafting, and a proposal's q is the head's warped distribution, on
+    the draft vocabulary.  The proposal is made from a state set up here (the prompt's prefill, a one-row forward
+    last), not from whatever the sampled run left behind: which tokens a sampled run draws, and so whether its last
+    target forward was a verification the head cannot draft after, turns on the CPU's float rounding."""
     runner, params = HFRunner(target), SamplingParams(temperature=0.8, top_k=20, seed=0)
     drafter = HeadDrafter(FastHead(trained.head, "int8"), runner, params)
-    out = run(runner, text[1][:5], STOP, drafter, 3, verifier=make_verifier(params))
+    prompt = text[1][:5]
+    out = run(runner, prompt, STOP, drafter, 3, verifier=make_verifier(params))
     assert len(out.token_ids) == STOP.max_new_tokens and out.stats.drafted > 0
-    draft = drafter.propose(text[1][:5], 2)
-    assert draft.q is not None and torch.allclose(draft.q.sum(-1), torch.ones(len(draft.tokens)), atol=1e-5)
+    runner.reset()
+    runner.forward(prompt[:-1], last_n=1)  # the loop's prefill: the target caches all but the pending token
+    draft = HeadDrafter(FastHead(trained.head, "int8"), runner, params).propose(prompt, 2)
+    assert len(draft.tokens) == 2 and draft.q is not None and draft.q.shape == (2, runner.vocab_size)
+    assert torch.allclose(draft.q.sum(-1), torch.ones(2), atol=1e-5)
     assert all(t in trained.head.vocab for t in draft.tokens)
+    outside = torch.ones(runner.vocab_size, dtype=torch.bool)
+    outside[trained.head.vocab] = False
+    assert float(draft.q[:, outside].abs().sum()) == 0.0  # no mass off the draft vocabulary
 
 
 def test_falls_back_to_fp32_where_the_kernels_do_not_run(monkeypatch: pytest.MonkeyPatch, trained: TrainResult) -> None:

@@ -431,6 +431,7 @@ static int best_isa(void) {
             cached = ATT_AVX512;
         else
             cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? ATT_AVX2 : ATT_C;
+        cached = SD_CAP(cached);
     }
     return cached;
 }

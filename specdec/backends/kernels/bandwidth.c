@@ -57,7 +57,7 @@ __attribute__((target("avx2"))) static uint64_t sum_avx2(const uint8_t *p, size_
 static uint64_t sum_bytes(const uint8_t *p, size_t bytes) {
 #ifdef SD_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2")) return sum_avx2(p, bytes);
+    if (__builtin_cpu_supports("avx2") && sd_isa_limit() >= ISA_AVX2) return sum_avx2(p, bytes);
 #endif
     return sum_c((const uint64_t *)p, bytes / 8);
 }

@@ -91,6 +91,7 @@ SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     "sd_isa4": (c_int, []),
     "sd_attention": (c_int, [POINTER(AttentionParams)]),
     "sd_attention_isa": (c_int, []),
+    "sd_isa_limit": (c_int, []),
     "sd_layers": (c_int, [POINTER(LayersModel), POINTER(LayersRows)]),
     "sd_rms_norm": (None, [_ptr, _i32, _i32, _ptr, c_float, _ptr]),
     "sd_gguf_linear": (c_int, [POINTER(GGUFParams)]),
@@ -117,7 +118,10 @@ def library() -> ctypes.CDLL:
         if _lib is None:
             import torch  # noqa: F401  (its OpenMP runtime loaded before the library's)
 
+            from specdec.machine import isa_limit
             from specdec.zoo import home
+
+            isa_limit()  # a bad SPECDEC_ISA: one line, before the C side would ignore it
 
             lib = ctypes.CDLL(str(build.build(home() / "kernels")))
             for name, (restype, argtypes) in SIGNATURES.items():

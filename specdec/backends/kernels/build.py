@@ -27,7 +27,7 @@ from specdec.errors import SpecdecError
 FOLDER = Path(__file__).parent
 HEADER = FOLDER / "specdec_kernels.h"  # every exported prototype and parameter struct
 SOURCES = tuple(FOLDER / name for name in ("int8_linear.c", "attention.c", "int4_linear.c", "gguf_linear.c", "layers.c",
-                                           "bandwidth.c", "draft.c"))
+                                           "bandwidth.c", "draft.c", "isa.c"))
 FLAGS = ["-O3", "-std=c11", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno"]
 OPENMP = ["-fopenmp"]  # threads: torch's own OpenMP runtime (see the module doc); built without when cc lacks it
 

@@ -320,7 +320,7 @@ static int has_avx512(void) {
     static int cached = -1;
     if (cached < 0) {
         __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+        cached = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && sd_isa_limit() > ISA_AVX2;
     }
     return cached;
 #else
@@ -355,7 +355,7 @@ static int has_avx2(void) {
     static int cached = -1;
     if (cached < 0) {
         __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx2");
+        cached = __builtin_cpu_supports("avx2") && sd_isa_limit() >= ISA_AVX2;
     }
     return cached;
 }
@@ -1034,6 +1034,7 @@ static int best_isa(void) {
             cached = ISA_VNNI;
         else
             cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? ISA_AVX2 : ISA_C;
+        cached = SD_CAP(cached);
     }
     return cached;
 #else

@@ -307,6 +307,7 @@ static int best_isa4(void) {
         __builtin_cpu_init();
         cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")
                      ? ISA4_AVX2 : ISA4_C;
+        cached = SD_CAP(cached);
     }
     return cached;
 }

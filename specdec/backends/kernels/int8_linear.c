@@ -342,6 +342,7 @@ static int best_isa(void) {
             cached = ISA_VNNI;
         else
             cached = __builtin_cpu_supports("avx2") ? ISA_AVX2 : ISA_C;
+        cached = SD_CAP(cached);
     }
     return cached;
 }

@@ -168,7 +168,7 @@ static void silu_mul(float *gate, const float *up, int n, int path) {
     static int best = -1;
     if (best < 0) {
         __builtin_cpu_init();
-        best = __builtin_cpu_supports("avx512f") ? 3 : __builtin_cpu_supports("avx2") ? 2 : 1;
+        best = SD_CAP(__builtin_cpu_supports("avx512f") ? 3 : __builtin_cpu_supports("avx2") ? 2 : 1);
     }
     path = path <= 0 || path > best ? best : path; /* 1: C, 2: AVX2, 3: AVX-512 (the model's isa) */
     if (path == 3) return silu_mul_avx512(gate, up, n);

@@ -17,6 +17,11 @@
 enum { ISA_C = 1, ISA_AVX2 = 2, ISA_VNNI = 3 };   /* sd_linear (int8_linear.c) */
 enum { ISA4_C = 1, ISA4_AVX2 = 2 };               /* sd_linear4 (int4_linear.c) */
 enum { ATT_C = 1, ATT_AVX2 = 2, ATT_AVX512 = 3 }; /* sd_attention (attention.c) */
+/* The highest path the user allows (isa.c: SPECDEC_ISA=c -> ISA_C, avx2 -> ISA_AVX2, else ISA_LIMIT_NONE); every
+ * kernel's best path is at most this, and nothing runs an instruction set above it. */
+enum { ISA_LIMIT_NONE = 3 };
+int sd_isa_limit(void);
+#define SD_CAP(best) ((best) < sd_isa_limit() ? (best) : sd_isa_limit())
 
 /* ------------------------------------------------------------------ linears
  * y [m, n] (row stride ldy) = x [m, k] (row stride ldx) W^T (+ bias), on up to `threads` threads. */
