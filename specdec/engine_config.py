@@ -4,7 +4,7 @@ The CLI's model options (``--target``, ``--draft``, ``--dtype``, ... of ``specde
 ``bench``, ``profile``, ``quality`` and ``train-drafter``), ``Engine.from_config``, the Ray replicas' spec
 (``specdec.serve.replicas.EngineSpec`` is this class; a replica loads it with ``Engine.from_config``) and
 ``BenchOptions.engine`` all come from its fields.  Each field carries an :class:`specdec.request.Option`
-in its metadata, as RequestConfig's do: its CLI flags, help and choices; ``specdec.cli.engine_options``
+in its metadata, as RequestConfig's do: its CLI flags, help and choices; ``specdec.cli.options.engine_options``
 makes a command's options of them, so a new model option is one new field here.  A command whose option
 says something of its own (bench's ``--draft`` help, profile's ``--draft`` default "none",
 train-drafter's required ``--target``) changes the field's help or default there, never its flags.

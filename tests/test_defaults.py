@@ -5,10 +5,13 @@ import inspect
 
 import pytest
 
-from specdec import cli
 from specdec.backends import kernels
 from specdec.bench.methods import default_methods
 from specdec.bench.runner import BenchOptions
+from specdec.cli.bench import bench
+from specdec.cli.generate import generate
+from specdec.cli.profile import profile
+from specdec.cli.serve import serve
 from specdec.defaults import DEFAULT_DRAFTER
 from specdec.engine_config import EngineConfig
 from specdec.runtime.engine import Engine
@@ -47,10 +50,10 @@ def test_every_entry_point_defaults_to_auto_and_the_same_drafter():
     api = inspect.signature(specdec.generate).parameters
     assert api["dtype"].default == "auto" and api["draft"].default == DEFAULT_DRAFTER
     assert inspect.signature(Engine.load).parameters["dtype"].default == "auto"
-    for command in (cli.generate, cli.serve, cli.bench, cli.profile):
+    for command in (generate, serve, bench, profile):
         options = inspect.signature(command).parameters
         assert options["dtype"].default.default == "auto", command.__name__  # typer.Option(...)
-    for command in (cli.generate, cli.serve, cli.bench):
+    for command in (generate, serve, bench):
         options = inspect.signature(command).parameters
         assert options["draft"].default.default == DEFAULT_DRAFTER, command.__name__
         assert options["draft_backend"].default.default == "auto", command.__name__
