@@ -66,10 +66,10 @@ from specdec.backends import fastlinear
 from specdec.backends.base import (
     Capabilities,
     Footprint,
+    KeptHidden,
     checked_new_tokens,
     checked_taps,
     decoder_footprint,
-    last_hidden,
     refused,
 )
 from specdec.backends.modelconfig import (  # what every runner reads of a model (transformers-free there)
@@ -265,7 +265,7 @@ def base_outputs(collect: bool = True) -> contextlib.AbstractContextManager[list
     return _collecting(_BASE_OUTPUTS) if collect else nullcontext([])
 
 
-class HFRunner:
+class HFRunner(KeptHidden):
     """A transformers causal LM with its own KV cache."""
 
     capabilities = Capabilities()
@@ -379,19 +379,6 @@ class HFRunner:
         # [n, H]: the rows the head computed the logits of, the tail's last
         self._hidden = None if self._tail is None else self._tail[self._tail.shape[0] - seen[-1].shape[1]:]
         return out.logits[0].float().cpu()  # [n, V]
-
-    def hidden(self) -> torch.Tensor:
-        """The last forward's final hidden states [n, H] fp32 (ModelRunner.hidden): the output
-        layer's input, after the final norm."""
-        return last_hidden(self._hidden, self)
-
-    def keep_hidden_rows(self, n: int) -> None:
-        """Keep the final hidden states of each forward's last n rows too (ModelRunner.keep_hidden_rows)."""
-        self.hidden_rows = max(0, int(n))
-
-    def hidden_tail(self) -> torch.Tensor:
-        """The last forward's final hidden states of its last rows [m, H] fp32 (ModelRunner.hidden_tail)."""
-        return last_hidden(self._tail, self)
 
     def tap_layers(self, layers: Sequence[int]) -> None:
         """From the next forward on, hidden() and hidden_tail() rows hold the outputs of these decoder layers

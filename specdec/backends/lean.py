@@ -113,7 +113,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.backends import kernels
-from specdec.backends.base import Capabilities, Footprint, checked_taps, decoder_footprint, last_hidden, refused
+from specdec.backends.base import Capabilities, Footprint, KeptHidden, checked_taps, decoder_footprint, refused
 from specdec.backends.fastlinear import is_fp32_cpu_linear, weight_major_linear
 from specdec.backends.int4 import Int4Linear
 from specdec.backends.kernels.bindings import LayersModel
@@ -777,7 +777,7 @@ class Rotary:
         return (emb.cos() * 1.0).to(dtype=x.dtype), (emb.sin() * 1.0).to(dtype=x.dtype)  # attention scaling 1
 
 
-class LeanRunner:
+class LeanRunner(KeptHidden):
     """A ModelRunner over an int8 llama / qwen2 / mistral model (see the module doc); with fp32=True
     also over an fp32 one (the batched engine's; a single fp32 sequence runs on HFRunner); with
     int4=True over the int8 model's weights in int4 (a draft model's: specdec.backends.int4, not the
@@ -934,19 +934,6 @@ class LeanRunner:
         if self._hidden is not None:
             self._hidden = self._tail = self._hidden[rows]  # [m, hidden]: a tree forward keeps every row
         self._tree = None
-
-    def hidden(self) -> torch.Tensor:
-        """The last forward's final hidden states [n, hidden] fp32 (ModelRunner.hidden): the final
-        norm's output, the head's input."""
-        return last_hidden(self._hidden, self)
-
-    def keep_hidden_rows(self, n: int) -> None:
-        """Keep the final hidden states of each forward's last n rows too (ModelRunner.keep_hidden_rows)."""
-        self.hidden_rows = max(0, int(n))
-
-    def hidden_tail(self) -> torch.Tensor:
-        """The last forward's final hidden states of its last rows [m, hidden] fp32 (ModelRunner.hidden_tail)."""
-        return last_hidden(self._tail, self)
 
     def tap_layers(self, layers: Sequence[int]) -> None:
         """From the next forward on, hidden() and hidden_tail() rows hold the outputs of these decoder layers
