@@ -73,6 +73,7 @@ from specdec.backends.base import (
     refused,
 )
 from specdec.backends.modelconfig import (  # what every runner reads of a model (transformers-free there)
+    attention_shape,
     layer_window,
     model_eos_token_ids,
     model_identity,
@@ -154,10 +155,8 @@ def model_footprint(model: PreTrainedModel, chunked: bool, decoder: bool = False
     if decoder:
         c = c.get_text_config(decoder=True)
     layers = int(getattr(c, "decoder_layers", None) or getattr(c, "num_decoder_layers", None) or c.num_hidden_layers)
-    heads = int(getattr(c, "decoder_attention_heads", None) or c.num_attention_heads)
-    kv_heads = int(getattr(c, "num_key_value_heads", None) or heads)
+    heads, kv_heads, head_dim = attention_shape(c)
     hidden = int(c.hidden_size)
-    head_dim = int(getattr(c, "head_dim", None) or getattr(c, "d_kv", None) or hidden // heads)
     intermediate = int(getattr(c, "intermediate_size", None) or getattr(c, "decoder_ffn_dim", None)
                        or getattr(c, "d_ff", None) or 4 * hidden)
     element = model.get_input_embeddings().weight.element_size()  # type: ignore[operator]  # a Parameter's method

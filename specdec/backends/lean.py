@@ -118,7 +118,13 @@ from specdec.backends.fastlinear import is_fp32_cpu_linear, weight_major_linear
 from specdec.backends.int4 import Int4Linear
 from specdec.backends.kernels.bindings import LayersModel
 from specdec.backends.kernels.gguf import Parts
-from specdec.backends.modelconfig import layer_window, model_eos_token_ids, model_identity, model_max_context
+from specdec.backends.modelconfig import (
+    attention_shape,
+    layer_window,
+    model_eos_token_ids,
+    model_identity,
+    model_max_context,
+)
 from specdec.backends.packcache import PackCache
 from specdec.backends.quant import Int8Linear, is_int8, pack_all
 from specdec.backends.tree import Tree, check_forward, check_rollback, kept_rows
@@ -792,7 +798,7 @@ class LeanRunner(KeptHidden):
         self.model = model  # kept for its config, generation config and eos ids
         inner = model.model
         gemma = config.model_type in GEMMA
-        num_heads = int(config.num_attention_heads)
+        attention = attention_shape(config)
         self.embed = inner.embed_tokens.weight.detach()  # [V, hidden]
         self.act: Callable[[torch.Tensor], torch.Tensor] = inner.layers[0].mlp.act_fn
         self._setup(
@@ -800,9 +806,8 @@ class LeanRunner(KeptHidden):
             # Gemma scales its embeddings (by sqrt(hidden), an fp32 0-d tensor) and its norms by 1 + w
             embed_scale=inner.embed_tokens.embed_scale.float() if gemma else None,
             final_norm=_gemma_norm(inner.norm) if gemma else inner.norm.weight.detach(),
-            eps=float(config.rms_norm_eps), num_heads=num_heads,
-            num_kv_heads=int(getattr(config, "num_key_value_heads", None) or num_heads),
-            head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // num_heads),
+            eps=float(config.rms_norm_eps), num_heads=attention.heads, num_kv_heads=attention.kv_heads,
+            head_dim=attention.head_dim,
             max_context=max_context or model_max_context(model), rotary=inner.rotary_emb,
             rope_kinds=_rope_kinds(config))
 
