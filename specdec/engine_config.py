@@ -22,8 +22,11 @@ from specdec.request import Option, option
 
 DTYPES = ("auto", "gguf", "int8", "fp32", "bf16")  # the target's, on specdec's side (specdec.runtime.loading)
 DRAFT_DTYPES = ("gguf", "fp32", "bf16", "int8", "int4")  # int4: drafts only (specdec.backends.int4)
+# the runtimes a model runs on (specdec.runtime.loading checks a backend's name against these): transformers,
+# with specdec's own runners and kernels, and llama.cpp
 BACKENDS = ("hf", "llamacpp")
-DRAFT_BACKENDS = ("hf", "llamacpp", "auto")
+AUTO_BACKEND = "auto"  # the draft's backend: llama.cpp where it can run the draft, else the target's
+DRAFT_BACKENDS = (*BACKENDS, AUTO_BACKEND)
 DEVICES = ("cpu", "cuda", "auto")
 
 DTYPE_HELP = ("The target's dtype on specdec's side (--backend hf): auto (default: gguf for a GGUF model and int8 "
@@ -69,7 +72,7 @@ class EngineConfig:
                           help="Target's backend: hf (transformers) or llamacpp (GGUF via llama.cpp).")
     device: str = option("cpu", "--device", choices=DEVICES, help=DEVICE_HELP)
     draft_backend: str | None = option(
-        "auto", "--draft-backend", choices=DRAFT_BACKENDS,
+        AUTO_BACKEND, "--draft-backend", choices=DRAFT_BACKENDS,
         help="Draft's backend: hf, llamacpp, or auto (with --draft-dtype: transformers; without: specdec's int8 kernel "
              "for a zoo draft on CPUs with AVX-512 VNNI, its int4 kernel on other AVX2 CPUs, else llama.cpp when it "
              "is installed and the draft is a GGUF, else the target's).")

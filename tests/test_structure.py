@@ -9,6 +9,8 @@ Both read the sources with ``ast`` (no module of the package is run) in well und
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from collections import defaultdict
 from pathlib import Path
 
@@ -168,15 +170,19 @@ def test_the_top_level_holds_few_modules() -> None:
 
 def code_lines(path: Path) -> list[tuple[str, int]]:
     """(stripped text, line number) of each line of `path` that counts towards a repeated block: not
-    blank, not only brackets or quotes, not part of an import statement."""
+    blank, not only brackets or quotes, not part of an import statement or a docstring, its comment cut
+    off (two blocks that differ only in a docstring's or a comment's words are the same code)."""
     text = path.read_text(encoding="utf-8")
     skip: set[int] = set()
     for node in ast.walk(ast.parse(text, str(path))):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
+        docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or docstring:
             skip.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+    cut = {start[0]: start[1] for kind, _, start, _, _ in tokenize.generate_tokens(io.StringIO(text).readline)
+           if kind == tokenize.COMMENT}  # line -> the column its comment starts at
     out = []
     for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
+        stripped = line[: cut.get(number, len(line))].strip()
         if stripped and number not in skip and not set(stripped) <= BRACKETS:
             out.append((stripped, number))
     return out
@@ -212,6 +218,15 @@ def test_repeated_blocks_found(tmp_path: Path) -> None:
     assert [n for _, n in code_lines(second)] == [1, 2, 5, 6, 7, 10, 11, 12, 13]  # no ")", blank or import
     assert repeated_blocks([first, second], tmp_path) == [("a.py:2", "b.py:5")]
     assert repeated_blocks([first, second], tmp_path, size=8) == []
+    # the same code under other docstrings and comments (HFRunner's and LeanRunner's hidden() once said "[n, H]"
+    # and "[n, hidden]", and so stood twice unseen)
+    body = [f"    y{i} = g({i})\n" for i in range(6)]
+    third, fourth = tmp_path / "c.py", tmp_path / "d.py"
+    third.write_text('def f():\n    """The rows [n, H]:\n    kept."""\n' + body[0].replace("\n", "  # one\n") + "".join(body[1:]))
+    fourth.write_text('def f():\n    """The rows [n, hidden]."""\n' + body[0].replace("\n", "  # two\n")
+                      + "    # a line of its own\n" + "".join(body[1:]))
+    assert code_lines(third)[:2] == [("def f():", 1), ("y0 = g(0)", 4)]  # no docstring, no comment
+    assert repeated_blocks([third, fourth], tmp_path) == [("c.py:1", "d.py:1")]
 
 
 def test_no_repeated_blocks() -> None:

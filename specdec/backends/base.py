@@ -252,6 +252,29 @@ def last_hidden(hidden: torch.Tensor | None, runner: object) -> torch.Tensor:
     return hidden.float().cpu()  # [n, H]
 
 
+class KeptHidden:
+    """ModelRunner's hidden(), keep_hidden_rows() and hidden_tail() for a runner that keeps its last forward's
+    final hidden states (the final norm's output, the output layer's input) in `_hidden` (the logits' rows)
+    and `_tail` (its last rows, `_hidden` their end), and reads how many rows to keep from `hidden_rows`:
+    HFRunner's and LeanRunner's (and so the gguf runner's), whose forwards set all three."""
+
+    _hidden: torch.Tensor | None
+    _tail: torch.Tensor | None
+    hidden_rows: int
+
+    def hidden(self) -> torch.Tensor:
+        """The last forward's final hidden states [n, H] fp32 (ModelRunner.hidden)."""
+        return last_hidden(self._hidden, self)
+
+    def keep_hidden_rows(self, n: int) -> None:
+        """Keep the final hidden states of each forward's last n rows too (ModelRunner.keep_hidden_rows)."""
+        self.hidden_rows = max(0, int(n))
+
+    def hidden_tail(self) -> torch.Tensor:
+        """The last forward's final hidden states of its last rows [m, H] fp32 (ModelRunner.hidden_tail)."""
+        return last_hidden(self._tail, self)
+
+
 def cannot_clone(runner: object) -> SpecdecError:
     """The error of a runner whose model cannot back another cache (ModelRunner.clone)."""
     return SpecdecError(

@@ -45,7 +45,7 @@ from specdec.backends import kernels
 from specdec.backends.kernels.bindings import LayersModel
 from specdec.backends.kernels.gguf import BLOCK, FILE_BYTES, NAMES, Part, Parts
 from specdec.backends.lean import LayerSet, LeanRunner, Rotary, TrimmedHead, _Layer, _NativeTable
-from specdec.backends.modelconfig import ModelConfig, eos_id_set, model_config
+from specdec.backends.modelconfig import ModelConfig, attention_shape, eos_id_set, model_config
 from specdec.backends.packcache import cache_for, file_identity
 from specdec.backends.tree import Tree
 from specdec.errors import SpecdecError
@@ -405,8 +405,7 @@ class GGUFModel:
         self.requantize = requantize
         self.dtype = "gguf" if requantize is None else "q4_1"
         c = self.config
-        self.num_heads, self.num_kv_heads = c.num_attention_heads, c.num_key_value_heads
-        self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        self.num_heads, self.num_kv_heads, self.head_dim = attention_shape(c)
         self.hidden, self.intermediate = c.hidden_size, c.intermediate_size
         self.embed = file.tensors["token_embd.weight"]
         if self.embed.type_id not in (F32, F16):  # rows are read from the file as they are

@@ -66,13 +66,14 @@ from specdec.backends import fastlinear
 from specdec.backends.base import (
     Capabilities,
     Footprint,
+    KeptHidden,
     checked_new_tokens,
     checked_taps,
     decoder_footprint,
-    last_hidden,
     refused,
 )
 from specdec.backends.modelconfig import (  # what every runner reads of a model (transformers-free there)
+    attention_shape,
     layer_window,
     model_eos_token_ids,
     model_identity,
@@ -154,10 +155,8 @@ def model_footprint(model: PreTrainedModel, chunked: bool, decoder: bool = False
     if decoder:
         c = c.get_text_config(decoder=True)
     layers = int(getattr(c, "decoder_layers", None) or getattr(c, "num_decoder_layers", None) or c.num_hidden_layers)
-    heads = int(getattr(c, "decoder_attention_heads", None) or c.num_attention_heads)
-    kv_heads = int(getattr(c, "num_key_value_heads", None) or heads)
+    heads, kv_heads, head_dim = attention_shape(c)
     hidden = int(c.hidden_size)
-    head_dim = int(getattr(c, "head_dim", None) or getattr(c, "d_kv", None) or hidden // heads)
     intermediate = int(getattr(c, "intermediate_size", None) or getattr(c, "decoder_ffn_dim", None)
                        or getattr(c, "d_ff", None) or 4 * hidden)
     element = model.get_input_embeddings().weight.element_size()  # type: ignore[operator]  # a Parameter's method
@@ -265,7 +264,7 @@ def base_outputs(collect: bool = True) -> contextlib.AbstractContextManager[list
     return _collecting(_BASE_OUTPUTS) if collect else nullcontext([])
 
 
-class HFRunner:
+class HFRunner(KeptHidden):
     """A transformers causal LM with its own KV cache."""
 
     capabilities = Capabilities()
@@ -379,19 +378,6 @@ class HFRunner:
         # [n, H]: the rows the head computed the logits of, the tail's last
         self._hidden = None if self._tail is None else self._tail[self._tail.shape[0] - seen[-1].shape[1]:]
         return out.logits[0].float().cpu()  # [n, V]
-
-    def hidden(self) -> torch.Tensor:
-        """The last forward's final hidden states [n, H] fp32 (ModelRunner.hidden): the output
-        layer's input, after the final norm."""
-        return last_hidden(self._hidden, self)
-
-    def keep_hidden_rows(self, n: int) -> None:
-        """Keep the final hidden states of each forward's last n rows too (ModelRunner.keep_hidden_rows)."""
-        self.hidden_rows = max(0, int(n))
-
-    def hidden_tail(self) -> torch.Tensor:
-        """The last forward's final hidden states of its last rows [m, H] fp32 (ModelRunner.hidden_tail)."""
-        return last_hidden(self._tail, self)
 
     def tap_layers(self, layers: Sequence[int]) -> None:
         """From the next forward on, hidden() and hidden_tail() rows hold the outputs of these decoder layers

@@ -113,12 +113,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.backends import kernels
-from specdec.backends.base import Capabilities, Footprint, checked_taps, decoder_footprint, last_hidden, refused
+from specdec.backends.base import Capabilities, Footprint, KeptHidden, checked_taps, decoder_footprint, refused
 from specdec.backends.fastlinear import is_fp32_cpu_linear, weight_major_linear
 from specdec.backends.int4 import Int4Linear
 from specdec.backends.kernels.bindings import LayersModel
 from specdec.backends.kernels.gguf import Parts
-from specdec.backends.modelconfig import layer_window, model_eos_token_ids, model_identity, model_max_context
+from specdec.backends.modelconfig import (
+    attention_shape,
+    layer_window,
+    model_eos_token_ids,
+    model_identity,
+    model_max_context,
+)
 from specdec.backends.packcache import PackCache
 from specdec.backends.quant import Int8Linear, is_int8, pack_all
 from specdec.backends.tree import Tree, check_forward, check_rollback, kept_rows
@@ -777,7 +783,7 @@ class Rotary:
         return (emb.cos() * 1.0).to(dtype=x.dtype), (emb.sin() * 1.0).to(dtype=x.dtype)  # attention scaling 1
 
 
-class LeanRunner:
+class LeanRunner(KeptHidden):
     """A ModelRunner over an int8 llama / qwen2 / mistral model (see the module doc); with fp32=True
     also over an fp32 one (the batched engine's; a single fp32 sequence runs on HFRunner); with
     int4=True over the int8 model's weights in int4 (a draft model's: specdec.backends.int4, not the
@@ -792,7 +798,7 @@ class LeanRunner:
         self.model = model  # kept for its config, generation config and eos ids
         inner = model.model
         gemma = config.model_type in GEMMA
-        num_heads = int(config.num_attention_heads)
+        attention = attention_shape(config)
         self.embed = inner.embed_tokens.weight.detach()  # [V, hidden]
         self.act: Callable[[torch.Tensor], torch.Tensor] = inner.layers[0].mlp.act_fn
         self._setup(
@@ -800,9 +806,8 @@ class LeanRunner:
             # Gemma scales its embeddings (by sqrt(hidden), an fp32 0-d tensor) and its norms by 1 + w
             embed_scale=inner.embed_tokens.embed_scale.float() if gemma else None,
             final_norm=_gemma_norm(inner.norm) if gemma else inner.norm.weight.detach(),
-            eps=float(config.rms_norm_eps), num_heads=num_heads,
-            num_kv_heads=int(getattr(config, "num_key_value_heads", None) or num_heads),
-            head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // num_heads),
+            eps=float(config.rms_norm_eps), num_heads=attention.heads, num_kv_heads=attention.kv_heads,
+            head_dim=attention.head_dim,
             max_context=max_context or model_max_context(model), rotary=inner.rotary_emb,
             rope_kinds=_rope_kinds(config))
 
@@ -934,19 +939,6 @@ class LeanRunner:
         if self._hidden is not None:
             self._hidden = self._tail = self._hidden[rows]  # [m, hidden]: a tree forward keeps every row
         self._tree = None
-
-    def hidden(self) -> torch.Tensor:
-        """The last forward's final hidden states [n, hidden] fp32 (ModelRunner.hidden): the final
-        norm's output, the head's input."""
-        return last_hidden(self._hidden, self)
-
-    def keep_hidden_rows(self, n: int) -> None:
-        """Keep the final hidden states of each forward's last n rows too (ModelRunner.keep_hidden_rows)."""
-        self.hidden_rows = max(0, int(n))
-
-    def hidden_tail(self) -> torch.Tensor:
-        """The last forward's final hidden states of its last rows [m, hidden] fp32 (ModelRunner.hidden_tail)."""
-        return last_hidden(self._tail, self)
 
     def tap_layers(self, layers: Sequence[int]) -> None:
         """From the next forward on, hidden() and hidden_tail() rows hold the outputs of these decoder layers

@@ -13,7 +13,7 @@ does not cover (another architecture, rotary parameters per layer type or with a
 default and linear ones the lean runner computes) gives None, and the caller takes transformers' config.
 
 The helpers here read a model (transformers' or specdec's module tree with such a config) as every runner
-does: its end-of-sequence ids, longest context, identity and layers' sliding windows.
+does: its attention's shape, end-of-sequence ids, longest context, identity and layers' sliding windows.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 # transformers 5's defaults of the config classes of the architectures covered (Llama/Qwen2/MistralConfig)
 _SHARED: dict[str, Any] = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, hidden_act="silu",
@@ -172,6 +172,25 @@ def layer_window(config: Any, attention: Any) -> int | None:
     if config.model_type == "mistral":
         return getattr(config, "sliding_window", None)
     return None  # llama
+
+
+class Attention(NamedTuple):
+    """A decoder's attention shape: its query heads, key / value heads and head size."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+def attention_shape(config: Any) -> Attention:
+    """The attention shape of a decoder's config (transformers', or a ModelConfig), as its model derives what
+    the config leaves unset: the decoder's own heads where an encoder-decoder config names them apart (BART's
+    decoder_attention_heads), else num_attention_heads; num_key_value_heads, else one per query head; head_dim,
+    else T5's d_kv, else hidden_size // heads."""
+    heads = int(getattr(config, "decoder_attention_heads", None) or config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or getattr(config, "d_kv", None) or config.hidden_size // heads)
+    return Attention(heads, kv_heads, head_dim)
 
 
 def model_max_context(model: Any) -> int:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from specdec.backends.lean import ARCHITECTURES, Rotary
-from specdec.backends.modelconfig import read_config
+from specdec.backends.modelconfig import attention_shape, read_config
 from specdec.backends.quant import WEIGHTS_FILE, Int8Linear, saved_index
 
 
@@ -93,8 +93,7 @@ def load(folder: str | Path) -> nn.Module | None:
         bias = tensors.pop(f"{name}.bias") if index["linears"][name]["bias"] else None
         return Int8Linear(tensors.pop(f"{name}.qweight"), tensors.pop(f"{name}.scale"), bias)
 
-    heads = int(config.num_attention_heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    head_dim = attention_shape(config).head_dim
     layers = nn.ModuleList()
     for i in range(int(config.num_hidden_layers)):
         at = f"model.layers.{i}."

@@ -46,6 +46,7 @@ from torch import nn
 
 from specdec.backends.int4 import Int4Linear
 from specdec.backends.lean import FloatLinear, rms_norm, rotate
+from specdec.backends.modelconfig import attention_shape
 from specdec.backends.quant import Int8Linear, pack_all, quantize_weight
 from specdec.errors import SpecdecError
 from specdec.head.model import DraftHead, HeadCache, HeadDrafting, causal_mask, fuse_features, tree_mask
@@ -112,9 +113,7 @@ class FastHead(HeadDrafting):  # the autoregressive draft and the tree: the fp32
         embed, self.rotary = head._shared  # the target's embedding table and rotary embedding
         self.embed = embed.weight.detach()  # [V, H]
         self._cos = self._sin = torch.empty(0, 0)  # [positions, D]: the rotary table, grown by doubling
-        self.heads = int(config.num_attention_heads)
-        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
-        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
+        self.heads, self.kv_heads, self.head_dim = attention_shape(config)
         self.scaling = float(attention.scaling)
         self.eps = float(config.rms_norm_eps)
         self.act: Callable[[torch.Tensor], torch.Tensor] = mlp.act_fn

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specdec import zoo
+from specdec.engine_config import AUTO_BACKEND, BACKENDS
 
 # drafter specs are specdec.drafters.spec's; these two names stay importable from here for specdec.bench.runner
 from specdec.errors import SpecdecError
@@ -488,9 +489,6 @@ def load_hf(
 
 
 # --- the backend and dtype chosen for a draft (Engine.load, the bench, serve's replicas) ---
-
-BACKENDS = ("hf", "llamacpp")
-AUTO_BACKEND = "auto"  # the draft's backend: llama.cpp where it can run the draft, else the target's
 
 
 def fastest_draft_backend(draft: ModelSpec | None, backend: str) -> str:

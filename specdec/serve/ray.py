@@ -272,13 +272,15 @@ def deploy(engine: EngineSpec | Callable[[], Engine], options: ServeOptions, pla
     is deleted then, as on an interrupt)."""
     serve.start(http_options={"host": host, "port": port})
     board = board_name(app_name)
-    # (@ray.remote makes Board an actor class, with options(); ray's types keep the plain class: the ignores)
+    # (@ray.remote makes Board an actor class, with options(); ray's types keep the plain class: the ignore)
     Board.options(  # type: ignore[attr-defined]
         name=board, namespace=NAMESPACE, lifetime="detached", get_if_exists=True).remote()
     # Serve holds the waiting requests; a replica's own queue only needs room for those it runs.
     replica_options = replace(options, max_queue=options.max_batch)
-    deployment = serve.deployment(SpecdecReplica, name=app_name).options(  # type: ignore[attr-defined]
-        **deployment_options(plan, options.max_batch, options.max_queue))
+    # (serve.deployment on a class gives a Deployment, with options(); ray's types do not say so.  Any, not an
+    # ignore: without ray installed, serve is Any and an ignore here would be unused)
+    declared: Any = serve.deployment(SpecdecReplica, name=app_name)
+    deployment = declared.options(**deployment_options(plan, options.max_batch, options.max_queue))
     try:
         serve.run(deployment.bind(engine, replica_options, board), name=app_name, route_prefix="/")
     except BaseException as e:  # a replica that could not start (its traceback is in the deployment's status), or Ctrl-C

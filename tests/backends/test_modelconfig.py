@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from specdec.backends import gguf
-from specdec.backends.modelconfig import DEFAULTS, ModelConfig, model_config, read_config
+from specdec.backends.modelconfig import DEFAULTS, ModelConfig, attention_shape, model_config, read_config
 from tests.conftest import USER_HOME
 
 ATTRIBUTES = [f.name for f in fields(ModelConfig)]
@@ -92,6 +92,30 @@ def test_a_config_is_transformers_config(tmp_path, arch, case):
 ])
 def test_what_it_does_not_cover_is_left_to_transformers(values):
     assert model_config(values) is None
+
+
+@pytest.mark.parametrize("arch, values, where", [
+    ("llama", TINY, "layers.0.self_attn"),  # kv heads and head size derived
+    ("llama", {**TINY, "num_key_value_heads": 2, "head_dim": 32}, "layers.0.self_attn"),
+    ("qwen2", {**TINY, "num_key_value_heads": 1}, "layers.0.self_attn"),
+    ("mistral", {**TINY, "head_dim": 8}, "layers.0.self_attn"),
+    # an encoder-decoder's decoder: BART's heads named apart from the encoder's, T5's head size d_kv
+    ("bart", dict(vocab_size=300, d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=8,
+                  decoder_attention_heads=4), "decoder.layers.0.self_attn"),
+    ("t5", dict(vocab_size=300, d_model=64, d_kv=8, num_heads=4, num_layers=1, d_ff=128),
+     "decoder.block.0.layer.0.SelfAttention"),
+])
+def test_attention_shape_is_the_models(arch, values, where):
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.for_model(arch, **values)
+    attention = AutoModel.from_config(config).get_submodule(where)  # the decoder's first self-attention
+    q, k = (getattr(attention, f"{name}_proj", None) or getattr(attention, name) for name in "qk")
+    head_dim = getattr(attention, "head_dim", None) or attention.key_value_proj_dim
+    assert attention_shape(config) == (q.out_features // head_dim, k.out_features // head_dim, head_dim)
+    covered = model_config({**values, "model_type": arch})
+    if covered is not None:  # specdec's own config of the same values: the same shape
+        assert attention_shape(covered) == attention_shape(config)
 
 
 def zoo_folders() -> list[Path]:
