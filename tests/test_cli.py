@@ -115,7 +115,7 @@ def test_streaming_prints_text_and_summary(tiny_dirs):
                       "--max-new-tokens", "10")
     assert result.exit_code == 0, result.output
     assert "tokens in" in result.output
-    from specdec.runtime.loading import fastest_dtype
+    from specdec.runtime.runners import fastest_dtype
 
     # the summary line names the target's dtype: by default the fastest exact one (int8 on AVX2 CPUs)
     assert f"target {tiny_dirs['target']} {fastest_dtype(tiny_dirs['target'])}" in " ".join(result.output.split())

@@ -15,7 +15,7 @@ from specdec.cli.serve import serve
 from specdec.defaults import DEFAULT_DRAFTER
 from specdec.engine_config import EngineConfig
 from specdec.runtime.engine import Engine
-from specdec.runtime.loading import fastest_dtype
+from specdec.runtime.runners import fastest_dtype
 from specdec.serve.replicas import EngineSpec
 from tests.backends.test_seq2seq import TARGET, save_seq2seq
 from tests.tiny import save_tiny, tiny_model, tiny_tokenizer

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from specdec.runtime.engine import Engine
-from specdec.runtime.loading import fastest_dtype
+from specdec.runtime.runners import fastest_dtype
 from tests.conftest import real_model_threads
 from tests.real_checks import PROMPTS, assert_bitwise_one_token_at_a_time, plain_outputs, speculative_outputs
 

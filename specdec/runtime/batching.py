@@ -61,6 +61,7 @@ from specdec.backends import lean
 from specdec.backends.base import PREFILL_CHUNK, Footprint, ModelRunner, Refusals, cannot_clone
 from specdec.backends.lean import LeanRunner, forward_packed
 from specdec.errors import SpecdecError
+from specdec.runtime import runners
 from specdec.runtime.pool import Lease
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ class BatchedTarget:
         cache each -- are the slots, or a transformers model (fp32 or int8) to run lean runners over."""
         if max_batch < 1:
             raise SpecdecError(f"the batch size must be >= 1, got {max_batch}")
-        if isinstance(target, LeanRunner):
+        if runners.batchable(target):
             self.runners = [target.clone() for _ in range(max_batch)]
         elif lean.supports(target, fp32=True):
             self.runners = [LeanRunner(target, fp32=True) for _ in range(max_batch)]
@@ -302,7 +303,7 @@ class BatchPool:
                  speculation: Callable[[int | str | Controller, SamplingParams], int | Controller],
                  shared: Callable[[], AutoK], drafts: bool) -> None:
         self._speculation, self._shared, self._drafting = speculation, shared, drafts
-        if not isinstance(target, LeanRunner):
+        if not runners.batchable(target):
             target = target.model
             if target is None:
                 raise SpecdecError("batched decoding needs a gguf or transformers target (not --backend llamacpp)")

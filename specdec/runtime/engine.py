@@ -13,11 +13,10 @@ through it.
 from __future__ import annotations
 
 import copy
-import sys
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeGuard, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from specdec.algorithm.control import AutoK, Controller, Costs, parse_speculation
 from specdec.algorithm.draft import Drafter
@@ -25,9 +24,7 @@ from specdec.algorithm.loop import Stats, Step, StopCondition, collect, decode
 from specdec.algorithm.sampling import SamplingParams
 from specdec.algorithm.stairs import StairsRunner, stairs_runner
 from specdec.algorithm.verify import make_verifier
-from specdec.backends import lean
 from specdec.backends.base import ModelRunner, trimmable
-from specdec.backends.lean import LeanRunner
 from specdec.bridge import TextBridge, VocabularyMap
 from specdec.defaults import DEFAULT_SUFFIX_MEMORY
 from specdec.drafters.draft_vocab import (
@@ -56,15 +53,16 @@ from specdec.drafters.universal import UniversalDrafter
 from specdec.engine_config import EngineConfig, loading_options
 from specdec.errors import IncompatibleDraftError, SpecdecError
 from specdec.request import RequestConfig, check_draft_mode, check_verify_mode
+from specdec.runtime import runners
 from specdec.runtime.loading import AUTO_BACKEND, ModelSpec, resolve_draft
 from specdec.runtime.memory import DRAFT_ROWS, TRIM_RETURN_BYTES, Need, request_need, return_freed_memory
 from specdec.runtime.pool import Lease, RunnerPool, SinglePool
+from specdec.runtime.runners import as_runner, fastest_dtype, is_seq2seq_runner
 from specdec.vocab import chat_ids, decoded, same_vocabulary
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from specdec.backends.seq2seq import Seq2SeqRunner
     from specdec.head.use import LoadedHead
 
 # The most tokens the controller drafts in one step: a free source's long match (a suffix draft after a
@@ -89,34 +87,6 @@ class Result:
             "finish_reason": self.finish_reason,
             "stats": self.stats.to_dict(),
         }
-
-
-def as_runner(model: PreTrainedModel | ModelRunner) -> ModelRunner:
-    """A ModelRunner for `model`: a runner as it is; for a transformers model, a Seq2SeqRunner when it
-    is an encoder-decoder model (T5, BART), a LeanRunner when it is an int8 llama-family model (the
-    same numbers, less overhead), else an HFRunner."""
-    # a lean runner first: Python 3.11 checks a runtime protocol with hasattr, which would run the gguf runner's
-    # `model` property (transformers' model of its config: a second of imports it otherwise never needs)
-    if isinstance(model, LeanRunner) or isinstance(model, ModelRunner):
-        return model
-    # here, as the runners over transformers models: their imports take a second a GGUF target never needs
-    from transformers import PreTrainedModel
-
-    from specdec.backends.hf import HFRunner
-    from specdec.backends.seq2seq import Seq2SeqRunner, is_seq2seq
-
-    if isinstance(model, PreTrainedModel):
-        if is_seq2seq(model):
-            return Seq2SeqRunner(model)
-        return LeanRunner(model) if lean.supports(model) else HFRunner(model)
-    raise TypeError(f"expected a transformers model or a ModelRunner, got {type(model).__name__}")
-
-
-def is_seq2seq_runner(runner: object) -> TypeGuard[Seq2SeqRunner]:
-    """Whether `runner` is a Seq2SeqRunner, without importing its module (and transformers) where no runner can
-    be one: none was built unless specdec.backends.seq2seq was imported."""
-    module = sys.modules.get("specdec.backends.seq2seq")
-    return module is not None and isinstance(runner, module.Seq2SeqRunner)
 
 
 @overload
@@ -201,7 +171,7 @@ def _check_load(drafter: DrafterSpec, target: ModelSpec, dtype: str, backend: st
     """(target's dtype, target's backend, draft's backend, draft's dtype) as Engine.load loads them, every
     "auto" resolved; each mistake refused in one line before anything is loaded: a head that cannot draft or
     is missing, an int4 target, a bad device / dtype pair, a name that no backend can load."""
-    from specdec.runtime.loading import AUTO_DTYPE, INT4, check_spec, fastest_dtype, resolve_device
+    from specdec.runtime.loading import AUTO_DTYPE, check_spec, resolve_device
 
     if suffix_memory < 0:
         raise SpecdecError(f"the suffix memory must be >= 0 tokens, got {suffix_memory}")
@@ -212,9 +182,7 @@ def _check_load(drafter: DrafterSpec, target: ModelSpec, dtype: str, backend: st
     auto = dtype == AUTO_DTYPE
     if auto:
         dtype = fastest_dtype(target, backend, device)
-    if dtype == INT4:
-        raise SpecdecError("int4 is a draft's dtype only (--draft-dtype int4): a target's numbers are its "
-                           "output, and int4 weights would change them")
+    runners.check_role(runners.of_dtype(dtype), dtype, runners.TARGET)  # an int4 target refused in its words
     draft = drafter.model
     backend, draft_backend, draft_dtype = resolve_draft(draft, backend, draft_backend, draft_dtype, device)
     if auto and draft_dtype is None and draft is not None:
@@ -246,29 +214,17 @@ class _Loader:
             self.timings[which] = time.perf_counter() - began
 
     def model(self, spec: DraftModel, which: str, exact: bool, dtype: str) -> tuple[Any, PreTrainedTokenizerBase, str]:
-        """(model or runner, tokenizer, name) of `spec` on backend `which` in `dtype`; exact: llama.cpp's
-        batch-invariant mode (a target's)."""
-        from specdec.backends.gguf import Q4_1
-        from specdec.runtime.loading import GGUF, INT4, gguf_runs, load_gguf, load_hf, load_int4_draft, load_llamacpp
+        """(model or runner, tokenizer, name) of `spec` on the runtime backend `which` and `dtype` name
+        (specdec.runtime.runners); exact: a target's (llama.cpp's batch-invariant mode)."""
+        from specdec.runtime import runners
 
         if isinstance(spec, tuple):
             model, tok = spec
             config = getattr(model, "config", None)
             return model, tok, getattr(config, "_name_or_path", "") or type(model).__name__
-        if which == "llamacpp":
-            runner, tok = load_llamacpp(spec, n_ctx=self.n_ctx, exact=exact, progress=self.progress,
-                                        n_threads=self.threads)
-            return runner, tok, spec
-        if dtype == INT4 and gguf_runs(spec):  # a GGUF the gguf kernel runs: its weights in Q4_1 blocks there
-            runner, tok = load_gguf(spec, progress=self.progress, requantize=Q4_1)
-            return runner, tok, spec
-        if dtype == INT4:
-            runner, tok = load_int4_draft(spec, progress=self.progress)
-            return runner, tok, spec
-        if dtype == GGUF:
-            runner, tok = load_gguf(spec, progress=self.progress)
-            return runner, tok, spec
-        model, tok = load_hf(spec, dtype=dtype, progress=self.progress, device=self.device)
+        options = runners.LoadOptions(progress=self.progress, device=self.device, n_ctx=self.n_ctx,
+                                      threads=self.threads, exact=exact)
+        model, tok = runners.load(spec, which, dtype, options, runners.TARGET if exact else runners.DRAFT)
         return model, tok, spec
 
 
@@ -632,7 +588,7 @@ class Engine:
         dtype: the target's on specdec's side (backend "hf"): "gguf" (a GGUF model's own blocks on
         specdec's kernels: specdec.backends.gguf), "int8", "fp32", "bf16", or "auto" (the default: gguf
         for a GGUF model and int8 for others on CPUs where specdec's kernels run SIMD, fp32 elsewhere;
-        see specdec.runtime.loading.fastest_dtype); the engine's `dtype` says which it took.
+        see specdec.runtime.runners.fastest_dtype); the engine's `dtype` says which it took.
         backend / draft_backend: "hf" (transformers, in `dtype`) or "llamacpp" (the GGUF
         through llama.cpp; zoo names and .gguf files only); the draft's defaults to the
         target's; "auto": llama.cpp where it can run the draft (fastest_draft_backend), except

@@ -78,32 +78,6 @@ def _check_dtype(dtype: str) -> None:
         raise SpecdecError(f"unknown dtype '{dtype}': expected one of {', '.join(DTYPES)}{extra}")
 
 
-def fastest_dtype(spec: Any, backend: str = "hf", device: str = "cpu") -> str:
-    """The dtype "auto" stands for on specdec's own kernels: "gguf" for a GGUF model (a zoo name or a .gguf
-    file) of an architecture the gguf target runs, where the GGUF block kernel multiplies in SIMD (AVX-512
-    VNNI or AVX2): the file's own blocks, about half int8's bytes a step, and faster than int8 on the bench
-    (BENCHMARKS.md); "int8" for another decoder-only model where the int8 kernel runs SIMD; else "fp32" (the
-    reference: a GPU, a CPU without AVX2, an encoder-decoder model, a model passed in already loaded, or a
-    llama.cpp backend, which reads its GGUF as it is).  Each is exact: speculative output is the chosen
-    target's plain output.  `specdec quality` measures what each changes against fp32."""
-    if backend != "hf" or not isinstance(spec, str):
-        return "fp32"
-    try:
-        if resolve_device(device, "fp32") != "cpu":
-            return "fp32"
-        kind, location = resolve(spec)
-        from specdec.backends import kernels
-
-        if kind in ("zoo", "gguf") and kernels.gguf.isa() in ("avx512-vnni", "avx2") and gguf_runs(spec):
-            return GGUF
-        if kernels.int8.isa() not in ("avx512-vnni", "avx2"):
-            return "fp32"
-        _refuse_int8_seq2seq(spec, kind, location)
-    except SpecdecError:  # an encoder-decoder model, no C compiler, or a name that loading will report
-        return "fp32"
-    return "int8"
-
-
 def gguf_runs(spec: str) -> bool:
     """Whether the gguf target runs `spec` (a zoo name or .gguf path): an architecture it computes, judged
     without reading the file where the zoo says (a .gguf file's header is read: a few milliseconds)."""
@@ -297,7 +271,7 @@ def _from_pretrained(location: str | Path, torch_dtype):
     return model, saved_tokenizer(location)
 
 
-def _refuse_int8_seq2seq(spec: str, kind: str, location: str) -> None:
+def refuse_int8_seq2seq(spec: str, kind: str, location: str) -> None:
     """A SpecdecError when `spec` is an encoder-decoder model: int8 (specdec.backends.quant) is for
     decoder-only models.  Zoo models and GGUF files are all decoder-only; an unreadable config
     (offline hub id, broken directory) is left to the loader's own error."""
@@ -477,7 +451,7 @@ def load_hf(
     device = resolve_device(device, dtype)
     kind, location = resolve(spec)
     if dtype == "int8":
-        _refuse_int8_seq2seq(spec, kind, location)
+        refuse_int8_seq2seq(spec, kind, location)
         model, tokenizer = _load_int8(kind, location, progress)
     else:
         model, tokenizer = _load_float(kind, location, _torch_dtype(dtype), progress)

@@ -134,27 +134,11 @@ def measure_drafting(
 def step_bytes(runner: ModelRunner) -> int | None:
     """The weight bytes a one-token step of `runner` reads (every layer's linears and the output head; the
     embedding's one row aside), what bounds a memory-bound step: the packed weights of specdec's kernels, the
-    GGUF file's tensors for llama.cpp, the parameters of a transformers model; None where unknown."""
-    from specdec.backends.lean import LeanRunner
-    from specdec.backends.llamacpp import LlamaCppRunner
+    GGUF file's tensors for llama.cpp, the parameters of a transformers model; None where unknown (its runtime
+    says: specdec.runtime.runners)."""
+    from specdec.runtime import runners
 
-    if isinstance(runner, LeanRunner):
-        return runner.layer_set.step_bytes(runner.head)
-    if isinstance(runner, LlamaCppRunner):
-        from specdec.backends.gguf import GGUFFile
-
-        tensors = GGUFFile(runner.session.path).tensors.values()
-        return sum(max(0, t.nbytes()) for t in tensors if t.name != "token_embd.weight" or "output.weight" not in
-                   {u.name for u in tensors})
-    model = runner.model
-    if model is None:
-        return None
-    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    skip = {id(p) for p in embedding.parameters()} if embedding is not None else set()
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is not None:
-        skip -= {id(p) for p in head.parameters()}  # a tied head is read every step
-    return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in skip)
+    return runners.step_bytes(runner)
 
 
 @dataclass

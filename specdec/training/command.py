@@ -26,7 +26,7 @@ import torch
 
 from specdec.backends.modelconfig import model_eos_token_ids
 from specdec.errors import SpecdecError
-from specdec.runtime import loading
+from specdec.runtime import loading, runners
 from specdec.vocab import chat_ids
 
 DRAFT_VOCAB = 16384  # a new head's draft vocabulary: the N most frequent tokens (train-drafter --draft-vocab)
@@ -46,7 +46,7 @@ def int8_extractor(model: Any, target: str | None = None, batch: int = 16) -> An
     that runs by default on specdec's kernels, its runner there (specdec.training.features.LeanExtractor, `batch`
     prompts a forward): the gguf target's for a GGUF model, the int8 lean runner's for others; else a
     dynamically quantized int8 copy of `model`; else `model` itself, where torch has no quantized CPU engine."""
-    dtype = loading.fastest_dtype(target) if target is not None else None
+    dtype = runners.fastest_dtype(target) if target is not None else None
     if target is not None and dtype == loading.GGUF:
         from specdec.training.features import LeanExtractor
 

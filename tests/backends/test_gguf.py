@@ -286,7 +286,7 @@ def test_what_it_cannot_run_is_refused_in_one_line(tmp_path, files):
 
 def test_the_engine_runs_a_gguf_file_exactly(files, tmp_path, monkeypatch):
     from specdec.runtime.engine import Engine
-    from specdec.runtime.loading import fastest_dtype
+    from specdec.runtime.runners import fastest_dtype
 
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
     target = files["qwen2"]
