@@ -223,6 +223,19 @@ RUNNERS: tuple[Runtime, ...] = (
 )
 
 
+def register(entry: Runtime, before: str | None = None) -> None:
+    """Add a runtime to RUNNERS: ahead of the entry called `before` (auto's order, and which entry of() names a
+    runner first), else last; a SpecdecError where its name is taken or a --dtype it claims on its backend is
+    another entry's (docs/extending.md, "A runtime")."""
+    global RUNNERS
+    taken = {e.name for e in RUNNERS}
+    claimed = {d for e in RUNNERS if e.backend == entry.backend for d in e.dtypes}
+    if entry.name in taken or (entry.backend == "hf" and claimed & set(entry.dtypes)):
+        raise SpecdecError(f"runtime '{entry.name}' names a runtime or a --dtype that another entry has")
+    at = len(RUNNERS) if before is None else [e.name for e in RUNNERS].index(named(before).name)
+    RUNNERS = (*RUNNERS[:at], entry, *RUNNERS[at:])
+
+
 # ------------------------------------------------------------------ runners for models passed in loaded
 
 def as_runner(model: PreTrainedModel | ModelRunner) -> ModelRunner:

@@ -89,3 +89,43 @@ def test_as_runner_wraps_a_loaded_model_on_its_runtime(files: dict[str, str]) ->
     assert runners.is_seq2seq_runner(seq2seq) and not runners.is_seq2seq_runner(object())
     with pytest.raises(TypeError, match="expected a transformers model or a ModelRunner"):
         runners.as_runner("a name")  # type: ignore[arg-type]
+
+
+def test_a_new_runtime_is_one_registry_entry(monkeypatch: pytest.MonkeyPatch, files: dict[str, str],
+                                             tmp_path) -> None:
+    """docs/extending.md's example: a draft in fp16, one entry registered ahead of transformers; Engine.load loads
+    the draft through it, the registry names its runner, a target in fp16 is refused, greedy output is plain's."""
+    import torch
+
+    from specdec.runtime.engine import Engine
+    from specdec.runtime.loading import load_hf
+
+    def load_fp16(spec: str, dtype: str, options: runners.LoadOptions) -> runners.Loaded:
+        model, tokenizer = load_hf(spec, dtype="fp32", progress=options.progress, device=options.device)
+        return model.half(), tokenizer
+
+    def is_fp16(runner) -> bool:
+        model = getattr(runner, "model", None)
+        return model is not None and getattr(model, "dtype", None) == torch.float16
+
+    monkeypatch.setattr(runners, "RUNNERS", RUNNERS)  # the registry as it was, after the test
+    entry = runners.Runtime("transformers-fp16", "hf", ("fp16",), (DRAFT,), "transformers in fp16",
+                            fast=lambda spec, device: False, load=load_fp16, owns=is_fp16,
+                            step_bytes=runners.named("transformers").step_bytes)
+    runners.register(entry, before="transformers")
+    assert [e.name for e in runners.RUNNERS].index("transformers-fp16") == 2
+    with pytest.raises(SpecdecError, match="another entry has"):
+        runners.register(entry)
+    draft = save_tiny(tmp_path / "draft", "llama", seed=1)
+    engine = Engine.load(files["llama"], draft, dtype="fp32", draft_dtype="fp16")
+    assert runners.of(engine.draft_runner).name == "transformers-fp16"  # type: ignore[union-attr]
+    assert runners.of(engine.target_runner).name == "transformers"  # type: ignore[union-attr]
+    assert runners.step_bytes(engine.draft_runner) * 2 == runners.step_bytes(  # type: ignore[operator]
+        runners.as_runner(load_hf(draft)[0]))
+    with pytest.raises(SpecdecError, match=r"fp16 is a draft's dtype only"):
+        Engine.load(files["llama"], draft, dtype="fp16")
+    plain = Engine.load(files["llama"], "none", dtype="fp32")
+    for prompt in ("Once upon a time", "def f(x):"):
+        speculative = engine.generate(prompt, max_new_tokens=24, num_speculative_tokens=3)
+        assert speculative.token_ids == plain.generate(prompt, max_new_tokens=24).token_ids
+        assert speculative.stats.drafted > 0  # the fp16 draft drafted
