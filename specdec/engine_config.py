@@ -21,7 +21,7 @@ from specdec.drafters.draft_vocab import AUTO_MIN_VOCAB, DEFAULT_DRAFT_VOCAB, VO
 from specdec.request import Option, option
 
 DTYPES = ("auto", "gguf", "int8", "fp32", "bf16")  # the target's, on specdec's side (specdec.runtime.loading)
-DRAFT_DTYPES = ("gguf", "fp32", "bf16", "int8", "int4")  # int4: drafts only (specdec.backends.int4)
+DRAFT_DTYPES = ("gguf", "fp32", "bf16", "int8", "int4")  # int4: drafts only (specdec.native.int4)
 # the runtimes a model runs on (specdec.runtime.loading checks a backend's name against these): transformers,
 # with specdec's own runners and kernels, and llama.cpp
 BACKENDS = ("hf", "llamacpp")

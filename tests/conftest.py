@@ -184,7 +184,7 @@ REAL_HF_BUDGET = 10 * 2**30
 
 def model_bytes(model) -> int:
     """Weights held by a transformers model (fp32/bf16 parameters, int8 linears at a byte a weight)."""
-    from specdec.backends.quant import Int8Linear
+    from specdec.native.quant import Int8Linear
 
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     return params + sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, Int8Linear))
@@ -215,7 +215,7 @@ def real_hf() -> Callable:
 @pytest.fixture(scope="session")
 def real_gguf() -> Callable:
     """get(name, requantize=None) -> (GGUFRunner, tokenizer) of a real zoo model on its own blocks
-    (specdec.backends.gguf; requantize=Q4_1: a draft's weights in 4 bits), loaded once per session; each call
+    (specdec.native.gguf; requantize=Q4_1: a draft's weights in 4 bits), loaded once per session; each call
     hands out a runner of its own over the one loaded model (GGUFRunner.clone)."""
     from specdec.runtime.loading import load_gguf
 

@@ -1,4 +1,4 @@
-"""Batched decoding (specdec.runtime.batching, specdec.backends.lean.forward_packed): neighbours change nothing.
+"""Batched decoding (specdec.runtime.batching, specdec.native.lean.forward_packed): neighbours change nothing.
 
 - The packed forward: several runners' chunks in one forward give each runner
   bitwise the logits it gets alone (int8; tiny llama / qwen2 / mistral with a
@@ -22,11 +22,11 @@ import torch
 
 from specdec.algorithm.control import AutoK, Costs, Load
 from specdec.algorithm.sampling import SamplingParams
-from specdec.backends.lean import LeanRunner, forward_packed
 from specdec.errors import SpecdecError
+from specdec.native.lean import LeanRunner, forward_packed
 from specdec.runtime.batching import BATCH_KS, BatchedTarget
 from specdec.runtime.engine import Engine
-from tests.backends.test_lean import int8 as int8_model
+from tests.native.test_lean import int8 as int8_model
 from tests.tiny import VOCAB, tiny_model, tiny_tokenizer
 
 
@@ -82,12 +82,12 @@ def _engine(dtype: str, draft: str) -> Engine:
     tok = tiny_tokenizer(0)
     target = tiny_model("qwen2", 0, vocab_size=len(tok))
     if dtype == "gguf":  # the default target: a GGUF file's own blocks, batched over its runner's clones
-        from specdec.backends import gguf
-        from tests.backends.test_gguf import save_tiny_gguf_cached
+        from specdec.native import gguf
+        from tests.native.test_gguf import save_tiny_gguf_cached
 
         target = gguf.load(save_tiny_gguf_cached("qwen2"))
     if dtype == "int8":
-        from specdec.backends.quant import quantize_model
+        from specdec.native.quant import quantize_model
 
         target = quantize_model(target)
     if draft in ("lookup", "suffix"):
@@ -267,7 +267,7 @@ def test_a_long_prefill_joins_the_batch_a_chunk_a_round(dtype, monkeypatch):
     tok = tiny_tokenizer(0)
     target = tiny_model("qwen2", 0, vocab_size=len(tok), positions=4 * PREFILL_CHUNK)
     if dtype == "int8":
-        from specdec.backends.quant import quantize_model
+        from specdec.native.quant import quantize_model
 
         target = quantize_model(target)
     engine = Engine(target, tok)

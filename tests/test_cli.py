@@ -81,7 +81,7 @@ def test_bf16_draft_for_an_fp32_target_keeps_the_output(tiny_dirs):
 
 
 def test_int4_draft_keeps_the_int8_targets_output_and_is_refused_where_it_cannot_run(tiny_dirs):
-    from specdec.backends.lean import LeanRunner
+    from specdec.native.lean import LeanRunner
     from specdec.runtime.engine import Engine
 
     common = ["Once upon a time", "--target", tiny_dirs["target"], "--dtype", "int8", "--max-new-tokens", "25", "--json"]

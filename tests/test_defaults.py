@@ -5,7 +5,6 @@ import inspect
 
 import pytest
 
-from specdec.backends import kernels
 from specdec.bench.methods import default_methods
 from specdec.bench.runner import BenchOptions
 from specdec.cli.bench import bench
@@ -14,6 +13,7 @@ from specdec.cli.profile import profile
 from specdec.cli.serve import serve
 from specdec.defaults import DEFAULT_DRAFTER
 from specdec.engine_config import EngineConfig
+from specdec.native import kernels
 from specdec.runtime.engine import Engine
 from specdec.runtime.runners import fastest_dtype
 from specdec.serve.replicas import EngineSpec

@@ -131,7 +131,7 @@ def test_real_load_zoo_model(real_hf):
 
 @pytest.mark.parametrize("isa,expected", [("avx512-vnni", "int4"), ("avx2", "int4"), ("c", None)])
 def test_the_auto_draft_runs_on_specdecs_kernels_where_that_was_measured_faster(tmp_path, monkeypatch, isa, expected):
-    from specdec.backends import kernels
+    from specdec.native import kernels
     from specdec.runtime.loading import fastest_spec_draft_dtype
 
     monkeypatch.setattr(kernels.int8, "isa", lambda: isa)
@@ -149,7 +149,7 @@ def test_the_auto_draft_runs_on_specdecs_kernels_where_that_was_measured_faster(
 
 @pytest.mark.parametrize("faster", ["int8", "int4", None])
 def test_engine_auto_draft_backend_loads_an_int8_or_int4_draft_where_that_is_faster(tmp_path, monkeypatch, faster):
-    from specdec.backends.quant import is_int8
+    from specdec.native.quant import is_int8
     from specdec.runtime import loading
     from specdec.runtime.engine import Engine
 

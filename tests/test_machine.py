@@ -16,8 +16,8 @@ from tests.tiny import save_tiny
 
 PROBE = """
 import json, torch, specdec
-from specdec.backends import kernels
-from specdec.backends.kernels.bindings import library
+from specdec.native import kernels
+from specdec.native.kernels.bindings import library
 print(json.dumps({"gguf": kernels.gguf.isa(), "int8": kernels.int8.isa(), "attention": kernels.attention.paths()[-1],
                   "limit": library().sd_isa_limit(), "torch": torch.backends.cpu.get_cpu_capability(),
                   "aten": __import__("os").environ.get("ATEN_CPU_CAPABILITY")}))

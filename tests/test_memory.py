@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from specdec.backends.base import PREFILL_CHUNK, Footprint
-from specdec.backends.lean import LeanRunner
 from specdec.errors import SpecdecError
+from specdec.native.lean import LeanRunner
 from specdec.runtime.memory import DRAFT_ROWS, MemoryBudget, format_bytes, parse_bytes, request_need
-from tests.backends.test_lean import int8 as int8_model
+from tests.native.test_lean import int8 as int8_model
 
 
 @pytest.mark.parametrize("text, size", [("4GiB", 4 << 30), ("512MiB", 512 << 20), ("4000000000", 4_000_000_000),

@@ -13,10 +13,10 @@ from specdec.algorithm.loop import StopCondition, run
 from specdec.algorithm.sampling import SamplingParams
 from specdec.algorithm.verify import make_verifier
 from specdec.backends.base import common_prefix_length, reusable_prefix
-from specdec.backends.lean import LeanRunner
-from specdec.backends.quant import quantize_model
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.model import ModelDrafter
+from specdec.native.lean import LeanRunner
+from specdec.native.quant import quantize_model
 from specdec.runtime.engine import Engine
 from tests.tiny import VOCAB, tiny_model, tiny_tokenizer
 

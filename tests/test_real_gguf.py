@@ -1,4 +1,4 @@
-"""The gguf target on real files (specdec.backends.gguf): batch-invariant bitwise, so speculative == plain.
+"""The gguf target on real files (specdec.native.gguf): batch-invariant bitwise, so speculative == plain.
 
 For the zoo's llama-family and qwen2 files: on random forward / rollback sequences with 1..16 new tokens per
 forward, every token's logits are bitwise the ones a runner that evaluates one token at a time computes
@@ -39,7 +39,7 @@ def gguf_plain(gguf_target):
 
 
 def test_every_drafter_leaves_the_gguf_targets_output_unchanged(real_hf, real_gguf, gguf_target, gguf_plain):
-    from specdec.backends.lean import LeanRunner
+    from specdec.native.lean import LeanRunner
 
     draft_model, draft_tokenizer = real_hf("qwen2.5-coder-0.5b", "int8")
     int4 = LeanRunner(draft_model, int4=True)

@@ -1,4 +1,4 @@
-"""Real models in int8 (specdec.backends.quant): batch-invariant bitwise, so speculative == plain, always.
+"""Real models in int8 (specdec.native.quant): batch-invariant bitwise, so speculative == plain, always.
 
 For the zoo's drafts (the 1.5B target runs on its own blocks by default: tests/test_real_gguf.py): on random
 forward / rollback sequences with 1..16 new tokens per forward and contexts up to 1k tokens (512 for the
@@ -34,7 +34,7 @@ def test_lean_runner_is_bitwise_the_quantized_transformers_model(real_hf):
     # Real shapes (qwen2: q/k/v biases, grouped queries): the lean runner's fused projections and
     # own cache compute exactly what the quantized transformers modules compute.
     from specdec.backends.hf import HFRunner
-    from specdec.backends.lean import LeanRunner
+    from specdec.native.lean import LeanRunner
 
     model, tok = real_hf("qwen2.5-coder-0.5b", "int8")
     lean, reference = LeanRunner(model), HFRunner(model)
@@ -64,9 +64,9 @@ def test_int8_speculative_equals_int8_plain_same_tokenizer(real_hf, int8_target,
 
 
 def test_int4_draft_leaves_int8_output_unchanged(real_hf, int8_target, int8_plain):
-    # The 0.5B's weights in int4 (specdec.backends.int4): another draft's numbers, the same output,
+    # The 0.5B's weights in int4 (specdec.native.int4): another draft's numbers, the same output,
     # for a fixed γ and for -k auto with prompt lookup (the default draft on AVX2-only CPUs).
-    from specdec.backends.lean import LeanRunner
+    from specdec.native.lean import LeanRunner
 
     draft_model, draft_tokenizer = real_hf("qwen2.5-coder-0.5b", "int8")
     draft = LeanRunner(draft_model, int4=True)

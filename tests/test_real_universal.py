@@ -60,7 +60,7 @@ def test_universal_greedy_equals_plain(models, plain_outputs, draft):
 def test_an_int4_draft_through_the_bridge_equals_plain(models, plain_outputs, name):
     # smollm2-135m / gemma3-270m in int4 with their layers in one C call (the auto draft backend on AVX2 CPUs
     # without VNNI), drafts of another tokenizer, with -k auto and with a fixed γ.
-    from specdec.backends.lean import LeanRunner
+    from specdec.native.lean import LeanRunner
 
     draft = LeanRunner(models[name][0], int4=True)
     assert draft.layer_set.native

@@ -18,7 +18,7 @@ the hybrid drafter (prompt lookup's q = None proposals and a draft model's q
 proposals in the same runs); with suffix drafts (q = None proposals that follow the context: the most
 frequent continuation of its longest match in the run's own context or in a fixed store of earlier
 outputs); and with an int4 draft model (a tiny qwen2 model
-with V = 6 on specdec's int4 kernel and C layers, specdec.backends.lean), also with its head trimmed to
+with V = 6 on specdec's int4 kernel and C layers, specdec.native.lean), also with its head trimmed to
 two of the six tokens and the run's context (FR-Spec: q is zero at the tokens outside them).  Seeds are
 fixed, so every p-value is a fixed number (recorded below); the test passes when p > 0.001.  The runs are split over two
 processes (tests/chisq.py); the histogram does not depend on the split.
@@ -43,12 +43,12 @@ from specdec.algorithm.loop import StopCondition, run
 from specdec.algorithm.sampling import SamplingParams
 from specdec.algorithm.verify import make_verifier
 from specdec.backends.hf import HFRunner
-from specdec.backends.lean import LeanRunner
-from specdec.backends.quant import quantize_model
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import DEFAULT_WINDOW, ModelDrafter
 from specdec.drafters.suffix import SuffixDrafter, SuffixStore
+from specdec.native.lean import LeanRunner
+from specdec.native.quant import quantize_model
 from tests.chisq import chi_square, chi_square_sf, seeded_runs
 from tests.tiny import tiny_model
 from tests.toy import FixedDrafter, ToyRunner, ToyTreeRunner, chain_distribution, random_proposal, random_table, reference_warp

@@ -29,7 +29,7 @@ FLOORS: list[tuple[str, ...]] = [
     # the ground: what every floor reads (errors, the defaults, the model files, the CPU, tokenizers, prompt files)
     ("specdec.errors", "specdec.defaults", "specdec.zoo", "specdec.machine", "specdec.vocab", "specdec.tokenizer",
      "specdec.bridge", "specdec.prompt_files"),
-    ("specdec.backends",),  # the runners and specdec's kernels
+    ("specdec.backends", "specdec.native"),  # the runners: transformers' and llama.cpp's adapters, the native engine
     ("specdec.algorithm",),  # the math and the decode loop, on the ModelRunner protocol and the draft types
     ("specdec.request",),  # one request's options: the algorithm's parts (controller, tree shape, sampling) parsed
     ("specdec.drafters", "specdec.head"),  # the drafters, a trained head's among them

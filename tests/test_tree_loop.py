@@ -1,7 +1,7 @@
 """Token trees through the decode loop (issue 39): speculative greedy with tree drafts == plain greedy.
 
 Targets: the toy second-order chain with tree verification (tests/toy.ToyTreeRunner) and tiny int8 llama /
-qwen2 models on the lean runner, whose tree forward is bitwise the chain's (specdec.backends.lean), so the
+qwen2 models on the lean runner, whose tree forward is bitwise the chain's (specdec.native.lean), so the
 output is plain greedy's token for token.  Drafters: fixed proposals with second choices, prompt lookup
 over several matches, suffix drafts (the context and a store of earlier answers: their most frequent
 continuations), a draft model's chain with its runner-ups, and the hybrids; fixed γ and the
@@ -16,12 +16,12 @@ import pytest
 from specdec.algorithm.control import AutoK
 from specdec.algorithm.draft import TreeShape
 from specdec.algorithm.loop import StopCondition, run
-from specdec.backends.lean import LeanRunner
-from specdec.backends.quant import quantize_model
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.suffix import HYBRID_MIN_SCORE, SuffixDrafter, SuffixStore
+from specdec.native.lean import LeanRunner
+from specdec.native.quant import quantize_model
 from specdec.runtime.profile import step_costs
 from tests.tiny import tiny_model
 from tests.toy import FixedDrafter, ToyRunner, ToyTreeRunner, random_proposal, random_table

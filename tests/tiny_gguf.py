@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.backends.gguf_blocks import Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, dequantize, random_blocks
+from tests.native.gguf_blocks import Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, dequantize, random_blocks
 from tests.tiny import tiny_tokenizer
 
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS = 256, 512, 4, 2
@@ -39,7 +39,7 @@ def save_tiny_gguf(path: str | Path, arch: str = "qwen2", seed: int = 0, layers:
                    scale: float = 1.0, requantized: bool = False) -> str:
     """Write a tiny random GGUF model (see the module doc) to `path`; returns the path.  `scale` multiplies
     every block's scale (larger weights: logits further from ties).  requantized: every linear and the output
-    head (not the embedding) written as the Q4_1 blocks of its de-quantised values (specdec.backends.int4.q4_1_blocks):
+    head (not the embedding) written as the Q4_1 blocks of its de-quantised values (specdec.native.int4.q4_1_blocks):
     the file a model of the same seed requantised at load should be."""
     from gguf import GGMLQuantizationType, GGUFWriter
 
@@ -76,7 +76,7 @@ def save_tiny_gguf(path: str | Path, arch: str = "qwen2", seed: int = 0, layers:
         if requantized and kind != "token_embd":
             import torch
 
-            from specdec.backends.int4 import q4_1_blocks
+            from specdec.native.int4 import q4_1_blocks
 
             raw = q4_1_blocks(torch.from_numpy(dequantize(type_id, raw, rows, columns))).numpy()
             type_id = Q4_1
@@ -112,7 +112,7 @@ def save_tiny_gguf(path: str | Path, arch: str = "qwen2", seed: int = 0, layers:
 
 def _scaled(raw: np.ndarray, type_id: int, rows: int, columns: int, scale: float) -> np.ndarray:
     """The blocks with their fp16 scales (and minimums) multiplied by `scale`."""
-    from specdec.backends.kernels.gguf import BLOCK, FILE_BYTES
+    from specdec.native.kernels.gguf import BLOCK, FILE_BYTES
 
     blocks = raw.reshape(rows, columns // BLOCK[type_id], FILE_BYTES[type_id]).copy()
     offsets = {Q4_K: (0, 2), Q6_K: (208,), Q5_0: (0,), Q8_0: (0,), Q4_1: (0, 2)}[type_id]

@@ -297,7 +297,7 @@ def checked_new_tokens(new_tokens: Sequence[int], cached: int, max_context: int,
 
 
 class TrimmableHead(Protocol):
-    """What a runner whose capabilities say trim_head offers (specdec.backends.lean.LeanRunner: a draft's head over
+    """What a runner whose capabilities say trim_head offers (specdec.native.lean.LeanRunner: a draft's head over
     a trimmed vocabulary, FR-Spec; specdec.drafters.draft_vocab)."""
 
     head_ids: torch.Tensor | None  # [N]: the vocabulary id of each logits column (None: every id, [n, vocab_size])
@@ -318,7 +318,7 @@ def trimmable(runner: ModelRunner) -> TrimmableHead | None:
 
 def logit_ids(runner: ModelRunner) -> torch.Tensor | None:
     """The vocabulary ids [N] of the columns of `runner`'s logits where its head is trimmed to some of the
-    vocabulary (a draft's: specdec.backends.lean.LeanRunner.trim_head, specdec.drafters.draft_vocab), else None: the
+    vocabulary (a draft's: specdec.native.lean.LeanRunner.trim_head, specdec.drafters.draft_vocab), else None: the
     logits are [n, vocab_size], column i token i, as for every other runner."""
     head = trimmable(runner)
     return None if head is None else head.head_ids

@@ -1,8 +1,8 @@
 """Transformers / PyTorch backend: a ModelRunner over a causal LM and a DynamicCache.
 
-The model may be fp32, bf16, or int8 (specdec.backends.quant: batch-invariant).
+The model may be fp32, bf16, or int8 (specdec.native.quant: batch-invariant).
 An fp32 model's Linear layers get a faster CPU kernel for verification-sized
-forwards over a cache (specdec.backends.fastlinear); the prompt's prefill and
+forwards over a cache (specdec.native.fastlinear); the prompt's prefill and
 one-token steps are bitwise unchanged.
 
 Rollback crops the DynamicCache (transformers 5: ``DynamicCache.crop(-n)``
@@ -62,7 +62,6 @@ from transformers.cache_utils import CacheLayerMixin, DynamicCache
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-from specdec.backends import fastlinear
 from specdec.backends.base import (
     Capabilities,
     Footprint,
@@ -72,15 +71,16 @@ from specdec.backends.base import (
     decoder_footprint,
     refused,
 )
-from specdec.backends.modelconfig import (  # what every runner reads of a model (transformers-free there)
+from specdec.backends.tree import Tree, check_forward, check_rollback, kept_rows
+from specdec.errors import SpecdecError
+from specdec.native import fastlinear
+from specdec.native.modelconfig import (  # what every runner reads of a model (transformers-free there)
     attention_shape,
     layer_window,
     model_eos_token_ids,
     model_identity,
     model_max_context,
 )
-from specdec.backends.tree import Tree, check_forward, check_rollback, kept_rows
-from specdec.errors import SpecdecError
 
 # The inputs of output layers seen by the forward running in this thread (head_inputs), else None
 _HEAD_INPUTS: ContextVar[list[torch.Tensor] | None] = ContextVar("specdec_head_inputs", default=None)
@@ -140,9 +140,9 @@ def model_vocab_size(model: PreTrainedModel) -> int:
 
 
 def model_backend(model: PreTrainedModel) -> str:
-    """A transformers model's backend as the CLI names it: "transformers int8" (specdec.backends.quant)
+    """A transformers model's backend as the CLI names it: "transformers int8" (specdec.native.quant)
     or "transformers"."""
-    from specdec.backends.quant import is_int8
+    from specdec.native.quant import is_int8
 
     return "transformers int8" if is_int8(model) else "transformers"
 
@@ -272,12 +272,12 @@ class HFRunner(KeptHidden):
     taps: tuple[int, ...] = ()  # tap_layers: layers whose outputs follow the final hidden states' columns
 
     def __init__(self, model: PreTrainedModel, max_context: int | None = None) -> None:
-        from specdec.backends.quant import Int8Linear, is_int8, pack_all
+        from specdec.native.quant import Int8Linear, is_int8, pack_all
 
         self.model = model.eval()
         pack_all(m for m in model.modules() if isinstance(m, Int8Linear))  # now, not at the first token
         fastlinear.install(model)  # fp32 on CPU: k-token verification at about the cost of one token
-        # int8 models (specdec.backends.quant) are batch-invariant; float models are not.
+        # int8 models (specdec.native.quant) are batch-invariant; float models are not.
         self._windows = tree_windows(model)  # the sliding windows a tree's mask needs (None: no trees)
         # taps: tap_layers is offered (a model without a stack of decoder layers refuses there, in one line)
         self.capabilities = Capabilities(batch_invariant=is_int8(model), hidden_states=watch_head_input(model),
@@ -306,7 +306,7 @@ class HFRunner(KeptHidden):
         if self._windows is None:
             raise SpecdecError(f"the transformers runner cannot verify a token tree on a {self.model.config.model_type} "
                                "model")
-        from specdec.backends.quant import tree_attention
+        from specdec.native.quant import tree_attention
 
         new_tokens = self._checked(new_tokens)
         tree, cached = Tree(parents, len(new_tokens)), len(self.tokens)

@@ -54,8 +54,8 @@ from specdec.backends.hf import (
     own_rows,
     watch_head_input,
 )
-from specdec.backends.modelconfig import model_eos_token_ids, model_identity, model_max_context
 from specdec.errors import SpecdecError
+from specdec.native.modelconfig import model_eos_token_ids, model_identity, model_max_context
 
 
 def is_seq2seq(model: object) -> bool:

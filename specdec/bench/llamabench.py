@@ -327,8 +327,8 @@ def run_decode_bench(config: Any, rounds: int, repeats: int, out: Path, tick: Ca
 
     import torch
 
-    from specdec.backends.gguf import GGUFFile
     from specdec.machine import cpu_description
+    from specdec.native.gguf import GGUFFile
     from specdec.runtime.engine import Engine
 
     check_counts(rounds, repeats)

@@ -468,7 +468,7 @@ def draft_files(draft_model: str | None, draft_backend: str | None, draft_dtype:
                 server_draft: Path | None) -> dict[str, str]:
     """What each side drafted with: {"specdec": the run's draft model, its file and how specdec runs it,
     "llama-server": the file llama-server-draft's -md loaded and its types}, each where there was one."""
-    from specdec.backends.gguf import GGUFFile
+    from specdec.native.gguf import GGUFFile
     from specdec.runtime.loading import gguf_file, resolve
 
     found: dict[str, str] = {}

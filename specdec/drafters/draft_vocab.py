@@ -30,8 +30,8 @@ depend on the requests before it: left out.  DEFAULT_DRAFT_VOCAB is the smallest
 two points, 65,536 (1.4 points: 0.625 against 0.639 in the loop on the first two prompts of each category),
 whose head reads 37 of the 85 MB.
 
-The head itself: specdec.backends.lean.TrimmedHead (the int4 draft's head rows gathered,
-specdec.backends.int4.Int4Linear.rows: its logits are bitwise the full head's at those ids), set on the draft's
+The head itself: specdec.native.lean.TrimmedHead (the int4 draft's head rows gathered,
+specdec.native.int4.Int4Linear.rows: its logits are bitwise the full head's at those ids), set on the draft's
 runner by LeanRunner.trim_head; specdec.drafters.model.ModelDrafter maps its columns back to token ids.
 """
 

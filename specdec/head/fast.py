@@ -3,14 +3,14 @@
 A drafted token costs one forward of the head (specdec.head.model.DraftHead): fc [2H -> H], one decoder
 layer (q/k/v/o, gate/up/down) and the LM head [H -> N]; for a 1.5B target's shapes that is ~100M
 weights, which in fp32 a token reads as ~400 MB, far over the twentieth of a target step a head may
-cost (issue 38).  Like the int8 target (specdec.backends.lean), :class:`FastHead` computes the same
+cost (issue 38).  Like the int8 target (specdec.native.lean), :class:`FastHead` computes the same
 network with its linears quantized once, when the head is loaded for drafting:
 
 - int8 (the default where the kernel multiplies in SIMD: AVX-512 VNNI or AVX2): every linear an
-  :class:`specdec.backends.quant.Int8Linear` (W8A8, the int8 target's own kernel), q/k/v and gate/up
+  :class:`specdec.native.quant.Int8Linear` (W8A8, the int8 target's own kernel), q/k/v and gate/up
   fused into one linear each (the same numbers as apart: per output channel weights, one activation
   scale per token) -- except fc's half that reads the target's feature, which stays fp32 (below);
-- int4 (on request): the same weights group-wise in 4 bits (:class:`specdec.backends.int4.Int4Linear`,
+- int4 (on request): the same weights group-wise in 4 bits (:class:`specdec.native.int4.Int4Linear`,
   the int4 drafts' kernel): fewer bytes a token, a coarser approximation;
 - fp32: the trained weights as they are (lean's FloatLinear), where specdec's kernel does not run
   (no C compiler) or multiplies without SIMD; describe() says which and why.
@@ -24,7 +24,7 @@ costs ~7% more bytes a token and the int8 head's first tokens agreed with the fp
 256 positions of real text instead of 0.86 (qwen2.5-coder-1.5b, a smoke-trained head).
 
 Norms, rotary embeddings, the activation and residuals are the head's own per-token operations
-(specdec.backends.lean.rms_norm / rotate: transformers' operations for llama and qwen2); attention runs
+(specdec.native.lean.rms_norm / rotate: transformers' operations for llama and qwen2); attention runs
 over the head's own short cache (a :class:`specdec.head.model.HeadCache`, as the fp32 head's) with
 PyTorch's scaled-dot-product attention.  The head's embedding table and rotary embedding stay the
 target's (shared, not copied).
@@ -44,21 +44,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.backends.int4 import Int4Linear
-from specdec.backends.lean import FloatLinear, rms_norm, rotate
-from specdec.backends.modelconfig import attention_shape
-from specdec.backends.quant import Int8Linear, pack_all, quantize_weight
 from specdec.errors import SpecdecError
 from specdec.head.model import DraftHead, HeadCache, HeadDrafting, causal_mask, fuse_features, tree_mask
+from specdec.native.int4 import Int4Linear
+from specdec.native.lean import FloatLinear, rms_norm, rotate
+from specdec.native.modelconfig import attention_shape
+from specdec.native.quant import Int8Linear, pack_all, quantize_weight
 
 DTYPES = ("auto", "int8", "int4", "fp32")
-SIMD = ("avx512-vnni", "avx2")  # the int8 kernel's paths that beat fp32 (specdec.backends.kernels.int8.isa)
+SIMD = ("avx512-vnni", "avx2")  # the int8 kernel's paths that beat fp32 (specdec.native.kernels.int8.isa)
 
 
 def kernel_path() -> tuple[str | None, str]:
     """(the int8 kernel's path on this CPU, or None where it cannot run; why it does not run fast, or "")."""
     try:
-        from specdec.backends import kernels
+        from specdec.native import kernels
 
         isa = kernels.int8.isa()
     except SpecdecError as e:  # no C compiler to build the kernels

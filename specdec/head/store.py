@@ -9,7 +9,7 @@ The target identity is its name, architecture, hidden size, vocabulary size and 
 input embedding table rounded to bf16: a head is loaded only for a target with the same identity (the
 name aside: the same weights under another path are the same target).  The embedding alone, rounded to
 bf16, because it is what every form of one target keeps alike: an int8 target's LM head is quantized
-(specdec.backends.quant; its embedding stays fp32), and a bf16 target holds the fp32 table rounded to
+(specdec.native.quant; its embedding stays fp32), and a bf16 target holds the fp32 table rounded to
 bf16, so a head trained on the fp32, bf16 or int8 form of a target loads for any of them.  Saving is atomic: the
 weights go to a new file named by their hash, then the manifest is replaced (temp file + rename),
 then older weights files are removed, so a run interrupted at any point leaves the last complete

@@ -11,10 +11,10 @@ serving LLMs using goodput"; vLLM's num_speculative_tokens per batch size).
 
 How it works:
 
-- :class:`BatchedTarget` owns one :class:`~specdec.backends.lean.LeanRunner`
+- :class:`BatchedTarget` owns one :class:`~specdec.native.lean.LeanRunner`
   per slot over the same target model: each slot has its own KV cache, which
   grows and rolls back on its own.  Layout: **packed, not padded**
-  (:func:`specdec.backends.lean.forward_packed`): the new tokens of every slot
+  (:func:`specdec.native.lean.forward_packed`): the new tokens of every slot
   -- a prompt, one plain token, or the pending token plus a draft of any length
   -- are rows of one matrix, and each slot's rows attend to its own cache.  No
   padding rows are computed and no attention mask is built; and for an int8
@@ -57,10 +57,10 @@ import torch
 
 from specdec.algorithm.control import AutoK, Controller, Costs, Load
 from specdec.algorithm.sampling import SamplingParams
-from specdec.backends import lean
 from specdec.backends.base import PREFILL_CHUNK, Footprint, ModelRunner, Refusals, cannot_clone
-from specdec.backends.lean import LeanRunner, forward_packed
 from specdec.errors import SpecdecError
+from specdec.native import lean
+from specdec.native.lean import LeanRunner, forward_packed
 from specdec.runtime import runners
 from specdec.runtime.pool import Lease
 

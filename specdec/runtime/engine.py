@@ -514,7 +514,7 @@ class Engine:
         runner = self.draft_runner
         if runner is None:
             return
-        head = trimmable(runner)  # a lean or gguf draft's (specdec.backends.lean, .gguf)
+        head = trimmable(runner)  # a lean or gguf draft's (specdec.native.lean, .gguf)
         trim = None if head is None else head.trim_head
         auto = draft_vocab == VOCAB_AUTO
         size = DEFAULT_DRAFT_VOCAB if auto else draft_vocab
@@ -586,7 +586,7 @@ class Engine:
         suffix_memory: with suffix drafts, the tokens of recent answers the engine keeps
         (specdec.defaults.DEFAULT_SUFFIX_MEMORY).
         dtype: the target's on specdec's side (backend "hf"): "gguf" (a GGUF model's own blocks on
-        specdec's kernels: specdec.backends.gguf), "int8", "fp32", "bf16", or "auto" (the default: gguf
+        specdec's kernels: specdec.native.gguf), "int8", "fp32", "bf16", or "auto" (the default: gguf
         for a GGUF model and int8 for others on CPUs where specdec's kernels run SIMD, fp32 elsewhere;
         see specdec.runtime.runners.fastest_dtype); the engine's `dtype` says which it took.
         backend / draft_backend: "hf" (transformers, in `dtype`) or "llamacpp" (the GGUF
@@ -602,7 +602,7 @@ class Engine:
         fp32 target halves the draft's cost and leaves the output as it is; "gguf" runs a GGUF
         draft's own blocks; "int4" (drafts only,
         llama-family and Gemma 3 models) runs the draft's int8 weights requantized to 4 bits on specdec's int4
-        kernel (specdec.backends.int4), a cheaper draft token for the same output.
+        kernel (specdec.native.int4), a cheaper draft token for the same output.
         device: where transformers models run: "cpu", "cuda" or "auto" (cuda when available).
         draft_vocab: the tokens the draft model proposes among (:meth:`trim_draft_vocabulary`): "auto" (the
         default), "full", or a number of tokens.

@@ -4,7 +4,7 @@ A spec is one of: a zoo name (see ``specdec.zoo.ZOO``), a path to a ``.gguf``
 file, a path to a transformers model directory, or a Hugging Face hub id
 ("owner/name").  GGUF files (zoo or not) are converted once into an fp32
 transformers directory under ``home()/hf/`` so later loads are fast.  An int8
-model (``dtype="int8"``, see specdec.backends.quant) is quantized once from the
+model (``dtype="int8"``, see specdec.native.quant) is quantized once from the
 fp32 one and cached under ``home()/int8/``.
 
 Also which backend and dtype a draft model runs in when they are left to "auto" (resolve_draft):
@@ -33,15 +33,15 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from specdec.backends.base import ModelRunner
-    from specdec.backends.packcache import PackCache
     from specdec.engine_config import EngineConfig
+    from specdec.native.packcache import PackCache
 
 # A name, or a loaded (transformers model or ModelRunner, tokenizer) pair.
 ModelSpec = str | tuple[Any, "PreTrainedTokenizerBase"]
 DTYPES = ("fp32", "bf16", "int8")  # a transformers model's
-GGUF = "gguf"  # a GGUF file's own blocks on specdec's kernels (specdec.backends.gguf): targets and drafts
+GGUF = "gguf"  # a GGUF file's own blocks on specdec's kernels (specdec.native.gguf): targets and drafts
 AUTO_DTYPE = "auto"  # a target's dtype: the fastest exact one on this machine (fastest_dtype)
-INT4 = "int4"  # a draft model's dtype only (specdec.backends.int4): its numbers never reach the output
+INT4 = "int4"  # a draft model's dtype only (specdec.native.int4): its numbers never reach the output
 DRAFT_DTYPES = (*DTYPES, GGUF, INT4)
 # "owner/name" with the characters the hub allows in each part.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -81,7 +81,7 @@ def _check_dtype(dtype: str) -> None:
 def gguf_runs(spec: str) -> bool:
     """Whether the gguf target runs `spec` (a zoo name or .gguf path): an architecture it computes, judged
     without reading the file where the zoo says (a .gguf file's header is read: a few milliseconds)."""
-    from specdec.backends.gguf import ARCHITECTURES, GGUFFile
+    from specdec.native.gguf import ARCHITECTURES, GGUFFile
 
     kind, location = resolve(spec)
     if kind == "zoo":
@@ -97,8 +97,8 @@ def gguf_runs(spec: str) -> bool:
 def load_gguf(spec: str, progress: zoo.Progress | None = None, max_context: int | None = None,
               requantize: int | None = None):
     """`spec` (a zoo name, pulled on first use, or a .gguf path) as a GGUFRunner over the file's own blocks
-    (specdec.backends.gguf; requantize: Q4_1 for a draft's weights in 4 bits) plus its transformers tokenizer."""
-    from specdec.backends.gguf import load
+    (specdec.native.gguf; requantize: Q4_1 for a draft's weights in 4 bits) plus its transformers tokenizer."""
+    from specdec.native.gguf import load
 
     kind, _ = resolve(spec)
     if kind not in ("zoo", "gguf"):
@@ -272,7 +272,7 @@ def _from_pretrained(location: str | Path, torch_dtype):
 
 
 def refuse_int8_seq2seq(spec: str, kind: str, location: str) -> None:
-    """A SpecdecError when `spec` is an encoder-decoder model: int8 (specdec.backends.quant) is for
+    """A SpecdecError when `spec` is an encoder-decoder model: int8 (specdec.native.quant) is for
     decoder-only models.  Zoo models and GGUF files are all decoder-only; an unreadable config
     (offline hub id, broken directory) is left to the loader's own error."""
     if kind not in ("dir", "hub"):
@@ -336,7 +336,7 @@ def int8_cache(kind: str, location: str) -> tuple[Path, dict]:
 
 def _current_int8(kind: str, location: str) -> Path | None:
     """The cached int8 folder of a resolved spec when it is complete and made from the same source, else None."""
-    from specdec.backends import quant
+    from specdec.native import quant
 
     folder, source = int8_cache(kind, location)
     index = quant.saved_index(folder)
@@ -345,7 +345,7 @@ def _current_int8(kind: str, location: str) -> Path | None:
 
 def _load_int8(kind: str, location: str, progress: zoo.Progress | None):
     """The int8 model of a resolved spec: from its cache, else quantized from fp32 and cached."""
-    from specdec.backends import quant
+    from specdec.native import quant
 
     folder, source = int8_cache(kind, location)
     if _current_int8(kind, location) is not None:
@@ -391,10 +391,10 @@ def resolve_device(device: str, dtype: str = "fp32") -> str:
 
 
 def load_int4_draft(spec: str, progress: zoo.Progress | None = None) -> tuple[ModelRunner, PreTrainedTokenizerBase]:
-    """A draft model in int4 (specdec.backends.int4): the int8 model (quantized once and cached, as for
+    """A draft model in int4 (specdec.native.int4): the int8 model (quantized once and cached, as for
     dtype="int8") with its weights requantized to group-wise int4 at load, on a LeanRunner; llama,
     qwen2, mistral and Gemma 3 text models only (lean.INT4_ARCHITECTURES)."""
-    from specdec.backends import lean
+    from specdec.native import lean
 
     saved = _saved_int8_skeleton(spec)  # the cached int8 model without transformers' modeling code, if it can
     model, tokenizer = saved if saved is not None else load_hf(spec, dtype="int8", progress=progress)
@@ -412,9 +412,9 @@ def load_int4_draft(spec: str, progress: zoo.Progress | None = None) -> tuple[Mo
 
 
 def _saved_int8_skeleton(spec: str) -> tuple[Any, PreTrainedTokenizerBase] | None:
-    """(the cached int8 model of `spec` as specdec.backends.skeleton builds it, its tokenizer), or None where it is
+    """(the cached int8 model of `spec` as specdec.native.skeleton builds it, its tokenizer), or None where it is
     not cached yet, not current, or not covered (load_hf then loads, or quantizes, transformers' model)."""
-    from specdec.backends import skeleton
+    from specdec.native import skeleton
 
     try:
         folder = _current_int8(*resolve(spec))
@@ -427,10 +427,10 @@ def _saved_int8_skeleton(spec: str) -> tuple[Any, PreTrainedTokenizerBase] | Non
 
 
 def _pack_cache(spec: str) -> PackCache | None:
-    """The cache of the packed weights of `spec`'s int8 model (specdec.backends.packcache, keyed by its cached
+    """The cache of the packed weights of `spec`'s int8 model (specdec.native.packcache, keyed by its cached
     int8 file), or None ($SPECDEC_PACK_CACHE=0, no int8 file)."""
-    from specdec.backends.packcache import cache_for
-    from specdec.backends.quant import WEIGHTS_FILE
+    from specdec.native.packcache import cache_for
+    from specdec.native.quant import WEIGHTS_FILE
 
     folder, _ = int8_cache(*resolve(spec))
     return cache_for("lean", folder / WEIGHTS_FILE)
@@ -443,7 +443,7 @@ def load_hf(
     whose config says is_encoder_decoder (T5, BART) as a seq2seq LM (fp32 or bf16, not int8).
 
     `dtype` is "fp32", "bf16" or "int8" (int8 weights and per-token int8 activations,
-    batch-invariant: specdec.backends.quant).  Zoo models are pulled and converted on
+    batch-invariant: specdec.native.quant).  Zoo models are pulled and converted on
     first use; an int8 model is quantized once and cached.  `device`: "cpu", "cuda" or
     "auto" (cuda when available); int8 runs on the CPU only.
     """
@@ -486,7 +486,7 @@ def fastest_spec_draft_dtype(draft: ModelSpec | None, backend: str, device: str)
       3): in the Q4_1-like format (kernels/int4_linear.c), with the layers in one C call, both a
       drafted token and a prompt catch-up cost about half of llama.cpp's (BENCHMARKS.md, Zen 3
       component timings); where the int8 kernel takes its VNNI path the draft's catch-ups run on its
-      int8 weights (specdec.backends.lean.CatchUpLayers): on a Zen 4 a drafted token of the 0.5B took
+      int8 weights (specdec.native.lean.CatchUpLayers): on a Zen 4 a drafted token of the 0.5B took
       13 ms this way against 27 ms in int8, and a catch-up 2.0 ms a token against 4.4 in int4 alone
       (BENCHMARKS.md, Zen 4 component timings);
     - "int8" for the other drafts where the int8 kernel takes its VNNI path (faster than llama.cpp
@@ -497,7 +497,7 @@ def fastest_spec_draft_dtype(draft: ModelSpec | None, backend: str, device: str)
         kind, location = resolve(draft)
         if kind != "zoo":
             return None
-        from specdec.backends import kernels
+        from specdec.native import kernels
 
         isa = kernels.int8.isa()
     except SpecdecError:  # no C compiler for the kernel, or a name that loading will report

@@ -171,7 +171,7 @@ class Roof:
 def measure_roof(runner: ModelRunner, prefix: int = 128, rounds: int = 5, steps: int = 5) -> Roof | None:
     """The one-token step against its roof (see Roof): `rounds` of a bandwidth probe then `steps` one-token
     forwards after `prefix` tokens; None where the weight bytes or the bandwidth cannot be had."""
-    from specdec.backends.kernels.bandwidth import read_bandwidth
+    from specdec.native.kernels.bandwidth import read_bandwidth
 
     size = step_bytes(runner)
     if not size or prefix + 1 > runner.max_context:

@@ -86,7 +86,7 @@ def _cpu(device: str) -> bool:
 
 def _gguf_fast(spec: str, device: str) -> bool:
     """A GGUF (zoo name or .gguf file) of an architecture the gguf kernels compute, on a CPU where they run SIMD."""
-    from specdec.backends import kernels
+    from specdec.native import kernels
 
     try:
         kind, _ = loading.resolve(spec)
@@ -98,7 +98,7 @@ def _gguf_fast(spec: str, device: str) -> bool:
 
 def _int8_fast(spec: str, device: str) -> bool:
     """A decoder-only model on a CPU where the int8 kernel runs SIMD (an encoder-decoder one is fp32's)."""
-    from specdec.backends import kernels
+    from specdec.native import kernels
 
     try:
         if not _cpu(device) or kernels.int8.isa() not in SIMD:
@@ -126,7 +126,7 @@ def _load_gguf(spec: str, dtype: str, options: LoadOptions) -> Loaded:
 def _load_int4(spec: str, dtype: str, options: LoadOptions) -> Loaded:
     """A draft's weights in 4 bits: a GGUF the gguf kernel runs in Q4_1 blocks there, another model's int8 copy
     requantised for the int4 kernel."""
-    from specdec.backends.gguf import Q4_1
+    from specdec.native.gguf import Q4_1
 
     if loading.gguf_runs(spec):
         return loading.load_gguf(spec, progress=options.progress, requantize=Q4_1)
@@ -150,7 +150,7 @@ INT4_LAYERS = ("int4", "int4+int8", "q4_1")  # a 4-bit draft's layer sets (Layer
 def _is_native(runner: Any, dtype: str) -> bool:
     """Whether `runner` is the native engine's, in `dtype`: its layer set says which (a gguf target's blocks,
     int8, or a draft's 4 bits on either kernel)."""
-    from specdec.backends.lean import Int8Layers, LeanRunner
+    from specdec.native.lean import Int8Layers, LeanRunner
 
     if not isinstance(runner, LeanRunner):
         return False
@@ -163,7 +163,7 @@ def _is_native(runner: Any, dtype: str) -> bool:
 def _is_transformers(runner: Any) -> bool:
     """A runner over a transformers model (HFRunner, Seq2SeqRunner): neither the native engine's nor llama.cpp's,
     and holding a model."""
-    from specdec.backends.lean import LeanRunner
+    from specdec.native.lean import LeanRunner
 
     return (not isinstance(runner, LeanRunner) and not _is_llamacpp(runner)
             and getattr(runner, "model", None) is not None)
@@ -180,7 +180,7 @@ def _lean_step_bytes(runner: Any) -> int | None:
 
 def _gguf_file_bytes(runner: Any) -> int | None:
     """A llama.cpp step reads the file's tensors (the embedding aside, unless the head is tied to it)."""
-    from specdec.backends.gguf import GGUFFile
+    from specdec.native.gguf import GGUFFile
 
     tensors = list(GGUFFile(runner.session.path).tensors.values())
     tied = "output.weight" not in {t.name for t in tensors}
@@ -244,7 +244,7 @@ def as_runner(model: PreTrainedModel | ModelRunner) -> ModelRunner:
     same numbers, less overhead), else an HFRunner."""
     # a lean runner first: Python 3.11 checks a runtime protocol with hasattr, which would run the gguf runner's
     # `model` property (transformers' model of its config: a second of imports it otherwise never needs)
-    from specdec.backends import lean
+    from specdec.native import lean
 
     if isinstance(model, lean.LeanRunner) or isinstance(model, ModelRunner):
         return model
@@ -283,6 +283,7 @@ def auto(spec: ModelSpec, backend: str = "hf", device: str = "cpu", role: str = 
     """The runtime `auto` means for `spec` on `backend`: the first entry in RUNNERS' order, on that backend and
     for that role, that runs it fast and exactly here.  A model passed in already loaded is used as it is
     (transformers)."""
+    loading.resolve_backends(backend, None)  # an unknown backend: one line, naming those there are
     if not isinstance(spec, str):
         return named("transformers")
     for entry in RUNNERS:

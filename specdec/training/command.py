@@ -24,8 +24,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from specdec.backends.modelconfig import model_eos_token_ids
 from specdec.errors import SpecdecError
+from specdec.native.modelconfig import model_eos_token_ids
 from specdec.runtime import loading, runners
 from specdec.vocab import chat_ids
 
@@ -53,7 +53,7 @@ def int8_extractor(model: Any, target: str | None = None, batch: int = 16) -> An
         runner, _ = loading.load_gguf(target)
         return LeanExtractor(runner, batch)
     if target is not None and dtype == "int8":
-        from specdec.backends import lean
+        from specdec.native import lean
         from specdec.training.features import LeanExtractor
 
         kind, location = loading.resolve(target)

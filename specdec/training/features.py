@@ -18,7 +18,7 @@ Two sources produce them, a chunk at a time, so that training can start before a
   HASS train on the target's own outputs for the same reason.)
 
 The extractor may be a cheaper copy of the target: ``LeanExtractor``, specdec's own int8 runner
-(specdec.backends.lean, the target that drafts will serve: its features are exactly the inference-time
+(specdec.native.lean, the target that drafts will serve: its features are exactly the inference-time
 ones), which answers a batch of prompts with packed forwards (one [batch, hidden] matrix a decoding step)
 and prefills text chunk by chunk; or a transformers model (``quantize_dynamic``'d int8 on a CPU where
 specdec's kernel does not run, else the fp32 target).  Measured on a 2-core Zen 4 (AVX512-VNNI), 1.5B
@@ -126,7 +126,7 @@ class LeanExtractor:
         """Answer `prompts` greedily, len(self.runners) at a time, up to max_new_tokens each (ending after the
         first end-of-sequence token, or where the target's window is full) -> (prompt + answer ids, their
         features [L, F]) each, every fed position's."""
-        from specdec.backends.lean import forward_packed
+        from specdec.native.lean import forward_packed
 
         self.tap(taps)
         out: list[Chunk] = []

@@ -24,10 +24,10 @@ import torch
 from specdec.algorithm.stairs import stairs_runner
 from specdec.backends.base import ModelRunner
 from specdec.backends.hf import HFRunner
-from specdec.backends.lean import Int4Layers, LeanRunner, forward_packed
 from specdec.backends.llamacpp import LlamaCppRunner
-from specdec.backends.quant import quantize_model
 from specdec.backends.seq2seq import Seq2SeqRunner
+from specdec.native.lean import Int4Layers, LeanRunner, forward_packed
+from specdec.native.quant import quantize_model
 from specdec.runtime.batching import BatchedTarget
 from tests.backends.test_llamacpp import FakeSession
 from tests.backends.test_seq2seq import SOURCES, tiny_bart, tiny_t5

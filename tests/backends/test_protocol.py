@@ -15,11 +15,11 @@ import torch
 from specdec.algorithm.stairs import stairs_runner
 from specdec.backends.base import ModelRunner
 from specdec.backends.hf import HFRunner
-from specdec.backends.lean import Fp32Layers, Int8Layers, LeanRunner, NativeInt4Layers
 from specdec.backends.llamacpp import LlamaCppRunner
-from specdec.backends.quant import quantize_model
 from specdec.backends.seq2seq import Seq2SeqRunner
 from specdec.errors import SpecdecError
+from specdec.native.lean import Fp32Layers, Int8Layers, LeanRunner, NativeInt4Layers
+from specdec.native.quant import quantize_model
 from tests.backends.test_llamacpp import FakeSession
 from tests.backends.test_seq2seq import tiny_t5
 from tests.tiny import tiny_model

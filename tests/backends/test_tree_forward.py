@@ -1,4 +1,4 @@
-"""Token trees in one forward (TreeRunner.forward_tree / keep_rows; specdec.backends.lean and .hf).
+"""Token trees in one forward (TreeRunner.forward_tree / keep_rows; specdec.native.lean and .hf).
 
 On tiny random models, for random trees (depth up to 4, width up to 3, a chain among them) after a short
 and a long (> 64 tokens: the kernel's 16-lane blocks) prefix:
@@ -21,11 +21,11 @@ import pytest
 import torch
 
 from specdec.backends.hf import HFRunner
-from specdec.backends.lean import LeanRunner, forward_packed
-from specdec.backends.quant import quantize_model
 from specdec.backends.tree import Tree
 from specdec.errors import SpecdecError
-from tests.backends.test_lean import tiny_mistral
+from specdec.native.lean import LeanRunner, forward_packed
+from specdec.native.quant import quantize_model
+from tests.native.test_lean import tiny_mistral
 from tests.tiny import VOCAB, tiny_model
 
 FIXED = [  # parents of some shapes: one node, a chain, a fan, nodes out of breadth-first order, two roots, deep

@@ -18,8 +18,6 @@ from hypothesis import strategies as st
 
 from specdec.algorithm.loop import StopCondition, run
 from specdec.backends.hf import HFRunner
-from specdec.backends.lean import LeanRunner
-from specdec.backends.quant import quantize_model
 from specdec.drafters.draft_vocab import (
     VOCAB_AUTO,
     VOCAB_FULL,
@@ -30,6 +28,8 @@ from specdec.drafters.draft_vocab import (
 )
 from specdec.drafters.model import ModelDrafter
 from specdec.errors import SpecdecError
+from specdec.native.lean import LeanRunner
+from specdec.native.quant import quantize_model
 from specdec.runtime.engine import Engine
 from tests.tiny import VOCAB, tiny_model, tiny_tokenizer
 

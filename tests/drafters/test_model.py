@@ -161,8 +161,8 @@ def test_a_confidence_threshold_stops_the_draft_after_a_doubtful_token():
 
 def trimmed_runner(ids):
     """A tiny int8 draft on the lean runner, its head trimmed to vocabulary ids `ids` (FR-Spec)."""
-    from specdec.backends.lean import LeanRunner
-    from specdec.backends.quant import quantize_model
+    from specdec.native.lean import LeanRunner
+    from specdec.native.quant import quantize_model
 
     runner = LeanRunner(quantize_model(tiny_model("llama", 5)))
     full = runner.clone()

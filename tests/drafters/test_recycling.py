@@ -20,8 +20,6 @@ from specdec.algorithm.sampling import SamplingParams
 from specdec.algorithm.trees import depths
 from specdec.algorithm.verify import make_verifier
 from specdec.backends.hf import HFRunner
-from specdec.backends.lean import LeanRunner
-from specdec.backends.quant import quantize_model
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import ModelDrafter
@@ -34,6 +32,8 @@ from specdec.drafters.recycling import (
     top_candidates,
 )
 from specdec.drafters.spec import DrafterSpec, DraftRequest, build_drafter
+from specdec.native.lean import LeanRunner
+from specdec.native.quant import quantize_model
 from specdec.runtime.engine import Engine
 from tests.chisq import chi_square, seeded_runs
 from tests.tiny import VOCAB, tiny_model, tiny_tokenizer
@@ -184,7 +184,7 @@ def model():
 
 @cache
 def int8_model():
-    """A tiny int8 target, whose tree forward is bitwise its chain's (specdec.backends.lean), and its plain
+    """A tiny int8 target, whose tree forward is bitwise its chain's (specdec.native.lean), and its plain
     greedy output after PROMPT."""
     target = quantize_model(tiny_model("qwen2", 0))
     return target, run(LeanRunner(target), PROMPT, StopCondition(48)).token_ids

@@ -15,12 +15,12 @@ from specdec.algorithm.loop import StopCondition, run
 from specdec.algorithm.sampling import SamplingParams
 from specdec.algorithm.verify import make_verifier
 from specdec.backends.hf import HFRunner
-from specdec.backends.lean import LeanRunner
-from specdec.backends.quant import quantize_model
 from specdec.errors import SpecdecError
 from specdec.head.drafter import CONFIDENCE_GRADES, HeadDrafter, confidence_grade
 from specdec.head.model import HeadCache
 from specdec.head.store import TrainResult
+from specdec.native.lean import LeanRunner
+from specdec.native.quant import quantize_model
 from tests.head.conftest import target_pass
 from tests.tiny import assert_near_tie_parting, tiny_model
 

@@ -14,14 +14,14 @@ from specdec.algorithm.loop import StopCondition, run
 from specdec.algorithm.sampling import SamplingParams
 from specdec.algorithm.verify import make_verifier
 from specdec.backends.hf import HFRunner
-from specdec.backends.lean import LeanRunner
-from specdec.backends.quant import quantize_model
 from specdec.errors import SpecdecError
 from specdec.head import fast
 from specdec.head.drafter import HeadDrafter
 from specdec.head.fast import FastHead, for_drafting
 from specdec.head.model import DraftHead, HeadCache
 from specdec.head.store import TrainResult, save, target_identity
+from specdec.native.lean import LeanRunner
+from specdec.native.quant import quantize_model
 from specdec.runtime.head_cost import head_cost, head_for_profile, profile_head, split_head_spec
 from tests.head.conftest import target_pass
 from tests.tiny import assert_near_tie_parting, tiny_model

@@ -13,13 +13,13 @@ import torch
 from specdec.algorithm.draft import TreeShape
 from specdec.algorithm.loop import StopCondition, run
 from specdec.backends.hf import HFRunner
-from specdec.backends.lean import LeanRunner
-from specdec.backends.quant import quantize_model
 from specdec.errors import SpecdecError
 from specdec.head.drafter import HeadDrafter
 from specdec.head.fast import FastHead
 from specdec.head.model import HeadCache
 from specdec.head.store import TrainResult
+from specdec.native.lean import LeanRunner
+from specdec.native.quant import quantize_model
 from specdec.training.features import features
 from specdec.training.train import train
 from tests.head.conftest import QUICK, own_text

@@ -11,14 +11,14 @@ import torch
 
 from specdec.algorithm.draft import Draft
 from specdec.algorithm.loop import StopCondition, run
-from specdec.backends.lean import LeanRunner
-from specdec.backends.quant import quantize_model
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.errors import SpecdecError
 from specdec.head.drafter import WINDOW, HeadDrafter
 from specdec.head.model import HeadCache
 from specdec.head.store import TrainResult
+from specdec.native.lean import LeanRunner
+from specdec.native.quant import quantize_model
 from tests.tiny import tiny_model
 
 STOP = StopCondition(max_new_tokens=30)

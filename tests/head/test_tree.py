@@ -13,13 +13,13 @@ import torch
 from specdec.algorithm.draft import Draft, TreeShape
 from specdec.algorithm.loop import StopCondition, run
 from specdec.backends.hf import HFRunner
-from specdec.backends.lean import LeanRunner
-from specdec.backends.quant import quantize_model
 from specdec.drafters.tree import alternatives, tree_draft
 from specdec.head.drafter import HeadDrafter
 from specdec.head.fast import FastHead
 from specdec.head.model import GrownTree, HeadCache
 from specdec.head.store import TrainResult
+from specdec.native.lean import LeanRunner
+from specdec.native.quant import quantize_model
 from tests.head.conftest import target_pass
 from tests.head.test_drafter import Checked, prompts
 from tests.tiny import assert_near_tie_parting, tiny_model

@@ -231,7 +231,7 @@ def test_one_identity_for_the_fp32_bf16_and_int8_forms_of_a_target(saved) -> Non
     are the fp32 one's target, and the head loads for each with the weights it was saved with."""
     import copy
 
-    from specdec.backends.quant import quantize_model
+    from specdec.native.quant import quantize_model
 
     fp32 = AutoModelForCausalLM.from_pretrained(saved["target"], dtype=torch.float32).eval()
     forms = {"fp32": fp32, "bf16": copy.deepcopy(fp32).to(torch.bfloat16), "int8": quantize_model(copy.deepcopy(fp32))}

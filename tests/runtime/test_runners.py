@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.backends import kernels
-from specdec.backends.gguf import Q4_1
-from specdec.backends.gguf import load as load_gguf
 from specdec.backends.hf import HFRunner
-from specdec.backends.lean import LeanRunner
-from specdec.backends.quant import quantize_model
 from specdec.errors import SpecdecError
+from specdec.native import kernels
+from specdec.native.gguf import Q4_1
+from specdec.native.gguf import load as load_gguf
+from specdec.native.lean import LeanRunner
+from specdec.native.quant import quantize_model
 from specdec.runtime import runners
 from specdec.runtime.runners import DRAFT, RUNNERS, TARGET
 from tests.backends.test_seq2seq import TARGET as T5

@@ -94,8 +94,8 @@ def test_an_answer_ends_after_its_end_token(target: torch.nn.Module) -> None:
 def test_lean_answers_are_the_int8_runners_greedy_tokens_and_features() -> None:
     """The lean extractor's packed batch answers each prompt as the int8 runner alone does, and its features
     are a teacher-forced prefill's, bitwise (int8 is batch-invariant)."""
-    from specdec.backends.lean import LeanRunner
-    from specdec.backends.quant import quantize_model
+    from specdec.native.lean import LeanRunner
+    from specdec.native.quant import quantize_model
     from specdec.training.features import LeanExtractor
     from tests.tiny import tiny_model
 
@@ -128,8 +128,8 @@ def test_lean_answers_are_the_int8_runners_greedy_tokens_and_features() -> None:
 
 
 def test_lean_answers_stay_within_the_targets_window() -> None:
-    from specdec.backends.lean import LeanRunner
-    from specdec.backends.quant import quantize_model
+    from specdec.native.lean import LeanRunner
+    from specdec.native.quant import quantize_model
     from specdec.training.features import LeanExtractor
     from tests.tiny import tiny_model
 
@@ -167,8 +167,8 @@ def test_tapped_layers_follow_the_final_feature() -> None:
 def test_lean_tapped_rows_are_the_int8_models_layer_outputs() -> None:
     """The lean runner's tapped rows are the quantized transformers model's layer outputs, bitwise (its numbers
     are that model's), in a prefill and in the packed answers alike; taps off gives the final feature alone."""
-    from specdec.backends.lean import LeanRunner
-    from specdec.backends.quant import quantize_model
+    from specdec.native.lean import LeanRunner
+    from specdec.native.quant import quantize_model
     from specdec.training.features import LeanExtractor, check_taps
 
     model = quantize_model(tiny_model("qwen2", 0, layers=3))

@@ -1,0 +1,693 @@
+"""The gguf target: a GGUF file's own quantised blocks on specdec's kernels, every layer in one C call.
+
+``--dtype gguf`` runs a llama / qwen2 / mistral GGUF model as the file stores it: its Q4_K, Q6_K, Q5_0, Q8_0
+and Q4_1 blocks -- the integers and scales the user downloaded, not an int8 requantisation of a de-quantised
+copy -- multiplied by specdec's block kernel (:mod:`specdec.native.kernels.gguf`: 8-bit block activations,
+exact integer sums, one fixed sequence of fp32 operations per block), with the norms, rotary embeddings,
+attention (specdec's exact kernel), the gated MLP and the residual adds of every layer in one C call
+(:mod:`specdec.native.kernels.layers`).  A decode step reads each weight block once: about 4.5-6.5 bits a
+weight for a Q4_K_M file against int8's 8, which is what a memory-bound one-token step costs.
+
+**Exact speculation.**  Every operation computes a token's numbers from its own row in a fixed order, so a
+token's logits are bitwise the same alone, in a k-token verification and in a prefill (batch invariance, as
+the int8 target has; tested on random forward/rollback sequences): speculative output is exactly the gguf
+target's plain output, greedy and sampled.  Its numbers are its own model's -- the file's weights with
+8-bit block activations, as llama.cpp multiplies them -- not llama.cpp's bits nor the fp32 model's
+(`specdec quality` measures the distance to the fp32 de-quantised file).
+
+**Unlike llama.cpp**, whose small-batch kernels re-read and re-unpack each block for every row of a
+verification (t(8) ~ 6 t(1) on a 2-core Zen 4), the block kernel unpacks a block once for up to 8 rows, so
+verifying a draft costs little more than a step: the regime speculative decoding needs.
+
+The runner is a :class:`specdec.native.lean.LeanRunner` (its KV cache, rollback, token trees, hidden
+states, packed forwards of several sequences) whose layer set is :class:`GGUFLayers`.  The GGUF file is read
+here (its header and tensor table; the blocks memory-mapped), its config mapped to the transformers config
+values of the architecture and read as transformers would read them without importing it
+(:mod:`specdec.native.modelconfig`); llama-architecture files store their q and k rows permuted for llama.cpp's rotary
+layout, which packing undoes (a permutation of output channels: the same integers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import torch
+
+from specdec.backends.tree import Tree
+from specdec.errors import SpecdecError
+from specdec.native import kernels
+from specdec.native.kernels.bindings import LayersModel
+from specdec.native.kernels.gguf import BLOCK, FILE_BYTES, NAMES, Part, Parts
+from specdec.native.lean import LayerSet, LeanRunner, Rotary, TrimmedHead, _Layer, _NativeTable
+from specdec.native.modelconfig import ModelConfig, attention_shape, eos_id_set, model_config
+from specdec.native.packcache import cache_for, file_identity
+from specdec.zoo import home, write_atomically
+
+ARCHITECTURES = ("llama", "qwen2", "mistral")  # GGUF general.architecture values the gguf target runs
+F32, F16 = 0, 1  # ggml type ids of unquantised tensors (norms, biases)
+Q4_1 = 3  # the type a draft's weights are requantised to (GGUFModel's requantize)
+REQUANTIZE_ROWS = 4096  # rows de-quantised at a time when requantising (a 151,936-row head: 4096 x 4 x 896 bytes)
+
+# ---------------------------------------------------------------- the file: header, metadata, tensor table
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+INDEX_FORMAT = 1  # of the parsed header kept per file (GGUFFile._read_index)
+_KEEP_ARRAY = 1024  # arrays up to this many elements are read (per-layer values); longer ones (a vocabulary) skipped
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A tensor of the file: ggml's type id, its shape as ggml lists it ([columns, rows]), its data's offset."""
+
+    name: str
+    type_id: int
+    shape: tuple[int, ...]
+    offset: int  # from the start of the file
+
+    @property
+    def rows(self) -> int:
+        return int(np.prod(self.shape[1:])) if len(self.shape) > 1 else 1
+
+    @property
+    def columns(self) -> int:
+        return self.shape[0]
+
+    def nbytes(self) -> int:
+        if self.type_id == F32:
+            return 4 * self.rows * self.columns
+        if self.type_id == F16:
+            return 2 * self.rows * self.columns
+        if self.type_id not in BLOCK:
+            return -1
+        return self.rows * self.columns // BLOCK[self.type_id] * FILE_BYTES[self.type_id]
+
+
+class GGUFFile:
+    """A GGUF file's metadata (scalars and short arrays; long arrays, a vocabulary's, skipped) and tensor table,
+    its bytes memory-mapped (read-only: pages the OS shares between processes and drops under pressure)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.metadata: dict[str, Any] = {}
+        self.tensors: dict[str, Tensor] = {}
+        try:
+            self.data = np.memmap(self.path, dtype=np.uint8, mode="r")
+            if not self._read_index():
+                self._parse()
+                self._write_index()
+        except (OSError, ValueError, struct.error, UnicodeDecodeError) as e:
+            raise SpecdecError(f"cannot read GGUF file {self.path}: {e}") from e
+
+    # The parsed header is kept in $SPECDEC_HOME/gguf-index, per file (its real path, size and modification time):
+    # walking past a vocabulary's 150,000 strings takes 90 ms of Python at every start, reading the index 2.
+    def _index_path(self) -> Path:
+        digest = hashlib.sha256(str(self.path.resolve()).encode()).hexdigest()[:20]
+        return home() / "gguf-index" / f"{digest}.json"
+
+    def _read_index(self) -> bool:
+        """The metadata and tensor table from this file's index, when it has a current one (False: parse)."""
+        path = self._index_path()
+        if not path.is_file():
+            return False
+        try:
+            index = json.loads(path.read_text(encoding="utf-8"))
+            if index["format"] != INDEX_FORMAT or index["file"] != file_identity(self.path):
+                return False  # another version of the file: parsed again
+            self.metadata = index["metadata"]
+            self.tensors = {name: Tensor(name, type_id, tuple(shape), offset)
+                            for name, type_id, shape, offset in index["tensors"]}
+            return True
+        except (ValueError, KeyError, TypeError) as e:
+            print(f"specdec: the GGUF index {path} could not be read ({type(e).__name__}); parsing the file again",
+                  file=sys.stderr)
+            self.metadata, self.tensors = {}, {}
+            return False
+
+    def _write_index(self) -> None:
+        index = {"format": INDEX_FORMAT, "file": file_identity(self.path), "metadata": self.metadata,
+                 "tensors": [[t.name, t.type_id, list(t.shape), t.offset] for t in self.tensors.values()]}
+        write_atomically(self._index_path(), json.dumps(index))
+
+    def _parse(self) -> None:
+        buf = memoryview(self.data)  # type: ignore[arg-type]  # numpy's stubs give memmap no __buffer__; it has one
+        if bytes(buf[:4]) != b"GGUF":
+            raise ValueError("not a GGUF file (bad magic)")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        if version < 2:
+            raise ValueError(f"GGUF version {version} is not supported")
+        at = 24
+
+        def string(at: int) -> tuple[str, int]:
+            (n,) = struct.unpack_from("<Q", buf, at)
+            return bytes(buf[at + 8 : at + 8 + n]).decode("utf-8", errors="replace"), at + 8 + n
+
+        def value(kind: int, at: int) -> tuple[Any, int]:
+            if kind in _SCALARS:
+                fmt = _SCALARS[kind]
+                return struct.unpack_from(fmt, buf, at)[0], at + struct.calcsize(fmt)
+            if kind == _STRING:
+                return string(at)
+            if kind == _ARRAY:
+                inner, count = struct.unpack_from("<IQ", buf, at)
+                at += 12
+                if inner in _SCALARS:
+                    size = struct.calcsize(_SCALARS[inner])
+                    items = (np.frombuffer(buf, dtype=np.dtype(_SCALARS[inner]), count=count, offset=at).tolist()
+                             if count <= _KEEP_ARRAY else None)
+                    return items, at + size * count
+                if inner == _STRING and count > _KEEP_ARRAY:  # skip: walk the lengths only
+                    for _ in range(count):
+                        (n,) = struct.unpack_from("<Q", buf, at)
+                        at += 8 + n
+                    return None, at
+                items = []
+                for _ in range(count):
+                    item, at = value(inner, at)
+                    items.append(item)
+                return items, at
+            raise ValueError(f"unknown metadata value type {kind}")
+
+        for _ in range(n_kv):
+            key, at = string(at)
+            (kind,) = struct.unpack_from("<I", buf, at)
+            self.metadata[key], at = value(kind, at + 4)
+        infos = []
+        for _ in range(n_tensors):
+            name, at = string(at)
+            (dims,) = struct.unpack_from("<I", buf, at)
+            shape = struct.unpack_from(f"<{dims}Q", buf, at + 4)
+            type_id, offset = struct.unpack_from("<IQ", buf, at + 4 + 8 * dims)
+            at += 4 + 8 * dims + 12
+            infos.append((name, type_id, tuple(int(d) for d in shape), offset))
+        alignment = int(self.metadata.get("general.alignment", 32))
+        start = -(-at // alignment) * alignment
+        for name, type_id, shape, offset in infos:
+            tensor = Tensor(name, int(type_id), shape, start + int(offset))
+            if tensor.nbytes() >= 0 and tensor.offset + tensor.nbytes() > len(self.data):
+                raise ValueError(f"tensor {name} runs past the end of the file (truncated?)")
+            self.tensors[name] = tensor
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get("general.architecture", ""))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Metadata `key` under the architecture's prefix ("block_count" -> "qwen2.block_count")."""
+        return self.metadata.get(f"{self.architecture}.{key}", default)
+
+    def blocks(self, name: str) -> np.ndarray:
+        """Tensor `name`'s bytes as stored (a view of the mapped file)."""
+        tensor = self.tensors[name]
+        return self.data[tensor.offset : tensor.offset + tensor.nbytes()]
+
+    def release(self, names: Sequence[str]) -> None:
+        """Let the OS drop this mapping's pages of tensors `names` (their packed copies are in memory now): they
+        stay in the page cache, reclaimable, but leave the process's resident memory."""
+        import mmap
+
+        raw = getattr(self.data, "_mmap", None)  # the memmap's mmap object
+        if raw is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        for name in names:
+            tensor = self.tensors[name]
+            start = -(-tensor.offset // page) * page  # whole pages inside the tensor only
+            end = (tensor.offset + tensor.nbytes()) // page * page
+            if end > start:
+                try:
+                    raw.madvise(mmap.MADV_DONTNEED, start, end - start)
+                except (OSError, ValueError):
+                    return
+
+    def weight_types(self) -> str:
+        """The types of the file's weight matrices by their share of its weight bytes, and the output head's:
+        "Q5_0 55%, Q8_0 30%, Q6_K 9%, Q4_K 6% of the weight bytes; output head Q8_0" (a tied head is the
+        embedding: "output head Q5_0, the embedding's").  What a file name's "Q4_K_M" leaves out: a quantiser
+        mixes types, and which one the head (a seventh of a small model) has moves a step's cost."""
+        shares: dict[str, int] = {}
+        for tensor in self.tensors.values():
+            if len(tensor.shape) > 1:  # matrices: norms and biases are a vector each
+                name = _type_name(tensor.type_id)
+                shares[name] = shares.get(name, 0) + max(0, tensor.nbytes())
+        total = sum(shares.values()) or 1
+        ranked = sorted(shares.items(), key=lambda item: -item[1])
+        line = ", ".join(f"{name} {size / total:.0%}" for name, size in ranked) + " of the weight bytes"
+        head = self.tensors.get("output.weight")
+        tied = head is None
+        head = head or self.tensors.get("token_embd.weight")
+        if head is None:
+            return line
+        return f"{line}; output head {_type_name(head.type_id)}" + (", the embedding's" if tied else "")
+
+    def float_tensor(self, name: str) -> torch.Tensor:
+        """An F32 or F16 tensor (a norm's weight, a bias) as an fp32 torch tensor of its own."""
+        tensor = self.tensors[name]
+        if tensor.type_id not in (F32, F16):
+            raise SpecdecError(f"GGUF tensor {name} is {_type_name(tensor.type_id)}, expected F32 or F16")
+        values = self.blocks(name).view(np.float32 if tensor.type_id == F32 else np.float16)
+        return torch.from_numpy(values.astype(np.float32))  # a copy, writable
+
+
+def _type_name(type_id: int) -> str:
+    if type_id in NAMES:
+        return NAMES[type_id]
+    try:
+        from gguf import GGMLQuantizationType
+
+        return GGMLQuantizationType(type_id).name
+    except (ImportError, ValueError):
+        return f"type {type_id}"
+
+
+# ---------------------------------------------------------------- the config
+
+
+def config_values(file: GGUFFile) -> dict[str, Any]:
+    """The transformers config values of a llama / qwen2 / mistral GGUF file, from its metadata (as transformers'
+    own GGUF loader maps it; a one-line SpecdecError for an architecture or rotary scaling the gguf target lacks):
+    the arguments of the architecture's config class."""
+    arch = file.architecture
+    if arch not in ARCHITECTURES:
+        raise SpecdecError(f"--dtype gguf runs {'/'.join(ARCHITECTURES)} GGUF models, and {file.path.name} is a "
+                           f"'{arch or 'unknown'}' model: use --dtype int8 or the llama.cpp backend")
+    embed = file.tensors.get("token_embd.weight")
+    if embed is None:
+        raise SpecdecError(f"GGUF file {file.path.name} has no token_embd.weight")
+    heads = int(file.get("attention.head_count"))
+    hidden = int(file.get("embedding_length"))
+    values: dict[str, Any] = dict(
+        vocab_size=embed.rows, hidden_size=hidden, intermediate_size=int(file.get("feed_forward_length")),
+        num_hidden_layers=int(file.get("block_count")), num_attention_heads=heads,
+        num_key_value_heads=int(file.get("attention.head_count_kv", heads)),
+        max_position_embeddings=int(file.get("context_length", 4096)),
+        rms_norm_eps=float(file.get("attention.layer_norm_rms_epsilon", 1e-6)),
+        tie_word_embeddings="output.weight" not in file.tensors,
+        bos_token_id=file.metadata.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=file.metadata.get("tokenizer.ggml.eos_token_id"),
+        pad_token_id=file.metadata.get("tokenizer.ggml.padding_token_id"))
+    head_dim = file.get("attention.key_length")
+    if head_dim is not None and int(head_dim) != hidden // heads:
+        values["head_dim"] = int(head_dim)
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(file.get("rope.freq_base", 10000.0))}
+    scaling = file.get("rope.scaling.type")
+    if scaling not in (None, "none"):
+        if scaling != "linear":
+            raise SpecdecError(f"--dtype gguf: {file.path.name} uses '{scaling}' rotary scaling, which the gguf target "
+                               "does not compute: use --dtype int8 or the llama.cpp backend")
+        rope = {**rope, "rope_type": "linear", "factor": float(file.get("rope.scaling.factor", 1.0))}
+    values["rope_parameters"] = rope
+    window = file.get("attention.sliding_window")
+    if arch == "mistral":
+        values["sliding_window"] = int(window) if window else None
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def config_of(file: GGUFFile, name: str = "") -> ModelConfig:
+    """The config of a llama / qwen2 / mistral GGUF file (config_values) as the gguf target reads it: the
+    attributes transformers' config of the architecture would have, without transformers."""
+    config = model_config({**config_values(file), "model_type": file.architecture}, name or str(file.path))
+    assert config is not None  # (config_values refuses what model_config does not cover)
+    return config
+
+
+def transformers_config_of(file: GGUFFile, name: str = "") -> Any:
+    """transformers' config of a llama / qwen2 / mistral GGUF file (config_values): for its model on the meta
+    device (GGUFRunner.model)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(file.architecture, **config_values(file))
+    config._name_or_path = name or str(file.path)
+    return config
+
+
+# ---------------------------------------------------------------- the weights
+
+
+def _unpermute(rows: int, heads: int) -> list[int]:
+    """The file's row of each output channel of a llama q or k projection: llama.cpp's converter interleaves each
+    head's two rotary halves (row 2 i + j of a head holds channel j * half + i); transformers' rotate-half
+    layout wants them back in halves."""
+    dim = rows // heads // 2
+    return [h * 2 * dim + 2 * i + j for h in range(heads) for j in range(2) for i in range(dim)]
+
+
+class _Arena:
+    """One memory block for a model's packed weights, backed by transparent huge pages where the kernel allows
+    (madvise): a decode step streams through all of it, and 2 MiB pages spare the TLB misses of 4 KiB ones (a
+    2-core Zen 4 read 34.5 GB/s from huge pages against 31.8 from small ones).  take() hands out each tensor's
+    slice in turn, 4 KiB aligned."""
+
+    ALIGN = 4096
+    HUGE = 2 << 20
+
+    def __init__(self, shapes: Sequence[tuple[int, int, int]], packed: torch.Tensor | None = None) -> None:
+        """shapes: the packed tensors' (type id, rows, columns) in the order take() hands them out.  packed: the
+        arena's bytes as an earlier load packed them (a memory-mapped cache file, see
+        specdec.native.packcache; `filled`), else an empty block to pack into."""
+        import mmap
+
+        sizes = [-(-kernels.gguf.packed_bytes(*shape) // self.ALIGN) * self.ALIGN for shape in shapes]
+        self.used = sum(sizes)
+        self.filled = packed is not None and packed.dtype == torch.uint8 and packed.numel() == self.used
+        if self.filled:
+            assert packed is not None
+            self._bytes, self._at, self.nbytes = packed, 0, self.used
+            return
+        total = self.used + self.HUGE
+        self._map = mmap.mmap(-1, total, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                self._map.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:  # a kernel without transparent huge pages: small pages, the same numbers
+                pass
+        self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)  # [total], shares the mapping
+        self._at = -self._bytes.data_ptr() % self.HUGE  # the first 2 MiB boundary
+        self._start = self._at
+        self.nbytes = total
+
+    def packed(self) -> torch.Tensor:
+        """The packed tensors' bytes, as a later load takes them back (the `packed` argument)."""
+        start = 0 if self.filled else self._start
+        return self._bytes[start : start + self.used]
+
+    def take(self, type_id: int, rows: int, columns: int) -> torch.Tensor:
+        size = kernels.gguf.packed_bytes(type_id, rows, columns)
+        out = self._bytes[self._at : self._at + size]
+        self._at += -(-size // self.ALIGN) * self.ALIGN
+        return out
+
+
+class GGUFModel:
+    """A GGUF model's weights as the gguf target runs them: each layer's linears packed for the block kernel
+    (q, k, v side by side in one call; gate and up too), norms and biases in fp32, the output head packed, the
+    token embedding left in the mapped file (a step reads only its tokens' rows).  Built once per file and
+    shared by every runner over it.
+
+    requantize: a ggml type id (Q4_1) to store every linear and the head in instead of the file's own blocks: a
+    draft's weights in fewer bytes (specdec.native.int4.q4_1_blocks: the file's de-quantised values in 4 bits
+    with an fp16 scale and minimum per 32 columns); never a target's (its numbers are its output)."""
+
+    def __init__(self, file: GGUFFile, name: str = "", requantize: int | None = None) -> None:
+        if requantize not in (None, Q4_1):
+            raise ValueError(f"the gguf model requantises to Q4_1 only, not type {requantize}")
+        self.file = file
+        self.config = config_of(file, name)
+        self.name = name or str(file.path)
+        self.requantize = requantize
+        self.dtype = "gguf" if requantize is None else "q4_1"
+        c = self.config
+        self.num_heads, self.num_kv_heads, self.head_dim = attention_shape(c)
+        self.hidden, self.intermediate = c.hidden_size, c.intermediate_size
+        self.embed = file.tensors["token_embd.weight"]
+        if self.embed.type_id not in (F32, F16):  # rows are read from the file as they are
+            self._check(self.embed)
+        llama = file.architecture in ("llama", "mistral")
+        q_order = _unpermute(self.num_heads * self.head_dim, self.num_heads) if llama else None
+        k_order = _unpermute(self.num_kv_heads * self.head_dim, self.num_kv_heads) if llama else None
+        # per layer its four linears' (stem, channel order) lists; then the head
+        plan: list[list[list[tuple[str, list[int] | None]]]] = []
+        for i in range(c.num_hidden_layers):
+            blk = f"blk.{i}."
+            plan.append([[(blk + "attn_q", q_order), (blk + "attn_k", k_order), (blk + "attn_v", None)],
+                         [(blk + "attn_output", None)], [(blk + "ffn_gate", None), (blk + "ffn_up", None)],
+                         [(blk + "ffn_down", None)]])
+        self._head_stem = "output" if "output.weight" in file.tensors else "token_embd"
+        head = [(self._head_stem, None)]
+        stems = [stem for layer in plan for linear in layer for stem, _ in linear] + [head[0][0]]
+        cache = cache_for("gguf" if requantize is None else f"gguf-{self.dtype}", file.path)
+        self._arena = _Arena([self._shape(self._tensor(stem)) for stem in stems],
+                             None if cache is None else cache.get("arena"))
+        layers = []
+        for i, (qkv, o, gate_up, down) in enumerate(plan):
+            blk = f"blk.{i}."
+            layers.append(_Layer(
+                input_norm=file.float_tensor(blk + "attn_norm.weight"), qkv=self._parts(qkv), o=self._parts(o),
+                post_norm=file.float_tensor(blk + "ffn_norm.weight"), gate_up=self._parts(gate_up),
+                down=self._parts(down), scaling=float(self.head_dim ** -0.5),
+                sliding_window=getattr(c, "sliding_window", None)))
+        self.layers = layers
+        self.final_norm = file.float_tensor("output_norm.weight")
+        self.head = self._parts(head)
+        self.head.rows_of = self.head_rows  # a trimmed vocabulary's head is its rows packed anew
+        if self._arena.filled:
+            assert cache is not None
+            cache.prefault()
+            return  # the file's pages of the packed tensors were never touched
+        file.release(sorted({stem + ".weight" for stem in stems} - {self.embed.name}))  # the embedding's rows are read
+        if cache is not None:
+            cache.tensor("arena", self._arena.packed)
+            cache.save()  # in the background: the next load maps it
+
+    def _tensor(self, stem: str) -> Tensor:
+        """The weight of linear `stem` (checked: a type and shape the block kernel multiplies, or de-quantises where
+        it requantises)."""
+        tensor = self.file.tensors.get(stem + ".weight")
+        if tensor is None:
+            raise SpecdecError(f"GGUF file {self.file.path.name} has no {stem}.weight")
+        if self.requantize is None or tensor.type_id not in (F32, F16):
+            self._check(tensor)
+        return tensor
+
+    def _shape(self, tensor: Tensor) -> tuple[int, int, int]:
+        """(type id, rows, columns) of `tensor` as packed: its own type, or the one it is requantised to."""
+        return (tensor.type_id if self.requantize is None else self.requantize, tensor.rows, tensor.columns)
+
+    def _check(self, tensor: Tensor) -> None:
+        if not kernels.gguf.supported(tensor.type_id) or tensor.columns % BLOCK.get(tensor.type_id, 1 << 30):
+            raise SpecdecError(f"--dtype gguf: {self.file.path.name}'s {tensor.name} is {_type_name(tensor.type_id)}, "
+                               f"which the gguf target does not multiply (it takes {', '.join(NAMES.values())}): "
+                               "use --dtype int8 or the llama.cpp backend")
+
+    def _blocks(self, tensor: Tensor) -> tuple[int, np.ndarray | torch.Tensor]:
+        """(type id, blocks) of `tensor` as packed: the file's own, or its values requantised (rows in the file's
+        order, a few thousand at a time)."""
+        if self.requantize is None:
+            return tensor.type_id, self.file.blocks(tensor.name)
+        from specdec.native.int4 import q4_1_blocks
+
+        out = []
+        for lo in range(0, tensor.rows, REQUANTIZE_ROWS):
+            out.append(q4_1_blocks(self.float_rows(tensor, range(lo, min(lo + REQUANTIZE_ROWS, tensor.rows)))))
+        return self.requantize, torch.cat(out)
+
+    def float_rows(self, tensor: Tensor, rows: Sequence[int]) -> torch.Tensor:
+        """Rows `rows` of `tensor` [len(rows), columns] fp32: the file's de-quantised values."""
+        if tensor.type_id in (F32, F16):
+            table = self.file.blocks(tensor.name).view(np.float32 if tensor.type_id == F32 else np.float16)
+            return torch.from_numpy(table.reshape(tensor.rows, -1)[list(rows)].astype(np.float32))
+        return kernels.gguf.rows(tensor.type_id, self.file.blocks(tensor.name), tensor.columns, list(rows))
+
+    def _parts(self, names: Sequence[tuple[str, list[int] | None]]) -> Parts:
+        """The linears `names` (without ".weight") side by side as one Parts, each packed into the arena in the
+        given channel order (its bias, where the file has one, in the same order)."""
+        parts = []
+        for stem, order in names:
+            tensor = self._tensor(stem)
+            type_id = self._shape(tensor)[0]
+            packed = self._arena.take(*self._shape(tensor))
+            if not self._arena.filled:
+                kernels.gguf.pack(*self._blocks(tensor), tensor.rows, tensor.columns, order, out=packed)
+            bias = self.file.float_tensor(stem + ".bias") if stem + ".bias" in self.file.tensors else None
+            if bias is not None and order is not None:
+                bias = bias[torch.tensor(order)].contiguous()
+            parts.append(Part(packed, type_id, tensor.rows, bias))
+        return Parts(parts, self._tensor(names[0][0]).columns)
+
+    def head_rows(self, ids: Sequence[int]) -> Parts:
+        """The output head restricted to vocabulary ids `ids` (its rows, packed anew in that order: a draft's head
+        over a trimmed vocabulary, FR-Spec): logit j of a row is bitwise the full head's logit ids[j] (the kernel
+        computes each output channel from its own weights and the row; a requantised head's rows are requantised
+        alone, each row's blocks its own)."""
+        tensor = self._tensor(self._head_stem)
+        order = [int(i) for i in ids]
+        if self.requantize is None:
+            type_id = tensor.type_id
+            packed = kernels.gguf.pack(type_id, self.file.blocks(tensor.name), tensor.rows, tensor.columns, order)
+        else:
+            from specdec.native.int4 import q4_1_blocks
+
+            type_id = self.requantize
+            packed = kernels.gguf.pack(type_id, q4_1_blocks(self.float_rows(tensor, order)), len(order), tensor.columns)
+        return Parts([Part(packed, type_id, len(order))], tensor.columns, rows_of=self.head_rows)
+
+    def embedding(self, tokens: Sequence[int]) -> torch.Tensor:
+        """The token embedding's rows [n, hidden] fp32: the file's de-quantised values."""
+        return self.float_rows(self.embed, tokens)
+
+    def nbytes(self) -> int:
+        """Bytes of the model in memory: the packed weights' block (the embedding stays in the mapped file)."""
+        return self._arena.nbytes
+
+
+class GGUFLayers(LayerSet):
+    """A GGUF model's layers in one call of kernels/layers.c on the block kernel: batch-invariant (a token's
+    numbers are its own row's), token trees and tapped layers included."""
+
+    backend = "specdec gguf"
+    dtype = "gguf"
+    native = True
+    tree = True
+
+    def __init__(self, model: GGUFModel) -> None:
+        super().__init__(model.layers, model.head)
+        self.model = model
+        self.dtype = model.dtype
+        if model.requantize is not None:
+            self.backend = f"specdec {model.dtype} (gguf kernel)"
+        self.table = _gguf_table(model.layers)
+        self._kernel_model = LayersModel(
+            tensors=self.table.tensors.data_ptr(), scaling=self.table.scaling.data_ptr(),
+            window=self.table.window.data_ptr(), layers=len(model.layers), hidden=model.hidden,
+            heads=model.num_heads, kv_heads=model.num_kv_heads, d=model.head_dim, intermediate=model.intermediate,
+            act=0, eps=float(model.config.rms_norm_eps), linear=kernels.layers.GGUF, isa=0)
+
+    def use_path(self, path: str | None) -> None:
+        """Run every kernel on `path` ("c", "avx2" or "avx512-vnni": at most this CPU's best; None: the best), for
+        tests that compare the paths."""
+        self._kernel_model.isa = kernels.gguf.PATHS[path] if path else 0
+        self.model.head.path = path
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return kernels.layers.rms_norm(x, weight, eps)
+
+    def run(self, runners: Sequence[LeanRunner], starts: Sequence[int], offsets: Sequence[int], x: torch.Tensor,
+            cos: torch.Tensor, sin: torch.Tensor, trees: Sequence[Tree | None] | None = None,
+            tapped: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+        """In place: x is the last layer's output after the call."""
+        lead = runners[0]
+        x = x.contiguous()
+        sizes = [hi - lo for lo, hi in zip(offsets, offsets[1:])]
+        caches = [a for r in runners for a in r._addresses]  # [R * layers * 2]
+        tree_addresses = None
+        if trees and any(t is not None for t in trees):
+            tree_addresses = [None if t is None else (t.at.data_ptr(), t.rows.data_ptr()) for t in trees]
+        taps = None
+        if tapped:
+            for i in tapped:
+                tapped[i] = torch.empty_like(x)
+            taps = [tapped[i].data_ptr() if i in tapped else 0 for i in range(len(self.layers))]
+        kernels.layers.run(self._kernel_model, x, starts, sizes, caches,
+                           [r.capacity * lead.head_dim for r in runners], cos.contiguous(), sin.contiguous(),
+                           trees=tree_addresses, taps=taps)
+        return x
+
+
+def _gguf_table(layers: Sequence[_Layer]) -> _NativeTable:
+    """The layers as kernels/layers.c reads them with LIN_GGUF linears: per linear its parts' address and count."""
+    rows = []
+    for layer in layers:
+        row = [layer.input_norm.data_ptr(), layer.post_norm.data_ptr()]
+        for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
+            assert isinstance(lin, Parts)
+            row += [lin.address, len(lin.parts), 0]
+        row += [0, 0, 0, 0, 0]  # no q / k / output norms; one rotary table
+        rows.append(row)
+    return _NativeTable(torch.tensor(rows, dtype=torch.int64), torch.tensor([layer.scaling for layer in layers]),
+                        torch.tensor([layer.sliding_window or 0 for layer in layers], dtype=torch.int32))
+
+
+class GGUFRunner(LeanRunner):
+    """A ModelRunner over a GGUF model's own blocks (see the module doc): the lean runner's cache, rollback,
+    trees, hidden states and packed forwards, with :class:`GGUFLayers`.  It needs no transformers model: the
+    file's config, the rotary tables (Rotary) and the end-of-sequence ids are its own; `model` (transformers'
+    model of the config on the meta device: structure and generation config, no weights) is built when asked."""
+
+    layer_set: GGUFLayers
+
+    def __init__(self, model: GGUFModel, max_context: int | None = None, layer_set: GGUFLayers | None = None) -> None:
+        self.gguf = model
+        self.layer_set = layer_set or GGUFLayers(model)
+        config = model.config
+        self._meta: Any = None
+        self._setup(
+            embed_rows=model.embed.rows, embed_scale=None, final_norm=model.final_norm,
+            eps=float(config.rms_norm_eps), num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
+            head_dim=model.head_dim, max_context=max_context or int(config.max_position_embeddings),
+            rotary=Rotary(config, model.head_dim), rope_kinds=[None])
+        self.capabilities = replace(self.capabilities, draft_chain=True)
+        self._chain: tuple[Any, Parts, torch.Tensor] | None = None  # (head, its Parts, ids): _chain_head's
+
+    @property
+    def model(self) -> Any:
+        """transformers' model of the file's config on the meta device (built at the first call)."""
+        if self._meta is None:
+            from transformers import AutoModelForCausalLM
+
+            with torch.device("meta"):
+                self._meta = AutoModelForCausalLM.from_config(transformers_config_of(self.gguf.file, self.gguf.name))
+        return self._meta
+
+    @model.setter
+    def model(self, value: Any) -> None:
+        self._meta = value
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """The config's end-of-sequence ids (what the generation config of its transformers model holds)."""
+        return eos_id_set(self.gguf.config.eos_token_id)
+
+    def embed_tokens(self, tokens: Sequence[int]) -> torch.Tensor:
+        return self.gguf.embedding(tokens)
+
+    def draft_greedy(self, feed: Sequence[int], k: int) -> list[int]:
+        """Feed `feed`, then draft k tokens greedily, in one native call (kernels/draft.c; Capabilities.draft_chain):
+        the tokens forward() and an argmax of each last row would give one at a time.  The cache then holds feed
+        and the first k - 1 drafted tokens (the last one is not fed)."""
+        feed = self._check(feed)
+        if k < 1:
+            raise ValueError(f"draft_greedy needs k >= 1, got {k}")
+        start = len(self.tokens)
+        if start + len(feed) + k - 1 > self.max_context:
+            raise SpecdecError(f"context of {start + len(feed) + k - 1} tokens exceeds the model's window of "
+                               f"{self.max_context}")
+        self._reserve(start + len(feed) + k - 1)
+        model = self.gguf
+        table = model.file.blocks(model.embed.name)
+        head, ids = self._chain_head()
+        out = kernels.layers.draft_greedy(
+            self.layer_set._kernel_model, self._addresses, self.capacity * self.head_dim, self._cos[0], self._sin[0],
+            self.final_norm, (head.address, len(head.parts), head.out_features), ids,
+            (model.embed.type_id, table.ctypes.data, model.embed.rows), feed, start, k)
+        self.tokens.extend(feed + out[: k - 1])
+        self._hidden = self._tail = None
+        return out
+
+    def _chain_head(self) -> tuple[Parts, torch.Tensor | None]:
+        """The head draft_greedy multiplies, as one Parts (a trimmed head's set and extra ids side by side), and
+        its columns' token ids (int32 [N], None for the whole vocabulary): made once per head."""
+        head = self.head
+        if isinstance(head, Parts):
+            return head, None
+        assert isinstance(head, TrimmedHead)  # a GGUF model's head is Parts, or a trimmed one over its rows
+        if self._chain is None or self._chain[0] is not head:
+            assert self.head_ids is not None
+            parts = [part for piece in head.parts for part in cast(Parts, piece).parts]  # a GGUF head's rows: Parts
+            self._chain = (head, Parts(parts, head.in_features), self.head_ids.to(torch.int32).contiguous())
+        return self._chain[1], self._chain[2]
+
+    def clone(self) -> GGUFRunner:
+        twin = GGUFRunner(self.gguf, self.max_context, layer_set=self.layer_set)
+        twin.trim_head(None if self._fixed is None else self._fixed.ids)
+        return twin
+
+    def identity(self) -> dict[str, Any]:
+        from specdec.native.kernels.build import version
+
+        return self._trimmed_identity({"backend": type(self).__name__, "model": self.gguf.name,
+                                       "dtype": self.gguf.dtype, "device": "cpu", "threads": torch.get_num_threads(),
+                                       "kernel": version()})
+
+
+def load(path: str | Path, name: str = "", max_context: int | None = None, requantize: int | None = None) -> GGUFRunner:
+    """A GGUFRunner over the GGUF file at `path` (`name`: what the runner reports as its model, e.g. a zoo name;
+    requantize: Q4_1 for a draft's weights in 4 bits, see GGUFModel)."""
+    return GGUFRunner(GGUFModel(GGUFFile(path), name, requantize), max_context=max_context)

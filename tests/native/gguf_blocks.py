@@ -1,0 +1,156 @@
+"""Random GGUF blocks and a numpy reference of the GGUF kernel's numbers (specdec.native.kernels.gguf).
+
+The reference reads the file's block layout itself (not the kernel's packing), quantises activations as the
+kernel's top comment says, sums the integers in int64 and runs the fp32 epilogue block by block in numpy's
+float32: what every path of the kernel must give, bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdec.native.kernels.gguf import BLOCK, FILE_BYTES, TYPES
+
+Q4_K, Q6_K, Q5_0, Q8_0, Q4_1 = (TYPES[name] for name in ("Q4_K", "Q6_K", "Q5_0", "Q8_0", "Q4_1"))
+f32 = np.float32
+
+
+def random_blocks(type_id: int, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """n rows of k columns of random blocks of `type_id`, as a file stores them: uint8 [n, k / block * bytes].
+    Quants and sub-block scales are uniform over their range; fp16 scales and minimums small and finite."""
+    nb, size = k // BLOCK[type_id], FILE_BYTES[type_id]
+    raw = rng.integers(0, 256, size=(n, nb, size), dtype=np.uint8)
+
+    def put_half(offset: int, low: float, high: float) -> None:
+        values = rng.uniform(low, high, size=(n, nb)).astype(np.float16)
+        raw[:, :, offset : offset + 2] = values.view(np.uint8).reshape(n, nb, 2)
+
+    if type_id == Q4_K:
+        put_half(0, 1e-4, 4e-3)
+        put_half(2, 1e-4, 4e-3)
+    elif type_id == Q6_K:
+        put_half(208, 1e-4, 4e-3)
+    elif type_id in (Q5_0, Q8_0):
+        put_half(0, 1e-3, 2e-2)
+    elif type_id == Q4_1:
+        put_half(0, 1e-3, 2e-2)
+        put_half(2, -0.1, 0.1)
+    return raw.reshape(n, nb * size)
+
+
+def _half(raw: np.ndarray, offset: int) -> np.ndarray:
+    return raw[..., offset : offset + 2].copy().view(np.float16)[..., 0].astype(f32)
+
+
+def decode(type_id: int, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarray]:
+    """The integers and scales of [n, k] blocks: "q" [n, k] (the unsigned quant: Q6_K 0..63, Q5_0 0..31, Q8_0
+    -128..127 signed), per block "d" (and "dmin" / "m") [n, nb] fp32, Q4_K "sc" and "mn" [n, nb, 8], Q6_K "sc"
+    [n, nb, 16]."""
+    nb = k // BLOCK[type_id]
+    b = raw.reshape(n, nb, FILE_BYTES[type_id])
+    out: dict[str, np.ndarray] = {}
+    if type_id == Q4_K:
+        out["d"], out["dmin"] = _half(b, 0), _half(b, 2)
+        s = b[..., 4:16].astype(np.int64)
+        sc = np.zeros((n, nb, 8), np.int64)
+        mn = np.zeros((n, nb, 8), np.int64)
+        for j in range(8):
+            if j < 4:
+                sc[..., j], mn[..., j] = s[..., j] & 63, s[..., j + 4] & 63
+            else:
+                sc[..., j] = (s[..., j + 4] & 0xF) | ((s[..., j - 4] >> 6) << 4)
+                mn[..., j] = (s[..., j + 4] >> 4) | ((s[..., j] >> 6) << 4)
+        out["sc"], out["mn"] = sc, mn
+        qs = b[..., 16:144].astype(np.int64).reshape(n, nb, 4, 32)
+        q = np.concatenate([qs & 0xF, qs >> 4], axis=-1)  # [n, nb, 4 chunks, 64]
+        out["q"] = q.reshape(n, k)
+    elif type_id == Q6_K:
+        ql = b[..., 0:128].astype(np.int64).reshape(n, nb, 2, 64)
+        qh = b[..., 128:192].astype(np.int64).reshape(n, nb, 2, 32)
+        parts = [(ql[..., :32] & 0xF) | (((qh >> 0) & 3) << 4), (ql[..., 32:] & 0xF) | (((qh >> 2) & 3) << 4),
+                 (ql[..., :32] >> 4) | (((qh >> 4) & 3) << 4), (ql[..., 32:] >> 4) | (((qh >> 6) & 3) << 4)]
+        out["q"] = np.concatenate(parts, axis=-1).reshape(n, k)
+        out["sc"] = b[..., 192:208].copy().view(np.int8).astype(np.int64)
+        out["d"] = _half(b, 208)
+    elif type_id == Q5_0:
+        out["d"] = _half(b, 0)
+        qh = b[..., 2:6].copy().view(np.uint32)[..., 0].astype(np.int64)  # [n, nb]
+        qs = b[..., 6:22].astype(np.int64)
+        high = (qh[..., None] >> np.arange(32)) & 1  # [n, nb, 32]
+        out["q"] = (np.concatenate([qs & 0xF, qs >> 4], axis=-1) | (high << 4)).reshape(n, k)
+    elif type_id == Q8_0:
+        out["d"] = _half(b, 0)
+        out["q"] = b[..., 2:34].copy().view(np.int8).astype(np.int64).reshape(n, k)
+    elif type_id == Q4_1:
+        out["d"], out["m"] = _half(b, 0), _half(b, 2)
+        qs = b[..., 4:20].astype(np.int64)
+        out["q"] = np.concatenate([qs & 0xF, qs >> 4], axis=-1).reshape(n, k)
+    return out
+
+
+def dequantize(type_id: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
+    """The weights [n, k] fp32 as llama.cpp de-quantises them: (d * sc) * q - (dmin * m) for Q4_K, (d * sc) *
+    (q - 32) for Q6_K, d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1."""
+    t = decode(type_id, raw, n, k)
+    nb, cols = k // BLOCK[type_id], BLOCK[type_id]
+    q = t["q"].reshape(n, nb, cols)
+    if type_id == Q4_K:
+        j = np.arange(cols) // 32
+        scale = t["d"][..., None] * t["sc"][..., j].astype(f32)
+        low = t["dmin"][..., None] * t["mn"][..., j].astype(f32)
+        w = scale * q.astype(f32) - low
+    elif type_id == Q6_K:
+        w = (t["d"][..., None] * t["sc"][..., np.arange(cols) // 16].astype(f32)) * (q - 32).astype(f32)
+    elif type_id == Q5_0:
+        w = t["d"][..., None] * (q - 16).astype(f32)
+    elif type_id == Q8_0:
+        w = t["d"][..., None] * q.astype(f32)
+    else:
+        w = t["d"][..., None] * q.astype(f32) + t["m"][..., None]
+    return w.reshape(n, k).astype(f32)
+
+
+def quantize_activations(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """x [m, k] fp32 -> (quants [m, k] int64 in [-127, 127], scales [m, k / block] fp32), per block of columns."""
+    m, k = x.shape
+    xb = x.astype(f32).reshape(m, k // block, block)
+    amax = np.abs(xb).max(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = (f32(127) / amax).astype(f32)
+        q = np.clip(np.rint(xb * inv[..., None]), -127, 127)
+    q = np.where(amax[..., None] > 0, q, 0).astype(np.int64)
+    return q.reshape(m, k), (amax / f32(127)).astype(f32)
+
+
+def reference(type_id: int, raw: np.ndarray, n: int, k: int, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """The kernel's y [m, n] fp32 for x [m, k] (finite), bit for bit."""
+    t = decode(type_id, raw, n, k)
+    cols = BLOCK[type_id]
+    nb = k // cols
+    xq, dx = quantize_activations(x, cols)
+    m = x.shape[0]
+    q = t["q"].reshape(n, nb, cols)
+    xs = xq.reshape(m, nb, cols)
+    acc = np.zeros((m, n), f32)
+    for b in range(nb):
+        if type_id == Q4_K:
+            s = np.einsum("ncj,mcj->mnc", q[:, b].reshape(n, 8, 32), xs[:, b].reshape(m, 8, 32))  # [m, n, 8]
+            x32 = xs[:, b].reshape(m, 8, 32).sum(-1)  # [m, 8]
+            tt = (s * t["sc"][None, :, b]).sum(-1)
+            mm = (t["mn"][None, :, b] * x32[:, None]).sum(-1)
+            v = t["d"][None, :, b] * tt.astype(f32) - t["dmin"][None, :, b] * mm.astype(f32)
+        elif type_id == Q6_K:
+            s = np.einsum("ncj,mcj->mnc", q[:, b].reshape(n, 16, 16), xs[:, b].reshape(m, 16, 16))
+            s = s - 32 * xs[:, b].reshape(m, 16, 16).sum(-1)[:, None]
+            tt = (s * t["sc"][None, :, b]).sum(-1)
+            v = t["d"][None, :, b] * tt.astype(f32)
+        else:
+            s = xs[:, b] @ q[:, b].T  # [m, n]
+            x32 = xs[:, b].sum(-1)[:, None]  # [m, 1]
+            if type_id == Q5_0:
+                s = s - 16 * x32
+            v = t["d"][None, :, b] * s.astype(f32)
+            if type_id == Q4_1:
+                v = v + t["m"][None, :, b] * x32.astype(f32)
+        acc = acc + dx[:, b : b + 1] * v.astype(f32)
+    return acc if bias is None else acc + bias.astype(f32)[None]
