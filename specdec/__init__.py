@@ -47,9 +47,6 @@ def generate(
     prompt: str,
     target: ModelSpec = DEFAULT_TARGET,
     draft: ModelSpec | None = DEFAULT_DRAFTER,
-    *,
-    dtype: str = "auto",
-    draft_backend: str = "auto",
     **options: Any,
 ) -> Result:
     """Generate a continuation of `prompt` with speculative decoding.
@@ -63,18 +60,22 @@ def generate(
     head trained for the target: specdec train-drafter), or "auto" (the default: "lookup+head" when a head was trained for the
     target and it runs on transformers, else "lookup+qwen2.5-coder-0.5b", the draft's backend chosen
     by draft_backend "auto").  draft=None (or "none") decodes plainly with the target alone.
-    dtype: the target's: "auto" (gguf for a GGUF model and int8 for others on CPUs where specdec's exact
-    kernels run SIMD, fp32 elsewhere), "gguf" (a GGUF model's own blocks), "int8", "fp32" (the
-    reference) or "bf16".
-    options: the request's (specdec.request.RequestConfig): max_new_tokens, num_speculative_tokens
+    options: the models' (specdec.engine_config.EngineConfig's fields, with its defaults, as Engine.load takes
+    them): dtype, the target's: "auto" (gguf for a GGUF model and int8 for others on CPUs where specdec's exact
+    kernels run SIMD, fp32 elsewhere), "gguf" (a GGUF model's own blocks), "int8", "fp32" (the reference) or
+    "bf16"; draft_dtype, backend, draft_backend, device, threads, draft_vocab...; and the request's
+    (specdec.request.RequestConfig): max_new_tokens, num_speculative_tokens
     (default "auto": the cost-model controller), temperature, top_k, top_p, seed, stop, chat,
     draft_mode, draft_confidence, verify ("causal"; "block": sampled drafts verified as blocks; "stairs":
     next-token queries only, greedy), tree ("off", "auto", "WxD": token trees); see Engine.stream.
     Returns a Result with text, token_ids, finish_reason and stats.
     """
+    from specdec.engine_config import engine_fields
     from specdec.request import RequestConfig
     from specdec.runtime.engine import Engine
 
+    models = {f.name for f, _ in engine_fields()} - {"target", "draft"}
+    loading = {name: options.pop(name) for name in list(options) if name in models}
     config = RequestConfig.from_options(**options)  # a bad option is refused before anything loads
-    engine = Engine.load(target, draft, dtype=dtype, draft_backend=draft_backend)
+    engine = Engine.load(target, draft, **loading)
     return engine.generate(prompt, config)

@@ -96,9 +96,16 @@ def engine_fields() -> list[tuple[dataclasses.Field, Option]]:
     return [(f, f.metadata["option"]) for f in dataclasses.fields(EngineConfig)]
 
 
-def loading_options(config: EngineConfig) -> dict[str, Any]:
-    """Engine.load's keyword options for `config` (its target and draft aside)."""
-    return {f.name: getattr(config, f.name) for f, _ in engine_fields() if f.name not in ("target", "draft")}
+def with_options(config: EngineConfig | None, options: dict[str, Any]) -> EngineConfig:
+    """`config` (default: EngineConfig's defaults) with `options` in place: how Engine.load takes its options, one
+    set of defaults for the CLI, the Python API and the replicas.  The target and the draft are Engine.load's own
+    arguments (models or names), not options; any other name is a TypeError naming it."""
+    names = {f.name for f, _ in engine_fields()} - {"target", "draft"}
+    unknown = sorted(set(options) - names)
+    if unknown:
+        raise TypeError(f"Engine.load() got unexpected option(s) {', '.join(unknown)}: expected some of "
+                        f"{', '.join(sorted(names))}")
+    return dataclasses.replace(config or EngineConfig(), **options)
 
 
 def command_line(config: EngineConfig) -> list[str]:

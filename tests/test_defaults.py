@@ -48,8 +48,8 @@ def test_every_entry_point_defaults_to_auto_and_the_same_drafter():
     import specdec
 
     api = inspect.signature(specdec.generate).parameters
-    assert api["dtype"].default == "auto" and api["draft"].default == DEFAULT_DRAFTER
-    assert inspect.signature(Engine.load).parameters["dtype"].default == "auto"
+    assert api["draft"].default == DEFAULT_DRAFTER and "dtype" not in api  # the models' options: EngineConfig's
+    assert "dtype" not in inspect.signature(Engine.load).parameters and EngineConfig().dtype == "auto"
     for command in (generate, serve, bench, profile):
         options = inspect.signature(command).parameters
         assert options["dtype"].default.default == "auto", command.__name__  # typer.Option(...)
@@ -71,3 +71,21 @@ def test_bench_runs_what_generate_runs_beside_what_users_would_otherwise_run():
     assert default_methods(True, False, "hf", "hf", None, llamacpp=False) == [
         "plain", "specdec-auto", "specdec", "hf-pld"]  # prompt lookup alone: no draft model for hf
     assert default_methods(False, False, "llamacpp", "llamacpp", None, llamacpp=True) == ["plain", "llamacpp"]
+
+
+def test_generate_hands_the_models_options_to_the_load_and_the_rest_to_the_request(dirs, monkeypatch):
+    import specdec
+
+    loaded: dict = {}
+    real = Engine.load.__func__  # type: ignore[attr-defined]
+
+    def spy(cls, target, draft=None, progress=None, config=None, **options):
+        loaded.update(options)
+        return real(cls, target, draft, progress, config, **options)
+
+    monkeypatch.setattr(Engine, "load", classmethod(spy))
+    out = specdec.generate("def f(x):", target=dirs["llama"], draft="lookup", dtype="fp32", suffix_memory=0,
+                           max_new_tokens=4, temperature=0.0)
+    assert loaded == {"dtype": "fp32", "suffix_memory": 0} and len(out.token_ids) == 4
+    with pytest.raises(TypeError, match="unexpected request option .dtpye."):  # refused before anything loads
+        specdec.generate("x", target=dirs["llama"], dtpye="fp32")

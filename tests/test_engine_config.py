@@ -5,12 +5,13 @@ import dataclasses
 import inspect
 from pathlib import Path
 
+import pytest
 import typer
 
 import specdec
 from specdec import cli
 from specdec.bench.runner import BenchOptions
-from specdec.engine_config import EngineConfig, engine_fields, loading_options
+from specdec.engine_config import EngineConfig, engine_fields, with_options
 from specdec.serve.replicas import EngineSpec
 
 # The model options each command takes (train-drafter: --target alone, required, without -t).
@@ -55,11 +56,15 @@ def test_the_config_is_what_engine_replicas_and_bench_take():
 
     assert EngineSpec is EngineConfig
     assert EngineConfig(draft="none").draft is None and EngineConfig(draft=" None ").draft is None
-    load = inspect.signature(Engine.load).parameters
-    options = loading_options(EngineConfig())
-    assert set(options) <= set(load)
-    for name, value in options.items():  # the config's defaults are the CLI's and Engine.load's
-        assert value == load[name].default, name
+    load = inspect.signature(Engine.load).parameters  # Engine.load keeps no defaults of its own: the config's
+    assert set(load) == {"target", "draft", "progress", "config", "options"}
+    assert with_options(None, {}) == EngineConfig()
+    assert with_options(EngineConfig(dtype="int8"), {"backend": "llamacpp"}) == EngineConfig(dtype="int8",
+                                                                                           backend="llamacpp")
+    with pytest.raises(TypeError, match="unexpected option.s. dtpye: expected some of backend"):
+        with_options(None, {"dtpye": "int8"})
+    with pytest.raises(TypeError, match="unexpected option.s. suffix_memroy"):
+        Engine.load("smollm2-135m", suffix_memroy=0)  # refused before anything loads
     bench = BenchOptions(dataclasses.replace(EngineConfig(), target="t", threads=2))
     assert (bench.engine.target, bench.engine.threads, bench.methods) == ("t", 2, "default")
 

@@ -297,10 +297,8 @@ def _load_bench_models(options: BenchOptions, plan: _BenchPlan, console: Any,
     loading = f"loading {options.engine.target}" + (f" and {options.engine.draft}" if options.engine.draft else "")
     status = console.status(escape(loading)) if console else nullcontext()
     with status:
-        engine = Engine.load(options.engine.target, plan.drafter, dtype=options.engine.dtype, progress=load_progress,
-                             backend=options.engine.backend, draft_backend=plan.draft_backend, n_ctx=options.engine.n_ctx,
-                             threads=options.engine.threads, draft_dtype=plan.draft_dtype, device=options.engine.device,
-                             suffix_memory=options.engine.suffix_memory)
+        engine = Engine.load(options.engine.target, plan.drafter, progress=load_progress, config=options.engine,
+                             draft_backend=plan.draft_backend, draft_dtype=plan.draft_dtype)
         peer = None
         if "llamacpp" in plan.families:  # plain llama.cpp on the target's GGUF, its fastest kernels
             from specdec.runtime.loading import load_llamacpp
@@ -535,10 +533,8 @@ def run_concurrency_bench(
 
     status = console.status(escape(f"loading {options.engine.target}")) if console else nullcontext()
     with status:
-        engine = Engine.load(options.engine.target, options.engine.draft, dtype=options.engine.dtype, progress=load_progress,
-                             backend="hf", draft_backend=draft_backend, threads=options.engine.threads,
-                             draft_dtype=options.engine.draft_dtype, device=options.engine.device,
-                             suffix_memory=options.engine.suffix_memory)
+        engine = Engine.load(options.engine.target, options.engine.draft, progress=load_progress, config=options.engine,
+                             backend="hf", draft_backend=draft_backend)
         engine.enable_batching(max(levels))
         if options.engine.draft is not None:
             from specdec.runtime.batching import BatchPool

@@ -50,11 +50,11 @@ from specdec.drafters.spec import (
 )
 from specdec.drafters.suffix import SuffixStore
 from specdec.drafters.universal import UniversalDrafter
-from specdec.engine_config import EngineConfig, loading_options
+from specdec.engine_config import EngineConfig, with_options
 from specdec.errors import IncompatibleDraftError, SpecdecError
 from specdec.request import RequestConfig, check_draft_mode, check_verify_mode
 from specdec.runtime import runners
-from specdec.runtime.loading import AUTO_BACKEND, ModelSpec, resolve_draft
+from specdec.runtime.loading import ModelSpec, resolve_draft
 from specdec.runtime.memory import DRAFT_ROWS, TRIM_RETURN_BYTES, Need, request_need, return_freed_memory
 from specdec.runtime.pool import Lease, RunnerPool, SinglePool
 from specdec.runtime.runners import as_runner, fastest_dtype, is_seq2seq_runner
@@ -559,18 +559,15 @@ class Engine:
         cls,
         target: ModelSpec,
         draft: DrafterSpec | DraftModel | None = None,
-        dtype: str = "auto",
         progress: Callable[[str, int, int], None] | None = None,
-        backend: str = "hf",
-        draft_backend: str | None = AUTO_BACKEND,
-        n_ctx: int | None = None,
-        threads: int | None = None,
-        draft_dtype: str | None = None,
-        device: str = "cpu",
-        suffix_memory: int = DEFAULT_SUFFIX_MEMORY,
-        draft_vocab: str | int = VOCAB_AUTO,
+        config: EngineConfig | None = None,
+        **options: Any,
     ) -> Engine:
         """Load models by name (zoo name, .gguf path, model directory, hub id) or take loaded ones.
+
+        How: EngineConfig's fields (the CLI's model options, with its defaults), given as `config` (its target
+        and draft aside: these arguments are the models), as keyword `options` (dtype="int8", backend=...),
+        or both (the options win); an unknown option is a TypeError naming it.  Each is below.
 
         draft: a drafter spec, or one parsed (specdec.drafters.spec): a model, "lookup" for prompt lookup
         drafting (no draft model), or "lookup+<model>": prompt lookup where it matches and the draft model
@@ -607,11 +604,13 @@ class Engine:
         draft_vocab: the tokens the draft model proposes among (:meth:`trim_draft_vocabulary`): "auto" (the
         default), "full", or a number of tokens.
         """
-        draft_vocab = parse_draft_vocab(draft_vocab)
-        drafter = resolve_drafter(draft, target, backend)
-        dtype, backend, draft_backend, draft_dtype = _check_load(drafter, target, dtype, backend, draft_backend,
-                                                                 draft_dtype, device, suffix_memory)
-        loader = _Loader(progress, device, n_ctx, threads)
+        settings = with_options(config, options)
+        draft_vocab, suffix_memory = parse_draft_vocab(settings.draft_vocab), settings.suffix_memory
+        drafter = resolve_drafter(draft, target, settings.backend)
+        dtype, backend, draft_backend, draft_dtype = _check_load(drafter, target, settings.dtype, settings.backend,
+                                                                 settings.draft_backend, settings.draft_dtype,
+                                                                 settings.device, suffix_memory)
+        loader = _Loader(progress, settings.device, settings.n_ctx, settings.threads)
         t_model, t_tok, t_name = loader.timed("target", lambda: loader.model(target, backend, True, dtype))
         copying: dict[str, Any] = dict(copier=drafter.copier, suffix_memory=suffix_memory)
         if drafter.head is not None:
@@ -642,7 +641,7 @@ class Engine:
             import torch
 
             torch.set_num_threads(config.threads)
-        return cls.load(config.target, config.draft, progress=progress, **loading_options(config))
+        return cls.load(config.target, config.draft, progress=progress, config=config)
 
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
         """Prompt text (or ids) -> token ids, through the chat template when chat=True."""
