@@ -749,10 +749,10 @@ class Engine:
         try:
             with self.pool.lease(config) as lease:
                 try:
-                    for step in self._decode(lease, prompt_ids, condition, config, drafting):
+                    for decoded_steps, step in enumerate(self._decode(lease, prompt_ids, condition, config, drafting)):
                         output.extend(step.tokens)
                         if step.finish_reason is not None:
-                            self._check_step_costs(len(step.stats.steps))
+                            self._check_step_costs(decoded_steps)  # the steps after the prefill's
                         yield step
                 except Exception:
                     for runner in (lease.target, lease.draft):
