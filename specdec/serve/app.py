@@ -287,17 +287,19 @@ class Generations:
         if options.defaults.verify == "stairs" and "verify" not in given and temperature > 0:
             raise APIError(400, "this server verifies with stairs, which is greedy only: send temperature 0",
                            "temperature", "invalid_value")
+        # speculative only where the engine can draft (a plain engine decodes plainly whatever is asked)
+        speculative = engine.can_draft and given.pop("speculative", options.defaults.speculative)
         try:
             config = replace(options.defaults, max_new_tokens=max_tokens, temperature=temperature,
                              top_k=max(req.top_k or 0, 0), top_p=1.0 if req.top_p is None else req.top_p,
-                             seed=req.seed, stop=req.stop, **given)
+                             seed=req.seed, stop=req.stop, speculative=speculative, **given)
         except RequestError as e:
             if e.field not in given:
                 raise APIError(400, str(e), None, "invalid_value") from None
             raise extension_error(e, wire_name(e.field)) from None
         except SpecdecError as e:
             raise APIError(400, str(e), None, "invalid_value") from None
-        return Request(prompt_ids, replace(config, speculative=engine.can_draft and config.speculative))
+        return Request(prompt_ids, config)
 
 
 def speculative_changes_of(req: GenerationRequest) -> dict[str, Any]:
