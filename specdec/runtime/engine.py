@@ -59,7 +59,8 @@ from specdec.request import RequestConfig, check_draft_mode, check_verify_mode
 from specdec.runtime.loading import AUTO_BACKEND, ModelSpec, resolve_draft
 from specdec.runtime.memory import DRAFT_ROWS, TRIM_RETURN_BYTES, Need, request_need, return_freed_memory
 from specdec.runtime.pool import Lease, RunnerPool, SinglePool
-from specdec.vocab import chat_ids, decoded, same_vocabulary
+from specdec.text import chat_ids, cut_at_stop
+from specdec.vocab import decoded, same_vocabulary
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -163,37 +164,6 @@ def runner_eos_token_ids(runner: ModelRunner, tokenizer: PreTrainedTokenizerBase
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return frozenset(ids)
-
-
-def cut_at_stop(text: str, stop_strings: Sequence[str]) -> str:
-    """Text up to (not including) the first stop string, as OpenAI-style APIs return it."""
-    cut = min((i for i in (text.find(s) for s in stop_strings) if i >= 0), default=len(text))
-    return text[:cut]
-
-
-class TextStream:
-    """Turns a growing list of token ids into text deltas that are safe to print.
-
-    Holds back a trailing partial UTF-8 character, and the last few characters
-    that might be the start of a stop string, until they are known.
-    """
-
-    def __init__(self, decode_fn: Callable[[Sequence[int]], str], stop_strings: Sequence[str] = ()) -> None:
-        self.decode_fn = decode_fn
-        self.stop_strings = tuple(stop_strings)
-        self.hold = max((len(s) for s in self.stop_strings), default=1) - 1
-        self.token_ids: list[int] = []
-        self.printed = 0
-
-    def push(self, tokens: Sequence[int], final: bool = False) -> str:
-        self.token_ids.extend(tokens)
-        text = cut_at_stop(self.decode_fn(self.token_ids), self.stop_strings)
-        if not final:
-            text = text.rstrip("\ufffd")  # an incomplete multi-byte character
-            text = text[: max(self.printed, len(text) - self.hold)]
-        delta = text[self.printed :]
-        self.printed = len(text)
-        return delta
 
 
 def _check_load(drafter: DrafterSpec, target: ModelSpec, dtype: str, backend: str, draft_backend: str | None,
@@ -700,10 +670,9 @@ class Engine:
 
     def encode_messages(self, messages: Sequence[tuple[str, str]]) -> list[int]:
         """A conversation, (role, content) pairs ending with the pending user turn -> token ids
-        through the chat template, with the assistant's turn opened."""
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise SpecdecError(f"target '{self.target_name}' has no chat template; drop --chat")
-        return chat_ids(self.tokenizer, [{"role": role, "content": content} for role, content in messages])
+        through the chat template, with the assistant's turn opened (specdec.text.chat_ids: a
+        ChatTemplateError where the target has none, or where it refuses the turns)."""
+        return chat_ids(self.tokenizer, messages, self.target_name)
 
     def decode_text(self, token_ids: Sequence[int]) -> str:
         return decoded(self.tokenizer.decode(list(token_ids), skip_special_tokens=True,

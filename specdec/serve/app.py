@@ -44,7 +44,7 @@ from specdec.serve.access import allow_origins, check_json, check_key
 from specdec.serve.metrics import Metrics
 from specdec.serve.protocol import APIError, ChatRequest, CompletionRequest, GenerationRequest, parse, speculative_changes
 from specdec.serve.worker import SHUTTING_DOWN, ErrorEvent, Job, OverBudget, QueueFull, Request, StepEvent, Worker
-from specdec.vocab import chat_ids
+from specdec.text import ChatTemplateError
 
 DISCONNECT_POLL_S = 0.1  # how often a request waiting for its next event checks that its client is still there
 CLIENT_GONE = 499  # the status logged for a request whose client left (nginx's convention)
@@ -241,11 +241,10 @@ class Generations:
         """The prompt's token ids (through the chat template for a chat request), checked against
         the context window."""
         engine, options = self.engine, self.options
-        tokenizer = engine.tokenizer
         with self.encode_lock:
             try:
                 if isinstance(req, ChatRequest):
-                    ids = chat_prompt(tokenizer, [m.model_dump() for m in req.messages], engine.target_name)
+                    ids = engine.encode_messages([(m.role, m.content) for m in req.messages])
                 elif isinstance(req, CompletionRequest) and isinstance(req.prompt, str):
                     ids = engine.encode(req.prompt)
                 else:
@@ -254,6 +253,11 @@ class Generations:
                     vocab = engine.target_runner.vocab_size
                     if not all(0 <= t < vocab for t in ids):
                         raise APIError(400, f"prompt: token ids must be in 0..{vocab - 1}", "prompt", "invalid_value")
+            except ChatTemplateError as e:
+                if e.missing:
+                    raise APIError(400, f"model '{engine.target_name}' has no chat template: use /v1/completions",
+                                   "messages", "no_chat_template") from None
+                raise APIError(400, str(e), "messages", "invalid_value") from None
             except SpecdecError as e:
                 raise APIError(400, str(e), None, "invalid_value") from None
         param = "messages" if isinstance(req, ChatRequest) else "prompt"
@@ -322,17 +326,6 @@ def wire_name(field_name: str) -> str:
 
 def error_response(e: APIError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-
-
-def chat_prompt(tokenizer: Any, messages: list[dict[str, str]], model_name: str) -> list[int]:
-    """Token ids of `messages` through the tokenizer's chat template, ready for the assistant's turn."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise APIError(400, f"model '{model_name}' has no chat template: use /v1/completions", "messages",
-                       "no_chat_template")
-    try:
-        return chat_ids(tokenizer, messages)
-    except Exception as e:  # a template that refuses these messages (roles, order...)
-        raise APIError(400, f"the chat template refused these messages: {e}", "messages", "invalid_value") from None
 
 
 async def read_body(http: HTTPRequest, limit: int) -> bytes:

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from specdec.algorithm.loop import Stats
 from specdec.errors import SpecdecError
 from specdec.request import RequestConfig
-from specdec.runtime.engine import Engine, TextStream
+from specdec.runtime.engine import Engine
 from specdec.runtime.memory import RETAIN_TOKENS, MemoryBudget, Need, format_bytes
 from specdec.serve.metrics import Metrics
+from specdec.text import TextStream
 
 log = logging.getLogger("specdec.serve")
 
@@ -45,7 +46,7 @@ class Request:
 class StepEvent:
     """What one decode step added.
 
-    text: the new text since the previous event, decoded incrementally (engine.TextStream: never a
+    text: the new text since the previous event, decoded incrementally (specdec.text.TextStream: never a
     broken character, never a piece of a stop string); accepted_text is its first part, from the
     draft tokens the target accepted, the rest came from the target's own token.  Text held back
     at a boundary (a partial character, a possible stop string) comes with the part that completes it.
