@@ -211,16 +211,15 @@ def generate(
     began = time.perf_counter()
     import specdec.runtime.engine  # noqa: F401  # the engine's imports, timed here: --timings' "imports"
     from specdec.algorithm.loop import Stats
-    from specdec.text import TextStream
+    from specdec.text import TextStream, check_prompt
 
     imported = time.perf_counter() - began
 
-    if not prompt:
-        fail("the prompt is empty: give some text to continue")
     check_n_ctx_and_threads(models.n_ctx, models.threads)
     quiet_libraries()
     progress = PullProgress()
     try:
+        check_prompt(prompt)  # before the models load
         draft_spec = models.draft
         engine = load_engine(models, progress)
         steps = engine.stream(prompt, request)

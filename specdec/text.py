@@ -1,10 +1,11 @@
-"""A request's text, in and out: chat templating, and the output as it streams.
+"""A request's text, in and out: the prompt's one check, chat templating, and the output as it streams.
 
-Every entry point reads these from here, and nothing else words them: :func:`chat_ids` is the one place
-a conversation goes through a chat template (the engine's ``chat`` option, the server's chat endpoint,
-``train-drafter``'s prompts); :class:`TextStream` turns the tokens a generation emits step by step into
-text that is safe to print (the CLI's stream, the server's events), and :func:`cut_at_stop` cuts a whole
-answer at its stop strings.
+Every entry point reads these from here, and nothing else words them: :func:`check_prompt` is the one
+check of a prompt (one text per fault, whoever sends it: the CLI, the server, the Python API, the decode
+loop's own callers); :func:`chat_ids` is the one place a conversation goes through a chat template (the
+engine's ``chat`` option, the server's chat endpoint, ``train-drafter``'s prompts); :class:`TextStream`
+turns the tokens a generation emits step by step into text that is safe to print (the CLI's stream, the
+server's events), and :func:`cut_at_stop` cuts a whole answer at its stop strings.
 
 On the ground floor (tests/test_structure.py): it imports no torch and no transformers, so the CLI reads
 it before anything loads.
@@ -16,6 +17,33 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from specdec.errors import SpecdecError
+
+EMPTY_PROMPT = "the prompt is empty: give some text to continue"
+
+
+class PromptError(SpecdecError):
+    """A prompt no request can run (check_prompt).  `too_long`: it does not fit the context window (the
+    server answers it as OpenAI does, context_length_exceeded); else it is empty or names unknown tokens."""
+
+    def __init__(self, message: str, too_long: bool = False) -> None:
+        super().__init__(message)
+        self.too_long = too_long
+
+
+def check_prompt(prompt: str | Sequence[int], max_context: int | None = None, vocab_size: int | None = None) -> None:
+    """Refuse a prompt that cannot be decoded, with a PromptError: an empty one (text, or token ids); with
+    `vocab_size`, token ids outside 0..vocab_size - 1; with `max_context`, ids that fill the context window
+    (it must hold the prompt and the first token after it).  Text is checked for emptiness alone: its ids,
+    once encoded, are what the window holds."""
+    if not prompt:
+        raise PromptError(EMPTY_PROMPT)
+    if isinstance(prompt, str):
+        return
+    if vocab_size is not None and not all(0 <= t < vocab_size for t in prompt):
+        raise PromptError(f"prompt: token ids must be in 0..{vocab_size - 1}")
+    if max_context is not None and len(prompt) >= max_context:
+        raise PromptError(f"the prompt has {len(prompt)} tokens, which does not fit the model's context window "
+                          f"of {max_context} tokens", too_long=True)
 
 
 class ChatTemplateError(SpecdecError):

@@ -23,6 +23,7 @@ from specdec.backends.hf import HFRunner
 from specdec.drafters.model import DEFAULT_WINDOW, ModelDrafter
 from specdec.errors import SpecdecError
 from specdec.runtime.profile import step_costs
+from specdec.text import EMPTY_PROMPT, PromptError
 from tests.tiny import VOCAB, assert_near_tie_parting, tiny_model
 from tests.toy import ConstantDrafter, FixedDrafter, RandomK, ToyRunner, ToyTreeRunner, random_proposal, random_table
 
@@ -215,6 +216,18 @@ def test_stats_per_position_acceptance():
 def test_bad_requests_raise_user_errors(bad):
     with pytest.raises(SpecdecError):
         run(HFRunner(MODELS[("llama", 0)]), bad["prompt"], bad["stop"])
+
+
+def test_a_bad_prompt_is_refused_by_the_one_check():
+    """decode refuses a prompt as every entry point does (specdec.text.check_prompt), in the same words."""
+    runner = ToyRunner(random_table(6, seed=0), max_context=8)
+    with pytest.raises(PromptError, match=f"^{EMPTY_PROMPT}$"):
+        run(runner, [], StopCondition(5))
+    with pytest.raises(PromptError, match="the prompt has 8 tokens, which does not fit the model's context window "
+                                          "of 8 tokens") as caught:
+        run(runner, [1] * 8, StopCondition(5))
+    assert caught.value.too_long
+    assert run(runner, [1] * 7, StopCondition(5)).finish_reason == "length"  # the window holds it and one token
 
 
 @pytest.mark.parametrize("tree", [None, TreeShape(2, depth=3)])

@@ -25,7 +25,7 @@ MAX_TOP_MODULES = 14  # .py files directly in specdec/, __init__.py counted; the
 # ("specdec" is the package's __init__, the public API, alone).  Every module has a floor.
 FLOORS: list[tuple[str, ...]] = [
     # the ground: what every floor reads (errors, the defaults, the model files, the CPU, tokenizers, prompt files,
-    # a request's text: chat templating, the output as it streams)
+    # a request's text: the prompt's check, chat templating, the output as it streams)
     ("specdec.errors", "specdec.defaults", "specdec.zoo", "specdec.machine", "specdec.vocab", "specdec.tokenizer",
      "specdec.bridge", "specdec.prompt_files", "specdec.text"),
     ("specdec.backends",),  # the runners and specdec's kernels

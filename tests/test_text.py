@@ -1,11 +1,33 @@
-"""A request's text (specdec.text): chat templating's errors, and the streamed text (never a broken
-character, never a piece of a stop string)."""
+"""A request's text (specdec.text): the prompt's one check and its one text per fault, chat templating's
+errors, and the streamed text (never a broken character, never a piece of a stop string)."""
 
 from __future__ import annotations
 
 import pytest
 
-from specdec.text import ChatTemplateError, TextStream, chat_ids, cut_at_stop
+from specdec.errors import SpecdecError
+from specdec.text import EMPTY_PROMPT, ChatTemplateError, PromptError, TextStream, chat_ids, check_prompt, cut_at_stop
+
+
+@pytest.mark.parametrize("prompt", ["", [], ()])
+def test_an_empty_prompt_is_refused_in_one_text(prompt):
+    with pytest.raises(PromptError, match=f"^{EMPTY_PROMPT}$") as caught:
+        check_prompt(prompt, max_context=8, vocab_size=10)
+    assert not caught.value.too_long and isinstance(caught.value, SpecdecError)
+
+
+def test_token_ids_and_the_window():
+    check_prompt("any text, however long " * 100, max_context=8, vocab_size=10)  # text: its ids are checked later
+    check_prompt([0, 9] * 3 + [5], max_context=8, vocab_size=10)  # 7 ids: the window holds them and one token more
+    with pytest.raises(PromptError, match=r"^prompt: token ids must be in 0\.\.9$"):
+        check_prompt([1, 10], max_context=8, vocab_size=10)
+    with pytest.raises(PromptError, match=r"^prompt: token ids must be in 0\.\.9$"):
+        check_prompt([-1], vocab_size=10)
+    with pytest.raises(PromptError, match="^the prompt has 8 tokens, which does not fit the model's context window "
+                                          "of 8 tokens$") as caught:
+        check_prompt([1] * 8, max_context=8)
+    assert caught.value.too_long
+    check_prompt([10**9] * 50)  # nothing to check ids against: only emptiness
 
 
 class Template:

@@ -24,6 +24,7 @@ from specdec.algorithm.trees import depths
 from specdec.algorithm.verify import GreedyVerifier, Verifier
 from specdec.backends.base import ModelRunner, forward_chunked, reusable_prefix
 from specdec.errors import SpecdecError
+from specdec.text import check_prompt
 
 
 @dataclass
@@ -322,13 +323,7 @@ def _checked(target: ModelRunner, prompt_ids: list[int], drafter: Drafter | None
              num_speculative_tokens: int | Controller, tree: TreeShape | None) -> tuple[Controller, TreeShape | None]:
     """decode's arguments checked: (the controller that chooses k each step, the tree shape or None
     where the target verifies chains only); raises SpecdecError for what cannot be decoded."""
-    if not prompt_ids:
-        raise SpecdecError("the prompt is empty: give at least one token of input")
-    if len(prompt_ids) >= target.max_context:
-        raise SpecdecError(
-            f"the prompt has {len(prompt_ids)} tokens, which does not fit the target's "
-            f"context window of {target.max_context} tokens"
-        )
+    check_prompt(prompt_ids, target.max_context)  # the check every prompt passes (an engine's before its steps)
     if isinstance(num_speculative_tokens, int):
         if num_speculative_tokens < 1 and drafter is not None:
             raise SpecdecError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")

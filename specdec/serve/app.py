@@ -44,7 +44,7 @@ from specdec.serve.access import allow_origins, check_json, check_key
 from specdec.serve.metrics import Metrics
 from specdec.serve.protocol import APIError, ChatRequest, CompletionRequest, GenerationRequest, parse, speculative_changes
 from specdec.serve.worker import SHUTTING_DOWN, ErrorEvent, Job, OverBudget, QueueFull, Request, StepEvent, Worker
-from specdec.text import ChatTemplateError
+from specdec.text import ChatTemplateError, PromptError
 
 DISCONNECT_POLL_S = 0.1  # how often a request waiting for its next event checks that its client is still there
 CLIENT_GONE = 499  # the status logged for a request whose client left (nginx's convention)
@@ -238,35 +238,26 @@ class Generations:
         return req, gen, job
 
     def tokenize(self, req: GenerationRequest) -> list[int]:
-        """The prompt's token ids (through the chat template for a chat request), checked against
-        the context window."""
+        """The prompt's token ids (through the chat template for a chat request), checked as every
+        prompt is (Engine.prompt_ids: specdec.text.check_prompt), and against --max-prompt-tokens."""
         engine, options = self.engine, self.options
+        param = "messages" if isinstance(req, ChatRequest) else "prompt"
         with self.encode_lock:
             try:
                 if isinstance(req, ChatRequest):
-                    ids = engine.encode_messages([(m.role, m.content) for m in req.messages])
-                elif isinstance(req, CompletionRequest) and isinstance(req.prompt, str):
-                    ids = engine.encode(req.prompt)
+                    ids = engine.prompt_ids(engine.encode_messages([(m.role, m.content) for m in req.messages]))
                 else:
                     assert isinstance(req, CompletionRequest)  # the other kind of generation request
-                    ids = list(req.prompt)
-                    vocab = engine.target_runner.vocab_size
-                    if not all(0 <= t < vocab for t in ids):
-                        raise APIError(400, f"prompt: token ids must be in 0..{vocab - 1}", "prompt", "invalid_value")
+                    ids = engine.prompt_ids(req.prompt)
             except ChatTemplateError as e:
                 if e.missing:
                     raise APIError(400, f"model '{engine.target_name}' has no chat template: use /v1/completions",
                                    "messages", "no_chat_template") from None
                 raise APIError(400, str(e), "messages", "invalid_value") from None
+            except PromptError as e:
+                raise APIError(400, str(e), param, "context_length_exceeded" if e.too_long else "invalid_value") from None
             except SpecdecError as e:
                 raise APIError(400, str(e), None, "invalid_value") from None
-        param = "messages" if isinstance(req, ChatRequest) else "prompt"
-        if not ids:
-            raise APIError(400, "the prompt is empty: give some text to continue", param, "invalid_value")
-        window = engine.target_runner.max_context
-        if len(ids) >= window:
-            raise APIError(400, f"the prompt has {len(ids)} tokens, which does not fit the model's context "
-                                f"window of {window} tokens", param, "context_length_exceeded")
         if options.max_prompt_tokens is not None and len(ids) > options.max_prompt_tokens:
             raise APIError(400, f"the prompt has {len(ids)} tokens, more than this server takes "
                                 f"(--max-prompt-tokens {options.max_prompt_tokens})", param, "context_length_exceeded")
