@@ -112,16 +112,6 @@ def same_vocabulary(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> b
     return a.get_vocab() == b.get_vocab()
 
 
-def chat_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
-    """`messages` ({"role": ..., "content": ...}) through the tokenizer's chat template, with the assistant's
-    turn opened: token ids.  (Newer transformers return a BatchEncoding there, older ones the list: the
-    template's result is read either way, so typed as Any.)"""
-    ids: Any = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # a BatchEncoding
-        ids = ids["input_ids"]
-    return list(ids)
-
-
 def decoded(text: str | list[str]) -> str:
     """What tokenizer.decode returned for one sequence of ids: its text (transformers types the result of a
     batch, a list, alike)."""

@@ -9,6 +9,8 @@ target forward (Drafter.target_logits, on the toy target).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
@@ -16,11 +18,12 @@ from hypothesis import strategies as st
 
 from specdec.algorithm.control import AutoK
 from specdec.algorithm.draft import TreeShape
-from specdec.algorithm.loop import StopCondition, run
+from specdec.algorithm.loop import StopCondition, collect, decode, run
 from specdec.backends.hf import HFRunner
 from specdec.drafters.model import DEFAULT_WINDOW, ModelDrafter
 from specdec.errors import SpecdecError
 from specdec.runtime.profile import step_costs
+from specdec.text import EMPTY_PROMPT, PromptError
 from tests.tiny import VOCAB, assert_near_tie_parting, tiny_model
 from tests.toy import ConstantDrafter, FixedDrafter, RandomK, ToyRunner, ToyTreeRunner, random_proposal, random_table
 
@@ -213,6 +216,45 @@ def test_stats_per_position_acceptance():
 def test_bad_requests_raise_user_errors(bad):
     with pytest.raises(SpecdecError):
         run(HFRunner(MODELS[("llama", 0)]), bad["prompt"], bad["stop"])
+
+
+def test_a_bad_prompt_is_refused_by_the_one_check():
+    """decode refuses a prompt as every entry point does (specdec.text.check_prompt), in the same words."""
+    runner = ToyRunner(random_table(6, seed=0), max_context=8)
+    with pytest.raises(PromptError, match=f"^{EMPTY_PROMPT}$"):
+        run(runner, [], StopCondition(5))
+    with pytest.raises(PromptError, match="the prompt has 8 tokens, which does not fit the model's context window "
+                                          "of 8 tokens") as caught:
+        run(runner, [1] * 8, StopCondition(5))
+    assert caught.value.too_long
+    assert run(runner, [1] * 7, StopCondition(5)).finish_reason == "length"  # the window holds it and one token
+
+
+@pytest.mark.parametrize("tree", [None, TreeShape(2, depth=3)])
+def test_each_step_carries_its_own_counts(tree):
+    """A Step is a value holding that step's own drafted / accepted / source (never running totals), and a
+    generation's Stats are its steps summed."""
+    table = random_table(6, seed=0)
+    steps = list(decode(ToyTreeRunner(table), [1, 4, 2], StopCondition(40), drafter=FixedDrafter(random_proposal(6, 2)),
+                        num_speculative_tokens=RandomK(3, max_k=3), tree=tree))
+    stats = collect(steps).stats
+    first, rest = steps[0], steps[1:]
+    assert first.prefill and first.drafted == first.accepted == 0 and len(first.tokens) == 1
+    assert not any(step.prefill for step in rest) and first.reused_prompt_tokens == stats.reused_prompt_tokens == 0
+    assert [(step.drafted, len(step.tokens)) for step in rest] == [(k, n) for k, n, _ in stats.steps]
+    assert {step.drafted for step in rest} >= {0, 3}  # plain steps and whole drafts, each counted as it is
+    for step in rest:
+        assert step.accepted <= step.drafted and len(step.tokens) <= step.accepted + 1
+        assert (step.source != "") == (step.drafted > 0) and (step.tree_nodes > 0) <= (step.drafted > 0)
+    assert sum(step.drafted for step in steps) == stats.drafted > 0
+    assert sum(step.accepted for step in steps) == stats.accepted
+    assert sum(step.tree_nodes for step in steps) == stats.tree_nodes and (stats.tree_nodes > 0) == (tree is not None)
+    assert sum(step.drafted == 0 for step in rest) == stats.plain_steps
+    assert sum(step.wall_s for step in steps) == pytest.approx(stats.wall_s) and first.target_s == stats.prefill_s
+    (source,) = {step.source for step in rest if step.drafted}  # one drafter: one source
+    assert stats.by_source == {source: [stats.draft_steps, stats.drafted, stats.accepted]}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.drafted = 1  # type: ignore[misc]
 
 
 def test_max_new_tokens_must_be_positive():

@@ -24,11 +24,13 @@ from specdec.algorithm.trees import depths
 from specdec.algorithm.verify import GreedyVerifier, Verifier
 from specdec.backends.base import ModelRunner, forward_chunked, reusable_prefix
 from specdec.errors import SpecdecError
+from specdec.text import check_prompt
 
 
 @dataclass
 class Stats:
-    """What one generation did.  Counts of drafts are before stop truncation."""
+    """What one generation did: its steps summed (add; each Step holds its own).  Counts of drafts are
+    before stop truncation."""
 
     new_tokens: int = 0
     target_forwards: int = 0  # including the prompt's prefill
@@ -118,6 +120,28 @@ class Stats:
         counts[1] += num_drafted
         counts[2] += num_accepted
 
+    def add(self, step: Step) -> None:
+        """Count `step` in: the steps of one generation, in order, sum to its Stats (collect does so; so do
+        the CLI's stream and the server's worker, which read each step as it comes)."""
+        self.new_tokens += len(step.tokens)
+        self.target_forwards += 1
+        self.wall_s += step.wall_s
+        self.draft_s += step.draft_s
+        self.target_s += step.target_s
+        if step.prefill:
+            self.prefill_s += step.target_s
+            self.reused_prompt_tokens += step.reused_prompt_tokens
+            return
+        self.steps.append((step.drafted, len(step.tokens), step.step_s))
+        if not step.drafted:
+            self.plain_steps += 1
+            return
+        self.record_draft(step.drafted, step.accepted)
+        self.record_source(step.source, step.drafted, step.accepted)
+        if step.tree_nodes:
+            self.tree_steps += 1
+            self.tree_nodes += step.tree_nodes
+
     @property
     def acceptance_by_source(self) -> dict[str, dict[str, float]]:
         """{source: {draft_steps, drafted, accepted, acceptance_rate}} for each source that drafted."""
@@ -187,13 +211,25 @@ class StopCondition:
         return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Step:
-    """Tokens emitted by one decode step; finish_reason is set on the last step."""
+    """What one decode step did, as a value: the tokens it emitted (finish_reason set on the last step) and
+    its own counts and times.  The first step is the prefill's (its token is the target's first); a
+    generation's totals are its steps summed (Stats.add).  Counts of drafts are before stop truncation: a
+    stop inside the accepted tokens emits fewer than accepted + 1."""
 
     tokens: list[int]
     finish_reason: str | None
-    stats: Stats
+    drafted: int = 0  # draft tokens verified (a tree's depth); 0: the prefill, or a plain step
+    accepted: int = 0  # of them, how many the target accepted
+    source: str = ""  # where a drafted step's draft came from (specdec.algorithm.control: "model", "lookup", ...)
+    tree_nodes: int = 0  # the tokens of the tree it verified (0: a chain, or nothing drafted)
+    draft_s: float = 0.0  # in the drafter (planning and proposing)
+    target_s: float = 0.0  # in the target's forward and verification (the prefill's: from the loop's start)
+    step_s: float = 0.0  # from drafting to the tokens emitted (the prefill's: 0, see target_s)
+    wall_s: float = 0.0  # since the step before was yielded (the first: since the loop's start), the caller's time included
+    prefill: bool = False  # the prefill's step
+    reused_prompt_tokens: int = 0  # the prefill's: the prompt's first tokens taken from the target's cache
 
 
 @dataclass
@@ -229,66 +265,65 @@ def decode(
     verifier = verifier or GreedyVerifier()
     controller, tree = _checked(target, prompt_ids, drafter, num_speculative_tokens, tree)
 
-    stats = Stats()
     start = time.perf_counter()
-    first = _prefill(target, prompt_ids, drafter, controller, verifier, reuse_prefix, stats, start)
+    first, reused = _prefill(target, prompt_ids, drafter, controller, verifier, reuse_prefix)
+    prefilled = time.perf_counter() - start
     context = list(prompt_ids)  # prompt + generated; the target caches all of it but the last token
     generated: list[int] = []
-
     emitted, reason = _append([first], generated, context, stop, target.max_context)
+    step = Step(emitted, reason, target_s=prefilled, prefill=True, reused_prompt_tokens=reused)
+    last = start  # when the step before was yielded
     while True:
-        stats.new_tokens = len(generated)
-        stats.wall_s = time.perf_counter() - start
-        if reason is not None and drafter is not None:  # before the last yield: a caller may stop at the last step
+        now = time.perf_counter()
+        if step.finish_reason is not None and drafter is not None:  # before the last yield: a caller may stop there
             controller.finish(len(generated))  # the answer's length: what the next answers' catch-ups are priced over
-        yield Step(emitted, reason, stats)
-        if reason is not None:
+        yield replace(step, wall_s=now - last)
+        last = now
+        if step.finish_reason is not None:
             return
+        step = _step(target, verifier, drafter, controller, tree, stop, context, generated)
 
-        # Draft no more than can be used: k accepted + 1 bonus must not pass
-        # max_new_tokens, and the verification forward must fit the window.
-        limit = min(stop.max_new_tokens - len(generated) - 1, target.max_context - len(context))
-        t0 = time.perf_counter()  # planning is drafting time: a drafter may run its first forward to grade (a head)
-        k, source, shape, draft = _draft(target, drafter, controller, tree, context, limit)
-        t1 = time.perf_counter()
 
-        if draft is None or not draft.tokens:
-            k = n = 0
-            new = _plain_step(target, verifier, drafter, context, stats)
-        elif draft.is_tree:
-            if shape is None or shape.nodes is None:
-                raise ValueError("the drafter proposed a tree where a chain was asked for")
-            k, new, extra = verify_tree(target, verifier, draft, context[-1], k, shape.nodes, stats, drafter)
-            n = len(new) - 1
-            controller.observe_tree(len(draft.tokens) + 1, time.perf_counter() - t1, extra, source)
-        else:
-            k, n, new = verify_chain(target, verifier, draft, context[-1], k, stats, drafter)
-        t2 = time.perf_counter()
-        if drafter is not None:
-            if k:
-                drafter.observe(context, n)
-                stats.record_source(source, k, n)
-            # a tree's verification holds more rows than its depth: its time is not t(k + 1)
-            target_s = 0.0 if draft is not None and draft.is_tree else t2 - t1
-            controller.observe(k, n, t1 - t0, target_s, draft.synced if draft is not None else 0, source)
-        stats.draft_s += t1 - t0
-        stats.target_s += t2 - t1
-        stats.target_forwards += 1
-        emitted, reason = _append(new, generated, context, stop, target.max_context)
-        stats.steps.append((k, len(emitted), time.perf_counter() - t0))
+def _step(target: ModelRunner, verifier: Verifier, drafter: Drafter | None, controller: Controller,
+          tree: TreeShape | None, stop: StopCondition, context: list[int], generated: list[int]) -> Step:
+    """One step after the prefill: draft (or not), verify, emit (appended to `context` and `generated`),
+    tell the drafter and the controller how it went.  The Step returned has no wall_s yet (decode's)."""
+    # Draft no more than can be used: k accepted + 1 bonus must not pass
+    # max_new_tokens, and the verification forward must fit the window.
+    limit = min(stop.max_new_tokens - len(generated) - 1, target.max_context - len(context))
+    t0 = time.perf_counter()  # planning is drafting time: a drafter may run its first forward to grade (a head)
+    k, source, shape, draft = _draft(target, drafter, controller, tree, context, limit)
+    t1 = time.perf_counter()
+
+    nodes = 0
+    if draft is None or not draft.tokens:
+        k = n = 0
+        new = _plain_step(target, verifier, drafter, context)
+    elif draft.is_tree:
+        if shape is None or shape.nodes is None:
+            raise ValueError("the drafter proposed a tree where a chain was asked for")
+        k, new, extra = verify_tree(target, verifier, draft, context[-1], k, shape.nodes, drafter)
+        n, nodes = len(new) - 1, len(draft.tokens)
+        controller.observe_tree(len(draft.tokens) + 1, time.perf_counter() - t1, extra, source)
+    else:
+        k, n, new = verify_chain(target, verifier, draft, context[-1], k, drafter)
+    t2 = time.perf_counter()
+    if drafter is not None:
+        if k:
+            drafter.observe(context, n)
+        # a tree's verification holds more rows than its depth: its time is not t(k + 1)
+        target_s = 0.0 if draft is not None and draft.is_tree else t2 - t1
+        controller.observe(k, n, t1 - t0, target_s, draft.synced if draft is not None else 0, source)
+    emitted, reason = _append(new, generated, context, stop, target.max_context)
+    return Step(emitted, reason, drafted=k, accepted=n, source=source if k else "", tree_nodes=nodes,
+                draft_s=t1 - t0, target_s=t2 - t1, step_s=time.perf_counter() - t0)
 
 
 def _checked(target: ModelRunner, prompt_ids: list[int], drafter: Drafter | None,
              num_speculative_tokens: int | Controller, tree: TreeShape | None) -> tuple[Controller, TreeShape | None]:
     """decode's arguments checked: (the controller that chooses k each step, the tree shape or None
     where the target verifies chains only); raises SpecdecError for what cannot be decoded."""
-    if not prompt_ids:
-        raise SpecdecError("the prompt is empty: give at least one token of input")
-    if len(prompt_ids) >= target.max_context:
-        raise SpecdecError(
-            f"the prompt has {len(prompt_ids)} tokens, which does not fit the target's "
-            f"context window of {target.max_context} tokens"
-        )
+    check_prompt(prompt_ids, target.max_context)  # the check every prompt passes (an engine's before its steps)
     if isinstance(num_speculative_tokens, int):
         if num_speculative_tokens < 1 and drafter is not None:
             raise SpecdecError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
@@ -303,9 +338,10 @@ def _checked(target: ModelRunner, prompt_ids: list[int], drafter: Drafter | None
 
 
 def _prefill(target: ModelRunner, prompt_ids: list[int], drafter: Drafter | None, controller: Controller,
-             verifier: Verifier, reuse_prefix: bool, stats: Stats, start: float) -> int:
+             verifier: Verifier, reuse_prefix: bool) -> tuple[int, int]:
     """The caches readied (the target's cut to the prefix it may keep, or emptied; the drafter's and the
-    controller's reset) and the prompt prefilled; returns the first token.  `start`: the loop's start."""
+    controller's reset) and the prompt prefilled: (the first token, how many of the prompt's tokens the
+    target's cache kept)."""
     reused = reusable_prefix(target, prompt_ids) if reuse_prefix else 0
     if reused:
         target.rollback(reused)
@@ -319,14 +355,10 @@ def _prefill(target: ModelRunner, prompt_ids: list[int], drafter: Drafter | None
     # (forward_chunked); its last logits give the first token.
     last = forward_chunked(target, prompt_ids[reused:], last_n=1)[-1:]  # [1, V]
     first = verifier.choose(last[-1])
-    stats.reused_prompt_tokens = reused
     if drafter is not None:
         drafter.target_logits(prompt_ids[-1:], last)
         drafter.prefilled(prompt_ids)  # a draft head keeps the prompt's last hidden states now
-    stats.target_forwards += 1
-    stats.target_s = time.perf_counter() - start
-    stats.prefill_s = stats.target_s
-    return first
+    return first, reused
 
 
 def _append(new: list[int], generated: list[int], context: list[int], stop: StopCondition,
@@ -364,12 +396,10 @@ def _draft(target: ModelRunner, drafter: Drafter | None, controller: Controller,
     return k, source, shape, draft
 
 
-def _plain_step(target: ModelRunner, verifier: Verifier, drafter: Drafter | None, context: list[int],
-                stats: Stats) -> list[int]:
+def _plain_step(target: ModelRunner, verifier: Verifier, drafter: Drafter | None, context: list[int]) -> list[int]:
     """A step with nothing drafted: one forward over the pending token; returns the token it gives."""
     logits = target.forward([context[-1]])  # [1, V]
     new = [verifier.choose(logits[-1])]
-    stats.plain_steps += 1
     if drafter is not None:
         drafter.target_logits(context[-1:], logits)
         drafter.plain_step(context)
@@ -377,7 +407,7 @@ def _plain_step(target: ModelRunner, verifier: Verifier, drafter: Drafter | None
 
 
 def verify_chain(target: ModelRunner, verifier: Verifier, draft: Draft, pending: int, k: int,
-                 stats: Stats, drafter: Drafter | None = None) -> tuple[int, int, list[int]]:
+                 drafter: Drafter | None = None) -> tuple[int, int, list[int]]:
     """One chain step (a chain asked for at most k long): the target's forward over [pending, *draft]
     (whose logits `drafter` hears: Drafter.target_logits), verification (Verifier.verify), the target's
     cache cut to pending and the accepted tokens.  Returns
@@ -393,12 +423,11 @@ def verify_chain(target: ModelRunner, verifier: Verifier, draft: Draft, pending:
     verdict = verifier.verify(draft, logits)
     n = verdict.num_accepted
     target.rollback(cached + 1 + n)  # keep pending + the accepted draft tokens
-    stats.record_draft(k, n)
     return k, n, draft.tokens[:n] + [verdict.next_token]
 
 
 def verify_tree(target: ModelRunner, verifier: Verifier, draft: Draft, pending: int, k: int, nodes: int,
-                stats: Stats, drafter: Drafter | None = None) -> tuple[int, list[int], int]:
+                drafter: Drafter | None = None) -> tuple[int, list[int], int]:
     """One tree step (a tree asked for at most k deep, `nodes` tokens): the target's forward over
     [pending, *tree] with tree attention (whose logits `drafter` hears, row by row), verification
     (Verifier.verify_tree), the target's cache cut to the accepted path.  Returns (the tree's depth, the
@@ -416,9 +445,6 @@ def verify_tree(target: ModelRunner, verifier: Verifier, draft: Draft, pending: 
         drafter.target_logits(fed, logits)
     verdict = verifier.verify_tree(draft, logits)
     target.keep_rows(cached, [0, *(i + 1 for i in verdict.path)])  # pending + the accepted path
-    stats.record_draft(depth, verdict.num_accepted)
-    stats.tree_steps += 1
-    stats.tree_nodes += len(draft.tokens)
     on_chain = 0
     while on_chain < len(verdict.path) and verdict.path[on_chain] == on_chain and draft.parents[on_chain] == on_chain - 1:
         on_chain += 1
@@ -426,14 +452,16 @@ def verify_tree(target: ModelRunner, verifier: Verifier, draft: Draft, pending: 
 
 
 def collect(steps: Iterable[Step]) -> Output:
-    """Run a stream of steps to the end and gather its tokens."""
+    """Run a stream of steps to the end and gather its tokens and its totals."""
     tokens: list[int] = []
+    stats = Stats()
     step = None
     for step in steps:
         tokens.extend(step.tokens)
+        stats.add(step)
     if step is None or step.finish_reason is None:
         raise RuntimeError("the decode loop ended without a finish reason")
-    return Output(tokens, step.finish_reason, step.stats)
+    return Output(tokens, step.finish_reason, stats)
 
 
 def run(*args, **kwargs) -> Output:

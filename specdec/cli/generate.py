@@ -34,16 +34,17 @@ def generate(
     """Generate text with speculative decoding (or plainly with --draft none)."""
     started = process_age()  # the interpreter's start and the CLI's own imports
     began = time.perf_counter()
-    from specdec.runtime.engine import TextStream
+    import specdec.runtime.engine  # noqa: F401  # the engine's imports, timed here: --timings' "imports"
+    from specdec.algorithm.loop import Stats
+    from specdec.text import TextStream, check_prompt
 
     imported = time.perf_counter() - began
 
-    if not prompt:
-        fail("the prompt is empty: give some text to continue")
     check_n_ctx_and_threads(models.n_ctx, models.threads)
     quiet_libraries()
     progress = PullProgress()
     try:
+        check_prompt(prompt)  # before the models load
         draft_spec = models.draft
         engine = load_engine(models, progress)
         steps = engine.stream(prompt, request)
@@ -54,13 +55,13 @@ def generate(
                 err.print(timings_line(started, imported, engine, result.stats), soft_wrap=True)
             return
         text = TextStream(engine.decode_text, request.stop)
-        step = None
+        step, s = None, Stats()
         for step in steps:
+            s.add(step)
             sys.stdout.write(text.push(step.tokens, final=step.finish_reason is not None))
             sys.stdout.flush()
         sys.stdout.write("\n")
         assert step is not None
-        s = step.stats
         summary = (f"{s.new_tokens} tokens in {s.wall_s:.2f} s ({s.tokens_per_s:.1f} tok/s), finish: {step.finish_reason}"
                    f" · target {engine.target_name} {engine.dtype}")
         if draft_spec:

@@ -1,9 +1,10 @@
 """The Engine: a loaded target (and optional draft) ready to generate text.
 
-It turns text into token ids (optionally through the target's chat template),
-builds the strategy objects for a request — a drafter, a verifier, a stop
-condition, a controller — from its :class:`~specdec.request.RequestConfig`, and
-runs the one decode loop of :mod:`specdec.algorithm.loop` over runners its pool lends it
+It turns text into token ids (optionally through the target's chat template) and
+checks them (:mod:`specdec.text`: the prompt's one check), builds the strategy
+objects for a request — a drafter, a verifier, a stop condition, a controller —
+from its :class:`~specdec.request.RequestConfig`, and runs the one decode loop of
+:mod:`specdec.algorithm.loop` over runners its pool lends it
 (:mod:`specdec.runtime.pool`: one request at a time, or a batch's slots after
 :meth:`Engine.enable_batching`).  :meth:`Engine.stream` is the one place a
 request is set up: the CLI, the server, the Python API and the benchmark all go
@@ -58,7 +59,8 @@ from specdec.runtime.loading import ModelSpec, resolve_draft
 from specdec.runtime.memory import DRAFT_ROWS, TRIM_RETURN_BYTES, Need, request_need, return_freed_memory
 from specdec.runtime.pool import Lease, RunnerPool, SinglePool
 from specdec.runtime.runners import as_runner, fastest_dtype, is_seq2seq_runner
-from specdec.vocab import chat_ids, decoded, same_vocabulary
+from specdec.text import chat_ids, check_prompt, cut_at_stop
+from specdec.vocab import decoded, same_vocabulary
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -133,37 +135,6 @@ def runner_eos_token_ids(runner: ModelRunner, tokenizer: PreTrainedTokenizerBase
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return frozenset(ids)
-
-
-def cut_at_stop(text: str, stop_strings: Sequence[str]) -> str:
-    """Text up to (not including) the first stop string, as OpenAI-style APIs return it."""
-    cut = min((i for i in (text.find(s) for s in stop_strings) if i >= 0), default=len(text))
-    return text[:cut]
-
-
-class TextStream:
-    """Turns a growing list of token ids into text deltas that are safe to print.
-
-    Holds back a trailing partial UTF-8 character, and the last few characters
-    that might be the start of a stop string, until they are known.
-    """
-
-    def __init__(self, decode_fn: Callable[[Sequence[int]], str], stop_strings: Sequence[str] = ()) -> None:
-        self.decode_fn = decode_fn
-        self.stop_strings = tuple(stop_strings)
-        self.hold = max((len(s) for s in self.stop_strings), default=1) - 1
-        self.token_ids: list[int] = []
-        self.printed = 0
-
-    def push(self, tokens: Sequence[int], final: bool = False) -> str:
-        self.token_ids.extend(tokens)
-        text = cut_at_stop(self.decode_fn(self.token_ids), self.stop_strings)
-        if not final:
-            text = text.rstrip("\ufffd")  # an incomplete multi-byte character
-            text = text[: max(self.printed, len(text) - self.hold)]
-        delta = text[self.printed :]
-        self.printed = len(text)
-        return delta
 
 
 def _check_load(drafter: DrafterSpec, target: ModelSpec, dtype: str, backend: str, draft_backend: str | None,
@@ -644,21 +615,28 @@ class Engine:
         return cls.load(config.target, config.draft, progress=progress, config=config)
 
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
-        """Prompt text (or ids) -> token ids, through the chat template when chat=True."""
+        """Prompt text (or ids) -> token ids, through the chat template when chat=True (unchecked: see prompt_ids)."""
         if not isinstance(prompt, str):
             return list(prompt)
-        if not prompt:
-            raise SpecdecError("the prompt is empty: give some text to continue")
         if chat:
             return self.encode_messages([("user", prompt)])
         return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
     def encode_messages(self, messages: Sequence[tuple[str, str]]) -> list[int]:
         """A conversation, (role, content) pairs ending with the pending user turn -> token ids
-        through the chat template, with the assistant's turn opened."""
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise SpecdecError(f"target '{self.target_name}' has no chat template; drop --chat")
-        return chat_ids(self.tokenizer, [{"role": role, "content": content} for role, content in messages])
+        through the chat template, with the assistant's turn opened (specdec.text.chat_ids: a
+        ChatTemplateError where the target has none, or where it refuses the turns)."""
+        return chat_ids(self.tokenizer, messages, self.target_name)
+
+    def prompt_ids(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
+        """A request's prompt as the ids the target reads (encode), checked by the one check every prompt
+        passes (specdec.text.check_prompt: a PromptError for an empty one, ids outside the target's
+        vocabulary, or more than its context window holds).  Empty text is refused before the tokenizer
+        sees it (which may make a lone start token of nothing).  Engine.stream's, and the server's before
+        it queues a request."""
+        ids = [] if isinstance(prompt, str) and not prompt else self.encode(prompt, chat)
+        check_prompt(ids, self.target_runner.max_context, self.target_runner.vocab_size)
+        return ids
 
     def decode_text(self, token_ids: Sequence[int]) -> str:
         return decoded(self.tokenizer.decode(list(token_ids), skip_special_tokens=True,
@@ -673,12 +651,12 @@ class Engine:
         Controller --, use_draft / speculative, stop, chat, sampling, draft_mode, draft_confidence, verify
         -- "causal", "block": sampled drafts verified as blocks, specdec.algorithm.block, or "stairs": next-token
         queries only, greedy; specdec.algorithm.stairs -- and tree: "off", "auto" or "WxD", specdec.algorithm.draft.parse_tree).
-        The options, the prompt and the draft mode are checked now; the runners are taken from the
-        engine's pool when the first step is asked for, and given back when the steps end or are closed.
+        The options, the prompt (prompt_ids) and the draft mode are checked now; the runners are taken from
+        the engine's pool when the first step is asked for, and given back when the steps end or are closed.
         """
         config = RequestConfig.from_options(config, **options)
         self.pool.check(config)
-        prompt_ids = self.encode(prompt, chat=config.chat)
+        prompt_ids = self.prompt_ids(prompt, chat=config.chat)
         condition = self.stop_condition(config.max_new_tokens, config.stop)
         drafting = config.speculative and self.can_draft
         if drafting and self.draft_runner is not None:
@@ -704,10 +682,10 @@ class Engine:
         try:
             with self.pool.lease(config) as lease:
                 try:
-                    for step in self._decode(lease, prompt_ids, condition, config, drafting):
+                    for decoded_steps, step in enumerate(self._decode(lease, prompt_ids, condition, config, drafting)):
                         output.extend(step.tokens)
                         if step.finish_reason is not None:
-                            self._check_step_costs(len(step.stats.steps))
+                            self._check_step_costs(decoded_steps)  # the steps after the prefill's
                         yield step
                 except Exception:
                     for runner in (lease.target, lease.draft):

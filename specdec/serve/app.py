@@ -44,7 +44,7 @@ from specdec.serve.access import allow_origins, check_json, check_key
 from specdec.serve.metrics import Metrics
 from specdec.serve.protocol import APIError, ChatRequest, CompletionRequest, GenerationRequest, parse, speculative_changes
 from specdec.serve.worker import SHUTTING_DOWN, ErrorEvent, Job, OverBudget, QueueFull, Request, StepEvent, Worker
-from specdec.vocab import chat_ids
+from specdec.text import ChatTemplateError, PromptError
 
 DISCONNECT_POLL_S = 0.1  # how often a request waiting for its next event checks that its client is still there
 CLIENT_GONE = 499  # the status logged for a request whose client left (nginx's convention)
@@ -238,31 +238,26 @@ class Generations:
         return req, gen, job
 
     def tokenize(self, req: GenerationRequest) -> list[int]:
-        """The prompt's token ids (through the chat template for a chat request), checked against
-        the context window."""
+        """The prompt's token ids (through the chat template for a chat request), checked as every
+        prompt is (Engine.prompt_ids: specdec.text.check_prompt), and against --max-prompt-tokens."""
         engine, options = self.engine, self.options
-        tokenizer = engine.tokenizer
+        param = "messages" if isinstance(req, ChatRequest) else "prompt"
         with self.encode_lock:
             try:
                 if isinstance(req, ChatRequest):
-                    ids = chat_prompt(tokenizer, [m.model_dump() for m in req.messages], engine.target_name)
-                elif isinstance(req, CompletionRequest) and isinstance(req.prompt, str):
-                    ids = engine.encode(req.prompt)
+                    ids = engine.prompt_ids(engine.encode_messages([(m.role, m.content) for m in req.messages]))
                 else:
                     assert isinstance(req, CompletionRequest)  # the other kind of generation request
-                    ids = list(req.prompt)
-                    vocab = engine.target_runner.vocab_size
-                    if not all(0 <= t < vocab for t in ids):
-                        raise APIError(400, f"prompt: token ids must be in 0..{vocab - 1}", "prompt", "invalid_value")
+                    ids = engine.prompt_ids(req.prompt)
+            except ChatTemplateError as e:
+                if e.missing:
+                    raise APIError(400, f"model '{engine.target_name}' has no chat template: use /v1/completions",
+                                   "messages", "no_chat_template") from None
+                raise APIError(400, str(e), "messages", "invalid_value") from None
+            except PromptError as e:
+                raise APIError(400, str(e), param, "context_length_exceeded" if e.too_long else "invalid_value") from None
             except SpecdecError as e:
                 raise APIError(400, str(e), None, "invalid_value") from None
-        param = "messages" if isinstance(req, ChatRequest) else "prompt"
-        if not ids:
-            raise APIError(400, "the prompt is empty: give some text to continue", param, "invalid_value")
-        window = engine.target_runner.max_context
-        if len(ids) >= window:
-            raise APIError(400, f"the prompt has {len(ids)} tokens, which does not fit the model's context "
-                                f"window of {window} tokens", param, "context_length_exceeded")
         if options.max_prompt_tokens is not None and len(ids) > options.max_prompt_tokens:
             raise APIError(400, f"the prompt has {len(ids)} tokens, more than this server takes "
                                 f"(--max-prompt-tokens {options.max_prompt_tokens})", param, "context_length_exceeded")
@@ -287,17 +282,19 @@ class Generations:
         if options.defaults.verify == "stairs" and "verify" not in given and temperature > 0:
             raise APIError(400, "this server verifies with stairs, which is greedy only: send temperature 0",
                            "temperature", "invalid_value")
+        # speculative only where the engine can draft (a plain engine decodes plainly whatever is asked)
+        speculative = engine.can_draft and given.pop("speculative", options.defaults.speculative)
         try:
             config = replace(options.defaults, max_new_tokens=max_tokens, temperature=temperature,
                              top_k=max(req.top_k or 0, 0), top_p=1.0 if req.top_p is None else req.top_p,
-                             seed=req.seed, stop=req.stop, **given)
+                             seed=req.seed, stop=req.stop, speculative=speculative, **given)
         except RequestError as e:
             if e.field not in given:
                 raise APIError(400, str(e), None, "invalid_value") from None
             raise extension_error(e, wire_name(e.field)) from None
         except SpecdecError as e:
             raise APIError(400, str(e), None, "invalid_value") from None
-        return Request(prompt_ids, replace(config, speculative=engine.can_draft and config.speculative))
+        return Request(prompt_ids, config)
 
 
 def speculative_changes_of(req: GenerationRequest) -> dict[str, Any]:
@@ -320,17 +317,6 @@ def wire_name(field_name: str) -> str:
 
 def error_response(e: APIError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-
-
-def chat_prompt(tokenizer: Any, messages: list[dict[str, str]], model_name: str) -> list[int]:
-    """Token ids of `messages` through the tokenizer's chat template, ready for the assistant's turn."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise APIError(400, f"model '{model_name}' has no chat template: use /v1/completions", "messages",
-                       "no_chat_template")
-    try:
-        return chat_ids(tokenizer, messages)
-    except Exception as e:  # a template that refuses these messages (roles, order...)
-        raise APIError(400, f"the chat template refused these messages: {e}", "messages", "invalid_value") from None
 
 
 async def read_body(http: HTTPRequest, limit: int) -> bytes:

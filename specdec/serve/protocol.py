@@ -143,14 +143,11 @@ class CompletionRequest(GenerationRequest):
     def _prompt(cls, value: Any) -> str | list[int]:
         if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
             value = value[0]  # a batch of one
+        # its shape only: an empty one is refused as every prompt is, once tokenized (specdec.text.check_prompt)
         if isinstance(value, str):
-            if not value:
-                raise ValueError("the prompt is empty: give some text to continue")
             return value
-        if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
             return value
-        if isinstance(value, list) and not value:
-            raise ValueError("the prompt is empty: give some text to continue")
         raise ValueError("must be a string or a list of token ids (one prompt per request)")
 
     def refuse_unsupported(self) -> None:

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from specdec.algorithm.loop import Stats
 from specdec.errors import SpecdecError
 from specdec.request import RequestConfig
-from specdec.runtime.engine import Engine, TextStream
+from specdec.runtime.engine import Engine
 from specdec.runtime.memory import RETAIN_TOKENS, MemoryBudget, Need, format_bytes
 from specdec.serve.metrics import Metrics
+from specdec.text import TextStream
 
 log = logging.getLogger("specdec.serve")
 
@@ -45,7 +46,7 @@ class Request:
 class StepEvent:
     """What one decode step added.
 
-    text: the new text since the previous event, decoded incrementally (engine.TextStream: never a
+    text: the new text since the previous event, decoded incrementally (specdec.text.TextStream: never a
     broken character, never a piece of a stop string); accepted_text is its first part, from the
     draft tokens the target accepted, the rest came from the target's own token.  Text held back
     at a boundary (a partial character, a possible stop string) comes with the part that completes it.
@@ -291,28 +292,27 @@ class Worker:
     def _generate(self, job: Job) -> None:
         r, engine, metrics = job.request, self.engine, self.metrics
         started = time.perf_counter()
-        stats: Stats | None = None
+        stats: Stats | None = None  # the generation's totals so far, its steps summed (None: none yet, or recorded)
         steps = None
         try:
             steps = engine.stream(r.prompt_ids, r.config)
             text = TextStream(engine.decode_text, r.config.stop)
-            drafted = accepted = 0  # the running totals before this step
             for step in steps:
                 if stats is None:  # the first step: the prefill and the first token
                     metrics.record_first_token(started - job.arrived, time.perf_counter() - job.arrived)
-                stats = step.stats
+                    stats = Stats()
+                stats.add(step)
                 final = step.finish_reason is not None
                 # The step emitted its accepted draft tokens, then the target's own token (unless a
                 # stop cut the step short inside the accepted ones).
-                n_accepted = min(stats.accepted - accepted, len(step.tokens))
+                n_accepted = min(step.accepted, len(step.tokens))
                 if n_accepted == len(step.tokens):
                     accepted_text, own_text = text.push(step.tokens, final=final), ""
                 else:
                     accepted_text = text.push(step.tokens[:n_accepted])
                     own_text = text.push(step.tokens[n_accepted:], final=final)
-                event = StepEvent(accepted_text + own_text, accepted_text, stats.drafted - drafted, n_accepted,
+                event = StepEvent(accepted_text + own_text, accepted_text, step.drafted, n_accepted,
                                   len(step.tokens), step.finish_reason, stats if final else None)
-                drafted, accepted = stats.drafted, stats.accepted
                 if step.finish_reason is not None:  # final: counted before the client hears of it (/metrics is
                     # up to date once it has)
                     metrics.record_generation(len(r.prompt_ids), stats)

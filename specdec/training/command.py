@@ -27,7 +27,7 @@ import torch
 from specdec.errors import SpecdecError
 from specdec.native.modelconfig import model_eos_token_ids
 from specdec.runtime import loading, runners
-from specdec.vocab import chat_ids
+from specdec.text import chat_ids
 
 DRAFT_VOCAB = 16384  # a new head's draft vocabulary: the N most frequent tokens (train-drafter --draft-vocab)
 HELDOUT_PROMPTS = 8  # prompts whose answers measure the agreement (never trained on)
@@ -76,7 +76,7 @@ def encode_messages(tokenizer: Any, messages: Sequence[tuple[str, str]]) -> list
     """(role, content) turns, a user turn last, through the chat template with the assistant's turn opened
     (plain "User: ...\n\nAssistant: ..." turns without one); its last MAX_PROMPT_TOKENS tokens."""
     if getattr(tokenizer, "chat_template", None):
-        ids = chat_ids(tokenizer, [{"role": role, "content": text} for role, text in messages])
+        ids = chat_ids(tokenizer, messages)
     else:
         plain = "".join(f"{role.capitalize()}: {text}\n\n" for role, text in messages)
         ids = tokenizer(plain + "Assistant:")["input_ids"]

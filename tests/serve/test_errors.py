@@ -7,6 +7,7 @@ import httpx
 import openai
 import pytest
 
+from specdec.text import EMPTY_PROMPT
 from tests.serve.conftest import MODEL, metric, metric_samples, serve
 
 MAX_TOKENS_LIMIT = 64
@@ -150,6 +151,13 @@ def test_errors_are_counted_by_status(limited):
     for code in ("404", "400"):
         labels = dict(endpoint="/v1/completions", code=code)
         assert metric(after, "requests_total", **labels) - metric(before, "requests_total", **labels) == 1
+
+
+@pytest.mark.parametrize("prompt", ["", [], [""]])
+def test_an_empty_prompt_is_refused_in_the_words_of_every_entry_point(limited, prompt):
+    """One check, one text (specdec.text.check_prompt): what the CLI and the Python API say too."""
+    error = assert_openai_error(post(limited, *completion(prompt=prompt)), 400, "prompt")
+    assert error["message"] == EMPTY_PROMPT and error["code"] == "invalid_value"
 
 
 def test_a_model_without_a_chat_template(tiny_dirs):

@@ -39,7 +39,7 @@ def test_a_body_that_is_not_a_json_object(server, body, fragment):
 
 
 def test_an_unexpected_error_is_a_counted_500(server, engine, monkeypatch):
-    def broken(text: str):
+    def broken(text: str, chat: bool = False):
         raise RuntimeError("a bug")
 
     before = metric_samples(httpx.get(server.url + "/metrics").text)
