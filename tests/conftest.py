@@ -97,7 +97,7 @@ REAL_MODEL_GROUPS = {
     "tests/test_bridge.py": "int8-and-llama.cpp",  # the real tokenizers
     "tests/test_tokenizer.py": "int8-and-llama.cpp",  # the real tokenizers, lean and transformers'
     "tests/test_zoo.py": "int8-and-llama.cpp",
-    "tests/test_loading.py": "int8-and-llama.cpp",
+    "tests/runtime/test_loading.py": "int8-and-llama.cpp",
 }
 GROUP_ORDER = ["int8-and-llama.cpp", "fp32-target"]  # the longest first
 # Modules whose tests share a costly module fixture run whole on one worker, each module a work unit:

@@ -31,7 +31,7 @@ By induction on m, whatever r is: P(emit x) = min(r, q_1)(x) + (1 - sum(min(r, q
 does not depend on x_1.  So i.i.d. children (one common row), children from different drafters drawn
 independently (each its own row), and children drawn without replacement (row j: the draft distribution
 without the earlier siblings' tokens, renormalised) are all exact.  A drafter that draws i.i.d. and then
-drops duplicate siblings while keeping the common row is not (tests/test_trees_sampling.py shows it): it
+drops duplicate siblings while keeping the common row is not (tests/algorithm/test_trees_sampling.py shows it): it
 must keep the duplicates (a rejected token's residual is 0, so its duplicate is never accepted) or say
 what it did in q.
 """

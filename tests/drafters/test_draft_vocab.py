@@ -6,7 +6,7 @@
 - The vocabulary: deterministic, the most frequent ids (the tokenizer's merge order) and always the
   end-of-sequence and chat-template special tokens, however rare; the option's values.
 - The engine trims a draft that can be trimmed and refuses a number for one that cannot.
-(The sampled distribution through the loop with a trimmed draft: tests/test_sampling_loop.py.)
+(The sampled distribution through the loop with a trimmed draft: tests/algorithm/test_sampling_loop.py.)
 """
 
 from __future__ import annotations

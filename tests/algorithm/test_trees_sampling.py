@@ -21,10 +21,10 @@ from specdec.algorithm.draft import Draft
 from specdec.algorithm.sampling import SamplingParams, make_generator, warp_probs
 from specdec.algorithm.trees import chain_parents, children, verify_tree_sampling
 from specdec.algorithm.verify import GreedyVerifier, SamplingVerifier
+from tests.algorithm.test_trees import path_to
+from tests.algorithm.test_verify_sampling import ONE_HOT_WARPS, clear_argmax_logits
 from tests.chisq import chi_square
 from tests.exact import Dist, Toy, assert_target_distribution, emitted, make_toy, mix, target_deviation
-from tests.test_trees import path_to
-from tests.test_verify_sampling import ONE_HOT_WARPS, clear_argmax_logits
 
 SHAPES = {
     "2-(2,1)": [-1, -1, 0, 0, 1],  # root: 2 children; the first has 2, the second 1

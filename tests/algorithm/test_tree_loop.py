@@ -6,7 +6,7 @@ output is plain greedy's token for token.  Drafters: fixed proposals with second
 over several matches, suffix drafts (the context and a store of earlier answers: their most frequent
 continuations), a draft model's chain with its runner-ups, and the hybrids; fixed γ and the
 cost-model controller; widths 2 and 3.  Sampling through trees is the chi-square of
-tests/test_sampling_loop.py (the tree-* cases).
+tests/algorithm/test_sampling_loop.py (the tree-* cases).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from specdec.algorithm.draft import Draft
 from specdec.algorithm.trees import chain_parents, check_tree, children, depths, verify_tree_greedy
 from specdec.algorithm.verify import GreedyVerifier, Verdict, verify_greedy
 from specdec.errors import SpecdecError
-from tests.test_verify import logits_for
+from tests.algorithm.test_verify import logits_for
 
 # A tree of 6 tokens:  root -> 0 (5) -> 2 (7)
 #                      root -> 1 (3) -> 3 (2)

@@ -21,9 +21,9 @@ from specdec.algorithm.draft import Draft
 from specdec.algorithm.sampling import SamplingParams, make_generator, warp_probs
 from specdec.algorithm.trees import verify_tree_sampling
 from specdec.algorithm.verify import SamplingVerifier, Verdict
+from tests.algorithm.test_verify_sampling import CodePath, code_verdict
 from tests.chisq import chi_square
 from tests.exact import Dist, Toy, assert_target_distribution, emitted, make_toy, mix, outcomes
-from tests.test_verify_sampling import CodePath, code_verdict
 
 
 def drafts(toy: Toy, k: int) -> Iterator[tuple[float, list[int], torch.Tensor, torch.Tensor]]:
