@@ -286,3 +286,46 @@ def test_no_long_function_without_a_reason() -> None:
             if f"{path.relative_to(ROOT)}:{name}" not in LONG_EXEMPT]
     assert not long, (f"functions over {MAX_FUNCTION_LINES} lines: split them into well-named helpers, or say "
                       "in a comment line right above one why it reads better whole:\n" + "\n".join(long))
+
+
+# Where a runner's class may be tested (isinstance, issubclass, type()): in the runners' own packages and in the
+# registry, which answers for them everywhere else (specdec.runtime.runners: of, batchable, step_bytes, as_runner).
+RUNNER_HOMES = ("specdec/backends/", "specdec/native/", "specdec/runtime/runners.py")
+
+
+def runner_classes() -> set[str]:
+    """The package's runner classes: every class whose name ends in "Runner", the protocol (ModelRunner) aside."""
+    return {node.name for path in ROOT.rglob("*.py") for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Runner") and node.name != "ModelRunner"}
+
+
+def class_tests(path: Path, classes: set[str]) -> list[tuple[int, str]]:
+    """(line, class) of each isinstance / issubclass call in `path` that names one of `classes` (alone, in a
+    tuple, or as an attribute: module.Class)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("isinstance", "issubclass") \
+                and len(node.args) == 2:
+            kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+            for kind in kinds:
+                name = kind.attr if isinstance(kind, ast.Attribute) else getattr(kind, "id", "")
+                if name in classes:
+                    found.append((node.lineno, name))
+    return found
+
+
+def test_class_tests_found(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text("if isinstance(r, (int, LeanRunner)) or isinstance(r, m.HFRunner) or isinstance(r, str):\n"
+                      "    pass\n")
+    assert class_tests(source, {"LeanRunner", "HFRunner"}) == [(1, "LeanRunner"), (1, "HFRunner")]
+
+
+def test_no_runner_class_is_tested_outside_its_home_and_the_registry() -> None:
+    classes = runner_classes()
+    assert {"LeanRunner", "GGUFRunner", "HFRunner", "LlamaCppRunner", "Seq2SeqRunner"} <= classes
+    found = [f"{path.relative_to(ROOT.parent)}:{line} {name}" for path in sorted(ROOT.rglob("*.py"))
+             if not str(path.relative_to(ROOT.parent)).startswith(RUNNER_HOMES)
+             for line, name in class_tests(path, classes)
+             if not name.startswith("Stairs") or path.name != "stairs.py"]  # a stairs view is its module's own
+    assert not found, "ask specdec.runtime.runners (or a runner's Capabilities), not its class:\n" + "\n".join(found)
