@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.defaults import DEFAULT_DRAFTER, DEFAULT_SUFFIX_MEMORY, DEFAULT_TARGET, MODEL_DRAFTER
+from specdec.defaults import DEFAULT_DRAFTER, DEFAULT_SUFFIX_MEMORY, DEFAULT_TARGET, HF, LLAMACPP, MODEL_DRAFTER
 from specdec.drafters.draft_vocab import AUTO_MIN_VOCAB, DEFAULT_DRAFT_VOCAB, VOCAB_AUTO, VOCAB_FULL, parse_draft_vocab
 from specdec.request import Option, option
 
@@ -24,7 +24,7 @@ DTYPES = ("auto", "gguf", "int8", "fp32", "bf16")  # the target's, on specdec's 
 DRAFT_DTYPES = ("gguf", "fp32", "bf16", "int8", "int4")  # int4: drafts only (specdec.native.int4)
 # the runtimes a model runs on (specdec.runtime.loading checks a backend's name against these): transformers,
 # with specdec's own runners and kernels, and llama.cpp
-BACKENDS = ("hf", "llamacpp")
+BACKENDS = (HF, LLAMACPP)
 AUTO_BACKEND = "auto"  # the draft's backend: llama.cpp where it can run the draft, else the target's
 DRAFT_BACKENDS = (*BACKENDS, AUTO_BACKEND)
 DEVICES = ("cpu", "cuda", "auto")
@@ -68,7 +68,7 @@ class EngineConfig:
         help="The draft's dtype (default: --dtype); gguf runs a GGUF draft's own blocks, bf16 makes a transformers "
              "draft cheaper without changing the output, and int4 (drafts only: the int8 draft's weights in 4 bits, "
              "llama-family and Gemma 3 models) cheaper still.")
-    backend: str = option("hf", "--backend", choices=BACKENDS,
+    backend: str = option(HF, "--backend", choices=BACKENDS,
                           help="Target's backend: hf (transformers) or llamacpp (GGUF via llama.cpp).")
     device: str = option("cpu", "--device", choices=DEVICES, help=DEVICE_HELP)
     draft_backend: str | None = option(

@@ -357,10 +357,13 @@ def _converted_from(folder: Path) -> dict | None:
         return None
 
 
+CONVERTED = "hf"  # the folder of home() that holds the fp32 transformers copies of GGUF models (a folder, not a backend)
+
+
 def hf_dir(name: str, progress: Progress | None = None) -> Path:
     """A transformers-loadable fp32 directory for zoo model `name`, converted once and cached."""
     model = get(name)
-    out = home() / "hf" / name
+    out = home() / CONVERTED / name
     done = _converted_from(out)
     if done is not None and done.get("sha256") == model.sha256:
         return out

@@ -329,3 +329,31 @@ def test_no_runner_class_is_tested_outside_its_home_and_the_registry() -> None:
              for line, name in class_tests(path, classes)
              if not name.startswith("Stairs") or path.name != "stairs.py"]  # a stairs view is its module's own
     assert not found, "ask specdec.runtime.runners (or a runner's Capabilities), not its class:\n" + "\n".join(found)
+
+
+# The --backend values are spelt once, in specdec/defaults.py (HF, LLAMACPP); zoo.py's "hf" is a folder's name.
+BACKEND_NAMES = ("hf", "llamacpp")
+BACKEND_SPELT = {"defaults.py": BACKEND_NAMES, "zoo.py": ("hf",)}
+
+
+def spelt_backends(path: Path) -> list[tuple[int, str]]:
+    """(line, value) of each string constant in `path` that is a backend's name (docstrings aside)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and node.value in BACKEND_NAMES and id(node) not in docs]
+
+
+def test_spelt_backends_found(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text('"""Runs on "hf"."""\nif backend == "hf" or x in ("llamacpp", "hf-auto"):\n    pass\n')
+    assert spelt_backends(source) == [(2, "hf"), (2, "llamacpp")]
+
+
+def test_the_backends_are_spelt_in_one_place() -> None:
+    found = [f"{path.relative_to(ROOT.parent)}:{line} {value!r}" for path in sorted(ROOT.rglob("*.py"))
+             for line, value in spelt_backends(path)
+             if value not in BACKEND_SPELT.get(str(path.relative_to(ROOT)), ())]
+    assert not found, "say specdec.defaults.HF / LLAMACPP:\n" + "\n".join(found)

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from specdec.algorithm.loop import Stats
 from specdec.algorithm.sampling import SamplingParams
+from specdec.defaults import HF, LLAMACPP
 from specdec.drafters.spec import DrafterSpec, parse_drafter, split_drafter
 from specdec.errors import SpecdecError
 
@@ -501,7 +502,7 @@ class HFAssisted(HFGenerate):
     step drafts γ tokens, as ours does.
     """
 
-    family = "hf"
+    family = HF
     uses_gamma = True
     needs_draft = True
     needs_draft_model = True
@@ -565,7 +566,7 @@ class HFPromptLookup(HFGenerate):
 class LlamaCppPlain(Method):
     """Plain greedy decoding of the target's GGUF through llama.cpp (fastest kernels), a peer to beat."""
 
-    family = "llamacpp"
+    family = LLAMACPP
 
     def __init__(self, engine: Engine, max_new_tokens: int, gamma: int | None = None, name: str | None = None,
                  sampling: SamplingParams | None = None, llamacpp_target: Any = None) -> None:
@@ -704,12 +705,12 @@ def default_methods(drafts: bool, draft_model: bool, backend: str, draft_backend
     families = ["plain"]
     if drafts:
         families += ["specdec-auto", "specdec"]
-    if backend == "hf":
+    if backend == HF:
         families.append("hf-pld")
-        if draft_model and draft_backend == "hf" and draft_dtype != "int4":
-            families.append("hf")
+        if draft_model and draft_backend == HF and draft_dtype != "int4":
+            families.append(HF)
     if llamacpp:
-        families.append("llamacpp")
+        families.append(LLAMACPP)
     if llama_server:
         families += ["llama-server"] + (["llama-server-draft"] if draft_model else []) + ["llama-server-ngram"]
     return families
@@ -826,7 +827,7 @@ def check_backends(families: Sequence[str], backend: str, draft_backend: str, dr
             raise SpecdecError(f"method {family} runs transformers' generate with the draft model, which has no int4 "
                                "form there: drop it from --methods or use --draft-dtype int8")
         for which in METHODS[family].needs_hf:
-            if backends[which] != "hf":
+            if backends[which] != HF:
                 flag = "--backend" if which == "target" else "--draft-backend"
                 raise SpecdecError(
                     f"method {family} runs transformers' generate, so it needs the {which} on transformers "

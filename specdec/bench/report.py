@@ -25,6 +25,7 @@ from typing import Any
 
 from specdec.bench.plotting import MISSING, pyplot
 from specdec.bench.results import ALL, Aggregate, MethodSummary, Record, Summary
+from specdec.defaults import HF, LLAMACPP
 
 SUMMARY_KEYS = (
     "speedup_vs_plain", "tokens_per_s", "acceptance_rate", "mean_accepted_per_step", "identical_rate",
@@ -132,13 +133,13 @@ def source_cell(counts: dict[str, float | None] | None) -> str:
 
 def backend_note(backend: str | None) -> str:
     """" (llama.cpp)" for a model run through llama.cpp; nothing for transformers (the default)."""
-    return " (llama.cpp)" if backend == "llamacpp" else ""
+    return " (llama.cpp)" if backend == LLAMACPP else ""
 
 
 def draft_dtype_note(meta: dict[str, Any]) -> str:
     """" (draft bf16)" when a transformers draft ran in another dtype than the target."""
     dd = meta.get("draft_dtype")
-    if not dd or dd == meta.get("dtype") or meta.get("draft_backend") == "llamacpp":
+    if not dd or dd == meta.get("dtype") or meta.get("draft_backend") == LLAMACPP:
         return ""
     return f" (draft {dd})"
 
@@ -315,8 +316,8 @@ def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str
 
 # One colour of its own per method family (matplotlib's tab10 palette), in every plot of every run.
 FAMILY_COLORS = {"plain": "tab:gray", "specdec": "tab:blue", "specdec-auto": "tab:red", "specdec-stairs": "tab:cyan",
-                 "specdec-tree": "black", "specdec-intersection": "tab:pink", "hf": "tab:orange", "hf-auto": "tab:purple",
-                 "hf-plain": "tab:olive", "hf-pld": "tab:green", "llamacpp": "tab:brown"}
+                 "specdec-tree": "black", "specdec-intersection": "tab:pink", HF: "tab:orange", "hf-auto": "tab:purple",
+                 "hf-plain": "tab:olive", "hf-pld": "tab:green", LLAMACPP: "tab:brown"}
 
 
 def method_colors(methods: Sequence[MethodSummary]) -> dict[str, Any]:
@@ -385,7 +386,7 @@ def plot_acceptance_by_position(plt: Any, summary: Summary, colors: dict[str, An
     generation with the same draft and γ (dashed); prompt lookup and hf-auto are in summary.md.  None when
     no such method drafted."""
     drafting = [s for s in summary.methods
-                if s.overall.per_position_acceptance and s.family in ("specdec", "specdec-intersection", "hf")]
+                if s.overall.per_position_acceptance and s.family in ("specdec", "specdec-intersection", HF)]
     if not drafting:
         return None
     fig, ax = plt.subplots(figsize=(7.0, 4.5))

@@ -26,6 +26,7 @@ from rich.markup import escape
 from specdec.bench.methods import Method
 from specdec.bench.results import Record, aggregate, identical_share, mark_identical
 from specdec.bench.sessions import check_across_sessions, rotated, run_sessions
+from specdec.defaults import HF, LLAMACPP
 from specdec.drafters.spec import DrafterSpec
 from specdec.engine_config import EngineConfig
 from specdec.errors import SpecdecError
@@ -266,10 +267,10 @@ def _plan_bench(options: BenchOptions) -> _BenchPlan:
             from specdec.head.use import precheck
 
             precheck(method_head, backend, models.target)
-    if "llamacpp" in families:
+    if LLAMACPP in families:
         from specdec.runtime.loading import check_spec
 
-        check_spec(models.target, "llamacpp")  # the peer needs the target as a GGUF, and llama-cpp-python
+        check_spec(models.target, LLAMACPP)  # the peer needs the target as a GGUF, and llama-cpp-python
     if models.n_ctx is not None and models.n_ctx < 1:
         raise SpecdecError(f"--n-ctx must be >= 1, got {models.n_ctx}")
     gammas = parse_gammas(options.gammas)
@@ -300,7 +301,7 @@ def _load_bench_models(options: BenchOptions, plan: _BenchPlan, console: Any,
         engine = Engine.load(options.engine.target, plan.drafter, progress=load_progress, config=options.engine,
                              draft_backend=plan.draft_backend, draft_dtype=plan.draft_dtype)
         peer = None
-        if "llamacpp" in plan.families:  # plain llama.cpp on the target's GGUF, its fastest kernels
+        if LLAMACPP in plan.families:  # plain llama.cpp on the target's GGUF, its fastest kernels
             from specdec.runtime.loading import load_llamacpp
 
             peer = load_llamacpp(options.engine.target, n_ctx=options.engine.n_ctx, exact=False, progress=load_progress,
@@ -454,12 +455,12 @@ def machine_bench(engine: Any, target_gguf: Path, threads: int | None, console: 
 
 
 # How specdec runs a draft model, by (its backend, its dtype as the engine reports it): the summary's words.
-DRAFT_FORMATS = {("llamacpp", "gguf"): "run as is by llama.cpp (llama-cpp-python)",
-                 ("hf", "gguf"): "its own blocks on specdec's gguf kernels",
-                 ("hf", "int4"): ("requantised at load to specdec's int4 (4 bits, an fp16 scale and minimum per 32 "
+DRAFT_FORMATS = {(LLAMACPP, "gguf"): "run as is by llama.cpp (llama-cpp-python)",
+                 (HF, "gguf"): "its own blocks on specdec's gguf kernels",
+                 (HF, "int4"): ("requantised at load to specdec's int4 (4 bits, an fp16 scale and minimum per 32 "
                                   "columns: Q4_1 blocks on the gguf kernel for a llama / qwen2 / mistral GGUF, the "
                                   "int4 kernel from its int8 copy otherwise)"),
-                 ("hf", "int8"): "quantised at load to specdec's int8 (a scale per output channel)"}
+                 (HF, "int8"): "quantised at load to specdec's int8 (a scale per output channel)"}
 
 
 def draft_files(draft_model: str | None, draft_backend: str | None, draft_dtype: str | None,
@@ -471,7 +472,7 @@ def draft_files(draft_model: str | None, draft_backend: str | None, draft_dtype:
 
     found: dict[str, str] = {}
     if draft_model is not None:
-        how = DRAFT_FORMATS.get((draft_backend or "hf", draft_dtype or ""))
+        how = DRAFT_FORMATS.get((draft_backend or HF, draft_dtype or ""))
         if resolve(draft_model)[0] in ("zoo", "gguf"):
             path = gguf_file(draft_model)
             how = how or f"de-quantised at load to {draft_dtype} for transformers"
@@ -505,7 +506,7 @@ def run_concurrency_bench(
         raise SpecdecError("--workload runs sessions turn by turn, one request at a time: drop --concurrency")
     if options.temperature > 0:
         raise SpecdecError("--concurrency measures greedy decoding: drop --temperature")
-    if options.engine.backend != "hf":
+    if options.engine.backend != HF:
         raise SpecdecError("--concurrency batches transformers targets: drop --backend llamacpp")
     default = options.methods.strip().lower() == DEFAULT
     families = list(CONCURRENCY_METHODS) if default else parse_methods(options.methods)
@@ -528,13 +529,13 @@ def run_concurrency_bench(
     if options.engine.threads:
         torch.set_num_threads(options.engine.threads)
     # A batch drafts with a cache per request over one transformers model.
-    draft_backend = "hf" if options.engine.draft_backend in (None, "auto") else options.engine.draft_backend
+    draft_backend = HF if options.engine.draft_backend in (None, "auto") else options.engine.draft_backend
     from contextlib import nullcontext
 
     status = console.status(escape(f"loading {options.engine.target}")) if console else nullcontext()
     with status:
         engine = Engine.load(options.engine.target, options.engine.draft, progress=load_progress, config=options.engine,
-                             backend="hf", draft_backend=draft_backend)
+                             backend=HF, draft_backend=draft_backend)
         engine.enable_batching(max(levels))
         if options.engine.draft is not None:
             from specdec.runtime.batching import BatchPool

@@ -12,6 +12,7 @@ from rich.console import Console
 
 from specdec.cli.common import PullProgress, err, fail, quiet_libraries, status
 from specdec.cli.options import engine_options
+from specdec.defaults import HF
 from specdec.engine_config import DTYPE_HELP, EngineConfig
 from specdec.errors import SpecdecError
 
@@ -166,7 +167,7 @@ def quality(
             candidate = Engine.load(target, dtype=models.dtype, backend=backend, progress=progress,
                                     threads=models.threads)
         progress.close()
-        label = f"{backend} {candidate.dtype}" if backend == "hf" else "llamacpp (exact)"
+        label = f"{backend} {candidate.dtype}" if backend == HF else "llamacpp (exact)"
         outputs: dict[str, list[list[int]]] = {"fp32": [], label: []}
         with status(f"greedy decoding {len(prompt_set)} prompts with both"):
             for p in prompt_set:

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from specdec.cli.common import PullProgress, fail, load_engine, quiet_libraries, status
 from specdec.cli.options import engine_options
+from specdec.defaults import HF
 from specdec.engine_config import EngineConfig
 from specdec.errors import SpecdecError
 
@@ -126,7 +127,7 @@ def measure_profile(engine: Any, models: EngineConfig, draft_spec: str | None, k
     target = models.target
 
     def describe(runner, name: str | None, backend_name: str, dtype_name: str | None) -> dict:
-        return {"model": name, "backend": backend_name, "dtype": dtype_name if backend_name == "hf" else "gguf",
+        return {"model": name, "backend": backend_name, "dtype": dtype_name if backend_name == HF else "gguf",
                 "threads": runner.identity()["threads"] or torch.get_num_threads(),
                 "cpu": cpu,
                 "batch_invariant": runner.capabilities.batch_invariant}

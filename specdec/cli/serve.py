@@ -11,6 +11,7 @@ import typer
 
 from specdec.cli.common import PullProgress, check_n_ctx_and_threads, err, fail, load_engine, quiet_libraries
 from specdec.cli.options import engine_options, request_options
+from specdec.defaults import HF
 from specdec.engine_config import EngineConfig
 from specdec.errors import SpecdecError
 from specdec.request import RequestConfig
@@ -128,7 +129,7 @@ def batched_draft_backend(request: RequestConfig, draft_backend: str | None) -> 
     except SpecdecError as e:
         fail(str(e))
     if draft_backend == "auto":  # each request drafts with a cache of its own over one model
-        return "hf"
+        return HF
     return draft_backend
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from specdec.algorithm import draft as sources
+from specdec.defaults import HF
 from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ def parse_drafter(draft: DrafterSpec | DraftModel | None) -> DrafterSpec:
     return DrafterSpec(copier or None, rest if rest and head is None else None, head)
 
 
-def resolve_drafter(draft: DrafterSpec | DraftModel | None, target: object, backend: str = "hf") -> DrafterSpec:
+def resolve_drafter(draft: DrafterSpec | DraftModel | None, target: object, backend: str = HF) -> DrafterSpec:
     """`draft` parsed, "auto" (specdec.defaults) resolved: HEAD_DRAFTER ("lookup+head") when a head is saved
     for `target` (named as the user named it) and the target runs on transformers, whose runners give the
     hidden states a head reads; else MODEL_DRAFTER ("lookup+<the 0.5B draft>")."""
@@ -146,7 +147,7 @@ def resolve_drafter(draft: DrafterSpec | DraftModel | None, target: object, back
     from specdec.defaults import HEAD_DRAFTER, MODEL_DRAFTER
     from specdec.head.manifest import has_head
 
-    return parse_drafter(HEAD_DRAFTER if backend == "hf" and has_head(target) else MODEL_DRAFTER)
+    return parse_drafter(HEAD_DRAFTER if backend == HF and has_head(target) else MODEL_DRAFTER)
 
 
 @overload

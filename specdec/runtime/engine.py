@@ -27,7 +27,7 @@ from specdec.algorithm.stairs import StairsRunner, stairs_runner
 from specdec.algorithm.verify import make_verifier
 from specdec.backends.base import ModelRunner, trimmable
 from specdec.bridge import TextBridge, VocabularyMap
-from specdec.defaults import DEFAULT_SUFFIX_MEMORY
+from specdec.defaults import DEFAULT_SUFFIX_MEMORY, HF
 from specdec.drafters.draft_vocab import (
     AUTO_MIN_VOCAB,
     DEFAULT_DRAFT_VOCAB,
@@ -159,7 +159,7 @@ def _check_load(drafter: DrafterSpec, target: ModelSpec, dtype: str, backend: st
     if auto and draft_dtype is None and draft is not None:
         draft_dtype = fastest_dtype(draft, draft_backend, device)  # "auto" for the draft on its own
     for which, d, spec in ((backend, dtype, target), (draft_backend, draft_dtype or dtype, draft)):
-        if which == "hf" and spec is not None:
+        if which == HF and spec is not None:
             resolve_device(device, d)  # a bad device / dtype pair is refused before any load
     for spec, which in ((target, backend), (draft, draft_backend)):
         if isinstance(spec, str):
@@ -596,12 +596,12 @@ class Engine:
             d_model, d_tok, d_name = loader.timed("draft", lambda: loader.model(draft, draft_backend, False,
                                                                                 draft_dtype or dtype))
             engine = cls(t_model, t_tok, d_model, d_tok, target_name=t_name, draft_name=d_name, **copying)
-            engine.draft_dtype = (draft_dtype or dtype) if draft_backend == "hf" else "gguf"
+            engine.draft_dtype = (draft_dtype or dtype) if draft_backend == HF else "gguf"
             engine.trim_draft_vocabulary(draft_vocab)
         if engine.can_draft:  # the spec as loaded: "lookup+qwen2.5-coder-0.5b", "head:<dir>", "suffix"
             engine.draft_name = engine.drafter_spec.name
         engine.timings.update(loader.timings)
-        engine.dtype = dtype if backend == "hf" else "gguf"
+        engine.dtype = dtype if backend == HF else "gguf"
         return engine
 
     @classmethod

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specdec import zoo
+from specdec.defaults import HF, LLAMACPP
 from specdec.engine_config import AUTO_BACKEND, BACKENDS
 
 # drafter specs are specdec.drafters.spec's; these two names stay importable from here for specdec.bench.runner
@@ -126,7 +127,7 @@ def gguf_cache_dir(path: str | Path) -> Path:
     path = Path(path).resolve()
     stat = path.stat()
     key = hashlib.sha256(f"{path}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    return zoo.home() / "hf" / f"gguf-{key}"
+    return zoo.home() / zoo.CONVERTED / f"gguf-{key}"
 
 
 def _gguf_dir(path: str, progress: zoo.Progress | None) -> Path:
@@ -179,7 +180,7 @@ def load_tokenizer(spec: str, progress: zoo.Progress | None = None) -> PreTraine
     kind, location = resolve(spec)
     folder: Path | str
     if kind == "zoo":
-        converted = zoo.home() / "hf" / location
+        converted = zoo.home() / zoo.CONVERTED / location
         if (zoo._converted_from(converted) or {}).get("sha256") == zoo.get(location).sha256:
             folder = converted
         else:
@@ -199,7 +200,7 @@ def load_tokenizer(spec: str, progress: zoo.Progress | None = None) -> PreTraine
         raise SpecdecError(f"cannot load the tokenizer of '{spec}' ({first})") from e
 
 
-def check_spec(spec: str, backend: str = "hf") -> None:
+def check_spec(spec: str, backend: str = HF) -> None:
     """Raise the SpecdecError that loading `spec` on `backend` would raise for a bad name or
     a backend that cannot take it, without loading (or downloading) anything.
 
@@ -207,7 +208,7 @@ def check_spec(spec: str, backend: str = "hf") -> None:
     target load.
     """
     kind, _ = resolve(spec)
-    if backend == "llamacpp":
+    if backend == LLAMACPP:
         from specdec.backends.llamacpp import import_llama_cpp
 
         import_llama_cpp()
@@ -234,7 +235,7 @@ def llamacpp_can_run(spec: Any) -> bool:
     if not isinstance(spec, str):
         return False
     try:
-        check_spec(spec, "llamacpp")
+        check_spec(spec, LLAMACPP)
     except SpecdecError:
         return False
     return True
@@ -470,7 +471,7 @@ def fastest_draft_backend(draft: ModelSpec | None, backend: str) -> str:
     a GGUF (a zoo name or a .gguf file): it drafts faster there than in transformers int8 or fp32
     (BENCHMARKS.md, component timings), and a draft's numerics never change the output.  Otherwise the
     target's backend."""
-    return "llamacpp" if backend != "llamacpp" and llamacpp_can_run(draft) else backend
+    return LLAMACPP if backend != LLAMACPP and llamacpp_can_run(draft) else backend
 
 
 INT4_ZOO_ARCHS = ("llama", "qwen2", "mistral", "gemma3")  # zoo (GGUF) architectures lean runs as int4 drafts
@@ -491,7 +492,7 @@ def fastest_spec_draft_dtype(draft: ModelSpec | None, backend: str, device: str)
       (BENCHMARKS.md, Zen 4 component timings);
     - "int8" for the other drafts where the int8 kernel takes its VNNI path (faster than llama.cpp
       there: BENCHMARKS.md, Xeon component timings)."""
-    if backend != "hf" or device != "cpu" or not isinstance(draft, str):
+    if backend != HF or device != "cpu" or not isinstance(draft, str):
         return None
     try:
         kind, location = resolve(draft)
@@ -514,9 +515,9 @@ def int4_draft_backend(draft_backend: str | None, draft_dtype: str | None) -> st
     transformers side ("hf"; a SpecdecError for llama.cpp); other dtypes leave it as it is."""
     if draft_dtype != "int4":
         return draft_backend
-    if draft_backend not in (None, AUTO_BACKEND, "hf"):
+    if draft_backend not in (None, AUTO_BACKEND, HF):
         raise SpecdecError("--draft-dtype int4 runs the draft on specdec's int4 kernel: use --draft-backend hf")
-    return "hf"
+    return HF
 
 
 def resolve_draft(draft: ModelSpec | None, backend: str, draft_backend: str | None, draft_dtype: str | None,
@@ -527,12 +528,12 @@ def resolve_draft(draft: ModelSpec | None, backend: str, draft_backend: str | No
     (fastest_spec_draft_dtype), else llama.cpp where it can run the draft, else the target's backend.
     `draft` is the draft model alone (specdec.drafters.spec.DrafterSpec.model)."""
     draft_backend = int4_draft_backend(draft_backend, draft_dtype)
-    if draft_backend == AUTO_BACKEND and draft_dtype is not None and backend == "hf":
-        draft_backend = "hf"  # a dtype is a transformers model's: the user asked for the draft there
+    if draft_backend == AUTO_BACKEND and draft_dtype is not None and backend == HF:
+        draft_backend = HF  # a dtype is a transformers model's: the user asked for the draft there
     if draft_backend == AUTO_BACKEND and draft_dtype is None:
         draft_dtype = fastest_spec_draft_dtype(draft, backend, device)
         if draft_dtype is not None:
-            draft_backend = "hf"
+            draft_backend = HF
     backend, draft_backend = resolve_backends(backend, draft_backend, draft)
     return backend, draft_backend, draft_dtype
 

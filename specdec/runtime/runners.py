@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from specdec.backends.base import ModelRunner
+from specdec.defaults import HF, LLAMACPP
 from specdec.errors import SpecdecError
 from specdec.runtime import loading
 from specdec.runtime.loading import GGUF, INT4, ModelSpec
@@ -203,20 +204,20 @@ def _parameter_bytes(runner: Any) -> int | None:
 # ------------------------------------------------------------------ the registry
 
 RUNNERS: tuple[Runtime, ...] = (
-    Runtime("native-gguf", "hf", (GGUF,), (TARGET, DRAFT),
+    Runtime("native-gguf", HF, (GGUF,), (TARGET, DRAFT),
             "specdec's kernels on a GGUF file's own blocks (Q4_K, Q6_K, Q5_0, Q8_0, Q4_1), every layer in one C call",
             fast=_gguf_fast, load=_load_gguf, owns=lambda r: _is_native(r, GGUF), batchable=True, step_bytes=_lean_step_bytes),
-    Runtime("native-int8", "hf", ("int8",), (TARGET, DRAFT),
+    Runtime("native-int8", HF, ("int8",), (TARGET, DRAFT),
             "specdec's kernels on int8 weights and per-token int8 activations (a transformers model quantised once)",
             fast=_int8_fast, load=_load_transformers, owns=lambda r: _is_native(r, "int8"), batchable=True,
             step_bytes=_lean_step_bytes),
-    Runtime("transformers", "hf", ("fp32", "bf16"), (TARGET, DRAFT),
+    Runtime("transformers", HF, ("fp32", "bf16"), (TARGET, DRAFT),
             "transformers' PyTorch modules: fp32 (the reference) or bf16, on the CPU or a CUDA GPU",
             fast=_always, load=_load_transformers, owns=_is_transformers, step_bytes=_parameter_bytes),
-    Runtime("llamacpp", "llamacpp", ("fp32",), (TARGET, DRAFT),
+    Runtime(LLAMACPP, LLAMACPP, ("fp32",), (TARGET, DRAFT),
             "llama.cpp through llama-cpp-python, a GGUF file as it is (batch-invariant build for a target)",
             fast=_always, load=_load_llamacpp, owns=_is_llamacpp, step_bytes=_gguf_file_bytes),
-    Runtime("native-int4", "hf", (INT4,), (DRAFT,),
+    Runtime("native-int4", HF, (INT4,), (DRAFT,),
             "a draft's weights in 4 bits on specdec's kernels (a GGUF's as Q4_1 blocks, another model's int8 copy "
             "requantised); never a target's: its numbers would change the output",
             fast=_never, load=_load_int4, owns=lambda r: _is_native(r, INT4), step_bytes=_lean_step_bytes),
@@ -230,7 +231,7 @@ def register(entry: Runtime, before: str | None = None) -> None:
     global RUNNERS
     taken = {e.name for e in RUNNERS}
     claimed = {d for e in RUNNERS if e.backend == entry.backend for d in e.dtypes}
-    if entry.name in taken or (entry.backend == "hf" and claimed & set(entry.dtypes)):
+    if entry.name in taken or (entry.backend == HF and claimed & set(entry.dtypes)):
         raise SpecdecError(f"runtime '{entry.name}' names a runtime or a --dtype that another entry has")
     at = len(RUNNERS) if before is None else [e.name for e in RUNNERS].index(named(before).name)
     RUNNERS = (*RUNNERS[:at], entry, *RUNNERS[at:])
@@ -279,7 +280,7 @@ def named(name: str) -> Runtime:
     raise SpecdecError(f"unknown runtime '{name}': expected one of {', '.join(e.name for e in RUNNERS)}")
 
 
-def auto(spec: ModelSpec, backend: str = "hf", device: str = "cpu", role: str = TARGET) -> Runtime:
+def auto(spec: ModelSpec, backend: str = HF, device: str = "cpu", role: str = TARGET) -> Runtime:
     """The runtime `auto` means for `spec` on `backend`: the first entry in RUNNERS' order, on that backend and
     for that role, that runs it fast and exactly here.  A model passed in already loaded is used as it is
     (transformers)."""
@@ -292,7 +293,7 @@ def auto(spec: ModelSpec, backend: str = "hf", device: str = "cpu", role: str = 
     raise SpecdecError(f"no runtime on backend '{backend}' runs '{spec}' as a {role}")
 
 
-def fastest_dtype(spec: Any, backend: str = "hf", device: str = "cpu") -> str:
+def fastest_dtype(spec: Any, backend: str = HF, device: str = "cpu") -> str:
     """The dtype "auto" stands for: that of the first runtime in RUNNERS' order that runs
     `spec` fast and exactly here -- "gguf" for a GGUF model (a zoo name or a .gguf file) of an architecture the
     gguf target runs, where the GGUF block kernel multiplies in SIMD (AVX-512 VNNI or AVX2): the file's own
@@ -308,7 +309,7 @@ def for_load(backend: str, dtype: str, role: str = TARGET) -> Runtime:
     """The entry that `--backend backend --dtype dtype` names for a model in `role` (llama.cpp: every dtype is
     its file's own); a SpecdecError where none does, or where that entry does not take the role."""
     for entry in RUNNERS:
-        if entry.backend == backend and (backend != "hf" or dtype in entry.dtypes):
+        if entry.backend == backend and (backend != HF or dtype in entry.dtypes):
             check_role(entry, dtype, role)
             return entry
     raise SpecdecError(f"no runtime runs --backend {backend} --dtype {dtype}")
@@ -322,7 +323,7 @@ def check_role(entry: Runtime | None, dtype: str, role: str = TARGET) -> None:
                            f"its output, and {dtype} weights would change them")
 
 
-def of_dtype(dtype: str, backend: str = "hf") -> Runtime | None:
+def of_dtype(dtype: str, backend: str = HF) -> Runtime | None:
     """The entry `--dtype dtype` names on `backend`, or None (a dtype no runtime takes: the loader reports it)."""
     return next((e for e in RUNNERS if e.backend == backend and dtype in e.dtypes), None)
 
