@@ -22,8 +22,3 @@ DEFAULT_DRAFTER = "auto"
 # engine keeps (--suffix-memory): 1,048,576, about 4,000 answers of 250 tokens (vLLM keeps 10,000
 # requests), in ~20 MB of arrays (each token, its link to the previous occurrence, a hash bucket).
 DEFAULT_SUFFIX_MEMORY = 1 << 20
-# The --backend values, named once (specdec.engine_config parses the flags; specdec.runtime.runners names the
-# runtimes under each): transformers with specdec's native engine, and llama.cpp.  Everything else says HF or
-# LLAMACPP (tests/test_structure.py checks that no other module spells them).
-HF = "hf"
-LLAMACPP = "llamacpp"

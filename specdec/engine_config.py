@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.defaults import DEFAULT_DRAFTER, DEFAULT_SUFFIX_MEMORY, DEFAULT_TARGET, HF, LLAMACPP, MODEL_DRAFTER
+from specdec.defaults import DEFAULT_DRAFTER, DEFAULT_SUFFIX_MEMORY, DEFAULT_TARGET, MODEL_DRAFTER
 from specdec.drafters.draft_vocab import AUTO_MIN_VOCAB, DEFAULT_DRAFT_VOCAB, VOCAB_AUTO, VOCAB_FULL, parse_draft_vocab
 from specdec.request import Option, option
 
@@ -24,7 +24,18 @@ DTYPES = ("auto", "gguf", "int8", "fp32", "bf16")  # the target's, on specdec's 
 DRAFT_DTYPES = ("gguf", "fp32", "bf16", "int8", "int4")  # int4: drafts only (specdec.native.int4)
 # the runtimes a model runs on (specdec.runtime.loading checks a backend's name against these): transformers,
 # with specdec's own runners and kernels, and llama.cpp
+# The --backend values, spelt here only, where the flags are parsed (specdec.runtime.runners names the runtimes
+# under each; tests/test_structure.py checks that no other module spells them): transformers with specdec's native
+# engine, and llama.cpp.
+HF = "hf"
+LLAMACPP = "llamacpp"
 BACKENDS = (HF, LLAMACPP)
+
+
+def feeds_heads(backend: str) -> bool:
+    """Whether a target on `backend` gives the hidden states a draft head reads: transformers' and the native
+    engine's runners do, llama.cpp's does not."""
+    return backend == HF
 AUTO_BACKEND = "auto"  # the draft's backend: llama.cpp where it can run the draft, else the target's
 DRAFT_BACKENDS = (*BACKENDS, AUTO_BACKEND)
 DEVICES = ("cpu", "cuda", "auto")

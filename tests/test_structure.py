@@ -331,9 +331,10 @@ def test_no_runner_class_is_tested_outside_its_home_and_the_registry() -> None:
     assert not found, "ask specdec.runtime.runners (or a runner's Capabilities), not its class:\n" + "\n".join(found)
 
 
-# The --backend values are spelt once, in specdec/defaults.py (HF, LLAMACPP); zoo.py's "hf" is a folder's name.
+# The --backend values are spelt once, where the flags are parsed (specdec/engine_config.py: HF, LLAMACPP; the
+# registry and everyone else say the constants); zoo.py's "hf" is a folder's name.
 BACKEND_NAMES = ("hf", "llamacpp")
-BACKEND_SPELT = {"defaults.py": BACKEND_NAMES, "zoo.py": ("hf",)}
+BACKEND_SPELT = {"engine_config.py": BACKEND_NAMES, "zoo.py": ("hf",)}
 
 
 def spelt_backends(path: Path) -> list[tuple[int, str]]:
@@ -356,4 +357,4 @@ def test_the_backends_are_spelt_in_one_place() -> None:
     found = [f"{path.relative_to(ROOT.parent)}:{line} {value!r}" for path in sorted(ROOT.rglob("*.py"))
              for line, value in spelt_backends(path)
              if value not in BACKEND_SPELT.get(str(path.relative_to(ROOT)), ())]
-    assert not found, "say specdec.defaults.HF / LLAMACPP:\n" + "\n".join(found)
+    assert not found, "say specdec.engine_config.HF / LLAMACPP:\n" + "\n".join(found)

@@ -64,7 +64,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from specdec.backends.base import Capabilities, Footprint, Refusals, cannot_clone
-from specdec.defaults import LLAMACPP
 from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:  # torch only wraps the logits (LlamaCppRunner.forward): checking a spec needs none of it
@@ -399,7 +398,7 @@ class LlamaCppRunner(Refusals):  # no hidden states, no taps, no trees
 
     def identity(self) -> dict[str, Any]:
         session = self.session
-        return {"backend": LLAMACPP, "model": str(session.path), "exact": bool(session.exact),
+        return {"backend": "llama.cpp", "model": str(session.path), "exact": bool(session.exact),
                 "mode": self.eval_mode, "threads": int(session.n_threads or 0)}
 
     def close(self) -> None:

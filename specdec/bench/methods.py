@@ -54,8 +54,8 @@ from typing import TYPE_CHECKING, Any
 
 from specdec.algorithm.loop import Stats
 from specdec.algorithm.sampling import SamplingParams
-from specdec.defaults import HF, LLAMACPP
 from specdec.drafters.spec import DrafterSpec, parse_drafter, split_drafter
+from specdec.engine_config import HF, LLAMACPP
 from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:

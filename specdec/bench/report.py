@@ -25,7 +25,7 @@ from typing import Any
 
 from specdec.bench.plotting import MISSING, pyplot
 from specdec.bench.results import ALL, Aggregate, MethodSummary, Record, Summary
-from specdec.defaults import HF, LLAMACPP
+from specdec.engine_config import HF, LLAMACPP
 
 SUMMARY_KEYS = (
     "speedup_vs_plain", "tokens_per_s", "acceptance_rate", "mean_accepted_per_step", "identical_rate",

@@ -26,9 +26,8 @@ from rich.markup import escape
 from specdec.bench.methods import Method
 from specdec.bench.results import Record, aggregate, identical_share, mark_identical
 from specdec.bench.sessions import check_across_sessions, rotated, run_sessions
-from specdec.defaults import HF, LLAMACPP
 from specdec.drafters.spec import DrafterSpec
-from specdec.engine_config import EngineConfig
+from specdec.engine_config import HF, LLAMACPP, EngineConfig, feeds_heads
 from specdec.errors import SpecdecError
 from specdec.prompt_files import Prompt, conversation_text
 
@@ -250,7 +249,7 @@ def _plan_bench(options: BenchOptions) -> _BenchPlan:
         raise SpecdecError("--across-sessions is for --workload sessions: a prompt set's prompts start afresh")
     check_across_sessions(options.across_sessions, options.repeats)
     models = options.engine
-    drafter = resolve_drafter(models.draft, models.target, models.backend)  # "auto": a head, or the 0.5B
+    drafter = resolve_drafter(models.draft, models.target, feeds_heads(models.backend))  # "auto": a head, or the 0.5B
     _, draft_model, head = split_drafter(drafter)
     # The draft's backend and dtype as Engine.load takes them (the same defaults as `specdec generate`).
     backend, draft_backend, draft_dtype = resolve_draft(draft_model, models.backend, models.draft_backend,
@@ -266,7 +265,7 @@ def _plan_bench(options: BenchOptions) -> _BenchPlan:
         if method_head is not None:
             from specdec.head.use import precheck
 
-            precheck(method_head, backend, models.target)
+            precheck(method_head, backend, models.target, feeds_heads(backend))
     if LLAMACPP in families:
         from specdec.runtime.loading import check_spec
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.bench.llamaserver import SERVER, find_tool, free_port, last_words, spawn, stop, wait_healthy
-from specdec.engine_config import EngineConfig, command_line
+from specdec.engine_config import EngineConfig, command_line, feeds_heads
 from specdec.errors import SpecdecError
 
 PROMPT = "def add(a, b):"
@@ -172,7 +172,7 @@ def run_startup_bench(config: EngineConfig, rounds: int, out: Path,
     check_rounds(rounds)
     llama_server, target_gguf, draft_gguf = find_tool(SERVER), None, None
     if llama_server is not None:
-        _, draft_model, _ = split_drafter(resolve_drafter(config.draft, config.target, config.backend))
+        _, draft_model, _ = split_drafter(resolve_drafter(config.draft, config.target, feeds_heads(config.backend)))
         try:
             target_gguf, draft_gguf = server_files(["llama-server"], config.target, draft_model)
         except SpecdecError:  # a target that is no GGUF: no llama-server cases

@@ -12,8 +12,7 @@ from rich.console import Console
 
 from specdec.cli.common import PullProgress, err, fail, quiet_libraries, status
 from specdec.cli.options import engine_options
-from specdec.defaults import HF
-from specdec.engine_config import DTYPE_HELP, EngineConfig
+from specdec.engine_config import DTYPE_HELP, HF, EngineConfig
 from specdec.errors import SpecdecError
 
 

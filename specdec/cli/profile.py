@@ -14,8 +14,7 @@ from rich.console import Console
 
 from specdec.cli.common import PullProgress, fail, load_engine, quiet_libraries, status
 from specdec.cli.options import engine_options
-from specdec.defaults import HF
-from specdec.engine_config import EngineConfig
+from specdec.engine_config import HF, EngineConfig
 from specdec.errors import SpecdecError
 
 

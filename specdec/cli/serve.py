@@ -11,8 +11,7 @@ import typer
 
 from specdec.cli.common import PullProgress, check_n_ctx_and_threads, err, fail, load_engine, quiet_libraries
 from specdec.cli.options import engine_options, request_options
-from specdec.defaults import HF
-from specdec.engine_config import EngineConfig
+from specdec.engine_config import HF, EngineConfig
 from specdec.errors import SpecdecError
 from specdec.request import RequestConfig
 

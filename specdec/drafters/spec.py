@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from specdec.algorithm import draft as sources
-from specdec.defaults import HF
 from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:
@@ -137,17 +136,18 @@ def parse_drafter(draft: DrafterSpec | DraftModel | None) -> DrafterSpec:
     return DrafterSpec(copier or None, rest if rest and head is None else None, head)
 
 
-def resolve_drafter(draft: DrafterSpec | DraftModel | None, target: object, backend: str = HF) -> DrafterSpec:
+def resolve_drafter(draft: DrafterSpec | DraftModel | None, target: object, hidden_states: bool = True) -> DrafterSpec:
     """`draft` parsed, "auto" (specdec.defaults) resolved: HEAD_DRAFTER ("lookup+head") when a head is saved
-    for `target` (named as the user named it) and the target runs on transformers, whose runners give the
-    hidden states a head reads; else MODEL_DRAFTER ("lookup+<the 0.5B draft>")."""
+    for `target` (named as the user named it) and the target's runtime gives the hidden states a head reads
+    (`hidden_states`: transformers' and the native engine's runners do, llama.cpp's does not); else
+    MODEL_DRAFTER ("lookup+<the 0.5B draft>")."""
     spec = parse_drafter(draft)
     if not spec.auto:
         return spec
     from specdec.defaults import HEAD_DRAFTER, MODEL_DRAFTER
     from specdec.head.manifest import has_head
 
-    return parse_drafter(HEAD_DRAFTER if backend == HF and has_head(target) else MODEL_DRAFTER)
+    return parse_drafter(HEAD_DRAFTER if hidden_states and has_head(target) else MODEL_DRAFTER)
 
 
 @overload

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specdec.defaults import HF
 from specdec.errors import SpecdecError
 from specdec.head.manifest import MANIFEST, default_directory
 
@@ -47,11 +46,12 @@ def head_directory(given: str, target_name: str) -> Path:
     return directory
 
 
-def precheck(spec: DrafterSpec, backend: str, target: object) -> None:
+def precheck(spec: DrafterSpec, backend: str, target: object, hidden_states: bool) -> None:
     """The one-line SpecdecError loading the head of `spec` for `target` on `backend` would end with, where
-    it can be known before anything is loaded: a backend without hidden states, no head where `spec` says."""
+    it can be known before anything is loaded: a backend without hidden states (`hidden_states` False), no head
+    where `spec` says."""
     assert spec.head is not None  # a spec that names a head
-    if backend != HF:
+    if not hidden_states:
         raise SpecdecError(NO_HIDDEN_STATES.format(what=f"a {backend} target", also=""))
     if isinstance(target, str) or spec.head:  # a model passed in: its name is known later
         head_directory(spec.head, str(target))

@@ -27,7 +27,7 @@ from specdec.algorithm.stairs import StairsRunner, stairs_runner
 from specdec.algorithm.verify import make_verifier
 from specdec.backends.base import ModelRunner, trimmable
 from specdec.bridge import TextBridge, VocabularyMap
-from specdec.defaults import DEFAULT_SUFFIX_MEMORY, HF
+from specdec.defaults import DEFAULT_SUFFIX_MEMORY
 from specdec.drafters.draft_vocab import (
     AUTO_MIN_VOCAB,
     DEFAULT_DRAFT_VOCAB,
@@ -51,7 +51,7 @@ from specdec.drafters.spec import (
 )
 from specdec.drafters.suffix import SuffixStore
 from specdec.drafters.universal import UniversalDrafter
-from specdec.engine_config import EngineConfig, with_options
+from specdec.engine_config import HF, EngineConfig, feeds_heads, with_options
 from specdec.errors import IncompatibleDraftError, SpecdecError
 from specdec.request import RequestConfig, check_draft_mode, check_verify_mode
 from specdec.runtime import runners
@@ -149,7 +149,7 @@ def _check_load(drafter: DrafterSpec, target: ModelSpec, dtype: str, backend: st
     if drafter.head is not None:
         from specdec.head.use import precheck
 
-        precheck(drafter, backend, target)
+        precheck(drafter, backend, target, feeds_heads(backend))
     auto = dtype == AUTO_DTYPE
     if auto:
         dtype = fastest_dtype(target, backend, device)
@@ -577,7 +577,7 @@ class Engine:
         """
         settings = with_options(config, options)
         draft_vocab, suffix_memory = parse_draft_vocab(settings.draft_vocab), settings.suffix_memory
-        drafter = resolve_drafter(draft, target, settings.backend)
+        drafter = resolve_drafter(draft, target, feeds_heads(settings.backend))
         dtype, backend, draft_backend, draft_dtype = _check_load(drafter, target, settings.dtype, settings.backend,
                                                                  settings.draft_backend, settings.draft_dtype,
                                                                  settings.device, suffix_memory)

@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specdec import zoo
-from specdec.defaults import HF, LLAMACPP
-from specdec.engine_config import AUTO_BACKEND, BACKENDS
+from specdec.engine_config import AUTO_BACKEND, BACKENDS, HF, LLAMACPP, feeds_heads
 
 # drafter specs are specdec.drafters.spec's; these two names stay importable from here for specdec.bench.runner
 from specdec.errors import SpecdecError
@@ -222,7 +221,7 @@ def check_config(config: EngineConfig) -> None:
     from specdec.drafters.spec import resolve_drafter
 
     # the model of "lookup+<model>", if any; a head's spec is checked where it loads, beside its target
-    draft = resolve_drafter(config.draft, config.target, config.backend).model
+    draft = resolve_drafter(config.draft, config.target, feeds_heads(config.backend)).model
     backend, draft_backend = resolve_backends(config.backend, config.draft_backend, draft)
     check_spec(config.target, backend)
     if isinstance(draft, str):  # a name: a config's drafts are all named

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from specdec.backends.base import ModelRunner
-from specdec.defaults import HF, LLAMACPP
+from specdec.engine_config import HF, LLAMACPP
 from specdec.errors import SpecdecError
 from specdec.runtime import loading
 from specdec.runtime.loading import GGUF, INT4, ModelSpec

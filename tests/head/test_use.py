@@ -136,7 +136,7 @@ def test_the_default_drafts_with_the_head_when_one_is_saved(saved, home: Path) -
     assert resolve_drafter("auto", saved["target"]).name == MODEL_DRAFTER  # no head yet: today's default
     install(saved)
     assert resolve_drafter("auto", saved["target"]).name == HEAD_DRAFTER == "lookup+head"
-    assert resolve_drafter("auto", saved["target"], backend="llamacpp").name == MODEL_DRAFTER  # no hidden states there
+    assert resolve_drafter("auto", saved["target"], hidden_states=False).name == MODEL_DRAFTER  # llama.cpp: none
     assert resolve_drafter("auto", saved["other"]).name == MODEL_DRAFTER  # a head of another target is not its default
     assert resolve_drafter("lookup", saved["target"]).name == "lookup"  # what is given stays as it is
     result = cli.invoke(app, ["generate", PROMPTS[1], "--target", saved["target"], "-n", "20"])
