@@ -47,8 +47,8 @@ ALIGN = 4096  # each tensor starts on a page
 SAMPLES = 64  # pages whose CRC-32 the header keeps (a cheap check of the data at every load)
 CHUNK = 64 << 20  # bytes per write call (the GIL is released during each)
 
-# the writes under way: (thread, cache, its tensors)
-_writers: list[tuple[threading.Thread, PackCache, dict[str, torch.Tensor]]] = []
+# the writes under way: (thread, cache, its tensors, set once the thread is done with torch: see _write)
+_writers: list[tuple[threading.Thread, PackCache, dict[str, torch.Tensor], threading.Event]] = []
 
 
 def wait_for_writes() -> None:
@@ -63,7 +63,12 @@ def _finish_at_exit() -> None:
     its 1-2 GB of cache to reach the disk.  The child writes each file afresh to a temporary file of its own
     and renames it when whole (the parent's half-written one is cleaned up by a later write).  Where fork is
     not available the process waits for them."""
-    pending = [(cache, tensors) for thread, cache, tensors in _writers if thread.is_alive()]
+    pending = [(cache, tensors) for thread, cache, tensors, _ in _writers if thread.is_alive()]
+    for thread, _, _, past_torch in _writers:  # this process ends with the writers still running, and a thread
+        # stopped inside a torch call as the interpreter finalises aborts it ("terminate called without an active
+        # exception"): each is let past its torch calls first (its tensors' bytes as memoryviews: at once)
+        if thread.is_alive():
+            past_torch.wait(timeout=10)
     _writers.clear()
     if not pending:
         return
@@ -268,21 +273,29 @@ class PackCache:
             return
         self._stale = False
         tensors = dict(self._tensors)
-        thread = threading.Thread(target=self._write, args=(tensors,), name=f"specdec-pack {self.path.name}",
+        past_torch = threading.Event()
+        thread = threading.Thread(target=self._write, args=(tensors, past_torch), name=f"specdec-pack {self.path.name}",
                                   daemon=True)
-        _writers.append((thread, self, tensors))
+        _writers.append((thread, self, tensors, past_torch))
         thread.start()
 
-    def _write(self, tensors: dict[str, torch.Tensor]) -> None:
+    def _write(self, tensors: dict[str, torch.Tensor], past_torch: threading.Event | None = None) -> None:
+        """Write `tensors` to the cache file (a temporary file, renamed when whole); `past_torch` is set once the
+        tensors' bytes are memoryviews, after which this thread calls nothing of torch's (_finish_at_exit)."""
         try:  # the lowest CPU priority for this thread (Linux: per thread): the run's own work goes first
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except (AttributeError, OSError):
             pass
         entries, offset = {}, 0
-        for name, t in tensors.items():
-            nbytes = t.numel() * t.element_size()
-            entries[name] = (_dtype_name(t.dtype), list(t.shape), offset, nbytes)
-            offset += -(-nbytes // ALIGN) * ALIGN
+        try:
+            raws = {name: _as_bytes(t).numpy().data for name, t in tensors.items()}  # memoryviews of their bytes
+            for name, t in tensors.items():
+                nbytes = t.numel() * t.element_size()
+                entries[name] = (_dtype_name(t.dtype), list(t.shape), offset, nbytes)
+                offset += -(-nbytes // ALIGN) * ALIGN
+        finally:
+            if past_torch is not None:
+                past_torch.set()
         data_size = offset
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
@@ -292,9 +305,8 @@ class PackCache:
             wanted = _sample_offsets(data_size)
             with open(tmp, "wb") as f:
                 f.truncate(DATA_ALIGN + data_size)  # the padding between tensors reads as zeros
-                for name, t in tensors.items():
+                for name, raw in raws.items():
                     start = entries[name][2]
-                    raw = _as_bytes(t).numpy().data  # a memoryview of the tensor's bytes
                     f.seek(DATA_ALIGN + start)
                     for at in range(0, len(raw), CHUNK):
                         f.write(raw[at : at + CHUNK])
