@@ -70,11 +70,11 @@ def generate(
     next-token queries only, greedy), tree ("off", "auto", "WxD": token trees); see Engine.stream.
     Returns a Result with text, token_ids, finish_reason and stats.
     """
-    from specdec.engine_config import engine_fields
+    from specdec.engine_config import load_options
     from specdec.request import RequestConfig
     from specdec.runtime.engine import Engine
 
-    models = {f.name for f, _ in engine_fields()} - {"target", "draft"}
+    models = load_options()
     loading = {name: options.pop(name) for name in list(options) if name in models}
     config = RequestConfig.from_options(**options)  # a bad option is refused before anything loads
     engine = Engine.load(target, draft, **loading)

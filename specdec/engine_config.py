@@ -107,11 +107,17 @@ def engine_fields() -> list[tuple[dataclasses.Field, Option]]:
     return [(f, f.metadata["option"]) for f in dataclasses.fields(EngineConfig)]
 
 
+def load_options() -> set[str]:
+    """The names Engine.load takes as options: EngineConfig's fields but the target and the draft (its own
+    arguments, models or names)."""
+    return {f.name for f, _ in engine_fields()} - {"target", "draft"}
+
+
 def with_options(config: EngineConfig | None, options: dict[str, Any]) -> EngineConfig:
     """`config` (default: EngineConfig's defaults) with `options` in place: how Engine.load takes its options, one
     set of defaults for the CLI, the Python API and the replicas.  The target and the draft are Engine.load's own
     arguments (models or names), not options; any other name is a TypeError naming it."""
-    names = {f.name for f, _ in engine_fields()} - {"target", "draft"}
+    names = load_options()
     unknown = sorted(set(options) - names)
     if unknown:
         raise TypeError(f"Engine.load() got unexpected option(s) {', '.join(unknown)}: expected some of "

@@ -170,9 +170,15 @@ def _is_transformers(runner: Any) -> bool:
             and getattr(runner, "model", None) is not None)
 
 
+def _built_by(runner: object, module_name: str, class_name: str) -> bool:
+    """Whether `runner` is an instance of `module_name`.`class_name`, without importing that module (and what it
+    imports: transformers, llama-cpp-python) where no runner can be one: none was built unless it was imported."""
+    module = sys.modules.get(module_name)
+    return module is not None and isinstance(runner, getattr(module, class_name))
+
+
 def _is_llamacpp(runner: Any) -> bool:
-    module = sys.modules.get("specdec.backends.llamacpp")  # none was built unless it was imported
-    return module is not None and isinstance(runner, module.LlamaCppRunner)
+    return _built_by(runner, "specdec.backends.llamacpp", "LlamaCppRunner")
 
 
 def _lean_step_bytes(runner: Any) -> int | None:
@@ -263,10 +269,8 @@ def as_runner(model: PreTrainedModel | ModelRunner) -> ModelRunner:
 
 
 def is_seq2seq_runner(runner: object) -> TypeGuard[Seq2SeqRunner]:
-    """Whether `runner` is a Seq2SeqRunner, without importing its module (and transformers) where no runner can
-    be one: none was built unless specdec.backends.seq2seq was imported."""
-    module = sys.modules.get("specdec.backends.seq2seq")
-    return module is not None and isinstance(runner, module.Seq2SeqRunner)
+    """Whether `runner` is a Seq2SeqRunner (its module not imported where none can be one: _built_by)."""
+    return _built_by(runner, "specdec.backends.seq2seq", "Seq2SeqRunner")
 
 
 
