@@ -12,6 +12,7 @@ import numpy as np
 from specdec.native.kernels.gguf import BLOCK, FILE_BYTES, TYPES
 
 Q4_K, Q6_K, Q5_0, Q8_0, Q4_1 = (TYPES[name] for name in ("Q4_K", "Q6_K", "Q5_0", "Q8_0", "Q4_1"))
+Q4_0 = TYPES["Q4_0"]
 f32 = np.float32
 
 
@@ -35,6 +36,8 @@ def random_blocks(type_id: int, n: int, k: int, rng: np.random.Generator) -> np.
     elif type_id == Q4_1:
         put_half(0, 1e-3, 2e-2)
         put_half(2, -0.1, 0.1)
+    elif type_id == Q4_0:
+        put_half(0, 1e-3, 2e-2)
     return raw.reshape(n, nb * size)
 
 
@@ -44,7 +47,7 @@ def _half(raw: np.ndarray, offset: int) -> np.ndarray:
 
 def decode(type_id: int, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarray]:
     """The integers and scales of [n, k] blocks: "q" [n, k] (the unsigned quant: Q6_K 0..63, Q5_0 0..31, Q8_0
-    -128..127 signed), per block "d" (and "dmin" / "m") [n, nb] fp32, Q4_K "sc" and "mn" [n, nb, 8], Q6_K "sc"
+    -128..127 signed, Q4_0 0..15), per block "d" (and "dmin" / "m") [n, nb] fp32, Q4_K "sc" and "mn" [n, nb, 8], Q6_K "sc"
     [n, nb, 16]."""
     nb = k // BLOCK[type_id]
     b = raw.reshape(n, nb, FILE_BYTES[type_id])
@@ -85,12 +88,16 @@ def decode(type_id: int, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarra
         out["d"], out["m"] = _half(b, 0), _half(b, 2)
         qs = b[..., 4:20].astype(np.int64)
         out["q"] = np.concatenate([qs & 0xF, qs >> 4], axis=-1).reshape(n, k)
+    elif type_id == Q4_0:
+        out["d"] = _half(b, 0)
+        qs = b[..., 2:18].astype(np.int64)
+        out["q"] = np.concatenate([qs & 0xF, qs >> 4], axis=-1).reshape(n, k)
     return out
 
 
 def dequantize(type_id: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
     """The weights [n, k] fp32 as llama.cpp de-quantises them: (d * sc) * q - (dmin * m) for Q4_K, (d * sc) *
-    (q - 32) for Q6_K, d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1."""
+    (q - 32) for Q6_K, d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1, d * (q - 8) for Q4_0."""
     t = decode(type_id, raw, n, k)
     nb, cols = k // BLOCK[type_id], BLOCK[type_id]
     q = t["q"].reshape(n, nb, cols)
@@ -105,8 +112,10 @@ def dequantize(type_id: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
         w = t["d"][..., None] * (q - 16).astype(f32)
     elif type_id == Q8_0:
         w = t["d"][..., None] * q.astype(f32)
-    else:
+    elif type_id == Q4_1:
         w = t["d"][..., None] * q.astype(f32) + t["m"][..., None]
+    elif type_id == Q4_0:
+        w = t["d"][..., None] * (q - 8).astype(f32)
     return w.reshape(n, k).astype(f32)
 
 
@@ -149,6 +158,8 @@ def reference(type_id: int, raw: np.ndarray, n: int, k: int, x: np.ndarray, bias
             x32 = xs[:, b].sum(-1)[:, None]  # [m, 1]
             if type_id == Q5_0:
                 s = s - 16 * x32
+            if type_id == Q4_0:
+                s = s - 8 * x32
             v = t["d"][None, :, b] * s.astype(f32)
             if type_id == Q4_1:
                 v = v + t["m"][None, :, b] * x32.astype(f32)

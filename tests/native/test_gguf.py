@@ -265,18 +265,18 @@ def save_tiny_gguf_cached(arch: str) -> str:
 def test_what_it_cannot_run_is_refused_in_one_line(tmp_path, files):
     from gguf import GGMLQuantizationType, GGUFWriter
 
-    path = tmp_path / "q40.gguf"
+    path = tmp_path / "iq2xxs.gguf"
     source = gguf.GGUFFile(files["qwen2"])
     writer = GGUFWriter(str(path), "qwen2")
     for key in ("block_count", "embedding_length", "feed_forward_length", "attention.head_count",
                 "attention.head_count_kv", "context_length"):
         writer.add_uint32(f"qwen2.{key}", int(source.get(key)))
-    writer.add_tensor("token_embd.weight", np.zeros((4, 256 // 32 * 18), np.uint8), raw_dtype=GGMLQuantizationType.Q4_0)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 66), np.uint8), raw_dtype=GGMLQuantizationType.IQ2_XXS)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(SpecdecError, match="token_embd.weight is Q4_0, which the gguf target does not multiply") as e:
+    with pytest.raises(SpecdecError, match="token_embd.weight is IQ2_XXS, which the gguf target does not multiply") as e:
         gguf.GGUFModel(gguf.GGUFFile(path))
     assert "\n" not in str(e.value)
     (tmp_path / "bad.gguf").write_bytes(b"GGUF" + b"\0" * 10)

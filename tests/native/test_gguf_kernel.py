@@ -15,10 +15,11 @@ import pytest
 import torch
 
 from specdec.native.kernels import gguf
-from tests.native.gguf_blocks import Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, dequantize, random_blocks, reference
+from tests.native.gguf_blocks import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, dequantize, random_blocks, reference
 
-ALL = [Q4_K, Q6_K, Q5_0, Q8_0, Q4_1]
-COLUMNS = {Q4_K: 512, Q6_K: 768, Q5_0: 96, Q8_0: 128, Q4_1: 64}
+SECOND = [Q4_0]  # the types added second: every row count of a pass and a prefill below as well
+ALL = [Q4_K, Q6_K, Q5_0, Q8_0, Q4_1] + SECOND
+COLUMNS = {Q4_K: 512, Q6_K: 768, Q5_0: 96, Q8_0: 128, Q4_1: 64, Q4_0: 160}
 
 
 def packed(type_id: int, n: int, k: int, seed: int = 0) -> tuple[np.ndarray, gguf.Part]:
@@ -44,6 +45,21 @@ def test_every_path_gives_the_references_bits(type_id, path):
         want = reference(type_id, raw, n, k, x.numpy())
         got = linear(x, path=path).numpy()
         assert np.array_equal(got.view(np.int32), want.view(np.int32)), (path, m, np.abs(got - want).max())
+
+
+@pytest.mark.parametrize("type_id", SECOND, ids=[gguf.NAMES[t] for t in SECOND])
+@pytest.mark.parametrize("path", gguf.paths())
+def test_every_pass_size_and_a_prefill_give_the_references_bits_row_by_row(type_id, path):
+    k, n, m = COLUMNS[type_id], 40, 70  # 70 rows: a prefill's, in 8 passes of 8 and one of 6
+    raw, part = packed(type_id, n, k, seed=2)
+    linear = gguf.Parts([part], k)
+    x = activations(m, k, seed=3)
+    want = reference(type_id, raw, n, k, x.numpy())
+    alone = torch.cat([linear(x[i : i + 1], path=path) for i in range(m)])
+    assert np.array_equal(alone.numpy().view(np.int32), want.view(np.int32))
+    for rows in (*range(2, 9), m):  # every pass size; the prefill
+        assert torch.equal(linear(x[:rows], path=path), alone[:rows]), rows
+        assert torch.equal(linear(x[m - rows :], path=path), alone[m - rows :]), rows
 
 
 @pytest.mark.parametrize("path", gguf.paths())
@@ -114,8 +130,8 @@ def test_a_non_finite_row_spoils_only_itself():
 def test_what_it_cannot_multiply_is_refused():
     with pytest.raises(ValueError, match="cannot multiply Q4_K blocks of 300 columns"):
         gguf.pack(Q4_K, np.zeros(10, np.uint8), 1, 300)
-    with pytest.raises(ValueError, match="cannot multiply 2 blocks"):
-        gguf.pack(2, np.zeros(18, np.uint8), 1, 32)  # Q4_0: not a type the kernel takes
+    with pytest.raises(ValueError, match="cannot multiply 16 blocks"):
+        gguf.pack(16, np.zeros(66, np.uint8), 1, 256)  # IQ2_XXS: not a type the kernel takes
     with pytest.raises(ValueError, match="needs 144 bytes"):
         gguf.pack(Q4_K, np.zeros(100, np.uint8), 1, 256)
 

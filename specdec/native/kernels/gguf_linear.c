@@ -1,4 +1,5 @@
-/* specdec's linear on a GGUF file's own quantised blocks: y = x W^T (+ b), W in Q4_K, Q6_K, Q5_0, Q8_0 or Q4_1.
+/* specdec's linear on a GGUF file's own quantised blocks: y = x W^T (+ b), W in Q4_K, Q6_K, Q5_0, Q8_0, Q4_1 or
+ * Q4_0.
  *
  * The weights are the file's integers and scales, unchanged: repacked (sd_gguf_pack) so that 16 output channels
  * ("a group") sit side by side, one 32-bit SIMD lane each, but every quant, scale and minimum is the file's.  The
@@ -13,6 +14,7 @@
  *   Q5_0  S = sum q xq - 16 X32  (q in 0..31);   Q8_0  S = sum q xq  (q in -128..127)
  *         acc += dx * (d * (float)S)
  *   Q4_1  S = sum q xq;  acc += dx * (d * (float)S + m * (float)X32)
+ *   Q4_0  S = sum q xq - 8 X32  (q in 0..15);  acc += dx * (d * (float)S)
  *
  * with acc = 0 before the first block, the blocks in order, and y = acc (+ bias).  X16 / X32 are sums of xq over
  * 16 / 32 columns.  Every integer is exact (|T| < 2^31), so the order of the integer sums, the SIMD width, the
@@ -54,6 +56,7 @@ static int group_block_bytes(int type) {
     case GG_Q5_0: return 352;  /* d[16] fp16; 256 B nibbles; 64 B fifth bits */
     case GG_Q8_0: return 544;  /* d[16] fp16; 512 B quants + 128 */
     case GG_Q4_1: return 320;  /* d[16], m[16] fp16; 256 B nibbles */
+    case GG_Q4_0: return 288;  /* d[16] fp16; 256 B nibbles */
     default: return 0;
     }
 }
@@ -68,6 +71,7 @@ static int file_block_bytes(int type) {
     case GG_Q5_0: return 22;
     case GG_Q8_0: return 34;
     case GG_Q4_1: return 20;
+    case GG_Q4_0: return 18;
     default: return 0;
     }
 }
@@ -107,7 +111,8 @@ static uint16_t read16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8))
  * e of a 32-column chunk lives in 4-column group g = (e % 32) / 4 at byte e % 4 of channel c's lane: the
  * nibble layout puts groups 0..3 in the low nibbles of four 64-byte vectors and groups 4..7 in their high
  * nibbles; Q6_K's two high bits of group g sit at bits 2 (g % 4) of a 64-byte vector g / 4; Q5_0's fifth
- * bit of group g at bit g of one 64-byte vector. */
+ * bit of group g at bit g of one 64-byte vector.
+ * The second set of types (added at the end of every list): Q4_0 0..15 (-8 through X32), nibbles as Q4_1's. */
 
 static void q4k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
     if (j < 4) {
@@ -158,6 +163,12 @@ static void decode_block(int type, const uint8_t *blk, uint8_t *v) {
         for (int e = 0; e < 16; e++) {
             v[e] = blk[4 + e] & 0xF;
             v[e + 16] = blk[4 + e] >> 4;
+        }
+        break;
+    case GG_Q4_0:
+        for (int e = 0; e < 16; e++) {
+            v[e] = blk[2 + e] & 0xF;
+            v[e + 16] = blk[2 + e] >> 4;
         }
         break;
     }
@@ -211,6 +222,10 @@ static void pack_block(int type, const uint8_t *src, int c, uint8_t *dst) {
         memcpy(dst + 2 * c, src, 2);          /* d */
         memcpy(dst + 32 + 2 * c, src + 2, 2); /* m */
         put_nibbles(dst + 64, c, v);
+        break;
+    case GG_Q4_0:
+        memcpy(dst + 2 * c, src, 2);
+        put_nibbles(dst + 32, c, v);
         break;
     }
 }
@@ -470,6 +485,10 @@ static int packed_quant(int type, const uint8_t *blk, int c, int e) {
         const uint8_t byte = blk[64 + 64 * (g % 4) + 4 * c + b];
         return g < 4 ? byte & 0xF : byte >> 4;
     }
+    case GG_Q4_0: {
+        const uint8_t byte = blk[32 + 64 * (g % 4) + 4 * c + b];
+        return g < 4 ? byte & 0xF : byte >> 4;
+    }
     default: return 0;
     }
 }
@@ -518,6 +537,11 @@ static float block_c(int type, const uint8_t *blk, int c, const acts_t *a, int i
         for (int e = 0; e < 32; e++) s += packed_quant(type, blk, c, e) * xq[e];
         const float m = half_to_float(read16(blk + 32 + 2 * c));
         return dx * (d * (float)s + m * (float)x32[0]);
+    }
+    case GG_Q4_0: {
+        int32_t s = -8 * x32[0];
+        for (int e = 0; e < 32; e++) s += packed_quant(type, blk, c, e) * xq[e];
+        return dx * (d * (float)s);
     }
     default: return 0.0f;
     }
@@ -698,7 +722,8 @@ VNNI INLINE void q6k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
     for (int r = 0; r < R; r++) _mm512_storeu_ps(out[r], acc[r]);
 }
 
-/* The 32-column types: Q5_0 (fifth bit of group g at bit g), Q8_0 (bytes), Q4_1 (nibbles and a minimum). */
+/* The 32-column types: Q5_0 (fifth bit of group g at bit g), Q8_0 (bytes), Q4_1 (nibbles and a minimum), Q4_0
+ * (nibbles; its offset -8 X32 from X32). */
 VNNI INLINE __m512i q5_high(__m512i h, int g) {
     switch (g) {
     case 0: return _mm512_slli_epi16(h, 4);
@@ -714,7 +739,7 @@ VNNI INLINE __m512i q5_high(__m512i h, int g) {
 
 VNNI INLINE void q32_vnni(int type, const uint8_t *grp, int nb, const acts_t *a, int i0, const int R,
                           float out[R_MAX][LANES]) {
-    const int gbytes = type == GG_Q5_0 ? 352 : type == GG_Q8_0 ? 544 : 320;
+    const int gbytes = group_block_bytes(type);
     const int8_t *xq = panel(a, i0);
     const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
     const int32_t *x32s = a->x32p + (int64_t)(i0 / R_MAX) * nb * 3 * R_MAX; /* [nb, 3, R_MAX] */
@@ -730,7 +755,7 @@ VNNI INLINE void q32_vnni(int type, const uint8_t *grp, int nb, const acts_t *a,
         if (type == GG_Q8_0) {
             for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512(blk + 32 + 64 * g);
         } else {
-            const uint8_t *qs = blk + (type == GG_Q5_0 ? 32 : 64);
+            const uint8_t *qs = blk + (type == GG_Q4_1 ? 64 : 32);
             for (int z = 0; z < 4; z++) {
                 const __m512i v = _mm512_loadu_si512(qs + 64 * z);
                 w[z] = _mm512_and_si512(v, low);
@@ -747,6 +772,7 @@ VNNI INLINE void q32_vnni(int type, const uint8_t *grp, int nb, const acts_t *a,
             const int32_t *x32 = x32s + (int64_t)b * 3 * R_MAX + r;
             __m512i s = dot32(w, xs + 4 * r, 4 * R, CHAINS(R));
             if (which) s = _mm512_add_epi32(s, _mm512_set1_epi32(x32[which * R_MAX]));
+            if (type == GG_Q4_0) s = _mm512_add_epi32(s, _mm512_set1_epi32(-8 * x32[0]));
             const __m512 dx = _mm512_set1_ps(dxs[b * R_MAX + r]);
             __m512 v = _mm512_mul_ps(d, _mm512_cvtepi32_ps(s));
             if (type == GG_Q4_1) v = _mm512_add_ps(v, _mm512_mul_ps(m, _mm512_set1_ps((float)x32[0])));
@@ -781,6 +807,8 @@ VNNI_ROWS(group_q6k_vnni, Q6K_CALL)
 VNNI_ROWS(group_q50_vnni, Q50_CALL)
 VNNI_ROWS(group_q80_vnni, Q80_CALL)
 VNNI_ROWS(group_q41_vnni, Q41_CALL)
+#define Q40_CALL(R) q32_vnni(GG_Q4_0, grp, nb, a, i0, R, out)
+VNNI_ROWS(group_q40_vnni, Q40_CALL)
 
 /* ------------------------------------------------------------------ AVX2 path
  * The same integers: vpmaddubsw (u8 quants x s8 activations, pairs summed in s16 without saturating: at most
@@ -940,7 +968,7 @@ AVX2F INLINE __m256i q5_high8(__m256i h, int g) {
 
 AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, const int r0, const int P, int half,
                            float out[R_MAX][LANES]) {
-    const int h32 = 32 * half, gbytes = type == GG_Q5_0 ? 352 : type == GG_Q8_0 ? 544 : 320;
+    const int h32 = 32 * half, gbytes = group_block_bytes(type);
     const int8_t *xq = panel(a, i0);
     const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
     const int32_t *x32s = a->x32p + (int64_t)(i0 / R_MAX) * nb * 3 * R_MAX; /* [nb, 3, R_MAX] */
@@ -955,7 +983,7 @@ AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a
         if (type == GG_Q8_0) {
             for (int g = 0; g < 8; g++) w[g] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 32 + 64 * g + h32)), flip);
         } else {
-            const uint8_t *qs = blk + (type == GG_Q5_0 ? 32 : 64) + h32;
+            const uint8_t *qs = blk + (type == GG_Q4_1 ? 64 : 32) + h32;
             for (int z = 0; z < 4; z++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * z));
                 w[z] = _mm256_and_si256(v, low);
@@ -971,7 +999,7 @@ AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a
         for (int r = 0; r < R; r++) {
             const int8_t *x = xs + 4 * (r0 + r);
             const int32_t *x32 = x32s + (int64_t)b * 3 * R_MAX + r0 + r;
-            __m256i s = _mm256_set1_epi32(type == GG_Q5_0 ? x32[R_MAX] : 0);
+            __m256i s = _mm256_set1_epi32(type == GG_Q5_0 ? x32[R_MAX] : type == GG_Q4_0 ? -8 * x32[0] : 0);
             for (int g = 0; g < 8; g += 2) {
                 const __m256i x0 = bcast32_8(x + 4 * P * g), x1 = bcast32_8(x + 4 * P * (g + 1));
                 __m256i p;
@@ -1020,6 +1048,8 @@ AVX2_ROWS(group_q6k_avx2, Q6K_CALL2, 0)
 AVX2_ROWS(group_q50_avx2, Q50_CALL2, 0)
 AVX2_ROWS(group_q80_avx2, Q80_CALL2, 0)
 AVX2_ROWS(group_q41_avx2, Q41_CALL2, 0)
+#define Q40_CALL2(R, R0, P) q32_avx2(GG_Q4_0, grp, nb, a, i0, R, R0, P, half, out)
+AVX2_ROWS(group_q40_avx2, Q40_CALL2, 0)
 #endif /* SD_X86 */
 
 /* ------------------------------------------------------------------ dispatch */
@@ -1059,6 +1089,7 @@ static group_fn group_function(int type, int isa) {
         case GG_Q5_0: return group_q50_vnni;
         case GG_Q8_0: return group_q80_vnni;
         case GG_Q4_1: return group_q41_vnni;
+        case GG_Q4_0: return group_q40_vnni;
         }
     if (isa == ISA_AVX2) switch (type) {
         case GG_Q4_K: return group_q4k_avx2;
@@ -1066,6 +1097,7 @@ static group_fn group_function(int type, int isa) {
         case GG_Q5_0: return group_q50_avx2;
         case GG_Q8_0: return group_q80_avx2;
         case GG_Q4_1: return group_q41_avx2;
+        case GG_Q4_0: return group_q40_avx2;
         }
 #endif
     (void)isa;
@@ -1203,6 +1235,11 @@ int sd_gguf_rows(int type, const void *blocks, int k, const int64_t *rows, int c
             case GG_Q4_1: {
                 const float d = half_to_float(read16(blk)), m = half_to_float(read16(blk + 2));
                 for (int e = 0; e < 32; e++) o[e] = d * (float)v[e] + m;
+                break;
+            }
+            case GG_Q4_0: {
+                const float d = half_to_float(read16(blk));
+                for (int e = 0; e < 32; e++) o[e] = d * (float)(v[e] - 8);
                 break;
             }
             }
