@@ -12,7 +12,7 @@ import numpy as np
 from specdec.native.kernels.gguf import BLOCK, FILE_BYTES, TYPES
 
 Q4_K, Q6_K, Q5_0, Q8_0, Q4_1 = (TYPES[name] for name in ("Q4_K", "Q6_K", "Q5_0", "Q8_0", "Q4_1"))
-Q4_0 = TYPES["Q4_0"]
+Q4_0, Q5_1 = (TYPES[name] for name in ("Q4_0", "Q5_1"))
 f32 = np.float32
 
 
@@ -38,6 +38,9 @@ def random_blocks(type_id: int, n: int, k: int, rng: np.random.Generator) -> np.
         put_half(2, -0.1, 0.1)
     elif type_id == Q4_0:
         put_half(0, 1e-3, 2e-2)
+    elif type_id == Q5_1:
+        put_half(0, 1e-3, 2e-2)
+        put_half(2, -0.1, 0.1)
     return raw.reshape(n, nb * size)
 
 
@@ -47,8 +50,8 @@ def _half(raw: np.ndarray, offset: int) -> np.ndarray:
 
 def decode(type_id: int, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarray]:
     """The integers and scales of [n, k] blocks: "q" [n, k] (the unsigned quant: Q6_K 0..63, Q5_0 0..31, Q8_0
-    -128..127 signed, Q4_0 0..15), per block "d" (and "dmin" / "m") [n, nb] fp32, Q4_K "sc" and "mn" [n, nb, 8], Q6_K "sc"
-    [n, nb, 16]."""
+    -128..127 signed, Q4_0 0..15, Q5_1 0..31), per block "d" (and "dmin" / "m") [n, nb] fp32, Q4_K "sc" and
+    "mn" [n, nb, 8], Q6_K "sc" [n, nb, 16]."""
     nb = k // BLOCK[type_id]
     b = raw.reshape(n, nb, FILE_BYTES[type_id])
     out: dict[str, np.ndarray] = {}
@@ -92,12 +95,18 @@ def decode(type_id: int, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarra
         out["d"] = _half(b, 0)
         qs = b[..., 2:18].astype(np.int64)
         out["q"] = np.concatenate([qs & 0xF, qs >> 4], axis=-1).reshape(n, k)
+    elif type_id == Q5_1:
+        out["d"], out["m"] = _half(b, 0), _half(b, 2)
+        qh = b[..., 4:8].copy().view(np.uint32)[..., 0].astype(np.int64)  # [n, nb]
+        qs = b[..., 8:24].astype(np.int64)
+        high = (qh[..., None] >> np.arange(32)) & 1  # [n, nb, 32]
+        out["q"] = (np.concatenate([qs & 0xF, qs >> 4], axis=-1) | (high << 4)).reshape(n, k)
     return out
 
 
 def dequantize(type_id: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
     """The weights [n, k] fp32 as llama.cpp de-quantises them: (d * sc) * q - (dmin * m) for Q4_K, (d * sc) *
-    (q - 32) for Q6_K, d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1, d * (q - 8) for Q4_0."""
+    (q - 32) for Q6_K, d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1 and Q5_1, d * (q - 8) for Q4_0."""
     t = decode(type_id, raw, n, k)
     nb, cols = k // BLOCK[type_id], BLOCK[type_id]
     q = t["q"].reshape(n, nb, cols)
@@ -112,7 +121,7 @@ def dequantize(type_id: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
         w = t["d"][..., None] * (q - 16).astype(f32)
     elif type_id == Q8_0:
         w = t["d"][..., None] * q.astype(f32)
-    elif type_id == Q4_1:
+    elif type_id in (Q4_1, Q5_1):
         w = t["d"][..., None] * q.astype(f32) + t["m"][..., None]
     elif type_id == Q4_0:
         w = t["d"][..., None] * (q - 8).astype(f32)
@@ -161,7 +170,7 @@ def reference(type_id: int, raw: np.ndarray, n: int, k: int, x: np.ndarray, bias
             if type_id == Q4_0:
                 s = s - 8 * x32
             v = t["d"][None, :, b] * s.astype(f32)
-            if type_id == Q4_1:
+            if type_id in (Q4_1, Q5_1):
                 v = v + t["m"][None, :, b] * x32.astype(f32)
         acc = acc + dx[:, b : b + 1] * v.astype(f32)
     return acc if bias is None else acc + bias.astype(f32)[None]

@@ -1,5 +1,5 @@
-/* specdec's linear on a GGUF file's own quantised blocks: y = x W^T (+ b), W in Q4_K, Q6_K, Q5_0, Q8_0, Q4_1 or
- * Q4_0.
+/* specdec's linear on a GGUF file's own quantised blocks: y = x W^T (+ b), W in Q4_K, Q6_K, Q5_0, Q8_0, Q4_1,
+ * Q4_0 or Q5_1.
  *
  * The weights are the file's integers and scales, unchanged: repacked (sd_gguf_pack) so that 16 output channels
  * ("a group") sit side by side, one 32-bit SIMD lane each, but every quant, scale and minimum is the file's.  The
@@ -15,6 +15,7 @@
  *         acc += dx * (d * (float)S)
  *   Q4_1  S = sum q xq;  acc += dx * (d * (float)S + m * (float)X32)
  *   Q4_0  S = sum q xq - 8 X32  (q in 0..15);  acc += dx * (d * (float)S)
+ *   Q5_1  S = sum q xq  (q in 0..31);  acc += dx * (d * (float)S + m * (float)X32)
  *
  * with acc = 0 before the first block, the blocks in order, and y = acc (+ bias).  X16 / X32 are sums of xq over
  * 16 / 32 columns.  Every integer is exact (|T| < 2^31), so the order of the integer sums, the SIMD width, the
@@ -57,6 +58,7 @@ static int group_block_bytes(int type) {
     case GG_Q8_0: return 544;  /* d[16] fp16; 512 B quants + 128 */
     case GG_Q4_1: return 320;  /* d[16], m[16] fp16; 256 B nibbles */
     case GG_Q4_0: return 288;  /* d[16] fp16; 256 B nibbles */
+    case GG_Q5_1: return 384;  /* d[16], m[16] fp16; 256 B nibbles; 64 B fifth bits */
     default: return 0;
     }
 }
@@ -72,6 +74,7 @@ static int file_block_bytes(int type) {
     case GG_Q8_0: return 34;
     case GG_Q4_1: return 20;
     case GG_Q4_0: return 18;
+    case GG_Q5_1: return 24;
     default: return 0;
     }
 }
@@ -112,7 +115,8 @@ static uint16_t read16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8))
  * nibble layout puts groups 0..3 in the low nibbles of four 64-byte vectors and groups 4..7 in their high
  * nibbles; Q6_K's two high bits of group g sit at bits 2 (g % 4) of a 64-byte vector g / 4; Q5_0's fifth
  * bit of group g at bit g of one 64-byte vector.
- * The second set of types (added at the end of every list): Q4_0 0..15 (-8 through X32), nibbles as Q4_1's. */
+ * The second set of types (added at the end of every list): Q4_0 0..15 (-8 through X32), nibbles as Q4_1's;
+ * Q5_1 0..31, Q4_1's layout and Q5_0's fifth bits after it. */
 
 static void q4k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
     if (j < 4) {
@@ -171,6 +175,14 @@ static void decode_block(int type, const uint8_t *blk, uint8_t *v) {
             v[e + 16] = blk[2 + e] >> 4;
         }
         break;
+    case GG_Q5_1: { /* Q5_0's quants after d and m */
+        const uint32_t qh = (uint32_t)blk[4] | ((uint32_t)blk[5] << 8) | ((uint32_t)blk[6] << 16) | ((uint32_t)blk[7] << 24);
+        for (int e = 0; e < 16; e++) {
+            v[e] = (uint8_t)((blk[8 + e] & 0xF) | (((qh >> e) & 1) << 4));
+            v[e + 16] = (uint8_t)((blk[8 + e] >> 4) | (((qh >> (e + 16)) & 1) << 4));
+        }
+        break;
+    }
     }
 }
 
@@ -226,6 +238,16 @@ static void pack_block(int type, const uint8_t *src, int c, uint8_t *dst) {
     case GG_Q4_0:
         memcpy(dst + 2 * c, src, 2);
         put_nibbles(dst + 32, c, v);
+        break;
+    case GG_Q5_1:
+        memcpy(dst + 2 * c, src, 2);          /* d */
+        memcpy(dst + 32 + 2 * c, src + 2, 2); /* m */
+        put_nibbles(dst + 64, c, v);
+        for (int b = 0; b < 4; b++) {
+            uint8_t byte = 0;
+            for (int g = 0; g < 8; g++) byte |= (uint8_t)((v[4 * g + b] >> 4) << g);
+            dst[320 + 4 * c + b] = byte;
+        }
         break;
     }
 }
@@ -489,6 +511,10 @@ static int packed_quant(int type, const uint8_t *blk, int c, int e) {
         const uint8_t byte = blk[32 + 64 * (g % 4) + 4 * c + b];
         return g < 4 ? byte & 0xF : byte >> 4;
     }
+    case GG_Q5_1: {
+        const uint8_t byte = blk[64 + 64 * (g % 4) + 4 * c + b], hi = blk[320 + 4 * c + b];
+        return (g < 4 ? byte & 0xF : byte >> 4) | (((hi >> g) & 1) << 4);
+    }
     default: return 0;
     }
 }
@@ -542,6 +568,12 @@ static float block_c(int type, const uint8_t *blk, int c, const acts_t *a, int i
         int32_t s = -8 * x32[0];
         for (int e = 0; e < 32; e++) s += packed_quant(type, blk, c, e) * xq[e];
         return dx * (d * (float)s);
+    }
+    case GG_Q5_1: {
+        int32_t s = 0;
+        for (int e = 0; e < 32; e++) s += packed_quant(type, blk, c, e) * xq[e];
+        const float m = half_to_float(read16(blk + 32 + 2 * c));
+        return dx * (d * (float)s + m * (float)x32[0]);
     }
     default: return 0.0f;
     }
@@ -723,7 +755,7 @@ VNNI INLINE void q6k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
 }
 
 /* The 32-column types: Q5_0 (fifth bit of group g at bit g), Q8_0 (bytes), Q4_1 (nibbles and a minimum), Q4_0
- * (nibbles; its offset -8 X32 from X32). */
+ * (nibbles; its offset -8 X32 from X32), Q5_1 (Q5_0's quants, Q4_1's minimum). */
 VNNI INLINE __m512i q5_high(__m512i h, int g) {
     switch (g) {
     case 0: return _mm512_slli_epi16(h, 4);
@@ -755,19 +787,19 @@ VNNI INLINE void q32_vnni(int type, const uint8_t *grp, int nb, const acts_t *a,
         if (type == GG_Q8_0) {
             for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512(blk + 32 + 64 * g);
         } else {
-            const uint8_t *qs = blk + (type == GG_Q4_1 ? 64 : 32);
+            const uint8_t *qs = blk + (type == GG_Q4_1 || type == GG_Q5_1 ? 64 : 32);
             for (int z = 0; z < 4; z++) {
                 const __m512i v = _mm512_loadu_si512(qs + 64 * z);
                 w[z] = _mm512_and_si512(v, low);
                 w[z + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
             }
-            if (type == GG_Q5_0) {
-                const __m512i h = _mm512_loadu_si512(blk + 288);
+            if (type == GG_Q5_0 || type == GG_Q5_1) {
+                const __m512i h = _mm512_loadu_si512(blk + (type == GG_Q5_0 ? 288 : 320));
                 for (int g = 0; g < 8; g++) w[g] = _mm512_ternarylogic_epi32(w[g], q5_high(h, g), bit4, 0xF8);
             }
         }
         const __m512 d = load_half16(blk);
-        const __m512 m = type == GG_Q4_1 ? load_half16(blk + 32) : _mm512_setzero_ps();
+        const __m512 m = type == GG_Q4_1 || type == GG_Q5_1 ? load_half16(blk + 32) : _mm512_setzero_ps();
         for (int r = 0; r < R; r++) {
             const int32_t *x32 = x32s + (int64_t)b * 3 * R_MAX + r;
             __m512i s = dot32(w, xs + 4 * r, 4 * R, CHAINS(R));
@@ -775,7 +807,7 @@ VNNI INLINE void q32_vnni(int type, const uint8_t *grp, int nb, const acts_t *a,
             if (type == GG_Q4_0) s = _mm512_add_epi32(s, _mm512_set1_epi32(-8 * x32[0]));
             const __m512 dx = _mm512_set1_ps(dxs[b * R_MAX + r]);
             __m512 v = _mm512_mul_ps(d, _mm512_cvtepi32_ps(s));
-            if (type == GG_Q4_1) v = _mm512_add_ps(v, _mm512_mul_ps(m, _mm512_set1_ps((float)x32[0])));
+            if (type == GG_Q4_1 || type == GG_Q5_1) v = _mm512_add_ps(v, _mm512_mul_ps(m, _mm512_set1_ps((float)x32[0])));
             acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(dx, v));
         }
     }
@@ -809,6 +841,8 @@ VNNI_ROWS(group_q80_vnni, Q80_CALL)
 VNNI_ROWS(group_q41_vnni, Q41_CALL)
 #define Q40_CALL(R) q32_vnni(GG_Q4_0, grp, nb, a, i0, R, out)
 VNNI_ROWS(group_q40_vnni, Q40_CALL)
+#define Q51_CALL(R) q32_vnni(GG_Q5_1, grp, nb, a, i0, R, out)
+VNNI_ROWS(group_q51_vnni, Q51_CALL)
 
 /* ------------------------------------------------------------------ AVX2 path
  * The same integers: vpmaddubsw (u8 quants x s8 activations, pairs summed in s16 without saturating: at most
@@ -983,19 +1017,19 @@ AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a
         if (type == GG_Q8_0) {
             for (int g = 0; g < 8; g++) w[g] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 32 + 64 * g + h32)), flip);
         } else {
-            const uint8_t *qs = blk + (type == GG_Q4_1 ? 64 : 32) + h32;
+            const uint8_t *qs = blk + (type == GG_Q4_1 || type == GG_Q5_1 ? 64 : 32) + h32;
             for (int z = 0; z < 4; z++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * z));
                 w[z] = _mm256_and_si256(v, low);
                 w[z + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
             }
-            if (type == GG_Q5_0) {
-                const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 288 + h32));
+            if (type == GG_Q5_0 || type == GG_Q5_1) {
+                const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + (type == GG_Q5_0 ? 288 : 320) + h32));
                 for (int g = 0; g < 8; g++) w[g] = _mm256_or_si256(w[g], _mm256_and_si256(q5_high8(h, g), bit4));
             }
         }
         const __m256 d = load_half8(blk + 16 * half);
-        const __m256 m = type == GG_Q4_1 ? load_half8(blk + 32 + 16 * half) : _mm256_setzero_ps();
+        const __m256 m = type == GG_Q4_1 || type == GG_Q5_1 ? load_half8(blk + 32 + 16 * half) : _mm256_setzero_ps();
         for (int r = 0; r < R; r++) {
             const int8_t *x = xs + 4 * (r0 + r);
             const int32_t *x32 = x32s + (int64_t)b * 3 * R_MAX + r0 + r;
@@ -1012,7 +1046,7 @@ AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a
             }
             const __m256 dx = _mm256_set1_ps(dxs[b * R_MAX + r0 + r]);
             __m256 v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(s));
-            if (type == GG_Q4_1) v = _mm256_add_ps(v, _mm256_mul_ps(m, _mm256_set1_ps((float)x32[0])));
+            if (type == GG_Q4_1 || type == GG_Q5_1) v = _mm256_add_ps(v, _mm256_mul_ps(m, _mm256_set1_ps((float)x32[0])));
             acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, v));
         }
     }
@@ -1050,6 +1084,8 @@ AVX2_ROWS(group_q80_avx2, Q80_CALL2, 0)
 AVX2_ROWS(group_q41_avx2, Q41_CALL2, 0)
 #define Q40_CALL2(R, R0, P) q32_avx2(GG_Q4_0, grp, nb, a, i0, R, R0, P, half, out)
 AVX2_ROWS(group_q40_avx2, Q40_CALL2, 0)
+#define Q51_CALL2(R, R0, P) q32_avx2(GG_Q5_1, grp, nb, a, i0, R, R0, P, half, out)
+AVX2_ROWS(group_q51_avx2, Q51_CALL2, 0)
 #endif /* SD_X86 */
 
 /* ------------------------------------------------------------------ dispatch */
@@ -1090,6 +1126,7 @@ static group_fn group_function(int type, int isa) {
         case GG_Q8_0: return group_q80_vnni;
         case GG_Q4_1: return group_q41_vnni;
         case GG_Q4_0: return group_q40_vnni;
+        case GG_Q5_1: return group_q51_vnni;
         }
     if (isa == ISA_AVX2) switch (type) {
         case GG_Q4_K: return group_q4k_avx2;
@@ -1098,6 +1135,7 @@ static group_fn group_function(int type, int isa) {
         case GG_Q8_0: return group_q80_avx2;
         case GG_Q4_1: return group_q41_avx2;
         case GG_Q4_0: return group_q40_avx2;
+        case GG_Q5_1: return group_q51_avx2;
         }
 #endif
     (void)isa;
@@ -1190,7 +1228,7 @@ int sd_gguf_linear(const sd_gguf_params *p) {
 
 /* Dequantise rows of a tensor as the file stores them (row-major blocks; e.g. an embedding's): out[r, :] =
  * W[rows[r], :] as llama.cpp de-quantises it, (d * sc) * q - (dmin * m) for Q4_K, (d * sc) * (q - 32) for Q6_K,
- * d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1; an F32 or F16 table's rows as they are (widened).
+ * d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1 and Q5_1, d * (q - 8) for Q4_0; an F32 or F16 table's rows as they are (widened).
  * Returns 0, or -2 for a type it lacks. */
 int sd_gguf_rows(int type, const void *blocks, int k, const int64_t *rows, int count, float *out) {
     if (type == GG_F32 || type == GG_F16) { /* an unquantised table: its rows as they are, widened */
@@ -1240,6 +1278,11 @@ int sd_gguf_rows(int type, const void *blocks, int k, const int64_t *rows, int c
             case GG_Q4_0: {
                 const float d = half_to_float(read16(blk));
                 for (int e = 0; e < 32; e++) o[e] = d * (float)(v[e] - 8);
+                break;
+            }
+            case GG_Q5_1: {
+                const float d = half_to_float(read16(blk)), m = half_to_float(read16(blk + 2));
+                for (int e = 0; e < 32; e++) o[e] = d * (float)v[e] + m;
                 break;
             }
             }
