@@ -12,7 +12,8 @@ import numpy as np
 from specdec.native.kernels.gguf import BLOCK, FILE_BYTES, TYPES
 
 Q4_K, Q6_K, Q5_0, Q8_0, Q4_1 = (TYPES[name] for name in ("Q4_K", "Q6_K", "Q5_0", "Q8_0", "Q4_1"))
-Q4_0, Q5_1 = (TYPES[name] for name in ("Q4_0", "Q5_1"))
+Q4_0, Q5_1, IQ4_NL = (TYPES[name] for name in ("Q4_0", "Q5_1", "IQ4_NL"))
+IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])  # ggml's kvalues_iq4nl
 f32 = np.float32
 
 
@@ -36,7 +37,7 @@ def random_blocks(type_id: int, n: int, k: int, rng: np.random.Generator) -> np.
     elif type_id == Q4_1:
         put_half(0, 1e-3, 2e-2)
         put_half(2, -0.1, 0.1)
-    elif type_id == Q4_0:
+    elif type_id in (Q4_0, IQ4_NL):
         put_half(0, 1e-3, 2e-2)
     elif type_id == Q5_1:
         put_half(0, 1e-3, 2e-2)
@@ -50,8 +51,8 @@ def _half(raw: np.ndarray, offset: int) -> np.ndarray:
 
 def decode(type_id: int, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarray]:
     """The integers and scales of [n, k] blocks: "q" [n, k] (the unsigned quant: Q6_K 0..63, Q5_0 0..31, Q8_0
-    -128..127 signed, Q4_0 0..15, Q5_1 0..31), per block "d" (and "dmin" / "m") [n, nb] fp32, Q4_K "sc" and
-    "mn" [n, nb, 8], Q6_K "sc" [n, nb, 16]."""
+    -128..127 signed, Q4_0 0..15, Q5_1 0..31, IQ4_NL its value -127..113), per block "d" (and "dmin" / "m")
+    [n, nb] fp32, Q4_K "sc" and "mn" [n, nb, 8], Q6_K "sc" [n, nb, 16]."""
     nb = k // BLOCK[type_id]
     b = raw.reshape(n, nb, FILE_BYTES[type_id])
     out: dict[str, np.ndarray] = {}
@@ -91,10 +92,12 @@ def decode(type_id: int, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarra
         out["d"], out["m"] = _half(b, 0), _half(b, 2)
         qs = b[..., 4:20].astype(np.int64)
         out["q"] = np.concatenate([qs & 0xF, qs >> 4], axis=-1).reshape(n, k)
-    elif type_id == Q4_0:
+    elif type_id in (Q4_0, IQ4_NL):
         out["d"] = _half(b, 0)
         qs = b[..., 2:18].astype(np.int64)
         out["q"] = np.concatenate([qs & 0xF, qs >> 4], axis=-1).reshape(n, k)
+        if type_id == IQ4_NL:
+            out["q"] = IQ4_NL_VALUES[out["q"]]
     elif type_id == Q5_1:
         out["d"], out["m"] = _half(b, 0), _half(b, 2)
         qh = b[..., 4:8].copy().view(np.uint32)[..., 0].astype(np.int64)  # [n, nb]
@@ -106,7 +109,8 @@ def decode(type_id: int, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarra
 
 def dequantize(type_id: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
     """The weights [n, k] fp32 as llama.cpp de-quantises them: (d * sc) * q - (dmin * m) for Q4_K, (d * sc) *
-    (q - 32) for Q6_K, d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1 and Q5_1, d * (q - 8) for Q4_0."""
+    (q - 32) for Q6_K, d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1 and Q5_1, d * (q - 8) for Q4_0,
+    d * kv for IQ4_NL."""
     t = decode(type_id, raw, n, k)
     nb, cols = k // BLOCK[type_id], BLOCK[type_id]
     q = t["q"].reshape(n, nb, cols)
@@ -125,6 +129,8 @@ def dequantize(type_id: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
         w = t["d"][..., None] * q.astype(f32) + t["m"][..., None]
     elif type_id == Q4_0:
         w = t["d"][..., None] * (q - 8).astype(f32)
+    elif type_id == IQ4_NL:
+        w = t["d"][..., None] * q.astype(f32)
     return w.reshape(n, k).astype(f32)
 
 

@@ -1,5 +1,5 @@
 /* specdec's linear on a GGUF file's own quantised blocks: y = x W^T (+ b), W in Q4_K, Q6_K, Q5_0, Q8_0, Q4_1,
- * Q4_0 or Q5_1.
+ * Q4_0, Q5_1 or IQ4_NL.
  *
  * The weights are the file's integers and scales, unchanged: repacked (sd_gguf_pack) so that 16 output channels
  * ("a group") sit side by side, one 32-bit SIMD lane each, but every quant, scale and minimum is the file's.  The
@@ -16,6 +16,7 @@
  *   Q4_1  S = sum q xq;  acc += dx * (d * (float)S + m * (float)X32)
  *   Q4_0  S = sum q xq - 8 X32  (q in 0..15);  acc += dx * (d * (float)S)
  *   Q5_1  S = sum q xq  (q in 0..31);  acc += dx * (d * (float)S + m * (float)X32)
+ *   IQ4_NL  S = sum (kv + 128) xq - 128 X32  (kv = kvalues_iq4nl[q], -127..113);  acc += dx * (d * (float)S)
  *
  * with acc = 0 before the first block, the blocks in order, and y = acc (+ bias).  X16 / X32 are sums of xq over
  * 16 / 32 columns.  Every integer is exact (|T| < 2^31), so the order of the integer sums, the SIMD width, the
@@ -59,6 +60,7 @@ static int group_block_bytes(int type) {
     case GG_Q4_1: return 320;  /* d[16], m[16] fp16; 256 B nibbles */
     case GG_Q4_0: return 288;  /* d[16] fp16; 256 B nibbles */
     case GG_Q5_1: return 384;  /* d[16], m[16] fp16; 256 B nibbles; 64 B fifth bits */
+    case GG_IQ4_NL: return 288; /* d[16] fp16; 256 B nibbles (the table's indices) */
     default: return 0;
     }
 }
@@ -75,6 +77,7 @@ static int file_block_bytes(int type) {
     case GG_Q4_1: return 20;
     case GG_Q4_0: return 18;
     case GG_Q5_1: return 24;
+    case GG_IQ4_NL: return 18;
     default: return 0;
     }
 }
@@ -108,6 +111,9 @@ static float half_to_float(uint16_t h) {
 
 static uint16_t read16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
+/* IQ4_NL's 16 non-linear values, its nibbles' meaning (ggml's kvalues_iq4nl). */
+static const int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
 /* ------------------------------------------------------------------ packing
  * The unsigned quant the kernels multiply: Q4_K, Q4_1 0..15; Q6_K 0..63 (the file's q, the -32 taken through
  * X16); Q5_0 0..31 (-16 through X32); Q8_0 q + 128 (0..255; -128 through X32).  Within a group's block, column
@@ -116,7 +122,8 @@ static uint16_t read16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8))
  * nibbles; Q6_K's two high bits of group g sit at bits 2 (g % 4) of a 64-byte vector g / 4; Q5_0's fifth
  * bit of group g at bit g of one 64-byte vector.
  * The second set of types (added at the end of every list): Q4_0 0..15 (-8 through X32), nibbles as Q4_1's;
- * Q5_1 0..31, Q4_1's layout and Q5_0's fifth bits after it. */
+ * Q5_1 0..31, Q4_1's layout and Q5_0's fifth bits after it; IQ4_NL its nibbles (indices) as Q4_0's, each mapped
+ * to its value + 128 (1..241; -128 through X32) by vpshufb as it is unpacked. */
 
 static void q4k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
     if (j < 4) {
@@ -170,6 +177,7 @@ static void decode_block(int type, const uint8_t *blk, uint8_t *v) {
         }
         break;
     case GG_Q4_0:
+    case GG_IQ4_NL: /* the nibbles: IQ4_NL's indices into iq4nl_values */
         for (int e = 0; e < 16; e++) {
             v[e] = blk[2 + e] & 0xF;
             v[e + 16] = blk[2 + e] >> 4;
@@ -236,6 +244,7 @@ static void pack_block(int type, const uint8_t *src, int c, uint8_t *dst) {
         put_nibbles(dst + 64, c, v);
         break;
     case GG_Q4_0:
+    case GG_IQ4_NL:
         memcpy(dst + 2 * c, src, 2);
         put_nibbles(dst + 32, c, v);
         break;
@@ -515,6 +524,10 @@ static int packed_quant(int type, const uint8_t *blk, int c, int e) {
         const uint8_t byte = blk[64 + 64 * (g % 4) + 4 * c + b], hi = blk[320 + 4 * c + b];
         return (g < 4 ? byte & 0xF : byte >> 4) | (((hi >> g) & 1) << 4);
     }
+    case GG_IQ4_NL: {
+        const uint8_t byte = blk[32 + 64 * (g % 4) + 4 * c + b];
+        return iq4nl_values[g < 4 ? byte & 0xF : byte >> 4] + 128;
+    }
     default: return 0;
     }
 }
@@ -574,6 +587,11 @@ static float block_c(int type, const uint8_t *blk, int c, const acts_t *a, int i
         for (int e = 0; e < 32; e++) s += packed_quant(type, blk, c, e) * xq[e];
         const float m = half_to_float(read16(blk + 32 + 2 * c));
         return dx * (d * (float)s + m * (float)x32[0]);
+    }
+    case GG_IQ4_NL: {
+        int32_t s = -128 * x32[0];
+        for (int e = 0; e < 32; e++) s += packed_quant(type, blk, c, e) * xq[e];
+        return dx * (d * (float)s);
     }
     default: return 0.0f;
     }
@@ -755,7 +773,8 @@ VNNI INLINE void q6k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
 }
 
 /* The 32-column types: Q5_0 (fifth bit of group g at bit g), Q8_0 (bytes), Q4_1 (nibbles and a minimum), Q4_0
- * (nibbles; its offset -8 X32 from X32), Q5_1 (Q5_0's quants, Q4_1's minimum). */
+ * (nibbles; its offset -8 X32 from X32), Q5_1 (Q5_0's quants, Q4_1's minimum), IQ4_NL (nibbles mapped through
+ * its table by vpshufb; Q8_0's offset). */
 VNNI INLINE __m512i q5_high(__m512i h, int g) {
     switch (g) {
     case 0: return _mm512_slli_epi16(h, 4);
@@ -775,8 +794,11 @@ VNNI INLINE void q32_vnni(int type, const uint8_t *grp, int nb, const acts_t *a,
     const int8_t *xq = panel(a, i0);
     const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
     const int32_t *x32s = a->x32p + (int64_t)(i0 / R_MAX) * nb * 3 * R_MAX; /* [nb, 3, R_MAX] */
-    const int which = type == GG_Q5_0 ? 1 : type == GG_Q8_0 ? 2 : 0; /* the offset's row of x32p */
+    const int which = type == GG_Q5_0 ? 1 : type == GG_Q8_0 || type == GG_IQ4_NL ? 2 : 0; /* the offset's row of x32p */
     const __m512i low = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
+    /* IQ4_NL: its values + 128 in every 128-bit lane, for vpshufb to map the nibbles through */
+    const __m512i table = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)iq4nl_values)),
+                                           _mm512_set1_epi8((char)0x80));
     __m512 acc[R_MAX];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
@@ -797,6 +819,8 @@ VNNI INLINE void q32_vnni(int type, const uint8_t *grp, int nb, const acts_t *a,
                 const __m512i h = _mm512_loadu_si512(blk + (type == GG_Q5_0 ? 288 : 320));
                 for (int g = 0; g < 8; g++) w[g] = _mm512_ternarylogic_epi32(w[g], q5_high(h, g), bit4, 0xF8);
             }
+            if (type == GG_IQ4_NL)
+                for (int g = 0; g < 8; g++) w[g] = _mm512_shuffle_epi8(table, w[g]);
         }
         const __m512 d = load_half16(blk);
         const __m512 m = type == GG_Q4_1 || type == GG_Q5_1 ? load_half16(blk + 32) : _mm512_setzero_ps();
@@ -843,6 +867,8 @@ VNNI_ROWS(group_q41_vnni, Q41_CALL)
 VNNI_ROWS(group_q40_vnni, Q40_CALL)
 #define Q51_CALL(R) q32_vnni(GG_Q5_1, grp, nb, a, i0, R, out)
 VNNI_ROWS(group_q51_vnni, Q51_CALL)
+#define IQ4NL_CALL(R) q32_vnni(GG_IQ4_NL, grp, nb, a, i0, R, out)
+VNNI_ROWS(group_iq4nl_vnni, IQ4NL_CALL)
 
 /* ------------------------------------------------------------------ AVX2 path
  * The same integers: vpmaddubsw (u8 quants x s8 activations, pairs summed in s16 without saturating: at most
@@ -1008,6 +1034,7 @@ AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a
     const int32_t *x32s = a->x32p + (int64_t)(i0 / R_MAX) * nb * 3 * R_MAX; /* [nb, 3, R_MAX] */
     const __m256i low = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
     const __m256i flip = _mm256_set1_epi8((char)0x80);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4nl_values)); /* IQ4_NL's, signed */
     __m256 acc[R_MAX];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
@@ -1027,6 +1054,8 @@ AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a
                 const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + (type == GG_Q5_0 ? 288 : 320) + h32));
                 for (int g = 0; g < 8; g++) w[g] = _mm256_or_si256(w[g], _mm256_and_si256(q5_high8(h, g), bit4));
             }
+            if (type == GG_IQ4_NL) /* the signed values: multiplied as Q8_0's, the offset then not taken */
+                for (int g = 0; g < 8; g++) w[g] = _mm256_shuffle_epi8(table, w[g]);
         }
         const __m256 d = load_half8(blk + 16 * half);
         const __m256 m = type == GG_Q4_1 || type == GG_Q5_1 ? load_half8(blk + 32 + 16 * half) : _mm256_setzero_ps();
@@ -1037,7 +1066,7 @@ AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a
             for (int g = 0; g < 8; g += 2) {
                 const __m256i x0 = bcast32_8(x + 4 * P * g), x1 = bcast32_8(x + 4 * P * (g + 1));
                 __m256i p;
-                if (type == GG_Q8_0) /* signed quants: |q| (128 for -128, as u8) times sign(q) x */
+                if (type == GG_Q8_0 || type == GG_IQ4_NL) /* signed quants: |q| (128 for -128, as u8) times sign(q) x */
                     p = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w[g]), _mm256_sign_epi8(x0, w[g])), ones),
                                          _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w[g + 1]), _mm256_sign_epi8(x1, w[g + 1])), ones));
                 else
@@ -1086,6 +1115,8 @@ AVX2_ROWS(group_q41_avx2, Q41_CALL2, 0)
 AVX2_ROWS(group_q40_avx2, Q40_CALL2, 0)
 #define Q51_CALL2(R, R0, P) q32_avx2(GG_Q5_1, grp, nb, a, i0, R, R0, P, half, out)
 AVX2_ROWS(group_q51_avx2, Q51_CALL2, 0)
+#define IQ4NL_CALL2(R, R0, P) q32_avx2(GG_IQ4_NL, grp, nb, a, i0, R, R0, P, half, out)
+AVX2_ROWS(group_iq4nl_avx2, IQ4NL_CALL2, 0)
 #endif /* SD_X86 */
 
 /* ------------------------------------------------------------------ dispatch */
@@ -1127,6 +1158,7 @@ static group_fn group_function(int type, int isa) {
         case GG_Q4_1: return group_q41_vnni;
         case GG_Q4_0: return group_q40_vnni;
         case GG_Q5_1: return group_q51_vnni;
+        case GG_IQ4_NL: return group_iq4nl_vnni;
         }
     if (isa == ISA_AVX2) switch (type) {
         case GG_Q4_K: return group_q4k_avx2;
@@ -1136,6 +1168,7 @@ static group_fn group_function(int type, int isa) {
         case GG_Q4_1: return group_q41_avx2;
         case GG_Q4_0: return group_q40_avx2;
         case GG_Q5_1: return group_q51_avx2;
+        case GG_IQ4_NL: return group_iq4nl_avx2;
         }
 #endif
     (void)isa;
@@ -1228,7 +1261,7 @@ int sd_gguf_linear(const sd_gguf_params *p) {
 
 /* Dequantise rows of a tensor as the file stores them (row-major blocks; e.g. an embedding's): out[r, :] =
  * W[rows[r], :] as llama.cpp de-quantises it, (d * sc) * q - (dmin * m) for Q4_K, (d * sc) * (q - 32) for Q6_K,
- * d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1 and Q5_1, d * (q - 8) for Q4_0; an F32 or F16 table's rows as they are (widened).
+ * d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1 and Q5_1, d * (q - 8) for Q4_0, d * kvalues_iq4nl[q] for IQ4_NL; an F32 or F16 table's rows as they are (widened).
  * Returns 0, or -2 for a type it lacks. */
 int sd_gguf_rows(int type, const void *blocks, int k, const int64_t *rows, int count, float *out) {
     if (type == GG_F32 || type == GG_F16) { /* an unquantised table: its rows as they are, widened */
@@ -1283,6 +1316,11 @@ int sd_gguf_rows(int type, const void *blocks, int k, const int64_t *rows, int c
             case GG_Q5_1: {
                 const float d = half_to_float(read16(blk)), m = half_to_float(read16(blk + 2));
                 for (int e = 0; e < 32; e++) o[e] = d * (float)v[e] + m;
+                break;
+            }
+            case GG_IQ4_NL: {
+                const float d = half_to_float(read16(blk));
+                for (int e = 0; e < 32; e++) o[e] = d * (float)iq4nl_values[v[e]];
                 break;
             }
             }
