@@ -12,7 +12,7 @@ import numpy as np
 from specdec.native.kernels.gguf import BLOCK, FILE_BYTES, TYPES
 
 Q4_K, Q6_K, Q5_0, Q8_0, Q4_1 = (TYPES[name] for name in ("Q4_K", "Q6_K", "Q5_0", "Q8_0", "Q4_1"))
-Q4_0, Q5_1, IQ4_NL = (TYPES[name] for name in ("Q4_0", "Q5_1", "IQ4_NL"))
+Q4_0, Q5_1, IQ4_NL, Q2_K = (TYPES[name] for name in ("Q4_0", "Q5_1", "IQ4_NL", "Q2_K"))
 IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])  # ggml's kvalues_iq4nl
 f32 = np.float32
 
@@ -42,6 +42,9 @@ def random_blocks(type_id: int, n: int, k: int, rng: np.random.Generator) -> np.
     elif type_id == Q5_1:
         put_half(0, 1e-3, 2e-2)
         put_half(2, -0.1, 0.1)
+    elif type_id == Q2_K:
+        put_half(80, 1e-4, 4e-3)
+        put_half(82, 1e-4, 4e-3)
     return raw.reshape(n, nb * size)
 
 
@@ -51,8 +54,8 @@ def _half(raw: np.ndarray, offset: int) -> np.ndarray:
 
 def decode(type_id: int, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarray]:
     """The integers and scales of [n, k] blocks: "q" [n, k] (the unsigned quant: Q6_K 0..63, Q5_0 0..31, Q8_0
-    -128..127 signed, Q4_0 0..15, Q5_1 0..31, IQ4_NL its value -127..113), per block "d" (and "dmin" / "m")
-    [n, nb] fp32, Q4_K "sc" and "mn" [n, nb, 8], Q6_K "sc" [n, nb, 16]."""
+    -128..127 signed, Q4_0 0..15, Q5_1 0..31, IQ4_NL its value -127..113, Q2_K 0..3), per block "d" (and
+    "dmin" / "m") [n, nb] fp32, Q4_K "sc" and "mn" [n, nb, 8], Q6_K "sc" and Q2_K "sc" and "mn" [n, nb, 16]."""
     nb = k // BLOCK[type_id]
     b = raw.reshape(n, nb, FILE_BYTES[type_id])
     out: dict[str, np.ndarray] = {}
@@ -104,13 +107,19 @@ def decode(type_id: int, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarra
         qs = b[..., 8:24].astype(np.int64)
         high = (qh[..., None] >> np.arange(32)) & 1  # [n, nb, 32]
         out["q"] = (np.concatenate([qs & 0xF, qs >> 4], axis=-1) | (high << 4)).reshape(n, k)
+    elif type_id == Q2_K:
+        out["d"], out["dmin"] = _half(b, 80), _half(b, 82)
+        scales = b[..., 0:16].astype(np.int64)
+        out["sc"], out["mn"] = scales & 0xF, scales >> 4  # [n, nb, 16]
+        qs = b[..., 16:80].astype(np.int64).reshape(n, nb, 2, 1, 32)
+        out["q"] = ((qs >> (2 * np.arange(4)[:, None])) & 3).reshape(n, k)  # column 128 h + 32 j + l: bits 2 j
     return out
 
 
 def dequantize(type_id: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
     """The weights [n, k] fp32 as llama.cpp de-quantises them: (d * sc) * q - (dmin * m) for Q4_K, (d * sc) *
     (q - 32) for Q6_K, d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1 and Q5_1, d * (q - 8) for Q4_0,
-    d * kv for IQ4_NL."""
+    d * kv for IQ4_NL, (d * sc) * q - (dmin * m) for Q2_K."""
     t = decode(type_id, raw, n, k)
     nb, cols = k // BLOCK[type_id], BLOCK[type_id]
     q = t["q"].reshape(n, nb, cols)
@@ -131,6 +140,9 @@ def dequantize(type_id: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
         w = t["d"][..., None] * (q - 8).astype(f32)
     elif type_id == IQ4_NL:
         w = t["d"][..., None] * q.astype(f32)
+    elif type_id == Q2_K:
+        j = np.arange(cols) // 16
+        w = (t["d"][..., None] * t["sc"][..., j].astype(f32)) * q.astype(f32) - t["dmin"][..., None] * t["mn"][..., j].astype(f32)
     return w.reshape(n, k).astype(f32)
 
 
@@ -168,6 +180,12 @@ def reference(type_id: int, raw: np.ndarray, n: int, k: int, x: np.ndarray, bias
             s = s - 32 * xs[:, b].reshape(m, 16, 16).sum(-1)[:, None]
             tt = (s * t["sc"][None, :, b]).sum(-1)
             v = t["d"][None, :, b] * tt.astype(f32)
+        elif type_id == Q2_K:
+            s = np.einsum("ncj,mcj->mnc", q[:, b].reshape(n, 16, 16), xs[:, b].reshape(m, 16, 16))  # [m, n, 16]
+            x16 = xs[:, b].reshape(m, 16, 16).sum(-1)  # [m, 16]
+            tt = (s * t["sc"][None, :, b]).sum(-1)
+            mm = (t["mn"][None, :, b] * x16[:, None]).sum(-1)
+            v = t["d"][None, :, b] * tt.astype(f32) - t["dmin"][None, :, b] * mm.astype(f32)
         else:
             s = xs[:, b] @ q[:, b].T  # [m, n]
             x32 = xs[:, b].sum(-1)[:, None]  # [m, 1]

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from specdec.native.kernels import gguf
-from tests.native.gguf_blocks import IQ4_NL, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, dequantize, random_blocks, reference
+from tests.native.gguf_blocks import IQ4_NL, Q2_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, dequantize, random_blocks, reference
 
-SECOND = [Q4_0, Q5_1, IQ4_NL]  # the types added second: every row count of a pass and a prefill below as well
+SECOND = [Q4_0, Q5_1, IQ4_NL, Q2_K]  # the types added second: every row count of a pass and a prefill below as well
 ALL = [Q4_K, Q6_K, Q5_0, Q8_0, Q4_1] + SECOND
-COLUMNS = {Q4_K: 512, Q6_K: 768, Q5_0: 96, Q8_0: 128, Q4_1: 64, Q4_0: 160, Q5_1: 96, IQ4_NL: 128}
+COLUMNS = {Q4_K: 512, Q6_K: 768, Q5_0: 96, Q8_0: 128, Q4_1: 64, Q4_0: 160, Q5_1: 96, IQ4_NL: 128, Q2_K: 512}
 
 
 def packed(type_id: int, n: int, k: int, seed: int = 0) -> tuple[np.ndarray, gguf.Part]:

@@ -1,5 +1,5 @@
 /* specdec's linear on a GGUF file's own quantised blocks: y = x W^T (+ b), W in Q4_K, Q6_K, Q5_0, Q8_0, Q4_1,
- * Q4_0, Q5_1 or IQ4_NL.
+ * Q4_0, Q5_1, IQ4_NL or Q2_K.
  *
  * The weights are the file's integers and scales, unchanged: repacked (sd_gguf_pack) so that 16 output channels
  * ("a group") sit side by side, one 32-bit SIMD lane each, but every quant, scale and minimum is the file's.  The
@@ -17,6 +17,8 @@
  *   Q4_0  S = sum q xq - 8 X32  (q in 0..15);  acc += dx * (d * (float)S)
  *   Q5_1  S = sum q xq  (q in 0..31);  acc += dx * (d * (float)S + m * (float)X32)
  *   IQ4_NL  S = sum (kv + 128) xq - 128 X32  (kv = kvalues_iq4nl[q], -127..113);  acc += dx * (d * (float)S)
+ *   Q2_K  T = sum_j sc_j * S_j,  M = sum_j m_j * X16_j  (j: the 16 sub-blocks of 16; q in 0..3, sc and m 0..15)
+ *         acc += dx * (d * (float)T - dmin * (float)M)
  *
  * with acc = 0 before the first block, the blocks in order, and y = acc (+ bias).  X16 / X32 are sums of xq over
  * 16 / 32 columns.  Every integer is exact (|T| < 2^31), so the order of the integer sums, the SIMD width, the
@@ -61,11 +63,12 @@ static int group_block_bytes(int type) {
     case GG_Q4_0: return 288;  /* d[16] fp16; 256 B nibbles */
     case GG_Q5_1: return 384;  /* d[16], m[16] fp16; 256 B nibbles; 64 B fifth bits */
     case GG_IQ4_NL: return 288; /* d[16] fp16; 256 B nibbles (the table's indices) */
+    case GG_Q2_K: return 1344;  /* d[16], dmin[16] fp16; the file's 16 scale bytes [16][16]; 8 chunks x 128 B crumbs */
     default: return 0;
     }
 }
 
-static int block_columns(int type) { return type == GG_Q4_K || type == GG_Q6_K ? BLOCK_K : BLOCK_0; }
+static int block_columns(int type) { return type == GG_Q4_K || type == GG_Q6_K || type == GG_Q2_K ? BLOCK_K : BLOCK_0; }
 
 /* The file's block bytes (ggml's block_* structs). */
 static int file_block_bytes(int type) {
@@ -78,6 +81,7 @@ static int file_block_bytes(int type) {
     case GG_Q4_0: return 18;
     case GG_Q5_1: return 24;
     case GG_IQ4_NL: return 18;
+    case GG_Q2_K: return 84;
     default: return 0;
     }
 }
@@ -123,7 +127,8 @@ static const int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10
  * bit of group g at bit g of one 64-byte vector.
  * The second set of types (added at the end of every list): Q4_0 0..15 (-8 through X32), nibbles as Q4_1's;
  * Q5_1 0..31, Q4_1's layout and Q5_0's fifth bits after it; IQ4_NL its nibbles (indices) as Q4_0's, each mapped
- * to its value + 128 (1..241; -128 through X32) by vpshufb as it is unpacked. */
+ * to its value + 128 (1..241; -128 through X32) by vpshufb as it is unpacked; Q2_K 0..3, group g's crumb at
+ * bits 2 (g % 4) of a 64-byte vector g / 4 (as Q6_K's high bits), two vectors a 32-column chunk. */
 
 static void q4k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
     if (j < 4) {
@@ -182,6 +187,9 @@ static void decode_block(int type, const uint8_t *blk, uint8_t *v) {
             v[e] = blk[2 + e] & 0xF;
             v[e + 16] = blk[2 + e] >> 4;
         }
+        break;
+    case GG_Q2_K: /* column 128 h + 32 j + l: bits 2 j of qs[32 h + l] */
+        for (int e = 0; e < 256; e++) v[e] = (blk[16 + 32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
         break;
     case GG_Q5_1: { /* Q5_0's quants after d and m */
         const uint32_t qh = (uint32_t)blk[4] | ((uint32_t)blk[5] << 8) | ((uint32_t)blk[6] << 16) | ((uint32_t)blk[7] << 24);
@@ -257,6 +265,18 @@ static void pack_block(int type, const uint8_t *src, int c, uint8_t *dst) {
             for (int g = 0; g < 8; g++) byte |= (uint8_t)((v[4 * g + b] >> 4) << g);
             dst[320 + 4 * c + b] = byte;
         }
+        break;
+    case GG_Q2_K:
+        memcpy(dst + 2 * c, src + 80, 2);      /* d */
+        memcpy(dst + 32 + 2 * c, src + 82, 2); /* dmin */
+        for (int j = 0; j < 16; j++) dst[64 + 16 * j + c] = src[j]; /* scale | minimum << 4, as the file has them */
+        for (int t = 0; t < 8; t++)
+            for (int h = 0; h < 2; h++)
+                for (int b = 0; b < 4; b++) {
+                    uint8_t byte = 0;
+                    for (int s = 0; s < 4; s++) byte |= (uint8_t)(v[32 * t + 16 * h + 4 * s + b] << (2 * s));
+                    dst[320 + 128 * t + 64 * h + 4 * c + b] = byte;
+                }
         break;
     }
 }
@@ -528,6 +548,7 @@ static int packed_quant(int type, const uint8_t *blk, int c, int e) {
         const uint8_t byte = blk[32 + 64 * (g % 4) + 4 * c + b];
         return iq4nl_values[g < 4 ? byte & 0xF : byte >> 4] + 128;
     }
+    case GG_Q2_K: return (blk[320 + 128 * (e / 32) + 64 * (g / 4) + 4 * c + b] >> (2 * (g % 4))) & 3;
     default: return 0;
     }
 }
@@ -592,6 +613,18 @@ static float block_c(int type, const uint8_t *blk, int c, const acts_t *a, int i
         int32_t s = -128 * x32[0];
         for (int e = 0; e < 32; e++) s += packed_quant(type, blk, c, e) * xq[e];
         return dx * (d * (float)s);
+    }
+    case GG_Q2_K: {
+        int32_t t = 0, mm = 0;
+        for (int j = 0; j < 16; j++) {
+            const int32_t sc = blk[64 + 16 * j + c] & 0xF, m = blk[64 + 16 * j + c] >> 4;
+            int32_t s = 0;
+            for (int e = 16 * j; e < 16 * j + 16; e++) s += packed_quant(type, blk, c, e) * xq[e];
+            t += sc * s;
+            mm += m * x16[j];
+        }
+        const float dmin = half_to_float(read16(blk + 32 + 2 * c));
+        return dx * (d * (float)t - dmin * (float)mm);
     }
     default: return 0.0f;
     }
@@ -870,6 +903,61 @@ VNNI_ROWS(group_q51_vnni, Q51_CALL)
 #define IQ4NL_CALL(R) q32_vnni(GG_IQ4_NL, grp, nb, a, i0, R, out)
 VNNI_ROWS(group_iq4nl_vnni, IQ4NL_CALL)
 
+/* Q2_K: Q6_K's loop on crumbs alone (each 16-column sub-block's sum times its 4-bit scale, vpmulld), Q4_K's
+ * minimums by vpdpwssd on (m_2p, m_2p+1) pairs, here against the X16 of a block's 16 sub-blocks. */
+VNNI INLINE void q2k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, float out[R_MAX][LANES]) {
+    const int8_t *xq = panel(a, i0);
+    const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
+    const int16_t *x16s = a->x16hp + (int64_t)(i0 / R_MAX) * nb * R_MAX * 16;
+    const __m512i two = _mm512_set1_epi8(3);
+    const __m128i low = _mm_set1_epi8(0x0F);
+    __m512 acc[R_MAX];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)b * 1344;
+        __m512i t[R_MAX];
+        for (int r = 0; r < R; r++) t[r] = _mm512_setzero_si512();
+        for (int c = 0; c < 8; c++) {
+            const uint8_t *chunk = blk + 320 + 128 * c;
+            const int8_t *xs = xq + (int64_t)(8 * b + c) * 32 * R;
+            prefetch_ahead(blk + 168 * c, 192, PF_AHEAD(R)); /* 8 x 168 = 1344 */
+            const __m512i h0 = _mm512_loadu_si512(chunk), h1 = _mm512_loadu_si512(chunk + 64);
+            __m512i w[8];
+            for (int z = 0; z < 4; z++) { /* groups z and z + 4: bits 2 z of the two vectors */
+                w[z] = _mm512_and_si512(z ? _mm512_srli_epi16(h0, 2 * z) : h0, two);
+                w[z + 4] = _mm512_and_si512(z ? _mm512_srli_epi16(h1, 2 * z) : h1, two);
+            }
+            const __m512i sc0 = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_loadu_si128((const __m128i *)(blk + 64 + 32 * c)), low));
+            const __m512i sc1 = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_loadu_si128((const __m128i *)(blk + 80 + 32 * c)), low));
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = xs + 4 * r;
+                __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+                for (int g = 0; g < 4; g++) s0 = dpbusd_at(s0, w[g], x + 4 * R * g);
+                for (int g = 4; g < 8; g++) s1 = dpbusd_at(s1, w[g], x + 4 * R * g);
+                t[r] = _mm512_add_epi32(t[r], _mm512_add_epi32(_mm512_mullo_epi32(s0, sc0), _mm512_mullo_epi32(s1, sc1)));
+            }
+        }
+        __m512i mp[8]; /* lane c: (m_2p, m_2p+1) as two int16 */
+        for (int p = 0; p < 8; p++) {
+            const __m128i m0 = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(blk + 64 + 32 * p)), 4), low);
+            const __m128i m1 = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(blk + 80 + 32 * p)), 4), low);
+            mp[p] = _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(m0, m1), _mm_unpacklo_epi8(m0, m1)));
+        }
+        const __m512 d = load_half16(blk), dmin = load_half16(blk + 32);
+        for (int r = 0; r < R; r++) {
+            const int16_t *x16 = x16s + ((int64_t)b * R_MAX + r) * 16;
+            __m512i mm = _mm512_setzero_si512();
+            for (int p = 0; p < 8; p++) mm = _mm512_dpwssd_epi32(mm, mp[p], bcast32(x16 + 2 * p));
+            const __m512 dx = _mm512_set1_ps(dxs[b * R_MAX + r]);
+            const __m512 v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(t[r])), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mm)));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(dx, v));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(out[r], acc[r]);
+}
+#define Q2K_CALL(R) q2k_vnni(grp, nb, a, i0, R, out)
+VNNI_ROWS(group_q2k_vnni, Q2K_CALL)
+
 /* ------------------------------------------------------------------ AVX2 path
  * The same integers: vpmaddubsw (u8 quants x s8 activations, pairs summed in s16 without saturating: at most
  * 2 * 63 * 127) then vpmaddwd with each lane's sub-block scale (or ones), on the two halves (lanes 0-7, 8-15)
@@ -1117,6 +1205,67 @@ AVX2_ROWS(group_q40_avx2, Q40_CALL2, 0)
 AVX2_ROWS(group_q51_avx2, Q51_CALL2, 0)
 #define IQ4NL_CALL2(R, R0, P) q32_avx2(GG_IQ4_NL, grp, nb, a, i0, R, R0, P, half, out)
 AVX2_ROWS(group_iq4nl_avx2, IQ4NL_CALL2, 0)
+
+/* Q2_K: each sub-block's four vpmaddubsw summed in s16 (at most 4 * 2 * 3 * 127) and widened with its scale by
+ * vpmaddwd, as Q4_K's; the minimums as Q6_K's offsets, by vpmaddwd on (m_2p, m_2p+1) pairs against X16. */
+AVX2F INLINE void q2k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, const int r0, const int P, int half,
+                           float out[R_MAX][LANES]) {
+    const int h32 = 32 * half;
+    const int8_t *xq = panel(a, i0);
+    const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
+    const int16_t *x16s = a->x16hp + (int64_t)(i0 / R_MAX) * nb * R_MAX * 16;
+    const __m256i two = _mm256_set1_epi8(3), low16 = _mm256_set1_epi32(0x0F);
+    const __m128i low = _mm_set1_epi8(0x0F);
+    __m256 acc[R_MAX];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)b * 1344;
+        __m256i t[R_MAX];
+        for (int r = 0; r < R; r++) t[r] = _mm256_setzero_si256();
+        for (int c = 0; c < 8; c++) {
+            const uint8_t *chunk = blk + 320 + 128 * c + h32;
+            const int8_t *xs = xq + (int64_t)(8 * b + c) * 32 * P;
+            const __m256i h0 = _mm256_loadu_si256((const __m256i *)chunk), h1 = _mm256_loadu_si256((const __m256i *)(chunk + 64));
+            __m256i w[8];
+            for (int z = 0; z < 4; z++) {
+                w[z] = _mm256_and_si256(z ? _mm256_srli_epi16(h0, 2 * z) : h0, two);
+                w[z + 4] = _mm256_and_si256(z ? _mm256_srli_epi16(h1, 2 * z) : h1, two);
+            }
+            /* each lane's 4-bit scale twice (for vpmaddwd) */
+            __m256i sc0 = _mm256_and_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 64 + 32 * c + 8 * half))), low16);
+            __m256i sc1 = _mm256_and_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 80 + 32 * c + 8 * half))), low16);
+            sc0 = _mm256_or_si256(sc0, _mm256_slli_epi32(sc0, 16));
+            sc1 = _mm256_or_si256(sc1, _mm256_slli_epi32(sc1, 16));
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = xs + 4 * (r0 + r);
+                __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
+                for (int g = 0; g < 4; g++) {
+                    p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(w[g], bcast32_8(x + 4 * P * g)));
+                    p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(w[g + 4], bcast32_8(x + 4 * P * (g + 4))));
+                }
+                t[r] = _mm256_add_epi32(t[r], _mm256_add_epi32(_mm256_madd_epi16(p0, sc0), _mm256_madd_epi16(p1, sc1)));
+            }
+        }
+        __m256i mp[8]; /* lane c: (m_2p, m_2p+1) as two int16 */
+        for (int p = 0; p < 8; p++) {
+            const __m128i m0 = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(blk + 64 + 32 * p)), 4), low);
+            const __m128i m1 = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(blk + 80 + 32 * p)), 4), low);
+            mp[p] = _mm256_cvtepu8_epi16(half ? _mm_unpackhi_epi8(m0, m1) : _mm_unpacklo_epi8(m0, m1));
+        }
+        const __m256 d = load_half8(blk + 16 * half), dmin = load_half8(blk + 32 + 16 * half);
+        for (int r = 0; r < R; r++) {
+            const int16_t *x16 = x16s + ((int64_t)b * R_MAX + r0 + r) * 16;
+            __m256i mm = _mm256_setzero_si256();
+            for (int p = 0; p < 8; p++) mm = _mm256_add_epi32(mm, _mm256_madd_epi16(mp[p], bcast32_8(x16 + 2 * p)));
+            const __m256 dx = _mm256_set1_ps(dxs[b * R_MAX + r0 + r]);
+            const __m256 v = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(t[r])), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mm)));
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, v));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r0 + r] + 8 * half, acc[r]);
+}
+#define Q2K_CALL2(R, R0, P) q2k_avx2(grp, nb, a, i0, R, R0, P, half, out)
+AVX2_ROWS(group_q2k_avx2, Q2K_CALL2, 1) /* Q4_K's registers: 8 weight vectors, the scales, a sum a row */
 #endif /* SD_X86 */
 
 /* ------------------------------------------------------------------ dispatch */
@@ -1159,6 +1308,7 @@ static group_fn group_function(int type, int isa) {
         case GG_Q4_0: return group_q40_vnni;
         case GG_Q5_1: return group_q51_vnni;
         case GG_IQ4_NL: return group_iq4nl_vnni;
+        case GG_Q2_K: return group_q2k_vnni;
         }
     if (isa == ISA_AVX2) switch (type) {
         case GG_Q4_K: return group_q4k_avx2;
@@ -1169,6 +1319,7 @@ static group_fn group_function(int type, int isa) {
         case GG_Q4_0: return group_q40_avx2;
         case GG_Q5_1: return group_q51_avx2;
         case GG_IQ4_NL: return group_iq4nl_avx2;
+        case GG_Q2_K: return group_q2k_avx2;
         }
 #endif
     (void)isa;
@@ -1261,7 +1412,7 @@ int sd_gguf_linear(const sd_gguf_params *p) {
 
 /* Dequantise rows of a tensor as the file stores them (row-major blocks; e.g. an embedding's): out[r, :] =
  * W[rows[r], :] as llama.cpp de-quantises it, (d * sc) * q - (dmin * m) for Q4_K, (d * sc) * (q - 32) for Q6_K,
- * d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1 and Q5_1, d * (q - 8) for Q4_0, d * kvalues_iq4nl[q] for IQ4_NL; an F32 or F16 table's rows as they are (widened).
+ * d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1 and Q5_1, d * (q - 8) for Q4_0, d * kvalues_iq4nl[q] for IQ4_NL, (d * sc) * q - (dmin * m) for Q2_K; an F32 or F16 table's rows as they are (widened).
  * Returns 0, or -2 for a type it lacks. */
 int sd_gguf_rows(int type, const void *blocks, int k, const int64_t *rows, int count, float *out) {
     if (type == GG_F32 || type == GG_F16) { /* an unquantised table: its rows as they are, widened */
@@ -1321,6 +1472,14 @@ int sd_gguf_rows(int type, const void *blocks, int k, const int64_t *rows, int c
             case GG_IQ4_NL: {
                 const float d = half_to_float(read16(blk));
                 for (int e = 0; e < 32; e++) o[e] = d * (float)iq4nl_values[v[e]];
+                break;
+            }
+            case GG_Q2_K: {
+                const float d = half_to_float(read16(blk + 80)), dmin = half_to_float(read16(blk + 82));
+                for (int j = 0; j < 16; j++) {
+                    const float d1 = d * (float)(blk[j] & 0xF), m1 = dmin * (float)(blk[j] >> 4);
+                    for (int e = 16 * j; e < 16 * j + 16; e++) o[e] = d1 * (float)v[e] - m1;
+                }
                 break;
             }
             }
