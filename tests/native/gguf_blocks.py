@@ -13,6 +13,7 @@ from specdec.native.kernels.gguf import BLOCK, FILE_BYTES, TYPES
 
 Q4_K, Q6_K, Q5_0, Q8_0, Q4_1 = (TYPES[name] for name in ("Q4_K", "Q6_K", "Q5_0", "Q8_0", "Q4_1"))
 Q4_0, Q5_1, IQ4_NL, Q2_K = (TYPES[name] for name in ("Q4_0", "Q5_1", "IQ4_NL", "Q2_K"))
+F32, F16, BF16 = (TYPES[name] for name in ("F32", "F16", "BF16"))
 IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])  # ggml's kvalues_iq4nl
 f32 = np.float32
 
@@ -21,6 +22,13 @@ def random_blocks(type_id: int, n: int, k: int, rng: np.random.Generator) -> np.
     """n rows of k columns of random blocks of `type_id`, as a file stores them: uint8 [n, k / block * bytes].
     Quants and sub-block scales are uniform over their range; fp16 scales and minimums small and finite."""
     nb, size = k // BLOCK[type_id], FILE_BYTES[type_id]
+    if type_id in (F32, F16, BF16):  # the values themselves, small and finite
+        values = (rng.standard_normal((n, k)) * 0.05).astype(f32)
+        if type_id == F16:
+            return values.astype(np.float16).view(np.uint8).reshape(n, 2 * k)
+        if type_id == BF16:
+            return (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(n, 2 * k)
+        return values.view(np.uint8).reshape(n, 4 * k)
     raw = rng.integers(0, 256, size=(n, nb, size), dtype=np.uint8)
 
     def put_half(offset: int, low: float, high: float) -> None:
@@ -120,6 +128,8 @@ def dequantize(type_id: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
     """The weights [n, k] fp32 as llama.cpp de-quantises them: (d * sc) * q - (dmin * m) for Q4_K, (d * sc) *
     (q - 32) for Q6_K, d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1 and Q5_1, d * (q - 8) for Q4_0,
     d * kv for IQ4_NL, (d * sc) * q - (dmin * m) for Q2_K."""
+    if type_id in (F32, F16, BF16):
+        return floats(type_id, raw, n, k)
     t = decode(type_id, raw, n, k)
     nb, cols = k // BLOCK[type_id], BLOCK[type_id]
     q = t["q"].reshape(n, nb, cols)
@@ -146,6 +156,27 @@ def dequantize(type_id: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
     return w.reshape(n, k).astype(f32)
 
 
+def floats(type_id: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
+    """The weights [n, k] fp32 of an unquantised tensor (F32, F16 or BF16 bytes)."""
+    if type_id == F32:
+        return raw.copy().view(f32).reshape(n, k)
+    if type_id == F16:
+        return raw.copy().view(np.float16).astype(f32).reshape(n, k)
+    return (raw.copy().view(np.uint16).astype(np.uint32) << 16).view(f32).reshape(n, k)
+
+
+def float_product(w: np.ndarray, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """The kernel's y [m, n] for the float types: per element four partial sums p_j over the columns k = j mod 4 in
+    order, each a float32 product then a float32 sum, then (p_0 + p_1) + (p_2 + p_3)."""
+    m, k = x.shape
+    x = x.astype(f32)
+    p = np.zeros((4, m, w.shape[0]), f32)
+    for col in range(k):
+        p[col % 4] = p[col % 4] + x[:, col : col + 1] * w[None, :, col]  # [m, 1] * [1, n]: float32 products
+    acc = (p[0] + p[1]) + (p[2] + p[3])
+    return acc if bias is None else acc + bias.astype(f32)[None]
+
+
 def quantize_activations(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
     """x [m, k] fp32 -> (quants [m, k] int64 in [-127, 127], scales [m, k / block] fp32), per block of columns."""
     m, k = x.shape
@@ -160,6 +191,8 @@ def quantize_activations(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndar
 
 def reference(type_id: int, raw: np.ndarray, n: int, k: int, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
     """The kernel's y [m, n] fp32 for x [m, k] (finite), bit for bit."""
+    if type_id in (F32, F16, BF16):
+        return float_product(floats(type_id, raw, n, k), x, bias)
     t = decode(type_id, raw, n, k)
     cols = BLOCK[type_id]
     nb = k // cols

@@ -15,11 +15,29 @@ import pytest
 import torch
 
 from specdec.native.kernels import gguf
-from tests.native.gguf_blocks import IQ4_NL, Q2_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, dequantize, random_blocks, reference
+from tests.native.gguf_blocks import (
+    BF16,
+    F16,
+    F32,
+    IQ4_NL,
+    Q2_K,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q5_0,
+    Q5_1,
+    Q6_K,
+    Q8_0,
+    dequantize,
+    random_blocks,
+    reference,
+)
 
-SECOND = [Q4_0, Q5_1, IQ4_NL, Q2_K]  # the types added second: every row count of a pass and a prefill below as well
+# the types added second: every row count of a pass and a prefill below as well
+SECOND = [Q4_0, Q5_1, IQ4_NL, Q2_K, F32, F16, BF16]
 ALL = [Q4_K, Q6_K, Q5_0, Q8_0, Q4_1] + SECOND
-COLUMNS = {Q4_K: 512, Q6_K: 768, Q5_0: 96, Q8_0: 128, Q4_1: 64, Q4_0: 160, Q5_1: 96, IQ4_NL: 128, Q2_K: 512}
+COLUMNS = {Q4_K: 512, Q6_K: 768, Q5_0: 96, Q8_0: 128, Q4_1: 64,
+           Q4_0: 160, Q5_1: 96, IQ4_NL: 128, Q2_K: 512, F32: 96, F16: 128, BF16: 64}
 
 
 def packed(type_id: int, n: int, k: int, seed: int = 0) -> tuple[np.ndarray, gguf.Part]:
@@ -94,6 +112,7 @@ def test_parts_side_by_side_are_the_parts_alone():
 def test_mixed_block_sizes_in_one_call():
     k = 256
     parts = [packed(Q4_K, 20, k, seed=3)[1], packed(Q5_0, 24, k, seed=4)[1], packed(Q8_0, 16, k, seed=5)[1]]
+    parts += [packed(F16, 18, k, seed=6)[1], packed(Q2_K, 17, k, seed=7)[1]]  # a float part: no activations of its own
     x = activations(6, k)
     fused = gguf.Parts(parts, k)(x)
     assert torch.equal(fused, torch.cat([gguf.Parts([p], k)(x) for p in parts], dim=1))

@@ -7,7 +7,9 @@ sums per block, then a fixed sequence of fp32 operations per block (the C file's
 output element is a function of its own input row and the weights, so a token's outputs are the same bits alone,
 inside a verification of several rows and inside a prefill (batch invariance), on the AVX-512 VNNI, AVX2 and
 portable C paths alike.  Unlike llama.cpp's kernels, which re-read and re-unpack every block for each row of a small
-batch, a pass here unpacks a block once for up to 8 rows.
+batch, a pass here unpacks a block once for up to 8 rows.  Unquantised F32, F16 and BF16 matrices are multiplied
+in fp32 with unquantised activations, in one fixed order of products and sums (the C file's top comment): exact
+and batch-invariant alike.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ from specdec.native.kernels.bindings import GGUFParams, GGUFPart, library
 TYPES = {"Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 BLOCK = {3: 32, 6: 32, 8: 32, 12: 256, 14: 256}
 FILE_BYTES = {3: 20, 6: 22, 8: 34, 12: 144, 14: 210}
-TYPES.update({"Q4_0": 2, "Q5_1": 7, "IQ4_NL": 20, "Q2_K": 10})  # the second set
-BLOCK.update({2: 32, 7: 32, 20: 32, 10: 256})
-FILE_BYTES.update({2: 18, 7: 24, 20: 18, 10: 84})
+TYPES.update({"Q4_0": 2, "Q5_1": 7, "IQ4_NL": 20, "Q2_K": 10, "F32": 0, "F16": 1, "BF16": 30})  # the second set
+BLOCK.update({2: 32, 7: 32, 20: 32, 10: 256, 0: 32, 1: 32, 30: 32})  # the float types: 32 columns a block
+FILE_BYTES.update({2: 18, 7: 24, 20: 18, 10: 84, 0: 128, 1: 64, 30: 64})
 NAMES = {v: k for k, v in TYPES.items()}
 LANES = 16  # output channels per packed group
 PATHS = {"c": 1, "avx2": 2, "avx512-vnni": 3}  # ISA_* in specdec_kernels.h, slowest first
@@ -159,7 +161,7 @@ def rows(type_id: int, blocks: np.ndarray | torch.Tensor, k: int, ids: Sequence[
     index = torch.as_tensor(ids, dtype=torch.int64).contiguous()
     data, address = _bytes(blocks)
     if index.numel():
-        end = (int(index.max()) + 1) * k // BLOCK[type_id] * FILE_BYTES[type_id]  # where the last row's bytes end
+        end = (int(index.max()) + 1) * k * FILE_BYTES[type_id] // BLOCK[type_id]  # where the last row's bytes end
         if int(index.min()) < 0 or end > data.nbytes:
             raise ValueError("row index out of range")
     out = torch.empty(index.numel(), k)

@@ -1,5 +1,5 @@
 /* specdec's linear on a GGUF file's own quantised blocks: y = x W^T (+ b), W in Q4_K, Q6_K, Q5_0, Q8_0, Q4_1,
- * Q4_0, Q5_1, IQ4_NL or Q2_K.
+ * Q4_0, Q5_1, IQ4_NL or Q2_K, or unquantised (F32, F16, BF16).
  *
  * The weights are the file's integers and scales, unchanged: repacked (sd_gguf_pack) so that 16 output channels
  * ("a group") sit side by side, one 32-bit SIMD lane each, but every quant, scale and minimum is the file's.  The
@@ -19,6 +19,9 @@
  *   IQ4_NL  S = sum (kv + 128) xq - 128 X32  (kv = kvalues_iq4nl[q], -127..113);  acc += dx * (d * (float)S)
  *   Q2_K  T = sum_j sc_j * S_j,  M = sum_j m_j * X16_j  (j: the 16 sub-blocks of 16; q in 0..3, sc and m 0..15)
  *         acc += dx * (d * (float)T - dmin * (float)M)
+ *   F32, F16, BF16: no integers -- x as it is (fp32, unquantised) and the weights widened exactly to fp32:
+ *         p_j = the columns k = j mod 4 in order, p_j += x_k * w_k (a product, then a sum; p_j = 0 at first)
+ *         acc = (p_0 + p_1) + (p_2 + p_3)
  *
  * with acc = 0 before the first block, the blocks in order, and y = acc (+ bias).  X16 / X32 are sums of xq over
  * 16 / 32 columns.  Every integer is exact (|T| < 2^31), so the order of the integer sums, the SIMD width, the
@@ -64,6 +67,9 @@ static int group_block_bytes(int type) {
     case GG_Q5_1: return 384;  /* d[16], m[16] fp16; 256 B nibbles; 64 B fifth bits */
     case GG_IQ4_NL: return 288; /* d[16] fp16; 256 B nibbles (the table's indices) */
     case GG_Q2_K: return 1344;  /* d[16], dmin[16] fp16; the file's 16 scale bytes [16][16]; 8 chunks x 128 B crumbs */
+    case GG_F32: return 2048;   /* 32 columns x 16 channels fp32: column e's 16 channels side by side */
+    case GG_F16: return 1024;   /* the same in fp16 */
+    case GG_BF16: return 1024;  /* and in bf16 */
     default: return 0;
     }
 }
@@ -82,6 +88,9 @@ static int file_block_bytes(int type) {
     case GG_Q5_1: return 24;
     case GG_IQ4_NL: return 18;
     case GG_Q2_K: return 84;
+    case GG_F32: return 128; /* 32 columns of a row, as the file has them */
+    case GG_F16: return 64;
+    case GG_BF16: return 64;
     default: return 0;
     }
 }
@@ -118,6 +127,15 @@ static uint16_t read16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8))
 /* IQ4_NL's 16 non-linear values, its nibbles' meaning (ggml's kvalues_iq4nl). */
 static const int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
+/* The unquantised weight types, multiplied in floats (see the top comment); bf16 widens exactly to fp32. */
+static int float_type(int type) { return type == GG_F32 || type == GG_F16 || type == GG_BF16; }
+static float bf16_to_float(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
 /* ------------------------------------------------------------------ packing
  * The unsigned quant the kernels multiply: Q4_K, Q4_1 0..15; Q6_K 0..63 (the file's q, the -32 taken through
  * X16); Q5_0 0..31 (-16 through X32); Q8_0 q + 128 (0..255; -128 through X32).  Within a group's block, column
@@ -128,7 +146,8 @@ static const int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10
  * The second set of types (added at the end of every list): Q4_0 0..15 (-8 through X32), nibbles as Q4_1's;
  * Q5_1 0..31, Q4_1's layout and Q5_0's fifth bits after it; IQ4_NL its nibbles (indices) as Q4_0's, each mapped
  * to its value + 128 (1..241; -128 through X32) by vpshufb as it is unpacked; Q2_K 0..3, group g's crumb at
- * bits 2 (g % 4) of a 64-byte vector g / 4 (as Q6_K's high bits), two vectors a 32-column chunk. */
+ * bits 2 (g % 4) of a 64-byte vector g / 4 (as Q6_K's high bits), two vectors a 32-column chunk; F32, F16, BF16
+ * the file's values, column e of a 32-column block as one vector of its 16 channels. */
 
 static void q4k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
     if (j < 4) {
@@ -278,6 +297,13 @@ static void pack_block(int type, const uint8_t *src, int c, uint8_t *dst) {
                     dst[320 + 128 * t + 64 * h + 4 * c + b] = byte;
                 }
         break;
+    case GG_F32:
+    case GG_F16:
+    case GG_BF16: {
+        const int size = type == GG_F32 ? 4 : 2;
+        for (int e = 0; e < 32; e++) memcpy(dst + (16 * e + c) * size, src + e * size, (size_t)size);
+        break;
+    }
     }
 }
 
@@ -331,6 +357,8 @@ typedef struct {
     int32_t *x16np; /* [P, k / 16, R_MAX]: -32 X16, Q6_K's offset of each 16 columns (AVX-512 VNNI) */
     int16_t *x16hp; /* [P, k / 256, R_MAX, 16]: X16 of a block's 16 sub-blocks, Q6_K's offsets (AVX2) */
     int k, block, m;
+    const float *x; /* F32, F16, BF16: the rows themselves (row stride ldx), no quants */
+    int64_t ldx;
 } acts_t;
 
 static float quantize_block_c(const float *x, int n, int8_t *q) {
@@ -637,6 +665,25 @@ static void group_c(int type, const uint8_t *grp, int nb, const acts_t *a, int i
             float acc = 0.0f;
             for (int b = 0; b < nb; b++) acc += block_c(type, grp + (int64_t)b * gbytes, c, a, i0 + r, b);
             out[r][c] = acc;
+        }
+}
+
+/* F32, F16, BF16: the four partial sums of the top comment, column by column, per channel. */
+static void group_float_c(int type, const uint8_t *grp, int nb, const acts_t *a, int i0, int rows, float out[R_MAX][LANES]) {
+    const int gbytes = group_block_bytes(type), size = type == GG_F32 ? 4 : 2;
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < LANES; c++) {
+            const float *x = a->x + (int64_t)(i0 + r) * a->ldx;
+            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int b = 0; b < nb; b++)
+                for (int e = 0; e < 32; e++) {
+                    const uint8_t *at = grp + (int64_t)b * gbytes + (16 * e + c) * size;
+                    float w;
+                    if (type == GG_F32) memcpy(&w, at, 4);
+                    else w = type == GG_F16 ? half_to_float(read16(at)) : bf16_to_float(read16(at));
+                    p[e % 4] += x[32 * b + e] * w; /* a product, then a sum: -ffp-contract=off */
+                }
+            out[r][c] = (p[0] + p[1]) + (p[2] + p[3]);
         }
 }
 
@@ -958,6 +1005,49 @@ VNNI INLINE void q2k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
 #define Q2K_CALL(R) q2k_vnni(grp, nb, a, i0, R, out)
 VNNI_ROWS(group_q2k_vnni, Q2K_CALL)
 
+/* F32, F16, BF16: column e's 16 weights, widened exactly. */
+VNNI INLINE __m512 float16_at(int type, const uint8_t *blk, int e) {
+    if (type == GG_F32) return _mm512_loadu_ps(blk + 64 * e);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 32 * e));
+    return type == GG_F16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* The four partial sums of up to 4 rows (16 registers), a product then a sum (no FMA) per column. */
+VNNI INLINE void float_vnni(int type, const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, float out[R_MAX][LANES]) {
+    const int gbytes = group_block_bytes(type);
+    const float *x = a->x + (int64_t)i0 * a->ldx;
+    __m512 p[4][4];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < 4; j++) p[r][j] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)b * gbytes;
+        prefetch_ahead(blk, gbytes, PF_AHEAD(R));
+        for (int e = 0; e < 32; e++) {
+            const __m512 w = float16_at(type, blk, e);
+            for (int r = 0; r < R; r++)
+                p[r][e % 4] = _mm512_add_ps(p[r][e % 4], _mm512_mul_ps(_mm512_set1_ps(x[r * a->ldx + 32 * b + e]), w));
+        }
+    }
+    for (int r = 0; r < R; r++)
+        _mm512_storeu_ps(out[r], _mm512_add_ps(_mm512_add_ps(p[r][0], p[r][1]), _mm512_add_ps(p[r][2], p[r][3])));
+}
+
+/* A group's rows in passes of up to PASS rows (each pass reads the group's weights again: from L2 after the first). */
+#define FLOAT_ROWS(NAME, FN, TYPE, PASS, TARGET)                                                                   \
+    TARGET static void NAME(int type, const uint8_t *grp, int nb, const acts_t *a, int i0, int rows,              \
+                            float out[R_MAX][LANES]) {                                                             \
+        (void)type;                                                                                                \
+        for (int r0 = 0; r0 < rows; r0 += PASS) switch (rows - r0 < PASS ? rows - r0 : PASS) {                    \
+            case 1: FN(TYPE, grp, nb, a, i0 + r0, 1, out + r0); break;                                             \
+            case 2: FN(TYPE, grp, nb, a, i0 + r0, 2, out + r0); break;                                             \
+            case 3: FN(TYPE, grp, nb, a, i0 + r0, 3, out + r0); break;                                             \
+            default: FN(TYPE, grp, nb, a, i0 + r0, 4, out + r0); break;                                            \
+            }                                                                                                      \
+    }
+FLOAT_ROWS(group_f32_vnni, float_vnni, GG_F32, 4, VNNI)
+FLOAT_ROWS(group_f16_vnni, float_vnni, GG_F16, 4, VNNI)
+FLOAT_ROWS(group_bf16_vnni, float_vnni, GG_BF16, 4, VNNI)
+
 /* ------------------------------------------------------------------ AVX2 path
  * The same integers: vpmaddubsw (u8 quants x s8 activations, pairs summed in s16 without saturating: at most
  * 2 * 63 * 127) then vpmaddwd with each lane's sub-block scale (or ones), on the two halves (lanes 0-7, 8-15)
@@ -1266,6 +1356,38 @@ AVX2F INLINE void q2k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
 }
 #define Q2K_CALL2(R, R0, P) q2k_avx2(grp, nb, a, i0, R, R0, P, half, out)
 AVX2_ROWS(group_q2k_avx2, Q2K_CALL2, 1) /* Q4_K's registers: 8 weight vectors, the scales, a sum a row */
+
+/* F32, F16, BF16: lanes 8 half .. 8 half + 7 of column e, widened exactly. */
+AVX2F INLINE __m256 float8_at(int type, const uint8_t *blk, int e, int half) {
+    if (type == GG_F32) return _mm256_loadu_ps((const float *)(blk + 64 * e + 32 * half));
+    const __m128i h = _mm_loadu_si128((const __m128i *)(blk + 32 * e + 16 * half));
+    return type == GG_F16 ? _mm256_cvtph_ps(h) : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* float_vnni's sums on each half of the group, up to 3 rows a pass (12 of the 16 registers). */
+AVX2F INLINE void float_avx2(int type, const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, float out[R_MAX][LANES]) {
+    const int gbytes = group_block_bytes(type);
+    const float *x = a->x + (int64_t)i0 * a->ldx;
+    for (int half = 0; half < 2; half++) {
+        __m256 p[3][4];
+        for (int r = 0; r < R; r++)
+            for (int j = 0; j < 4; j++) p[r][j] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = grp + (int64_t)b * gbytes;
+            for (int e = 0; e < 32; e++) {
+                const __m256 w = float8_at(type, blk, e, half);
+                for (int r = 0; r < R; r++)
+                    p[r][e % 4] = _mm256_add_ps(p[r][e % 4], _mm256_mul_ps(_mm256_set1_ps(x[r * a->ldx + 32 * b + e]), w));
+            }
+        }
+        for (int r = 0; r < R; r++)
+            _mm256_storeu_ps(out[r] + 8 * half, _mm256_add_ps(_mm256_add_ps(p[r][0], p[r][1]), _mm256_add_ps(p[r][2], p[r][3])));
+    }
+}
+#define FLOAT_AVX2(TYPE, GRP, NB, A, I0, R, OUT) float_avx2(TYPE, GRP, NB, A, I0, (R) < 3 ? (R) : 3, OUT)
+FLOAT_ROWS(group_f32_avx2, FLOAT_AVX2, GG_F32, 3, AVX2F)
+FLOAT_ROWS(group_f16_avx2, FLOAT_AVX2, GG_F16, 3, AVX2F)
+FLOAT_ROWS(group_bf16_avx2, FLOAT_AVX2, GG_BF16, 3, AVX2F)
 #endif /* SD_X86 */
 
 /* ------------------------------------------------------------------ dispatch */
@@ -1309,6 +1431,9 @@ static group_fn group_function(int type, int isa) {
         case GG_Q5_1: return group_q51_vnni;
         case GG_IQ4_NL: return group_iq4nl_vnni;
         case GG_Q2_K: return group_q2k_vnni;
+        case GG_F32: return group_f32_vnni;
+        case GG_F16: return group_f16_vnni;
+        case GG_BF16: return group_bf16_vnni;
         }
     if (isa == ISA_AVX2) switch (type) {
         case GG_Q4_K: return group_q4k_avx2;
@@ -1320,9 +1445,13 @@ static group_fn group_function(int type, int isa) {
         case GG_Q5_1: return group_q51_avx2;
         case GG_IQ4_NL: return group_iq4nl_avx2;
         case GG_Q2_K: return group_q2k_avx2;
+        case GG_F32: return group_f32_avx2;
+        case GG_F16: return group_f16_avx2;
+        case GG_BF16: return group_bf16_avx2;
         }
 #endif
     (void)isa;
+    if (float_type(type)) return group_float_c;
     return group_portable;
 }
 
@@ -1335,6 +1464,14 @@ static void run_unit(const sd_gguf_params *p, const acts_t *acts[2], int isa, un
     const sd_gguf_part *part = &p->parts[u.part];
     const int type = part->type, nb = p->k / block_columns(type), gbytes = group_block_bytes(type);
     const acts_t *a = acts[block_columns(type) == BLOCK_K ? 0 : 1];
+    acts_t xs = {0}; /* F32, F16, BF16: x itself */
+    if (float_type(type)) {
+        xs.x = p->x;
+        xs.ldx = p->ldx;
+        xs.k = p->k;
+        xs.m = p->m;
+        a = &xs;
+    }
     const group_fn fn = group_function(type, isa);
     float out[R_MAX][LANES];
     for (int i0 = 0; i0 < p->m; i0 += R_MAX) {
@@ -1358,7 +1495,7 @@ int sd_gguf_linear(const sd_gguf_params *p) {
     for (int i = 0; i < p->nparts; i++) {
         const int type = p->parts[i].type;
         if (!sd_gguf_supported(type) || p->k % block_columns(type)) return -2;
-        need[block_columns(type) == BLOCK_K ? 0 : 1] = 1;
+        if (!float_type(type)) need[block_columns(type) == BLOCK_K ? 0 : 1] = 1; /* the float types read x itself */
         groups += (p->parts[i].n + LANES - 1) / LANES;
     }
     acts_t ak = {0}, a0 = {0};
@@ -1412,7 +1549,8 @@ int sd_gguf_linear(const sd_gguf_params *p) {
 
 /* Dequantise rows of a tensor as the file stores them (row-major blocks; e.g. an embedding's): out[r, :] =
  * W[rows[r], :] as llama.cpp de-quantises it, (d * sc) * q - (dmin * m) for Q4_K, (d * sc) * (q - 32) for Q6_K,
- * d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1 and Q5_1, d * (q - 8) for Q4_0, d * kvalues_iq4nl[q] for IQ4_NL, (d * sc) * q - (dmin * m) for Q2_K; an F32 or F16 table's rows as they are (widened).
+ * d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1 and Q5_1, d * (q - 8) for Q4_0, d * kvalues_iq4nl[q]
+ * for IQ4_NL, (d * sc) * q - (dmin * m) for Q2_K; an F32, F16 or BF16 table's rows as they are (widened).
  * Returns 0, or -2 for a type it lacks. */
 int sd_gguf_rows(int type, const void *blocks, int k, const int64_t *rows, int count, float *out) {
     if (type == GG_F32 || type == GG_F16) { /* an unquantised table: its rows as they are, widened */
@@ -1420,6 +1558,11 @@ int sd_gguf_rows(int type, const void *blocks, int k, const int64_t *rows, int c
             for (int j = 0; j < k; j++)
                 out[(int64_t)r * k + j] = type == GG_F32 ? ((const float *)blocks)[rows[r] * k + j]
                                                          : half_to_float(((const uint16_t *)blocks)[rows[r] * k + j]);
+        return 0;
+    }
+    if (type == GG_BF16) { /* bf16: the top half of an fp32 */
+        for (int r = 0; r < count; r++)
+            for (int j = 0; j < k; j++) out[(int64_t)r * k + j] = bf16_to_float(((const uint16_t *)blocks)[rows[r] * k + j]);
         return 0;
     }
     if (!sd_gguf_supported(type) || k % block_columns(type)) return -2;
