@@ -2,7 +2,9 @@
 
 - On every path this CPU has (and the portable C path), y equals a numpy reference that reads the file's block
   layout itself, bit for bit, for each type the kernel takes and for 1..19 rows.
-- Batch invariance: a row's outputs alone equal its outputs inside any forward.
+- Batch invariance: a row's outputs alone equal its outputs inside any forward; for the types added second
+  (Q4_0, Q5_1, IQ4_NL, Q2_K and the unquantised F32, F16, BF16) in passes of every size 1..8 and a 70-row
+  prefill, each row the reference's bits.
 - Parts side by side (q | k | v of mixed types, with biases) equal the parts alone.
 - The reference's reading of the blocks is llama.cpp's (gguf's own de-quantisation), and rows() de-quantises
   the file's blocks as llama.cpp does.
