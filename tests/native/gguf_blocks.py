@@ -2,7 +2,8 @@
 
 The reference reads the file's block layout itself (not the kernel's packing), quantises activations as the
 kernel's top comment says, sums the integers in int64 and runs the fp32 epilogue block by block in numpy's
-float32: what every path of the kernel must give, bit for bit.
+float32: what every path of the kernel must give, bit for bit.  The unquantised types (F32, F16, BF16): the
+kernel's four partial sums of float32 products, column by column, on x as it is.
 """
 
 from __future__ import annotations
