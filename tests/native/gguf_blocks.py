@@ -12,6 +12,7 @@ import numpy as np
 from specdec.native.kernels.gguf import BLOCK, FILE_BYTES, TYPES
 
 Q4_K, Q6_K, Q5_0, Q8_0, Q4_1 = (TYPES[name] for name in ("Q4_K", "Q6_K", "Q5_0", "Q8_0", "Q4_1"))
+Q5_K = TYPES["Q5_K"]
 f32 = np.float32
 
 
@@ -35,6 +36,9 @@ def random_blocks(type_id: int, n: int, k: int, rng: np.random.Generator) -> np.
     elif type_id == Q4_1:
         put_half(0, 1e-3, 2e-2)
         put_half(2, -0.1, 0.1)
+    elif type_id == Q5_K:
+        put_half(0, 1e-4, 4e-3)
+        put_half(2, 1e-4, 4e-3)
     return raw.reshape(n, nb * size)
 
 
@@ -43,13 +47,13 @@ def _half(raw: np.ndarray, offset: int) -> np.ndarray:
 
 
 def decode(type_id: int, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarray]:
-    """The integers and scales of [n, k] blocks: "q" [n, k] (the unsigned quant: Q6_K 0..63, Q5_0 0..31, Q8_0
-    -128..127 signed), per block "d" (and "dmin" / "m") [n, nb] fp32, Q4_K "sc" and "mn" [n, nb, 8], Q6_K "sc"
-    [n, nb, 16]."""
+    """The integers and scales of [n, k] blocks: "q" [n, k] (the unsigned quant: Q6_K 0..63, Q5_0 and Q5_K 0..31,
+    Q8_0 -128..127 signed), per block "d" (and "dmin" / "m") [n, nb] fp32, Q4_K / Q5_K "sc" and "mn" [n, nb, 8],
+    Q6_K "sc" [n, nb, 16]."""
     nb = k // BLOCK[type_id]
     b = raw.reshape(n, nb, FILE_BYTES[type_id])
     out: dict[str, np.ndarray] = {}
-    if type_id == Q4_K:
+    if type_id in (Q4_K, Q5_K):  # the same header: d, dmin, 12 bytes of 6-bit scales and minimums
         out["d"], out["dmin"] = _half(b, 0), _half(b, 2)
         s = b[..., 4:16].astype(np.int64)
         sc = np.zeros((n, nb, 8), np.int64)
@@ -61,8 +65,12 @@ def decode(type_id: int, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarra
                 sc[..., j] = (s[..., j + 4] & 0xF) | ((s[..., j - 4] >> 6) << 4)
                 mn[..., j] = (s[..., j + 4] >> 4) | ((s[..., j] >> 6) << 4)
         out["sc"], out["mn"] = sc, mn
-        qs = b[..., 16:144].astype(np.int64).reshape(n, nb, 4, 32)
+        start = 16 if type_id == Q4_K else 48  # Q5_K: qh[32] first
+        qs = b[..., start : start + 128].astype(np.int64).reshape(n, nb, 4, 32)
         q = np.concatenate([qs & 0xF, qs >> 4], axis=-1)  # [n, nb, 4 chunks, 64]
+        if type_id == Q5_K:  # column 32 i + l's fifth bit: bit i of qh[l]
+            qh = b[..., 16:48].astype(np.int64)  # [n, nb, 32]
+            q = q | (((qh[..., None, :] >> np.arange(8)[:, None]) & 1) << 4).reshape(n, nb, 4, 64)
         out["q"] = q.reshape(n, k)
     elif type_id == Q6_K:
         ql = b[..., 0:128].astype(np.int64).reshape(n, nb, 2, 64)
@@ -89,12 +97,12 @@ def decode(type_id: int, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarra
 
 
 def dequantize(type_id: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
-    """The weights [n, k] fp32 as llama.cpp de-quantises them: (d * sc) * q - (dmin * m) for Q4_K, (d * sc) *
+    """The weights [n, k] fp32 as llama.cpp de-quantises them: (d * sc) * q - (dmin * m) for Q4_K / Q5_K, (d * sc) *
     (q - 32) for Q6_K, d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1."""
     t = decode(type_id, raw, n, k)
     nb, cols = k // BLOCK[type_id], BLOCK[type_id]
     q = t["q"].reshape(n, nb, cols)
-    if type_id == Q4_K:
+    if type_id in (Q4_K, Q5_K):
         j = np.arange(cols) // 32
         scale = t["d"][..., None] * t["sc"][..., j].astype(f32)
         low = t["dmin"][..., None] * t["mn"][..., j].astype(f32)
@@ -133,7 +141,7 @@ def reference(type_id: int, raw: np.ndarray, n: int, k: int, x: np.ndarray, bias
     xs = xq.reshape(m, nb, cols)
     acc = np.zeros((m, n), f32)
     for b in range(nb):
-        if type_id == Q4_K:
+        if type_id in (Q4_K, Q5_K):
             s = np.einsum("ncj,mcj->mnc", q[:, b].reshape(n, 8, 32), xs[:, b].reshape(m, 8, 32))  # [m, n, 8]
             x32 = xs[:, b].reshape(m, 8, 32).sum(-1)  # [m, 8]
             tt = (s * t["sc"][None, :, b]).sum(-1)

@@ -1,7 +1,7 @@
 """The GGUF block kernel (specdec.native.kernels.gguf): the file's integers, exact sums, the same bits everywhere.
 
 - On every path this CPU has (and the portable C path), y equals a numpy reference that reads the file's block
-  layout itself, bit for bit, for each type the kernel takes and for 1..19 rows.
+  layout itself, bit for bit, for each type the kernel takes and for 1..9, 19 and 40 rows.
 - Batch invariance: a row's outputs alone equal its outputs inside any forward.
 - Parts side by side (q | k | v of mixed types, with biases) equal the parts alone.
 - The reference's reading of the blocks is llama.cpp's (gguf's own de-quantisation), and rows() de-quantises
@@ -15,10 +15,12 @@ import pytest
 import torch
 
 from specdec.native.kernels import gguf
-from tests.native.gguf_blocks import Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, dequantize, random_blocks, reference
+from tests.native.gguf_blocks import Q4_1, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0, dequantize, random_blocks, reference
 
 ALL = [Q4_K, Q6_K, Q5_0, Q8_0, Q4_1]
 COLUMNS = {Q4_K: 512, Q6_K: 768, Q5_0: 96, Q8_0: 128, Q4_1: 64}
+ALL += [Q5_K]
+COLUMNS.update({Q5_K: 512})
 
 
 def packed(type_id: int, n: int, k: int, seed: int = 0) -> tuple[np.ndarray, gguf.Part]:
@@ -39,7 +41,7 @@ def test_every_path_gives_the_references_bits(type_id, path):
     k, n = COLUMNS[type_id], 37  # 37: the last group of 16 channels is partial
     raw, part = packed(type_id, n, k)
     linear = gguf.Parts([part], k)
-    for m in (1, 2, 5, 8, 9, 19):
+    for m in (*range(1, 10), 19, 40):  # every pass size of 1..8 rows, and a prefill's passes
         x = activations(m, k, seed=m)
         want = reference(type_id, raw, n, k, x.numpy())
         got = linear(x, path=path).numpy()
@@ -49,7 +51,7 @@ def test_every_path_gives_the_references_bits(type_id, path):
 @pytest.mark.parametrize("path", gguf.paths())
 def test_a_row_alone_is_the_row_in_any_forward(path):
     k = 512
-    parts = [packed(t, 40, k, seed=i)[1] for i, t in enumerate((Q4_K, Q6_K))]
+    parts = [packed(t, 40, k, seed=i)[1] for i, t in enumerate((Q4_K, Q6_K, Q5_K))]
     linear = gguf.Parts(parts, k)
     x = activations(24, k)
     alone = torch.cat([linear(x[i : i + 1], path=path) for i in range(24)])

@@ -13,6 +13,7 @@
  *   Q5_0  S = sum q xq - 16 X32  (q in 0..31);   Q8_0  S = sum q xq  (q in -128..127)
  *         acc += dx * (d * (float)S)
  *   Q4_1  S = sum q xq;  acc += dx * (d * (float)S + m * (float)X32)
+ *   Q5_K  as Q4_K, q in 0..31
  *
  * with acc = 0 before the first block, the blocks in order, and y = acc (+ bias).  X16 / X32 are sums of xq over
  * 16 / 32 columns.  Every integer is exact (|T| < 2^31), so the order of the integer sums, the SIMD width, the
@@ -54,11 +55,14 @@ static int group_block_bytes(int type) {
     case GG_Q5_0: return 352;  /* d[16] fp16; 256 B nibbles; 64 B fifth bits */
     case GG_Q8_0: return 544;  /* d[16] fp16; 512 B quants + 128 */
     case GG_Q4_1: return 320;  /* d[16], m[16] fp16; 256 B nibbles */
+    case GG_Q5_K: return 2816; /* as Q4_K, each sub-block 256 B nibbles + 64 B fifth bits */
     default: return 0;
     }
 }
 
-static int block_columns(int type) { return type == GG_Q4_K || type == GG_Q6_K ? BLOCK_K : BLOCK_0; }
+static int block_columns(int type) {
+    return type == GG_Q4_K || type == GG_Q6_K || type == GG_Q5_K ? BLOCK_K : BLOCK_0;
+}
 
 /* The file's block bytes (ggml's block_* structs). */
 static int file_block_bytes(int type) {
@@ -68,6 +72,7 @@ static int file_block_bytes(int type) {
     case GG_Q5_0: return 22;
     case GG_Q8_0: return 34;
     case GG_Q4_1: return 20;
+    case GG_Q5_K: return 176;
     default: return 0;
     }
 }
@@ -107,7 +112,8 @@ static uint16_t read16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8))
  * e of a 32-column chunk lives in 4-column group g = (e % 32) / 4 at byte e % 4 of channel c's lane: the
  * nibble layout puts groups 0..3 in the low nibbles of four 64-byte vectors and groups 4..7 in their high
  * nibbles; Q6_K's two high bits of group g sit at bits 2 (g % 4) of a 64-byte vector g / 4; Q5_0's fifth
- * bit of group g at bit g of one 64-byte vector. */
+ * bit of group g at bit g of one 64-byte vector.  Q5_K: Q4_K's nibbles with Q5_0's fifth-bit vector after each
+ * sub-block's four. */
 
 static void q4k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
     if (j < 4) {
@@ -158,6 +164,12 @@ static void decode_block(int type, const uint8_t *blk, uint8_t *v) {
         for (int e = 0; e < 16; e++) {
             v[e] = blk[4 + e] & 0xF;
             v[e + 16] = blk[4 + e] >> 4;
+        }
+        break;
+    case GG_Q5_K: /* column e: nibble of qs[32 (e / 64) + e % 32] (high for odd e / 32), fifth bit e / 32 of qh[e % 32] */
+        for (int e = 0; e < 256; e++) {
+            const uint8_t byte = blk[48 + 32 * (e / 64) + e % 32];
+            v[e] = (uint8_t)(((e / 32) % 2 ? byte >> 4 : byte & 0xF) | (((blk[16 + e % 32] >> (e / 32)) & 1) << 4));
         }
         break;
     }
@@ -211,6 +223,20 @@ static void pack_block(int type, const uint8_t *src, int c, uint8_t *dst) {
         memcpy(dst + 2 * c, src, 2);          /* d */
         memcpy(dst + 32 + 2 * c, src + 2, 2); /* m */
         put_nibbles(dst + 64, c, v);
+        break;
+    case GG_Q5_K:
+        memcpy(dst + 2 * c, src, 2);          /* d */
+        memcpy(dst + 32 + 2 * c, src + 2, 2); /* dmin */
+        for (int b = 0; b < 12; b++) dst[64 + 16 * b + c] = src[4 + b];
+        for (int j = 0; j < 8; j++) {
+            uint8_t *sub = dst + 256 + 320 * j;
+            put_nibbles(sub, c, v + 32 * j);
+            for (int b = 0; b < 4; b++) {
+                uint8_t byte = 0;
+                for (int g = 0; g < 8; g++) byte |= (uint8_t)((v[32 * j + 4 * g + b] >> 4) << g);
+                sub[256 + 4 * c + b] = byte;
+            }
+        }
         break;
     }
 }
@@ -470,6 +496,11 @@ static int packed_quant(int type, const uint8_t *blk, int c, int e) {
         const uint8_t byte = blk[64 + 64 * (g % 4) + 4 * c + b];
         return g < 4 ? byte & 0xF : byte >> 4;
     }
+    case GG_Q5_K: {
+        const uint8_t *sub = blk + 256 + 320 * (e / 32);
+        const uint8_t byte = sub[64 * (g % 4) + 4 * c + b], hi = sub[256 + 4 * c + b];
+        return (g < 4 ? byte & 0xF : byte >> 4) | (((hi >> g) & 1) << 4);
+    }
     default: return 0;
     }
 }
@@ -518,6 +549,21 @@ static float block_c(int type, const uint8_t *blk, int c, const acts_t *a, int i
         for (int e = 0; e < 32; e++) s += packed_quant(type, blk, c, e) * xq[e];
         const float m = half_to_float(read16(blk + 32 + 2 * c));
         return dx * (d * (float)s + m * (float)x32[0]);
+    }
+    case GG_Q5_K: { /* Q4_K's sums, q in 0..31 */
+        int32_t t = 0, mm = 0;
+        uint8_t raw[12];
+        for (int b = 0; b < 12; b++) raw[b] = blk[64 + 16 * b + c];
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            q4k_scale_min(raw, j, &sc, &m);
+            int32_t s = 0;
+            for (int e = 32 * j; e < 32 * j + 32; e++) s += packed_quant(type, blk, c, e) * xq[e];
+            t += (int32_t)sc * s;
+            mm += (int32_t)m * x32[j];
+        }
+        const float dmin = half_to_float(read16(blk + 32 + 2 * c));
+        return dx * (d * (float)t - dmin * (float)mm);
     }
     default: return 0.0f;
     }
@@ -782,6 +828,54 @@ VNNI_ROWS(group_q50_vnni, Q50_CALL)
 VNNI_ROWS(group_q80_vnni, Q80_CALL)
 VNNI_ROWS(group_q41_vnni, Q41_CALL)
 
+/* Q5_K: Q4_K's sub-blocks with Q5_0's fifth bits (bit g of the vector after a sub-block's nibbles). */
+VNNI INLINE void q5k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, float out[R_MAX][LANES]) {
+    const int8_t *xq = panel(a, i0);
+    const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
+    const int16_t *mins = a->x32hp + (int64_t)(i0 / R_MAX) * nb * R_MAX * 8;
+    const __m512i low = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
+    __m512 acc[R_MAX];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)b * 2816;
+        __m128i sc8[8], m8[8];
+        q4k_scales(blk, sc8, m8);
+        __m512i t[R_MAX];
+        for (int r = 0; r < R; r++) t[r] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *qs = blk + 256 + 320 * j;
+            const int8_t *xs = xq + (int64_t)(8 * b + j) * 32 * R;
+            prefetch_ahead(blk + 352 * j, 384, PF_AHEAD(R)); /* 8 x 352 = 2816 */
+            const __m512i sc = _mm512_cvtepu8_epi32(sc8[j]);
+            const __m512i h = _mm512_loadu_si512(qs + 256);
+            __m512i w[8];
+            for (int z = 0; z < 4; z++) {
+                const __m512i v = _mm512_loadu_si512(qs + 64 * z);
+                w[z] = _mm512_ternarylogic_epi32(_mm512_and_si512(v, low), q5_high(h, z), bit4, 0xF8);
+                w[z + 4] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), q5_high(h, z + 4), bit4, 0xF8);
+            }
+            for (int r = 0; r < R; r++) t[r] = _mm512_add_epi32(t[r], _mm512_mullo_epi32(dot32(w, xs + 4 * r, 4 * R, CHAINS(R)), sc));
+        }
+        const __m512 d = load_half16(blk), dmin = load_half16(blk + 32);
+        __m512i mp[4]; /* lane c: (m_2p, m_2p+1) as two int16 */
+        for (int p = 0; p < 4; p++) {
+            const __m128i lo = _mm_unpacklo_epi8(m8[2 * p], m8[2 * p + 1]), hi = _mm_unpackhi_epi8(m8[2 * p], m8[2 * p + 1]);
+            mp[p] = _mm512_cvtepu8_epi16(_mm256_set_m128i(hi, lo));
+        }
+        for (int r = 0; r < R; r++) {
+            const int16_t *x32 = mins + ((int64_t)b * R_MAX + r) * 8;
+            __m512i mm = _mm512_setzero_si512();
+            for (int p = 0; p < 4; p++) mm = _mm512_dpwssd_epi32(mm, mp[p], bcast32(x32 + 2 * p));
+            const __m512 dx = _mm512_set1_ps(dxs[b * R_MAX + r]);
+            const __m512 v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(t[r])), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mm)));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(dx, v));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(out[r], acc[r]);
+}
+#define Q5K_CALL(R) q5k_vnni(grp, nb, a, i0, R, out)
+VNNI_ROWS(group_q5k_vnni, Q5K_CALL)
+
 /* ------------------------------------------------------------------ AVX2 path
  * The same integers: vpmaddubsw (u8 quants x s8 activations, pairs summed in s16 without saturating: at most
  * 2 * 63 * 127) then vpmaddwd with each lane's sub-block scale (or ones), on the two halves (lanes 0-7, 8-15)
@@ -1020,6 +1114,64 @@ AVX2_ROWS(group_q6k_avx2, Q6K_CALL2, 0)
 AVX2_ROWS(group_q50_avx2, Q50_CALL2, 0)
 AVX2_ROWS(group_q80_avx2, Q80_CALL2, 0)
 AVX2_ROWS(group_q41_avx2, Q41_CALL2, 0)
+
+/* Q5_K: Q4_K's with the fifth bits; pair sums of 2 * 31 * 127 stay within s16 four at a time, not eight. */
+AVX2F INLINE void q5k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, const int r0, const int P, int half,
+                           float out[R_MAX][LANES]) {
+    const int h32 = 32 * half;
+    const int8_t *xq = panel(a, i0);
+    const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
+    const int16_t *mins = a->x32hp + (int64_t)(i0 / R_MAX) * nb * R_MAX * 8;
+    const __m256i low = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+    __m256 acc[R_MAX];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)b * 2816;
+        __m128i sc8[8], m8[8];
+        q4k_scales(blk, sc8, m8);
+        __m256i t[R_MAX];
+        for (int r = 0; r < R; r++) t[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *qs = blk + 256 + 320 * j + h32;
+            const int8_t *xs = xq + (int64_t)(8 * b + j) * 32 * P;
+            const __m256i v32 = _mm256_cvtepu8_epi32(half ? _mm_srli_si128(sc8[j], 8) : sc8[j]);
+            const __m256i sc = _mm256_or_si256(v32, _mm256_slli_epi32(v32, 16)); /* each lane's scale twice */
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(qs + 256));
+            __m256i w[8];
+            for (int z = 0; z < 4; z++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * z));
+                w[z] = _mm256_or_si256(_mm256_and_si256(v, low), _mm256_and_si256(q5_high8(h, z), bit4));
+                w[z + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), _mm256_and_si256(q5_high8(h, z + 4), bit4));
+            }
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = xs + 4 * (r0 + r);
+                __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
+                for (int g = 0; g < 4; g++) {
+                    p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(w[g], bcast32_8(x + 4 * P * g)));
+                    p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(w[g + 4], bcast32_8(x + 4 * P * (g + 4))));
+                }
+                t[r] = _mm256_add_epi32(t[r], _mm256_add_epi32(_mm256_madd_epi16(p0, sc), _mm256_madd_epi16(p1, sc)));
+            }
+        }
+        const __m256 d = load_half8(blk + 16 * half), dmin = load_half8(blk + 32 + 16 * half);
+        __m256i mp[4]; /* lane c: (m_2p, m_2p+1) as two int16 */
+        for (int p = 0; p < 4; p++) {
+            const __m128i pairs = half ? _mm_unpackhi_epi8(m8[2 * p], m8[2 * p + 1]) : _mm_unpacklo_epi8(m8[2 * p], m8[2 * p + 1]);
+            mp[p] = _mm256_cvtepu8_epi16(pairs);
+        }
+        for (int r = 0; r < R; r++) {
+            const int16_t *x32 = mins + ((int64_t)b * R_MAX + r0 + r) * 8;
+            __m256i mm = _mm256_setzero_si256();
+            for (int p = 0; p < 4; p++) mm = _mm256_add_epi32(mm, _mm256_madd_epi16(mp[p], bcast32_8(x32 + 2 * p)));
+            const __m256 dx = _mm256_set1_ps(dxs[b * R_MAX + r0 + r]);
+            const __m256 v = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(t[r])), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mm)));
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, v));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r0 + r] + 8 * half, acc[r]);
+}
+#define Q5K_CALL2(R, R0, P) q5k_avx2(grp, nb, a, i0, R, R0, P, half, out)
+AVX2_ROWS(group_q5k_avx2, Q5K_CALL2, 1)
 #endif /* SD_X86 */
 
 /* ------------------------------------------------------------------ dispatch */
@@ -1059,6 +1211,7 @@ static group_fn group_function(int type, int isa) {
         case GG_Q5_0: return group_q50_vnni;
         case GG_Q8_0: return group_q80_vnni;
         case GG_Q4_1: return group_q41_vnni;
+        case GG_Q5_K: return group_q5k_vnni;
         }
     if (isa == ISA_AVX2) switch (type) {
         case GG_Q4_K: return group_q4k_avx2;
@@ -1066,6 +1219,7 @@ static group_fn group_function(int type, int isa) {
         case GG_Q5_0: return group_q50_avx2;
         case GG_Q8_0: return group_q80_avx2;
         case GG_Q4_1: return group_q41_avx2;
+        case GG_Q5_K: return group_q5k_avx2;
         }
 #endif
     (void)isa;
@@ -1157,7 +1311,7 @@ int sd_gguf_linear(const sd_gguf_params *p) {
 }
 
 /* Dequantise rows of a tensor as the file stores them (row-major blocks; e.g. an embedding's): out[r, :] =
- * W[rows[r], :] as llama.cpp de-quantises it, (d * sc) * q - (dmin * m) for Q4_K, (d * sc) * (q - 32) for Q6_K,
+ * W[rows[r], :] as llama.cpp de-quantises it, (d * sc) * q - (dmin * m) for Q4_K and Q5_K, (d * sc) * (q - 32) for Q6_K,
  * d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1; an F32 or F16 table's rows as they are (widened).
  * Returns 0, or -2 for a type it lacks. */
 int sd_gguf_rows(int type, const void *blocks, int k, const int64_t *rows, int count, float *out) {
@@ -1203,6 +1357,16 @@ int sd_gguf_rows(int type, const void *blocks, int k, const int64_t *rows, int c
             case GG_Q4_1: {
                 const float d = half_to_float(read16(blk)), m = half_to_float(read16(blk + 2));
                 for (int e = 0; e < 32; e++) o[e] = d * (float)v[e] + m;
+                break;
+            }
+            case GG_Q5_K: {
+                const float d = half_to_float(read16(blk)), dmin = half_to_float(read16(blk + 2));
+                for (int j = 0; j < 8; j++) {
+                    uint8_t sc, m;
+                    q4k_scale_min(blk + 4, j, &sc, &m);
+                    const float d1 = d * (float)sc, m1 = dmin * (float)m;
+                    for (int e = 32 * j; e < 32 * j + 32; e++) o[e] = d1 * (float)v[e] - m1;
+                }
                 break;
             }
             }
