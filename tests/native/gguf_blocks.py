@@ -12,7 +12,7 @@ import numpy as np
 from specdec.native.kernels.gguf import BLOCK, FILE_BYTES, TYPES
 
 Q4_K, Q6_K, Q5_0, Q8_0, Q4_1 = (TYPES[name] for name in ("Q4_K", "Q6_K", "Q5_0", "Q8_0", "Q4_1"))
-Q5_K = TYPES["Q5_K"]
+Q5_K, Q3_K = TYPES["Q5_K"], TYPES["Q3_K"]
 f32 = np.float32
 
 
@@ -39,6 +39,8 @@ def random_blocks(type_id: int, n: int, k: int, rng: np.random.Generator) -> np.
     elif type_id == Q5_K:
         put_half(0, 1e-4, 4e-3)
         put_half(2, 1e-4, 4e-3)
+    elif type_id == Q3_K:
+        put_half(108, 1e-4, 4e-3)
     return raw.reshape(n, nb * size)
 
 
@@ -48,8 +50,8 @@ def _half(raw: np.ndarray, offset: int) -> np.ndarray:
 
 def decode(type_id: int, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarray]:
     """The integers and scales of [n, k] blocks: "q" [n, k] (the unsigned quant: Q6_K 0..63, Q5_0 and Q5_K 0..31,
-    Q8_0 -128..127 signed), per block "d" (and "dmin" / "m") [n, nb] fp32, Q4_K / Q5_K "sc" and "mn" [n, nb, 8],
-    Q6_K "sc" [n, nb, 16]."""
+    Q8_0 -128..127 signed, Q3_K 0..7), per block "d" (and "dmin" / "m") [n, nb] fp32, Q4_K / Q5_K "sc" and "mn"
+    [n, nb, 8], Q6_K "sc" [n, nb, 16], Q3_K "sc" - 32 [n, nb, 16]."""
     nb = k // BLOCK[type_id]
     b = raw.reshape(n, nb, FILE_BYTES[type_id])
     out: dict[str, np.ndarray] = {}
@@ -93,12 +95,23 @@ def decode(type_id: int, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarra
         out["d"], out["m"] = _half(b, 0), _half(b, 2)
         qs = b[..., 4:20].astype(np.int64)
         out["q"] = np.concatenate([qs & 0xF, qs >> 4], axis=-1).reshape(n, k)
+    elif type_id == Q3_K:  # column 128 h + 32 i + l: bits 2 i of qs[32 h + l], third bit 4 h + i of hmask[l]
+        hmask = b[..., 0:32].astype(np.int64)  # [n, nb, 32]
+        qs = b[..., 32:96].astype(np.int64).reshape(n, nb, 2, 1, 32)
+        low = (qs >> (2 * np.arange(4))[:, None]) & 3  # [n, nb, 2, 4, 32]
+        third = (hmask[..., None, :] >> np.arange(8)[:, None]) & 1  # [n, nb, 8, 32]
+        out["q"] = (low.reshape(n, nb, 8, 32) | (third << 2)).reshape(n, k)  # 0..7: the file's q + 4
+        s = b[..., 96:108].astype(np.int64)
+        i = np.arange(16)
+        lo = np.where(i < 8, s[..., i % 8] & 0xF, s[..., i % 8] >> 4)
+        out["sc"] = (lo | (((s[..., 8 + i % 4] >> (2 * (i // 4))) & 3) << 4)) - 32  # [n, nb, 16] in -32..31
+        out["d"] = _half(b, 108)
     return out
 
 
 def dequantize(type_id: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
     """The weights [n, k] fp32 as llama.cpp de-quantises them: (d * sc) * q - (dmin * m) for Q4_K / Q5_K, (d * sc) *
-    (q - 32) for Q6_K, d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1."""
+    (q - 32) for Q6_K, d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1, (d * (sc - 32)) * (q - 4) for Q3_K."""
     t = decode(type_id, raw, n, k)
     nb, cols = k // BLOCK[type_id], BLOCK[type_id]
     q = t["q"].reshape(n, nb, cols)
@@ -113,6 +126,8 @@ def dequantize(type_id: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
         w = t["d"][..., None] * (q - 16).astype(f32)
     elif type_id == Q8_0:
         w = t["d"][..., None] * q.astype(f32)
+    elif type_id == Q3_K:
+        w = (t["d"][..., None] * t["sc"][..., np.arange(cols) // 16].astype(f32)) * (q - 4).astype(f32)
     else:
         w = t["d"][..., None] * q.astype(f32) + t["m"][..., None]
     return w.reshape(n, k).astype(f32)
@@ -150,6 +165,11 @@ def reference(type_id: int, raw: np.ndarray, n: int, k: int, x: np.ndarray, bias
         elif type_id == Q6_K:
             s = np.einsum("ncj,mcj->mnc", q[:, b].reshape(n, 16, 16), xs[:, b].reshape(m, 16, 16))
             s = s - 32 * xs[:, b].reshape(m, 16, 16).sum(-1)[:, None]
+            tt = (s * t["sc"][None, :, b]).sum(-1)
+            v = t["d"][None, :, b] * tt.astype(f32)
+        elif type_id == Q3_K:
+            s = np.einsum("ncj,mcj->mnc", q[:, b].reshape(n, 16, 16), xs[:, b].reshape(m, 16, 16))
+            s = s - 4 * xs[:, b].reshape(m, 16, 16).sum(-1)[:, None]
             tt = (s * t["sc"][None, :, b]).sum(-1)
             v = t["d"][None, :, b] * tt.astype(f32)
         else:

@@ -14,6 +14,8 @@
  *         acc += dx * (d * (float)S)
  *   Q4_1  S = sum q xq;  acc += dx * (d * (float)S + m * (float)X32)
  *   Q5_K  as Q4_K, q in 0..31
+ *   Q3_K  T = sum_j (sc_j - 32) * (S_j - 4 X16_j)                 (j: the 16 sub-blocks of 16; q in 0..7)
+ *         acc += dx * (d * (float)T)
  *
  * with acc = 0 before the first block, the blocks in order, and y = acc (+ bias).  X16 / X32 are sums of xq over
  * 16 / 32 columns.  Every integer is exact (|T| < 2^31), so the order of the integer sums, the SIMD width, the
@@ -56,12 +58,13 @@ static int group_block_bytes(int type) {
     case GG_Q8_0: return 544;  /* d[16] fp16; 512 B quants + 128 */
     case GG_Q4_1: return 320;  /* d[16], m[16] fp16; 256 B nibbles */
     case GG_Q5_K: return 2816; /* as Q4_K, each sub-block 256 B nibbles + 64 B fifth bits */
+    case GG_Q3_K: return 1760; /* d[16] fp16; the file's 12 scale bytes [12][16]; 8 chunks x (128 B crumbs + 64 B third bits) */
     default: return 0;
     }
 }
 
 static int block_columns(int type) {
-    return type == GG_Q4_K || type == GG_Q6_K || type == GG_Q5_K ? BLOCK_K : BLOCK_0;
+    return type == GG_Q4_K || type == GG_Q6_K || type == GG_Q5_K || type == GG_Q3_K ? BLOCK_K : BLOCK_0;
 }
 
 /* The file's block bytes (ggml's block_* structs). */
@@ -73,6 +76,7 @@ static int file_block_bytes(int type) {
     case GG_Q8_0: return 34;
     case GG_Q4_1: return 20;
     case GG_Q5_K: return 176;
+    case GG_Q3_K: return 110;
     default: return 0;
     }
 }
@@ -113,7 +117,8 @@ static uint16_t read16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8))
  * nibble layout puts groups 0..3 in the low nibbles of four 64-byte vectors and groups 4..7 in their high
  * nibbles; Q6_K's two high bits of group g sit at bits 2 (g % 4) of a 64-byte vector g / 4; Q5_0's fifth
  * bit of group g at bit g of one 64-byte vector.  Q5_K: Q4_K's nibbles with Q5_0's fifth-bit vector after each
- * sub-block's four. */
+ * sub-block's four.  Q3_K (q = 2 low bits + 4 * the hmask bit, 0..7): group g's low bits at bits 2 (g % 4) of
+ * a 64-byte vector g / 4 (as Q6_K's high bits), its third bit at bit g of a third vector (as Q5_0's fifth). */
 
 static void q4k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
     if (j < 4) {
@@ -123,6 +128,11 @@ static void q4k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
         *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
         *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
     }
+}
+
+/* Q3_K's 6-bit scale i (0..15) of the file's 12 bytes s: low 4 bits a nibble of s[i % 8], high 2 of s[8 + i % 4]. */
+static int q3k_scale(const uint8_t *s, int i) {
+    return ((i < 8 ? s[i] : s[i - 8] >> 4) & 0xF) | (((s[8 + i % 4] >> (2 * (i / 4))) & 3) << 4);
 }
 
 /* A file block's quants, column by column (see above), into v[block_columns(type)]. */
@@ -165,6 +175,10 @@ static void decode_block(int type, const uint8_t *blk, uint8_t *v) {
             v[e] = blk[4 + e] & 0xF;
             v[e + 16] = blk[4 + e] >> 4;
         }
+        break;
+    case GG_Q3_K: /* column e: bits 2 ((e % 128) / 32) of qs[32 (e / 128) + e % 32], third bit e / 32 of hmask[e % 32] */
+        for (int e = 0; e < 256; e++)
+            v[e] = (uint8_t)(((blk[32 + 32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3) | (((blk[e % 32] >> (e / 32)) & 1) << 2));
         break;
     case GG_Q5_K: /* column e: nibble of qs[32 (e / 64) + e % 32] (high for odd e / 32), fifth bit e / 32 of qh[e % 32] */
         for (int e = 0; e < 256; e++) {
@@ -235,6 +249,24 @@ static void pack_block(int type, const uint8_t *src, int c, uint8_t *dst) {
                 uint8_t byte = 0;
                 for (int g = 0; g < 8; g++) byte |= (uint8_t)((v[32 * j + 4 * g + b] >> 4) << g);
                 sub[256 + 4 * c + b] = byte;
+            }
+        }
+        break;
+    case GG_Q3_K:
+        memcpy(dst + 2 * c, src + 108, 2); /* d */
+        for (int b = 0; b < 12; b++) dst[32 + 16 * b + c] = src[96 + b];
+        for (int t = 0; t < 8; t++) {
+            uint8_t *chunk = dst + 224 + 192 * t;
+            const uint8_t *w = v + 32 * t;
+            for (int b = 0; b < 4; b++) {
+                uint8_t low[2] = {0, 0}, hi = 0;
+                for (int g = 0; g < 8; g++) {
+                    low[g / 4] |= (uint8_t)((w[4 * g + b] & 3) << (2 * (g % 4)));
+                    hi |= (uint8_t)((w[4 * g + b] >> 2) << g);
+                }
+                chunk[4 * c + b] = low[0];
+                chunk[64 + 4 * c + b] = low[1];
+                chunk[128 + 4 * c + b] = hi;
             }
         }
         break;
@@ -501,6 +533,11 @@ static int packed_quant(int type, const uint8_t *blk, int c, int e) {
         const uint8_t byte = sub[64 * (g % 4) + 4 * c + b], hi = sub[256 + 4 * c + b];
         return (g < 4 ? byte & 0xF : byte >> 4) | (((hi >> g) & 1) << 4);
     }
+    case GG_Q3_K: {
+        const uint8_t *chunk = blk + 224 + 192 * (e / 32);
+        const uint8_t low = chunk[64 * (g / 4) + 4 * c + b], hi = chunk[128 + 4 * c + b];
+        return ((low >> (2 * (g % 4))) & 3) | (((hi >> g) & 1) << 2);
+    }
     default: return 0;
     }
 }
@@ -564,6 +601,17 @@ static float block_c(int type, const uint8_t *blk, int c, const acts_t *a, int i
         }
         const float dmin = half_to_float(read16(blk + 32 + 2 * c));
         return dx * (d * (float)t - dmin * (float)mm);
+    }
+    case GG_Q3_K: {
+        uint8_t raw[12];
+        for (int b = 0; b < 12; b++) raw[b] = blk[32 + 16 * b + c];
+        int32_t t = 0;
+        for (int j = 0; j < 16; j++) {
+            int32_t s = -4 * x16[j];
+            for (int e = 16 * j; e < 16 * j + 16; e++) s += packed_quant(type, blk, c, e) * xq[e];
+            t += (q3k_scale(raw, j) - 32) * s;
+        }
+        return dx * (d * (float)t);
     }
     default: return 0.0f;
     }
@@ -876,6 +924,76 @@ VNNI INLINE void q5k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
 #define Q5K_CALL(R) q5k_vnni(grp, nb, a, i0, R, out)
 VNNI_ROWS(group_q5k_vnni, Q5K_CALL)
 
+/* Q3_K's 16 scales of 16 channels, minus 32, as int8 (byte b of the file's 12 at row b of the packed block);
+ * for the AVX2 and VNNI paths alike. */
+__attribute__((target("avx2"))) INLINE void q3k_scales(const uint8_t *blk, __m128i sc[16]) {
+    const __m128i low = _mm_set1_epi8(0x0F), top = _mm_set1_epi8(0x30), bias = _mm_set1_epi8(32);
+    __m128i s[12];
+    for (int b = 0; b < 12; b++) s[b] = _mm_loadu_si128((const __m128i *)(blk + 32 + 16 * b));
+    for (int i = 0; i < 16; i++) {
+        const __m128i lo = i < 8 ? _mm_and_si128(s[i], low) : _mm_and_si128(_mm_srli_epi16(s[i - 8], 4), low);
+        const __m128i h = s[8 + i % 4]; /* its bits 2 (i / 4) .. + 1 to bits 4..5 */
+        const __m128i hi = i < 4 ? _mm_slli_epi16(h, 4) : i < 8 ? _mm_slli_epi16(h, 2) : i < 12 ? h : _mm_srli_epi16(h, 2);
+        sc[i] = _mm_sub_epi8(_mm_or_si128(lo, _mm_and_si128(hi, top)), bias);
+    }
+}
+
+/* Q3_K's third bit of group g (bit g of h) to bit 2. */
+VNNI INLINE __m512i q3_high(__m512i h, int g) {
+    switch (g) {
+    case 0: return _mm512_slli_epi16(h, 2);
+    case 1: return _mm512_slli_epi16(h, 1);
+    case 2: return h;
+    default: return _mm512_srli_epi16(h, g - 2);
+    }
+}
+
+/* Q3_K: Q6_K's form, each 16-column sum starting at -4 X16 (the panel's -32 X16 / 8: exact). */
+VNNI INLINE void q3k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, float out[R_MAX][LANES]) {
+    const int8_t *xq = panel(a, i0);
+    const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
+    const int32_t *offs = a->x16np + (int64_t)(i0 / R_MAX) * nb * 16 * R_MAX;
+    const __m512i two = _mm512_set1_epi8(3), bit2 = _mm512_set1_epi8(4);
+    __m512 acc[R_MAX];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)b * 1760;
+        __m128i sc8[16];
+        q3k_scales(blk, sc8);
+        __m512i t[R_MAX];
+        for (int r = 0; r < R; r++) t[r] = _mm512_setzero_si512();
+        for (int c = 0; c < 8; c++) {
+            const uint8_t *chunk = blk + 224 + 192 * c;
+            const int8_t *xs = xq + (int64_t)(8 * b + c) * 32 * R;
+            const int32_t *off = offs + (int64_t)(16 * b + 2 * c) * R_MAX;
+            prefetch_ahead(blk + 220 * c, 256, PF_AHEAD(R)); /* 8 x 220 = 1760 */
+            const __m512i l0 = _mm512_loadu_si512(chunk), l1 = _mm512_loadu_si512(chunk + 64);
+            const __m512i h = _mm512_loadu_si512(chunk + 128);
+            __m512i w[8];
+            for (int g = 0; g < 8; g++) {
+                const __m512i crumb = _mm512_and_si512(_mm512_srli_epi16(g < 4 ? l0 : l1, 2 * (g % 4)), two);
+                w[g] = _mm512_ternarylogic_epi32(crumb, q3_high(h, g), bit2, 0xF8);
+            }
+            const __m512i sc0 = _mm512_cvtepi8_epi32(sc8[2 * c]), sc1 = _mm512_cvtepi8_epi32(sc8[2 * c + 1]);
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = xs + 4 * r;
+                __m512i s0 = _mm512_set1_epi32(off[r] / 8), s1 = _mm512_set1_epi32(off[R_MAX + r] / 8);
+                for (int g = 0; g < 4; g++) s0 = dpbusd_at(s0, w[g], x + 4 * R * g);
+                for (int g = 4; g < 8; g++) s1 = dpbusd_at(s1, w[g], x + 4 * R * g);
+                t[r] = _mm512_add_epi32(t[r], _mm512_add_epi32(_mm512_mullo_epi32(s0, sc0), _mm512_mullo_epi32(s1, sc1)));
+            }
+        }
+        const __m512 d = load_half16(blk);
+        for (int r = 0; r < R; r++) {
+            const __m512 dx = _mm512_set1_ps(dxs[b * R_MAX + r]);
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(dx, _mm512_mul_ps(d, _mm512_cvtepi32_ps(t[r]))));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(out[r], acc[r]);
+}
+#define Q3K_CALL(R) q3k_vnni(grp, nb, a, i0, R, out)
+VNNI_ROWS(group_q3k_vnni, Q3K_CALL)
+
 /* ------------------------------------------------------------------ AVX2 path
  * The same integers: vpmaddubsw (u8 quants x s8 activations, pairs summed in s16 without saturating: at most
  * 2 * 63 * 127) then vpmaddwd with each lane's sub-block scale (or ones), on the two halves (lanes 0-7, 8-15)
@@ -1172,6 +1290,74 @@ AVX2F INLINE void q5k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
 }
 #define Q5K_CALL2(R, R0, P) q5k_avx2(grp, nb, a, i0, R, R0, P, half, out)
 AVX2_ROWS(group_q5k_avx2, Q5K_CALL2, 1)
+
+AVX2F INLINE __m256i q3_high8(__m256i h, int g) {
+    switch (g) {
+    case 0: return _mm256_slli_epi16(h, 2);
+    case 1: return _mm256_slli_epi16(h, 1);
+    case 2: return h;
+    default: return _mm256_srli_epi16(h, g - 2);
+    }
+}
+
+/* Q3_K: Q6_K's regrouping, T = sum_j (sc_j - 32) S_j - 4 sum_j (sc_j - 32) X16_j; pair sums of 2 * 7 * 127 stay
+ * within s16 eight at a time. */
+AVX2F INLINE void q3k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, const int r0, const int P, int half,
+                           float out[R_MAX][LANES]) {
+    const int h32 = 32 * half;
+    const int8_t *xq = panel(a, i0);
+    const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
+    const int16_t *offs = a->x16hp + (int64_t)(i0 / R_MAX) * nb * R_MAX * 16;
+    const __m256i two = _mm256_set1_epi8(3), bit2 = _mm256_set1_epi8(4);
+    __m256 acc[R_MAX];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)b * 1760;
+        __m128i sc8[16];
+        q3k_scales(blk, sc8);
+        __m256i t[R_MAX];
+        for (int r = 0; r < R; r++) t[r] = _mm256_setzero_si256();
+        for (int c = 0; c < 8; c++) {
+            const uint8_t *chunk = blk + 224 + 192 * c + h32;
+            const int8_t *xs = xq + (int64_t)(8 * b + c) * 32 * P;
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)chunk), l1 = _mm256_loadu_si256((const __m256i *)(chunk + 64));
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(chunk + 128));
+            __m256i w[8];
+            for (int g = 0; g < 8; g++)
+                w[g] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(g < 4 ? l0 : l1, 2 * (g % 4)), two),
+                                       _mm256_and_si256(q3_high8(h, g), bit2));
+            __m256i sc[2]; /* each lane's scale twice, the chunk's two sub-blocks */
+            for (int u = 0; u < 2; u++) {
+                const __m256i v = _mm256_cvtepi8_epi32(half ? _mm_srli_si128(sc8[2 * c + u], 8) : sc8[2 * c + u]);
+                sc[u] = _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+            }
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = xs + 4 * (r0 + r);
+                __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
+                for (int g = 0; g < 4; g++) {
+                    p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(w[g], bcast32_8(x + 4 * P * g)));
+                    p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(w[g + 4], bcast32_8(x + 4 * P * (g + 4))));
+                }
+                t[r] = _mm256_add_epi32(t[r], _mm256_add_epi32(_mm256_madd_epi16(p0, sc[0]), _mm256_madd_epi16(p1, sc[1])));
+            }
+        }
+        __m256i sp[8]; /* lane c: (sc_2p - 32, sc_2p+1 - 32) as two int16 */
+        for (int p = 0; p < 8; p++)
+            sp[p] = _mm256_cvtepi8_epi16(half ? _mm_unpackhi_epi8(sc8[2 * p], sc8[2 * p + 1]) : _mm_unpacklo_epi8(sc8[2 * p], sc8[2 * p + 1]));
+        const __m256 d = load_half8(blk + 16 * half);
+        for (int r = 0; r < R; r++) {
+            const int16_t *x16 = offs + ((int64_t)b * R_MAX + r0 + r) * 16;
+            __m256i o = _mm256_setzero_si256();
+            for (int p = 0; p < 8; p++) o = _mm256_add_epi32(o, _mm256_madd_epi16(sp[p], bcast32_8(x16 + 2 * p)));
+            const __m256i tt = _mm256_sub_epi32(t[r], _mm256_slli_epi32(o, 2));
+            const __m256 dx = _mm256_set1_ps(dxs[b * R_MAX + r0 + r]);
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, _mm256_mul_ps(d, _mm256_cvtepi32_ps(tt))));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r0 + r] + 8 * half, acc[r]);
+}
+#define Q3K_CALL2(R, R0, P) q3k_avx2(grp, nb, a, i0, R, R0, P, half, out)
+AVX2_ROWS(group_q3k_avx2, Q3K_CALL2, 0)
 #endif /* SD_X86 */
 
 /* ------------------------------------------------------------------ dispatch */
@@ -1212,6 +1398,7 @@ static group_fn group_function(int type, int isa) {
         case GG_Q8_0: return group_q80_vnni;
         case GG_Q4_1: return group_q41_vnni;
         case GG_Q5_K: return group_q5k_vnni;
+        case GG_Q3_K: return group_q3k_vnni;
         }
     if (isa == ISA_AVX2) switch (type) {
         case GG_Q4_K: return group_q4k_avx2;
@@ -1220,6 +1407,7 @@ static group_fn group_function(int type, int isa) {
         case GG_Q8_0: return group_q80_avx2;
         case GG_Q4_1: return group_q41_avx2;
         case GG_Q5_K: return group_q5k_avx2;
+        case GG_Q3_K: return group_q3k_avx2;
         }
 #endif
     (void)isa;
@@ -1312,7 +1500,7 @@ int sd_gguf_linear(const sd_gguf_params *p) {
 
 /* Dequantise rows of a tensor as the file stores them (row-major blocks; e.g. an embedding's): out[r, :] =
  * W[rows[r], :] as llama.cpp de-quantises it, (d * sc) * q - (dmin * m) for Q4_K and Q5_K, (d * sc) * (q - 32) for Q6_K,
- * d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1; an F32 or F16 table's rows as they are (widened).
+ * d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1, (d * (sc - 32)) * (q - 4) for Q3_K; an F32 or F16 table's rows as they are (widened).
  * Returns 0, or -2 for a type it lacks. */
 int sd_gguf_rows(int type, const void *blocks, int k, const int64_t *rows, int count, float *out) {
     if (type == GG_F32 || type == GG_F16) { /* an unquantised table: its rows as they are, widened */
@@ -1367,6 +1555,11 @@ int sd_gguf_rows(int type, const void *blocks, int k, const int64_t *rows, int c
                     const float d1 = d * (float)sc, m1 = dmin * (float)m;
                     for (int e = 32 * j; e < 32 * j + 32; e++) o[e] = d1 * (float)v[e] - m1;
                 }
+                break;
+            }
+            case GG_Q3_K: {
+                const float d = half_to_float(read16(blk + 108));
+                for (int e = 0; e < 256; e++) o[e] = (d * (float)(q3k_scale(blk + 96, e / 16) - 32)) * (float)(v[e] - 4);
                 break;
             }
             }
