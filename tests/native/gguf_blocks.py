@@ -12,7 +12,8 @@ import numpy as np
 from specdec.native.kernels.gguf import BLOCK, FILE_BYTES, TYPES
 
 Q4_K, Q6_K, Q5_0, Q8_0, Q4_1 = (TYPES[name] for name in ("Q4_K", "Q6_K", "Q5_0", "Q8_0", "Q4_1"))
-Q5_K, Q3_K = TYPES["Q5_K"], TYPES["Q3_K"]
+Q5_K, Q3_K, IQ4_XS = TYPES["Q5_K"], TYPES["Q3_K"], TYPES["IQ4_XS"]
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])  # kvalues_iq4nl
 f32 = np.float32
 
 
@@ -41,6 +42,8 @@ def random_blocks(type_id: int, n: int, k: int, rng: np.random.Generator) -> np.
         put_half(2, 1e-4, 4e-3)
     elif type_id == Q3_K:
         put_half(108, 1e-4, 4e-3)
+    elif type_id == IQ4_XS:
+        put_half(0, 1e-5, 4e-4)
     return raw.reshape(n, nb * size)
 
 
@@ -50,8 +53,9 @@ def _half(raw: np.ndarray, offset: int) -> np.ndarray:
 
 def decode(type_id: int, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarray]:
     """The integers and scales of [n, k] blocks: "q" [n, k] (the unsigned quant: Q6_K 0..63, Q5_0 and Q5_K 0..31,
-    Q8_0 -128..127 signed, Q3_K 0..7), per block "d" (and "dmin" / "m") [n, nb] fp32, Q4_K / Q5_K "sc" and "mn"
-    [n, nb, 8], Q6_K "sc" [n, nb, 16], Q3_K "sc" - 32 [n, nb, 16]."""
+    Q8_0 -128..127 signed, Q3_K 0..7, IQ4_XS the table's values), per block "d" (and "dmin" / "m") [n, nb] fp32,
+    Q4_K / Q5_K "sc" and "mn" [n, nb, 8], Q6_K "sc" [n, nb, 16], Q3_K "sc" - 32 [n, nb, 16], IQ4_XS "sc" - 32
+    [n, nb, 8]."""
     nb = k // BLOCK[type_id]
     b = raw.reshape(n, nb, FILE_BYTES[type_id])
     out: dict[str, np.ndarray] = {}
@@ -106,12 +110,21 @@ def decode(type_id: int, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarra
         lo = np.where(i < 8, s[..., i % 8] & 0xF, s[..., i % 8] >> 4)
         out["sc"] = (lo | (((s[..., 8 + i % 4] >> (2 * (i // 4))) & 3) << 4)) - 32  # [n, nb, 16] in -32..31
         out["d"] = _half(b, 108)
+    elif type_id == IQ4_XS:  # column 32 j + l: the low (l < 16) or high nibble of qs[16 j + l % 16], an index
+        out["d"] = _half(b, 0)
+        qs = b[..., 8:136].astype(np.int64).reshape(n, nb, 8, 16)
+        out["q"] = IQ4_VALUES[np.concatenate([qs & 0xF, qs >> 4], axis=-1)].reshape(n, k)  # the values, -127..113
+        high = b[..., 2:4].copy().view(np.uint16)[..., 0].astype(np.int64)  # scales_h [n, nb]
+        j = np.arange(8)
+        lo = (b[..., 4 + j // 2].astype(np.int64) >> (4 * (j % 2))) & 0xF
+        out["sc"] = (lo | (((high[..., None] >> (2 * j)) & 3) << 4)) - 32  # [n, nb, 8] in -32..31
     return out
 
 
 def dequantize(type_id: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
     """The weights [n, k] fp32 as llama.cpp de-quantises them: (d * sc) * q - (dmin * m) for Q4_K / Q5_K, (d * sc) *
-    (q - 32) for Q6_K, d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1, (d * (sc - 32)) * (q - 4) for Q3_K."""
+    (q - 32) for Q6_K, d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1, (d * (sc - 32)) * (q - 4) for Q3_K,
+    (d * (sc - 32)) * q for IQ4_XS."""
     t = decode(type_id, raw, n, k)
     nb, cols = k // BLOCK[type_id], BLOCK[type_id]
     q = t["q"].reshape(n, nb, cols)
@@ -128,6 +141,8 @@ def dequantize(type_id: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
         w = t["d"][..., None] * q.astype(f32)
     elif type_id == Q3_K:
         w = (t["d"][..., None] * t["sc"][..., np.arange(cols) // 16].astype(f32)) * (q - 4).astype(f32)
+    elif type_id == IQ4_XS:
+        w = (t["d"][..., None] * t["sc"][..., np.arange(cols) // 32].astype(f32)) * q.astype(f32)
     else:
         w = t["d"][..., None] * q.astype(f32) + t["m"][..., None]
     return w.reshape(n, k).astype(f32)
@@ -170,6 +185,10 @@ def reference(type_id: int, raw: np.ndarray, n: int, k: int, x: np.ndarray, bias
         elif type_id == Q3_K:
             s = np.einsum("ncj,mcj->mnc", q[:, b].reshape(n, 16, 16), xs[:, b].reshape(m, 16, 16))
             s = s - 4 * xs[:, b].reshape(m, 16, 16).sum(-1)[:, None]
+            tt = (s * t["sc"][None, :, b]).sum(-1)
+            v = t["d"][None, :, b] * tt.astype(f32)
+        elif type_id == IQ4_XS:
+            s = np.einsum("ncj,mcj->mnc", q[:, b].reshape(n, 8, 32), xs[:, b].reshape(m, 8, 32))
             tt = (s * t["sc"][None, :, b]).sum(-1)
             v = t["d"][None, :, b] * tt.astype(f32)
         else:

@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from specdec.native.kernels import gguf
-from tests.native.gguf_blocks import Q3_K, Q4_1, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0, dequantize, random_blocks, reference
+from tests.native.gguf_blocks import IQ4_XS, Q3_K, Q4_1, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0, dequantize, random_blocks, reference
 
 ALL = [Q4_K, Q6_K, Q5_0, Q8_0, Q4_1]
 COLUMNS = {Q4_K: 512, Q6_K: 768, Q5_0: 96, Q8_0: 128, Q4_1: 64}
-ALL += [Q5_K, Q3_K]
-COLUMNS.update({Q5_K: 512, Q3_K: 768})
+ALL += [Q5_K, Q3_K, IQ4_XS]
+COLUMNS.update({Q5_K: 512, Q3_K: 768, IQ4_XS: 512})
 
 
 def packed(type_id: int, n: int, k: int, seed: int = 0) -> tuple[np.ndarray, gguf.Part]:
@@ -51,7 +51,7 @@ def test_every_path_gives_the_references_bits(type_id, path):
 @pytest.mark.parametrize("path", gguf.paths())
 def test_a_row_alone_is_the_row_in_any_forward(path):
     k = 512
-    parts = [packed(t, 40, k, seed=i)[1] for i, t in enumerate((Q4_K, Q6_K, Q5_K, Q3_K))]
+    parts = [packed(t, 40, k, seed=i)[1] for i, t in enumerate((Q4_K, Q6_K, Q5_K, Q3_K, IQ4_XS))]
     linear = gguf.Parts(parts, k)
     x = activations(24, k)
     alone = torch.cat([linear(x[i : i + 1], path=path) for i in range(24)])

@@ -1,6 +1,6 @@
 """specdec's kernel on a GGUF file's own quantised blocks: packing, the linear, rows of an embedding, its paths.
 
-``gguf_linear.c`` multiplies the file's Q4_K, Q6_K, Q5_0, Q8_0, Q4_1, Q5_K and Q3_K blocks -- their integers and scales
+``gguf_linear.c`` multiplies the file's Q4_K, Q6_K, Q5_0, Q8_0, Q4_1, Q5_K, Q3_K and IQ4_XS blocks -- their integers and scales
 unchanged, repacked 16 output channels side by side -- with 8-bit per-token activations quantised in blocks (256
 columns for the K types, 32 for the others, as llama.cpp's Q8_K and Q8_0): exact integer sums per block, then a
 fixed sequence of fp32 operations per block (the C file's top comment gives them).  Every output element is a
@@ -26,9 +26,9 @@ from specdec.native.kernels.bindings import GGUFParams, GGUFPart, library
 TYPES = {"Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 BLOCK = {3: 32, 6: 32, 8: 32, 12: 256, 14: 256}
 FILE_BYTES = {3: 20, 6: 22, 8: 34, 12: 144, 14: 210}
-TYPES.update({"Q5_K": 13, "Q3_K": 11})
-BLOCK.update({13: 256, 11: 256})
-FILE_BYTES.update({13: 176, 11: 110})
+TYPES.update({"Q5_K": 13, "Q3_K": 11, "IQ4_XS": 23})
+BLOCK.update({13: 256, 11: 256, 23: 256})
+FILE_BYTES.update({13: 176, 11: 110, 23: 136})
 NAMES = {v: k for k, v in TYPES.items()}
 LANES = 16  # output channels per packed group
 PATHS = {"c": 1, "avx2": 2, "avx512-vnni": 3}  # ISA_* in specdec_kernels.h, slowest first

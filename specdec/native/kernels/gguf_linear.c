@@ -16,6 +16,8 @@
  *   Q5_K  as Q4_K, q in 0..31
  *   Q3_K  T = sum_j (sc_j - 32) * (S_j - 4 X16_j)                 (j: the 16 sub-blocks of 16; q in 0..7)
  *         acc += dx * (d * (float)T)
+ *   IQ4_XS T = sum_j (ls_j - 32) * S_j,  S_j = sum kv[q] xq         (j: the 8 sub-blocks of 32; kv: ggml's
+ *         acc += dx * (d * (float)T)                                   kvalues_iq4nl, q in 0..15)
  *
  * with acc = 0 before the first block, the blocks in order, and y = acc (+ bias).  X16 / X32 are sums of xq over
  * 16 / 32 columns.  Every integer is exact (|T| < 2^31), so the order of the integer sums, the SIMD width, the
@@ -59,12 +61,13 @@ static int group_block_bytes(int type) {
     case GG_Q4_1: return 320;  /* d[16], m[16] fp16; 256 B nibbles */
     case GG_Q5_K: return 2816; /* as Q4_K, each sub-block 256 B nibbles + 64 B fifth bits */
     case GG_Q3_K: return 1760; /* d[16] fp16; the file's 12 scale bytes [12][16]; 8 chunks x (128 B crumbs + 64 B third bits) */
+    case GG_IQ4_XS: return 2176; /* d[16] fp16; the file's scales_h (2 bytes), scales_l (4) [6][16]; 8 sub-blocks x 256 B */
     default: return 0;
     }
 }
 
 static int block_columns(int type) {
-    return type == GG_Q4_K || type == GG_Q6_K || type == GG_Q5_K || type == GG_Q3_K ? BLOCK_K : BLOCK_0;
+    return type == GG_Q4_K || type == GG_Q6_K || type == GG_Q5_K || type == GG_Q3_K || type == GG_IQ4_XS ? BLOCK_K : BLOCK_0;
 }
 
 /* The file's block bytes (ggml's block_* structs). */
@@ -77,6 +80,7 @@ static int file_block_bytes(int type) {
     case GG_Q4_1: return 20;
     case GG_Q5_K: return 176;
     case GG_Q3_K: return 110;
+    case GG_IQ4_XS: return 136;
     default: return 0;
     }
 }
@@ -118,7 +122,8 @@ static uint16_t read16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8))
  * nibbles; Q6_K's two high bits of group g sit at bits 2 (g % 4) of a 64-byte vector g / 4; Q5_0's fifth
  * bit of group g at bit g of one 64-byte vector.  Q5_K: Q4_K's nibbles with Q5_0's fifth-bit vector after each
  * sub-block's four.  Q3_K (q = 2 low bits + 4 * the hmask bit, 0..7): group g's low bits at bits 2 (g % 4) of
- * a 64-byte vector g / 4 (as Q6_K's high bits), its third bit at bit g of a third vector (as Q5_0's fifth). */
+ * a 64-byte vector g / 4 (as Q6_K's high bits), its third bit at bit g of a third vector (as Q5_0's fifth).
+ * IQ4_XS: the nibbles are indices into kvalues (the VNNI path maps them to kv + 128, the -128 taken through X32). */
 
 static void q4k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
     if (j < 4) {
@@ -134,6 +139,15 @@ static void q4k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
 static int q3k_scale(const uint8_t *s, int i) {
     return ((i < 8 ? s[i] : s[i - 8] >> 4) & 0xF) | (((s[8 + i % 4] >> (2 * (i / 4))) & 3) << 4);
 }
+
+/* IQ4_XS's 6-bit scale j (0..7) of the file's 6 bytes s (scales_h, scales_l): low 4 bits a nibble of s[2 + j / 2],
+ * high 2 bits 2 (j % 4) of s[j / 4]. */
+static int iq4xs_scale(const uint8_t *s, int j) {
+    return ((s[2 + j / 2] >> (4 * (j % 2))) & 0xF) | (((s[j / 4] >> (2 * (j % 4))) & 3) << 4);
+}
+
+/* ggml's kvalues_iq4nl: the 16 values an IQ4_XS index stands for. */
+static const int8_t IQ4XS_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 /* A file block's quants, column by column (see above), into v[block_columns(type)]. */
 static void decode_block(int type, const uint8_t *blk, uint8_t *v) {
@@ -179,6 +193,12 @@ static void decode_block(int type, const uint8_t *blk, uint8_t *v) {
     case GG_Q3_K: /* column e: bits 2 ((e % 128) / 32) of qs[32 (e / 128) + e % 32], third bit e / 32 of hmask[e % 32] */
         for (int e = 0; e < 256; e++)
             v[e] = (uint8_t)(((blk[32 + 32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3) | (((blk[e % 32] >> (e / 32)) & 1) << 2));
+        break;
+    case GG_IQ4_XS: /* column 32 j + l: the low (l < 16) or high nibble of qs[16 j + l % 16] (indices) */
+        for (int e = 0; e < 256; e++) {
+            const uint8_t byte = blk[8 + 16 * (e / 32) + e % 16];
+            v[e] = (e % 32) < 16 ? byte & 0xF : byte >> 4;
+        }
         break;
     case GG_Q5_K: /* column e: nibble of qs[32 (e / 64) + e % 32] (high for odd e / 32), fifth bit e / 32 of qh[e % 32] */
         for (int e = 0; e < 256; e++) {
@@ -269,6 +289,11 @@ static void pack_block(int type, const uint8_t *src, int c, uint8_t *dst) {
                 chunk[128 + 4 * c + b] = hi;
             }
         }
+        break;
+    case GG_IQ4_XS:
+        memcpy(dst + 2 * c, src, 2); /* d */
+        for (int b = 0; b < 6; b++) dst[32 + 16 * b + c] = src[2 + b];
+        for (int j = 0; j < 8; j++) put_nibbles(dst + 128 + 256 * j, c, v + 32 * j);
         break;
     }
 }
@@ -538,6 +563,10 @@ static int packed_quant(int type, const uint8_t *blk, int c, int e) {
         const uint8_t low = chunk[64 * (g / 4) + 4 * c + b], hi = chunk[128 + 4 * c + b];
         return ((low >> (2 * (g % 4))) & 3) | (((hi >> g) & 1) << 2);
     }
+    case GG_IQ4_XS: { /* the index */
+        const uint8_t byte = blk[128 + 256 * (e / 32) + 64 * (g % 4) + 4 * c + b];
+        return g < 4 ? byte & 0xF : byte >> 4;
+    }
     default: return 0;
     }
 }
@@ -610,6 +639,17 @@ static float block_c(int type, const uint8_t *blk, int c, const acts_t *a, int i
             int32_t s = -4 * x16[j];
             for (int e = 16 * j; e < 16 * j + 16; e++) s += packed_quant(type, blk, c, e) * xq[e];
             t += (q3k_scale(raw, j) - 32) * s;
+        }
+        return dx * (d * (float)t);
+    }
+    case GG_IQ4_XS: {
+        uint8_t raw[6];
+        for (int b = 0; b < 6; b++) raw[b] = blk[32 + 16 * b + c];
+        int32_t t = 0;
+        for (int j = 0; j < 8; j++) {
+            int32_t s = 0;
+            for (int e = 32 * j; e < 32 * j + 32; e++) s += IQ4XS_VALUES[packed_quant(type, blk, c, e)] * xq[e];
+            t += (iq4xs_scale(raw, j) - 32) * s;
         }
         return dx * (d * (float)t);
     }
@@ -994,6 +1034,63 @@ VNNI INLINE void q3k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
 #define Q3K_CALL(R) q3k_vnni(grp, nb, a, i0, R, out)
 VNNI_ROWS(group_q3k_vnni, Q3K_CALL)
 
+/* IQ4_XS's 8 scales of 16 channels, minus 32, as int8 (the file's 6 bytes at rows 0..5 of the packed block). */
+__attribute__((target("avx2"))) INLINE void iq4xs_scales(const uint8_t *blk, __m128i sc[8]) {
+    const __m128i low = _mm_set1_epi8(0x0F), top = _mm_set1_epi8(0x30), bias = _mm_set1_epi8(32);
+    __m128i s[6];
+    for (int b = 0; b < 6; b++) s[b] = _mm_loadu_si128((const __m128i *)(blk + 32 + 16 * b));
+    for (int j = 0; j < 8; j++) {
+        const __m128i l = s[2 + j / 2], lo = _mm_and_si128(j % 2 ? _mm_srli_epi16(l, 4) : l, low);
+        const __m128i h = s[j / 4]; /* its bits 2 (j % 4) .. + 1 to bits 4..5 */
+        const __m128i hi = j % 4 == 0 ? _mm_slli_epi16(h, 4) : j % 4 == 1 ? _mm_slli_epi16(h, 2) : j % 4 == 2 ? h : _mm_srli_epi16(h, 2);
+        sc[j] = _mm_sub_epi8(_mm_or_si128(lo, _mm_and_si128(hi, top)), bias);
+    }
+}
+
+/* IQ4_XS: the indices through kv + 128 (vpshufb: unsigned for vpdpbusd), each sub-block's sum starting at -128 X32. */
+VNNI INLINE void iq4xs_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, float out[R_MAX][LANES]) {
+    const int8_t *xq = panel(a, i0);
+    const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
+    const int32_t *x32s = a->x32p + (int64_t)(i0 / R_MAX) * nb * 8 * 3 * R_MAX; /* [nb * 8, 3, R_MAX] */
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    const __m512i table = _mm512_broadcast_i32x4(
+        _mm_xor_si128(_mm_loadu_si128((const __m128i *)IQ4XS_VALUES), _mm_set1_epi8((char)0x80))); /* kv + 128 */
+    __m512 acc[R_MAX];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)b * 2176;
+        __m128i sc8[8];
+        iq4xs_scales(blk, sc8);
+        __m512i t[R_MAX];
+        for (int r = 0; r < R; r++) t[r] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *qs = blk + 128 + 256 * j;
+            const int8_t *xs = xq + (int64_t)(8 * b + j) * 32 * R;
+            const int32_t *x32 = x32s + (int64_t)(8 * b + j) * 3 * R_MAX + 2 * R_MAX; /* -128 X32 */
+            prefetch_ahead(blk + 272 * j, 320, PF_AHEAD(R)); /* 8 x 272 = 2176 */
+            const __m512i sc = _mm512_cvtepi8_epi32(sc8[j]);
+            __m512i w[8];
+            for (int z = 0; z < 4; z++) {
+                const __m512i v = _mm512_loadu_si512(qs + 64 * z);
+                w[z] = _mm512_shuffle_epi8(table, _mm512_and_si512(v, low));
+                w[z + 4] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+            }
+            for (int r = 0; r < R; r++) {
+                const __m512i s = _mm512_add_epi32(dot32(w, xs + 4 * r, 4 * R, CHAINS(R)), _mm512_set1_epi32(x32[r]));
+                t[r] = _mm512_add_epi32(t[r], _mm512_mullo_epi32(s, sc));
+            }
+        }
+        const __m512 d = load_half16(blk);
+        for (int r = 0; r < R; r++) {
+            const __m512 dx = _mm512_set1_ps(dxs[b * R_MAX + r]);
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(dx, _mm512_mul_ps(d, _mm512_cvtepi32_ps(t[r]))));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(out[r], acc[r]);
+}
+#define IQ4XS_CALL(R) iq4xs_vnni(grp, nb, a, i0, R, out)
+VNNI_ROWS(group_iq4xs_vnni, IQ4XS_CALL)
+
 /* ------------------------------------------------------------------ AVX2 path
  * The same integers: vpmaddubsw (u8 quants x s8 activations, pairs summed in s16 without saturating: at most
  * 2 * 63 * 127) then vpmaddwd with each lane's sub-block scale (or ones), on the two halves (lanes 0-7, 8-15)
@@ -1358,6 +1455,54 @@ AVX2F INLINE void q3k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
 }
 #define Q3K_CALL2(R, R0, P) q3k_avx2(grp, nb, a, i0, R, R0, P, half, out)
 AVX2_ROWS(group_q3k_avx2, Q3K_CALL2, 0)
+
+/* IQ4_XS: the indices through the signed kv (vpshufb), multiplied as |kv| and sign(kv) x (as Q8_0's: each pair
+ * sum at most 2 * 127 * 127, widened one vpmaddubsw at a time by vpmaddwd with the sub-block's scale). */
+AVX2F INLINE void iq4xs_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, const int r0, const int P, int half,
+                             float out[R_MAX][LANES]) {
+    const int h32 = 32 * half;
+    const int8_t *xq = panel(a, i0);
+    const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4XS_VALUES));
+    __m256 acc[R_MAX];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)b * 2176;
+        __m128i sc8[8];
+        iq4xs_scales(blk, sc8);
+        __m256i t[R_MAX];
+        for (int r = 0; r < R; r++) t[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *qs = blk + 128 + 256 * j + h32;
+            const int8_t *xs = xq + (int64_t)(8 * b + j) * 32 * P;
+            const __m256i v32 = _mm256_cvtepi8_epi32(half ? _mm_srli_si128(sc8[j], 8) : sc8[j]);
+            const __m256i sc = _mm256_or_si256(_mm256_and_si256(v32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v32, 16));
+            __m256i w[8], aw[8];
+            for (int z = 0; z < 4; z++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * z));
+                w[z] = _mm256_shuffle_epi8(table, _mm256_and_si256(v, low));
+                w[z + 4] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+            }
+            for (int g = 0; g < 8; g++) aw[g] = _mm256_abs_epi8(w[g]);
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = xs + 4 * (r0 + r);
+                __m256i p = _mm256_setzero_si256();
+                for (int g = 0; g < 8; g++)
+                    p = _mm256_add_epi32(p, _mm256_madd_epi16(_mm256_maddubs_epi16(aw[g], _mm256_sign_epi8(bcast32_8(x + 4 * P * g), w[g])), sc));
+                t[r] = _mm256_add_epi32(t[r], p);
+            }
+        }
+        const __m256 d = load_half8(blk + 16 * half);
+        for (int r = 0; r < R; r++) {
+            const __m256 dx = _mm256_set1_ps(dxs[b * R_MAX + r0 + r]);
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, _mm256_mul_ps(d, _mm256_cvtepi32_ps(t[r]))));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r0 + r] + 8 * half, acc[r]);
+}
+#define IQ4XS_CALL2(R, R0, P) iq4xs_avx2(grp, nb, a, i0, R, R0, P, half, out)
+AVX2_ROWS(group_iq4xs_avx2, IQ4XS_CALL2, 1)
 #endif /* SD_X86 */
 
 /* ------------------------------------------------------------------ dispatch */
@@ -1399,6 +1544,7 @@ static group_fn group_function(int type, int isa) {
         case GG_Q4_1: return group_q41_vnni;
         case GG_Q5_K: return group_q5k_vnni;
         case GG_Q3_K: return group_q3k_vnni;
+        case GG_IQ4_XS: return group_iq4xs_vnni;
         }
     if (isa == ISA_AVX2) switch (type) {
         case GG_Q4_K: return group_q4k_avx2;
@@ -1408,6 +1554,7 @@ static group_fn group_function(int type, int isa) {
         case GG_Q4_1: return group_q41_avx2;
         case GG_Q5_K: return group_q5k_avx2;
         case GG_Q3_K: return group_q3k_avx2;
+        case GG_IQ4_XS: return group_iq4xs_avx2;
         }
 #endif
     (void)isa;
@@ -1500,7 +1647,8 @@ int sd_gguf_linear(const sd_gguf_params *p) {
 
 /* Dequantise rows of a tensor as the file stores them (row-major blocks; e.g. an embedding's): out[r, :] =
  * W[rows[r], :] as llama.cpp de-quantises it, (d * sc) * q - (dmin * m) for Q4_K and Q5_K, (d * sc) * (q - 32) for Q6_K,
- * d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1, (d * (sc - 32)) * (q - 4) for Q3_K; an F32 or F16 table's rows as they are (widened).
+ * d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1, (d * (sc - 32)) * (q - 4) for Q3_K,
+ * (d * (ls - 32)) * kv[q] for IQ4_XS; an F32 or F16 table's rows as they are (widened).
  * Returns 0, or -2 for a type it lacks. */
 int sd_gguf_rows(int type, const void *blocks, int k, const int64_t *rows, int count, float *out) {
     if (type == GG_F32 || type == GG_F16) { /* an unquantised table: its rows as they are, widened */
@@ -1560,6 +1708,11 @@ int sd_gguf_rows(int type, const void *blocks, int k, const int64_t *rows, int c
             case GG_Q3_K: {
                 const float d = half_to_float(read16(blk + 108));
                 for (int e = 0; e < 256; e++) o[e] = (d * (float)(q3k_scale(blk + 96, e / 16) - 32)) * (float)(v[e] - 4);
+                break;
+            }
+            case GG_IQ4_XS: {
+                const float d = half_to_float(read16(blk));
+                for (int e = 0; e < 256; e++) o[e] = (d * (float)(iq4xs_scale(blk + 2, e / 32) - 32)) * (float)IQ4XS_VALUES[v[e]];
                 break;
             }
             }
