@@ -1,8 +1,8 @@
 """specdec's kernel on a GGUF file's own quantised blocks: packing, the linear, rows of an embedding, its paths.
 
-``gguf_linear.c`` multiplies the file's Q4_K, Q6_K, Q5_0, Q8_0, Q4_1, Q5_K, Q3_K and IQ4_XS blocks -- their integers and scales
+``gguf_linear.c`` multiplies the file's blocks of the types in TYPES -- their integers and scales
 unchanged, repacked 16 output channels side by side -- with 8-bit per-token activations quantised in blocks (256
-columns for the K types, 32 for the others, as llama.cpp's Q8_K and Q8_0): exact integer sums per block, then a
+columns for the K types (and IQ4_XS), 32 for the others, as llama.cpp's Q8_K and Q8_0): exact integer sums per block, then a
 fixed sequence of fp32 operations per block (the C file's top comment gives them).  Every output element is a
 function of its own input row and the weights, so a token's outputs are the same bits alone, inside a
 verification of several rows and inside a prefill (batch invariance), on the AVX-512 VNNI, AVX2 and portable C

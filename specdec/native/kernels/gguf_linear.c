@@ -1,10 +1,11 @@
-/* specdec's linear on a GGUF file's own quantised blocks: y = x W^T (+ b), W in Q4_K, Q6_K, Q5_0, Q8_0 or Q4_1.
+/* specdec's linear on a GGUF file's own quantised blocks: y = x W^T (+ b), W in one of the types below.
  *
  * The weights are the file's integers and scales, unchanged: repacked (sd_gguf_pack) so that 16 output channels
  * ("a group") sit side by side, one 32-bit SIMD lane each, but every quant, scale and minimum is the file's.  The
- * activations are quantised per token to 8 bits in blocks (256 columns for the K types, 32 for the others, as
- * llama.cpp's Q8_K and Q8_0), and every product is summed exactly in integers.  Per output element, per weight
- * block b (the type's block: 256 or 32 columns), with x's block scale dx = amax / 127 and its quants xq:
+ * activations are quantised per token to 8 bits in blocks (256 columns for the K types and IQ4_XS, 32 for the
+ * others, as llama.cpp's Q8_K and Q8_0), and every product is summed exactly in integers.  Per output element,
+ * per weight block b (the type's block: 256 or 32 columns), with x's block scale dx = amax / 127 and its quants
+ * xq:
  *
  *   Q4_K  T = sum_j sc_j * S_j,  M = sum_j m_j * X32_j            (j: the 8 sub-blocks of 32; S_j = sum q xq)
  *         acc += dx * (d * (float)T - dmin * (float)M)
@@ -16,8 +17,8 @@
  *   Q5_K  as Q4_K, q in 0..31
  *   Q3_K  T = sum_j (sc_j - 32) * (S_j - 4 X16_j)                 (j: the 16 sub-blocks of 16; q in 0..7)
  *         acc += dx * (d * (float)T)
- *   IQ4_XS T = sum_j (ls_j - 32) * S_j,  S_j = sum kv[q] xq         (j: the 8 sub-blocks of 32; kv: ggml's
- *         acc += dx * (d * (float)T)                                   kvalues_iq4nl, q in 0..15)
+ *   IQ4_XS  T = sum_j (ls_j - 32) * S_j,  S_j = sum kv[q] xq      (j: the 8 sub-blocks of 32; q in 0..15, kv
+ *         acc += dx * (d * (float)T)                                ggml's kvalues_iq4nl, -127..113)
  *
  * with acc = 0 before the first block, the blocks in order, and y = acc (+ bias).  X16 / X32 are sums of xq over
  * 16 / 32 columns.  Every integer is exact (|T| < 2^31), so the order of the integer sums, the SIMD width, the
@@ -29,8 +30,9 @@
  * Paths: AVX-512 VNNI multiplies with vpdpbusd (unsigned quants times signed activations, four products a lane;
  * Q8_0's signed quants are stored + 128 and the offset taken back through X32), the sub-block scales with
  * vpmulld, the Q4_K minimums with vpdpwssd.  AVX2 multiplies with vpmaddubsw and folds each sub-block's scale
- * into the widening vpmaddwd.  Several activation rows share each unpacked weight vector (up to R_MAX rows a
- * pass), so a forward of 8 rows reads and unpacks the weights once.
+ * into the widening vpmaddwd.  IQ4_XS's indices become their values by vpshufb (on VNNI kv + 128, the offset
+ * taken back through X32; on AVX2 signed, multiplied as |kv| and sign(kv) x).  Several activation rows share each
+ * unpacked weight vector (up to R_MAX rows a pass), so a forward of 8 rows reads and unpacks the weights once.
  */
 #include <math.h>
 #include <stdint.h>
