@@ -192,20 +192,22 @@ static void decode_block(int type, const uint8_t *blk, uint8_t *v) {
             v[e + 16] = blk[4 + e] >> 4;
         }
         break;
+    case GG_Q5_K: /* column e: nibble of qs[32 (e / 64) + e % 32] (high for odd e / 32), fifth bit e / 32 of qh[e % 32] */
+        for (int e = 0; e < 256; e++) {
+            const uint8_t byte = blk[48 + 32 * (e / 64) + e % 32];
+            v[e] = (uint8_t)(((e / 32) % 2 ? byte >> 4 : byte & 0xF) | (((blk[16 + e % 32] >> (e / 32)) & 1) << 4));
+        }
+        break;
     case GG_Q3_K: /* column e: bits 2 ((e % 128) / 32) of qs[32 (e / 128) + e % 32], third bit e / 32 of hmask[e % 32] */
-        for (int e = 0; e < 256; e++)
-            v[e] = (uint8_t)(((blk[32 + 32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3) | (((blk[e % 32] >> (e / 32)) & 1) << 2));
+        for (int e = 0; e < 256; e++) {
+            const int low = (blk[32 + 32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+            v[e] = (uint8_t)(low | (((blk[e % 32] >> (e / 32)) & 1) << 2));
+        }
         break;
     case GG_IQ4_XS: /* column 32 j + l: the low (l < 16) or high nibble of qs[16 j + l % 16] (indices) */
         for (int e = 0; e < 256; e++) {
             const uint8_t byte = blk[8 + 16 * (e / 32) + e % 16];
             v[e] = (e % 32) < 16 ? byte & 0xF : byte >> 4;
-        }
-        break;
-    case GG_Q5_K: /* column e: nibble of qs[32 (e / 64) + e % 32] (high for odd e / 32), fifth bit e / 32 of qh[e % 32] */
-        for (int e = 0; e < 256; e++) {
-            const uint8_t byte = blk[48 + 32 * (e / 64) + e % 32];
-            v[e] = (uint8_t)(((e / 32) % 2 ? byte >> 4 : byte & 0xF) | (((blk[16 + e % 32] >> (e / 32)) & 1) << 4));
         }
         break;
     }
@@ -995,7 +997,7 @@ VNNI INLINE void q3k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
     const int8_t *xq = panel(a, i0);
     const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
     const int32_t *offs = a->x16np + (int64_t)(i0 / R_MAX) * nb * 16 * R_MAX;
-    const __m512i two = _mm512_set1_epi8(3), bit2 = _mm512_set1_epi8(4);
+    const __m512i bits01 = _mm512_set1_epi8(3), bit2 = _mm512_set1_epi8(4);
     __m512 acc[R_MAX];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
@@ -1013,7 +1015,7 @@ VNNI INLINE void q3k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
             const __m512i h = _mm512_loadu_si512(chunk + 128);
             __m512i w[8];
             for (int g = 0; g < 8; g++) {
-                const __m512i crumb = _mm512_and_si512(_mm512_srli_epi16(g < 4 ? l0 : l1, 2 * (g % 4)), two);
+                const __m512i crumb = _mm512_and_si512(_mm512_srli_epi16(g < 4 ? l0 : l1, 2 * (g % 4)), bits01);
                 w[g] = _mm512_ternarylogic_epi32(crumb, q3_high(h, g), bit2, 0xF8);
             }
             const __m512i sc0 = _mm512_cvtepi8_epi32(sc8[2 * c]), sc1 = _mm512_cvtepi8_epi32(sc8[2 * c + 1]);
@@ -1407,7 +1409,7 @@ AVX2F INLINE void q3k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
     const int8_t *xq = panel(a, i0);
     const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
     const int16_t *offs = a->x16hp + (int64_t)(i0 / R_MAX) * nb * R_MAX * 16;
-    const __m256i two = _mm256_set1_epi8(3), bit2 = _mm256_set1_epi8(4);
+    const __m256i bits01 = _mm256_set1_epi8(3), bit2 = _mm256_set1_epi8(4);
     __m256 acc[R_MAX];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
@@ -1423,7 +1425,7 @@ AVX2F INLINE void q3k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
             const __m256i h = _mm256_loadu_si256((const __m256i *)(chunk + 128));
             __m256i w[8];
             for (int g = 0; g < 8; g++)
-                w[g] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(g < 4 ? l0 : l1, 2 * (g % 4)), two),
+                w[g] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(g < 4 ? l0 : l1, 2 * (g % 4)), bits01),
                                        _mm256_and_si256(q3_high8(h, g), bit2));
             __m256i sc[2]; /* each lane's scale twice, the chunk's two sub-blocks */
             for (int u = 0; u < 2; u++) {
