@@ -16,6 +16,8 @@ Q4_K, Q6_K, Q5_0, Q8_0, Q4_1 = (TYPES[name] for name in ("Q4_K", "Q6_K", "Q5_0",
 Q4_0, Q5_1, IQ4_NL, Q2_K = (TYPES[name] for name in ("Q4_0", "Q5_1", "IQ4_NL", "Q2_K"))
 F32, F16, BF16 = (TYPES[name] for name in ("F32", "F16", "BF16"))
 IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])  # ggml's kvalues_iq4nl
+Q5_K, Q3_K, IQ4_XS = TYPES["Q5_K"], TYPES["Q3_K"], TYPES["IQ4_XS"]
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])  # kvalues_iq4nl
 f32 = np.float32
 
 
@@ -54,6 +56,13 @@ def random_blocks(type_id: int, n: int, k: int, rng: np.random.Generator) -> np.
     elif type_id == Q2_K:
         put_half(80, 1e-4, 4e-3)
         put_half(82, 1e-4, 4e-3)
+    elif type_id == Q5_K:
+        put_half(0, 1e-4, 4e-3)
+        put_half(2, 1e-4, 4e-3)
+    elif type_id == Q3_K:
+        put_half(108, 1e-4, 4e-3)
+    elif type_id == IQ4_XS:
+        put_half(0, 1e-5, 4e-4)
     return raw.reshape(n, nb * size)
 
 
@@ -63,12 +72,13 @@ def _half(raw: np.ndarray, offset: int) -> np.ndarray:
 
 def decode(type_id: int, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarray]:
     """The integers and scales of [n, k] blocks: "q" [n, k] (the unsigned quant: Q6_K 0..63, Q5_0 0..31, Q8_0
-    -128..127 signed, Q4_0 0..15, Q5_1 0..31, IQ4_NL its value -127..113, Q2_K 0..3), per block "d" (and
-    "dmin" / "m") [n, nb] fp32, Q4_K "sc" and "mn" [n, nb, 8], Q6_K "sc" and Q2_K "sc" and "mn" [n, nb, 16]."""
+    -128..127 signed, Q4_0 0..15, Q5_1 and Q5_K 0..31, IQ4_NL and IQ4_XS the table's value -127..113, Q2_K 0..3,
+    Q3_K 0..7), per block "d" (and "dmin" / "m") [n, nb] fp32, Q4_K / Q5_K "sc" and "mn" [n, nb, 8], Q6_K "sc" and
+    Q2_K "sc" and "mn" [n, nb, 16], Q3_K "sc" - 32 [n, nb, 16], IQ4_XS "sc" - 32 [n, nb, 8]."""
     nb = k // BLOCK[type_id]
     b = raw.reshape(n, nb, FILE_BYTES[type_id])
     out: dict[str, np.ndarray] = {}
-    if type_id == Q4_K:
+    if type_id in (Q4_K, Q5_K):  # the same header: d, dmin, 12 bytes of 6-bit scales and minimums
         out["d"], out["dmin"] = _half(b, 0), _half(b, 2)
         s = b[..., 4:16].astype(np.int64)
         sc = np.zeros((n, nb, 8), np.int64)
@@ -80,8 +90,12 @@ def decode(type_id: int, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarra
                 sc[..., j] = (s[..., j + 4] & 0xF) | ((s[..., j - 4] >> 6) << 4)
                 mn[..., j] = (s[..., j + 4] >> 4) | ((s[..., j] >> 6) << 4)
         out["sc"], out["mn"] = sc, mn
-        qs = b[..., 16:144].astype(np.int64).reshape(n, nb, 4, 32)
+        start = 16 if type_id == Q4_K else 48  # Q5_K: qh[32] first
+        qs = b[..., start : start + 128].astype(np.int64).reshape(n, nb, 4, 32)
         q = np.concatenate([qs & 0xF, qs >> 4], axis=-1)  # [n, nb, 4 chunks, 64]
+        if type_id == Q5_K:  # column 32 i + l's fifth bit: bit i of qh[l]
+            qh = b[..., 16:48].astype(np.int64)  # [n, nb, 32]
+            q = q | (((qh[..., None, :] >> np.arange(8)[:, None]) & 1) << 4).reshape(n, nb, 4, 64)
         out["q"] = q.reshape(n, k)
     elif type_id == Q6_K:
         ql = b[..., 0:128].astype(np.int64).reshape(n, nb, 2, 64)
@@ -122,19 +136,39 @@ def decode(type_id: int, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarra
         out["sc"], out["mn"] = scales & 0xF, scales >> 4  # [n, nb, 16]
         qs = b[..., 16:80].astype(np.int64).reshape(n, nb, 2, 1, 32)
         out["q"] = ((qs >> (2 * np.arange(4)[:, None])) & 3).reshape(n, k)  # column 128 h + 32 j + l: bits 2 j
+    elif type_id == Q3_K:  # column 128 h + 32 i + l: bits 2 i of qs[32 h + l], third bit 4 h + i of hmask[l]
+        hmask = b[..., 0:32].astype(np.int64)  # [n, nb, 32]
+        qs = b[..., 32:96].astype(np.int64).reshape(n, nb, 2, 1, 32)
+        low = (qs >> (2 * np.arange(4))[:, None]) & 3  # [n, nb, 2, 4, 32]
+        third = (hmask[..., None, :] >> np.arange(8)[:, None]) & 1  # [n, nb, 8, 32]
+        out["q"] = (low.reshape(n, nb, 8, 32) | (third << 2)).reshape(n, k)  # 0..7: the file's q + 4
+        s = b[..., 96:108].astype(np.int64)
+        i = np.arange(16)
+        lo = np.where(i < 8, s[..., i % 8] & 0xF, s[..., i % 8] >> 4)
+        out["sc"] = (lo | (((s[..., 8 + i % 4] >> (2 * (i // 4))) & 3) << 4)) - 32  # [n, nb, 16] in -32..31
+        out["d"] = _half(b, 108)
+    elif type_id == IQ4_XS:  # column 32 j + l: the low (l < 16) or high nibble of qs[16 j + l % 16], an index
+        out["d"] = _half(b, 0)
+        qs = b[..., 8:136].astype(np.int64).reshape(n, nb, 8, 16)
+        out["q"] = IQ4_VALUES[np.concatenate([qs & 0xF, qs >> 4], axis=-1)].reshape(n, k)  # the values, -127..113
+        high = b[..., 2:4].copy().view(np.uint16)[..., 0].astype(np.int64)  # scales_h [n, nb]
+        j = np.arange(8)
+        lo = (b[..., 4 + j // 2].astype(np.int64) >> (4 * (j % 2))) & 0xF
+        out["sc"] = (lo | (((high[..., None] >> (2 * j)) & 3) << 4)) - 32  # [n, nb, 8] in -32..31
     return out
 
 
 def dequantize(type_id: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
     """The weights [n, k] fp32 as llama.cpp de-quantises them: (d * sc) * q - (dmin * m) for Q4_K, (d * sc) *
     (q - 32) for Q6_K, d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1 and Q5_1, d * (q - 8) for Q4_0,
-    d * kv for IQ4_NL, (d * sc) * q - (dmin * m) for Q2_K."""
+    d * kv for IQ4_NL, (d * sc) * q - (dmin * m) for Q2_K and Q5_K, (d * (sc - 32)) * (q - 4) for Q3_K, (d * (sc - 32))
+    * kv for IQ4_XS."""
     if type_id in (F32, F16, BF16):
         return floats(type_id, raw, n, k)
     t = decode(type_id, raw, n, k)
     nb, cols = k // BLOCK[type_id], BLOCK[type_id]
     q = t["q"].reshape(n, nb, cols)
-    if type_id == Q4_K:
+    if type_id in (Q4_K, Q5_K):
         j = np.arange(cols) // 32
         scale = t["d"][..., None] * t["sc"][..., j].astype(f32)
         low = t["dmin"][..., None] * t["mn"][..., j].astype(f32)
@@ -154,6 +188,10 @@ def dequantize(type_id: int, raw: np.ndarray, n: int, k: int) -> np.ndarray:
     elif type_id == Q2_K:
         j = np.arange(cols) // 16
         w = (t["d"][..., None] * t["sc"][..., j].astype(f32)) * q.astype(f32) - t["dmin"][..., None] * t["mn"][..., j].astype(f32)
+    elif type_id == Q3_K:
+        w = (t["d"][..., None] * t["sc"][..., np.arange(cols) // 16].astype(f32)) * (q - 4).astype(f32)
+    elif type_id == IQ4_XS:
+        w = (t["d"][..., None] * t["sc"][..., np.arange(cols) // 32].astype(f32)) * q.astype(f32)
     return w.reshape(n, k).astype(f32)
 
 
@@ -203,7 +241,7 @@ def reference(type_id: int, raw: np.ndarray, n: int, k: int, x: np.ndarray, bias
     xs = xq.reshape(m, nb, cols)
     acc = np.zeros((m, n), f32)
     for b in range(nb):
-        if type_id == Q4_K:
+        if type_id in (Q4_K, Q5_K):
             s = np.einsum("ncj,mcj->mnc", q[:, b].reshape(n, 8, 32), xs[:, b].reshape(m, 8, 32))  # [m, n, 8]
             x32 = xs[:, b].reshape(m, 8, 32).sum(-1)  # [m, 8]
             tt = (s * t["sc"][None, :, b]).sum(-1)
@@ -212,6 +250,15 @@ def reference(type_id: int, raw: np.ndarray, n: int, k: int, x: np.ndarray, bias
         elif type_id == Q6_K:
             s = np.einsum("ncj,mcj->mnc", q[:, b].reshape(n, 16, 16), xs[:, b].reshape(m, 16, 16))
             s = s - 32 * xs[:, b].reshape(m, 16, 16).sum(-1)[:, None]
+            tt = (s * t["sc"][None, :, b]).sum(-1)
+            v = t["d"][None, :, b] * tt.astype(f32)
+        elif type_id == Q3_K:
+            s = np.einsum("ncj,mcj->mnc", q[:, b].reshape(n, 16, 16), xs[:, b].reshape(m, 16, 16))
+            s = s - 4 * xs[:, b].reshape(m, 16, 16).sum(-1)[:, None]
+            tt = (s * t["sc"][None, :, b]).sum(-1)
+            v = t["d"][None, :, b] * tt.astype(f32)
+        elif type_id == IQ4_XS:
+            s = np.einsum("ncj,mcj->mnc", q[:, b].reshape(n, 8, 32), xs[:, b].reshape(m, 8, 32))
             tt = (s * t["sc"][None, :, b]).sum(-1)
             v = t["d"][None, :, b] * tt.astype(f32)
         elif type_id == Q2_K:

@@ -1,7 +1,7 @@
 """The GGUF block kernel (specdec.native.kernels.gguf): the file's integers, exact sums, the same bits everywhere.
 
 - On every path this CPU has (and the portable C path), y equals a numpy reference that reads the file's block
-  layout itself, bit for bit, for each type the kernel takes and for 1..19 rows.
+  layout itself, bit for bit, for each type the kernel takes and for 1..9, 19 and 40 rows.
 - Batch invariance: a row's outputs alone equal its outputs inside any forward; for the types added second
   (Q4_0, Q5_1, IQ4_NL, Q2_K and the unquantised F32, F16, BF16) in passes of every size 1..8 and a 70-row
   prefill, each row the reference's bits.
@@ -22,12 +22,15 @@ from tests.native.gguf_blocks import (
     F16,
     F32,
     IQ4_NL,
+    IQ4_XS,
     Q2_K,
+    Q3_K,
     Q4_0,
     Q4_1,
     Q4_K,
     Q5_0,
     Q5_1,
+    Q5_K,
     Q6_K,
     Q8_0,
     dequantize,
@@ -37,8 +40,8 @@ from tests.native.gguf_blocks import (
 
 # the types added second: every row count of a pass and a prefill below as well
 SECOND = [Q4_0, Q5_1, IQ4_NL, Q2_K, F32, F16, BF16]
-ALL = [Q4_K, Q6_K, Q5_0, Q8_0, Q4_1] + SECOND
-COLUMNS = {Q4_K: 512, Q6_K: 768, Q5_0: 96, Q8_0: 128, Q4_1: 64,
+ALL = [Q4_K, Q6_K, Q5_0, Q8_0, Q4_1, Q5_K, Q3_K, IQ4_XS] + SECOND
+COLUMNS = {Q4_K: 512, Q6_K: 768, Q5_0: 96, Q8_0: 128, Q4_1: 64, Q5_K: 512, Q3_K: 768, IQ4_XS: 512,
            Q4_0: 160, Q5_1: 96, IQ4_NL: 128, Q2_K: 512, F32: 96, F16: 128, BF16: 64}
 
 
@@ -60,7 +63,7 @@ def test_every_path_gives_the_references_bits(type_id, path):
     k, n = COLUMNS[type_id], 37  # 37: the last group of 16 channels is partial
     raw, part = packed(type_id, n, k)
     linear = gguf.Parts([part], k)
-    for m in (1, 2, 5, 8, 9, 19):
+    for m in (*range(1, 10), 19, 40):  # every pass size of 1..8 rows, and a prefill's passes
         x = activations(m, k, seed=m)
         want = reference(type_id, raw, n, k, x.numpy())
         got = linear(x, path=path).numpy()
@@ -85,7 +88,7 @@ def test_every_pass_size_and_a_prefill_give_the_references_bits_row_by_row(type_
 @pytest.mark.parametrize("path", gguf.paths())
 def test_a_row_alone_is_the_row_in_any_forward(path):
     k = 512
-    parts = [packed(t, 40, k, seed=i)[1] for i, t in enumerate((Q4_K, Q6_K))]
+    parts = [packed(t, 40, k, seed=i)[1] for i, t in enumerate((Q4_K, Q6_K, Q5_K, Q3_K, IQ4_XS))]
     linear = gguf.Parts(parts, k)
     x = activations(24, k)
     alone = torch.cat([linear(x[i : i + 1], path=path) for i in range(24)])

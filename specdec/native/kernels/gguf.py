@@ -1,8 +1,8 @@
 """specdec's kernel on a GGUF file's own quantised blocks: packing, the linear, rows of an embedding, its paths.
 
-``gguf_linear.c`` multiplies the file's Q4_K, Q6_K, Q5_0, Q8_0, Q4_1, Q4_0, Q5_1, IQ4_NL and Q2_K blocks -- their
-integers and scales unchanged, repacked 16 output channels side by side -- with 8-bit per-token activations
-quantised in blocks (256 columns for the K types, 32 for the others, as llama.cpp's Q8_K and Q8_0): exact integer
+``gguf_linear.c`` multiplies the file's blocks of the types in TYPES -- their integers and scales unchanged,
+repacked 16 output channels side by side -- with 8-bit per-token activations quantised in blocks (256 columns for
+the K types and IQ4_XS, 32 for the others, as llama.cpp's Q8_K and Q8_0): exact integer
 sums per block, then a fixed sequence of fp32 operations per block (the C file's top comment gives them).  Every
 output element is a function of its own input row and the weights, so a token's outputs are the same bits alone,
 inside a verification of several rows and inside a prefill (batch invariance), on the AVX-512 VNNI, AVX2 and
@@ -25,12 +25,13 @@ from specdec.native.kernels.bindings import GGUFParams, GGUFPart, library
 
 # ggml's type ids of the blocks the kernel multiplies (GG_* in specdec_kernels.h), with their columns per block
 # and the file's bytes per block
-TYPES = {"Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
-BLOCK = {3: 32, 6: 32, 8: 32, 12: 256, 14: 256}
-FILE_BYTES = {3: 20, 6: 22, 8: 34, 12: 144, 14: 210}
-TYPES.update({"Q4_0": 2, "Q5_1": 7, "IQ4_NL": 20, "Q2_K": 10, "F32": 0, "F16": 1, "BF16": 30})  # the second set
-BLOCK.update({2: 32, 7: 32, 20: 32, 10: 256, 0: 32, 1: 32, 30: 32})  # the float types: 32 columns a block
-FILE_BYTES.update({2: 18, 7: 24, 20: 18, 10: 84, 0: 128, 1: 64, 30: 64})
+TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12,
+         "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23, "BF16": 30}
+# the unquantised types (F32, F16, BF16) are packed in blocks of 32 columns too
+BLOCK = {0: 32, 1: 32, 2: 32, 3: 32, 6: 32, 7: 32, 8: 32, 10: 256, 11: 256, 12: 256, 13: 256, 14: 256, 20: 32, 23: 256,
+         30: 32}
+FILE_BYTES = {0: 128, 1: 64, 2: 18, 3: 20, 6: 22, 7: 24, 8: 34, 10: 84, 11: 110, 12: 144, 13: 176, 14: 210, 20: 18,
+              23: 136, 30: 64}
 NAMES = {v: k for k, v in TYPES.items()}
 LANES = 16  # output channels per packed group
 PATHS = {"c": 1, "avx2": 2, "avx512-vnni": 3}  # ISA_* in specdec_kernels.h, slowest first

@@ -1,11 +1,12 @@
-/* specdec's linear on a GGUF file's own quantised blocks: y = x W^T (+ b), W in Q4_K, Q6_K, Q5_0, Q8_0, Q4_1,
- * Q4_0, Q5_1, IQ4_NL or Q2_K, or unquantised (F32, F16, BF16).
+/* specdec's linear on a GGUF file's own quantised blocks: y = x W^T (+ b), W in one of the types below (quantised
+ * or unquantised: F32, F16, BF16).
  *
  * The weights are the file's integers and scales, unchanged: repacked (sd_gguf_pack) so that 16 output channels
  * ("a group") sit side by side, one 32-bit SIMD lane each, but every quant, scale and minimum is the file's.  The
- * activations are quantised per token to 8 bits in blocks (256 columns for the K types, 32 for the others, as
- * llama.cpp's Q8_K and Q8_0), and every product is summed exactly in integers.  Per output element, per weight
- * block b (the type's block: 256 or 32 columns), with x's block scale dx = amax / 127 and its quants xq:
+ * activations are quantised per token to 8 bits in blocks (256 columns for the K types and IQ4_XS, 32 for the
+ * others, as llama.cpp's Q8_K and Q8_0), and every product is summed exactly in integers.  Per output element,
+ * per weight block b (the type's block: 256 or 32 columns), with x's block scale dx = amax / 127 and its quants
+ * xq:
  *
  *   Q4_K  T = sum_j sc_j * S_j,  M = sum_j m_j * X32_j            (j: the 8 sub-blocks of 32; S_j = sum q xq)
  *         acc += dx * (d * (float)T - dmin * (float)M)
@@ -22,6 +23,11 @@
  *   F32, F16, BF16: no integers -- x as it is (fp32, unquantised) and the weights widened exactly to fp32:
  *         p_j = the columns k = j mod 4 in order, p_j += x_k * w_k (a product, then a sum; p_j = 0 at first)
  *         acc = (p_0 + p_1) + (p_2 + p_3)
+ *   Q5_K  as Q4_K, q in 0..31
+ *   Q3_K  T = sum_j (sc_j - 32) * (S_j - 4 X16_j)                 (j: the 16 sub-blocks of 16; q in 0..7)
+ *         acc += dx * (d * (float)T)
+ *   IQ4_XS  T = sum_j (ls_j - 32) * S_j,  S_j = sum kv[q] xq      (j: the 8 sub-blocks of 32; q in 0..15, kv
+ *         acc += dx * (d * (float)T)                                ggml's kvalues_iq4nl, -127..113)
  *
  * with acc = 0 before the first block, the blocks in order, and y = acc (+ bias).  X16 / X32 are sums of xq over
  * 16 / 32 columns.  Every integer is exact (|T| < 2^31), so the order of the integer sums, the SIMD width, the
@@ -33,8 +39,9 @@
  * Paths: AVX-512 VNNI multiplies with vpdpbusd (unsigned quants times signed activations, four products a lane;
  * Q8_0's signed quants are stored + 128 and the offset taken back through X32), the sub-block scales with
  * vpmulld, the Q4_K minimums with vpdpwssd.  AVX2 multiplies with vpmaddubsw and folds each sub-block's scale
- * into the widening vpmaddwd.  Several activation rows share each unpacked weight vector (up to R_MAX rows a
- * pass), so a forward of 8 rows reads and unpacks the weights once.
+ * into the widening vpmaddwd.  IQ4_XS's indices become their values by vpshufb (on VNNI kv + 128, the offset
+ * taken back through X32; on AVX2 signed, multiplied as |kv| and sign(kv) x).  Several activation rows share each
+ * unpacked weight vector (up to R_MAX rows a pass), so a forward of 8 rows reads and unpacks the weights once.
  */
 #include <math.h>
 #include <stdint.h>
@@ -70,11 +77,17 @@ static int group_block_bytes(int type) {
     case GG_F32: return 2048;   /* 32 columns x 16 channels fp32: column e's 16 channels side by side */
     case GG_F16: return 1024;   /* the same in fp16 */
     case GG_BF16: return 1024;  /* and in bf16 */
+    case GG_Q5_K: return 2816; /* as Q4_K, each sub-block 256 B nibbles + 64 B fifth bits */
+    case GG_Q3_K: return 1760; /* d[16] fp16; the file's 12 scale bytes [12][16]; 8 chunks x (128 B crumbs + 64 B third bits) */
+    case GG_IQ4_XS: return 2176; /* d[16] fp16; the file's scales_h (2 bytes), scales_l (4) [6][16]; 8 sub-blocks x 256 B */
     default: return 0;
     }
 }
 
-static int block_columns(int type) { return type == GG_Q4_K || type == GG_Q6_K || type == GG_Q2_K ? BLOCK_K : BLOCK_0; }
+static int block_columns(int type) {
+    return type == GG_Q4_K || type == GG_Q6_K || type == GG_Q2_K || type == GG_Q5_K || type == GG_Q3_K || type == GG_IQ4_XS
+               ? BLOCK_K : BLOCK_0;
+}
 
 /* The file's block bytes (ggml's block_* structs). */
 static int file_block_bytes(int type) {
@@ -91,6 +104,9 @@ static int file_block_bytes(int type) {
     case GG_F32: return 128; /* 32 columns of a row, as the file has them */
     case GG_F16: return 64;
     case GG_BF16: return 64;
+    case GG_Q5_K: return 176;
+    case GG_Q3_K: return 110;
+    case GG_IQ4_XS: return 136;
     default: return 0;
     }
 }
@@ -147,7 +163,11 @@ static float bf16_to_float(uint16_t h) {
  * Q5_1 0..31, Q4_1's layout and Q5_0's fifth bits after it; IQ4_NL its nibbles (indices) as Q4_0's, each mapped
  * to its value + 128 (1..241; -128 through X32) by vpshufb as it is unpacked; Q2_K 0..3, group g's crumb at
  * bits 2 (g % 4) of a 64-byte vector g / 4 (as Q6_K's high bits), two vectors a 32-column chunk; F32, F16, BF16
- * the file's values, column e of a 32-column block as one vector of its 16 channels. */
+ * the file's values, column e of a 32-column block as one vector of its 16 channels.  Q5_K: Q4_K's nibbles with
+ * Q5_0's fifth-bit vector after each sub-block's four.  Q3_K (q = 2 low bits + 4 * the hmask bit, 0..7): group g's
+ * low bits at bits 2 (g % 4) of a 64-byte vector g / 4 (as Q6_K's high bits), its third bit at bit g of a third
+ * vector (as Q5_0's fifth).  IQ4_XS: the nibbles are indices into kvalues (the VNNI path maps them to kv + 128, the
+ * -128 taken through X32). */
 
 static void q4k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
     if (j < 4) {
@@ -157,6 +177,17 @@ static void q4k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
         *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
         *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
     }
+}
+
+/* Q3_K's 6-bit scale i (0..15) of the file's 12 bytes s: low 4 bits a nibble of s[i % 8], high 2 of s[8 + i % 4]. */
+static int q3k_scale(const uint8_t *s, int i) {
+    return ((i < 8 ? s[i] : s[i - 8] >> 4) & 0xF) | (((s[8 + i % 4] >> (2 * (i / 4))) & 3) << 4);
+}
+
+/* IQ4_XS's 6-bit scale j (0..7) of the file's 6 bytes s (scales_h, scales_l): low 4 bits a nibble of s[2 + j / 2],
+ * high 2 bits 2 (j % 4) of s[j / 4]. */
+static int iq4xs_scale(const uint8_t *s, int j) {
+    return ((s[2 + j / 2] >> (4 * (j % 2))) & 0xF) | (((s[j / 4] >> (2 * (j % 4))) & 3) << 4);
 }
 
 /* A file block's quants, column by column (see above), into v[block_columns(type)]. */
@@ -198,6 +229,24 @@ static void decode_block(int type, const uint8_t *blk, uint8_t *v) {
         for (int e = 0; e < 16; e++) {
             v[e] = blk[4 + e] & 0xF;
             v[e + 16] = blk[4 + e] >> 4;
+        }
+        break;
+    case GG_Q5_K: /* column e: nibble of qs[32 (e / 64) + e % 32] (high for odd e / 32), fifth bit e / 32 of qh[e % 32] */
+        for (int e = 0; e < 256; e++) {
+            const uint8_t byte = blk[48 + 32 * (e / 64) + e % 32];
+            v[e] = (uint8_t)(((e / 32) % 2 ? byte >> 4 : byte & 0xF) | (((blk[16 + e % 32] >> (e / 32)) & 1) << 4));
+        }
+        break;
+    case GG_Q3_K: /* column e: bits 2 ((e % 128) / 32) of qs[32 (e / 128) + e % 32], third bit e / 32 of hmask[e % 32] */
+        for (int e = 0; e < 256; e++) {
+            const int low = (blk[32 + 32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+            v[e] = (uint8_t)(low | (((blk[e % 32] >> (e / 32)) & 1) << 2));
+        }
+        break;
+    case GG_IQ4_XS: /* column 32 j + l: the low (l < 16) or high nibble of qs[16 j + l % 16] (indices) */
+        for (int e = 0; e < 256; e++) {
+            const uint8_t byte = blk[8 + 16 * (e / 32) + e % 16];
+            v[e] = (e % 32) < 16 ? byte & 0xF : byte >> 4;
         }
         break;
     case GG_Q4_0:
@@ -269,6 +318,43 @@ static void pack_block(int type, const uint8_t *src, int c, uint8_t *dst) {
         memcpy(dst + 2 * c, src, 2);          /* d */
         memcpy(dst + 32 + 2 * c, src + 2, 2); /* m */
         put_nibbles(dst + 64, c, v);
+        break;
+    case GG_Q5_K:
+        memcpy(dst + 2 * c, src, 2);          /* d */
+        memcpy(dst + 32 + 2 * c, src + 2, 2); /* dmin */
+        for (int b = 0; b < 12; b++) dst[64 + 16 * b + c] = src[4 + b];
+        for (int j = 0; j < 8; j++) {
+            uint8_t *sub = dst + 256 + 320 * j;
+            put_nibbles(sub, c, v + 32 * j);
+            for (int b = 0; b < 4; b++) {
+                uint8_t byte = 0;
+                for (int g = 0; g < 8; g++) byte |= (uint8_t)((v[32 * j + 4 * g + b] >> 4) << g);
+                sub[256 + 4 * c + b] = byte;
+            }
+        }
+        break;
+    case GG_Q3_K:
+        memcpy(dst + 2 * c, src + 108, 2); /* d */
+        for (int b = 0; b < 12; b++) dst[32 + 16 * b + c] = src[96 + b];
+        for (int t = 0; t < 8; t++) {
+            uint8_t *chunk = dst + 224 + 192 * t;
+            const uint8_t *w = v + 32 * t;
+            for (int b = 0; b < 4; b++) {
+                uint8_t low[2] = {0, 0}, hi = 0;
+                for (int g = 0; g < 8; g++) {
+                    low[g / 4] |= (uint8_t)((w[4 * g + b] & 3) << (2 * (g % 4)));
+                    hi |= (uint8_t)((w[4 * g + b] >> 2) << g);
+                }
+                chunk[4 * c + b] = low[0];
+                chunk[64 + 4 * c + b] = low[1];
+                chunk[128 + 4 * c + b] = hi;
+            }
+        }
+        break;
+    case GG_IQ4_XS:
+        memcpy(dst + 2 * c, src, 2); /* d */
+        for (int b = 0; b < 6; b++) dst[32 + 16 * b + c] = src[2 + b];
+        for (int j = 0; j < 8; j++) put_nibbles(dst + 128 + 256 * j, c, v + 32 * j);
         break;
     case GG_Q4_0:
     case GG_IQ4_NL:
@@ -577,6 +663,20 @@ static int packed_quant(int type, const uint8_t *blk, int c, int e) {
         return iq4nl_values[g < 4 ? byte & 0xF : byte >> 4] + 128;
     }
     case GG_Q2_K: return (blk[320 + 128 * (e / 32) + 64 * (g / 4) + 4 * c + b] >> (2 * (g % 4))) & 3;
+    case GG_Q5_K: {
+        const uint8_t *sub = blk + 256 + 320 * (e / 32);
+        const uint8_t byte = sub[64 * (g % 4) + 4 * c + b], hi = sub[256 + 4 * c + b];
+        return (g < 4 ? byte & 0xF : byte >> 4) | (((hi >> g) & 1) << 4);
+    }
+    case GG_Q3_K: {
+        const uint8_t *chunk = blk + 224 + 192 * (e / 32);
+        const uint8_t low = chunk[64 * (g / 4) + 4 * c + b], hi = chunk[128 + 4 * c + b];
+        return ((low >> (2 * (g % 4))) & 3) | (((hi >> g) & 1) << 2);
+    }
+    case GG_IQ4_XS: { /* the index */
+        const uint8_t byte = blk[128 + 256 * (e / 32) + 64 * (g % 4) + 4 * c + b];
+        return g < 4 ? byte & 0xF : byte >> 4;
+    }
     default: return 0;
     }
 }
@@ -625,6 +725,43 @@ static float block_c(int type, const uint8_t *blk, int c, const acts_t *a, int i
         for (int e = 0; e < 32; e++) s += packed_quant(type, blk, c, e) * xq[e];
         const float m = half_to_float(read16(blk + 32 + 2 * c));
         return dx * (d * (float)s + m * (float)x32[0]);
+    }
+    case GG_Q5_K: { /* Q4_K's sums, q in 0..31 */
+        int32_t t = 0, mm = 0;
+        uint8_t raw[12];
+        for (int b = 0; b < 12; b++) raw[b] = blk[64 + 16 * b + c];
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            q4k_scale_min(raw, j, &sc, &m);
+            int32_t s = 0;
+            for (int e = 32 * j; e < 32 * j + 32; e++) s += packed_quant(type, blk, c, e) * xq[e];
+            t += (int32_t)sc * s;
+            mm += (int32_t)m * x32[j];
+        }
+        const float dmin = half_to_float(read16(blk + 32 + 2 * c));
+        return dx * (d * (float)t - dmin * (float)mm);
+    }
+    case GG_Q3_K: {
+        uint8_t raw[12];
+        for (int b = 0; b < 12; b++) raw[b] = blk[32 + 16 * b + c];
+        int32_t t = 0;
+        for (int j = 0; j < 16; j++) {
+            int32_t s = -4 * x16[j];
+            for (int e = 16 * j; e < 16 * j + 16; e++) s += packed_quant(type, blk, c, e) * xq[e];
+            t += (q3k_scale(raw, j) - 32) * s;
+        }
+        return dx * (d * (float)t);
+    }
+    case GG_IQ4_XS: {
+        uint8_t raw[6];
+        for (int b = 0; b < 6; b++) raw[b] = blk[32 + 16 * b + c];
+        int32_t t = 0;
+        for (int j = 0; j < 8; j++) {
+            int32_t s = 0;
+            for (int e = 32 * j; e < 32 * j + 32; e++) s += iq4nl_values[packed_quant(type, blk, c, e)] * xq[e];
+            t += (iq4xs_scale(raw, j) - 32) * s;
+        }
+        return dx * (d * (float)t);
     }
     case GG_Q4_0: {
         int32_t s = -8 * x32[0];
@@ -1048,6 +1185,181 @@ FLOAT_ROWS(group_f32_vnni, float_vnni, GG_F32, 4, VNNI)
 FLOAT_ROWS(group_f16_vnni, float_vnni, GG_F16, 4, VNNI)
 FLOAT_ROWS(group_bf16_vnni, float_vnni, GG_BF16, 4, VNNI)
 
+/* Q5_K: Q4_K's sub-blocks with Q5_0's fifth bits (bit g of the vector after a sub-block's nibbles). */
+VNNI INLINE void q5k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, float out[R_MAX][LANES]) {
+    const int8_t *xq = panel(a, i0);
+    const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
+    const int16_t *mins = a->x32hp + (int64_t)(i0 / R_MAX) * nb * R_MAX * 8;
+    const __m512i low = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
+    __m512 acc[R_MAX];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)b * 2816;
+        __m128i sc8[8], m8[8];
+        q4k_scales(blk, sc8, m8);
+        __m512i t[R_MAX];
+        for (int r = 0; r < R; r++) t[r] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *qs = blk + 256 + 320 * j;
+            const int8_t *xs = xq + (int64_t)(8 * b + j) * 32 * R;
+            prefetch_ahead(blk + 352 * j, 384, PF_AHEAD(R)); /* 8 x 352 = 2816 */
+            const __m512i sc = _mm512_cvtepu8_epi32(sc8[j]);
+            const __m512i h = _mm512_loadu_si512(qs + 256);
+            __m512i w[8];
+            for (int z = 0; z < 4; z++) {
+                const __m512i v = _mm512_loadu_si512(qs + 64 * z);
+                w[z] = _mm512_ternarylogic_epi32(_mm512_and_si512(v, low), q5_high(h, z), bit4, 0xF8);
+                w[z + 4] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), q5_high(h, z + 4), bit4, 0xF8);
+            }
+            for (int r = 0; r < R; r++) t[r] = _mm512_add_epi32(t[r], _mm512_mullo_epi32(dot32(w, xs + 4 * r, 4 * R, CHAINS(R)), sc));
+        }
+        const __m512 d = load_half16(blk), dmin = load_half16(blk + 32);
+        __m512i mp[4]; /* lane c: (m_2p, m_2p+1) as two int16 */
+        for (int p = 0; p < 4; p++) {
+            const __m128i lo = _mm_unpacklo_epi8(m8[2 * p], m8[2 * p + 1]), hi = _mm_unpackhi_epi8(m8[2 * p], m8[2 * p + 1]);
+            mp[p] = _mm512_cvtepu8_epi16(_mm256_set_m128i(hi, lo));
+        }
+        for (int r = 0; r < R; r++) {
+            const int16_t *x32 = mins + ((int64_t)b * R_MAX + r) * 8;
+            __m512i mm = _mm512_setzero_si512();
+            for (int p = 0; p < 4; p++) mm = _mm512_dpwssd_epi32(mm, mp[p], bcast32(x32 + 2 * p));
+            const __m512 dx = _mm512_set1_ps(dxs[b * R_MAX + r]);
+            const __m512 v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(t[r])), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mm)));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(dx, v));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(out[r], acc[r]);
+}
+#define Q5K_CALL(R) q5k_vnni(grp, nb, a, i0, R, out)
+VNNI_ROWS(group_q5k_vnni, Q5K_CALL)
+
+/* Q3_K's 16 scales of 16 channels, minus 32, as int8 (byte b of the file's 12 at row b of the packed block);
+ * for the AVX2 and VNNI paths alike. */
+__attribute__((target("avx2"))) INLINE void q3k_scales(const uint8_t *blk, __m128i sc[16]) {
+    const __m128i low = _mm_set1_epi8(0x0F), top = _mm_set1_epi8(0x30), bias = _mm_set1_epi8(32);
+    __m128i s[12];
+    for (int b = 0; b < 12; b++) s[b] = _mm_loadu_si128((const __m128i *)(blk + 32 + 16 * b));
+    for (int i = 0; i < 16; i++) {
+        const __m128i lo = i < 8 ? _mm_and_si128(s[i], low) : _mm_and_si128(_mm_srli_epi16(s[i - 8], 4), low);
+        const __m128i h = s[8 + i % 4]; /* its bits 2 (i / 4) .. + 1 to bits 4..5 */
+        const __m128i hi = i < 4 ? _mm_slli_epi16(h, 4) : i < 8 ? _mm_slli_epi16(h, 2) : i < 12 ? h : _mm_srli_epi16(h, 2);
+        sc[i] = _mm_sub_epi8(_mm_or_si128(lo, _mm_and_si128(hi, top)), bias);
+    }
+}
+
+/* Q3_K's third bit of group g (bit g of h) to bit 2. */
+VNNI INLINE __m512i q3_high(__m512i h, int g) {
+    switch (g) {
+    case 0: return _mm512_slli_epi16(h, 2);
+    case 1: return _mm512_slli_epi16(h, 1);
+    case 2: return h;
+    default: return _mm512_srli_epi16(h, g - 2);
+    }
+}
+
+/* Q3_K: Q6_K's form, each 16-column sum starting at -4 X16 (the panel's -32 X16 / 8: exact). */
+VNNI INLINE void q3k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, float out[R_MAX][LANES]) {
+    const int8_t *xq = panel(a, i0);
+    const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
+    const int32_t *offs = a->x16np + (int64_t)(i0 / R_MAX) * nb * 16 * R_MAX;
+    const __m512i bits01 = _mm512_set1_epi8(3), bit2 = _mm512_set1_epi8(4);
+    __m512 acc[R_MAX];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)b * 1760;
+        __m128i sc8[16];
+        q3k_scales(blk, sc8);
+        __m512i t[R_MAX];
+        for (int r = 0; r < R; r++) t[r] = _mm512_setzero_si512();
+        for (int c = 0; c < 8; c++) {
+            const uint8_t *chunk = blk + 224 + 192 * c;
+            const int8_t *xs = xq + (int64_t)(8 * b + c) * 32 * R;
+            const int32_t *off = offs + (int64_t)(16 * b + 2 * c) * R_MAX;
+            prefetch_ahead(blk + 220 * c, 256, PF_AHEAD(R)); /* 8 x 220 = 1760 */
+            const __m512i l0 = _mm512_loadu_si512(chunk), l1 = _mm512_loadu_si512(chunk + 64);
+            const __m512i h = _mm512_loadu_si512(chunk + 128);
+            __m512i w[8];
+            for (int g = 0; g < 8; g++) {
+                const __m512i crumb = _mm512_and_si512(_mm512_srli_epi16(g < 4 ? l0 : l1, 2 * (g % 4)), bits01);
+                w[g] = _mm512_ternarylogic_epi32(crumb, q3_high(h, g), bit2, 0xF8);
+            }
+            const __m512i sc0 = _mm512_cvtepi8_epi32(sc8[2 * c]), sc1 = _mm512_cvtepi8_epi32(sc8[2 * c + 1]);
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = xs + 4 * r;
+                __m512i s0 = _mm512_set1_epi32(off[r] / 8), s1 = _mm512_set1_epi32(off[R_MAX + r] / 8);
+                for (int g = 0; g < 4; g++) s0 = dpbusd_at(s0, w[g], x + 4 * R * g);
+                for (int g = 4; g < 8; g++) s1 = dpbusd_at(s1, w[g], x + 4 * R * g);
+                t[r] = _mm512_add_epi32(t[r], _mm512_add_epi32(_mm512_mullo_epi32(s0, sc0), _mm512_mullo_epi32(s1, sc1)));
+            }
+        }
+        const __m512 d = load_half16(blk);
+        for (int r = 0; r < R; r++) {
+            const __m512 dx = _mm512_set1_ps(dxs[b * R_MAX + r]);
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(dx, _mm512_mul_ps(d, _mm512_cvtepi32_ps(t[r]))));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(out[r], acc[r]);
+}
+#define Q3K_CALL(R) q3k_vnni(grp, nb, a, i0, R, out)
+VNNI_ROWS(group_q3k_vnni, Q3K_CALL)
+
+/* IQ4_XS's 8 scales of 16 channels, minus 32, as int8 (the file's 6 bytes at rows 0..5 of the packed block). */
+__attribute__((target("avx2"))) INLINE void iq4xs_scales(const uint8_t *blk, __m128i sc[8]) {
+    const __m128i low = _mm_set1_epi8(0x0F), top = _mm_set1_epi8(0x30), bias = _mm_set1_epi8(32);
+    __m128i s[6];
+    for (int b = 0; b < 6; b++) s[b] = _mm_loadu_si128((const __m128i *)(blk + 32 + 16 * b));
+    for (int j = 0; j < 8; j++) {
+        const __m128i l = s[2 + j / 2], lo = _mm_and_si128(j % 2 ? _mm_srli_epi16(l, 4) : l, low);
+        const __m128i h = s[j / 4]; /* its bits 2 (j % 4) .. + 1 to bits 4..5 */
+        const __m128i hi = j % 4 == 0 ? _mm_slli_epi16(h, 4) : j % 4 == 1 ? _mm_slli_epi16(h, 2) : j % 4 == 2 ? h : _mm_srli_epi16(h, 2);
+        sc[j] = _mm_sub_epi8(_mm_or_si128(lo, _mm_and_si128(hi, top)), bias);
+    }
+}
+
+/* IQ4_XS: the indices through kv + 128 (vpshufb: unsigned for vpdpbusd), each sub-block's sum starting at -128 X32. */
+VNNI INLINE void iq4xs_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, float out[R_MAX][LANES]) {
+    const int8_t *xq = panel(a, i0);
+    const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
+    const int32_t *x32s = a->x32p + (int64_t)(i0 / R_MAX) * nb * 8 * 3 * R_MAX; /* [nb * 8, 3, R_MAX] */
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    const __m512i table = _mm512_broadcast_i32x4(
+        _mm_xor_si128(_mm_loadu_si128((const __m128i *)iq4nl_values), _mm_set1_epi8((char)0x80))); /* kv + 128 */
+    __m512 acc[R_MAX];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)b * 2176;
+        __m128i sc8[8];
+        iq4xs_scales(blk, sc8);
+        __m512i t[R_MAX];
+        for (int r = 0; r < R; r++) t[r] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *qs = blk + 128 + 256 * j;
+            const int8_t *xs = xq + (int64_t)(8 * b + j) * 32 * R;
+            const int32_t *x32 = x32s + (int64_t)(8 * b + j) * 3 * R_MAX + 2 * R_MAX; /* -128 X32 */
+            prefetch_ahead(blk + 272 * j, 320, PF_AHEAD(R)); /* 8 x 272 = 2176 */
+            const __m512i sc = _mm512_cvtepi8_epi32(sc8[j]);
+            __m512i w[8];
+            for (int z = 0; z < 4; z++) {
+                const __m512i v = _mm512_loadu_si512(qs + 64 * z);
+                w[z] = _mm512_shuffle_epi8(table, _mm512_and_si512(v, low));
+                w[z + 4] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+            }
+            for (int r = 0; r < R; r++) {
+                const __m512i s = _mm512_add_epi32(dot32(w, xs + 4 * r, 4 * R, CHAINS(R)), _mm512_set1_epi32(x32[r]));
+                t[r] = _mm512_add_epi32(t[r], _mm512_mullo_epi32(s, sc));
+            }
+        }
+        const __m512 d = load_half16(blk);
+        for (int r = 0; r < R; r++) {
+            const __m512 dx = _mm512_set1_ps(dxs[b * R_MAX + r]);
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(dx, _mm512_mul_ps(d, _mm512_cvtepi32_ps(t[r]))));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(out[r], acc[r]);
+}
+#define IQ4XS_CALL(R) iq4xs_vnni(grp, nb, a, i0, R, out)
+VNNI_ROWS(group_iq4xs_vnni, IQ4XS_CALL)
+
 /* ------------------------------------------------------------------ AVX2 path
  * The same integers: vpmaddubsw (u8 quants x s8 activations, pairs summed in s16 without saturating: at most
  * 2 * 63 * 127) then vpmaddwd with each lane's sub-block scale (or ones), on the two halves (lanes 0-7, 8-15)
@@ -1388,6 +1700,180 @@ AVX2F INLINE void float_avx2(int type, const uint8_t *grp, int nb, const acts_t 
 FLOAT_ROWS(group_f32_avx2, FLOAT_AVX2, GG_F32, 3, AVX2F)
 FLOAT_ROWS(group_f16_avx2, FLOAT_AVX2, GG_F16, 3, AVX2F)
 FLOAT_ROWS(group_bf16_avx2, FLOAT_AVX2, GG_BF16, 3, AVX2F)
+
+/* Q5_K: Q4_K's with the fifth bits; pair sums of 2 * 31 * 127 stay within s16 four at a time, not eight. */
+AVX2F INLINE void q5k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, const int r0, const int P, int half,
+                           float out[R_MAX][LANES]) {
+    const int h32 = 32 * half;
+    const int8_t *xq = panel(a, i0);
+    const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
+    const int16_t *mins = a->x32hp + (int64_t)(i0 / R_MAX) * nb * R_MAX * 8;
+    const __m256i low = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+    __m256 acc[R_MAX];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)b * 2816;
+        __m128i sc8[8], m8[8];
+        q4k_scales(blk, sc8, m8);
+        __m256i t[R_MAX];
+        for (int r = 0; r < R; r++) t[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *qs = blk + 256 + 320 * j + h32;
+            const int8_t *xs = xq + (int64_t)(8 * b + j) * 32 * P;
+            const __m256i v32 = _mm256_cvtepu8_epi32(half ? _mm_srli_si128(sc8[j], 8) : sc8[j]);
+            const __m256i sc = _mm256_or_si256(v32, _mm256_slli_epi32(v32, 16)); /* each lane's scale twice */
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(qs + 256));
+            __m256i w[8];
+            for (int z = 0; z < 4; z++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * z));
+                w[z] = _mm256_or_si256(_mm256_and_si256(v, low), _mm256_and_si256(q5_high8(h, z), bit4));
+                w[z + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), _mm256_and_si256(q5_high8(h, z + 4), bit4));
+            }
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = xs + 4 * (r0 + r);
+                __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
+                for (int g = 0; g < 4; g++) {
+                    p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(w[g], bcast32_8(x + 4 * P * g)));
+                    p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(w[g + 4], bcast32_8(x + 4 * P * (g + 4))));
+                }
+                t[r] = _mm256_add_epi32(t[r], _mm256_add_epi32(_mm256_madd_epi16(p0, sc), _mm256_madd_epi16(p1, sc)));
+            }
+        }
+        const __m256 d = load_half8(blk + 16 * half), dmin = load_half8(blk + 32 + 16 * half);
+        __m256i mp[4]; /* lane c: (m_2p, m_2p+1) as two int16 */
+        for (int p = 0; p < 4; p++) {
+            const __m128i pairs = half ? _mm_unpackhi_epi8(m8[2 * p], m8[2 * p + 1]) : _mm_unpacklo_epi8(m8[2 * p], m8[2 * p + 1]);
+            mp[p] = _mm256_cvtepu8_epi16(pairs);
+        }
+        for (int r = 0; r < R; r++) {
+            const int16_t *x32 = mins + ((int64_t)b * R_MAX + r0 + r) * 8;
+            __m256i mm = _mm256_setzero_si256();
+            for (int p = 0; p < 4; p++) mm = _mm256_add_epi32(mm, _mm256_madd_epi16(mp[p], bcast32_8(x32 + 2 * p)));
+            const __m256 dx = _mm256_set1_ps(dxs[b * R_MAX + r0 + r]);
+            const __m256 v = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(t[r])), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mm)));
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, v));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r0 + r] + 8 * half, acc[r]);
+}
+#define Q5K_CALL2(R, R0, P) q5k_avx2(grp, nb, a, i0, R, R0, P, half, out)
+AVX2_ROWS(group_q5k_avx2, Q5K_CALL2, 1)
+
+AVX2F INLINE __m256i q3_high8(__m256i h, int g) {
+    switch (g) {
+    case 0: return _mm256_slli_epi16(h, 2);
+    case 1: return _mm256_slli_epi16(h, 1);
+    case 2: return h;
+    default: return _mm256_srli_epi16(h, g - 2);
+    }
+}
+
+/* Q3_K: Q6_K's regrouping, T = sum_j (sc_j - 32) S_j - 4 sum_j (sc_j - 32) X16_j; pair sums of 2 * 7 * 127 stay
+ * within s16 eight at a time. */
+AVX2F INLINE void q3k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, const int r0, const int P, int half,
+                           float out[R_MAX][LANES]) {
+    const int h32 = 32 * half;
+    const int8_t *xq = panel(a, i0);
+    const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
+    const int16_t *offs = a->x16hp + (int64_t)(i0 / R_MAX) * nb * R_MAX * 16;
+    const __m256i bits01 = _mm256_set1_epi8(3), bit2 = _mm256_set1_epi8(4);
+    __m256 acc[R_MAX];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)b * 1760;
+        __m128i sc8[16];
+        q3k_scales(blk, sc8);
+        __m256i t[R_MAX];
+        for (int r = 0; r < R; r++) t[r] = _mm256_setzero_si256();
+        for (int c = 0; c < 8; c++) {
+            const uint8_t *chunk = blk + 224 + 192 * c + h32;
+            const int8_t *xs = xq + (int64_t)(8 * b + c) * 32 * P;
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)chunk), l1 = _mm256_loadu_si256((const __m256i *)(chunk + 64));
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(chunk + 128));
+            __m256i w[8];
+            for (int g = 0; g < 8; g++)
+                w[g] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(g < 4 ? l0 : l1, 2 * (g % 4)), bits01),
+                                       _mm256_and_si256(q3_high8(h, g), bit2));
+            __m256i sc[2]; /* each lane's scale twice, the chunk's two sub-blocks */
+            for (int u = 0; u < 2; u++) {
+                const __m256i v = _mm256_cvtepi8_epi32(half ? _mm_srli_si128(sc8[2 * c + u], 8) : sc8[2 * c + u]);
+                sc[u] = _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+            }
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = xs + 4 * (r0 + r);
+                __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
+                for (int g = 0; g < 4; g++) {
+                    p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(w[g], bcast32_8(x + 4 * P * g)));
+                    p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(w[g + 4], bcast32_8(x + 4 * P * (g + 4))));
+                }
+                t[r] = _mm256_add_epi32(t[r], _mm256_add_epi32(_mm256_madd_epi16(p0, sc[0]), _mm256_madd_epi16(p1, sc[1])));
+            }
+        }
+        __m256i sp[8]; /* lane c: (sc_2p - 32, sc_2p+1 - 32) as two int16 */
+        for (int p = 0; p < 8; p++)
+            sp[p] = _mm256_cvtepi8_epi16(half ? _mm_unpackhi_epi8(sc8[2 * p], sc8[2 * p + 1]) : _mm_unpacklo_epi8(sc8[2 * p], sc8[2 * p + 1]));
+        const __m256 d = load_half8(blk + 16 * half);
+        for (int r = 0; r < R; r++) {
+            const int16_t *x16 = offs + ((int64_t)b * R_MAX + r0 + r) * 16;
+            __m256i o = _mm256_setzero_si256();
+            for (int p = 0; p < 8; p++) o = _mm256_add_epi32(o, _mm256_madd_epi16(sp[p], bcast32_8(x16 + 2 * p)));
+            const __m256i tt = _mm256_sub_epi32(t[r], _mm256_slli_epi32(o, 2));
+            const __m256 dx = _mm256_set1_ps(dxs[b * R_MAX + r0 + r]);
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, _mm256_mul_ps(d, _mm256_cvtepi32_ps(tt))));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r0 + r] + 8 * half, acc[r]);
+}
+#define Q3K_CALL2(R, R0, P) q3k_avx2(grp, nb, a, i0, R, R0, P, half, out)
+AVX2_ROWS(group_q3k_avx2, Q3K_CALL2, 0)
+
+/* IQ4_XS: the indices through the signed kv (vpshufb), multiplied as |kv| and sign(kv) x (as Q8_0's: each pair
+ * sum at most 2 * 127 * 127, widened one vpmaddubsw at a time by vpmaddwd with the sub-block's scale). */
+AVX2F INLINE void iq4xs_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, const int r0, const int P, int half,
+                             float out[R_MAX][LANES]) {
+    const int h32 = 32 * half;
+    const int8_t *xq = panel(a, i0);
+    const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4nl_values));
+    __m256 acc[R_MAX];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)b * 2176;
+        __m128i sc8[8];
+        iq4xs_scales(blk, sc8);
+        __m256i t[R_MAX];
+        for (int r = 0; r < R; r++) t[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *qs = blk + 128 + 256 * j + h32;
+            const int8_t *xs = xq + (int64_t)(8 * b + j) * 32 * P;
+            const __m256i v32 = _mm256_cvtepi8_epi32(half ? _mm_srli_si128(sc8[j], 8) : sc8[j]);
+            const __m256i sc = _mm256_or_si256(_mm256_and_si256(v32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v32, 16));
+            __m256i w[8], aw[8];
+            for (int z = 0; z < 4; z++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * z));
+                w[z] = _mm256_shuffle_epi8(table, _mm256_and_si256(v, low));
+                w[z + 4] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+            }
+            for (int g = 0; g < 8; g++) aw[g] = _mm256_abs_epi8(w[g]);
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = xs + 4 * (r0 + r);
+                __m256i p = _mm256_setzero_si256();
+                for (int g = 0; g < 8; g++)
+                    p = _mm256_add_epi32(p, _mm256_madd_epi16(_mm256_maddubs_epi16(aw[g], _mm256_sign_epi8(bcast32_8(x + 4 * P * g), w[g])), sc));
+                t[r] = _mm256_add_epi32(t[r], p);
+            }
+        }
+        const __m256 d = load_half8(blk + 16 * half);
+        for (int r = 0; r < R; r++) {
+            const __m256 dx = _mm256_set1_ps(dxs[b * R_MAX + r0 + r]);
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, _mm256_mul_ps(d, _mm256_cvtepi32_ps(t[r]))));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r0 + r] + 8 * half, acc[r]);
+}
+#define IQ4XS_CALL2(R, R0, P) iq4xs_avx2(grp, nb, a, i0, R, R0, P, half, out)
+AVX2_ROWS(group_iq4xs_avx2, IQ4XS_CALL2, 1)
 #endif /* SD_X86 */
 
 /* ------------------------------------------------------------------ dispatch */
@@ -1434,6 +1920,9 @@ static group_fn group_function(int type, int isa) {
         case GG_F32: return group_f32_vnni;
         case GG_F16: return group_f16_vnni;
         case GG_BF16: return group_bf16_vnni;
+        case GG_Q5_K: return group_q5k_vnni;
+        case GG_Q3_K: return group_q3k_vnni;
+        case GG_IQ4_XS: return group_iq4xs_vnni;
         }
     if (isa == ISA_AVX2) switch (type) {
         case GG_Q4_K: return group_q4k_avx2;
@@ -1448,6 +1937,9 @@ static group_fn group_function(int type, int isa) {
         case GG_F32: return group_f32_avx2;
         case GG_F16: return group_f16_avx2;
         case GG_BF16: return group_bf16_avx2;
+        case GG_Q5_K: return group_q5k_avx2;
+        case GG_Q3_K: return group_q3k_avx2;
+        case GG_IQ4_XS: return group_iq4xs_avx2;
         }
 #endif
     (void)isa;
@@ -1548,9 +2040,10 @@ int sd_gguf_linear(const sd_gguf_params *p) {
 }
 
 /* Dequantise rows of a tensor as the file stores them (row-major blocks; e.g. an embedding's): out[r, :] =
- * W[rows[r], :] as llama.cpp de-quantises it, (d * sc) * q - (dmin * m) for Q4_K, (d * sc) * (q - 32) for Q6_K,
- * d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1 and Q5_1, d * (q - 8) for Q4_0, d * kvalues_iq4nl[q]
- * for IQ4_NL, (d * sc) * q - (dmin * m) for Q2_K; an F32, F16 or BF16 table's rows as they are (widened).
+ * W[rows[r], :] as llama.cpp de-quantises it, (d * sc) * q - (dmin * m) for Q4_K, Q5_K and Q2_K, (d * sc) * (q - 32)
+ * for Q6_K, d * (q - 16) for Q5_0, d * q for Q8_0, d * q + m for Q4_1 and Q5_1, d * (q - 8) for Q4_0,
+ * d * kvalues_iq4nl[q] for IQ4_NL, (d * (sc - 32)) * (q - 4) for Q3_K, (d * (ls - 32)) * kvalues_iq4nl[q] for IQ4_XS;
+ * an F32, F16 or BF16 table's rows as they are (widened).
  * Returns 0, or -2 for a type it lacks. */
 int sd_gguf_rows(int type, const void *blocks, int k, const int64_t *rows, int count, float *out) {
     if (type == GG_F32 || type == GG_F16) { /* an unquantised table: its rows as they are, widened */
@@ -1623,6 +2116,26 @@ int sd_gguf_rows(int type, const void *blocks, int k, const int64_t *rows, int c
                     const float d1 = d * (float)(blk[j] & 0xF), m1 = dmin * (float)(blk[j] >> 4);
                     for (int e = 16 * j; e < 16 * j + 16; e++) o[e] = d1 * (float)v[e] - m1;
                 }
+                break;
+            }
+            case GG_Q5_K: {
+                const float d = half_to_float(read16(blk)), dmin = half_to_float(read16(blk + 2));
+                for (int j = 0; j < 8; j++) {
+                    uint8_t sc, m;
+                    q4k_scale_min(blk + 4, j, &sc, &m);
+                    const float d1 = d * (float)sc, m1 = dmin * (float)m;
+                    for (int e = 32 * j; e < 32 * j + 32; e++) o[e] = d1 * (float)v[e] - m1;
+                }
+                break;
+            }
+            case GG_Q3_K: {
+                const float d = half_to_float(read16(blk + 108));
+                for (int e = 0; e < 256; e++) o[e] = (d * (float)(q3k_scale(blk + 96, e / 16) - 32)) * (float)(v[e] - 4);
+                break;
+            }
+            case GG_IQ4_XS: {
+                const float d = half_to_float(read16(blk));
+                for (int e = 0; e < 256; e++) o[e] = (d * (float)(iq4xs_scale(blk + 2, e / 32) - 32)) * (float)iq4nl_values[v[e]];
                 break;
             }
             }

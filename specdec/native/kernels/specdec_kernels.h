@@ -57,6 +57,7 @@ int sd_isa4(void);
  * types are ggml's ids. */
 enum { GG_F32 = 0, GG_F16 = 1, GG_Q4_1 = 3, GG_Q5_0 = 6, GG_Q8_0 = 8, GG_Q4_K = 12, GG_Q6_K = 14 };
 enum { GG_Q4_0 = 2, GG_Q5_1 = 7, GG_IQ4_NL = 20, GG_Q2_K = 10, GG_BF16 = 30 };
+enum { GG_Q3_K = 11, GG_Q5_K = 13, GG_IQ4_XS = 23 };
 
 /* One block of output columns: a packed tensor [n, k] and its bias, written to y's columns col .. col + n - 1. */
 typedef struct {
