@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import struct
 import sys
 from collections.abc import Sequence
@@ -60,7 +61,7 @@ REQUANTIZE_ROWS = 4096  # rows de-quantised at a time when requantising (a 151,9
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
-INDEX_FORMAT = 1  # of the parsed header kept per file (GGUFFile._read_index)
+INDEX_FORMAT = 2  # of the parsed header kept per file (GGUFFile._read_index)
 _KEEP_ARRAY = 1024  # arrays up to this many elements are read (per-layer values); longer ones (a vocabulary) skipped
 
 
@@ -93,12 +94,18 @@ class Tensor:
 
 class GGUFFile:
     """A GGUF file's metadata (scalars and short arrays; long arrays, a vocabulary's, skipped) and tensor table,
-    its bytes memory-mapped (read-only: pages the OS shares between processes and drops under pressure)."""
+    its bytes memory-mapped (read-only: pages the OS shares between processes and drops under pressure), and
+    what identifies its vocabulary (`vocabulary`: vocabulary_digest of its tokenizer.ggml.tokens, None without)."""
+
+    TOKENS_KEY = "tokenizer.ggml.tokens"  # the vocabulary's token strings, by id
+    # convert_hf_to_gguf's filler for the ids past a tokenizer's last token ("[PAD151935]"): not the vocabulary's
+    _PAD_TOKEN = re.compile(rb"\[PAD\d+\]")
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.metadata: dict[str, Any] = {}
         self.tensors: dict[str, Tensor] = {}
+        self.vocabulary: str | None = None
         try:
             self.data = np.memmap(self.path, dtype=np.uint8, mode="r")
             if not self._read_index():
@@ -122,18 +129,19 @@ class GGUFFile:
             index = json.loads(path.read_text(encoding="utf-8"))
             if index["format"] != INDEX_FORMAT or index["file"] != file_identity(self.path):
                 return False  # another version of the file: parsed again
-            self.metadata = index["metadata"]
+            self.metadata, self.vocabulary = index["metadata"], index["vocabulary"]
             self.tensors = {name: Tensor(name, type_id, tuple(shape), offset)
                             for name, type_id, shape, offset in index["tensors"]}
             return True
         except (ValueError, KeyError, TypeError) as e:
             print(f"specdec: the GGUF index {path} could not be read ({type(e).__name__}); parsing the file again",
                   file=sys.stderr)
-            self.metadata, self.tensors = {}, {}
+            self.metadata, self.tensors, self.vocabulary = {}, {}, None
             return False
 
     def _write_index(self) -> None:
         index = {"format": INDEX_FORMAT, "file": file_identity(self.path), "metadata": self.metadata,
+                 "vocabulary": self.vocabulary,
                  "tensors": [[t.name, t.type_id, list(t.shape), t.offset] for t in self.tensors.values()]}
         write_atomically(self._index_path(), json.dumps(index))
 
@@ -179,7 +187,10 @@ class GGUFFile:
         for _ in range(n_kv):
             key, at = string(at)
             (kind,) = struct.unpack_from("<I", buf, at)
-            self.metadata[key], at = value(kind, at + 4)
+            self.metadata[key], end = value(kind, at + 4)
+            if key == self.TOKENS_KEY and kind == _ARRAY:  # the strings' raw bytes: (length, UTF-8 bytes) each
+                self.vocabulary = self._raw_digest(buf, at + 4 + 12, end)
+            at = end
         infos = []
         for _ in range(n_tensors):
             name, at = string(at)
@@ -195,6 +206,38 @@ class GGUFFile:
             if tensor.nbytes() >= 0 and tensor.offset + tensor.nbytes() > len(self.data):
                 raise ValueError(f"tensor {name} runs past the end of the file (truncated?)")
             self.tensors[name] = tensor
+
+    @classmethod
+    def vocabulary_digest(cls, tokens: Sequence[str | bytes]) -> str:
+        """What identifies a vocabulary: a digest of its token strings in id order, the trailing "[PAD<n>]"
+        fillers dropped, each as a GGUF file stores it (its length, 8 bytes little-endian, then its UTF-8 bytes):
+        a file's tokenizer.ggml.tokens gives the digest of its raw bytes (`vocabulary`), a transformers
+        tokenizer's get_vocab() the same one for the same token -> id map (specdec.drafters.choice)."""
+        raw = b"".join(struct.pack("<Q", len(t)) + t for t in (t.encode() if isinstance(t, str) else t for t in tokens))
+        return cls._raw_digest(memoryview(raw), 0, len(raw))
+
+    @classmethod
+    def _raw_digest(cls, buf: memoryview, start: int, end: int) -> str:
+        """vocabulary_digest of the packed strings in buf[start:end] (length-prefixed, as a GGUF array stores them)."""
+        ends, at = [], start
+        while at < end:
+            (n,) = struct.unpack_from("<Q", buf, at)
+            at += 8 + n
+            ends.append(at)
+        cut = len(ends)  # the trailing fillers dropped
+        while cut and cls._PAD_TOKEN.fullmatch(bytes(buf[(ends[cut - 2] if cut > 1 else start) + 8 : ends[cut - 1]])):
+            cut -= 1
+        return hashlib.sha256(buf[start : ends[cut - 1] if cut else start]).hexdigest()[:16]
+
+    def parameters(self) -> int:
+        """The model's parameter count from its tensor table, as its model card counts it: an output head of the
+        embedding's shape counted as the embedding (a tied head, which converters write out again: the zoo's
+        Qwen 1.5B is 1.54B, not the 1.78B of its tensors)."""
+        count = sum(int(np.prod(t.shape)) for t in self.tensors.values())
+        head, embedding = self.tensors.get("output.weight"), self.tensors.get("token_embd.weight")
+        if head is not None and embedding is not None and head.shape == embedding.shape:
+            count -= int(np.prod(head.shape))
+        return count
 
     @property
     def architecture(self) -> str:
