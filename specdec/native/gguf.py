@@ -109,6 +109,9 @@ class GGUFFile:
     SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"  # gguf-split's keys
     _SPLIT_NAME = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")  # its parts' names
 
+    class PartError(SpecdecError):
+        """A split model's part given in place of its first, or a part missing: no other reader can load it either."""
+
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.paths = [self.path]  # the parts of a split model, the first (`path`) first; `path` alone otherwise
@@ -187,15 +190,15 @@ class GGUFFile:
         a one-line SpecdecError for a later part than the first or a part missing."""
         named = self._SPLIT_NAME.match(self.path.name)
         if named is None:
-            raise SpecdecError(f"{self.path.name} is part {number + 1} of {count} of a split GGUF model, and its name "
+            raise self.PartError(f"{self.path.name} is part {number + 1} of {count} of a split GGUF model, and its name "
                                "is not gguf-split's (<name>-00001-of-00003.gguf): its other parts cannot be found")
         parts = [self.path.with_name(f"{named['stem']}-{n:05d}-of-{count:05d}.gguf") for n in range(1, count + 1)]
         if number != 0:
-            raise SpecdecError(f"{self.path.name} is part {number + 1} of {count} of a split GGUF model: "
+            raise self.PartError(f"{self.path.name} is part {number + 1} of {count} of a split GGUF model: "
                                f"give its first part, {parts[0].name}")
         missing = [part.name for part in parts[1:] if not part.is_file()]
         if missing:
-            raise SpecdecError(f"split GGUF model {self.path.name}: part{'s' if len(missing) > 1 else ''} "
+            raise self.PartError(f"split GGUF model {self.path.name}: part{'s' if len(missing) > 1 else ''} "
                                f"{', '.join(missing)} of {count} missing from {self.path.parent}")
         return parts
 

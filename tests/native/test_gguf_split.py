@@ -149,3 +149,14 @@ def test_a_split_zoo_model_gives_the_whole_files_greedy_tokens(tmp_path):
             logits = runner.forward(tokens[-1:])
         outputs.append((tokens, logits))
     assert outputs[0][0] == outputs[1][0] and torch.equal(outputs[0][1], outputs[1][1])
+
+
+def test_the_cli_says_which_part_to_give(tiny):
+    from typer.testing import CliRunner
+
+    from specdec.cli import app
+
+    parts: list[Path] = tiny["parts"]  # type: ignore[assignment]
+    result = CliRunner().invoke(app, ["generate", "hi", "--target", str(parts[2]), "--draft", "none", "-n", "2"])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert f"is part 3 of 3 of a split GGUF model: give its first part, {parts[0].name}" in " ".join(result.output.split())
