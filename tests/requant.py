@@ -4,9 +4,10 @@
 (specdec.native.requantize), kept in the real cache's models/derived (not a test's temporary
 $SPECDEC_HOME: made once for every test and run after); the test is skipped where the zoo model is not
 pulled or neither llama-quantize nor llama-cpp-python is installed.  TEST_TYPES lists the files the tests
-use; making them here took (2-core Zen 4, llama-cpp-python's quantiser) about a second for a 135M
-SmolLM2 type, half a minute for its IQ4_NL, and more for the 1.5B Qwen's (tests/native/test_requantize.py's
-module doc has the measured seconds a type).
+use.  Making each once here (llama-cpp-python's quantiser on every core of a 2-core Zen 4 shared with other
+work, so upper figures) took, in seconds: smollm2-135m Q4_0 0.6, Q5_1 1.2, IQ4_NL 49; qwen2.5-coder-1.5b Q4_0 19,
+Q8_0 37, Q3_K_M 108, Q5_K_M 152, IQ4_XS 550 (the IQ and K types search each block's scales): about 15 minutes
+for all of TEST_TYPES, so CI keeps the real cache's models/derived between runs.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """specdec.native.requantize and tests/requant.py: a zoo file requantised once by llama.cpp's quantiser, the types
 asked for, reused after; the llama-quantize binary preferred where built; one-line errors.
 
-Measured here (2-core Zen 4 shared with other work, llama-cpp-python's quantiser, every core): see the report
-of the commit that added this; the seconds a type are in tests/requant.py's module doc.
+The seconds each of the tests' files took to make here are in tests/requant.py's module doc.
 """
 
 from __future__ import annotations
