@@ -55,6 +55,7 @@ def requantized(source: str | Path, ftype: str, cache: Path | None = None, tools
     os.close(fd)
     try:
         quantise(tool, source, Path(tmp), name)
+        os.chmod(tmp, 0o644)  # a cache file as any other (mkstemp made it the owner's alone)
         os.replace(tmp, out)
     finally:
         Path(tmp).unlink(missing_ok=True)
