@@ -45,12 +45,7 @@ def split_gguf(source: str | Path, folder: Path, parts: int, padding: str = "") 
         writer = GGUFWriter(str(path), "unused")
         writer.kv_data[0].clear()  # no general.architecture of the writer's own: the first part copies the source's
         if number == 0:
-            for field in reader.fields.values():
-                if field.name.startswith("GGUF."):  # the header's own fields, not metadata
-                    continue
-                kind = GGUFValueType(field.types[0])
-                inner = GGUFValueType(field.types[-1]) if kind == GGUFValueType.ARRAY else None
-                writer.add_key_value(field.name, field.contents(), kind, inner)
+            copy_metadata(reader, writer)
         writer.add_key_value(SPLIT[0], number, GGUFValueType.UINT16)
         writer.add_key_value(SPLIT[1], parts, GGUFValueType.UINT16)
         writer.add_key_value(SPLIT[2], len(tensors), GGUFValueType.INT32)
@@ -63,6 +58,36 @@ def split_gguf(source: str | Path, folder: Path, parts: int, padding: str = "") 
         writer.write_tensors_to_file()
         writer.close()
     return paths
+
+
+def copy_metadata(reader, writer) -> None:
+    """The metadata of `reader`'s file (a gguf.GGUFReader) added to `writer` (a gguf.GGUFWriter's first part)."""
+    from gguf import GGUFValueType
+
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF."):  # the header's own fields, not metadata
+            continue
+        kind = GGUFValueType(field.types[0])
+        inner = GGUFValueType(field.types[-1]) if kind == GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), kind, inner)
+
+
+def split_by_gguf_py(source: str | Path, folder: Path, max_tensors: int) -> list[Path]:
+    """`source` split by the gguf package's own writer (split_max_tensors: its gguf-split layout), another
+    producer of the layout split_gguf writes by hand."""
+    from gguf import GGUFReader, GGUFWriter
+
+    reader = GGUFReader(str(source))
+    writer = GGUFWriter(None, "unused", split_max_tensors=max_tensors)
+    writer.kv_data[0].clear()
+    copy_metadata(reader, writer)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, tensor.data, raw_shape=tensor.data.shape, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file(folder / Path(source).name)
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return sorted(folder.glob(f"{Path(source).stem}-*-of-*.gguf"))
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +108,13 @@ def test_a_split_model_reads_as_the_whole_file(tiny):
         assert np.array_equal(split.blocks(name), whole.blocks(name)), name  # each from its own part's mapping
     again = gguf.GGUFFile(tiny["parts"][0])  # from the index now
     assert again.tensors == split.tensors and again.paths == split.paths and again.metadata == split.metadata
+
+
+def test_the_gguf_packages_own_split_reads_as_the_whole_file(tiny, tmp_path):
+    parts = split_by_gguf_py(tiny["whole"], tmp_path, max_tensors=8)
+    whole, split = gguf.GGUFFile(tiny["whole"]), gguf.GGUFFile(parts[0])
+    assert len(parts) > 2 and split.paths == parts and len({t.shard for t in split.tensors.values()}) == len(parts)
+    assert all(np.array_equal(split.blocks(name), whole.blocks(name)) for name in whole.tensors)
 
 
 def test_the_gguf_targets_logits_are_the_whole_files(tiny):
