@@ -141,8 +141,10 @@ class GGUFFile:
             return False
         try:
             index = json.loads(path.read_text(encoding="utf-8"))
+            if index["format"] != INDEX_FORMAT:
+                return False  # another specdec's index (its fields are not these): parsed again
             files = index["files"]
-            if index["format"] != INDEX_FORMAT or files[0] != file_identity(self.path):
+            if files[0] != file_identity(self.path):
                 return False  # another version of the file: parsed again
             try:
                 if any(file_identity(part["path"]) != part for part in files[1:]):
