@@ -23,10 +23,12 @@
 # that is about a third less C++ to compile.
 #
 # --server also builds llama.cpp's own `llama-server` and `llama-bench` (the peers `specdec bench`
-# runs beside specdec: methods llama-server, llama-server-draft, llama-server-ngram) from the very
-# llama.cpp tree that the llama-cpp-python sdist vendors, with the same CPU flags, static, into
-# $SPECDEC_HOME/bin (about 10 minutes on two cores, once). Built as a llama.cpp user builds them:
-# llamafile's tinyBLAS at llama.cpp's default (on), its `common` library included.
+# runs beside specdec: methods llama-server, llama-server-draft, llama-server-ngram) and
+# `llama-quantize` (specdec.native.requantize: a model's file requantised to another type, made once
+# for the tests) from the very llama.cpp tree that the llama-cpp-python sdist vendors, with the same
+# CPU flags, static, into $SPECDEC_HOME/bin (about 10 minutes on two cores, once). Built as a
+# llama.cpp user builds them: llamafile's tinyBLAS at llama.cpp's default (on), its `common` library
+# included.
 #
 # Built wheels are cached under $SPECDEC_HOME/wheels (default ~/.cache/specdec/wheels), keyed by
 # version, flags, CPU and Python; --force rebuilds.
@@ -45,7 +47,7 @@ while [[ $# -gt 0 ]]; do
         --force) force=1 ;;
         --python) python="$2"; shift ;;
         --server) server=1 ;;
-        -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
         *) echo "install-llamacpp: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
@@ -152,20 +154,21 @@ install_python() {
 }
 
 install_tools() {
-    # llama-server and llama-bench from the llama.cpp tree in the llama-cpp-python sdist (the same source
-    # as the Python library: one download, one version), into $home/bin; skipped when the binaries there
-    # were built from this version with these flags (build-info.txt says which).
-    local bin="$home/bin" info work src
+    # llama-server, llama-bench and llama-quantize from the llama.cpp tree in the llama-cpp-python sdist
+    # (the same source as the Python library: one download, one version), into $home/bin; skipped when
+    # all three there were built from this version with these flags (build-info.txt says which).
+    local bin="$home/bin" info work src tool tools=(llama-server llama-bench llama-quantize) built=1
     info="the llama.cpp tree llama-cpp-python $version vendors; $arch $os; ${cpu_args[*]:-default flags} $user_cmake_args"
-    if [[ "$force" == 0 && -x "$bin/llama-server" && -x "$bin/llama-bench" && "$(cat "$bin/build-info.txt" 2>/dev/null)" == "$info" ]]; then
-        echo "install-llamacpp: llama-server and llama-bench are already built in $bin (use --force to rebuild)"
+    for tool in "${tools[@]}"; do [[ -x "$bin/$tool" ]] || built=0; done
+    if [[ "$force" == 0 && "$built" == 1 && "$(cat "$bin/build-info.txt" 2>/dev/null)" == "$info" ]]; then
+        echo "install-llamacpp: ${tools[*]} are already built in $bin (use --force to rebuild)"
         return
     fi
     if ! command -v cmake >/dev/null; then
         echo "install-llamacpp: --server needs cmake on PATH (apt install cmake, or pip install cmake)" >&2; exit 1
     fi
     work="$(mktemp -d)"
-    echo "install-llamacpp: building llama-server and llama-bench ($info) with $CMAKE_BUILD_PARALLEL_LEVEL jobs"
+    echo "install-llamacpp: building ${tools[*]} ($info) with $CMAKE_BUILD_PARALLEL_LEVEL jobs"
     "$python" -m pip download --no-cache-dir --no-deps --no-binary :all: -d "$work" "llama-cpp-python==$version" >/dev/null
     tar -xzf "$work"/llama_cpp_python-*.tar.gz -C "$work"
     src="$(ls -d "$work"/llama_cpp_python-*/vendor/llama.cpp)"
@@ -174,15 +177,16 @@ install_tools() {
         -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_OPENSSL=OFF ${cpu_args[@]+"${cpu_args[@]}"} $user_cmake_args >"$work/cmake.log" 2>&1 \
         || { tail -20 "$work/cmake.log" >&2; echo "install-llamacpp: configuring llama.cpp failed (log above)" >&2; exit 1; }
-    cmake --build "$work/build" --config Release -j "$CMAKE_BUILD_PARALLEL_LEVEL" --target llama-server llama-bench \
+    # (llama-quantize is tools/quantize's target, built with LLAMA_BUILD_TOOLS as the server is)
+    cmake --build "$work/build" --config Release -j "$CMAKE_BUILD_PARALLEL_LEVEL" --target "${tools[@]}" \
         >"$work/build.log" 2>&1 \
-        || { tail -20 "$work/build.log" >&2; echo "install-llamacpp: building llama-server failed (log above)" >&2; exit 1; }
+        || { tail -20 "$work/build.log" >&2; echo "install-llamacpp: building ${tools[*]} failed (log above)" >&2; exit 1; }
     mkdir -p "$bin"
-    cp "$work/build/bin/llama-server" "$work/build/bin/llama-bench" "$bin/"
+    for tool in "${tools[@]}"; do cp "$work/build/bin/$tool" "$bin/"; done
     echo "$info" >"$bin/build-info.txt"
     rm -rf "$work"
     "$bin/llama-server" --version 2>&1 | sed -n '1,2p' | sed 's/^/install-llamacpp: llama-server: /'
-    echo "install-llamacpp: llama-server and llama-bench are in $bin"
+    echo "install-llamacpp: ${tools[*]} are in $bin"
 }
 
 if [[ "$python_done" == 0 ]]; then install_python; fi

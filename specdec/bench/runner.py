@@ -26,6 +26,7 @@ from rich.markup import escape
 from specdec.bench.methods import Method
 from specdec.bench.results import Record, aggregate, identical_share, mark_identical
 from specdec.bench.sessions import check_across_sessions, rotated, run_sessions
+from specdec.drafters.choice import auto_note
 from specdec.drafters.spec import DrafterSpec
 from specdec.engine_config import HF, LLAMACPP, EngineConfig, feeds_heads
 from specdec.errors import SpecdecError
@@ -367,6 +368,8 @@ def _run_methods(options: BenchOptions, engine: Any, methods: list[Any], encoded
     meta = {
         "target": options.engine.target,
         "draft": engine.draft_name if options.engine.draft else None,  # as resolved: "lookup+head", "lookup+<model>"...
+        "draft_choice": auto_note(options.engine.draft, options.engine.target,
+                                  feeds_heads(options.engine.backend)),  # auto's why
         "dtype": engine.dtype,
         "draft_dtype": engine.draft_dtype,
         "backend": options.engine.backend,

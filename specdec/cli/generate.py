@@ -13,7 +13,8 @@ import typer
 
 from specdec.cli.common import PullProgress, check_n_ctx_and_threads, err, fail, load_engine, quiet_libraries
 from specdec.cli.options import engine_options, request_options
-from specdec.engine_config import EngineConfig
+from specdec.drafters.choice import auto_note
+from specdec.engine_config import EngineConfig, feeds_heads
 from specdec.errors import SpecdecError
 from specdec.request import RequestConfig
 
@@ -66,7 +67,8 @@ def generate(
                    f" · target {engine.target_name} {engine.dtype}")
         if draft_spec:
             summary += (
-                f" · draft {engine.draft_name}{draft_backend_note(engine)} (k {request.k}: mean {s.mean_k:.1f},"
+                f" · draft {engine.draft_name}{draft_backend_note(engine)}"
+                f"{auto_note(draft_spec, models.target, feeds_heads(models.backend))} (k {request.k}: mean {s.mean_k:.1f},"
                 f" {s.plain_fraction:.0%} plain steps) · acceptance {s.acceptance_rate:.0%}"
                 f" · {s.tokens_per_target_forward:.2f} tokens/target forward"
             )

@@ -16,15 +16,19 @@ def models(
     ctx: typer.Context,
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
 ) -> None:
-    """List the zoo's models and whether they are installed, then the draft heads trained here."""
+    """List the zoo's models and whether they are installed, with the drafter --draft auto takes for each as the
+    target and why, then the draft heads trained here."""
     if ctx.invoked_subcommand is not None:
         return
     from specdec import zoo
+    from specdec.drafters.choice import auto_drafter
 
     rows = zoo.models_table()
+    choices = {r["name"]: auto_drafter(r["name"]) for r in rows}  # a saved head counts, as generate's auto counts it
     if as_json:
         keys = ("name", "installed", "path", "arch", "vocab_size", "params")
-        print(json.dumps([{k: r[k] for k in keys} for r in rows]))
+        print(json.dumps([{**{k: r[k] for k in keys}, "auto_drafter": choices[r["name"]].drafter,
+                           "auto_reason": choices[r["name"]].reason} for r in rows]))
         return
     from rich.table import Table
 
@@ -32,6 +36,10 @@ def models(
     for r in rows:
         table.add_row(r["name"], r["params"], r["arch"], str(r["vocab_size"]), "yes" if r["installed"] else "no", r["description"])
     Console().print(table)
+    auto = Table("target", "--draft auto", "why", title="the default drafter (auto) for each as the target")
+    for name, choice in choices.items():
+        auto.add_row(name, choice.drafter, choice.reason)
+    Console().print(auto)
     print_heads()
 
 

@@ -137,17 +137,17 @@ def parse_drafter(draft: DrafterSpec | DraftModel | None) -> DrafterSpec:
 
 
 def resolve_drafter(draft: DrafterSpec | DraftModel | None, target: object, hidden_states: bool = True) -> DrafterSpec:
-    """`draft` parsed, "auto" (specdec.defaults) resolved: HEAD_DRAFTER ("lookup+head") when a head is saved
-    for `target` (named as the user named it) and the target's runtime gives the hidden states a head reads
-    (`hidden_states`: transformers' and the native engine's runners do, llama.cpp's does not); else
-    MODEL_DRAFTER ("lookup+<the 0.5B draft>")."""
+    """`draft` parsed, "auto" (specdec.defaults) resolved by specdec.drafters.choice.auto_drafter: HEAD_DRAFTER
+    ("lookup+head") when a head is saved for `target` (named as the user named it) and the target's runtime
+    gives the hidden states a head reads (`hidden_states`: transformers' and the native engine's runners do,
+    llama.cpp's does not); else "lookup+<a zoo model with the target's tokenizer and at most a third of its
+    parameters>" (MODEL_DRAFTER for the default target), or "lookup" alone where none fits."""
     spec = parse_drafter(draft)
     if not spec.auto:
         return spec
-    from specdec.defaults import HEAD_DRAFTER, MODEL_DRAFTER
-    from specdec.head.manifest import has_head
+    from specdec.drafters.choice import auto_drafter
 
-    return parse_drafter(HEAD_DRAFTER if hidden_states and has_head(target) else MODEL_DRAFTER)
+    return parse_drafter(auto_drafter(target, hidden_states).drafter)
 
 
 @overload

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import struct
 import sys
 from collections.abc import Sequence
@@ -60,7 +61,7 @@ REQUANTIZE_ROWS = 4096  # rows de-quantised at a time when requantising (a 151,9
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
-INDEX_FORMAT = 1  # of the parsed header kept per file (GGUFFile._read_index)
+INDEX_FORMAT = 2  # of the parsed header kept per file (GGUFFile._read_index)
 _KEEP_ARRAY = 1024  # arrays up to this many elements are read (per-layer values); longer ones (a vocabulary) skipped
 
 
@@ -71,7 +72,8 @@ class Tensor:
     name: str
     type_id: int
     shape: tuple[int, ...]
-    offset: int  # from the start of the file
+    offset: int  # from the start of the file (of its part: `shard`)
+    shard: int = 0  # which part of a split model holds it (GGUFFile.paths; 0 for a file in one piece)
 
     @property
     def rows(self) -> int:
@@ -93,22 +95,41 @@ class Tensor:
 
 class GGUFFile:
     """A GGUF file's metadata (scalars and short arrays; long arrays, a vocabulary's, skipped) and tensor table,
-    its bytes memory-mapped (read-only: pages the OS shares between processes and drops under pressure)."""
+    its bytes memory-mapped (read-only: pages the OS shares between processes and drops under pressure), and
+    what identifies its vocabulary (`vocabulary`: vocabulary_digest of its tokenizer.ggml.tokens, None without).
+
+    A model split by llama.cpp's gguf-split (<stem>-00001-of-0000N.gguf ...: each part a GGUF file of its own
+    header and tensor table, the model's metadata in the first, split.no / split.count / split.tensors.count in
+    each) is read from its first part: `paths` lists the parts, each tensor is read from its own part's mapping.
+    Any other part, or a set with a part missing, is a one-line SpecdecError naming the part."""
+
+    TOKENS_KEY = "tokenizer.ggml.tokens"  # the vocabulary's token strings, by id
+    # convert_hf_to_gguf's filler for the ids past a tokenizer's last token ("[PAD151935]"): not the vocabulary's
+    _PAD_TOKEN = re.compile(rb"\[PAD\d+\]")
+    SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"  # gguf-split's keys
+    _SPLIT_NAME = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")  # its parts' names
+
+    class PartError(SpecdecError):
+        """A split model's part given in place of its first, or a part missing: no other reader can load it either."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.paths = [self.path]  # the parts of a split model, the first (`path`) first; `path` alone otherwise
         self.metadata: dict[str, Any] = {}
         self.tensors: dict[str, Tensor] = {}
+        self.vocabulary: str | None = None
         try:
-            self.data = np.memmap(self.path, dtype=np.uint8, mode="r")
+            self.shards = [np.memmap(self.path, dtype=np.uint8, mode="r")]  # each part's bytes, as `paths`
             if not self._read_index():
                 self._parse()
                 self._write_index()
         except (OSError, ValueError, struct.error, UnicodeDecodeError) as e:
             raise SpecdecError(f"cannot read GGUF file {self.path}: {e}") from e
+        self.data = self.shards[0]  # the (first) file's bytes
 
-    # The parsed header is kept in $SPECDEC_HOME/gguf-index, per file (its real path, size and modification time):
-    # walking past a vocabulary's 150,000 strings takes 90 ms of Python at every start, reading the index 2.
+    # The parsed header is kept in $SPECDEC_HOME/gguf-index, per file (its real path, size and modification time;
+    # a split model's every part's): walking past a vocabulary's 150,000 strings takes 90 ms of Python at every
+    # start, reading the index 2.
     def _index_path(self) -> Path:
         digest = hashlib.sha256(str(self.path.resolve()).encode()).hexdigest()[:20]
         return home() / "gguf-index" / f"{digest}.json"
@@ -120,25 +141,76 @@ class GGUFFile:
             return False
         try:
             index = json.loads(path.read_text(encoding="utf-8"))
-            if index["format"] != INDEX_FORMAT or index["file"] != file_identity(self.path):
+            if index["format"] != INDEX_FORMAT:
+                return False  # another specdec's index (its fields are not these): parsed again
+            files = index["files"]
+            if files[0] != file_identity(self.path):
                 return False  # another version of the file: parsed again
-            self.metadata = index["metadata"]
-            self.tensors = {name: Tensor(name, type_id, tuple(shape), offset)
-                            for name, type_id, shape, offset in index["tensors"]}
+            try:
+                if any(file_identity(part["path"]) != part for part in files[1:]):
+                    return False  # another version of a later part
+            except OSError:
+                return False  # a part gone: parsing says which
+            self.metadata, self.vocabulary = index["metadata"], index["vocabulary"]
+            self.tensors = {name: Tensor(name, type_id, tuple(shape), offset, shard)
+                            for name, type_id, shape, offset, shard in index["tensors"]}
+            self.paths = [self.path, *(Path(part["path"]) for part in files[1:])]
+            self.shards += [np.memmap(part, dtype=np.uint8, mode="r") for part in self.paths[1:]]
             return True
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, IndexError) as e:
             print(f"specdec: the GGUF index {path} could not be read ({type(e).__name__}); parsing the file again",
                   file=sys.stderr)
-            self.metadata, self.tensors = {}, {}
+            self.metadata, self.tensors, self.vocabulary, self.paths = {}, {}, None, [self.path]
+            del self.shards[1:]
             return False
 
     def _write_index(self) -> None:
-        index = {"format": INDEX_FORMAT, "file": file_identity(self.path), "metadata": self.metadata,
-                 "tensors": [[t.name, t.type_id, list(t.shape), t.offset] for t in self.tensors.values()]}
+        index = {"format": INDEX_FORMAT, "files": [file_identity(part) for part in self.paths],
+                 "metadata": self.metadata, "vocabulary": self.vocabulary,
+                 "tensors": [[t.name, t.type_id, list(t.shape), t.offset, t.shard] for t in self.tensors.values()]}
         write_atomically(self._index_path(), json.dumps(index))
 
     def _parse(self) -> None:
-        buf = memoryview(self.data)  # type: ignore[arg-type]  # numpy's stubs give memmap no __buffer__; it has one
+        """The header and tensor table of the file, and of a split model's later parts (each mapped: `shards`)."""
+        self.metadata, self.tensors, self.vocabulary = self._parse_part(0)
+        number, count = int(self.metadata.get(self.SPLIT_NO, 0)), int(self.metadata.get(self.SPLIT_COUNT, 1))
+        if count <= 1:
+            return
+        self.paths = self._parts(number, count)
+        for shard, part in enumerate(self.paths[1:], start=1):
+            self.shards.append(np.memmap(part, dtype=np.uint8, mode="r"))
+            metadata, tensors, _ = self._parse_part(shard)
+            if int(metadata.get(self.SPLIT_NO, -1)) != shard:
+                raise ValueError(f"{part.name} says it is part {int(metadata.get(self.SPLIT_NO, -1)) + 1}, not {shard + 1}")
+            self.tensors.update(tensors)
+        expected = self.metadata.get(self.SPLIT_TENSORS)
+        if expected is not None and int(expected) != len(self.tensors):
+            raise ValueError(f"its {count} parts hold {len(self.tensors)} tensors, the first says {expected}")
+
+    def _parts(self, number: int, count: int) -> list[Path]:
+        """The paths of a split model's parts, by gguf-split's names, from its part `number` (0-based) of `count`;
+        a one-line SpecdecError for a later part than the first or a part missing."""
+        named = self._SPLIT_NAME.match(self.path.name)
+        if named is None:
+            raise self.PartError(f"{self.path.name} is part {number + 1} of {count} of a split GGUF model, and its name "
+                               "is not gguf-split's (<name>-00001-of-00003.gguf): its other parts cannot be found")
+        parts = [self.path.with_name(f"{named['stem']}-{n:05d}-of-{count:05d}.gguf") for n in range(1, count + 1)]
+        if number != 0:
+            raise self.PartError(f"{self.path.name} is part {number + 1} of {count} of a split GGUF model: "
+                               f"give its first part, {parts[0].name}")
+        missing = [part.name for part in parts[1:] if not part.is_file()]
+        if missing:
+            raise self.PartError(f"split GGUF model {self.path.name}: part{'s' if len(missing) > 1 else ''} "
+                               f"{', '.join(missing)} of {count} missing from {self.path.parent}")
+        return parts
+
+    def _parse_part(self, shard: int) -> tuple[dict[str, Any], dict[str, Tensor], str | None]:
+        """The metadata, tensors and vocabulary digest of part `shard`'s own header (self.shards[shard])."""
+        data = self.shards[shard]
+        metadata: dict[str, Any] = {}
+        tensors: dict[str, Tensor] = {}
+        vocabulary = None
+        buf = memoryview(data)  # type: ignore[arg-type]  # numpy's stubs give memmap no __buffer__; it has one
         if bytes(buf[:4]) != b"GGUF":
             raise ValueError("not a GGUF file (bad magic)")
         version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
@@ -179,7 +251,10 @@ class GGUFFile:
         for _ in range(n_kv):
             key, at = string(at)
             (kind,) = struct.unpack_from("<I", buf, at)
-            self.metadata[key], at = value(kind, at + 4)
+            metadata[key], end = value(kind, at + 4)
+            if key == self.TOKENS_KEY and kind == _ARRAY:  # the strings' raw bytes: (length, UTF-8 bytes) each
+                vocabulary = self._raw_digest(buf, at + 4 + 12, end)
+            at = end
         infos = []
         for _ in range(n_tensors):
             name, at = string(at)
@@ -188,13 +263,46 @@ class GGUFFile:
             type_id, offset = struct.unpack_from("<IQ", buf, at + 4 + 8 * dims)
             at += 4 + 8 * dims + 12
             infos.append((name, type_id, tuple(int(d) for d in shape), offset))
-        alignment = int(self.metadata.get("general.alignment", 32))
+        alignment = int(metadata.get("general.alignment", 32))
         start = -(-at // alignment) * alignment
         for name, type_id, shape, offset in infos:
-            tensor = Tensor(name, int(type_id), shape, start + int(offset))
-            if tensor.nbytes() >= 0 and tensor.offset + tensor.nbytes() > len(self.data):
-                raise ValueError(f"tensor {name} runs past the end of the file (truncated?)")
-            self.tensors[name] = tensor
+            tensor = Tensor(name, int(type_id), shape, start + int(offset), shard)
+            if tensor.nbytes() >= 0 and tensor.offset + tensor.nbytes() > len(data):
+                raise ValueError(f"tensor {name} runs past the end of {self.paths[shard].name} (truncated?)")
+            tensors[name] = tensor
+        return metadata, tensors, vocabulary
+
+    @classmethod
+    def vocabulary_digest(cls, tokens: Sequence[str | bytes]) -> str:
+        """What identifies a vocabulary: a digest of its token strings in id order, the trailing "[PAD<n>]"
+        fillers dropped, each as a GGUF file stores it (its length, 8 bytes little-endian, then its UTF-8 bytes):
+        a file's tokenizer.ggml.tokens gives the digest of its raw bytes (`vocabulary`), a transformers
+        tokenizer's get_vocab() the same one for the same token -> id map (specdec.drafters.choice)."""
+        raw = b"".join(struct.pack("<Q", len(t)) + t for t in (t.encode() if isinstance(t, str) else t for t in tokens))
+        return cls._raw_digest(memoryview(raw), 0, len(raw))
+
+    @classmethod
+    def _raw_digest(cls, buf: memoryview, start: int, end: int) -> str:
+        """vocabulary_digest of the packed strings in buf[start:end] (length-prefixed, as a GGUF array stores them)."""
+        ends, at = [], start
+        while at < end:
+            (n,) = struct.unpack_from("<Q", buf, at)
+            at += 8 + n
+            ends.append(at)
+        cut = len(ends)  # the trailing fillers dropped
+        while cut and cls._PAD_TOKEN.fullmatch(bytes(buf[(ends[cut - 2] if cut > 1 else start) + 8 : ends[cut - 1]])):
+            cut -= 1
+        return hashlib.sha256(buf[start : ends[cut - 1] if cut else start]).hexdigest()[:16]
+
+    def parameters(self) -> int:
+        """The model's parameter count from its tensor table, as its model card counts it: an output head of the
+        embedding's shape counted as the embedding (a tied head, which converters write out again: the zoo's
+        Qwen 1.5B is 1.54B, not the 1.78B of its tensors)."""
+        count = sum(int(np.prod(t.shape)) for t in self.tensors.values())
+        head, embedding = self.tensors.get("output.weight"), self.tensors.get("token_embd.weight")
+        if head is not None and embedding is not None and head.shape == embedding.shape:
+            count -= int(np.prod(head.shape))
+        return count
 
     @property
     def architecture(self) -> str:
@@ -207,19 +315,21 @@ class GGUFFile:
     def blocks(self, name: str) -> np.ndarray:
         """Tensor `name`'s bytes as stored (a view of the mapped file)."""
         tensor = self.tensors[name]
-        return self.data[tensor.offset : tensor.offset + tensor.nbytes()]
+        return self.shards[tensor.shard][tensor.offset : tensor.offset + tensor.nbytes()]
 
     def release(self, names: Sequence[str]) -> None:
         """Let the OS drop this mapping's pages of tensors `names` (their packed copies are in memory now): they
         stay in the page cache, reclaimable, but leave the process's resident memory."""
         import mmap
 
-        raw = getattr(self.data, "_mmap", None)  # the memmap's mmap object
-        if raw is None or not hasattr(mmap, "MADV_DONTNEED"):
+        if not hasattr(mmap, "MADV_DONTNEED"):
             return
         page = mmap.PAGESIZE
         for name in names:
             tensor = self.tensors[name]
+            raw = getattr(self.shards[tensor.shard], "_mmap", None)  # its part's memmap's mmap object
+            if raw is None:
+                return
             start = -(-tensor.offset // page) * page  # whole pages inside the tensor only
             end = (tensor.offset + tensor.nbytes()) // page * page
             if end > start:

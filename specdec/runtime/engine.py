@@ -549,8 +549,9 @@ class Engine:
         the target: specdec.head.store.default_directory(target)) or "head:<dir>" (the head saved in
         <dir>), alone or as "lookup+head[:<dir>]" or "suffix+head[:<dir>]" (specdec.head.use); "none" (or
         None): no drafter; "auto" (specdec.generate's and the CLI's default): "lookup+head" when a head is
-        saved for the target and it runs on transformers, else "lookup+<the 0.5B draft>"
-        (specdec.drafters.spec.resolve_drafter).
+        saved for the target and it runs on transformers, else "lookup+<a zoo model with the target's tokenizer and
+        at most a third of its parameters>" (the 0.5B for the default target), or "lookup" where none fits
+        (specdec.drafters.spec.resolve_drafter, specdec.drafters.choice).
         suffix_memory: with suffix drafts, the tokens of recent answers the engine keeps
         (specdec.defaults.DEFAULT_SUFFIX_MEMORY).
         dtype: the target's on specdec's side (backend "hf"): "gguf" (a GGUF model's own blocks on

@@ -90,6 +90,8 @@ def gguf_runs(spec: str) -> bool:
         return False
     try:
         return GGUFFile(location).architecture in ARCHITECTURES
+    except GGUFFile.PartError:
+        raise  # a split model's later or missing part: transformers cannot read it either, and would say less
     except SpecdecError:
         return False
 

@@ -93,7 +93,11 @@ def _gguf_fast(spec: str, device: str) -> bool:
         kind, _ = loading.resolve(spec)
         return (_cpu(device) and kind in ("zoo", "gguf") and kernels.gguf.isa() in SIMD
                 and loading.gguf_runs(spec))
-    except SpecdecError:
+    except SpecdecError as e:
+        from specdec.native.gguf import GGUFFile
+
+        if isinstance(e, GGUFFile.PartError):
+            raise  # a split GGUF model's later or missing part: no dtype can load it (gguf_runs)
         return False
 
 

@@ -85,9 +85,10 @@ def test_bad_specs_are_one_line_errors(text, message):
 
 def test_auto_resolves_to_a_spec_and_others_stay(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
-    from specdec.defaults import MODEL_DRAFTER
+    from specdec.defaults import DEFAULT_TARGET, MODEL_DRAFTER, MODEL_FREE_DRAFTER
 
-    assert resolve_drafter("auto", "some-target") == parse_drafter(MODEL_DRAFTER)  # no head saved for it
+    assert resolve_drafter("auto", DEFAULT_TARGET) == parse_drafter(MODEL_DRAFTER)  # no head saved for it
+    assert resolve_drafter("auto", "some-target") == parse_drafter(MODEL_FREE_DRAFTER)  # no draft known to fit it
     assert resolve_drafter("lookup+head:/x", "some-target") == DrafterSpec(LOOKUP, head="/x")
     assert split_drafter("suffix+head:/x") == (SUFFIX, None, DrafterSpec(head="/x"))
     assert split_drafter("lookup+m") == (LOOKUP, "m", None) and split_drafter(None) == (None, None, None)
