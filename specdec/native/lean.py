@@ -767,20 +767,38 @@ class Rotary:
     """The rotary cos / sin tables of a llama / qwen2 / mistral model with default or linear scaling, computed with
     the operations of transformers' rotary module for them (the same bits: tested), without importing its
     modeling code (a second at start): a GGUF model's (specdec.native.gguf), a saved int8 draft's
-    (specdec.native.skeleton)."""
+    (specdec.native.skeleton).
 
-    def __init__(self, config: Any, head_dim: int) -> None:
-        rope = config.rope_parameters
+    `config`: a config, or its rope_parameters themselves (one layer type's: Gemma 3's, see RotaryTables).
+    `factors` [D/2], where given: each frequency's divisor (a GGUF file's rope_freqs.weight, which llama.cpp's
+    converter writes for Llama 3's rotary scaling: its inv_freq is base^(-2i/D) / factors[i], as llama.cpp
+    divides each rotation angle by its factor)."""
+
+    def __init__(self, config: Any, head_dim: int, factors: torch.Tensor | None = None) -> None:
+        rope = config if isinstance(config, dict) else config.rope_parameters
         base = rope["rope_theta"]
         self.inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))  # [D/2]
         if rope.get("rope_type") == "linear":
             self.inv_freq /= rope["factor"]
+        if factors is not None:
+            self.inv_freq = self.inv_freq / factors.float()
 
     def __call__(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """position_ids [B, n] -> (cos, sin) [B, n, D] in x's dtype."""
         freqs = position_ids[..., None].float() * self.inv_freq.float()
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * 1.0).to(dtype=x.dtype), (emb.sin() * 1.0).to(dtype=x.dtype)  # attention scaling 1
+
+
+class RotaryTables:
+    """One Rotary per layer type (Gemma 3's sliding and full attention layers rotate with their own bases),
+    called as LeanRunner calls a model's rotary module for a table of its `rope_kinds`: (x, positions, kind)."""
+
+    def __init__(self, tables: dict[str, Rotary]) -> None:
+        self.tables = tables
+
+    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.tables[kind](x, position_ids)
 
 
 class LeanRunner(KeptHidden):
