@@ -1,12 +1,25 @@
 """The gguf target: a GGUF file's own quantised blocks on specdec's kernels, every layer in one C call.
 
-``--dtype gguf`` runs a llama / qwen2 / mistral GGUF model as the file stores it: its Q4_K, Q6_K, Q5_0, Q8_0
+``--dtype gguf`` runs a llama / mistral / qwen2 / qwen3 / gemma3 GGUF model as the file stores it: its Q4_K, Q6_K, Q5_0, Q8_0
 and Q4_1 blocks -- the integers and scales the user downloaded, not an int8 requantisation of a de-quantised
 copy -- multiplied by specdec's block kernel (:mod:`specdec.native.kernels.gguf`: 8-bit block activations,
 exact integer sums, one fixed sequence of fp32 operations per block), with the norms, rotary embeddings,
 attention (specdec's exact kernel), the gated MLP and the residual adds of every layer in one C call
 (:mod:`specdec.native.kernels.layers`).  A decode step reads each weight block once: about 4.5-6.5 bits a
 weight for a Q4_K_M file against int8's 8, which is what a memory-bound one-token step costs.
+
+**Architectures** (:data:`ARCHS`, one :class:`Architecture` each: the table is the one place where they differ).
+An architecture names every tensor its files may hold and every metadata key under its name that it reads or
+knows changes nothing; :func:`account` refuses, in one line naming it, a file with any other tensor or key (a
+``rope_freqs.weight`` where the architecture has none, a bias, an extra norm, rotary scaling other than linear,
+soft-capping, a partial rotary embedding, experts, ...) or with norms and linears of other shapes than its
+config's: the gguf target never runs a file as a silently different model.  The layers it computes are
+kernels/layers.c's: llama's (pre-norm, grouped-query rotary attention, a SiLU-gated MLP), with qwen2's q / k / v
+biases, mistral's sliding window, qwen3's per-head q / k norms, Gemma 3's q / k norms, norms on the attention's
+and the MLP's outputs (the file stores Gemma's norms as 1 + w, the factor they scale by), a tanh-GELU gate, an
+embedding scaled by sqrt(hidden), sliding-window layers rotating with their own base, and Llama 3's rotary
+scaling (the per-frequency divisors of ``rope_freqs.weight``: :class:`specdec.native.lean.Rotary`).  Each is
+checked against llama.cpp's logits of the same file (tests/native/test_gguf_arch*.py).
 
 **Exact speculation.**  Every operation computes a token's numbers from its own row in a fixed order, so a
 token's logits are bitwise the same alone, in a k-token verification and in a prefill (batch invariance, as
@@ -380,8 +393,11 @@ def _gemma3_config(file: GGUFFile, values: dict[str, Any]) -> None:
 
 
 def _qwen3_config(file: GGUFFile, values: dict[str, Any]) -> None:
-    """Qwen 3's head size is its own (attention.key_length; Qwen3Config's default is 128 whatever the width)."""
+    """Qwen 3's head size is its own (attention.key_length; Qwen3Config's default is 128 whatever the width); its
+    other values as Qwen3Config sets them (no sliding window: llama.cpp's qwen3 has none)."""
     values["head_dim"] = _head_dim(file)
+    values.update(hidden_act="silu", use_sliding_window=False, max_window_layers=28,
+                  layer_types=["full_attention"] * values["num_hidden_layers"])
 
 
 def _sliding_pattern(file: GGUFFile, value: Any) -> str | None:
@@ -391,9 +407,13 @@ def _sliding_pattern(file: GGUFFile, value: Any) -> str | None:
 LLAMA_BIASES = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
 QK_NORMS = ("attn_q_norm.weight", "attn_k_norm.weight")
 ARCHS: dict[str, Architecture] = {arch.name: arch for arch in (
-    Architecture("llama", "llama", permuted_qk=True),
+    Architecture("llama", "llama", permuted_qk=True, optional_tensors=("rope_freqs.weight",)),
     Architecture("mistral", "mistral", permuted_qk=True, keys={"attention.sliding_window": None}),
     Architecture("qwen2", "qwen2", optional_layer_tensors=LLAMA_BIASES),
+    Architecture("qwen3", "qwen3", layer_tensors=(*LLAMA_LAYER, *QK_NORMS), config=_qwen3_config),
+    Architecture("gemma3", "gemma3_text", act="gelu_pytorch_tanh", embed_scaled=True, config=_gemma3_config,
+                 layer_tensors=(*LLAMA_LAYER, *QK_NORMS, "post_attention_norm.weight", "post_ffw_norm.weight"),
+                 keys={"attention.sliding_window": None, "attention.sliding_window_pattern": _sliding_pattern}),
 )}
 ARCHITECTURES = tuple(ARCHS)  # GGUF general.architecture values the gguf target runs
 
@@ -494,7 +514,6 @@ def config_of(file: GGUFFile, name: str = "") -> ModelConfig:
     assert model_type not in ("llama", "qwen2", "mistral")  # (config_values refuses what model_config does not cover)
     read: dict[str, Any] = {f.name: values.get(f.name) for f in fields(ModelConfig)
                             if f.name not in ("model_type", "_name_or_path")}
-    read["hidden_act"] = values.get("hidden_activation", "silu")
     read["num_key_value_heads"] = values.get("num_key_value_heads", values["num_attention_heads"])
     return ModelConfig(model_type=model_type, _name_or_path=name or str(file.path), **read)
 

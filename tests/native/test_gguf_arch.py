@@ -1,21 +1,33 @@
 """The gguf target's architectures (specdec.native.gguf's ARCHS): what it runs of a file, and that it runs it right.
 
 - accounting: a file with a tensor, a metadata key or a key's value that its architecture's mapping does not
-  account for is refused in one line naming it, before anything runs; the CLI exits 2 and generates nothing.
+  account for is refused in one line naming it, before anything runs; the CLI exits 2 and generates nothing;
+  norms, biases and linears of other shapes than the config's are refused too;
+- gemma3 and qwen3 on small random files (tests.native.gguf_files.save_arch_gguf: gemma3's q / k norms, output
+  norms, scaled embedding, tanh-GELU gate, five sliding-window layers of six with their own rotary base, a head
+  wider than hidden / heads; qwen3's per-head q / k norms): transformers' model of the file with the kernel's
+  block activations in front of each linear, up to fp32 rounding; llama.cpp's logits of the same file within the
+  tolerances of tests.native.gguf_files (skipped without llama-cpp-python); batch-invariant bitwise (a forward of
+  any chunks is one token at a time) on every path this CPU has, the paths giving the same bits; speculative
+  greedy output equal to plain.
 """
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+import torch
 
 from specdec.errors import SpecdecError
-from specdec.native import gguf
-from tests.native.gguf_files import edited_copy
+from specdec.native import gguf, kernels
+from tests.native.gguf_files import assert_close_to_llama_cpp, edited_copy, llama_cpp_logits, save_arch_gguf
 from tests.tiny_gguf import save_tiny_gguf
+
+SYNTHETIC = ["gemma3", "qwen3"]  # small random files of the architectures without a zoo model of their own
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +84,107 @@ def test_the_cli_exits_2_in_one_line_and_generates_nothing(tiny, tmp_path):
     assert out.stdout == "" and "Traceback" not in out.stderr
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "blk.0.ffn_norm.bias" in lines[0], out.stderr
+
+
+# ---------------------------------------------------------------- the architectures beyond llama / qwen2 / mistral
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("synthetic")
+    return {arch: save_arch_gguf(folder / f"{arch}.gguf", arch) for arch in SYNTHETIC}
+
+
+@pytest.fixture(scope="module")
+def synthetic_models(synthetic):
+    return {arch: gguf.GGUFModel(gguf.GGUFFile(path)) for arch, path in synthetic.items()}
+
+
+def synthetic_runner(models, arch: str, path: str | None = None) -> gguf.GGUFRunner:
+    r = gguf.GGUFRunner(models[arch])
+    r.layer_set.use_path(path)  # (shared by the model's runners: every test sets its own)
+    return r
+
+
+@pytest.mark.parametrize("arch", SYNTHETIC)
+def test_the_config_is_transformers_config_of_its_values(synthetic, arch):
+    from tests.native.test_modelconfig import assert_same
+
+    file = gguf.GGUFFile(synthetic[arch])
+    assert_same(gguf.config_of(file, "name"), lambda: gguf.transformers_config_of(file, "name"))
+
+
+@pytest.mark.parametrize("arch", SYNTHETIC)
+def test_the_synthetic_models_are_llama_cpps(synthetic, synthetic_models, arch):
+    tokens = random.Random(arch).choices(range(3, 250), k=40)  # gemma3: five times its window of 8
+    ours = synthetic_runner(synthetic_models, arch).forward(tokens).numpy()
+    assert_close_to_llama_cpp(ours, llama_cpp_logits(synthetic[arch], tokens))
+
+
+@pytest.mark.parametrize("arch", SYNTHETIC)
+def test_the_synthetic_models_are_transformers_with_block_activations(synthetic, synthetic_models, arch):
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    from tests.native.gguf_files import HEAD_DIM
+    from tests.native.test_gguf import with_block_activations
+
+    path = Path(synthetic[arch])
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    if arch == "gemma3":  # llama.cpp's reading of the file: query_pre_attn_scalar the head's size (transformers'
+        for layer in model.model.layers:  # GGUF loader leaves it at its default, 256)
+            layer.self_attn.scaling = HEAD_DIM**-0.5
+    tokens = random.Random(arch).choices(range(3, 250), k=40)
+    with torch.no_grad():
+        want = with_block_activations(model)(torch.tensor([tokens])).logits[0]  # [n, V]
+    got = synthetic_runner(synthetic_models, arch).forward(tokens)
+    # as in test_gguf: a rounding difference that flips one activation's quant is amplified by the random weights
+    error = (got - want).abs().max(-1).values / want.abs().max(-1).values  # [n]
+    assert (error < 1e-4).float().mean() >= 0.75 and error.max() < 1e-2, error
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+@pytest.mark.parametrize("arch", SYNTHETIC)
+def test_the_architectures_are_batch_invariant_on_every_path(synthetic_models, arch):
+    rng = random.Random(arch)
+    tokens = [rng.randrange(3, 250) for _ in range(30)]
+    want = None
+    for path in kernels.gguf.paths():
+        r, alone = synthetic_runner(synthetic_models, arch, path), synthetic_runner(synthetic_models, arch, path)
+        chunks, at = [], 0
+        while at < len(tokens):
+            k = rng.randint(1, 9)
+            chunks.append(r.forward(tokens[at : at + k]))
+            at += k
+        got = torch.cat(chunks)
+        one = torch.cat([alone.forward([t]) for t in tokens])
+        assert torch.equal(got, one), path
+        want = got if want is None else want
+        assert torch.equal(got, want), path  # every path the same bits
+
+
+@pytest.mark.parametrize("arch", SYNTHETIC)
+def test_speculative_equals_plain_for_the_architectures(synthetic_models, arch):
+    from specdec.algorithm.loop import StopCondition, run
+    from tests.native.test_quant import ConstantDrafter
+
+    rng = random.Random(arch)
+    prompt = [rng.randrange(3, 250) for _ in range(12)]
+    plain = run(synthetic_runner(synthetic_models, arch), prompt, StopCondition(24))
+    for gamma in (2, 5):
+        spec = run(synthetic_runner(synthetic_models, arch), prompt, StopCondition(24), drafter=ConstantDrafter(),
+                   num_speculative_tokens=gamma)
+        assert spec.token_ids == plain.token_ids and spec.stats.drafted > 0, gamma
+
+
+def test_a_qwen3_chain_in_one_call_is_its_greedy_steps(synthetic_models):
+    chain, steps = synthetic_runner(synthetic_models, "qwen3"), synthetic_runner(synthetic_models, "qwen3")
+    feed = list(range(5, 25))
+    row, want = steps.forward(feed, last_n=1), []
+    for _ in range(6):
+        want.append(int(row[-1].argmax()))
+        row = steps.forward(want[-1:])
+    assert chain.draft_greedy(feed, 6) == want
+    # gemma3's chain would need its second rotary table and its scaled embedding: it drafts token by token
+    assert not synthetic_runner(synthetic_models, "gemma3").capabilities.draft_chain
