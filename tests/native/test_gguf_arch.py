@@ -9,7 +9,8 @@
   block activations in front of each linear, up to fp32 rounding; llama.cpp's logits of the same file within the
   tolerances of tests.native.gguf_files (skipped without llama-cpp-python); batch-invariant bitwise (a forward of
   any chunks is one token at a time) on every path this CPU has, the paths giving the same bits; speculative
-  greedy output equal to plain.
+  greedy output equal to plain; qwen3's chain in one native call (draft_greedy) its greedy steps;
+- mistral's sliding window is applied: transformers' Mistral model of the file with block activations.
 """
 
 from __future__ import annotations
@@ -188,3 +189,29 @@ def test_a_qwen3_chain_in_one_call_is_its_greedy_steps(synthetic_models):
     assert chain.draft_greedy(feed, 6) == want
     # gemma3's chain would need its second rotary table and its scaled embedding: it drafts token by token
     assert not synthetic_runner(synthetic_models, "gemma3").capabilities.draft_chain
+
+
+def test_mistrals_sliding_window_is_applied(tmp_path):
+    # transformers reads no "mistral" GGUF file: its model is built from the file's config with the weights of the
+    # same random llama file (the same seed writes the same tensors; mistral's q / k rows are permuted as llama's)
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, MistralForCausalLM
+
+    from tests.native.test_gguf import with_block_activations
+
+    llama = Path(save_tiny_gguf(tmp_path / "llama.gguf", "llama"))
+    plain = save_tiny_gguf(tmp_path / "mistral.gguf", "mistral")
+    windowed = edited_copy(plain, tmp_path / "windowed.gguf", keys={"mistral.attention.sliding_window": 8})
+    tokens = random.Random(0).choices(range(3, 250), k=30)
+    got, unwindowed = gguf.load(windowed).forward(tokens), gguf.load(plain).forward(tokens)
+    assert all(torch.equal(got[i], unwindowed[i]) for i in range(8))  # the window holds all they see
+    assert not any(torch.equal(got[i], unwindowed[i]) for i in range(9, 30))
+    model = MistralForCausalLM(gguf.transformers_config_of(gguf.GGUFFile(windowed)))
+    assert model.config.sliding_window == 8
+    model.load_state_dict(AutoModelForCausalLM.from_pretrained(llama.parent, gguf_file=llama.name,
+                                                               dtype=torch.float32).state_dict())
+    with torch.no_grad():
+        want = with_block_activations(model)(torch.tensor([tokens])).logits[0]  # [n, V]
+    error = (got - want).abs().max(-1).values / want.abs().max(-1).values
+    assert (error < 1e-4).float().mean() >= 0.9 and torch.equal(got.argmax(-1), want.argmax(-1)), error
