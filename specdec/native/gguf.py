@@ -1,11 +1,11 @@
 """The gguf target: a GGUF file's own quantised blocks on specdec's kernels, every layer in one C call.
 
-``--dtype gguf`` runs a llama / mistral / qwen2 / qwen3 / gemma3 GGUF model as the file stores it: its Q4_K, Q6_K, Q5_0, Q8_0
-and Q4_1 blocks -- the integers and scales the user downloaded, not an int8 requantisation of a de-quantised
-copy -- multiplied by specdec's block kernel (:mod:`specdec.native.kernels.gguf`: 8-bit block activations,
-exact integer sums, one fixed sequence of fp32 operations per block), with the norms, rotary embeddings,
-attention (specdec's exact kernel), the gated MLP and the residual adds of every layer in one C call
-(:mod:`specdec.native.kernels.layers`).  A decode step reads each weight block once: about 4.5-6.5 bits a
+``--dtype gguf`` runs a llama / mistral / qwen2 / qwen3 / phi3 / gemma3 GGUF model as the file stores it: its
+Q4_K, Q6_K, Q5_0, Q8_0 and Q4_1 blocks -- the integers and scales the user downloaded, not an int8
+requantisation of a de-quantised copy -- multiplied by specdec's block kernel (:mod:`specdec.native.kernels.gguf`:
+8-bit block activations, exact integer sums, one fixed sequence of fp32 operations per block), with the norms,
+rotary embeddings, attention (specdec's exact kernel), the gated MLP and the residual adds of every layer in one C
+call (:mod:`specdec.native.kernels.layers`).  A decode step reads each weight block once: about 4.5-6.5 bits a
 weight for a Q4_K_M file against int8's 8, which is what a memory-bound one-token step costs.
 
 **Architectures** (:data:`ARCHS`, one :class:`Architecture` each: the table is the one place where they differ).
@@ -15,11 +15,13 @@ knows changes nothing; :func:`account` refuses, in one line naming it, a file wi
 soft-capping, a partial rotary embedding, experts, ...) or with norms and linears of other shapes than its
 config's: the gguf target never runs a file as a silently different model.  The layers it computes are
 kernels/layers.c's: llama's (pre-norm, grouped-query rotary attention, a SiLU-gated MLP), with qwen2's q / k / v
-biases, mistral's sliding window, qwen3's per-head q / k norms, Gemma 3's q / k norms, norms on the attention's
-and the MLP's outputs (the file stores Gemma's norms as 1 + w, the factor they scale by), a tanh-GELU gate, an
-embedding scaled by sqrt(hidden), sliding-window layers rotating with their own base, and Llama 3's rotary
-scaling (the per-frequency divisors of ``rope_freqs.weight``: :class:`specdec.native.lean.Rotary`).  Each is
-checked against llama.cpp's logits of the same file (tests/native/test_gguf_arch*.py).
+biases, mistral's sliding window, qwen3's per-head q / k norms, phi3's fused q / k / v and gate / up tensors (as
+they are: their rows are the linears' side by side; no sliding window, as llama.cpp's phi3), Gemma 3's q / k
+norms, norms on the attention's and the MLP's outputs (the file stores Gemma's norms as 1 + w, the factor they
+scale by), a tanh-GELU gate, an embedding scaled by sqrt(hidden), sliding-window layers rotating with their own
+base, and Llama 3's rotary scaling (the per-frequency divisors of ``rope_freqs.weight``:
+:class:`specdec.native.lean.Rotary`).  Each is checked against transformers' model of the file with the kernel's
+block activations and against llama.cpp's logits of the same file (tests/native/test_gguf_arch*.py).
 
 **Exact speculation.**  Every operation computes a token's numbers from its own row in a fixed order, so a
 token's logits are bitwise the same alone, in a k-token verification and in a prefill (batch invariance, as
@@ -352,6 +354,8 @@ class Architecture:
     optional_tensors: tuple[str, ...] = ()  # the model's besides token_embd, output_norm and output
     keys: Mapping[str, Check | None] = field(default_factory=dict)  # its own keys besides COMMON_KEYS
     permuted_qk: bool = False  # q / k rows in llama.cpp's interleaved rotary layout (undone at packing)
+    qkv: tuple[str, ...] = ("attn_q", "attn_k", "attn_v")  # the tensors whose rows make q, k and v, in order
+    gate_up: tuple[str, ...] = ("ffn_gate", "ffn_up")  # those whose rows make the gate's and the up projection's
     act: str = "silu"  # the gate's activation (lean.ACTIVATIONS' name)
     embed_scaled: bool = False  # the embedding's rows times sqrt(hidden) (Gemma)
     # its own config values (set in place on the common ones: config_values), where it has some
@@ -400,6 +404,15 @@ def _qwen3_config(file: GGUFFile, values: dict[str, Any]) -> None:
                   layer_types=["full_attention"] * values["num_hidden_layers"])
 
 
+def _phi3_config(file: GGUFFile, values: dict[str, Any]) -> None:
+    """Phi-3's values as Phi3Config names them.  Its sliding window (attention.sliding_window) is not applied:
+    llama.cpp disables Phi's (its converters do not say which layers have one), and the file's model is llama.cpp's;
+    the window only matters past its length (2047 tokens for Phi-3-mini-4k)."""
+    values.update(hidden_act="silu", sliding_window=None, partial_rotary_factor=1.0,
+                  original_max_position_embeddings=values["max_position_embeddings"])
+    values["rope_parameters"] = {**values["rope_parameters"], "partial_rotary_factor": 1.0}
+
+
 def _sliding_pattern(file: GGUFFile, value: Any) -> str | None:
     return None  # read by _gemma3_config
 
@@ -411,6 +424,10 @@ ARCHS: dict[str, Architecture] = {arch.name: arch for arch in (
     Architecture("mistral", "mistral", permuted_qk=True, keys={"attention.sliding_window": None}),
     Architecture("qwen2", "qwen2", optional_layer_tensors=LLAMA_BIASES),
     Architecture("qwen3", "qwen3", layer_tensors=(*LLAMA_LAYER, *QK_NORMS), config=_qwen3_config),
+    Architecture("phi3", "phi3", qkv=("attn_qkv",), gate_up=("ffn_up",), config=_phi3_config,
+                 layer_tensors=("attn_norm.weight", "attn_qkv.weight", "attn_output.weight", "ffn_norm.weight",
+                                "ffn_up.weight", "ffn_down.weight"),
+                 keys={"attention.sliding_window": None}),
     Architecture("gemma3", "gemma3_text", act="gelu_pytorch_tanh", embed_scaled=True, config=_gemma3_config,
                  layer_tensors=(*LLAMA_LAYER, *QK_NORMS, "post_attention_norm.weight", "post_ffw_norm.weight"),
                  keys={"attention.sliding_window": None, "attention.sliding_window_pattern": _sliding_pattern}),
@@ -618,9 +635,9 @@ class GGUFModel:
         plan: list[list[list[tuple[str, list[int] | None]]]] = []
         for i in range(c.num_hidden_layers):
             blk = f"blk.{i}."
-            plan.append([[(blk + "attn_q", q_order), (blk + "attn_k", k_order), (blk + "attn_v", None)],
-                         [(blk + "attn_output", None)], [(blk + "ffn_gate", None), (blk + "ffn_up", None)],
-                         [(blk + "ffn_down", None)]])
+            orders = {"attn_q": q_order, "attn_k": k_order}  # (a fused attn_qkv is never permuted)
+            plan.append([[(blk + stem, orders.get(stem)) for stem in self.arch.qkv], [(blk + "attn_output", None)],
+                         [(blk + stem, None) for stem in self.arch.gate_up], [(blk + "ffn_down", None)]])
         self._head_stem = "output" if "output.weight" in file.tensors else "token_embd"
         head = [(self._head_stem, None)]
         self._check_shapes(plan)
@@ -683,7 +700,10 @@ class GGUFModel:
             self.intermediate
         shapes = {"attn_q": (q, hidden), "attn_k": (kv, hidden), "attn_v": (kv, hidden), "attn_output": (hidden, q),
                   "ffn_gate": (inner, hidden), "ffn_up": (inner, hidden), "ffn_down": (hidden, inner),
-                  "output": (self.embed.rows, hidden), "token_embd": (self.embed.rows, hidden)}
+                  "output": (self.embed.rows, hidden), "token_embd": (self.embed.rows, hidden),
+                  "attn_qkv": (q + 2 * kv, hidden)}  # q, k and v in one tensor (phi3)
+        if self.arch.gate_up == ("ffn_up",):  # the gate's rows and then the up projection's in one tensor (phi3)
+            shapes["ffn_up"] = (2 * inner, hidden)
         stems = [stem for layer in plan for linear in layer for stem, _ in linear] + ["token_embd", self._head_stem]
         for stem in stems:
             tensor = self.file.tensors.get(stem + ".weight")

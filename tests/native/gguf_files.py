@@ -106,17 +106,19 @@ def text_tokens(path: str | Path, text: str = TEXT) -> list[int]:
 
 # ---------------------------------------------------------------- synthetic models of the other architectures
 
-LAYERS = {"gemma3": 6, "qwen3": 2}  # gemma3: its sixth layer the one global one (the others in a window)
+LAYERS = {"gemma3": 6, "qwen3": 2, "phi3": 2}  # gemma3: its sixth layer the one global one (the others in a window)
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM = 256, 512, 4, 2, 128  # a head wider than hidden / heads
 WINDOW = 8  # gemma3's sliding window: short, so that a test's few dozen tokens reach past it
 
 
 def save_arch_gguf(path: str | Path, arch: str, seed: int = 0, scale: float = 4.0) -> str:
-    """Write a small random GGUF model of `arch` ("gemma3" or "qwen3") with the tokenizer of tests.tiny_gguf
+    """Write a small random GGUF model of `arch` ("gemma3", "qwen3" or "phi3") with the tokenizer of tests.tiny_gguf
     (llama.cpp loads it; transformers builds the same tokenizer from it), its linears in the block types of
     tests.tiny_gguf.TYPES (`scale` times their block scales: logits further from ties), its norms in F32 around
     1 (gemma's are stored as 1 + w, as llama.cpp's converter stores them), head size HEAD_DIM given by
-    attention.key_length; returns the path."""
+    attention.key_length (phi3: hidden / heads, as llama.cpp's phi3 needs; its q, k and v in one attn_qkv, its
+    gate's and up projection's rows in one ffn_up, and a sliding window of WINDOW that llama.cpp does not apply);
+    returns the path."""
     from gguf import GGMLQuantizationType, GGUFWriter
 
     from tests.native.gguf_blocks import random_blocks
@@ -126,6 +128,8 @@ def save_arch_gguf(path: str | Path, arch: str, seed: int = 0, scale: float = 4.
     rng = np.random.default_rng(seed)
     tokenizer = tiny_tokenizer()
     tokens, merges, types = _bpe(tokenizer)
+    if arch == "phi3":  # llama.cpp looks these up in a phi3 file's vocabulary (it will not load one without them)
+        tokens, types = [*tokens, "<|end|>", "<|endoftext|>"], [*types, 3, 3]
     writer = GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{arch}-{seed}")
     writer.add_block_count(LAYERS[arch])
@@ -134,11 +138,13 @@ def save_arch_gguf(path: str | Path, arch: str, seed: int = 0, scale: float = 4.
     writer.add_feed_forward_length(INTERMEDIATE)
     writer.add_head_count(HEADS)
     writer.add_head_count_kv(KV_HEADS)
-    writer.add_key_length(HEAD_DIM)
-    writer.add_value_length(HEAD_DIM)
+    head_dim = HIDDEN // HEADS if arch == "phi3" else HEAD_DIM
+    if arch != "phi3":
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
     writer.add_rope_freq_base(1_000_000.0)
     writer.add_layer_norm_rms_eps(1e-6)
-    if arch == "gemma3":
+    if arch in ("gemma3", "phi3"):
         writer.add_sliding_window(WINDOW)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
@@ -161,18 +167,24 @@ def save_arch_gguf(path: str | Path, arch: str, seed: int = 0, scale: float = 4.
     for i in range(LAYERS[arch]):
         blk = f"blk.{i}."
         norm(blk + "attn_norm.weight", HIDDEN)
-        linear(blk + "attn_q.weight", "attn_q", HEADS * HEAD_DIM, HIDDEN)
-        linear(blk + "attn_k.weight", "attn_k", KV_HEADS * HEAD_DIM, HIDDEN)
-        linear(blk + "attn_v.weight", "attn_v", KV_HEADS * HEAD_DIM, HIDDEN)
-        norm(blk + "attn_q_norm.weight", HEAD_DIM)
-        norm(blk + "attn_k_norm.weight", HEAD_DIM)
-        linear(blk + "attn_output.weight", "attn_output", HIDDEN, HEADS * HEAD_DIM)
+        if arch == "phi3":
+            linear(blk + "attn_qkv.weight", "attn_q", (HEADS + 2 * KV_HEADS) * head_dim, HIDDEN)
+        else:
+            linear(blk + "attn_q.weight", "attn_q", HEADS * head_dim, HIDDEN)
+            linear(blk + "attn_k.weight", "attn_k", KV_HEADS * head_dim, HIDDEN)
+            linear(blk + "attn_v.weight", "attn_v", KV_HEADS * head_dim, HIDDEN)
+            norm(blk + "attn_q_norm.weight", head_dim)
+            norm(blk + "attn_k_norm.weight", head_dim)
+        linear(blk + "attn_output.weight", "attn_output", HIDDEN, HEADS * head_dim)
         if arch == "gemma3":
             norm(blk + "post_attention_norm.weight", HIDDEN)
             norm(blk + "post_ffw_norm.weight", HIDDEN)
         norm(blk + "ffn_norm.weight", HIDDEN)
-        linear(blk + "ffn_gate.weight", "ffn_gate", INTERMEDIATE, HIDDEN)
-        linear(blk + "ffn_up.weight", "ffn_up", INTERMEDIATE, HIDDEN)
+        if arch == "phi3":
+            linear(blk + "ffn_up.weight", "ffn_up", 2 * INTERMEDIATE, HIDDEN)
+        else:
+            linear(blk + "ffn_gate.weight", "ffn_gate", INTERMEDIATE, HIDDEN)
+            linear(blk + "ffn_up.weight", "ffn_up", INTERMEDIATE, HIDDEN)
         linear(blk + "ffn_down.weight", "ffn_down", HIDDEN, INTERMEDIATE)
     norm("output_norm.weight", HIDDEN)
     if arch != "gemma3":  # gemma ties its head to the embedding
