@@ -1,7 +1,7 @@
 """The gguf target: a GGUF file's own quantised blocks on specdec's kernels, every layer in one C call.
 
-``--dtype gguf`` runs a llama / mistral / qwen2 / qwen3 / phi3 / gemma3 GGUF model as the file stores it: its
-Q4_K, Q6_K, Q5_0, Q8_0 and Q4_1 blocks -- the integers and scales the user downloaded, not an int8
+``--dtype gguf`` runs a llama / mistral / qwen2 / qwen3 / phi3 / gemma2 / gemma3 GGUF model as the file stores
+it: its Q4_K, Q6_K, Q5_0, Q8_0 and Q4_1 blocks -- the integers and scales the user downloaded, not an int8
 requantisation of a de-quantised copy -- multiplied by specdec's block kernel (:mod:`specdec.native.kernels.gguf`:
 8-bit block activations, exact integer sums, one fixed sequence of fp32 operations per block), with the norms,
 rotary embeddings, attention (specdec's exact kernel), the gated MLP and the residual adds of every layer in one C
@@ -19,7 +19,8 @@ biases, mistral's sliding window, qwen3's per-head q / k norms, phi3's fused q /
 they are: their rows are the linears' side by side; no sliding window, as llama.cpp's phi3), Gemma 3's q / k
 norms, norms on the attention's and the MLP's outputs (the file stores Gemma's norms as 1 + w, the factor they
 scale by), a tanh-GELU gate, an embedding scaled by sqrt(hidden), sliding-window layers rotating with their own
-base, and Llama 3's rotary scaling (the per-frequency divisors of ``rope_freqs.weight``:
+base (Gemma 2's: one base, a window on every other layer, its attention scores and logits soft-capped,
+c * tanh(x / c)), and Llama 3's rotary scaling (the per-frequency divisors of ``rope_freqs.weight``:
 :class:`specdec.native.lean.Rotary`).  Each is checked against transformers' model of the file with the kernel's
 block activations and against llama.cpp's logits of the same file (tests/native/test_gguf_arch*.py).
 
@@ -413,6 +414,23 @@ def _phi3_config(file: GGUFFile, values: dict[str, Any]) -> None:
     values["rope_parameters"] = {**values["rope_parameters"], "partial_rotary_factor": 1.0}
 
 
+def _gemma2_config(file: GGUFFile, values: dict[str, Any]) -> None:
+    """Gemma 2's config values (Gemma2Config's names) from its file as llama.cpp reads it: a sliding window on
+    every other layer (the even ones), one rotary table, the attention scaled by 1 / sqrt(head_dim) -- 1 /
+    sqrt(hidden / heads) for the 27B model (46 layers), llama.cpp's rule -- its scores and the final logits
+    soft-capped (c * tanh(x / c)) where the file says, a tanh-GELU gate; norms stored as 1 + w, as Gemma 3's."""
+    layers = values["num_hidden_layers"]
+    values["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    values["sliding_window"] = int(file.get("attention.sliding_window", 4096))
+    values["head_dim"] = _head_dim(file)
+    heads = values["num_attention_heads"]
+    values["query_pre_attn_scalar"] = values["hidden_size"] // heads if layers == 46 else values["head_dim"]
+    values["hidden_activation"] = "gelu_pytorch_tanh"
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        cap = file.get(key)
+        values[key] = float(cap) if cap else None
+
+
 def _sliding_pattern(file: GGUFFile, value: Any) -> str | None:
     return None  # read by _gemma3_config
 
@@ -428,6 +446,10 @@ ARCHS: dict[str, Architecture] = {arch.name: arch for arch in (
                  layer_tensors=("attn_norm.weight", "attn_qkv.weight", "attn_output.weight", "ffn_norm.weight",
                                 "ffn_up.weight", "ffn_down.weight"),
                  keys={"attention.sliding_window": None}),
+    Architecture("gemma2", "gemma2", act="gelu_pytorch_tanh", embed_scaled=True, config=_gemma2_config,
+                 layer_tensors=(*LLAMA_LAYER, "post_attention_norm.weight", "post_ffw_norm.weight"),
+                 keys={"attention.sliding_window": None, "attn_logit_softcapping": None,
+                       "final_logit_softcapping": None}),
     Architecture("gemma3", "gemma3_text", act="gelu_pytorch_tanh", embed_scaled=True, config=_gemma3_config,
                  layer_tensors=(*LLAMA_LAYER, *QK_NORMS, "post_attention_norm.weight", "post_ffw_norm.weight"),
                  keys={"attention.sliding_window": None, "attention.sliding_window_pattern": _sliding_pattern}),
@@ -824,7 +846,8 @@ class GGUFLayers(LayerSet):
             tensors=self.table.tensors.data_ptr(), scaling=self.table.scaling.data_ptr(),
             window=self.table.window.data_ptr(), layers=len(model.layers), hidden=model.hidden,
             heads=model.num_heads, kv_heads=model.num_kv_heads, d=model.head_dim, intermediate=model.intermediate,
-            act=ACTIVATIONS[model.arch.act], eps=float(model.config.rms_norm_eps), linear=kernels.layers.GGUF, isa=0)
+            act=ACTIVATIONS[model.arch.act], eps=float(model.config.rms_norm_eps),
+            softcap=float(model.values.get("attn_logit_softcapping") or 0.0), linear=kernels.layers.GGUF, isa=0)
 
     def use_path(self, path: str | None) -> None:
         """Run every kernel on `path` ("c", "avx2" or "avx512-vnni": at most this CPU's best; None: the best), for
@@ -895,9 +918,10 @@ class GGUFRunner(LeanRunner):
             embed_rows=model.embed.rows, embed_scale=embed_scale, final_norm=model.final_norm,
             eps=float(config.rms_norm_eps), num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
             head_dim=model.head_dim, max_context=max_context or int(config.max_position_embeddings),
-            rotary=rotary, rope_kinds=kinds)
-        # kernels/draft.c's chain: one rotary table, unscaled embedding rows
-        self.capabilities = replace(self.capabilities, draft_chain=kinds == [None] and embed_scale is None)
+            rotary=rotary, rope_kinds=kinds, logit_softcap=model.values.get("final_logit_softcapping"))
+        # kernels/draft.c's chain: one rotary table, unscaled embedding rows, uncapped logits
+        self.capabilities = replace(self.capabilities, draft_chain=kinds == [None] and embed_scale is None
+                                    and self.logit_softcap is None)
         self._chain: tuple[Any, Parts, torch.Tensor] | None = None  # (head, its Parts, ids): _chain_head's
 
     @property

@@ -831,8 +831,10 @@ class LeanRunner(KeptHidden):
 
     def _setup(self, embed_rows: int, embed_scale: torch.Tensor | None, final_norm: torch.Tensor, eps: float,
                num_heads: int, num_kv_heads: int, head_dim: int, max_context: int, rotary: Any,
-               rope_kinds: list[str | None]) -> None:
-        """The model's shapes and shared tensors (after layer_set and model are set), and an empty cache."""
+               rope_kinds: list[str | None], logit_softcap: float | None = None) -> None:
+        """The model's shapes and shared tensors (after layer_set and model are set), and an empty cache.
+        logit_softcap: the logits capped to c * tanh(logits / c) (Gemma 2's final soft-capping; None: not)."""
+        self.logit_softcap = logit_softcap
         # int8 models are batch-invariant (specdec.native.quant); fp32 ones are not
         self.capabilities = Capabilities(batch_invariant=self.layer_set.batch_invariant, hidden_states=True,
                                          taps=self.layer_set.tappable, tree=self.layer_set.tree, trim_head=True)
@@ -1089,6 +1091,8 @@ def forward_packed(runners: Sequence[LeanRunner], chunks: Sequence[Sequence[int]
     else:  # the head over the logits' rows only
         ends = [final[final.shape[0] - keep :] for final, keep in zip(finals, keeps)]  # runner r's [keep_r, hidden]
         logits = lead.head(ends[0] if len(runners) == 1 else torch.cat(ends))  # [sum keeps, V]
+    if lead.logit_softcap:  # elementwise: a trimmed head's columns are still the full head's
+        logits = torch.tanh(logits / lead.logit_softcap) * lead.logit_softcap
     for r, c, tail, hidden, start, tree in zip(runners, chunks, rows, hiddens, starts, trees):
         r.tokens.extend(c)
         r._tail, r._hidden = tail, hidden  # [tail_r, F], [keep_r, F]: views, no copy where F is hidden

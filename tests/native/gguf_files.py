@@ -106,19 +106,20 @@ def text_tokens(path: str | Path, text: str = TEXT) -> list[int]:
 
 # ---------------------------------------------------------------- synthetic models of the other architectures
 
-LAYERS = {"gemma3": 6, "qwen3": 2, "phi3": 2}  # gemma3: its sixth layer the one global one (the others in a window)
+LAYERS = {"gemma3": 6, "qwen3": 2, "phi3": 2, "gemma2": 4}  # gemma3: its sixth layer the one global one
+CAPS = {"attn_logit_softcapping": 20.0, "final_logit_softcapping": 100.0}  # gemma2's: they bite, they do not flatten
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM = 256, 512, 4, 2, 128  # a head wider than hidden / heads
 WINDOW = 8  # gemma3's sliding window: short, so that a test's few dozen tokens reach past it
 
 
 def save_arch_gguf(path: str | Path, arch: str, seed: int = 0, scale: float = 4.0) -> str:
-    """Write a small random GGUF model of `arch` ("gemma3", "qwen3" or "phi3") with the tokenizer of tests.tiny_gguf
-    (llama.cpp loads it; transformers builds the same tokenizer from it), its linears in the block types of
+    """Write a small random GGUF model of `arch` ("gemma3", "gemma2", "qwen3" or "phi3") with the tokenizer of
+    tests.tiny_gguf (llama.cpp loads it; transformers builds the same tokenizer from it), its linears in the block types of
     tests.tiny_gguf.TYPES (`scale` times their block scales: logits further from ties), its norms in F32 around
     1 (gemma's are stored as 1 + w, as llama.cpp's converter stores them), head size HEAD_DIM given by
     attention.key_length (phi3: hidden / heads, as llama.cpp's phi3 needs; its q, k and v in one attn_qkv, its
     gate's and up projection's rows in one ffn_up, and a sliding window of WINDOW that llama.cpp does not apply);
-    returns the path."""
+    gemma2: gemma3's layers without q / k norms, its scores and logits soft-capped (CAPS); returns the path."""
     from gguf import GGMLQuantizationType, GGUFWriter
 
     from tests.native.gguf_blocks import random_blocks
@@ -144,8 +145,11 @@ def save_arch_gguf(path: str | Path, arch: str, seed: int = 0, scale: float = 4.
         writer.add_value_length(head_dim)
     writer.add_rope_freq_base(1_000_000.0)
     writer.add_layer_norm_rms_eps(1e-6)
-    if arch in ("gemma3", "phi3"):
+    if arch in ("gemma3", "gemma2", "phi3"):
         writer.add_sliding_window(WINDOW)
+    if arch == "gemma2":
+        for key, cap in CAPS.items():
+            writer.add_float32(f"gemma2.{key}", cap)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
@@ -173,10 +177,11 @@ def save_arch_gguf(path: str | Path, arch: str, seed: int = 0, scale: float = 4.
             linear(blk + "attn_q.weight", "attn_q", HEADS * head_dim, HIDDEN)
             linear(blk + "attn_k.weight", "attn_k", KV_HEADS * head_dim, HIDDEN)
             linear(blk + "attn_v.weight", "attn_v", KV_HEADS * head_dim, HIDDEN)
-            norm(blk + "attn_q_norm.weight", head_dim)
-            norm(blk + "attn_k_norm.weight", head_dim)
+            if arch != "gemma2":
+                norm(blk + "attn_q_norm.weight", head_dim)
+                norm(blk + "attn_k_norm.weight", head_dim)
         linear(blk + "attn_output.weight", "attn_output", HIDDEN, HEADS * head_dim)
-        if arch == "gemma3":
+        if arch in ("gemma3", "gemma2"):
             norm(blk + "post_attention_norm.weight", HIDDEN)
             norm(blk + "post_ffw_norm.weight", HIDDEN)
         norm(blk + "ffn_norm.weight", HIDDEN)
@@ -187,7 +192,7 @@ def save_arch_gguf(path: str | Path, arch: str, seed: int = 0, scale: float = 4.
             linear(blk + "ffn_up.weight", "ffn_up", INTERMEDIATE, HIDDEN)
         linear(blk + "ffn_down.weight", "ffn_down", HIDDEN, INTERMEDIATE)
     norm("output_norm.weight", HIDDEN)
-    if arch != "gemma3":  # gemma ties its head to the embedding
+    if not arch.startswith("gemma"):  # gemma ties its head to the embedding
         linear("output.weight", "output", len(tokens), HIDDEN)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

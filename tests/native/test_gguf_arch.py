@@ -11,7 +11,10 @@
   tolerances of tests.native.gguf_files (gemma3, qwen3; skipped without llama-cpp-python); batch-invariant bitwise (a forward of
   any chunks is one token at a time) on every path this CPU has, the paths giving the same bits; speculative
   greedy output equal to plain; qwen3's chain in one native call (draft_greedy) its greedy steps;
-- mistral's sliding window is applied: transformers' Mistral model of the file with block activations.
+- mistral's sliding window is applied: transformers' Mistral model of the file with block activations;
+- gemma2 (gemma3's layers without q / k norms, one rotary table, a window on every other layer): its attention
+  scores and logits soft-capped as the file says; the attention kernel's capped scores are the capped softmax,
+  the same bits on every path (the uncapped path unchanged: tests/native/test_attention_kernel.py).
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ from specdec.native import gguf, kernels
 from tests.native.gguf_files import assert_close_to_llama_cpp, edited_copy, llama_cpp_logits, save_arch_gguf
 from tests.tiny_gguf import save_tiny_gguf
 
-SYNTHETIC = ["gemma3", "qwen3", "phi3"]  # small random files of the architectures without a zoo model of their own
+SYNTHETIC = ["gemma3", "gemma2", "qwen3", "phi3"]  # small random files of the architectures without a zoo model of their own
 # llama-cpp-python does not load the phi3 file ("error loading model vocabulary": it looks up tokens of Phi's own
 # vocabulary that the tiny tokenizer lacks); phi3 is checked against transformers' model of the file
-LLAMA_CPP_LOADS = ["gemma3", "qwen3"]
+LLAMA_CPP_LOADS = ["gemma3", "gemma2", "qwen3"]
 
 
 @pytest.fixture(scope="module")
@@ -132,16 +135,20 @@ def test_the_synthetic_models_are_transformers_with_block_activations(synthetic,
 
     from transformers import AutoModelForCausalLM
 
-    from tests.native.gguf_files import HEAD_DIM
+    from tests.native.gguf_files import CAPS, HEAD_DIM
     from tests.native.test_gguf import KIND, with_block_activations
 
     KIND.update(qkv_proj="attn_q", gate_up_proj="ffn_up")  # phi3's fused linears: the types they are written in
 
     path = Path(synthetic[arch])
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    if arch == "gemma3":  # llama.cpp's reading of the file: query_pre_attn_scalar the head's size (transformers'
-        for layer in model.model.layers:  # GGUF loader leaves it at its default, 256)
+    if arch.startswith("gemma"):  # llama.cpp's reading of the file: query_pre_attn_scalar the head's size
+        for layer in model.model.layers:  # (transformers' GGUF loader leaves it at its default, 256) ...
             layer.self_attn.scaling = HEAD_DIM**-0.5
+    if arch == "gemma2":  # ... and the file's soft-capping (transformers' loader keeps its defaults, 30 and 50)
+        model.config.final_logit_softcapping = CAPS["final_logit_softcapping"]
+        for layer in model.model.layers:
+            layer.self_attn.attn_logit_softcapping = CAPS["attn_logit_softcapping"]
     if arch == "phi3":  # llama.cpp applies no sliding window to Phi-3 (nor does transformers' model of the file)
         assert model.config.sliding_window is None and gguf.config_of(gguf.GGUFFile(path)).sliding_window is None
     tokens = random.Random(arch).choices(range(3, 250), k=40)
@@ -195,8 +202,9 @@ def test_a_qwen3_chain_in_one_call_is_its_greedy_steps(synthetic_models):
         want.append(int(row[-1].argmax()))
         row = steps.forward(want[-1:])
     assert chain.draft_greedy(feed, 6) == want
-    # gemma3's chain would need its second rotary table and its scaled embedding: it drafts token by token
-    assert not synthetic_runner(synthetic_models, "gemma3").capabilities.draft_chain
+    # gemma's chain would need its scaled embedding (gemma3: its second rotary table; gemma2: capped logits): it
+    # drafts token by token
+    assert not any(synthetic_runner(synthetic_models, arch).capabilities.draft_chain for arch in ("gemma3", "gemma2"))
 
 
 def test_mistrals_sliding_window_is_applied(tmp_path):
@@ -235,3 +243,25 @@ def test_phi3s_longrope_and_partial_rotary_variants_are_refused(synthetic, tmp_p
     with pytest.raises(SpecdecError, match=named) as e:
         gguf.GGUFModel(gguf.GGUFFile(path))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_capped_attention_is_the_capped_softmax_on_every_path(window):
+    gen = torch.Generator().manual_seed(0)
+    heads, kv_heads, n, start, d, cap = 4, 2, 7, 9, 64, 5.0
+    q = 3 * torch.randn(heads, n, d, generator=gen)  # scores of many times the cap: it bites
+    keys, values = torch.randn(2, kv_heads, start + n, d, generator=gen)
+    scale = d**-0.5
+    outs = [kernels.attention.causal(q, keys, values, start, scale, window, path=path, softcap=cap)
+            for path in kernels.attention.paths()]
+    assert all(torch.equal(out, outs[0]) for out in outs)  # the same bits on every path
+    want = []
+    for i in range(n):
+        end = start + i + 1
+        lo = max(0, end - window) if window else 0
+        k = keys.repeat_interleave(heads // kv_heads, 0)[:, lo:end]  # [H, L, D]
+        v = values.repeat_interleave(heads // kv_heads, 0)[:, lo:end]
+        scores = cap * torch.tanh((q[:, i : i + 1] @ k.transpose(1, 2)) * scale / cap)  # [H, 1, L]
+        want.append((torch.softmax(scores.double(), -1).float() @ v).reshape(-1))  # [H D]
+    torch.testing.assert_close(outs[0], torch.stack(want), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(outs[0], kernels.attention.causal(q, keys, values, start, scale, window), atol=1e-3)
