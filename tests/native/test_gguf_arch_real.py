@@ -6,7 +6,9 @@
   block kernel's in places: a few percent, argmax the same but at near-ties);
 - Llama 3's rotary scaling (rope_freqs.weight, the per-frequency divisors llama.cpp's converter writes): smollm2
   with factors added greedily continues otherwise, and is still llama.cpp's model of that file;
-- `--dtype auto` takes the gguf target for a gemma3 file, as for the llama-family ones.
+- `--dtype auto` takes the gguf target for a gemma3 file, as for the llama-family ones;
+- gemma3-270m is batch-invariant bitwise (forwards of 1..16 tokens between rollbacks against one token at a time)
+  in a context of 640 tokens, past its sliding window of 512.
 Marked `real`.
 """
 
@@ -68,3 +70,12 @@ def test_auto_takes_the_gguf_target_for_gemma3():
 
     with user_home():
         assert gguf_runs("gemma3-270m") and gguf_runs(zoo_file("gemma3-270m"))
+
+
+def test_gemma3_is_bitwise_one_token_at_a_time_past_its_window(real_gguf):
+    from tests.real_checks import assert_bitwise_one_token_at_a_time
+
+    runner, tok = real_gguf("gemma3-270m")
+    mirror, _ = real_gguf("gemma3-270m")
+    assert runner.layer_set.layers[0].sliding_window == 512  # a context of 640: its sliding layers' windows slide
+    assert_bitwise_one_token_at_a_time(runner, mirror, tok, "gemma3-270m", 640)
