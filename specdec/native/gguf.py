@@ -324,7 +324,7 @@ def _general_type(file: GGUFFile, value: Any) -> str | None:
     return None if value == "model" else f"is a '{value}', not a model"
 
 
-def _none(file: GGUFFile, value: Any) -> str | None:
+def _no_experts(file: GGUFFile, value: Any) -> str | None:
     return None if not value else "has mixture-of-experts layers, which the gguf target does not compute"
 
 
@@ -335,7 +335,7 @@ COMMON_KEYS: dict[str, Check | None] = {
     "attention.layer_norm_rms_epsilon": None, "attention.key_length": None, "attention.value_length": _same_value_size,
     "rope.freq_base": None, "rope.dimension_count": _whole_rotary, "rope.scaling.type": _linear_rope,
     "rope.scaling.factor": None, "rope.scaling.original_context_length": None, "rope.scaling.finetuned": None,
-    "expert_count": _none, "expert_used_count": _none,
+    "expert_count": _no_experts, "expert_used_count": _no_experts,
 }
 LLAMA_LAYER = ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
                "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
@@ -431,10 +431,6 @@ def _gemma2_config(file: GGUFFile, values: dict[str, Any]) -> None:
         values[key] = float(cap) if cap else None
 
 
-def _sliding_pattern(file: GGUFFile, value: Any) -> str | None:
-    return None  # read by _gemma3_config
-
-
 LLAMA_BIASES = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
 QK_NORMS = ("attn_q_norm.weight", "attn_k_norm.weight")
 ARCHS: dict[str, Architecture] = {arch.name: arch for arch in (
@@ -452,7 +448,7 @@ ARCHS: dict[str, Architecture] = {arch.name: arch for arch in (
                        "final_logit_softcapping": None}),
     Architecture("gemma3", "gemma3_text", act="gelu_pytorch_tanh", embed_scaled=True, config=_gemma3_config,
                  layer_tensors=(*LLAMA_LAYER, *QK_NORMS, "post_attention_norm.weight", "post_ffw_norm.weight"),
-                 keys={"attention.sliding_window": None, "attention.sliding_window_pattern": _sliding_pattern}),
+                 keys={"attention.sliding_window": None, "attention.sliding_window_pattern": None}),  # (_gemma3_config's)
 )}
 ARCHITECTURES = tuple(ARCHS)  # GGUF general.architecture values the gguf target runs
 

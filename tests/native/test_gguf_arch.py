@@ -265,3 +265,13 @@ def test_capped_attention_is_the_capped_softmax_on_every_path(window):
         want.append((torch.softmax(scores.double(), -1).float() @ v).reshape(-1))  # [H D]
     torch.testing.assert_close(outs[0], torch.stack(want), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(outs[0], kernels.attention.causal(q, keys, values, start, scale, window), atol=1e-3)
+
+
+def test_gemma3s_window_pattern_is_the_files_where_it_says(synthetic, tmp_path):
+    default = gguf.config_of(gguf.GGUFFile(synthetic["gemma3"]))
+    assert default.layer_types == ["sliding_attention"] * 5 + ["full_attention"]  # llama.cpp's: one layer of six
+    path = edited_copy(synthetic["gemma3"], tmp_path / "pattern.gguf", keys={"gemma3.attention.sliding_window_pattern": 3})
+    model = gguf.GGUFModel(gguf.GGUFFile(path))
+    assert model.config.layer_types == ["sliding_attention", "sliding_attention", "full_attention"] * 2
+    assert [layer.sliding_window for layer in model.layers] == [8, 8, None, 8, 8, None]
+    assert [layer.rope for layer in model.layers] == [1, 1, 0, 1, 1, 0]  # full_attention's table first (sorted)
