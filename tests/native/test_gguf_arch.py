@@ -3,14 +3,15 @@
 - accounting: a file with a tensor, a metadata key or a key's value that its architecture's mapping does not
   account for is refused in one line naming it, before anything runs; the CLI exits 2 and generates nothing;
   norms, biases and linears of other shapes than the config's are refused too;
-- gemma3 and qwen3 on small random files (tests.native.gguf_files.save_arch_gguf: gemma3's q / k norms, output
-  norms, scaled embedding, tanh-GELU gate, five sliding-window layers of six with their own rotary base, a head
-  wider than hidden / heads; qwen3's per-head q / k norms; phi3's fused attn_qkv and gate-and-up ffn_up):
-  transformers' model of the file with the kernel's
-  block activations in front of each linear, up to fp32 rounding; llama.cpp's logits of the same file within the
-  tolerances of tests.native.gguf_files (gemma3, qwen3; skipped without llama-cpp-python); batch-invariant bitwise (a forward of
-  any chunks is one token at a time) on every path this CPU has, the paths giving the same bits; speculative
-  greedy output equal to plain; qwen3's chain in one native call (draft_greedy) its greedy steps;
+- gemma3, gemma2, qwen3 and phi3 on small random files (tests.native.gguf_files.save_arch_gguf: gemma3's q / k
+  norms, output norms, scaled embedding, tanh-GELU gate, five sliding-window layers of six with their own rotary
+  base, a head wider than hidden / heads; qwen3's per-head q / k norms; phi3's fused attn_qkv and gate-and-up
+  ffn_up): transformers' model of the file with the kernel's block activations in front of each linear, up to
+  fp32 rounding; llama.cpp's logits of the same file within the tolerances of tests.native.gguf_files (skipped
+  without llama-cpp-python; phi3's file without its vocabulary, which llama.cpp's phi3 loader refuses; llama.cpp
+  applies no sliding window to phi3, as the gguf target); batch-invariant bitwise (a forward of any chunks is one
+  token at a time) on every path this CPU has, the paths giving the same bits; speculative greedy output equal
+  to plain; qwen3's chain in one native call (draft_greedy) its greedy steps;
 - mistral's sliding window is applied: transformers' Mistral model of the file with block activations;
 - gemma2 (gemma3's layers without q / k norms, one rotary table, a window on every other layer): its attention
   scores and logits soft-capped as the file says; the attention kernel's capped scores are the capped softmax,
@@ -33,9 +34,6 @@ from tests.native.gguf_files import assert_close_to_llama_cpp, edited_copy, llam
 from tests.tiny_gguf import save_tiny_gguf
 
 SYNTHETIC = ["gemma3", "gemma2", "qwen3", "phi3"]  # small random files of the architectures without a zoo model of their own
-# llama-cpp-python does not load the phi3 file ("error loading model vocabulary": it looks up tokens of Phi's own
-# vocabulary that the tiny tokenizer lacks); phi3 is checked against transformers' model of the file
-LLAMA_CPP_LOADS = ["gemma3", "gemma2", "qwen3"]
 
 
 @pytest.fixture(scope="module")
@@ -122,11 +120,27 @@ def test_the_config_is_transformers_config_of_its_values(synthetic, arch):
     assert_same(gguf.config_of(file, "name"), lambda: gguf.transformers_config_of(file, "name"))
 
 
-@pytest.mark.parametrize("arch", LLAMA_CPP_LOADS)
-def test_the_synthetic_models_are_llama_cpps(synthetic, synthetic_models, arch):
-    tokens = random.Random(arch).choices(range(3, 250), k=40)  # gemma3: five times its window of 8
+def llama_cpp_loads(path: str, arch: str, folder) -> str:
+    """The file as llama.cpp loads it: phi3's without its vocabulary (llama.cpp's phi3 loader refuses the tiny
+    tokenizer, "error loading model vocabulary"; the logits of token ids need none), the others as they are."""
+    if arch != "phi3":
+        return path
+    vocab = gguf.GGUFFile(path).tensors["token_embd.weight"].rows
+    return edited_copy(path, folder / "no-vocabulary.gguf", keys={"tokenizer.ggml.model": "none", "phi3.vocab_size": vocab},
+                       drop=("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+                             "tokenizer.ggml.pre"))
+
+
+@pytest.mark.parametrize("arch", SYNTHETIC)
+def test_the_synthetic_models_are_llama_cpps(synthetic, synthetic_models, arch, tmp_path):
+    tokens = random.Random(arch).choices(range(3, 250), k=40)  # gemma: five times its window of 8
     ours = synthetic_runner(synthetic_models, arch).forward(tokens).numpy()
-    assert_close_to_llama_cpp(ours, llama_cpp_logits(synthetic[arch], tokens))
+    theirs = llama_cpp_logits(llama_cpp_loads(synthetic[arch], arch, tmp_path), tokens)
+    assert_close_to_llama_cpp(ours, theirs)
+    if arch == "phi3":  # llama.cpp applies no sliding window to phi3: without the key, the same logits
+        unwindowed = edited_copy(llama_cpp_loads(synthetic[arch], arch, tmp_path), tmp_path / "unwindowed.gguf",
+                                 drop=("phi3.attention.sliding_window",))
+        assert np.array_equal(llama_cpp_logits(unwindowed, tokens), theirs)
 
 
 @pytest.mark.parametrize("arch", SYNTHETIC)
