@@ -56,7 +56,7 @@ def edited_copy(source: str | Path, path: str | Path, keys: Mapping[str, Any] | 
 # -- as far as llama.cpp's own logits are from the fp32 model of the file (qwen3: transformers', de-quantised, 1.8%
 # from both), while the gguf target is transformers' model with the kernel's block activations to fp32 rounding
 # (test_gguf_arch) -- and on 150 tokens of text the zoo's smollm2-135m 3.8% and gemma3-270m 4.2%.  Every argmax
-# that differed was a near-tie: llama.cpp's best two logits closer than the row's rms difference (phi3: 2 of 40
+# that differed was a near-tie: llama.cpp's best two logits within twice the row's rms difference (phi3: 2 of 40
 # positions, margins 1.9 and 5.6 against rms differences of 2.5 and 3.7, logits of std 207; the zoo's text:
 # margins under 0.14).  The tolerances hold these with room; a model computed wrong (a norm, a rotary
 # table or base, a scale, a window off) is far outside them (rotary factors left out: test_gguf_arch_real.py).
