@@ -1,12 +1,28 @@
 """The gguf target: a GGUF file's own quantised blocks on specdec's kernels, every layer in one C call.
 
-``--dtype gguf`` runs a llama / qwen2 / mistral GGUF model as the file stores it: its Q4_K, Q6_K, Q5_0, Q8_0
-and Q4_1 blocks -- the integers and scales the user downloaded, not an int8 requantisation of a de-quantised
-copy -- multiplied by specdec's block kernel (:mod:`specdec.native.kernels.gguf`: 8-bit block activations,
-exact integer sums, one fixed sequence of fp32 operations per block), with the norms, rotary embeddings,
-attention (specdec's exact kernel), the gated MLP and the residual adds of every layer in one C call
-(:mod:`specdec.native.kernels.layers`).  A decode step reads each weight block once: about 4.5-6.5 bits a
+``--dtype gguf`` runs a llama / mistral / qwen2 / qwen3 / phi3 / gemma2 / gemma3 GGUF model as the file stores
+it: its Q4_K, Q6_K, Q5_0, Q8_0 and Q4_1 blocks -- the integers and scales the user downloaded, not an int8
+requantisation of a de-quantised copy -- multiplied by specdec's block kernel (:mod:`specdec.native.kernels.gguf`:
+8-bit block activations, exact integer sums, one fixed sequence of fp32 operations per block), with the norms,
+rotary embeddings, attention (specdec's exact kernel), the gated MLP and the residual adds of every layer in one C
+call (:mod:`specdec.native.kernels.layers`).  A decode step reads each weight block once: about 4.5-6.5 bits a
 weight for a Q4_K_M file against int8's 8, which is what a memory-bound one-token step costs.
+
+**Architectures** (:data:`ARCHS`, one :class:`Architecture` each: the table is the one place where they differ).
+An architecture names every tensor its files may hold and every metadata key under its name that it reads or
+knows changes nothing; :func:`account` refuses, in one line naming it, a file with any other tensor or key (a
+``rope_freqs.weight`` where the architecture has none, a bias, an extra norm, rotary scaling other than linear,
+soft-capping, a partial rotary embedding, experts, ...) or with norms and linears of other shapes than its
+config's: the gguf target never runs a file as a silently different model.  The layers it computes are
+kernels/layers.c's: llama's (pre-norm, grouped-query rotary attention, a SiLU-gated MLP), with qwen2's q / k / v
+biases, mistral's sliding window, qwen3's per-head q / k norms, phi3's fused q / k / v and gate / up tensors (as
+they are: their rows are the linears' side by side; no sliding window, as llama.cpp's phi3), Gemma 3's q / k
+norms, norms on the attention's and the MLP's outputs (the file stores Gemma's norms as 1 + w, the factor they
+scale by), a tanh-GELU gate, an embedding scaled by sqrt(hidden), sliding-window layers rotating with their own
+base (Gemma 2's: one base, a window on every other layer, its attention scores and logits soft-capped,
+c * tanh(x / c)), and Llama 3's rotary scaling (the per-frequency divisors of ``rope_freqs.weight``:
+:class:`specdec.native.lean.Rotary`).  Each is checked against transformers' model of the file with the kernel's
+block activations and against llama.cpp's logits of the same file (tests/native/test_gguf_arch*.py).
 
 **Exact speculation.**  Every operation computes a token's numbers from its own row in a fixed order, so a
 token's logits are bitwise the same alone, in a k-token verification and in a prefill (batch invariance, as
@@ -34,8 +50,8 @@ import json
 import re
 import struct
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -47,12 +63,21 @@ from specdec.errors import SpecdecError
 from specdec.native import kernels
 from specdec.native.kernels.bindings import LayersModel
 from specdec.native.kernels.gguf import BLOCK, FILE_BYTES, NAMES, Part, Parts
-from specdec.native.lean import LayerSet, LeanRunner, Rotary, TrimmedHead, _Layer, _NativeTable
+from specdec.native.lean import (
+    ACTIVATIONS,
+    LayerSet,
+    LeanRunner,
+    Rotary,
+    RotaryTables,
+    TrimmedHead,
+    _Layer,
+    _NativeTable,
+    _rope_kinds,
+)
 from specdec.native.modelconfig import ModelConfig, attention_shape, eos_id_set, model_config
 from specdec.native.packcache import cache_for, file_identity
 from specdec.zoo import home, write_atomically
 
-ARCHITECTURES = ("llama", "qwen2", "mistral")  # GGUF general.architecture values the gguf target runs
 F32, F16 = 0, 1  # ggml type ids of unquantised tensors (norms, biases)
 Q4_1 = 3  # the type a draft's weights are requantised to (GGUFModel's requantize)
 REQUANTIZE_ROWS = 4096  # rows de-quantised at a time when requantising (a 151,936-row head: 4096 x 4 x 896 bytes)
@@ -378,17 +403,220 @@ def _type_name(type_id: int) -> str:
         return f"type {type_id}"
 
 
+# ---------------------------------------------------------------- the architectures: what every tensor and key means
+
+# A metadata key's check: (the file, the key's value) -> why the gguf target cannot run a file with that value
+# (None: it can)
+Check = Callable[["GGUFFile", Any], "str | None"]
+OTHER_KEYS = ("general.", "tokenizer.", "quantize.", "split.")  # metadata outside the model's math
+INSTEAD = "use --dtype int8 or the llama.cpp backend"  # what a refusal points to
+
+
+def _head_dim(file: GGUFFile) -> int:
+    """A head's size: attention.key_length where the file says, else hidden // heads."""
+    return int(file.get("attention.key_length") or int(file.get("embedding_length")) // int(file.get("attention.head_count")))
+
+
+def _whole_rotary(file: GGUFFile, value: Any) -> str | None:
+    return None if int(value) == _head_dim(file) else f"rotates {value} of each head's {_head_dim(file)} values " \
+                                                       "(partial rotary embedding), which the gguf target does not"
+
+
+def _same_value_size(file: GGUFFile, value: Any) -> str | None:
+    return None if int(value) == _head_dim(file) else "has value heads of another size than its key heads"
+
+
+def _linear_rope(file: GGUFFile, value: Any) -> str | None:
+    return None if value in ("none", "linear") else f"uses '{value}' rotary scaling, which the gguf target does not compute"
+
+
+def _general_type(file: GGUFFile, value: Any) -> str | None:
+    return None if value == "model" else f"is a '{value}', not a model"
+
+
+def _no_experts(file: GGUFFile, value: Any) -> str | None:
+    return None if not value else "has mixture-of-experts layers, which the gguf target does not compute"
+
+
+# the keys (after "<arch>.") every architecture's config reads or knows change nothing
+COMMON_KEYS: dict[str, Check | None] = {
+    "context_length": None, "embedding_length": None, "block_count": None, "feed_forward_length": None,
+    "vocab_size": None, "attention.head_count": None, "attention.head_count_kv": None,
+    "attention.layer_norm_rms_epsilon": None, "attention.key_length": None, "attention.value_length": _same_value_size,
+    "rope.freq_base": None, "rope.dimension_count": _whole_rotary, "rope.scaling.type": _linear_rope,
+    "rope.scaling.factor": None, "rope.scaling.original_context_length": None, "rope.scaling.finetuned": None,
+    "expert_count": _no_experts, "expert_used_count": _no_experts,
+}
+LLAMA_LAYER = ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+               "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """How the gguf target runs one GGUF architecture (general.architecture), and what it runs of it: every
+    tensor a file of it may hold and every metadata key under its name.  A file with a tensor or a key outside
+    these, or a key's value that its check refuses, is refused in one line (:func:`account`): the gguf target
+    never runs a file as a model other than the one its author wrote (llama.cpp's reading of it)."""
+
+    name: str  # general.architecture
+    model_type: str  # transformers' model_type of the config
+    layer_tensors: tuple[str, ...] = LLAMA_LAYER  # each layer's tensors (after "blk.<i>."), all needed
+    optional_layer_tensors: tuple[str, ...] = ()  # those a layer may have (qwen2's q / k / v biases)
+    optional_tensors: tuple[str, ...] = ()  # the model's besides token_embd, output_norm and output
+    keys: Mapping[str, Check | None] = field(default_factory=dict)  # its own keys besides COMMON_KEYS
+    permuted_qk: bool = False  # q / k rows in llama.cpp's interleaved rotary layout (undone at packing)
+    qkv: tuple[str, ...] = ("attn_q", "attn_k", "attn_v")  # the tensors whose rows make q, k and v, in order
+    gate_up: tuple[str, ...] = ("ffn_gate", "ffn_up")  # those whose rows make the gate's and the up projection's
+    act: str = "silu"  # the gate's activation (lean.ACTIVATIONS' name)
+    embed_scaled: bool = False  # the embedding's rows times sqrt(hidden) (Gemma)
+    # its own config values (set in place on the common ones: config_values), where it has some
+    config: Callable[[GGUFFile, dict[str, Any]], None] | None = None
+
+    def all_keys(self) -> dict[str, Check | None]:
+        return {**COMMON_KEYS, **self.keys}
+
+
+GEMMA3_LOCAL_BASE = 10_000.0  # the rotary base of Gemma 3's sliding-window layers (llama.cpp's and transformers')
+GEMMA3_PATTERN = 6  # every 6th Gemma 3 layer attends globally, the others in a sliding window
+
+
+def _gemma3_config(file: GGUFFile, values: dict[str, Any]) -> None:
+    """Gemma 3's config values (Gemma3TextConfig's names) from its file as llama.cpp reads it: a sliding window
+    on five layers of six (or the file's attention.sliding_window_pattern: a period, or one flag a layer),
+    their rotary base 10,000 unscaled, the global layers' the file's (with its linear scaling), the attention
+    scaled by 1 / sqrt(head_dim) -- llama.cpp's rule, which gives the 27B model (62 layers) 1 / sqrt(hidden /
+    heads) -- and a tanh-GELU gate.  Its norms' weights are stored as 1 + w by llama.cpp's converter: the factors
+    they scale by, as the native layers take them."""
+    layers = values["num_hidden_layers"]
+    pattern = file.get("attention.sliding_window_pattern", GEMMA3_PATTERN)
+    if isinstance(pattern, list):
+        sliding = [bool(flag) for flag in pattern]
+    else:
+        sliding = [int(pattern) == 0 or i % int(pattern) < int(pattern) - 1 for i in range(layers)]
+    if len(sliding) != layers:
+        raise SpecdecError(f"--dtype gguf: {file.path.name}'s attention.sliding_window_pattern has {len(sliding)} "
+                           f"flags for {layers} layers")
+    values["layer_types"] = ["sliding_attention" if flag else "full_attention" for flag in sliding]
+    values["sliding_window"] = int(file.get("attention.sliding_window", 4096))
+    values["head_dim"] = _head_dim(file)
+    heads = values["num_attention_heads"]
+    values["query_pre_attn_scalar"] = values["hidden_size"] // heads if layers == 62 else values["head_dim"]
+    values["rope_parameters"] = {"full_attention": values["rope_parameters"],
+                                 "sliding_attention": {"rope_type": "default", "rope_theta": GEMMA3_LOCAL_BASE}}
+    values["hidden_activation"] = "gelu_pytorch_tanh"
+    values["final_logit_softcapping"] = values["attn_logit_softcapping"] = None
+
+
+def _qwen3_config(file: GGUFFile, values: dict[str, Any]) -> None:
+    """Qwen 3's head size is its own (attention.key_length; Qwen3Config's default is 128 whatever the width); its
+    other values as Qwen3Config sets them (no sliding window: llama.cpp's qwen3 has none)."""
+    values["head_dim"] = _head_dim(file)
+    values.update(hidden_act="silu", use_sliding_window=False, max_window_layers=28,
+                  layer_types=["full_attention"] * values["num_hidden_layers"])
+
+
+def _phi3_config(file: GGUFFile, values: dict[str, Any]) -> None:
+    """Phi-3's values as Phi3Config names them.  Its sliding window (attention.sliding_window) is not applied:
+    llama.cpp disables Phi's (its converters do not say which layers have one), and the file's model is llama.cpp's;
+    the window only matters past its length (2047 tokens for Phi-3-mini-4k)."""
+    values.update(hidden_act="silu", sliding_window=None, partial_rotary_factor=1.0,
+                  original_max_position_embeddings=values["max_position_embeddings"])
+    values["rope_parameters"] = {**values["rope_parameters"], "partial_rotary_factor": 1.0}
+
+
+def _gemma2_config(file: GGUFFile, values: dict[str, Any]) -> None:
+    """Gemma 2's config values (Gemma2Config's names) from its file as llama.cpp reads it: a sliding window on
+    every other layer (the even ones), one rotary table, the attention scaled by 1 / sqrt(head_dim) -- 1 /
+    sqrt(hidden / heads) for the 27B model (46 layers), llama.cpp's rule -- its scores and the final logits
+    soft-capped (c * tanh(x / c)) where the file says, a tanh-GELU gate; norms stored as 1 + w, as Gemma 3's."""
+    layers = values["num_hidden_layers"]
+    values["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    values["sliding_window"] = int(file.get("attention.sliding_window", 4096))
+    values["head_dim"] = _head_dim(file)
+    heads = values["num_attention_heads"]
+    values["query_pre_attn_scalar"] = values["hidden_size"] // heads if layers == 46 else values["head_dim"]
+    values["hidden_activation"] = "gelu_pytorch_tanh"
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        cap = file.get(key)
+        values[key] = float(cap) if cap else None
+
+
+LLAMA_BIASES = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
+QK_NORMS = ("attn_q_norm.weight", "attn_k_norm.weight")
+ARCHS: dict[str, Architecture] = {arch.name: arch for arch in (
+    Architecture("llama", "llama", permuted_qk=True, optional_tensors=("rope_freqs.weight",)),
+    Architecture("mistral", "mistral", permuted_qk=True, keys={"attention.sliding_window": None}),
+    Architecture("qwen2", "qwen2", optional_layer_tensors=LLAMA_BIASES),
+    Architecture("qwen3", "qwen3", layer_tensors=(*LLAMA_LAYER, *QK_NORMS), config=_qwen3_config),
+    Architecture("phi3", "phi3", qkv=("attn_qkv",), gate_up=("ffn_up",), config=_phi3_config,
+                 layer_tensors=("attn_norm.weight", "attn_qkv.weight", "attn_output.weight", "ffn_norm.weight",
+                                "ffn_up.weight", "ffn_down.weight"),
+                 keys={"attention.sliding_window": None}),
+    Architecture("gemma2", "gemma2", act="gelu_pytorch_tanh", embed_scaled=True, config=_gemma2_config,
+                 layer_tensors=(*LLAMA_LAYER, "post_attention_norm.weight", "post_ffw_norm.weight"),
+                 keys={"attention.sliding_window": None, "attn_logit_softcapping": None,
+                       "final_logit_softcapping": None}),
+    Architecture("gemma3", "gemma3_text", act="gelu_pytorch_tanh", embed_scaled=True, config=_gemma3_config,
+                 layer_tensors=(*LLAMA_LAYER, *QK_NORMS, "post_attention_norm.weight", "post_ffw_norm.weight"),
+                 keys={"attention.sliding_window": None, "attention.sliding_window_pattern": None}),  # (_gemma3_config's)
+)}
+ARCHITECTURES = tuple(ARCHS)  # GGUF general.architecture values the gguf target runs
+
+
+def architecture(file: GGUFFile) -> Architecture:
+    """The file's Architecture, after accounting for every tensor and metadata key of it (:func:`account`)."""
+    arch = ARCHS.get(file.architecture)
+    if arch is None:
+        raise SpecdecError(f"--dtype gguf runs {'/'.join(ARCHITECTURES)} GGUF models, and {file.path.name} is a "
+                           f"'{file.architecture or 'unknown'}' model: {INSTEAD}")
+    account(file, arch)
+    return arch
+
+
+def account(file: GGUFFile, arch: Architecture) -> None:
+    """Refuse, in one line, a file with a tensor or a metadata key that `arch` does not account for, or a key's
+    value it does not compute (its check's reason): a tensor the gguf target would leave out or a key it would
+    ignore would make it run another model than the file's."""
+    keys = arch.all_keys()
+    prefix = f"{arch.name}."
+    for key, value in file.metadata.items():
+        if key.startswith(prefix) and key[len(prefix):] in keys:
+            check = keys[key[len(prefix):]]
+        elif key.startswith(OTHER_KEYS) and key != "general.type":
+            continue
+        elif key == "general.type":
+            check = _general_type
+        else:
+            raise SpecdecError(f"--dtype gguf: {file.path.name} has the metadata key {key} (= {_short(value)}), "
+                               f"which the gguf target does not compute for a {arch.name} model: {INSTEAD}")
+        reason = check(file, value) if check is not None else None
+        if reason:
+            raise SpecdecError(f"--dtype gguf: {file.path.name} {reason} ({key} = {_short(value)}): {INSTEAD}")
+    layers = int(file.get("block_count", 0))
+    known = {"token_embd.weight", "output_norm.weight", "output.weight", *arch.optional_tensors}
+    known |= {f"blk.{i}.{name}" for i in range(layers) for name in (*arch.layer_tensors, *arch.optional_layer_tensors)}
+    unknown = sorted(set(file.tensors) - known)
+    if unknown:
+        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        raise SpecdecError(f"--dtype gguf: {file.path.name} has the tensor {unknown[0]}{more}, which the gguf target "
+                           f"does not compute for a {arch.name} model: {INSTEAD}")
+
+
+def _short(value: Any) -> str:
+    """A metadata value for a one-line message (a long list cut)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 # ---------------------------------------------------------------- the config
 
 
 def config_values(file: GGUFFile) -> dict[str, Any]:
-    """The transformers config values of a llama / qwen2 / mistral GGUF file, from its metadata (as transformers'
-    own GGUF loader maps it; a one-line SpecdecError for an architecture or rotary scaling the gguf target lacks):
-    the arguments of the architecture's config class."""
-    arch = file.architecture
-    if arch not in ARCHITECTURES:
-        raise SpecdecError(f"--dtype gguf runs {'/'.join(ARCHITECTURES)} GGUF models, and {file.path.name} is a "
-                           f"'{arch or 'unknown'}' model: use --dtype int8 or the llama.cpp backend")
+    """The transformers config values of a GGUF file of ARCHITECTURES, from its metadata (as transformers' own GGUF
+    loader maps it; a one-line SpecdecError for an architecture, a tensor or a key the gguf target lacks:
+    :func:`architecture`): the arguments of the architecture's config class."""
+    architecture_ = architecture(file)
+    arch = architecture_.name
     embed = file.tensors.get("token_embd.weight")
     if embed is None:
         raise SpecdecError(f"GGUF file {file.path.name} has no token_embd.weight")
@@ -408,33 +636,39 @@ def config_values(file: GGUFFile) -> dict[str, Any]:
     if head_dim is not None and int(head_dim) != hidden // heads:
         values["head_dim"] = int(head_dim)
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(file.get("rope.freq_base", 10000.0))}
-    scaling = file.get("rope.scaling.type")
-    if scaling not in (None, "none"):
-        if scaling != "linear":
-            raise SpecdecError(f"--dtype gguf: {file.path.name} uses '{scaling}' rotary scaling, which the gguf target "
-                               "does not compute: use --dtype int8 or the llama.cpp backend")
+    if file.get("rope.scaling.type") == "linear":  # any other but none: refused by account()
         rope = {**rope, "rope_type": "linear", "factor": float(file.get("rope.scaling.factor", 1.0))}
     values["rope_parameters"] = rope
     window = file.get("attention.sliding_window")
     if arch == "mistral":
         values["sliding_window"] = int(window) if window else None
+    if architecture_.config is not None:
+        architecture_.config(file, values)
     return {k: v for k, v in values.items() if v is not None}
 
 
 def config_of(file: GGUFFile, name: str = "") -> ModelConfig:
-    """The config of a llama / qwen2 / mistral GGUF file (config_values) as the gguf target reads it: the
-    attributes transformers' config of the architecture would have, without transformers."""
-    config = model_config({**config_values(file), "model_type": file.architecture}, name or str(file.path))
-    assert config is not None  # (config_values refuses what model_config does not cover)
-    return config
+    """The config of a GGUF file of ARCHITECTURES (config_values) as the gguf target reads it: the attributes
+    transformers' config of the architecture would have, without transformers (modelconfig.model_config's for
+    llama / qwen2 / mistral; the values as they are for the others, whose config_values set every one read)."""
+    values = config_values(file)
+    model_type = ARCHS[file.architecture].model_type
+    config = model_config({**values, "model_type": model_type}, name or str(file.path))
+    if config is not None:
+        return config
+    assert model_type not in ("llama", "qwen2", "mistral")  # (config_values refuses what model_config does not cover)
+    read: dict[str, Any] = {f.name: values.get(f.name) for f in fields(ModelConfig)
+                            if f.name not in ("model_type", "_name_or_path")}
+    read["num_key_value_heads"] = values.get("num_key_value_heads", values["num_attention_heads"])
+    return ModelConfig(model_type=model_type, _name_or_path=name or str(file.path), **read)
 
 
 def transformers_config_of(file: GGUFFile, name: str = "") -> Any:
-    """transformers' config of a llama / qwen2 / mistral GGUF file (config_values): for its model on the meta
-    device (GGUFRunner.model)."""
+    """transformers' config of a GGUF file of ARCHITECTURES (config_values): for its model on the meta device
+    (GGUFRunner.model)."""
     from transformers import AutoConfig
 
-    config = AutoConfig.for_model(file.architecture, **config_values(file))
+    config = AutoConfig.for_model(ARCHS[file.architecture].model_type, **config_values(file))
     config._name_or_path = name or str(file.path)
     return config
 
@@ -511,6 +745,7 @@ class GGUFModel:
             raise ValueError(f"the gguf model requantises to Q4_1 only, not type {requantize}")
         self.file = file
         self.config = config_of(file, name)
+        self.values = config_values(file)  # the architecture's own values too (Gemma's query_pre_attn_scalar)
         self.name = name or str(file.path)
         self.requantize = requantize
         self.dtype = "gguf" if requantize is None else "q4_1"
@@ -520,32 +755,33 @@ class GGUFModel:
         self.embed = file.tensors["token_embd.weight"]
         if self.embed.type_id not in (F32, F16):  # rows are read from the file as they are
             self._check(self.embed)
-        llama = file.architecture in ("llama", "mistral")
+        self.arch = ARCHS[file.architecture]  # (config_of accounted for the file's every tensor and key)
+        llama = self.arch.permuted_qk
         q_order = _unpermute(self.num_heads * self.head_dim, self.num_heads) if llama else None
         k_order = _unpermute(self.num_kv_heads * self.head_dim, self.num_kv_heads) if llama else None
         # per layer its four linears' (stem, channel order) lists; then the head
         plan: list[list[list[tuple[str, list[int] | None]]]] = []
         for i in range(c.num_hidden_layers):
             blk = f"blk.{i}."
-            plan.append([[(blk + "attn_q", q_order), (blk + "attn_k", k_order), (blk + "attn_v", None)],
-                         [(blk + "attn_output", None)], [(blk + "ffn_gate", None), (blk + "ffn_up", None)],
-                         [(blk + "ffn_down", None)]])
+            orders = {"attn_q": q_order, "attn_k": k_order}  # (a fused attn_qkv is never permuted)
+            plan.append([[(blk + stem, orders.get(stem)) for stem in self.arch.qkv], [(blk + "attn_output", None)],
+                         [(blk + stem, None) for stem in self.arch.gate_up], [(blk + "ffn_down", None)]])
         self._head_stem = "output" if "output.weight" in file.tensors else "token_embd"
         head = [(self._head_stem, None)]
+        self._check_shapes(plan)
         stems = [stem for layer in plan for linear in layer for stem, _ in linear] + [head[0][0]]
         cache = cache_for("gguf" if requantize is None else f"gguf-{self.dtype}", file.path)
         self._arena = _Arena([self._shape(self._tensor(stem)) for stem in stems],
                              None if cache is None else cache.get("arena"))
         layers = []
+        self.rope_kinds = _rope_kinds(c)
         for i, (qkv, o, gate_up, down) in enumerate(plan):
-            blk = f"blk.{i}."
             layers.append(_Layer(
-                input_norm=file.float_tensor(blk + "attn_norm.weight"), qkv=self._parts(qkv), o=self._parts(o),
-                post_norm=file.float_tensor(blk + "ffn_norm.weight"), gate_up=self._parts(gate_up),
-                down=self._parts(down), scaling=float(self.head_dim ** -0.5),
-                sliding_window=getattr(c, "sliding_window", None)))
+                input_norm=self.vector(f"blk.{i}.attn_norm.weight"), qkv=self._parts(qkv), o=self._parts(o),
+                post_norm=self.vector(f"blk.{i}.ffn_norm.weight"), gate_up=self._parts(gate_up),
+                down=self._parts(down), **self._layer_extras(i)))
         self.layers = layers
-        self.final_norm = file.float_tensor("output_norm.weight")
+        self.final_norm = self.vector("output_norm.weight")
         self.head = self._parts(head)
         self.head.rows_of = self.head_rows  # a trimmed vocabulary's head is its rows packed anew
         if self._arena.filled:
@@ -556,6 +792,64 @@ class GGUFModel:
         if cache is not None:
             cache.tensor("arena", self._arena.packed)
             cache.save()  # in the background: the next load maps it
+
+    def _layer_extras(self, i: int) -> dict[str, Any]:
+        """Layer i's attention scale, sliding window and rotary table, and the norms its architecture has besides
+        the input and pre-MLP ones (_Layer's fields; the file's vectors as they are: Gemma's hold 1 + w)."""
+        c, blk, tensors = self.config, f"blk.{i}.", self.file.tensors
+        types = c.layer_types
+        window = c.sliding_window if types is None or types[i] == "sliding_attention" else None
+        scalar = self.values.get("query_pre_attn_scalar", self.head_dim)  # Gemma's; else the head's size
+        extras: dict[str, Any] = dict(scaling=float(scalar ** -0.5), sliding_window=window,
+                                      rope=0 if types is None or self.rope_kinds == [None]
+                                      else self.rope_kinds.index(types[i]))
+        for name, stem, length in (("q_norm", "attn_q_norm", self.head_dim), ("k_norm", "attn_k_norm", self.head_dim),
+                                   ("attn_out_norm", "post_attention_norm", None),
+                                   ("mlp_out_norm", "post_ffw_norm", None)):
+            if blk + stem + ".weight" in tensors:  # (the architecture's: account() refused any other)
+                extras[name] = self.vector(blk + stem + ".weight", length)
+        return extras
+
+    def rotary(self) -> tuple[Rotary | RotaryTables, list[str | None]]:
+        """The rotary module of the model's tables (one, or one per layer type: Gemma 3's) and their kinds, in
+        the order its layers' `rope` index them; with the file's rope_freqs.weight (Llama 3's factors) where it
+        has one."""
+        factors = self.vector("rope_freqs.weight", self.head_dim // 2) if "rope_freqs.weight" in self.file.tensors \
+            else None
+        rope = self.config.rope_parameters
+        if self.rope_kinds == [None]:
+            return Rotary(self.config, self.head_dim, factors), self.rope_kinds
+        tables = {kind: Rotary(rope[kind], self.head_dim, factors) for kind in self.rope_kinds if kind is not None}
+        return RotaryTables(tables), self.rope_kinds
+
+    def _check_shapes(self, plan: Sequence[Sequence[Sequence[tuple[str, Any]]]]) -> None:
+        """Refuse, in one line, a linear whose shape is not the config's (the kernels would read past it)."""
+        q, kv, hidden, inner = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.hidden, \
+            self.intermediate
+        shapes = {"attn_q": (q, hidden), "attn_k": (kv, hidden), "attn_v": (kv, hidden), "attn_output": (hidden, q),
+                  "ffn_gate": (inner, hidden), "ffn_up": (inner, hidden), "ffn_down": (hidden, inner),
+                  "output": (self.embed.rows, hidden), "token_embd": (self.embed.rows, hidden),
+                  "attn_qkv": (q + 2 * kv, hidden)}  # q, k and v in one tensor (phi3)
+        if self.arch.gate_up == ("ffn_up",):  # the gate's rows and then the up projection's in one tensor (phi3)
+            shapes["ffn_up"] = (2 * inner, hidden)
+        stems = [stem for layer in plan for linear in layer for stem, _ in linear] + ["token_embd", self._head_stem]
+        for stem in stems:
+            tensor = self.file.tensors.get(stem + ".weight")
+            expected = shapes[stem.rsplit(".", 1)[-1]]
+            if tensor is not None and (tensor.rows, tensor.columns) != expected:
+                raise SpecdecError(f"--dtype gguf: {self.file.path.name}'s {tensor.name} is {tensor.rows} x "
+                                   f"{tensor.columns}, and its config makes it {expected[0]} x {expected[1]}")
+
+    def vector(self, name: str, length: int | None = None) -> torch.Tensor:
+        """The F32 / F16 vector `name` (a norm's weight, a bias) [length] fp32, checked: `length` values (None:
+        hidden)."""
+        if name not in self.file.tensors:
+            raise SpecdecError(f"GGUF file {self.file.path.name} has no {name}")
+        values = self.file.float_tensor(name)
+        if values.numel() != (length or self.hidden):
+            raise SpecdecError(f"--dtype gguf: {self.file.path.name}'s {name} has {values.numel()} values, and its "
+                               f"config makes it {length or self.hidden}")
+        return values
 
     def _tensor(self, stem: str) -> Tensor:
         """The weight of linear `stem` (checked: a type and shape the block kernel multiplies, or de-quantises where
@@ -606,7 +900,7 @@ class GGUFModel:
             packed = self._arena.take(*self._shape(tensor))
             if not self._arena.filled:
                 kernels.gguf.pack(*self._blocks(tensor), tensor.rows, tensor.columns, order, out=packed)
-            bias = self.file.float_tensor(stem + ".bias") if stem + ".bias" in self.file.tensors else None
+            bias = self.vector(stem + ".bias", tensor.rows) if stem + ".bias" in self.file.tensors else None
             if bias is not None and order is not None:
                 bias = bias[torch.tensor(order)].contiguous()
             parts.append(Part(packed, type_id, tensor.rows, bias))
@@ -658,7 +952,8 @@ class GGUFLayers(LayerSet):
             tensors=self.table.tensors.data_ptr(), scaling=self.table.scaling.data_ptr(),
             window=self.table.window.data_ptr(), layers=len(model.layers), hidden=model.hidden,
             heads=model.num_heads, kv_heads=model.num_kv_heads, d=model.head_dim, intermediate=model.intermediate,
-            act=0, eps=float(model.config.rms_norm_eps), linear=kernels.layers.GGUF, isa=0)
+            act=ACTIVATIONS[model.arch.act], eps=float(model.config.rms_norm_eps),
+            softcap=float(model.values.get("attn_logit_softcapping") or 0.0), linear=kernels.layers.GGUF, isa=0)
 
     def use_path(self, path: str | None) -> None:
         """Run every kernel on `path` ("c", "avx2" or "avx512-vnni": at most this CPU's best; None: the best), for
@@ -693,13 +988,17 @@ class GGUFLayers(LayerSet):
 
 def _gguf_table(layers: Sequence[_Layer]) -> _NativeTable:
     """The layers as kernels/layers.c reads them with LIN_GGUF linears: per linear its parts' address and count."""
+    def address(t: torch.Tensor | None) -> int:
+        return 0 if t is None else t.data_ptr()
+
     rows = []
     for layer in layers:
         row = [layer.input_norm.data_ptr(), layer.post_norm.data_ptr()]
         for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
             assert isinstance(lin, Parts)
             row += [lin.address, len(lin.parts), 0]
-        row += [0, 0, 0, 0, 0]  # no q / k / output norms; one rotary table
+        row += [address(layer.q_norm), address(layer.k_norm), address(layer.attn_out_norm),
+                address(layer.mlp_out_norm), layer.rope]  # 0: a norm the layer does not have
         rows.append(row)
     return _NativeTable(torch.tensor(rows, dtype=torch.int64), torch.tensor([layer.scaling for layer in layers]),
                         torch.tensor([layer.sliding_window or 0 for layer in layers], dtype=torch.int32))
@@ -718,12 +1017,17 @@ class GGUFRunner(LeanRunner):
         self.layer_set = layer_set or GGUFLayers(model)
         config = model.config
         self._meta: Any = None
+        rotary, kinds = model.rotary()
+        # Gemma scales its embedding's rows by sqrt(hidden) (transformers' fp32 0-d tensor, llama.cpp's float)
+        embed_scale = torch.tensor(model.hidden ** 0.5) if model.arch.embed_scaled else None
         self._setup(
-            embed_rows=model.embed.rows, embed_scale=None, final_norm=model.final_norm,
+            embed_rows=model.embed.rows, embed_scale=embed_scale, final_norm=model.final_norm,
             eps=float(config.rms_norm_eps), num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
             head_dim=model.head_dim, max_context=max_context or int(config.max_position_embeddings),
-            rotary=Rotary(config, model.head_dim), rope_kinds=[None])
-        self.capabilities = replace(self.capabilities, draft_chain=True)
+            rotary=rotary, rope_kinds=kinds, logit_softcap=model.values.get("final_logit_softcapping"))
+        # kernels/draft.c's chain: one rotary table, unscaled embedding rows, uncapped logits
+        self.capabilities = replace(self.capabilities, draft_chain=kinds == [None] and embed_scale is None
+                                    and self.logit_softcap is None)
         self._chain: tuple[Any, Parts, torch.Tensor] | None = None  # (head, its Parts, ids): _chain_head's
 
     @property

@@ -767,20 +767,38 @@ class Rotary:
     """The rotary cos / sin tables of a llama / qwen2 / mistral model with default or linear scaling, computed with
     the operations of transformers' rotary module for them (the same bits: tested), without importing its
     modeling code (a second at start): a GGUF model's (specdec.native.gguf), a saved int8 draft's
-    (specdec.native.skeleton)."""
+    (specdec.native.skeleton).
 
-    def __init__(self, config: Any, head_dim: int) -> None:
-        rope = config.rope_parameters
+    `config`: a config, or its rope_parameters themselves (one layer type's: Gemma 3's, see RotaryTables).
+    `factors` [D/2], where given: each frequency's divisor (a GGUF file's rope_freqs.weight, which llama.cpp's
+    converter writes for Llama 3's rotary scaling: its inv_freq is base^(-2i/D) / factors[i], as llama.cpp
+    divides each rotation angle by its factor)."""
+
+    def __init__(self, config: Any, head_dim: int, factors: torch.Tensor | None = None) -> None:
+        rope = config if isinstance(config, dict) else config.rope_parameters
         base = rope["rope_theta"]
         self.inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))  # [D/2]
         if rope.get("rope_type") == "linear":
             self.inv_freq /= rope["factor"]
+        if factors is not None:
+            self.inv_freq = self.inv_freq / factors.float()
 
     def __call__(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """position_ids [B, n] -> (cos, sin) [B, n, D] in x's dtype."""
         freqs = position_ids[..., None].float() * self.inv_freq.float()
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * 1.0).to(dtype=x.dtype), (emb.sin() * 1.0).to(dtype=x.dtype)  # attention scaling 1
+
+
+class RotaryTables:
+    """One Rotary per layer type (Gemma 3's sliding and full attention layers rotate with their own bases),
+    called as LeanRunner calls a model's rotary module for a table of its `rope_kinds`: (x, positions, kind)."""
+
+    def __init__(self, tables: dict[str, Rotary]) -> None:
+        self.tables = tables
+
+    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.tables[kind](x, position_ids)
 
 
 class LeanRunner(KeptHidden):
@@ -813,8 +831,10 @@ class LeanRunner(KeptHidden):
 
     def _setup(self, embed_rows: int, embed_scale: torch.Tensor | None, final_norm: torch.Tensor, eps: float,
                num_heads: int, num_kv_heads: int, head_dim: int, max_context: int, rotary: Any,
-               rope_kinds: list[str | None]) -> None:
-        """The model's shapes and shared tensors (after layer_set and model are set), and an empty cache."""
+               rope_kinds: list[str | None], logit_softcap: float | None = None) -> None:
+        """The model's shapes and shared tensors (after layer_set and model are set), and an empty cache.
+        logit_softcap: the logits capped to c * tanh(logits / c) (Gemma 2's final soft-capping; None: not)."""
+        self.logit_softcap = logit_softcap
         # int8 models are batch-invariant (specdec.native.quant); fp32 ones are not
         self.capabilities = Capabilities(batch_invariant=self.layer_set.batch_invariant, hidden_states=True,
                                          taps=self.layer_set.tappable, tree=self.layer_set.tree, trim_head=True)
@@ -1071,6 +1091,8 @@ def forward_packed(runners: Sequence[LeanRunner], chunks: Sequence[Sequence[int]
     else:  # the head over the logits' rows only
         ends = [final[final.shape[0] - keep :] for final, keep in zip(finals, keeps)]  # runner r's [keep_r, hidden]
         logits = lead.head(ends[0] if len(runners) == 1 else torch.cat(ends))  # [sum keeps, V]
+    if lead.logit_softcap:  # elementwise: a trimmed head's columns are still the full head's
+        logits = torch.tanh(logits / lead.logit_softcap) * lead.logit_softcap
     for r, c, tail, hidden, start, tree in zip(runners, chunks, rows, hiddens, starts, trees):
         r.tokens.extend(c)
         r._tail, r._hidden = tail, hidden  # [tail_r, F], [keep_r, F]: views, no copy where F is hidden

@@ -6,6 +6,7 @@
  * attention).  Per (row, head), with L visible keys:
  *
  *   s_j   = dot(q, k_j) * scale                  dot: the canonical 16-lane order below
+ *   [s_j  = cap * tanhf(s_j / cap)]              where softcap > 0 (Gemma 2): on the per-row paths, below
  *   m     = max_j s_j
  *   e_j   = exp_sd(s_j - m)                      exp_sd: the polynomial below, elementwise
  *   Z     = sum_j e_j                            the canonical 16-lane order, j counted from lo
@@ -480,6 +481,7 @@ static void attend(const sd_attention_params *job, int i, int h, float *s) {
     do {                                                                                            \
         for (int j = 0; j < n; j++) {                                                               \
             s[j] = dot_##P(q, row_of(&k, j), d) * job->scale;                                       \
+            if (job->softcap > 0) s[j] = job->softcap * tanhf(s[j] / job->softcap);                 \
             m = s[j] > m ? s[j] : m;                                                                \
         }                                                                                           \
         weighted_##P(s, &v, d, softmax_##P(s, n, m), out);                                          \
@@ -519,6 +521,8 @@ int sd_attention(const sd_attention_params *p) {
      * ROWS_MAX; else one row) with every query head of one kv head */
     const int n = job.n, group = job.heads / job.kv_heads;
     if (job.isa == ATT_AVX512 && group > 64) job.isa = ATT_AVX2; /* the AVX-512 task's 64 query vectors at most */
+    /* capped scores: the per-row path (AVX2's dot products are AVX-512's, lane for lane: the same bits) */
+    if (job.isa == ATT_AVX512 && job.softcap > 0) job.isa = ATT_AVX2;
     const int grouped = job.isa == ATT_AVX512;
     int block = grouped && !job.tree_at && job.window <= 0 ? 64 / group : 1;
     block = block < ROWS_MAX ? block : ROWS_MAX;

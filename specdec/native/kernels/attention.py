@@ -32,7 +32,8 @@ def paths() -> list[str]:
 
 
 def causal(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float,
-           window: int | None = None, path: str | None = None, tree: Tree | None = None) -> torch.Tensor:
+           window: int | None = None, path: str | None = None, tree: Tree | None = None,
+           softcap: float | None = None) -> torch.Tensor:
     """Exact causal attention, each query row on its own (see attention.c for the numbers).
 
     q [H, n, D] fp32: the queries of positions start .. start + n - 1; keys, values [H_kv, >= start + n, D]
@@ -42,6 +43,7 @@ def causal(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     tree: the n new rows are this tree's nodes, in its order (their keys and values at positions start ..
     start + n - 1 all the same): row i sits at position start + its depth and sees the cached positions and
     its ancestors' and its own rows, the last `window` of them; bitwise the chain over its path.
+    softcap: each score s capped to softcap * tanh(s / softcap) before the softmax (Gemma 2; None: not capped).
     """
     heads, n, d = q.shape
     kv_heads = keys.shape[0]
@@ -59,7 +61,8 @@ def causal(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     params = AttentionParams(q.data_ptr(), q.stride(0), q.stride(1), keys.data_ptr(), values.data_ptr(),
                              keys.stride(0), keys.stride(1), out.data_ptr(), heads * d, d, n, start, heads, kv_heads,
                              d, scale, window or 0, torch.get_num_threads(), PATHS[path] if path else 0,
-                             *((tree.at.data_ptr(), tree.rows.data_ptr()) if tree is not None else (None, None)))
+                             *((tree.at.data_ptr(), tree.rows.data_ptr()) if tree is not None else (None, None)),
+                             softcap or 0.0)
     if library().sd_attention(params) != 0:
         raise MemoryError("attention kernel: out of memory")
     return out

@@ -31,7 +31,7 @@ class AttentionParams(ctypes.Structure):
                 ("kv_head", c_int64), ("kv_row", c_int64), ("out", c_void_p), ("out_row", c_int64),
                 ("out_head", c_int64), ("n", c_int), ("start", c_int), ("heads", c_int), ("kv_heads", c_int),
                 ("d", c_int), ("scale", c_float), ("window", c_int), ("threads", c_int), ("isa", c_int),
-                ("tree_at", c_void_p), ("tree_rows", c_void_p)]
+                ("tree_at", c_void_p), ("tree_rows", c_void_p), ("softcap", c_float)]
 
 
 class LayersModel(ctypes.Structure):
@@ -40,7 +40,7 @@ class LayersModel(ctypes.Structure):
 
     _fields_ = [("tensors", c_void_p), ("scaling", c_void_p), ("window", c_void_p), ("layers", c_int),
                 ("hidden", c_int), ("heads", c_int), ("kv_heads", c_int), ("d", c_int), ("intermediate", c_int),
-                ("act", c_int), ("eps", c_float), ("linear", c_int), ("isa", c_int)]
+                ("act", c_int), ("eps", c_float), ("linear", c_int), ("isa", c_int), ("softcap", c_float)]
 
 
 class LayersRows(ctypes.Structure):

@@ -25,7 +25,8 @@
  *   q, k rotated (rotate-half form, cos / sin of the row's position, from the layer's table);  k, v written
  *   into the sequence's cache;  a = attention(q, cache) Wo^T;  [a = rms_norm(a) * w_attn_out];  x += a;
  *   h = rms_norm(x) * w_post;  [g | u] = h Wgu^T;  m = (act(g) * u) Wdown^T;  [m = rms_norm(m) * w_mlp_out];
- *   x += m.  (Gemma's norms scale by 1 + w: lean passes that sum as the weight.)
+ *   x += m.  (Gemma's norms scale by 1 + w: lean passes that sum as the weight.  Gemma 2's attention scores are
+ *   soft-capped where model->softcap > 0: attention.c.)
  */
 #include <math.h>
 #include <stdint.h>
@@ -265,6 +266,7 @@ int sd_layers(const sd_layers_model *model, const sd_layers_rows *rows) {
                 .kv_head = kv_head, .kv_row = d, .out = att + (int64_t)lo * attn_width, .out_row = attn_width,
                 .out_head = d, .n = size, .start = start, .heads = heads, .kv_heads = kv_heads, .d = d,
                 .scale = model->scaling[l], .window = model->window[l], .threads = threads, .isa = model->isa,
+                .softcap = model->softcap,
                 .tree_at = rows->trees ? (const int *)(intptr_t)rows->trees[2 * r] : NULL,
                 .tree_rows = rows->trees ? (const int *)(intptr_t)rows->trees[2 * r + 1] : NULL};
             status |= sd_attention(&attention);

@@ -108,6 +108,8 @@ typedef struct {
     int threads, isa;
     const int *tree_at;      /* [n + 1], or NULL: a chain (row i at position start + i) */
     const int *tree_rows;    /* [tree_at[n]]: each row's visible new rows, root first */
+    float softcap;           /* > 0: each score s capped to softcap * tanhf(s / softcap) before the softmax
+                                (Gemma 2's attention logit soft-capping); 0: none */
 } sd_attention_params;
 
 /* Returns 0, or -1 when out of memory. */
@@ -139,6 +141,7 @@ typedef struct {
     float eps;               /* the norms' epsilon */
     int linear;              /* LIN_* */
     int isa;                 /* the linears' and the attention's path: 0 for the best (tests pick the others) */
+    float softcap;           /* the attention's score cap (sd_attention_params.softcap; 0: none) */
 } sd_layers_model;
 
 /* The new rows of one call, of `runners` sequences: sequence r owns rows offsets r (sizes[r] of them, after the
