@@ -770,7 +770,9 @@ class GGUFModel:
         head = [(self._head_stem, None)]
         self._check_shapes(plan)
         stems = [stem for layer in plan for linear in layer for stem, _ in linear] + [head[0][0]]
-        cache = cache_for("gguf" if requantize is None else f"gguf-{self.dtype}", file.path)
+        # a split model's later parts key its packed bytes too (the first part's path names the cache file)
+        parts = {"parts": [file_identity(part) for part in file.paths[1:]]} if len(file.paths) > 1 else None
+        cache = cache_for("gguf" if requantize is None else f"gguf-{self.dtype}", file.path, parts)
         self._arena = _Arena([self._shape(self._tensor(stem)) for stem in stems],
                              None if cache is None else cache.get("arena"))
         layers = []

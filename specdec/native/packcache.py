@@ -94,13 +94,13 @@ def enabled() -> bool:
     return os.environ.get("SPECDEC_PACK_CACHE", "1") != "0"
 
 
-def cache_for(kind: str, source: str | Path) -> PackCache | None:
-    """The PackCache of `source`'s packed weights of `kind`, or None where loads do not use one
-    ($SPECDEC_PACK_CACHE=0) or it cannot be had (a source that vanished)."""
+def cache_for(kind: str, source: str | Path, extra: dict[str, Any] | None = None) -> PackCache | None:
+    """The PackCache of `source`'s packed weights of `kind` (extra: what else they depend on, as PackCache's), or
+    None where loads do not use one ($SPECDEC_PACK_CACHE=0) or it cannot be had (a source that vanished)."""
     if not enabled():
         return None
     try:
-        return PackCache(kind, source)
+        return PackCache(kind, source, extra)
     except OSError:
         return None
 
