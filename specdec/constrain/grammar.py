@@ -230,8 +230,12 @@ class Matcher:
 
     def allowed(self) -> torch.Tensor:
         """[V] bool: the tokens that may come next (a new tensor)."""
-        # the int32 words' bytes, little-endian, unpacked low bit first: token t is bit t of the buffer
-        bits = np.unpackbits(self.bitmask().numpy().view(np.uint8), bitorder="little")  # [32 * ceil(V/32)] uint8
+        return self._unpacked(self.bitmask())
+
+    def _unpacked(self, words: torch.Tensor) -> torch.Tensor:
+        """[V] bool from the mask's [ceil(V/32)] int32 words: their bytes, little-endian (x86, arm64), unpacked low
+        bit first, so that token t is bit t of the buffer."""
+        bits = np.unpackbits(words.numpy().view(np.uint8), bitorder="little")  # [32 * ceil(V/32)] uint8
         return torch.from_numpy(bits[: self.vocab_size]).view(torch.bool)
 
     def mask_logits(self, logits: torch.Tensor) -> torch.Tensor:
@@ -240,42 +244,57 @@ class Matcher:
             raise ValueError(f"logits of {logits.shape[-1]} tokens for a grammar of {self.vocab_size}")
         return logits.masked_fill_(~self.allowed(), float("-inf"))
 
-    def valid_prefix(self, tokens: Sequence[int]) -> int:
-        """How many of `tokens`, from the first, the grammar allows in a row from here (consumes none): a draft is
-        cut there before verification.  An EOS counts where the output before it is complete; nothing after it."""
-        ids = [int(t) for t in tokens]
-        if not ids or self._ended:
-            return 0
-        # EOS never reaches llguidance (whose handling of it differs where the output may end and where it must):
-        # the matcher keeps it itself, so the text before the first EOS is checked, then whether it is complete
-        first_eos = next((i for i, t in enumerate(ids) if t in self._eos), len(ids))
-        body = ids[:first_eos]
-        n = int(self._m.validate_tokens(body)) if body else 0
-        self._check()
-        if n == first_eos < len(ids):
-            if body:
-                self._m.consume_tokens(body)
-            complete = self._m.is_accepting()
-            if body:
-                self._m.rollback(len(body))
+    def _step(self, token: int, row: list[torch.Tensor] | None = None) -> bool:
+        """Consume `token` if the mask allows it here (else nothing); the mask, unpacked, is appended to `row`."""
+        words = self.bitmask()
+        if row is not None:
+            row.append(self._unpacked(words))
+        # the mask decides, not llguidance's token check: that one also takes a token that is not how the tokenizer
+        # writes a forced text ("a" where the key's text "antity" is written "an"...), which the mask leaves out
+        if not 0 <= token < self.vocab_size or not (int(words[token >> 5]) >> (token & 31)) & 1:
+            return False
+        if token in self._eos:
+            self._ended = True  # EOS never reaches llguidance: nothing follows it here (`bitmask`)
+        elif not self._m.consume_token(token):
             self._check()
-            n += int(complete)
+            raise RuntimeError(f"llguidance refused token {token}, which its mask allowed")
+        self._consumed += 1
+        return True
+
+    def _walk(self, tokens: Sequence[int], rows: list[torch.Tensor] | None = None) -> int:
+        """Consume tokens while the mask allows them; how many it took."""
+        n = 0
+        for t in tokens:
+            if not self._step(int(t), rows):
+                return n
+            n += 1
+        if rows is not None:
+            rows.append(self.allowed())  # the mask after the last
         return n
 
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens`, from the first, the mask allows in a row from here (consumes none): a draft is cut
+        there before verification.  An EOS counts where the output before it is complete; nothing after it."""
+        n = self._walk(tokens)
+        self.rollback(n)
+        return n
+
+    def draft_masks(self, tokens: Sequence[int]) -> tuple[int, torch.Tensor]:
+        """``n, allowed``: the first n of `tokens` the mask allows in a row from here, and allowed [n + 1, V] bool,
+        the mask before each of them and after the last: the masks a verification of the n applies.  Consumes
+        none."""
+        rows: list[torch.Tensor] = []
+        n = self._walk(tokens, rows)
+        self.rollback(n)
+        return n, torch.stack(rows[: n + 1])  # [n + 1, V]
+
     def consume(self, tokens: Sequence[int]) -> bool:
-        """Consume `tokens` if the grammar allows them all, in order, and return True; else consume none and return
+        """Consume `tokens` if the mask allows them all, in order, and return True; else consume none and return
         False (the matcher is as it was)."""
-        ids = [int(t) for t in tokens]
-        if self.valid_prefix(ids) < len(ids):
+        n = self._walk(tokens)
+        if n < len(tokens):
+            self.rollback(n)
             return False
-        ended = bool(ids) and ids[-1] in self._eos  # EOS can only be the last of them (`valid_prefix`)
-        body = ids[:-1] if ended else ids
-        if body and not self._m.consume_tokens(body):
-            self._check()
-            raise RuntimeError(f"llguidance refused tokens it had validated: {body}")
-        self._consumed += len(ids)
-        if ended:
-            self._ended = True
         return True
 
     def rollback(self, n: int) -> None:

@@ -49,6 +49,8 @@ def walk(matcher: Matcher, tok, seed: int, bias: torch.Tensor | None = None) -> 
         assert not allowed[len(tok):].any(), "an id past the tokenizer's is allowed"
         assert allowed.any()
         assert bool(allowed[eos]) == matcher.accepting(), "EOS allowed exactly where the output is complete"
+        forced = matcher.forced()
+        assert matcher.valid_prefix(forced) == len(forced) and (not forced or allowed[forced[0]])
         logits = torch.randn(PADDED, generator=gen) + (0 if bias is None else bias)  # [PADDED]
         pick = int(matcher.mask_logits(logits).argmax())
         assert allowed[pick]
@@ -125,6 +127,33 @@ def test_rollback_of_j_after_k_is_the_state_after_k_minus_j(tok):
     m.consume(tokens[:3])
     with pytest.raises(ValueError):
         m.rollback(4)
+
+
+def test_the_mask_and_the_draft_check_agree_on_every_token(tok):
+    grammar, tokens = sample_tokens(tok)
+    m = grammar.matcher()
+    for k in range(0, len(tokens), 7):  # every 7th position of the output, its end (EOS allowed) among them
+        m.rollback(m.consumed)
+        assert m.consume(tokens[:k])
+        allowed = m.allowed().tolist()
+        assert allowed == [m.valid_prefix([t]) == 1 for t in range(PADDED)], k
+
+
+def test_draft_masks_are_the_masks_at_each_draft_position(tok):
+    grammar, tokens = sample_tokens(tok)
+    m = grammar.matcher()
+    assert m.consume(tokens[:20])
+    bad = next(t for t in range(len(tok)) if not m.allowed()[t])
+    for draft, n in ((tokens[20:26], 6), (tokens[20:23] + [bad] + tokens[23:25], 3), ([bad], 0), ([], 0),
+                     (tokens[20:], len(tokens) - 20)):  # the last runs through EOS: no token after it
+        valid, masks = m.draft_masks(draft)
+        assert valid == n and masks.shape == (n + 1, PADDED) and m.consumed == 20
+        walker = grammar.matcher()
+        assert walker.consume(tokens[:20])
+        for i in range(n + 1):
+            assert torch.equal(masks[i], walker.allowed()), i
+            if i < n:
+                assert walker.consume([draft[i]])
 
 
 def test_a_refused_token_consumes_nothing(tok):
