@@ -3,8 +3,10 @@
 `grammar_tokenizer` turns a tokenizer (a transformers fast tokenizer or specdec's LeanTokenizer: anything with a
 ``backend_tokenizer``, or a ``tokenizers.Tokenizer``) into llguidance's view of it: each token's bytes, the
 end-of-sequence ids, and the model's vocabulary size, which may be larger than the tokenizer's (Qwen2.5's
-151,936 logits for 151,665 tokens): the ids past the tokenizer's are never allowed.  Building one reads the
-whole vocabulary (about a second for Qwen2.5), so it is kept per tokenizer, vocabulary size and EOS ids.
+151,936 logits for the 151,665 tokens of its transformers tokenizer): the ids past the tokenizer's are never
+allowed.  (The zoo's tokenizers, converted from GGUF files, fill those ids with placeholder tokens instead: see
+`_placeholders_special`.)  Building one reads the whole vocabulary (1-4 s for Qwen2.5 on a shared 2-core Zen 4),
+so it is kept per tokenizer, vocabulary size and EOS ids.
 
 A `Grammar` is compiled once (llguidance builds its parser and lexer when a matcher is made) and kept as a
 prototype matcher that each request's `Matcher` copies; grammars are cached per (tokenizer, kind, text).
@@ -210,7 +212,7 @@ class Matcher:
         self._words = torch.empty((self.vocab_size + 31) // 32, dtype=torch.int32)  # [ceil(V/32)] the mask's bits
 
     def _check(self) -> None:
-        if self._m.is_error():  # a resource limit of the library, met mid-output (tokens are validated first)
+        if self._m.is_error():  # a resource limit of the library, met mid-output (tokens are checked by the mask first)
             raise SpecdecError(f"the {self.grammar.kind} could not be followed: {_one_line(self._m.get_error())}")
 
     @property
@@ -313,7 +315,10 @@ class Matcher:
     def forced(self) -> list[int]:
         """The tokens the grammar forces next (possibly none): whatever the model's logits, these come next, so the
         decode loop may take them as drafts that cannot be rejected.  Only tokens whose tokenization no later text
-        can change are given (a forced key ``"score"`` may end before its last token)."""
+        can change are given (a forced key ``"score"`` may end before its last token), and at its position each is
+        the only token the mask allows."""
+        if self._ended:
+            return []
         ff = [int(t) for t in self._m.compute_ff_tokens()]
         self._check()
         return ff

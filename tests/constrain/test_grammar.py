@@ -50,7 +50,9 @@ def walk(matcher: Matcher, tok, seed: int, bias: torch.Tensor | None = None) -> 
         assert allowed.any()
         assert bool(allowed[eos]) == matcher.accepting(), "EOS allowed exactly where the output is complete"
         forced = matcher.forced()
-        assert matcher.valid_prefix(forced) == len(forced) and (not forced or allowed[forced[0]])
+        assert matcher.valid_prefix(forced) == len(forced)
+        if forced:  # a forced token is the only one the mask allows: a draft no target can reject
+            assert allowed.nonzero().flatten().tolist() == forced[:1]
         logits = torch.randn(PADDED, generator=gen) + (0 if bias is None else bias)  # [PADDED]
         pick = int(matcher.mask_logits(logits).argmax())
         assert allowed[pick]
@@ -261,7 +263,11 @@ def test_qwen_vocabulary_with_its_padded_logits():
     m = grammar.matcher()
     allowed = m.allowed()  # [151936]
     assert allowed.shape == (151936,) and not allowed[qwen.get_vocab_size(with_added_tokens=True):].any()
-    assert qwen.decode(m.forced()).startswith('{"status')
+    forced = m.forced()
+    assert qwen.decode(forced).startswith('{"status')
+    walker = grammar.matcher()
+    for t in forced:  # each forced token is the only one allowed where it stands
+        assert walker.allowed().nonzero().flatten().tolist() == [t] and walker.consume([t])
     assert m.consume(qwen.encode('{"status": "pending", "priority": "low"}', add_special_tokens=False).ids)
     assert m.done() and m.allowed().nonzero().flatten().tolist() == sorted([im_end, end_of_text])
     logits = torch.zeros(151936)
