@@ -243,6 +243,23 @@ def test_not_strict_ignores_what_it_cannot_enforce(tok):
     assert m.consume(tok.encode('{"a": 3}', add_special_tokens=False))
 
 
+def test_specdecs_own_tokenizer_gives_the_same_masks(tmp_path, tok):
+    from specdec.tokenizer import LeanTokenizer
+    from specdec.vocab import fast_tokenizer
+
+    folder = tmp_path / "tok"
+    tok.save_pretrained(folder)
+    lean = fast_tokenizer(folder)
+    assert isinstance(lean, LeanTokenizer)
+    schema = next(s for s in SCHEMAS if s["name"] == "tool_call")["schema"]
+    a = Grammar.from_json_schema(schema, tok, vocab_size=PADDED).matcher()
+    b = Grammar.from_json_schema(schema, lean, vocab_size=PADDED).matcher()
+    assert a.grammar is not b.grammar  # two tokenizer objects, two compilations
+    for t in walk(Grammar.from_json_schema(schema, tok, vocab_size=PADDED).matcher(), tok, 3, closing_bias(tok)):
+        assert torch.equal(a.allowed(), b.allowed()) and a.forced() == b.forced()
+        assert a.consume([t]) and b.consume([t])
+
+
 def test_vocabularies_the_grammar_cannot_serve(tok):
     with pytest.raises(SpecdecError, match="fewer than its tokenizer"):
         Grammar.json_object(tok, vocab_size=len(tok) - 1)
