@@ -14,12 +14,15 @@ import torch
 
 from specdec.constrain import Grammar, Matcher
 from specdec.errors import SpecdecError
+from specdec.zoo import CONVERTED
+from tests.conftest import USER_HOME
 from tests.tiny import tiny_tokenizer
 
 SCHEMAS = json.loads((Path(__file__).parent / "schemas.json").read_text())
 PADDED = 320  # the model's logits: more than the tiny tokenizer's 300 tokens
 MAX_TOKENS = 800
-QWEN = Path.home() / ".cache" / "specdec" / "hf" / "qwen2.5-coder-1.5b" / "tokenizer.json"
+# the zoo's Qwen2.5 tokenizer, where the user's model cache has it (converted from the GGUF: 151,936 tokens)
+QWEN = USER_HOME / CONVERTED / "qwen2.5-coder-1.5b" / "tokenizer.json"
 
 
 @pytest.fixture(scope="module")
