@@ -27,9 +27,9 @@ MAX_TOP_MODULES = 14  # .py files directly in specdec/, __init__.py counted; the
 # ("specdec" is the package's __init__, the public API, alone).  Every module has a floor.
 FLOORS: list[tuple[str, ...]] = [
     # the ground: what every floor reads (errors, the defaults, the model files, the CPU, tokenizers, prompt files,
-    # a request's text: the prompt's check, chat templating, the output as it streams)
+    # a request's text: the prompt's check, chat templating, the output as it streams; the grammars that constrain it)
     ("specdec.errors", "specdec.defaults", "specdec.zoo", "specdec.machine", "specdec.vocab", "specdec.tokenizer",
-     "specdec.bridge", "specdec.prompt_files", "specdec.text"),
+     "specdec.bridge", "specdec.prompt_files", "specdec.text", "specdec.constrain"),
     ("specdec.backends", "specdec.native"),  # the runners: transformers' and llama.cpp's adapters, the native engine
     ("specdec.algorithm",),  # the math and the decode loop, on the ModelRunner protocol and the draft types
     ("specdec.request",),  # one request's options: the algorithm's parts (controller, tree shape, sampling) parsed
