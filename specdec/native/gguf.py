@@ -3,8 +3,8 @@
 ``--dtype gguf`` runs a llama / mistral / qwen2 / qwen3 / phi3 / gemma2 / gemma3 GGUF model as the file stores
 it: its blocks of any type :mod:`specdec.native.kernels.gguf` takes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K,
 Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; F32 / F16 / BF16 matrices in a fixed-order float product) -- the integers and
-scales the user downloaded, not an int8 requantisation of a de-quantised copy -- multiplied by specdec's block kernel (:mod:`specdec.native.kernels.gguf`:
-8-bit block activations, exact integer sums, one fixed sequence of fp32 operations per block), with the norms,
+scales the user downloaded, not an int8 requantisation of a de-quantised copy -- multiplied by specdec's block
+kernel (8-bit block activations, exact integer sums, one fixed sequence of fp32 operations per block), with the norms,
 rotary embeddings, attention (specdec's exact kernel), the gated MLP and the residual adds of every layer in one C
 call (:mod:`specdec.native.kernels.layers`).  A decode step reads each weight block once: about 4.5-6.5 bits a
 weight for a Q4_K_M file against int8's 8, which is what a memory-bound one-token step costs.
