@@ -55,17 +55,20 @@ class ChatTemplateError(SpecdecError):
         self.missing = missing
 
 
-def chat_ids(tokenizer: Any, messages: Sequence[tuple[str, str]], name: str = "") -> list[int]:
+def chat_ids(tokenizer: Any, messages: Sequence[tuple[str, str]] | Sequence[dict[str, Any]], name: str = "",
+             tools: list[dict[str, Any]] | None = None) -> list[int]:
     """(role, content) turns, a user turn last, through `tokenizer`'s chat template with the assistant's turn
     opened: token ids.  A ChatTemplateError where the tokenizer has no template (`name`: the target, in the
     message) or where the template refuses the turns.  (Newer transformers return a BatchEncoding there, older ones
-    the list: the template's result is read either way.)"""
+    the list: the template's result is read either way.)  Messages already in the template's shape (dicts, and
+    `tools`) are what specdec.chat passes for an OpenAI request."""
     if not getattr(tokenizer, "chat_template", None):
         target = f"target '{name}'" if name else "the target"
         raise ChatTemplateError(f"{target} has no chat template; drop --chat", missing=True)
-    turns = [{"role": role, "content": content} for role, content in messages]
+    turns = [m if isinstance(m, dict) else {"role": m[0], "content": m[1]} for m in messages]
+    extra = {} if tools is None else {"tools": tools}  # no `tools` argument at all without: as before
     try:
-        ids: Any = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
+        ids: Any = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True, **extra)
     except Exception as e:  # a template that refuses these messages: its own raise_exception, or jinja's errors
         raise ChatTemplateError(f"the chat template refused these messages: {e}") from None
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # a BatchEncoding

@@ -188,10 +188,13 @@ class LeanTokenizer:
     def apply_chat_template(self, conversation: list[dict[str, str]], add_generation_prompt: bool = False,
                             tokenize: bool = True, **kwargs: Any) -> Any:
         """transformers' ``apply_chat_template`` for one conversation of role/content messages: the text, or (as
-        transformers 5 returns it) its ids and attention mask.  Anything more -- tools, documents, batches, other
-        options -- goes to the transformers tokenizer."""
+        transformers 5 returns it) its ids and attention mask, with `tools` (a list of JSON schema dicts, as
+        transformers passes them to the template) where given.  Anything more -- tools given as Python functions,
+        documents, batches, other options -- goes to the transformers tokenizer."""
         batch = bool(conversation) and isinstance(conversation[0], (list, tuple))
-        if kwargs or batch or not self._chat_ok or self.chat_template is None:
+        tools = kwargs.get("tools")
+        own_tools = set(kwargs) <= {"tools"} and (tools is None or all(isinstance(t, dict) for t in tools))
+        if not own_tools or batch or not self._chat_ok or self.chat_template is None:
             return self.full().apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
                                                    tokenize=tokenize, **kwargs)
         if not conversation:
@@ -199,7 +202,7 @@ class LeanTokenizer:
         if self._template is None:
             self._template = _compiled_template(self.chat_template)
         messages = [{k: v for k, v in dict(m).items() if v is not None} for m in conversation]
-        text: str = self._template.render(messages=messages, tools=None, documents=None,
+        text: str = self._template.render(messages=messages, tools=tools, documents=None,
                                           add_generation_prompt=add_generation_prompt, **self.special_tokens_map)
         return self(text, add_special_tokens=False) if tokenize else text
 

@@ -29,7 +29,7 @@ FLOORS: list[tuple[str, ...]] = [
     # the ground: what every floor reads (errors, the defaults, the model files, the CPU, tokenizers, prompt files,
     # a request's text: the prompt's check, chat templating, the output as it streams; the grammars that constrain it)
     ("specdec.errors", "specdec.defaults", "specdec.zoo", "specdec.machine", "specdec.vocab", "specdec.tokenizer",
-     "specdec.bridge", "specdec.prompt_files", "specdec.text", "specdec.constrain"),
+     "specdec.bridge", "specdec.prompt_files", "specdec.text", "specdec.chat", "specdec.constrain"),
     ("specdec.backends", "specdec.native"),  # the runners: transformers' and llama.cpp's adapters, the native engine
     ("specdec.algorithm",),  # the math and the decode loop, on the ModelRunner protocol and the draft types
     ("specdec.request",),  # one request's options: the algorithm's parts (controller, tree shape, sampling) parsed
