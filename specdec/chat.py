@@ -2,13 +2,13 @@
 and the request's ``tools``, rendered as transformers renders them.
 
 :func:`text.chat_ids` takes plain (role, content) turns; :func:`openai_chat_ids` takes what an OpenAI chat request
-carries: ``messages`` with the roles system, developer, user, assistant and tool, an assistant message's
-``tool_calls`` (id, function name, arguments as a JSON string) and a tool message's ``tool_call_id``, and
-``tools`` ([{"type": "function", "function": {name, description, parameters}}]).  Each is checked here (a fault
-is one line, a ChatTemplateError the server answers with a 400) and put in the shape chat templates read: a tool
-call's arguments as an object (Qwen's and Llama's templates write them with ``tojson``), text parts joined into
-one string, a missing content left out.  A template that does not mention ``tools`` cannot show the model its
-tools: a request with tools is refused there rather than rendered without them.
+carries: ``messages`` with the roles system, developer (rendered as system), user, assistant and tool, an
+assistant message's ``tool_calls`` (id, function name, arguments as a JSON string) and a tool message's
+``tool_call_id``, and ``tools`` ([{"type": "function", "function": {name, description, parameters}}]).  Each
+is checked here (a fault is one line, a ChatTemplateError the server answers with a 400) and put in the shape
+chat templates read: a tool call's arguments as an object (Qwen's and Llama's templates write them with
+``tojson``), text parts joined into one string, a missing content left out.  A template that does not mention
+``tools`` cannot show the model its tools: a request with tools is refused there rather than rendered without them.
 
 On the ground floor (tests/test_structure.py), beside specdec.text: no torch, no transformers.
 """
@@ -74,7 +74,8 @@ def template_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
         role = message.get("role")
         if role not in ROLES:
             raise ChatTemplateError(f"{where}.role must be one of {', '.join(ROLES)} (got {role!r})")
-        turn: dict[str, Any] = {"role": role}
+        # OpenAI's newer name for the system role, which templates do not know (Qwen's would drop the turn)
+        turn: dict[str, Any] = {"role": "system" if role == "developer" else role}
         content = _content(message, where)
         if content is not None:  # left out, not None: a template tests `message.content` as it would a missing one
             turn["content"] = content
@@ -83,8 +84,8 @@ def template_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
             if role != "assistant" or not isinstance(calls, list):
                 raise ChatTemplateError(f"{where}.tool_calls: a list, on an assistant message only")
             turn["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(calls)]
-        elif role != "assistant" and content is None:
-            raise ChatTemplateError(f"{where} ({role}) needs a content")
+        elif content is None:
+            raise ChatTemplateError(f"{where} ({role}) needs a content" + (" or tool_calls" if role == "assistant" else ""))
         if role == "tool":
             if not isinstance(message.get("tool_call_id"), str):
                 raise ChatTemplateError(f"{where} (tool) needs the tool_call_id it answers")

@@ -103,6 +103,8 @@ def test_plain_turns_render_as_chat_ids(qwen):
     hf, lean = qwen
     turns = [("system", "S"), ("user", "Hi"), ("assistant", "Hello"), ("user", "Bye")]
     assert openai_chat_ids(lean, [{"role": r, "content": c} for r, c in turns]) == chat_ids(lean, turns)
+    developer = [{"role": "developer", "content": "S"}] + [{"role": r, "content": c} for r, c in turns[1:]]
+    assert openai_chat_ids(lean, developer) == chat_ids(lean, turns)  # OpenAI's developer role: the system turn
     assert openai_chat_ids(lean, [{"role": "user", "content": "x"}], tools=[]) == chat_ids(lean, [("user", "x")])
 
 
@@ -120,6 +122,7 @@ def test_a_template_without_tools_refuses_them(tmp_path):
     ([], None, "non-empty list"),
     ([{"role": "robot", "content": "x"}], None, "role must be one of"),
     ([{"role": "user"}], None, "needs a content"),
+    ([{"role": "assistant", "content": None}], None, "needs a content or tool_calls"),
     ([{"role": "user", "content": [{"type": "image_url"}]}], None, "only text parts"),
     ([{"role": "user", "content": 3}], None, "must be a string"),
     ([{"role": "tool", "content": "x"}], None, "tool_call_id"),
