@@ -86,7 +86,7 @@ def parse_tool_calls(text: str, make_id: Callable[[int], str] = call_id) -> Pars
             calls.append(_openai(*found, make_id(len(calls))))
         else:
             pieces.append(piece)
-        after_call = found is not None or (after_call and not piece)  # still right after a call: nothing between
+        after_call = found is not None  # a block that is no call is content: text between it and the next call
         pos = end + len(CLOSE)
     tail = text[pos:]  # no more closed blocks: content (an unclosed one among it)
     pieces.append(tail.lstrip() if after_call else tail)
