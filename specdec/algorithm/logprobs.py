@@ -17,8 +17,6 @@ from dataclasses import dataclass
 
 import torch
 
-MAX_TOP_LOGPROBS = 20  # the most alternatives a request may ask for per token (OpenAI's limit)
-
 
 @dataclass(frozen=True)
 class TokenLogprob:
