@@ -37,6 +37,7 @@ Penalties as defined by OpenAI (presence, frequency: over the generated tokens),
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -99,13 +100,6 @@ def chain(*processors: LogitsProcessor | None) -> LogitsProcessor | None:
     return kept[0] if len(kept) == 1 else Chain(kept)
 
 
-def _counts(tokens: Sequence[int], vocab: int) -> torch.Tensor:
-    """How often each token id occurs in `tokens`: [V] int64 (ids outside the logits' V are not counted: they
-    have no logit to change)."""
-    ids = torch.tensor([t for t in tokens if 0 <= t < vocab], dtype=torch.int64)  # [n]
-    return torch.bincount(ids, minlength=vocab)  # [V]
-
-
 class Penalties:
     """Presence, frequency and repetition penalties.
 
@@ -134,24 +128,29 @@ class Penalties:
         return None
 
     def process(self, generated: Sequence[int], paths: Sequence[Sequence[int]], logits: torch.Tensor) -> torch.Tensor:
-        vocab = logits.shape[-1]
-        base = _counts(generated, vocab)  # [V] occurrences in the generated tokens
-        in_prompt = _counts(self.prompt, vocab) > 0 if self.repetition != 1.0 else None  # [V] bool
-        rows = []
+        out = logits[: len(paths)].clone()  # [R, V]
+        vocab = out.shape[-1]
+        # Only the tokens of the context change: each row's are gathered, changed and put back (not several [V]
+        # passes per row at a 151,936-token vocabulary; the same bits); ids outside the logits have none to change.
+        base = Counter(t for t in generated if 0 <= t < vocab)  # occurrences in the generated tokens
+        in_prompt = {t for t in self.prompt if 0 <= t < vocab} if self.repetition != 1.0 else set()
         for r, path in enumerate(paths):  # row by row: each row's numbers its own prefix's alone
-            row = logits[r].clone()  # [V]
-            counts = base + _counts(path, vocab) if path else base  # [V]
-            seen = counts > 0  # [V] bool
-            if in_prompt is not None:
-                hit = seen | in_prompt  # [V] bool: in the prompt or the generated tokens
-                row = torch.where(hit & (row > 0), row / self.repetition,
-                                  torch.where(hit, row * self.repetition, row))
+            counts = base.copy()
+            counts.update(t for t in path if 0 <= t < vocab)
+            touched = sorted(in_prompt | counts.keys())  # every token with a penalty (all of them for repetition)
+            if not touched:
+                continue
+            ids = torch.tensor(touched, dtype=torch.int64)  # [n]
+            values = out[r, ids]  # [n]
+            if self.repetition != 1.0:
+                values = torch.where(values > 0, values / self.repetition, values * self.repetition)
+            count = torch.tensor([counts[t] for t in touched], dtype=out.dtype)  # [n]
             if self.frequency != 0.0:
-                row = row - counts.to(row.dtype) * self.frequency
+                values = values - count * self.frequency
             if self.presence != 0.0:
-                row = row - seen.to(row.dtype) * self.presence
-            rows.append(row)
-        return torch.stack(rows)  # [R, V]
+                values = values - (count > 0).to(out.dtype) * self.presence
+            out[r, ids] = values
+        return out  # [R, V]
 
 
 class LogitBias:
