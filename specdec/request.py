@@ -148,6 +148,9 @@ class RequestConfig:
     logit_bias: tuple[tuple[int, float], ...] = option(
         (), "--logit-bias", cli_type=list[str] | None, label="logit_bias",
         help="TOKEN_ID:BIAS added to that token's logit (repeatable; -100..100: -100 bans, 100 forces).")
+    # a LogitsProcessor object of the caller's (specdec.algorithm.processors: a grammar's mask, ...), applied after
+    # logit_bias and the penalties; the Python API's only (no flag, no request field)
+    logits_processor: Any = option(None, label="logits_processor")
     logprobs: int | None = option(
         None, "--logprobs", label="logprobs",
         help="Report each generated token's log-probability under the target (its raw distribution) and its "
@@ -193,13 +196,13 @@ class RequestConfig:
                                "logprobs")
 
     def processor(self) -> Any:
-        """The request's logits processor (specdec.algorithm.processors: logit_bias, then the penalties), or None
-        where it changes nothing.  Imports torch."""
+        """The request's logits processor (specdec.algorithm.processors: logit_bias, then the penalties, then the
+        caller's logits_processor), or None where it changes nothing.  Imports torch."""
         from specdec.algorithm.processors import LogitBias, Penalties, chain
 
         penalties = Penalties(self.presence_penalty, self.frequency_penalty, self.repetition_penalty)
         return chain(LogitBias(dict(self.logit_bias)) if self.logit_bias else None,
-                     penalties if penalties.active else None)
+                     penalties if penalties.active else None, self.logits_processor)
 
     @property
     def tree_shape(self) -> TreeShape | None:

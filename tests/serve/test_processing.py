@@ -183,3 +183,35 @@ def test_generate_refuses_bad_values_in_one_line(tiny_dirs, args, words):
     result = generate_cli(tiny_dirs, *args)
     assert result.exit_code == 2
     assert words in result.output and "Traceback" not in result.output
+
+
+class BanAfter:
+    """A caller's processor through the Python API: bans `token` once the output holds `after`."""
+
+    def __init__(self, after: int, token: int) -> None:
+        self.after, self.token = after, token
+
+    def start(self, prompt) -> None:
+        return None
+
+    def accept(self, tokens) -> None:
+        return None
+
+    def process(self, generated, paths, logits):
+        out = logits[: len(paths)].clone()
+        for r, path in enumerate(paths):
+            if self.after in [*generated, *path]:
+                out[r, self.token] = float("-inf")
+        return out
+
+
+def test_a_callers_processor_through_the_python_api(int8_server):
+    engine = int8_server.app.state.worker.engine
+    free = engine.generate_from(engine.stream(PROMPT, max_new_tokens=24, use_draft=False))
+    after, token = free.token_ids[2], free.token_ids[5]  # ban the sixth token once the third is out
+    runs = [engine.generate_from(engine.stream(PROMPT, max_new_tokens=24, use_draft=speculative, k=3,
+                                               logits_processor=BanAfter(after, token)))
+            for speculative in (False, True)]
+    assert runs[0].token_ids == runs[1].token_ids != free.token_ids
+    assert token not in runs[0].token_ids[3:]
+    assert runs[1].stats.accepted > 0
