@@ -215,3 +215,14 @@ def test_a_callers_processor_through_the_python_api(int8_server):
     assert runs[0].token_ids == runs[1].token_ids != free.token_ids
     assert token not in runs[0].token_ids[3:]
     assert runs[1].stats.accepted > 0
+
+
+@pytest.mark.parametrize("how", [{"verify": "stairs", "k": 3}, {"tree": "2x3", "k": 3}, {"verify": "block", "k": 4}])
+def test_every_verification_decides_on_the_penalised_rows(int8_server, how):
+    # stairs (next-token queries), token trees and block verification: the same tokens and logprobs as plain
+    engine = int8_server.app.state.worker.engine
+    asked = dict(presence_penalty=2.0, frequency_penalty=1.5, repetition_penalty=2.0, logprobs=2, max_new_tokens=40)
+    plain = engine.generate_from(engine.stream(PROMPT, use_draft=False, **asked))
+    out = engine.generate_from(engine.stream(PROMPT, **how, **asked))
+    assert out.token_ids == plain.token_ids and out.logprobs == plain.logprobs
+    assert out.stats.accepted > 0 and (out.stats.tree_steps > 0) == ("tree" in how)
