@@ -226,3 +226,26 @@ def test_every_verification_decides_on_the_penalised_rows(int8_server, how):
     out = engine.generate_from(engine.stream(PROMPT, **how, **asked))
     assert out.token_ids == plain.token_ids and out.logprobs == plain.logprobs
     assert out.stats.accepted > 0 and (out.stats.tree_steps > 0) == ("tree" in how)
+
+
+def test_batched_serving_gives_the_same_penalised_answers_and_logprobs(tiny_dirs, int8_server):
+    # requests with their own penalties and logit_bias decoded in one batch (packed forwards): each equals
+    # its answer served alone, logprobs bitwise (int8: a row's logits do not depend on its neighbours)
+    import threading
+
+    bodies = [dict(prompt=f"{PROMPT} {i}", logprobs=1, presence_penalty=0.5 * i - 1, logit_bias={str(10 + i): -100},
+                   **GREEDY) for i in range(4)]
+    alone = [int8_server.client().completions.create(**b).choices[0] for b in bodies]
+    engine = Engine.load(tiny_dirs["target"], tiny_dirs["target"], dtype="int8", draft_dtype="bf16")
+    with serve(engine, k=3, max_batch=4) as server:
+        got: list = [None] * len(bodies)
+
+        def ask(i: int) -> None:
+            got[i] = server.client().completions.create(**bodies[i]).choices[0]
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(bodies))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert [(c.text, c.logprobs.token_logprobs) for c in got] == [(c.text, c.logprobs.token_logprobs) for c in alone]
