@@ -78,7 +78,6 @@ def test_a_row_is_processed_as_defined():
         want = reference(logits[r].tolist(), prompt, generated + path)
         assert out[r].tolist() == pytest.approx(want, rel=1e-6, abs=1e-5)
     assert not torch.equal(out, logits[:3])
-    assert torch.equal(logits, logits.clone())  # (the input is read, not written: checked below too)
 
 
 def test_the_input_rows_are_not_changed_and_rows_do_not_depend_on_each_other():

@@ -4,7 +4,9 @@ On an int8 target (batch-invariant: a token's logits are the same bits in a plai
 verification): greedy output with penalties and logit_bias identical with and without speculation, and the
 logprobs identical to the last bit (JSON floats round-trip exactly); chat's and completions' logprobs shapes,
 streamed chunks' logprobs equal to the whole response's; logit_bias bans tokens; the fields OpenAI defines
-that this server cannot honour are refused naming them, harmless ones are ignored.
+that this server cannot honour are refused naming them, harmless ones are ignored.  Also: `specdec generate`'s
+flags give the server's answer and refuse bad values in one line; a caller's LogitsProcessor through the Python
+API; stairs, tree and block verification on the penalised rows; requests with their own penalties in one batch.
 """
 
 from __future__ import annotations
