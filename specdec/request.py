@@ -25,6 +25,8 @@ from specdec.algorithm.draft import TreeShape, parse_tree
 from specdec.algorithm.params import SamplingParams
 from specdec.errors import SpecdecError
 
+MAX_TOP_LOGPROBS = 20  # the most alternatives per token a request may ask for (OpenAI's limit; specdec.algorithm.logprobs)
+
 # How the draft model drafts: "same" (shared tokenizer: ids are used as they are), "text" (another
 # tokenizer: proposals cross over as text, verified without q), "intersection" (another tokenizer: the
 # draft is restricted to the shared tokens and its q is used).  "auto" = "same" when the vocabularies are
@@ -132,6 +134,27 @@ class RequestConfig:
     top_k: int = option(0, "--top-k", help="0 = off.")
     top_p: float = option(1.0, "--top-p", help="1.0 = off.")
     seed: int | None = option(None, "--seed", help="Seed for sampling.")
+    presence_penalty: float = option(
+        0.0, "--presence-penalty", label="presence_penalty",
+        help="Subtracted from the logit of each token already generated (-2..2; OpenAI's). Speculation stays "
+             "lossless: the penalised distribution is the one verified.")
+    frequency_penalty: float = option(
+        0.0, "--frequency-penalty", label="frequency_penalty",
+        help="Subtracted from a token's logit once per time it was generated (-2..2; OpenAI's).")
+    repetition_penalty: float = option(
+        1.0, "--repetition-penalty", label="repetition_penalty",
+        help="Divides the positive logits (multiplies the negative ones) of the tokens in the prompt and the "
+             "output (> 0, 1 = off; transformers' and vLLM's).")
+    logit_bias: tuple[tuple[int, float], ...] = option(
+        (), "--logit-bias", cli_type=list[str] | None, label="logit_bias",
+        help="TOKEN_ID:BIAS added to that token's logit (repeatable; -100..100: -100 bans, 100 forces).")
+    # a LogitsProcessor object of the caller's (specdec.algorithm.processors: a grammar's mask, ...), applied after
+    # logit_bias and the penalties; the Python API's only (no flag, no request field)
+    logits_processor: Any = option(None, label="logits_processor")
+    logprobs: int | None = option(
+        None, "--logprobs", label="logprobs",
+        help="Report each generated token's log-probability under the target (its raw distribution) and its "
+             "N most likely alternatives (0..20; in --json's output, \"logprobs\").")
 
     def __post_init__(self) -> None:
         if self.max_new_tokens <= 0:
@@ -156,6 +179,30 @@ class RequestConfig:
         if shape is not None and self.verify == "stairs":
             raise RequestError("tree", f"token trees need causal verification, not {self.verify}")
         object.__setattr__(self, "_tree", shape)
+        self._check_processing()
+
+    def _check_processing(self) -> None:
+        """The penalties', logit_bias' and logprobs' values checked (logit_bias normalised to sorted pairs)."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and -2.0 <= value <= 2.0):
+                raise RequestError(name, f"must be a number in -2..2, got {value}", name)
+        if not (isinstance(self.repetition_penalty, (int, float)) and 0.0 < self.repetition_penalty <= 10.0):
+            raise RequestError("repetition_penalty", f"must be a number in (0, 10], got {self.repetition_penalty}",
+                               "repetition_penalty")
+        object.__setattr__(self, "logit_bias", parse_logit_bias(self.logit_bias))
+        if self.logprobs is not None and not (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise RequestError("logprobs", f"must be an integer in 0..{MAX_TOP_LOGPROBS}, got {self.logprobs}",
+                               "logprobs")
+
+    def processor(self) -> Any:
+        """The request's logits processor (specdec.algorithm.processors: logit_bias, then the penalties, then the
+        caller's logits_processor), or None where it changes nothing.  Imports torch."""
+        from specdec.algorithm.processors import LogitBias, Penalties, chain
+
+        penalties = Penalties(self.presence_penalty, self.frequency_penalty, self.repetition_penalty)
+        return chain(LogitBias(dict(self.logit_bias)) if self.logit_bias else None,
+                     penalties if penalties.active else None, self.logits_processor)
 
     @property
     def tree_shape(self) -> TreeShape | None:
@@ -184,6 +231,38 @@ class RequestConfig:
             changes[names[name]] = value
         base = config if config is not None else cls()
         return dataclasses.replace(base, **changes) if changes else base
+
+
+def parse_logit_bias(given: Any) -> tuple[tuple[int, float], ...]:
+    """logit_bias as a config holds it: (token id, bias) pairs in id order, from a mapping {id: bias} (ids as ints
+    or decimal strings: JSON's keys), pairs, "ID:BIAS" strings (the CLI's) or None (none); a RequestError for anything else,
+    a negative id or a bias outside -100..100.  The ids' upper bound is the vocabulary's: the engine's to check."""
+    items: list[Any]
+    if given is None:  # (the CLI's, for no --logit-bias)
+        return ()
+    if isinstance(given, dict):
+        items = list(given.items())
+    elif isinstance(given, (list, tuple)):
+        items = [tuple(item.split(":", 1)) if isinstance(item, str) else item for item in given]
+    else:
+        raise RequestError("logit_bias", f"must map token ids to biases, got {type(given).__name__}", "logit_bias")
+    pairs: dict[int, float] = {}
+    for item in items:
+        try:
+            token, bias = item
+            ok_token = isinstance(token, int) and not isinstance(token, bool) or isinstance(token, str)
+            token_id = int(token) if ok_token else None
+            value = float(bias) if not isinstance(bias, bool) else None
+        except (TypeError, ValueError):
+            token_id = value = None
+        if token_id is None or value is None or token_id < 0:
+            raise RequestError("logit_bias", f"must map token ids (integers >= 0) to numbers, got {item!r}",
+                               "logit_bias")
+        if not -100.0 <= value <= 100.0:
+            raise RequestError("logit_bias", f"biases must be in -100..100, got {value} for token {token_id}",
+                               "logit_bias")
+        pairs[token_id] = value
+    return tuple(sorted(pairs.items()))
 
 
 def check_draft_mode(mode: str) -> str:

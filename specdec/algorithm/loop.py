@@ -10,6 +10,12 @@ speculative loop must reproduce.
 Invariant at the top of every step: the target's cache holds the context but
 its last token ("pending"), which the next forward feeds.  The CLI, the server,
 the Python API and the benchmark all consume :func:`decode`.
+
+What a request does to the target's distribution as a function of the prefix (penalties, logit_bias, a
+grammar's mask: specdec.algorithm.processors) is one LogitsProcessor, applied by :class:`Shaping` to every
+row of target logits before the verifier, so that plain and speculative decoding decide on the same
+processed rows; the log-probabilities of the emitted tokens (specdec.algorithm.logprobs) come from the raw
+rows that chose them.
 """
 
 from __future__ import annotations
@@ -18,8 +24,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
+import torch
+
 from specdec.algorithm.control import Controller, FixedK, plan, propose
 from specdec.algorithm.draft import Draft, Drafter, TreeShape
+from specdec.algorithm.logprobs import TokenLogprob, token_logprobs
+from specdec.algorithm.processors import LogitsProcessor
 from specdec.algorithm.trees import depths
 from specdec.algorithm.verify import GreedyVerifier, Verifier
 from specdec.backends.base import ModelRunner, forward_chunked, reusable_prefix
@@ -230,6 +240,28 @@ class Step:
     wall_s: float = 0.0  # since the step before was yielded (the first: since the loop's start), the caller's time included
     prefill: bool = False  # the prefill's step
     reused_prompt_tokens: int = 0  # the prefill's: the prompt's first tokens taken from the target's cache
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token of `tokens` where decode was asked for them
+
+
+class Shaping:
+    """What the loop does to the target's logits rows besides verifying them: the request's processor (None:
+    the rows as they are) and the log-probabilities of the emitted tokens (logprobs: None = not asked for;
+    n >= 0: each token's own and its n most likely alternatives).  `generated` is the loop's list (prompt
+    excluded): a row's prefix is the prompt, then it, then the row's path."""
+
+    def __init__(self, processor: LogitsProcessor | None, logprobs: int | None, generated: list[int]) -> None:
+        self.processor, self.logprobs, self.generated = processor, logprobs, generated
+        self.last: list[TokenLogprob] = []  # the log-probabilities of the last verification's emitted tokens
+
+    def process(self, paths: Sequence[Sequence[int]], logits: torch.Tensor) -> torch.Tensor:
+        """The rows the verifier sees: logits [R, V] (row r after paths[r]) processed; the same tensor without
+        a processor."""
+        return logits if self.processor is None else self.processor.process(self.generated, paths, logits)
+
+    def record(self, logits: torch.Tensor, rows: Sequence[int], tokens: Sequence[int]) -> None:
+        """Keep the log-probabilities of tokens[i] under raw row rows[i] of logits [R, V] (if asked for)."""
+        if self.logprobs is not None:
+            self.last = token_logprobs(logits[list(rows)], tokens, self.logprobs)
 
 
 @dataclass
@@ -237,6 +269,7 @@ class Output:
     token_ids: list[int]
     finish_reason: str
     stats: Stats
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token where decode was asked for them
 
 
 def decode(
@@ -248,6 +281,8 @@ def decode(
     verifier: Verifier | None = None,
     tree: TreeShape | None = None,
     reuse_prefix: bool = False,
+    processor: LogitsProcessor | None = None,
+    logprobs: int | None = None,
 ) -> Iterator[Step]:
     """Generate after `prompt_ids`, yielding the tokens of each step.
 
@@ -260,18 +295,26 @@ def decode(
     reuse_prefix: keep the part of the target's cache that the prompt starts with (an earlier turn of
     the conversation) and prefill only the rest, where that is exact (specdec.backends.base.reusable_prefix:
     batch-invariant targets); False: the whole prompt is prefilled from an empty cache.
+    processor: what transforms the target's logits as a function of the prefix (specdec.algorithm.processors:
+    penalties, logit_bias, a grammar), applied to every row before the verifier; None: the raw logits.
+    logprobs: None, or each emitted token's log-probability under the target's raw logits with this many
+    alternatives (Step.logprobs; specdec.algorithm.logprobs).
     """
     prompt_ids = list(prompt_ids)
     verifier = verifier or GreedyVerifier()
     controller, tree = _checked(target, prompt_ids, drafter, num_speculative_tokens, tree)
+    generated: list[int] = []
+    shaping = Shaping(processor, logprobs, generated)
+    if processor is not None:
+        processor.start(prompt_ids)
 
     start = time.perf_counter()
-    first, reused = _prefill(target, prompt_ids, drafter, controller, verifier, reuse_prefix)
+    first, reused = _prefill(target, prompt_ids, drafter, controller, verifier, reuse_prefix, shaping)
     prefilled = time.perf_counter() - start
     context = list(prompt_ids)  # prompt + generated; the target caches all of it but the last token
-    generated: list[int] = []
-    emitted, reason = _append([first], generated, context, stop, target.max_context)
-    step = Step(emitted, reason, target_s=prefilled, prefill=True, reused_prompt_tokens=reused)
+    emitted, reason = _append([first], generated, context, stop, target.max_context, shaping)
+    step = Step(emitted, reason, target_s=prefilled, prefill=True, reused_prompt_tokens=reused,
+                logprobs=tuple(shaping.last[: len(emitted)]))
     last = start  # when the step before was yielded
     while True:
         now = time.perf_counter()
@@ -281,11 +324,12 @@ def decode(
         last = now
         if step.finish_reason is not None:
             return
-        step = _step(target, verifier, drafter, controller, tree, stop, context, generated)
+        step = _step(target, verifier, drafter, controller, tree, stop, context, generated, shaping)
 
 
 def _step(target: ModelRunner, verifier: Verifier, drafter: Drafter | None, controller: Controller,
-          tree: TreeShape | None, stop: StopCondition, context: list[int], generated: list[int]) -> Step:
+          tree: TreeShape | None, stop: StopCondition, context: list[int], generated: list[int],
+          shaping: Shaping) -> Step:
     """One step after the prefill: draft (or not), verify, emit (appended to `context` and `generated`),
     tell the drafter and the controller how it went.  The Step returned has no wall_s yet (decode's)."""
     # Draft no more than can be used: k accepted + 1 bonus must not pass
@@ -298,15 +342,15 @@ def _step(target: ModelRunner, verifier: Verifier, drafter: Drafter | None, cont
     nodes = 0
     if draft is None or not draft.tokens:
         k = n = 0
-        new = _plain_step(target, verifier, drafter, context)
+        new = _plain_step(target, verifier, drafter, context, shaping)
     elif draft.is_tree:
         if shape is None or shape.nodes is None:
             raise ValueError("the drafter proposed a tree where a chain was asked for")
-        k, new, extra = verify_tree(target, verifier, draft, context[-1], k, shape.nodes, drafter)
+        k, new, extra = verify_tree(target, verifier, draft, context[-1], k, shape.nodes, drafter, shaping)
         n, nodes = len(new) - 1, len(draft.tokens)
         controller.observe_tree(len(draft.tokens) + 1, time.perf_counter() - t1, extra, source)
     else:
-        k, n, new = verify_chain(target, verifier, draft, context[-1], k, drafter)
+        k, n, new = verify_chain(target, verifier, draft, context[-1], k, drafter, shaping)
     t2 = time.perf_counter()
     if drafter is not None:
         if k:
@@ -314,9 +358,10 @@ def _step(target: ModelRunner, verifier: Verifier, drafter: Drafter | None, cont
         # a tree's verification holds more rows than its depth: its time is not t(k + 1)
         target_s = 0.0 if draft is not None and draft.is_tree else t2 - t1
         controller.observe(k, n, t1 - t0, target_s, draft.synced if draft is not None else 0, source)
-    emitted, reason = _append(new, generated, context, stop, target.max_context)
+    emitted, reason = _append(new, generated, context, stop, target.max_context, shaping)
     return Step(emitted, reason, drafted=k, accepted=n, source=source if k else "", tree_nodes=nodes,
-                draft_s=t1 - t0, target_s=t2 - t1, step_s=time.perf_counter() - t0)
+                draft_s=t1 - t0, target_s=t2 - t1, step_s=time.perf_counter() - t0,
+                logprobs=tuple(shaping.last[: len(emitted)]))
 
 
 def _checked(target: ModelRunner, prompt_ids: list[int], drafter: Drafter | None,
@@ -338,7 +383,7 @@ def _checked(target: ModelRunner, prompt_ids: list[int], drafter: Drafter | None
 
 
 def _prefill(target: ModelRunner, prompt_ids: list[int], drafter: Drafter | None, controller: Controller,
-             verifier: Verifier, reuse_prefix: bool) -> tuple[int, int]:
+             verifier: Verifier, reuse_prefix: bool, shaping: Shaping) -> tuple[int, int]:
     """The caches readied (the target's cut to the prefix it may keep, or emptied; the drafter's and the
     controller's reset) and the prompt prefilled: (the first token, how many of the prompt's tokens the
     target's cache kept)."""
@@ -354,7 +399,8 @@ def _prefill(target: ModelRunner, prompt_ids: list[int], drafter: Drafter | None
     # Prefill: the prompt (what the cache does not hold of it), in chunks where that is exact
     # (forward_chunked); its last logits give the first token.
     last = forward_chunked(target, prompt_ids[reused:], last_n=1)[-1:]  # [1, V]
-    first = verifier.choose(last[-1])
+    first = verifier.choose(shaping.process([[]], last)[-1])
+    shaping.record(last, [0], [first])
     if drafter is not None:
         drafter.target_logits(prompt_ids[-1:], last)
         drafter.prefilled(prompt_ids)  # a draft head keeps the prompt's last hidden states now
@@ -362,9 +408,10 @@ def _prefill(target: ModelRunner, prompt_ids: list[int], drafter: Drafter | None
 
 
 def _append(new: list[int], generated: list[int], context: list[int], stop: StopCondition,
-            max_context: int) -> tuple[list[int], str | None]:
+            max_context: int, shaping: Shaping) -> tuple[list[int], str | None]:
     """Append tokens one by one to `generated` and `context`, stopping at the first one that ends
-    generation: (the tokens appended, the finish reason or None)."""
+    generation: (the tokens appended, the finish reason or None); the processor hears them."""
+    emitted, reason = new, None
     for i, token in enumerate(new):
         generated.append(token)
         context.append(token)
@@ -372,8 +419,11 @@ def _append(new: list[int], generated: list[int], context: list[int], stop: Stop
         if reason is None and len(context) >= max_context:
             reason = "length"  # the context window is full
         if reason is not None:
-            return new[: i + 1], reason
-    return new, None
+            emitted = new[: i + 1]
+            break
+    if shaping.processor is not None:
+        shaping.processor.accept(emitted)
+    return emitted, reason
 
 
 def _draft(target: ModelRunner, drafter: Drafter | None, controller: Controller, tree: TreeShape | None,
@@ -396,10 +446,12 @@ def _draft(target: ModelRunner, drafter: Drafter | None, controller: Controller,
     return k, source, shape, draft
 
 
-def _plain_step(target: ModelRunner, verifier: Verifier, drafter: Drafter | None, context: list[int]) -> list[int]:
+def _plain_step(target: ModelRunner, verifier: Verifier, drafter: Drafter | None, context: list[int],
+                shaping: Shaping) -> list[int]:
     """A step with nothing drafted: one forward over the pending token; returns the token it gives."""
     logits = target.forward([context[-1]])  # [1, V]
-    new = [verifier.choose(logits[-1])]
+    new = [verifier.choose(shaping.process([[]], logits)[-1])]
+    shaping.record(logits, [0], new)
     if drafter is not None:
         drafter.target_logits(context[-1:], logits)
         drafter.plain_step(context)
@@ -407,10 +459,11 @@ def _plain_step(target: ModelRunner, verifier: Verifier, drafter: Drafter | None
 
 
 def verify_chain(target: ModelRunner, verifier: Verifier, draft: Draft, pending: int, k: int,
-                 drafter: Drafter | None = None) -> tuple[int, int, list[int]]:
+                 drafter: Drafter | None = None, shaping: Shaping | None = None) -> tuple[int, int, list[int]]:
     """One chain step (a chain asked for at most k long): the target's forward over [pending, *draft]
-    (whose logits `drafter` hears: Drafter.target_logits), verification (Verifier.verify), the target's
-    cache cut to pending and the accepted tokens.  Returns
+    (whose raw logits `drafter` hears: Drafter.target_logits), verification (Verifier.verify) of the rows
+    `shaping` processed (row i after draft[:i]), the target's cache cut to pending and the accepted tokens.
+    Returns
     (the draft's length, how many of its tokens were accepted, the tokens emitted: those and the next)."""
     if len(draft.tokens) > k:
         raise ValueError(f"the drafter proposed {len(draft.tokens)} tokens where {k} were asked for")
@@ -420,14 +473,18 @@ def verify_chain(target: ModelRunner, verifier: Verifier, draft: Draft, pending:
     logits = target.forward(fed)  # [k+1, V]
     if drafter is not None:
         drafter.target_logits(fed, logits)
-    verdict = verifier.verify(draft, logits)
+    scored = logits if shaping is None else shaping.process([draft.tokens[:i] for i in range(k + 1)], logits)
+    verdict = verifier.verify(draft, scored)
     n = verdict.num_accepted
     target.rollback(cached + 1 + n)  # keep pending + the accepted draft tokens
-    return k, n, draft.tokens[:n] + [verdict.next_token]
+    new = draft.tokens[:n] + [verdict.next_token]
+    if shaping is not None:
+        shaping.record(logits, range(n + 1), new)  # row i chose token i
+    return k, n, new
 
 
 def verify_tree(target: ModelRunner, verifier: Verifier, draft: Draft, pending: int, k: int, nodes: int,
-                drafter: Drafter | None = None) -> tuple[int, list[int], int]:
+                drafter: Drafter | None = None, shaping: Shaping | None = None) -> tuple[int, list[int], int]:
     """One tree step (a tree asked for at most k deep, `nodes` tokens): the target's forward over
     [pending, *tree] with tree attention (whose logits `drafter` hears, row by row), verification
     (Verifier.verify_tree), the target's cache cut to the accepted path.  Returns (the tree's depth, the
@@ -443,25 +500,40 @@ def verify_tree(target: ModelRunner, verifier: Verifier, draft: Draft, pending: 
     logits = target.forward_tree(fed, [-1, *(p + 1 for p in draft.parents)])  # [nodes + 1, V]
     if drafter is not None:
         drafter.target_logits(fed, logits)
-    verdict = verifier.verify_tree(draft, logits)
+    scored = logits if shaping is None else shaping.process(tree_paths(draft.tokens, draft.parents), logits)
+    verdict = verifier.verify_tree(draft, scored)
     target.keep_rows(cached, [0, *(i + 1 for i in verdict.path)])  # pending + the accepted path
+    if shaping is not None:  # the accepted path's rows chose its tokens, the last one's row the next token
+        shaping.record(logits, [0, *(i + 1 for i in verdict.path)],
+                       [draft.tokens[i] for i in verdict.path] + [verdict.next_token])
     on_chain = 0
     while on_chain < len(verdict.path) and verdict.path[on_chain] == on_chain and draft.parents[on_chain] == on_chain - 1:
         on_chain += 1
     return depth, [draft.tokens[i] for i in verdict.path] + [verdict.next_token], verdict.num_accepted - on_chain
 
 
+def tree_paths(tokens: Sequence[int], parents: Sequence[int]) -> list[list[int]]:
+    """The prefix of each row of a tree's verification: [] for the pending token's row, then for node i the
+    tokens on the path from the root to it, itself included (parents[i]: its parent node, -1 the root)."""
+    paths: list[list[int]] = []
+    for i, token in enumerate(tokens):
+        paths.append((paths[parents[i]] if parents[i] >= 0 else []) + [token])  # parents come before children
+    return [[], *paths]
+
+
 def collect(steps: Iterable[Step]) -> Output:
     """Run a stream of steps to the end and gather its tokens and its totals."""
     tokens: list[int] = []
+    logprobs: list[TokenLogprob] = []
     stats = Stats()
     step = None
     for step in steps:
         tokens.extend(step.tokens)
+        logprobs.extend(step.logprobs)
         stats.add(step)
     if step is None or step.finish_reason is None:
         raise RuntimeError("the decode loop ended without a finish reason")
-    return Output(tokens, step.finish_reason, stats)
+    return Output(tokens, step.finish_reason, stats, logprobs)
 
 
 def run(*args, **kwargs) -> Output:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from specdec.algorithm.control import AutoK, Controller, Costs, parse_speculation
 from specdec.algorithm.draft import Drafter
+from specdec.algorithm.logprobs import TokenLogprob
 from specdec.algorithm.loop import Stats, Step, StopCondition, collect, decode
 from specdec.algorithm.sampling import SamplingParams
 from specdec.algorithm.stairs import StairsRunner, stairs_runner
@@ -53,7 +54,7 @@ from specdec.drafters.suffix import SuffixStore
 from specdec.drafters.universal import UniversalDrafter
 from specdec.engine_config import HF, EngineConfig, feeds_heads, with_options
 from specdec.errors import IncompatibleDraftError, SpecdecError
-from specdec.request import RequestConfig, check_draft_mode, check_verify_mode
+from specdec.request import RequestConfig, RequestError, check_draft_mode, check_verify_mode
 from specdec.runtime import runners
 from specdec.runtime.loading import ModelSpec, resolve_draft
 from specdec.runtime.memory import DRAFT_ROWS, TRIM_RETURN_BYTES, Need, request_need, return_freed_memory
@@ -81,14 +82,19 @@ class Result:
     token_ids: list[int]
     finish_reason: str  # "stop" (EOS or a stop string) or "length"
     stats: Stats
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per token, where the request asked for them
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "text": self.text,
             "token_ids": self.token_ids,
             "finish_reason": self.finish_reason,
             "stats": self.stats.to_dict(),
         }
+        if self.logprobs:
+            out["logprobs"] = [{"token": lp.token, "logprob": lp.logprob, "top": [list(pair) for pair in lp.top]}
+                               for lp in self.logprobs]
+        return out
 
 
 @overload
@@ -657,6 +663,9 @@ class Engine:
         """
         config = RequestConfig.from_options(config, **options)
         self.pool.check(config)
+        if config.logit_bias and config.logit_bias[-1][0] >= self.target_runner.vocab_size:  # (pairs in id order)
+            raise RequestError("logit_bias", f"token id {config.logit_bias[-1][0]} is not in the target's vocabulary "
+                                             f"(0..{self.target_runner.vocab_size - 1})", "logit_bias")
         prompt_ids = self.prompt_ids(prompt, chat=config.chat)
         condition = self.stop_condition(config.max_new_tokens, config.stop)
         drafting = config.speculative and self.can_draft
@@ -731,7 +740,7 @@ class Engine:
             prompt_ids = lease.target.decoder_prompt()
         return decode(target, prompt_ids, condition, drafter=drafter, num_speculative_tokens=k,
                       verifier=make_verifier(sampling, block=config.verify == "block"), tree=config.tree_shape,
-                      reuse_prefix=self.prefix_cache)
+                      reuse_prefix=self.prefix_cache, processor=config.processor(), logprobs=config.logprobs)
 
     def stop_condition(self, max_new_tokens: int, stop: Sequence[str] = ()) -> StopCondition:
         """When a request ends: max_new_tokens, the target's end-of-sequence tokens, stop strings."""
@@ -766,4 +775,4 @@ class Engine:
         finally:
             steps.close()  # the runners go back to the pool now, not when the steps are collected as garbage
         text = cut_at_stop(self.decode_text(out.token_ids), stop)
-        return Result(text, out.token_ids, out.finish_reason, out.stats)
+        return Result(text, out.token_ids, out.finish_reason, out.stats, out.logprobs)

@@ -22,7 +22,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from importlib import resources
@@ -35,6 +35,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from specdec.algorithm.logprobs import TokenLogprob
 from specdec.algorithm.loop import Stats
 from specdec.errors import SpecdecError
 from specdec.request import RequestError, served_fields
@@ -45,6 +46,7 @@ from specdec.serve.metrics import Metrics
 from specdec.serve.protocol import APIError, ChatRequest, CompletionRequest, GenerationRequest, parse, speculative_changes
 from specdec.serve.worker import SHUTTING_DOWN, ErrorEvent, Job, OverBudget, QueueFull, Request, StepEvent, Worker
 from specdec.text import ChatTemplateError, PromptError
+from specdec.vocab import decoded
 
 DISCONNECT_POLL_S = 0.1  # how often a request waiting for its next event checks that its client is still there
 CLIENT_GONE = 499  # the status logged for a request whose client left (nginx's convention)
@@ -183,7 +185,7 @@ class Generations:
             if isinstance(first, ErrorEvent):
                 raise event_error(first)
             reply = Reply(endpoint, req.model, gen, len(gen.prompt_ids), req.stream_options is not None
-                          and req.stream_options.include_usage)
+                          and req.stream_options.include_usage, self.token_text)
             if req.stream:
                 return StreamingResponse(stream(reply, job, first, metrics), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -210,6 +212,11 @@ class Generations:
             metrics.requests.labels(endpoint=endpoint, code=str(code)).inc()
             if code == CLIENT_GONE:
                 metrics.disconnects.inc()
+
+    def token_text(self, token: int) -> str:
+        """One token's text as logprobs show it: decoded alone, special tokens included (a token that holds part
+        of a character shows U+FFFD, as OpenAI's do)."""
+        return decoded(self.engine.tokenizer.decode([token], skip_special_tokens=False))
 
     async def admit(self, http: HTTPRequest, model: type[GenerationRequest]) -> tuple[GenerationRequest, Request, Job]:
         """The request checked (key, body, fields, model), tokenized and queued: (the parsed request, the
@@ -284,17 +291,29 @@ class Generations:
                            "temperature", "invalid_value")
         # speculative only where the engine can draft (a plain engine decodes plainly whatever is asked)
         speculative = engine.can_draft and given.pop("speculative", options.defaults.speculative)
+        # what the target's distribution goes through (specdec.algorithm.processors), and the logprobs asked for
+        processing = {name: getattr(req, name) for name in PROCESSING if getattr(req, name) is not None}
         try:
             config = replace(options.defaults, max_new_tokens=max_tokens, temperature=temperature,
                              top_k=max(req.top_k or 0, 0), top_p=1.0 if req.top_p is None else req.top_p,
-                             seed=req.seed, stop=req.stop, speculative=speculative, **given)
+                             seed=req.seed, stop=req.stop, speculative=speculative,
+                             logprobs=req.top_logprobs_asked(), **processing, **given)
         except RequestError as e:
+            if e.field in processing:  # the request's own field: a 400 naming it
+                raise APIError(400, str(e), e.field, "invalid_value") from None
             if e.field not in given:
                 raise APIError(400, str(e), None, "invalid_value") from None
             raise extension_error(e, wire_name(e.field)) from None
         except SpecdecError as e:
             raise APIError(400, str(e), None, "invalid_value") from None
+        vocab = engine.target_runner.vocab_size
+        if config.logit_bias and config.logit_bias[-1][0] >= vocab:  # (pairs in id order)
+            raise APIError(400, f"logit_bias: token id {config.logit_bias[-1][0]} is not in the vocabulary "
+                                f"(0..{vocab - 1})", "logit_bias", "invalid_value")
         return Request(prompt_ids, config)
+
+
+PROCESSING = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias")  # requests' own fields
 
 
 def speculative_changes_of(req: GenerationRequest) -> dict[str, Any]:
@@ -365,12 +384,38 @@ async def next_event(job: Job, http: HTTPRequest | None) -> StepEvent | ErrorEve
 class Reply:
     """Builds one request's response objects in OpenAI's shapes."""
 
-    def __init__(self, endpoint: str, model: str, request: Request, prompt_tokens: int, include_usage: bool) -> None:
+    def __init__(self, endpoint: str, model: str, request: Request, prompt_tokens: int, include_usage: bool,
+                 token_text: Callable[[int], str] = str) -> None:
         self.chat = endpoint.endswith("/chat/completions")
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.model, self.request, self.prompt_tokens = model, request, prompt_tokens
         self.include_usage = include_usage
+        self.token_text = token_text  # a token id's text in logprobs
+        self.text_offset = 0  # completions' logprobs: where the next token's text starts in the completion
+
+    def logprobs(self, logprobs: Sequence[TokenLogprob]) -> dict[str, Any] | None:
+        """The logprobs object of a choice (or a chunk's) for these tokens, in the endpoint's shape: chat's
+        {content: [{token, logprob, bytes, top_logprobs}], refusal}, completions' {tokens, token_logprobs,
+        top_logprobs, text_offset}; None where the request did not ask for them."""
+        if self.request.config.logprobs is None:
+            return None
+        if self.chat:
+            def entry(token: int, logprob: float) -> dict[str, Any]:
+                text = self.token_text(token)
+                return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+            content = [{**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+                       for lp in logprobs]
+            return {"content": content, "refusal": None}
+        texts = [self.token_text(lp.token) for lp in logprobs]
+        offsets = []
+        for text in texts:
+            offsets.append(self.text_offset)
+            self.text_offset += len(text)
+        top = [{self.token_text(t): v for t, v in lp.top} for lp in logprobs]
+        return {"tokens": texts, "token_logprobs": [lp.logprob for lp in logprobs], "top_logprobs": top,
+                "text_offset": offsets}
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
@@ -401,10 +446,12 @@ class Reply:
         """One streamed chunk: a decode step's text, with its speculative decoding details."""
         if self.chat:
             delta = {"role": "assistant", "content": event.text} if first else {"content": event.text}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": event.finish_reason}
+            choice = {"index": 0, "delta": delta, "logprobs": self.logprobs(event.logprobs),
+                      "finish_reason": event.finish_reason}
             out = self._envelope("chat.completion.chunk", [choice])
         else:
-            choice = {"index": 0, "text": event.text, "logprobs": None, "finish_reason": event.finish_reason}
+            choice = {"index": 0, "text": event.text, "logprobs": self.logprobs(event.logprobs),
+                      "finish_reason": event.finish_reason}
             out = self._envelope("text_completion", [choice])
         out["specdec"] = {"drafted": event.drafted, "accepted": event.accepted, "emitted": event.emitted,
                           "accepted_text": event.accepted_text}
@@ -417,14 +464,14 @@ class Reply:
         out.update(usage=self.usage(stats), speculative_decoding=self.speculation(stats))
         return out
 
-    def whole(self, text: str, finish_reason: str, stats: Stats) -> dict[str, Any]:
+    def whole(self, text: str, finish_reason: str, stats: Stats, logprobs: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
         """The non-streamed response."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": self.logprobs(logprobs),
                       "finish_reason": finish_reason}
             out = self._envelope("chat.completion", [choice])
         else:
-            out = self._envelope("text_completion", [{"index": 0, "text": text, "logprobs": None,
+            out = self._envelope("text_completion", [{"index": 0, "text": text, "logprobs": self.logprobs(logprobs),
                                                       "finish_reason": finish_reason}])
         out.update(usage=self.usage(stats), speculative_decoding=self.speculation(stats))
         return out
@@ -469,13 +516,15 @@ async def collect(reply: Reply, job: Job, event: StepEvent | ErrorEvent,
                   http: HTTPRequest | None) -> dict[str, Any] | None:
     """The whole response, from the job's events; None if the client left first."""
     text: list[str] = []
+    logprobs: list[TokenLogprob] = []
     while True:
         if isinstance(event, ErrorEvent):
             raise event_error(event)
         text.append(event.text)
+        logprobs.extend(event.logprobs)
         if event.finish_reason is not None:
             assert event.stats is not None  # a final event's
-            return reply.whole("".join(text), event.finish_reason, event.stats)
+            return reply.whole("".join(text), event.finish_reason, event.stats, logprobs)
         following = await next_event(job, http)
         if following is None:
             return None

@@ -1,9 +1,10 @@
 """Request bodies of the OpenAI-compatible API, and the OpenAI-style error every refusal answers with.
 
 A body is parsed strictly (a string where a number belongs is an error, not a conversion); fields
-this server does not know are ignored, as OpenAI clients send some we have no use for; fields
-whose meaning it cannot honour (n > 1, logprobs, penalties, tools...) are refused with a 400 rather
-than silently dropped.
+this server does not know are ignored, as OpenAI clients send some we have no use for (``user``,
+``metadata``, ``store``, ``service_tier``...: HARMLESS); fields OpenAI defines whose meaning it cannot honour
+(n > 1, tools, audio...: UNSERVED) are refused with a 400 naming them rather than silently dropped.
+Penalties, logit_bias and logprobs are served (specdec.algorithm.processors, specdec.algorithm.logprobs).
 
 The extension: ``"speculative": {"enabled": true, "k": 3 | "auto", ...}`` -- whether the request drafts
 at all, how many tokens per step, and any other option of specdec.request.RequestConfig marked
@@ -22,6 +23,14 @@ from specdec.request import RequestError, message_text, served_fields
 
 MAX_STOP_STRINGS = 8
 MAX_STOP_LENGTH = 256
+MAX_TOP_LOGPROBS = 20  # (specdec.request's)
+# OpenAI's fields that this server reads nothing of and that change nothing a client relies on: ignored.
+HARMLESS = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
+# OpenAI's fields whose meaning this server cannot honour: a 400 naming them when set to anything but their
+# neutral value (null, false, [], {} or, for modalities, ["text"]).  n, best_of, echo and suffix are checked
+# on their own (their neutral values are 1, 1, false and "").
+UNSERVED = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "audio", "modalities",
+            "prediction", "web_search_options", "reasoning_effort", "verbosity")
 
 
 class APIError(Exception):
@@ -96,14 +105,26 @@ class GenerationRequest(BaseModel):
     stream_options: StreamOptions | None = None
     n: int | None = None
     speculative: dict[str, Any] | None = None  # the extension (speculative_changes)
-    # OpenAI fields this server cannot honour: refused when set to anything but their neutral value.
-    presence_penalty: float | None = None
+    presence_penalty: float | None = None  # -2..2 (specdec.request.RequestConfig checks the ranges)
     frequency_penalty: float | None = None
-    logit_bias: dict[str, Any] | None = None
+    repetition_penalty: float | None = None  # vLLM's extension: > 0, 1 = off
+    logit_bias: dict[str, Any] | None = None  # {"token id": bias in -100..100}
+    # completions: an integer 0..20 (the alternatives per token); chat: true / false, with top_logprobs
     logprobs: Any = None
     best_of: int | None = None
     echo: bool | None = None
-    tools: list[Any] | None = None
+    # UNSERVED: whatever they hold, refused unless neutral (refuse_unsupported)
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
 
     @field_validator("stop")
     @classmethod
@@ -122,16 +143,22 @@ class GenerationRequest(BaseModel):
     def refuse_unsupported(self) -> None:
         """A 400 for a field whose meaning this server would silently drop."""
         if self.n is not None and self.n != 1:
-            raise APIError(400, f"n must be 1 (one choice per request), got {self.n}", "n", "invalid_value")
+            raise APIError(400, f"n must be 1: this server returns one choice per request (send n copies of the "
+                                f"request for more), got {self.n}", "n", "unsupported_value")
         if self.best_of is not None and self.best_of != 1:
             raise APIError(400, "best_of is not supported (it must be 1)", "best_of", "unsupported_value")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise APIError(400, f"{name} is not supported: speculative decoding here is lossless "
-                                    "against the plain model's distribution", name, "unsupported_value")
-        for name in ("logit_bias", "logprobs", "echo", "tools"):
-            if getattr(self, name):
-                raise APIError(400, f"{name} is not supported by this server", name, "unsupported_value")
+        if self.echo:
+            raise APIError(400, "echo is not supported by this server", "echo", "unsupported_value")
+        for name in UNSERVED:
+            value = getattr(self, name)
+            if value in (None, False, [], {}) or (name == "modalities" and value == ["text"]):
+                continue
+            raise APIError(400, f"{name} is not supported by this server", name, "unsupported_value")
+
+    def top_logprobs_asked(self) -> int | None:
+        """How many alternatives per token the request asks for: None (no logprobs) or 0..20; an APIError
+        naming the field for a value out of range or of the wrong type."""
+        raise NotImplementedError
 
 
 class CompletionRequest(GenerationRequest):
@@ -155,6 +182,16 @@ class CompletionRequest(GenerationRequest):
         if self.suffix:
             raise APIError(400, "suffix is not supported by this server", "suffix", "unsupported_value")
 
+    def top_logprobs_asked(self) -> int | None:
+        """logprobs: null, or an integer 0..20 (OpenAI's legacy completions take up to 5; vLLM more)."""
+        value = self.logprobs
+        if value is None:
+            return None
+        if not json_is(value, int) or not 0 <= value <= MAX_TOP_LOGPROBS:
+            raise APIError(400, f"logprobs must be an integer in 0..{MAX_TOP_LOGPROBS}, got {value!r}", "logprobs",
+                           "invalid_value")
+        return int(value)
+
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -174,6 +211,22 @@ class Message(BaseModel):
 class ChatRequest(GenerationRequest):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
+    top_logprobs: int | None = None  # 0..20 alternatives per token, with logprobs: true
+
+    def top_logprobs_asked(self) -> int | None:
+        """logprobs: true (with top_logprobs 0..20, default 0) or false / null; top_logprobs without logprobs is
+        refused, as OpenAI does."""
+        if self.logprobs is not None and not isinstance(self.logprobs, bool):
+            raise APIError(400, f"logprobs must be true or false, got {self.logprobs!r}", "logprobs", "invalid_value")
+        top = self.top_logprobs
+        if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise APIError(400, f"top_logprobs must be an integer in 0..{MAX_TOP_LOGPROBS}, got {top}", "top_logprobs",
+                           "invalid_value")
+        if not self.logprobs:
+            if top:
+                raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs", "invalid_value")
+            return None
+        return top or 0
 
 
 def parse(model: type[BaseModel], body: bytes) -> Any:

@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from specdec.algorithm.logprobs import TokenLogprob
 from specdec.algorithm.loop import Stats
 from specdec.errors import SpecdecError
 from specdec.request import RequestConfig
@@ -59,6 +60,7 @@ class StepEvent:
     emitted: int  # tokens this step added
     finish_reason: str | None  # set on the last step
     stats: Stats | None = None  # on the last step: the whole generation's
+    logprobs: tuple[TokenLogprob, ...] = ()  # the step's tokens' (specdec.algorithm.logprobs), where asked for
 
 
 @dataclass(frozen=True)
@@ -312,7 +314,7 @@ class Worker:
                     accepted_text = text.push(step.tokens[:n_accepted])
                     own_text = text.push(step.tokens[n_accepted:], final=final)
                 event = StepEvent(accepted_text + own_text, accepted_text, step.drafted, n_accepted,
-                                  len(step.tokens), step.finish_reason, stats if final else None)
+                                  len(step.tokens), step.finish_reason, stats if final else None, step.logprobs)
                 if step.finish_reason is not None:  # final: counted before the client hears of it (/metrics is
                     # up to date once it has)
                     metrics.record_generation(len(r.prompt_ids), stats)

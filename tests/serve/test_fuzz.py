@@ -23,7 +23,8 @@ EXAMPLES = 80
 
 FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
           "seed", "stop", "stream", "stream_options", "n", "speculative", "presence_penalty", "logit_bias",
-          "logprobs", "echo", "suffix", "tools", "best_of"]
+          "logprobs", "echo", "suffix", "tools", "best_of", "frequency_penalty", "repetition_penalty", "top_logprobs",
+          "tool_choice", "audio", "modalities", "prediction", "user", "metadata"]
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +45,9 @@ optional = {  # the valid fields a request may add
     "stop": st.one_of(st.text(min_size=1, max_size=5), st.lists(st.text(min_size=1, max_size=5), max_size=4)),
     "stream": st.booleans(),
     "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+    "presence_penalty": st.floats(-2.0, 2.0),
+    "frequency_penalty": st.floats(-2.0, 2.0),
+    "logit_bias": st.dictionaries(st.integers(0, 95).map(str), st.floats(-100.0, 100.0), max_size=4),
     "speculative": st.fixed_dictionaries({}, optional={"enabled": st.booleans(),
                                                        "k": st.one_of(st.integers(1, 32), st.just("auto"))}),
 }
