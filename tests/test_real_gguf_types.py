@@ -58,7 +58,7 @@ TEXTS = [  # about 30 tokens each, prose and code
 TOP1_SHARE = 0.85  # of the positions of TEXTS with llama.cpp's argmax
 NEAR_TIE = 1.5  # where the argmaxes differ: llama.cpp's logit of ours within this of its largest
 MEDIAN_REL = {"quantised": 0.1, "float": 0.015}  # the median relative difference's bound
-MAX_NEW = 20
+MAX_NEW = 16
 
 
 @pytest.fixture(scope="module")
