@@ -94,6 +94,7 @@ REAL_MODEL_GROUPS = {
     "tests/test_real_int8.py": "int8-and-llama.cpp",  # the int8 zoo
     "tests/test_real_gguf.py": "fp32-target",  # the zoo on its own blocks, the int8 0.5B as an int4 draft
     "tests/native/test_gguf_arch_real.py": "int8-and-llama.cpp",  # smollm2 / gemma3 on their blocks and llama.cpp
+    "tests/test_real_gguf_types.py": "fp32-target",  # smollm2-135m requantised to each type, its own file as draft
     "tests/backends/test_llamacpp.py": "int8-and-llama.cpp",  # the llama.cpp 1.5B / 0.5B, the int8 1.5B
     "tests/test_bridge.py": "int8-and-llama.cpp",  # the real tokenizers
     "tests/test_tokenizer.py": "int8-and-llama.cpp",  # the real tokenizers, lean and transformers'

@@ -869,10 +869,17 @@ class GGUFModel:
         return (tensor.type_id if self.requantize is None else self.requantize, tensor.rows, tensor.columns)
 
     def _check(self, tensor: Tensor) -> None:
-        if not kernels.gguf.supported(tensor.type_id) or tensor.columns % BLOCK.get(tensor.type_id, 1 << 30):
-            raise SpecdecError(f"--dtype gguf: {self.file.path.name}'s {tensor.name} is {_type_name(tensor.type_id)}, "
-                               f"which the gguf target does not multiply (it takes {', '.join(NAMES.values())}): "
-                               "use --dtype int8 or the llama.cpp backend")
+        """A one-line SpecdecError for a matrix the kernel cannot multiply: a type it lacks (IQ2_XXS, TQ1_0, ...),
+        or rows that are not whole blocks of their type; what to run the file with instead."""
+        instead = ("run it with --backend llamacpp, or --dtype int8 (its weights de-quantised and re-quantised "
+                   "to int8 through transformers)")
+        where = f"--dtype gguf: {self.file.path.name}'s {tensor.name} is {_type_name(tensor.type_id)}"
+        if not kernels.gguf.supported(tensor.type_id):
+            raise SpecdecError(f"{where}, which the gguf target does not multiply (it multiplies "
+                               f"{', '.join(NAMES.values())}): {instead}")
+        if tensor.columns % BLOCK.get(tensor.type_id, 1):
+            raise SpecdecError(f"{where} with rows of {tensor.columns} values, not whole {BLOCK[tensor.type_id]}-value "
+                               f"blocks, which the gguf target does not multiply: {instead}")
 
     def _blocks(self, tensor: Tensor) -> tuple[int, np.ndarray | torch.Tensor]:
         """(type id, blocks) of `tensor` as packed: the file's own, or its values requantised (rows in the file's
