@@ -217,15 +217,21 @@ def float_product(w: np.ndarray, x: np.ndarray, bias: np.ndarray | None = None) 
 
 
 def quantize_activations(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """x [m, k] fp32 -> (quants [m, k] int64 in [-127, 127], scales [m, k / block] fp32), per block of columns."""
+    """x [m, k] fp32 -> (quants [m, k] int64 in [-127, 127], scales [m, k / block] fp32), per block of columns, as
+    llama.cpp quantises activations: q = round-half-even(x * (127 / amax)); the scale of a block of 32 (ggml's
+    Q8_0 / Q8_1) amax / 127 rounded to fp16, of a block of 256 (Q8_K) 1 / (127 / amax) in fp32."""
     m, k = x.shape
     xb = x.astype(f32).reshape(m, k // block, block)
-    amax = np.abs(xb).max(axis=-1)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    amax = np.abs(xb).max(axis=-1)  # [m, k / block]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         inv = (f32(127) / amax).astype(f32)
         q = np.clip(np.rint(xb * inv[..., None]), -127, 127)
+        if block == 32:
+            d = (amax / f32(127)).astype(f32).astype(np.float16).astype(f32)  # numpy's fp16: nearest even
+        else:
+            d = (f32(1) / inv).astype(f32)
     q = np.where(amax[..., None] > 0, q, 0).astype(np.int64)
-    return q.reshape(m, k), (amax / f32(127)).astype(f32)
+    return q.reshape(m, k), np.where(amax > 0, d, f32(0)).astype(f32)
 
 
 def reference(type_id: int, raw: np.ndarray, n: int, k: int, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:

@@ -175,3 +175,40 @@ def test_a_channel_order_is_the_files_rows_in_that_order():
     for bad in ([0] * n, [3, 3], [n], [-1]):
         with pytest.raises(ValueError, match="distinct rows"):
             gguf.pack(Q4_K, raw, n, k, bad)
+
+
+
+def tie_amaxes() -> list[float]:
+    """Two block maxima whose amax / 127 (in fp32) lies exactly halfway between two fp16 values: 1 + 2^-11 (fp16
+    keeps the even 1, rounding down) and 1 + 3 * 2^-11 (the even 1 + 2^-9, rounding up), each times 2^-e for the
+    first e whose amax = d * 127 gives d back."""
+    found: list[float] = []
+    for bits in (0x3F801000, 0x3F803000):
+        for e in range(24):  # 2^-e keeps the mantissa's 13 low bits (and the tie)
+            d = np.array([bits - (e << 23)], np.uint32).view(np.float32)[0]
+            amax = np.float32(d * np.float32(127))
+            if np.float32(amax / np.float32(127)) == d:
+                found.append(float(amax))
+                break
+    assert len(found) == 2
+    return found
+
+
+@pytest.mark.parametrize("type_id", [Q8_0, Q4_1, Q4_K], ids=["Q8_0", "Q4_1", "Q4_K"])
+@pytest.mark.parametrize("path", gguf.paths())
+def test_the_activation_scales_are_llama_cpps_at_every_magnitude(type_id, path):
+    """Blocks of 32 keep amax / 127 in fp16 (ties to even, fp16's subnormals below 2^-14), blocks of 256
+    1 / (127 / amax): rows from 1e-7 to 1e3, and rows whose blocks' scales are fp16 ties, give the reference's bits."""
+    k, n = COLUMNS[type_id], 21
+    raw, part = packed(type_id, n, k)
+    linear = gguf.Parts([part], k)
+    x = activations(8, k, seed=5)  # [8, k]
+    for i, scale in enumerate((1e-7, 3e-6, 1e-4, 1e-3, 1.0, 1e3)):  # the first two: fp16-subnormal scales
+        x[i] *= scale
+    for i, amax in enumerate(tie_amaxes()):  # rows 6, 7: every block's largest value the tie
+        blocks = x[6 + i].view(-1, 32)  # [k / 32, 32]
+        blocks.mul_(0.999 * amax / blocks.abs().amax(-1, keepdim=True))
+        blocks[:, 3] = amax
+    want = reference(type_id, raw, n, k, x.numpy())
+    got = linear(x, path=path).numpy()
+    assert np.array_equal(got.view(np.int32), want.view(np.int32)), (path, np.abs(got - want).max())

@@ -5,8 +5,9 @@
  * ("a group") sit side by side, one 32-bit SIMD lane each, but every quant, scale and minimum is the file's.  The
  * activations are quantised per token to 8 bits in blocks (256 columns for the K types and IQ4_XS, 32 for the
  * others, as llama.cpp's Q8_K and Q8_0), and every product is summed exactly in integers.  Per output element,
- * per weight block b (the type's block: 256 or 32 columns), with x's block scale dx = amax / 127 and its quants
- * xq:
+ * per weight block b (the type's block: 256 or 32 columns), with x's block quants xq = round-half-even(x * (127 /
+ * amax)) and its scale dx: fp16(amax / 127) for 32 columns, 1 / (127 / amax) for 256 -- llama.cpp's own activation
+ * blocks (block_scale), part of the numbers: with them, a file's logits are llama.cpp's up to float rounding:
  *
  *   Q4_K  T = sum_j sc_j * S_j,  M = sum_j m_j * X32_j            (j: the 8 sub-blocks of 32; S_j = sum q xq)
  *         acc += dx * (d * (float)T - dmin * (float)M)
@@ -447,6 +448,27 @@ typedef struct {
     int64_t ldx;
 } acts_t;
 
+/* A block's scale dx from its amax (> 0, finite), as llama.cpp's activation blocks hold it, so that the integer sums
+ * and their scales are llama.cpp's own: a 32-column block (ggml's Q8_0 / Q8_1, for the types of 32) keeps
+ * amax / 127 rounded to fp16 (its d is a ggml_half: round to nearest even, subnormals kept, past 65504 inf); a
+ * 256-column block (Q8_K, for the K types and IQ4_XS) keeps 1 / (127 / amax) in fp32 (ggml's d = 1 / iscale, which
+ * may differ from amax / 127 in the last bit).  The quants are q = round-half-even(x * (127 / amax)) for both, as
+ * llama.cpp's x86 quantisers round them. */
+static float block_scale(float amax, int n) {
+    if (n != BLOCK_0) return 1.0f / (127.0f / amax);
+    const float d = amax / 127.0f;
+    uint32_t bits;
+    memcpy(&bits, &d, 4);
+    if (bits >= 0x477ff000u) return INFINITY; /* 65520 and up: fp16's nearest even is inf */
+    if (bits < 0x38800000u) { /* under 2^-14: an fp16 subnormal, a multiple of 2^-24 (both scalings exact) */
+        return nearbyintf(d * 16777216.0f) * (1.0f / 16777216.0f);
+    }
+    bits = (bits + 0xfffu + ((bits >> 13) & 1u)) & ~0x1fffu; /* 23 mantissa bits to 10, half to even */
+    float r;
+    memcpy(&r, &bits, 4);
+    return r;
+}
+
 static float quantize_block_c(const float *x, int n, int8_t *q) {
     float amax = 0.0f;
     for (int j = 0; j < n; j++) {
@@ -463,7 +485,7 @@ static float quantize_block_c(const float *x, int n, int8_t *q) {
         v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
         q[j] = (int8_t)v;
     }
-    return amax / 127.0f;
+    return block_scale(amax, n);
 }
 
 #ifdef SD_X86
@@ -491,7 +513,7 @@ AVX512Q static float quantize_block_avx512(const float *x, int n, int8_t *q) {
         f = _mm512_min_ps(_mm512_max_ps(f, lo), hi);
         _mm_storeu_si128((__m128i *)(q + j), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(f)));
     }
-    return amax / 127.0f;
+    return block_scale(amax, n);
 }
 #endif
 
