@@ -913,6 +913,26 @@ VNNI INLINE __m512i dot32(const __m512i w[8], const int8_t *x, const int step, c
 INLINE const int8_t *panel(const acts_t *a, int i0) { return (a->m - i0 == 1 ? a->q : a->qp) + (int64_t)i0 * a->k; }
 
 /* Q4_K: one group's blocks against rows i0 .. i0 + R - 1 (R a constant once inlined). */
+/* The end of a Q4_K or Q5_K block (their layouts share d and dmin at 0 and 32): the minimums' sums M = sum_j m_j X32_j
+ * by vpdpwssd on (m_2p, m_2p+1) pairs, then acc += dx * (d * T - dmin * M) for each of the R rows. */
+VNNI INLINE void q4k_block_end_vnni(const uint8_t *blk, const __m128i m8[8], const int16_t *mins, const float *dxs, int b,
+                                    const int R, const __m512i t[R_MAX], __m512 acc[R_MAX]) {
+    const __m512 d = load_half16(blk), dmin = load_half16(blk + 32);
+    __m512i mp[4]; /* lane c: (m_2p, m_2p+1) as two int16 */
+    for (int p = 0; p < 4; p++) {
+        const __m128i lo = _mm_unpacklo_epi8(m8[2 * p], m8[2 * p + 1]), hi = _mm_unpackhi_epi8(m8[2 * p], m8[2 * p + 1]);
+        mp[p] = _mm512_cvtepu8_epi16(_mm256_set_m128i(hi, lo));
+    }
+    for (int r = 0; r < R; r++) {
+        const int16_t *x32 = mins + ((int64_t)b * R_MAX + r) * 8;
+        __m512i mm = _mm512_setzero_si512();
+        for (int p = 0; p < 4; p++) mm = _mm512_dpwssd_epi32(mm, mp[p], bcast32(x32 + 2 * p));
+        const __m512 dx = _mm512_set1_ps(dxs[b * R_MAX + r]);
+        const __m512 v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(t[r])), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mm)));
+        acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(dx, v));
+    }
+}
+
 VNNI INLINE void q4k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, float out[R_MAX][LANES]) {
     const int8_t *xq = panel(a, i0);
     const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
@@ -939,20 +959,7 @@ VNNI INLINE void q4k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
             }
             for (int r = 0; r < R; r++) t[r] = _mm512_add_epi32(t[r], _mm512_mullo_epi32(dot32(w, xs + 4 * r, 4 * R, CHAINS(R)), sc));
         }
-        const __m512 d = load_half16(blk), dmin = load_half16(blk + 32);
-        __m512i mp[4]; /* lane c: (m_2p, m_2p+1) as two int16 */
-        for (int p = 0; p < 4; p++) {
-            const __m128i lo = _mm_unpacklo_epi8(m8[2 * p], m8[2 * p + 1]), hi = _mm_unpackhi_epi8(m8[2 * p], m8[2 * p + 1]);
-            mp[p] = _mm512_cvtepu8_epi16(_mm256_set_m128i(hi, lo));
-        }
-        for (int r = 0; r < R; r++) {
-            const int16_t *x32 = mins + ((int64_t)b * R_MAX + r) * 8;
-            __m512i mm = _mm512_setzero_si512();
-            for (int p = 0; p < 4; p++) mm = _mm512_dpwssd_epi32(mm, mp[p], bcast32(x32 + 2 * p));
-            const __m512 dx = _mm512_set1_ps(dxs[b * R_MAX + r]);
-            const __m512 v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(t[r])), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mm)));
-            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(dx, v));
-        }
+        q4k_block_end_vnni(blk, m8, mins, dxs, b, R, t, acc);
     }
     for (int r = 0; r < R; r++) _mm512_storeu_ps(out[r], acc[r]);
 }
@@ -1235,20 +1242,7 @@ VNNI INLINE void q5k_vnni(const uint8_t *grp, int nb, const acts_t *a, int i0, c
             }
             for (int r = 0; r < R; r++) t[r] = _mm512_add_epi32(t[r], _mm512_mullo_epi32(dot32(w, xs + 4 * r, 4 * R, CHAINS(R)), sc));
         }
-        const __m512 d = load_half16(blk), dmin = load_half16(blk + 32);
-        __m512i mp[4]; /* lane c: (m_2p, m_2p+1) as two int16 */
-        for (int p = 0; p < 4; p++) {
-            const __m128i lo = _mm_unpacklo_epi8(m8[2 * p], m8[2 * p + 1]), hi = _mm_unpackhi_epi8(m8[2 * p], m8[2 * p + 1]);
-            mp[p] = _mm512_cvtepu8_epi16(_mm256_set_m128i(hi, lo));
-        }
-        for (int r = 0; r < R; r++) {
-            const int16_t *x32 = mins + ((int64_t)b * R_MAX + r) * 8;
-            __m512i mm = _mm512_setzero_si512();
-            for (int p = 0; p < 4; p++) mm = _mm512_dpwssd_epi32(mm, mp[p], bcast32(x32 + 2 * p));
-            const __m512 dx = _mm512_set1_ps(dxs[b * R_MAX + r]);
-            const __m512 v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(t[r])), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mm)));
-            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(dx, v));
-        }
+        q4k_block_end_vnni(blk, m8, mins, dxs, b, R, t, acc);
     }
     for (int r = 0; r < R; r++) _mm512_storeu_ps(out[r], acc[r]);
 }
