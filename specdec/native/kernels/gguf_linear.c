@@ -1395,6 +1395,26 @@ AVX2F INLINE __m256i pair16_s8(const uint8_t *p) {
     return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
 }
 
+/* The end of a Q4_K or Q5_K block on one half of the group (d and dmin at 0 and 32): the minimums' sums
+ * M = sum_j m_j X32_j by vpmaddwd on (m_2p, m_2p+1) pairs, then acc += dx * (d * T - dmin * M) for rows r0.. */
+AVX2F INLINE void q4k_block_end_avx2(const uint8_t *blk, const __m128i m8[8], const int16_t *mins, const float *dxs, int b,
+                                    const int R, const int r0, int half, const __m256i t[R_MAX], __m256 acc[R_MAX]) {
+    const __m256 d = load_half8(blk + 16 * half), dmin = load_half8(blk + 32 + 16 * half);
+    __m256i mp[4]; /* lane c: (m_2p, m_2p+1) as two int16 */
+    for (int p = 0; p < 4; p++) {
+        const __m128i pairs = half ? _mm_unpackhi_epi8(m8[2 * p], m8[2 * p + 1]) : _mm_unpacklo_epi8(m8[2 * p], m8[2 * p + 1]);
+        mp[p] = _mm256_cvtepu8_epi16(pairs);
+    }
+    for (int r = 0; r < R; r++) {
+        const int16_t *x32 = mins + ((int64_t)b * R_MAX + r0 + r) * 8;
+        __m256i mm = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) mm = _mm256_add_epi32(mm, _mm256_madd_epi16(mp[p], bcast32_8(x32 + 2 * p)));
+        const __m256 dx = _mm256_set1_ps(dxs[b * R_MAX + r0 + r]);
+        const __m256 v = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(t[r])), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mm)));
+        acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, v));
+    }
+}
+
 AVX2F INLINE void q4k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, const int R, const int r0, const int P, int half,
                            float out[R_MAX][LANES]) {
     const int h32 = 32 * half;
@@ -1429,20 +1449,7 @@ AVX2F INLINE void q4k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
                 t[r] = _mm256_add_epi32(t[r], _mm256_madd_epi16(p, sc));
             }
         }
-        const __m256 d = load_half8(blk + 16 * half), dmin = load_half8(blk + 32 + 16 * half);
-        __m256i mp[4]; /* lane c: (m_2p, m_2p+1) as two int16 */
-        for (int p = 0; p < 4; p++) {
-            const __m128i pairs = half ? _mm_unpackhi_epi8(m8[2 * p], m8[2 * p + 1]) : _mm_unpacklo_epi8(m8[2 * p], m8[2 * p + 1]);
-            mp[p] = _mm256_cvtepu8_epi16(pairs);
-        }
-        for (int r = 0; r < R; r++) {
-            const int16_t *x32 = mins + ((int64_t)b * R_MAX + r0 + r) * 8;
-            __m256i mm = _mm256_setzero_si256();
-            for (int p = 0; p < 4; p++) mm = _mm256_add_epi32(mm, _mm256_madd_epi16(mp[p], bcast32_8(x32 + 2 * p)));
-            const __m256 dx = _mm256_set1_ps(dxs[b * R_MAX + r0 + r]);
-            const __m256 v = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(t[r])), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mm)));
-            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, v));
-        }
+        q4k_block_end_avx2(blk, m8, mins, dxs, b, R, r0, half, t, acc);
     }
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r0 + r] + 8 * half, acc[r]);
 }
@@ -1755,20 +1762,7 @@ AVX2F INLINE void q5k_avx2(const uint8_t *grp, int nb, const acts_t *a, int i0, 
                 t[r] = _mm256_add_epi32(t[r], _mm256_add_epi32(_mm256_madd_epi16(p0, sc), _mm256_madd_epi16(p1, sc)));
             }
         }
-        const __m256 d = load_half8(blk + 16 * half), dmin = load_half8(blk + 32 + 16 * half);
-        __m256i mp[4]; /* lane c: (m_2p, m_2p+1) as two int16 */
-        for (int p = 0; p < 4; p++) {
-            const __m128i pairs = half ? _mm_unpackhi_epi8(m8[2 * p], m8[2 * p + 1]) : _mm_unpacklo_epi8(m8[2 * p], m8[2 * p + 1]);
-            mp[p] = _mm256_cvtepu8_epi16(pairs);
-        }
-        for (int r = 0; r < R; r++) {
-            const int16_t *x32 = mins + ((int64_t)b * R_MAX + r0 + r) * 8;
-            __m256i mm = _mm256_setzero_si256();
-            for (int p = 0; p < 4; p++) mm = _mm256_add_epi32(mm, _mm256_madd_epi16(mp[p], bcast32_8(x32 + 2 * p)));
-            const __m256 dx = _mm256_set1_ps(dxs[b * R_MAX + r0 + r]);
-            const __m256 v = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(t[r])), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mm)));
-            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, v));
-        }
+        q4k_block_end_avx2(blk, m8, mins, dxs, b, R, r0, half, t, acc);
     }
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r0 + r] + 8 * half, acc[r]);
 }
