@@ -9,6 +9,7 @@ the model (de-quantised to fp32) as a reference.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +36,20 @@ def _bpe(tokenizer) -> tuple[list[str], list[str], list[int]]:
     return tokens, merges, [3 if t in special else 1 for t in tokens]
 
 
+def add_tokenizer(writer: Any, tokenizer: Any, tokens: list, merges: list[str], types: list[int]) -> None:
+    """The tokenizer's gpt2-model metadata (tokens, merges, types, its bos / eos / pad ids; no bos added) on `writer`
+    (a gguf.GGUFWriter), as llama.cpp and transformers read a GGUF's tokenizer."""
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_merges(merges)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(tokenizer.bos_token_id)
+    writer.add_eos_token_id(tokenizer.eos_token_id)
+    writer.add_pad_token_id(tokenizer.pad_token_id)
+    writer.add_add_bos_token(False)
+
+
 def save_tiny_gguf(path: str | Path, arch: str = "qwen2", seed: int = 0, layers: int = 2, positions: int = 512,
                    scale: float = 1.0, requantized: bool = False) -> str:
     """Write a tiny random GGUF model (see the module doc) to `path`; returns the path.  `scale` multiplies
@@ -58,15 +73,7 @@ def save_tiny_gguf(path: str | Path, arch: str = "qwen2", seed: int = 0, layers:
     writer.add_head_count_kv(KV_HEADS)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_merges(merges)
-    writer.add_token_types(types)
-    writer.add_bos_token_id(tokenizer.bos_token_id)
-    writer.add_eos_token_id(tokenizer.eos_token_id)
-    writer.add_pad_token_id(tokenizer.pad_token_id)
-    writer.add_add_bos_token(False)
+    add_tokenizer(writer, tokenizer, tokens, merges, types)
 
     def quantised(name: str, kind: str, rows: int, columns: int) -> None:
         type_id = TYPES[kind]

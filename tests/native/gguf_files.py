@@ -129,7 +129,7 @@ def save_arch_gguf(path: str | Path, arch: str, seed: int = 0, scale: float = 4.
 
     from tests.native.gguf_blocks import random_blocks
     from tests.tiny import tiny_tokenizer
-    from tests.tiny_gguf import TYPES, _bpe, _scaled
+    from tests.tiny_gguf import TYPES, _bpe, _scaled, add_tokenizer
 
     rng = np.random.default_rng(seed)
     tokenizer = tiny_tokenizer()
@@ -155,15 +155,7 @@ def save_arch_gguf(path: str | Path, arch: str, seed: int = 0, scale: float = 4.
     if arch == "gemma2":
         for key, cap in CAPS.items():
             writer.add_float32(f"gemma2.{key}", cap)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_merges(merges)
-    writer.add_token_types(types)
-    writer.add_bos_token_id(tokenizer.bos_token_id)
-    writer.add_eos_token_id(tokenizer.eos_token_id)
-    writer.add_pad_token_id(tokenizer.pad_token_id)
-    writer.add_add_bos_token(False)
+    add_tokenizer(writer, tokenizer, tokens, merges, types)
 
     def linear(name: str, kind: str, rows: int, columns: int) -> None:
         raw = _scaled(random_blocks(TYPES[kind], rows, columns, rng), TYPES[kind], rows, columns, scale)
