@@ -23,6 +23,7 @@ from typing import Any
 from specdec.algorithm.control import AUTO, Controller, parse_speculation
 from specdec.algorithm.draft import TreeShape, parse_tree
 from specdec.algorithm.params import SamplingParams
+from specdec.constrain.spec import Constraint
 from specdec.errors import SpecdecError
 
 MAX_TOP_LOGPROBS = 20  # the most alternatives per token a request may ask for (OpenAI's limit; specdec.algorithm.logprobs)
@@ -151,6 +152,10 @@ class RequestConfig:
     # a LogitsProcessor object of the caller's (specdec.algorithm.processors: a grammar's mask, ...), applied after
     # logit_bias and the penalties; the Python API's only (no flag, no request field)
     logits_processor: Any = option(None, label="logits_processor")
+    # what the output must be (specdec.constrain.Constraint: a JSON schema, any JSON object, a regex, a Lark or GBNF
+    # grammar); the target's distribution is masked by it at every position, speculation on.  generate's
+    # --json-schema / --grammar / --regex, the server's response_format, the Python API's constraint=
+    constraint: Constraint | None = option(None, label="constraint")
     logprobs: int | None = option(
         None, "--logprobs", label="logprobs",
         help="Report each generated token's log-probability under the target (its raw distribution) and its "
@@ -191,18 +196,27 @@ class RequestConfig:
             raise RequestError("repetition_penalty", f"must be a number in (0, 10], got {self.repetition_penalty}",
                                "repetition_penalty")
         object.__setattr__(self, "logit_bias", parse_logit_bias(self.logit_bias))
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise RequestError("constraint", f"must be a specdec.constrain.Constraint, got {type(self.constraint).__name__}",
+                               "constraint")
         if self.logprobs is not None and not (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             raise RequestError("logprobs", f"must be an integer in 0..{MAX_TOP_LOGPROBS}, got {self.logprobs}",
                                "logprobs")
 
-    def processor(self) -> Any:
+    def processor(self, grammar: Any = None) -> Any:
         """The request's logits processor (specdec.algorithm.processors: logit_bias, then the penalties, then the
-        caller's logits_processor), or None where it changes nothing.  Imports torch."""
+        caller's logits_processor, then `grammar`'s mask: the constraint compiled, specdec.constrain.Grammar), or
+        None where it changes nothing.  Imports torch; a new one per generation (a grammar's walks its own)."""
         from specdec.algorithm.processors import LogitBias, Penalties, chain
 
         penalties = Penalties(self.presence_penalty, self.frequency_penalty, self.repetition_penalty)
+        masked = None
+        if grammar is not None:
+            from specdec.constrain.processor import GrammarProcessor
+
+            masked = GrammarProcessor(grammar)
         return chain(LogitBias(dict(self.logit_bias)) if self.logit_bias else None,
-                     penalties if penalties.active else None, self.logits_processor)
+                     penalties if penalties.active else None, self.logits_processor, masked)
 
     @property
     def tree_shape(self) -> TreeShape | None:

@@ -46,6 +46,7 @@ SUFFIX = "suffix"  # suffix drafting over the context and recent requests' outpu
 SHORT_SUFFIX = "suffix-short"  # a hybrid's suffix drafts below its score threshold (weaker evidence; ~free)
 RECYCLE = "recycle"  # the target's own top candidates from earlier forwards (specdec.drafters.recycling; ~free)
 SHORT_RECYCLE = "recycle-short"  # a hybrid's recycled drafts below its margin threshold (weaker evidence; ~free)
+FORCED = "forced"  # a step that verified only tokens a grammar forces (specdec.algorithm.processors; no proposal)
 
 
 @dataclass(frozen=True)

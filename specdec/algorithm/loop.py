@@ -15,7 +15,11 @@ What a request does to the target's distribution as a function of the prefix (pe
 grammar's mask: specdec.algorithm.processors) is one LogitsProcessor, applied by :class:`Shaping` to every
 row of target logits before the verifier, so that plain and speculative decoding decide on the same
 processed rows; the log-probabilities of the emitted tokens (specdec.algorithm.logprobs) come from the raw
-rows that chose them.
+rows that chose them.  A processor that constrains the output to a language (a grammar:
+specdec.algorithm.processors.ConstrainingProcessor) also shapes the drafts: a chain is cut at the first token it
+forbids, where that cannot change the output, and the tokens it forces are verified as drafts that need no
+proposal, ahead of the drafter's (fast-forward; only where the request drafts at all: plain decoding stays one
+token a forward).
 """
 
 from __future__ import annotations
@@ -27,9 +31,9 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 
 from specdec.algorithm.control import Controller, FixedK, plan, propose
-from specdec.algorithm.draft import Draft, Drafter, TreeShape
+from specdec.algorithm.draft import FORCED, Draft, Drafter, TreeShape
 from specdec.algorithm.logprobs import TokenLogprob, token_logprobs
-from specdec.algorithm.processors import LogitsProcessor
+from specdec.algorithm.processors import ConstrainingProcessor, LogitsProcessor
 from specdec.algorithm.trees import depths
 from specdec.algorithm.verify import GreedyVerifier, Verifier
 from specdec.backends.base import ModelRunner, forward_chunked, reusable_prefix
@@ -263,6 +267,26 @@ class Shaping:
         if self.logprobs is not None:
             self.last = token_logprobs(logits[list(rows)], tokens, self.logprobs)
 
+    def forced(self, limit: int) -> list[int]:
+        """The tokens the processor forces next (at most `limit`; none without a constraining processor)."""
+        if limit <= 0 or not isinstance(self.processor, ConstrainingProcessor):
+            return []
+        return self.processor.forced(self.generated, limit)
+
+    def cut(self, draft: Draft | None, deterministic: bool) -> Draft | None:
+        """A chain `draft` cut at the first token the processor forbids.  Where the cut cannot change the output (the proposal is `deterministic`: no q, or greedy
+        verification) the forbidden token goes too; a sampled draft keeps it, so that verification rejects it
+        and draws the next token from the residual as it must (cutting there would draw from p instead, which
+        is not the target's distribution once the draft's q put mass on forbidden tokens)."""
+        if draft is None or draft.is_tree or not isinstance(self.processor, ConstrainingProcessor):
+            return draft
+        n = self.processor.valid(self.generated, draft.tokens)  # (the forced tokens all pass)
+        keep = n if deterministic or n == len(draft.tokens) else n + 1
+        if keep == len(draft.tokens):
+            return draft
+        return replace(draft, tokens=draft.tokens[:keep], q=None if draft.q is None else draft.q[:keep],
+                       parents=None if draft.parents is None else draft.parents[:keep])
+
 
 @dataclass
 class Output:
@@ -336,7 +360,14 @@ def _step(target: ModelRunner, verifier: Verifier, drafter: Drafter | None, cont
     # max_new_tokens, and the verification forward must fit the window.
     limit = min(stop.max_new_tokens - len(generated) - 1, target.max_context - len(context))
     t0 = time.perf_counter()  # planning is drafting time: a drafter may run its first forward to grade (a head)
-    k, source, shape, draft = _draft(target, drafter, controller, tree, context, limit)
+    forced = shaping.forced(limit) if drafter is not None else []  # a grammar's fixed text: drafts without a proposal
+    if forced:  # the drafter continues after them, as a chain
+        k, source, shape, draft = _draft(target, drafter, controller, None, context + forced, limit - len(forced))
+        draft = _after_forced(forced, draft)
+        k = len(draft.tokens)
+    else:
+        k, source, shape, draft = _draft(target, drafter, controller, tree, context, limit)
+    draft = shaping.cut(draft, draft is None or draft.q is None or isinstance(verifier, GreedyVerifier))
     t1 = time.perf_counter()
 
     nodes = 0
@@ -354,10 +385,14 @@ def _step(target: ModelRunner, verifier: Verifier, drafter: Drafter | None, cont
     t2 = time.perf_counter()
     if drafter is not None:
         if k:
-            drafter.observe(context, n)
-        # a tree's verification holds more rows than its depth: its time is not t(k + 1)
-        target_s = 0.0 if draft is not None and draft.is_tree else t2 - t1
-        controller.observe(k, n, t1 - t0, target_s, draft.synced if draft is not None else 0, source)
+            drafter.observe(context, n)  # every verification, the forced tokens' too (a draft head keeps their rows)
+        # a tree's verification holds more rows than its depth, a forced step's more than the drafter's k: their
+        # time is not t(k + 1); the controller hears the drafter's part of the step only
+        target_s = 0.0 if draft is not None and draft.is_tree or forced else t2 - t1
+        f = min(len(forced), k)
+        controller.observe(k - f, max(n - f, 0), t1 - t0, target_s, draft.synced if draft is not None else 0, source)
+        if forced and k == len(forced):
+            source = FORCED
     emitted, reason = _append(new, generated, context, stop, target.max_context, shaping)
     return Step(emitted, reason, drafted=k, accepted=n, source=source if k else "", tree_nodes=nodes,
                 draft_s=t1 - t0, target_s=t2 - t1, step_s=time.perf_counter() - t0,
@@ -444,6 +479,19 @@ def _draft(target: ModelRunner, drafter: Drafter | None, controller: Controller,
         shape = replace(tree, nodes=nodes) if nodes > k else None
     draft = propose(drafter, context, k, source, shape) if drafter is not None and k > 0 else None
     return k, source, shape, draft
+
+
+def _after_forced(forced: list[int], draft: Draft | None) -> Draft:
+    """The step's draft: the `forced` tokens, then the drafter's chain after them (a q's rows for the forced
+    tokens one-hot: a deterministic proposal, as Draft's q None is)."""
+    if draft is None or not draft.tokens:
+        return Draft(list(forced), synced=draft.synced if draft is not None else 0)
+    q = None
+    if draft.q is not None:
+        q = torch.zeros(len(forced) + len(draft.tokens), draft.q.shape[-1], dtype=draft.q.dtype)  # [f + k, V]
+        q[torch.arange(len(forced)), torch.tensor(forced)] = 1.0
+        q[len(forced):] = draft.q
+    return Draft([*forced, *draft.tokens], q, draft.synced)
 
 
 def _plain_step(target: ModelRunner, verifier: Verifier, drafter: Drafter | None, context: list[int],

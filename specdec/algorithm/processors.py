@@ -24,11 +24,12 @@ The contract that makes this exact:
   penalties here do.
 - A token a processor bans gets ``-inf``; at least one token of each row must stay finite.
 
-Forced tokens (fast-forward): a processor that knows that only one token is allowed at a position (a
-grammar's keys, quotes, braces) may also implement :class:`ForcingProcessor`.  The loop does not use it yet:
-it is the place for a drafter-side object that turns forced tokens into drafts that need no proposal
-(appended to the drafter's proposal, verified by the next forward like any draft, so that the cache stays
-right; greedy or sampled, a forced token's processed distribution is one-hot, so it is always accepted).
+Constraints (a grammar: specdec.constrain.processor.GrammarProcessor) also implement :class:`ConstrainingProcessor`:
+``valid(generated, tokens)``, how many of a draft's tokens the constraint allows in a row (the loop cuts a draft
+there before verifying it, where that cannot change the output: a deterministic proposal, or greedy verification),
+and ``forced(generated, limit)``, the tokens it allows alone next (fast-forward: the loop verifies them as drafts
+that need no proposal, ahead of the drafter's own, so that the cache stays right; under a one-hot processed row
+a forced token is always accepted, greedy or sampled).
 
 Penalties as defined by OpenAI (presence, frequency: over the generated tokens), transformers / vLLM
 (repetition: over the prompt and the generated tokens) and logit_bias (added to the raw logits first) are
@@ -63,8 +64,12 @@ class LogitsProcessor(Protocol):
 
 
 @runtime_checkable
-class ForcingProcessor(Protocol):
-    """A processor that can say which tokens it forces (a grammar): for fast-forward drafts."""
+class ConstrainingProcessor(Protocol):
+    """A processor that bans tokens by a language (a grammar): it can check drafts and say what it forces."""
+
+    def valid(self, generated: Sequence[int], tokens: Sequence[int]) -> int:
+        """How many of `tokens`, from the first, are allowed in a row after prompt + generated."""
+        ...
 
     def forced(self, generated: Sequence[int], limit: int) -> list[int]:
         """The tokens forced after prompt + generated, in order, at most `limit`: each one the only token the
@@ -90,6 +95,21 @@ class Chain:
     def accept(self, tokens: Sequence[int]) -> None:
         for p in self.processors:
             p.accept(tokens)
+
+    def valid(self, generated: Sequence[int], tokens: Sequence[int]) -> int:
+        """The fewest tokens any of its constraints allows (all of them where it has none)."""
+        return min([len(tokens), *(p.valid(generated, tokens) for p in self._constraints())])
+
+    def forced(self, generated: Sequence[int], limit: int) -> list[int]:
+        """The first constraint's forced tokens that every other one allows (none where it has none)."""
+        constraints = self._constraints()
+        if not constraints:
+            return []
+        tokens = constraints[0].forced(generated, limit)
+        return tokens[: self.valid(generated, tokens)]
+
+    def _constraints(self) -> list[ConstrainingProcessor]:
+        return [p for p in self.processors if isinstance(p, ConstrainingProcessor)]
 
 
 def chain(*processors: LogitsProcessor | None) -> LogitsProcessor | None:

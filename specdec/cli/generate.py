@@ -3,16 +3,19 @@ and with --timings where the start-up's time went."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import typer
 
 from specdec.cli.common import PullProgress, check_n_ctx_and_threads, err, fail, load_engine, quiet_libraries
 from specdec.cli.options import engine_options, request_options
+from specdec.constrain import Constraint
 from specdec.drafters.choice import auto_note
 from specdec.engine_config import EngineConfig, feeds_heads
 from specdec.errors import SpecdecError
@@ -31,6 +34,11 @@ def generate(
     request: RequestConfig = None,  # type: ignore[assignment]
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object {text, token_ids, stats}."),
     timings: bool = typer.Option(False, "--timings", help="Print where the time went, start-up phase by phase."),
+    json_schema: str = typer.Option(None, "--json-schema", help="Constrain the output to JSON that validates "
+                                    "against this schema (a file, or the schema's JSON text). Speculation stays on."),
+    grammar: str = typer.Option(None, "--grammar", help="Constrain the output to a grammar: a GBNF file or text "
+                                "(llama.cpp's), or a Lark file (.lark; llguidance's dialect)."),
+    regex: str = typer.Option(None, "--regex", help="Constrain the output to text that matches this regex whole."),
 ) -> None:
     """Generate text with speculative decoding (or plainly with --draft none)."""
     started = process_age()  # the interpreter's start and the CLI's own imports
@@ -42,6 +50,12 @@ def generate(
     imported = time.perf_counter() - began
 
     check_n_ctx_and_threads(models.n_ctx, models.threads)
+    try:
+        constraint = constraint_option(json_schema, grammar, regex)
+    except SpecdecError as e:
+        fail(str(e))
+    if constraint is not None:
+        request = dataclasses.replace(request, constraint=constraint)
     quiet_libraries()
     progress = PullProgress()
     try:
@@ -80,6 +94,33 @@ def generate(
     except SpecdecError as e:
         progress.close()
         fail(str(e))
+
+
+def constraint_option(json_schema: str | None, grammar: str | None, regex: str | None) -> Constraint | None:
+    """--json-schema / --grammar / --regex as a Constraint (at most one of them; None for none).  A schema or
+    grammar is read from the file it names where one exists, else taken as the text itself."""
+    given = [name for name, value in (("--json-schema", json_schema), ("--grammar", grammar), ("--regex", regex))
+             if value is not None]
+    if len(given) > 1:
+        raise SpecdecError(f"give one of {', '.join(given)}, not several")
+    if json_schema is not None:
+        return Constraint("json_schema", _text_or_file(json_schema, "--json-schema"))
+    if grammar is not None:
+        kind = "lark" if grammar.endswith(".lark") else "gbnf"
+        return Constraint(kind, _text_or_file(grammar, "--grammar"))
+    return Constraint("regex", regex) if regex is not None else None
+
+
+def _text_or_file(value: str, flag: str) -> str:
+    """The text of the file `value` names, or `value` itself where it names none (inline JSON or grammar)."""
+    path = Path(value)
+    looks_inline = value.lstrip().startswith(("{", "root", "start")) or "\n" in value or "::=" in value
+    if not looks_inline and (path.is_file() or path.suffix in (".json", ".gbnf", ".lark")):
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise SpecdecError(f"{flag}: cannot read {value}: {e}") from None
+    return value
 
 
 def process_age() -> float | None:

@@ -28,6 +28,7 @@ from specdec.algorithm.stairs import StairsRunner, stairs_runner
 from specdec.algorithm.verify import make_verifier
 from specdec.backends.base import ModelRunner, trimmable
 from specdec.bridge import TextBridge, VocabularyMap
+from specdec.constrain import Constraint
 from specdec.defaults import DEFAULT_SUFFIX_MEMORY
 from specdec.drafters.draft_vocab import (
     AUTO_MIN_VOCAB,
@@ -679,10 +680,17 @@ class Engine:
             from specdec.head.use import check_hidden_states
 
             check_hidden_states(self.target_runner, config.verify)
-        return self._steps(prompt_ids, condition, config, drafting)
+        grammar = self.grammar(config.constraint) if config.constraint is not None else None
+        return self._steps(prompt_ids, condition, config, drafting, grammar)
+
+    def grammar(self, constraint: Constraint) -> Any:
+        """`constraint` compiled for the target's tokenizer and logits (specdec.constrain.Grammar, cached): its
+        output ends at one of the target's end-of-sequence tokens.  A one-line SpecdecError for a grammar the
+        library refuses."""
+        return constraint.grammar(self.tokenizer, self.target_runner.vocab_size, sorted(self.eos_token_ids))
 
     def _steps(self, prompt_ids: list[int], condition: StopCondition, config: RequestConfig,
-               drafting: bool) -> Generator[Step, None, None]:
+               drafting: bool, grammar: Any = None) -> Generator[Step, None, None]:
         """The request's steps, decoded over runners the pool lends for as long as they run; with suffix
         drafts, its output (all of it, or what was decoded before its steps were closed) then enters the
         engine's store of recent answers.  A request that fails inside a step empties the runners' caches:
@@ -692,7 +700,7 @@ class Engine:
         try:
             with self.pool.lease(config) as lease:
                 try:
-                    for decoded_steps, step in enumerate(self._decode(lease, prompt_ids, condition, config, drafting)):
+                    for decoded_steps, step in enumerate(self._decode(lease, prompt_ids, condition, config, drafting, grammar)):
                         output.extend(step.tokens)
                         if step.finish_reason is not None:
                             self._check_step_costs(decoded_steps)  # the steps after the prefill's
@@ -725,7 +733,7 @@ class Engine:
             return_freed_memory()
 
     def _decode(self, lease: Lease, prompt_ids: list[int], condition: StopCondition, config: RequestConfig,
-                drafting: bool) -> Iterator[Step]:
+                drafting: bool, grammar: Any = None) -> Iterator[Step]:
         sampling = config.sampling
         # the most the caches will hold: the runners that preallocate theirs size them once (ModelRunner.expect)
         for runner in (lease.target, lease.draft if drafting else None):
@@ -740,7 +748,7 @@ class Engine:
             prompt_ids = lease.target.decoder_prompt()
         return decode(target, prompt_ids, condition, drafter=drafter, num_speculative_tokens=k,
                       verifier=make_verifier(sampling, block=config.verify == "block"), tree=config.tree_shape,
-                      reuse_prefix=self.prefix_cache, processor=config.processor(), logprobs=config.logprobs)
+                      reuse_prefix=self.prefix_cache, processor=config.processor(grammar), logprobs=config.logprobs)
 
     def stop_condition(self, max_new_tokens: int, stop: Sequence[str] = ()) -> StopCondition:
         """When a request ends: max_new_tokens, the target's end-of-sequence tokens, stop strings."""
