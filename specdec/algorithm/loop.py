@@ -57,6 +57,8 @@ class Stats:
     accepted_at: list[int] = field(default_factory=list)  # [i]: steps whose draft token i was accepted
     tree_steps: int = 0  # draft steps that verified a token tree (counted in draft_steps too)
     tree_nodes: int = 0  # draft tokens those trees held (their depth is what `drafted` counts)
+    forced: int = 0  # draft tokens a grammar forced (counted in drafted too; specdec.algorithm.processors)
+    process_s: float = 0.0  # in the request's logits processor (a grammar's masks, drafts' checks; part of the others)
     # per draft source (specdec.algorithm.control: "model", "lookup", "suffix", ...): [draft steps, drafted, accepted]
     by_source: dict[str, list[int]] = field(default_factory=dict)
     wall_s: float = 0.0
@@ -142,6 +144,7 @@ class Stats:
         self.wall_s += step.wall_s
         self.draft_s += step.draft_s
         self.target_s += step.target_s
+        self.process_s += step.process_s
         if step.prefill:
             self.prefill_s += step.target_s
             self.reused_prompt_tokens += step.reused_prompt_tokens
@@ -152,6 +155,7 @@ class Stats:
             return
         self.record_draft(step.drafted, step.accepted)
         self.record_source(step.source, step.drafted, step.accepted)
+        self.forced += step.forced
         if step.tree_nodes:
             self.tree_steps += 1
             self.tree_nodes += step.tree_nodes
@@ -238,6 +242,8 @@ class Step:
     accepted: int = 0  # of them, how many the target accepted
     source: str = ""  # where a drafted step's draft came from (specdec.algorithm.control: "model", "lookup", ...)
     tree_nodes: int = 0  # the tokens of the tree it verified (0: a chain, or nothing drafted)
+    forced: int = 0  # of the drafted tokens, how many a grammar forced (verified first, without a proposal)
+    process_s: float = 0.0  # in the request's logits processor: its rows, forced tokens and draft checks (in the above)
     draft_s: float = 0.0  # in the drafter (planning and proposing)
     target_s: float = 0.0  # in the target's forward and verification (the prefill's: from the loop's start)
     step_s: float = 0.0  # from drafting to the tokens emitted (the prefill's: 0, see target_s)
@@ -256,11 +262,22 @@ class Shaping:
     def __init__(self, processor: LogitsProcessor | None, logprobs: int | None, generated: list[int]) -> None:
         self.processor, self.logprobs, self.generated = processor, logprobs, generated
         self.last: list[TokenLogprob] = []  # the log-probabilities of the last verification's emitted tokens
+        self.spent = 0.0  # seconds in the processor since `take`
+
+    def take(self) -> float:
+        """The seconds spent in the processor since the last call (a step's Step.process_s)."""
+        spent, self.spent = self.spent, 0.0
+        return spent
 
     def process(self, paths: Sequence[Sequence[int]], logits: torch.Tensor) -> torch.Tensor:
         """The rows the verifier sees: logits [R, V] (row r after paths[r]) processed; the same tensor without
         a processor."""
-        return logits if self.processor is None else self.processor.process(self.generated, paths, logits)
+        if self.processor is None:
+            return logits
+        t0 = time.perf_counter()
+        out = self.processor.process(self.generated, paths, logits)
+        self.spent += time.perf_counter() - t0
+        return out
 
     def record(self, logits: torch.Tensor, rows: Sequence[int], tokens: Sequence[int]) -> None:
         """Keep the log-probabilities of tokens[i] under raw row rows[i] of logits [R, V] (if asked for)."""
@@ -271,16 +288,22 @@ class Shaping:
         """The tokens the processor forces next (at most `limit`; none without a constraining processor)."""
         if limit <= 0 or not isinstance(self.processor, ConstrainingProcessor):
             return []
-        return self.processor.forced(self.generated, limit)
+        t0 = time.perf_counter()
+        forced = self.processor.forced(self.generated, limit)
+        self.spent += time.perf_counter() - t0
+        return forced
 
     def cut(self, draft: Draft | None, deterministic: bool) -> Draft | None:
-        """A chain `draft` cut at the first token the processor forbids.  Where the cut cannot change the output (the proposal is `deterministic`: no q, or greedy
-        verification) the forbidden token goes too; a sampled draft keeps it, so that verification rejects it
-        and draws the next token from the residual as it must (cutting there would draw from p instead, which
-        is not the target's distribution once the draft's q put mass on forbidden tokens)."""
+        """A chain `draft` cut at the first token the processor forbids.  Where the cut cannot change the output
+        (the proposal is `deterministic`: no q, or greedy verification) the forbidden token goes too; a sampled
+        draft keeps it, so that verification rejects it and draws the next token from the residual as it must
+        (cutting there would draw from p instead, which is not the target's distribution once the draft's q put
+        mass on forbidden tokens: tests/constrain/test_processor.py measured it)."""
         if draft is None or draft.is_tree or not isinstance(self.processor, ConstrainingProcessor):
             return draft
+        t0 = time.perf_counter()
         n = self.processor.valid(self.generated, draft.tokens)  # (the forced tokens all pass)
+        self.spent += time.perf_counter() - t0
         keep = n if deterministic or n == len(draft.tokens) else n + 1
         if keep == len(draft.tokens):
             return draft
@@ -337,7 +360,7 @@ def decode(
     prefilled = time.perf_counter() - start
     context = list(prompt_ids)  # prompt + generated; the target caches all of it but the last token
     emitted, reason = _append([first], generated, context, stop, target.max_context, shaping)
-    step = Step(emitted, reason, target_s=prefilled, prefill=True, reused_prompt_tokens=reused,
+    step = Step(emitted, reason, target_s=prefilled, prefill=True, reused_prompt_tokens=reused, process_s=shaping.take(),
                 logprobs=tuple(shaping.last[: len(emitted)]))
     last = start  # when the step before was yielded
     while True:
@@ -383,19 +406,19 @@ def _step(target: ModelRunner, verifier: Verifier, drafter: Drafter | None, cont
     else:
         k, n, new = verify_chain(target, verifier, draft, context[-1], k, drafter, shaping)
     t2 = time.perf_counter()
+    f = min(len(forced), k)  # the forced tokens verified (all of them, unless the step ended plain)
     if drafter is not None:
         if k:
             drafter.observe(context, n)  # every verification, the forced tokens' too (a draft head keeps their rows)
         # a tree's verification holds more rows than its depth, a forced step's more than the drafter's k: their
         # time is not t(k + 1); the controller hears the drafter's part of the step only
         target_s = 0.0 if draft is not None and draft.is_tree or forced else t2 - t1
-        f = min(len(forced), k)
         controller.observe(k - f, max(n - f, 0), t1 - t0, target_s, draft.synced if draft is not None else 0, source)
-        if forced and k == len(forced):
+        if f and k == f:
             source = FORCED
     emitted, reason = _append(new, generated, context, stop, target.max_context, shaping)
-    return Step(emitted, reason, drafted=k, accepted=n, source=source if k else "", tree_nodes=nodes,
-                draft_s=t1 - t0, target_s=t2 - t1, step_s=time.perf_counter() - t0,
+    return Step(emitted, reason, drafted=k, accepted=n, source=source if k else "", tree_nodes=nodes, forced=f,
+                draft_s=t1 - t0, target_s=t2 - t1, step_s=time.perf_counter() - t0, process_s=shaping.take(),
                 logprobs=tuple(shaping.last[: len(emitted)]))
 
 

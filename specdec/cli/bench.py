@@ -43,6 +43,7 @@ def bench(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object on stdout."),
     concurrency: str | None = typer.Option(None, "--concurrency", help="Client counts, e.g. 1,2,4,8: run the batched engine under that many concurrent clients and report total tokens/s, latency and mean k per count (methods: plain, specdec, specdec-auto)."),
     decode_vs_llama_bench: int | None = typer.Option(None, "--decode-vs-llama-bench", help="Time the target's one-token decode instead, beside llama.cpp's llama-bench tg64 on the same GGUF file and threads: N rounds, each --repeats runs of 64 one-token forwards from an empty cache, then llama-bench -p 0 -n 64 -r <repeats>; per-round records, medians and their ratio in --out."),
+    structured: str | None = typer.Option(None, "--structured", help="Constrained decoding instead: 'builtin' (24 JSON schemas with their prompts) or a .jsonl of {id, category, prompt, schema}; each request's output held to its schema, plain constrained decoding (one token a forward) against -k auto with the run's drafter, interleaved, --repeats each; identical output, valid JSON, speed, forced tokens and the mask's cost per step in --out's summary.md."),
     startup: int | None = typer.Option(None, "--startup", help="Time start-up instead, N interleaved rounds after a warm-up one: import specdec, --help, generate -n 1 and serve to /health 200 (the run's drafter, and --draft none), beside llama-server plain and with the draft model where it is built; medians in --out's summary.md."),
 ) -> None:
     """Benchmark plain, speculative and transformers' decoding side by side on a prompt set."""
@@ -57,6 +58,11 @@ def bench(
             fail("--decode-vs-llama-bench times the target's one-token step: give no --prompts, --workload, "
                  "--concurrency or --startup")
         bench_decode(models, decode_vs_llama_bench, repeats, Path(out), as_json)
+        return
+    if structured is not None:
+        if prompts is not None or workload is not None or concurrency is not None or startup is not None:
+            fail("--structured runs its own schema set: give no --prompts, --workload, --concurrency or --startup")
+        bench_structured(models, structured, max_new_tokens, repeats, Path(out), as_json)
         return
     if startup is not None:
         if prompts is not None or workload is not None or concurrency is not None:
@@ -95,6 +101,30 @@ def bench(
         err.print(f"results in {out}/ (summary.md, results.jsonl, plots)")
         if "note" in data["files"]:
             err.print(data["files"]["note"])
+
+
+def bench_structured(models: EngineConfig, source: str, max_new_tokens: int, repeats: int, out: Path,
+                     as_json: bool) -> None:
+    """bench --structured: specdec.bench.structured.run_structured_bench on the run's models, its summary on stderr
+    (--json: summary.json's object on stdout)."""
+    from specdec.bench.structured import load_schema_prompts, run_structured_bench
+    from specdec.cli.common import load_engine
+
+    progress = PullProgress()
+    try:
+        load_schema_prompts(source)  # a bad file before the models load
+        engine = load_engine(models, progress)
+        data = run_structured_bench(engine, source, max_new_tokens, repeats, out,
+                                    tick=lambda what: err.print(f"structured bench: {what}"))
+    except SpecdecError as e:
+        progress.close()
+        fail(str(e))
+    progress.close()
+    if as_json:
+        print(json.dumps(data, ensure_ascii=False))
+    else:
+        err.print((out / "summary.md").read_text(), soft_wrap=True)
+        err.print(f"results in {out}/ (summary.md, summary.json, results.jsonl)")
 
 
 def bench_startup(models: EngineConfig, rounds: int, out: Path) -> None:

@@ -10,7 +10,8 @@ constrained distribution, Leviathan et al. 2023 with p the masked target).
 
 A row whose path the grammar forbids (a token tree's branch, a sampled draft's token kept so that it is rejected)
 is left as it is: no verifier reaches it, since the forbidden token before it has probability 0 under the masked
-row that judges it.  Forced tokens (`forced`: the grammar allows one token only, whatever the logits) are the
+row that judges it; so is a row after an EOS (the grammar allows nothing there), whose token the loop never emits
+since the output ends at the EOS.  Forced tokens (`forced`: the grammar allows one token only, whatever the logits) are the
 fixed text of a JSON schema (keys, quotes, braces) or a tool call's tags and name; the loop verifies them as
 drafts that need no proposal (SGLang's jump-forward decoding, Zheng et al. 2024), so they cost a verification row
 each instead of a forward.
@@ -55,7 +56,9 @@ class GrammarProcessor:
                 masks.setdefault(walk[:i], allowed[i])
         for r, path in enumerate(paths):
             allowed_r = masks.get(tuple(path))
-            if allowed_r is not None:  # else the grammar forbids the path: a row no verifier reaches (module doc)
+            # else the grammar forbids the path, or the path ends the output (an EOS: nothing is allowed after it):
+            # a row no verifier reaches, or whose token the loop drops (module doc)
+            if allowed_r is not None and bool(allowed_r.any()):
                 out[r].masked_fill_(~allowed_r, float("-inf"))
         return out  # [R, V]
 
