@@ -120,6 +120,26 @@ def test_every_schema_validates_streamed_and_not_and_speculation_changes_nothing
     assert plain.model_extra["speculative_decoding"]["drafted"] == 0
 
 
+def test_constrained_requests_in_a_batch_give_the_plain_outputs(engine, client, greedy):
+    """Eight schemas at once through a server with --max-batch 4 (continuous batching: each request its own
+    grammar): each output is what the plain server gives alone."""
+    import concurrent.futures
+
+    def ask(c: openai.OpenAI, entry: dict, extra: dict | None = None) -> tuple[str | None, str]:
+        response_format = {"type": "json_schema", "json_schema": {"name": entry["name"], "schema": entry["schema"]}}
+        out = c.chat.completions.create(messages=MESSAGES, response_format=response_format, extra_body=extra, **greedy)
+        return out.choices[0].message.content, out.choices[0].finish_reason
+
+    entries = SCHEMAS[:8]
+    plain = [ask(client, entry, PLAIN) for entry in entries]
+    try:
+        with serve(engine, k=3, max_batch=4) as batched, concurrent.futures.ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(lambda entry: ask(batched.client(), entry), entries))
+    finally:
+        engine.enable_batching(1)  # as the module's server runs it
+    assert together == plain and all(finish == "stop" for _, finish in plain)
+
+
 def test_json_object_on_both_endpoints(client, greedy):
     chat = client.chat.completions.create(messages=MESSAGES, response_format={"type": "json_object"}, **greedy)
     assert isinstance(json.loads(chat.choices[0].message.content), dict)
