@@ -17,9 +17,12 @@ import json
 import re
 from pathlib import Path
 
+import httpx
 import jsonschema
 import openai
 import pytest
+from hypothesis import HealthCheck, event, given, seed, settings
+from hypothesis import strategies as st
 
 from specdec.runtime.engine import Engine
 from tests.serve.conftest import MODEL, serve
@@ -288,8 +291,6 @@ def test_tool_choice_none_renders_the_tools_and_parses_nothing(client, greedy, e
     ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
 ])
 def test_bad_tool_requests_are_400s(server, greedy, body, param):
-    import httpx
-
     response = httpx.post(server.url + "/v1/chat/completions", json={"messages": MESSAGES, **greedy, **body},
                           timeout=60)
     assert response.status_code == 400, response.text
@@ -299,3 +300,42 @@ def test_bad_tool_requests_are_400s(server, greedy, body, param):
 def test_tools_on_completions_are_refused(client, greedy):
     with pytest.raises(openai.BadRequestError, match="tools"):
         client.completions.create(prompt="x", extra_body={"tools": [WEATHER]}, **greedy)
+
+
+# Constraint fields of every shape, most of them wrong: a schema-like object of random keywords and values,
+# regexes and grammars of random text (with their syntax's characters), the types and keys each field takes.
+words = st.sampled_from(["type", "properties", "items", "enum", "const", "pattern", "minimum", "maxLength",
+                         "required", "$ref", "anyOf", "additionalProperties", "format", "object", "string",
+                         "integer", "array", "#/$defs/x", "$defs", "x"])
+values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-5, 5), words, st.text(max_size=6)),
+                      lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(words, inner, max_size=3)),
+                      max_leaves=10)
+syntax = st.text(alphabet='ab01 ()[]{}|*+?^$\\.:=:"\'/%-_\nrootstart', max_size=30)
+constraints = st.one_of(
+    st.fixed_dictionaries({"response_format": st.fixed_dictionaries(
+        {"type": st.sampled_from(["json_schema", "json_object", "regex", "grammar", "text", "x"])},
+        optional={"json_schema": st.one_of(values, st.fixed_dictionaries({"name": st.just("n")}, optional={
+            "schema": st.dictionaries(words, values, max_size=4), "strict": values})),
+            "schema": values, "regex": st.one_of(syntax, values), "grammar": st.one_of(syntax, values),
+            "syntax": st.sampled_from(["gbnf", "lark", "ebnf"])})}),
+    st.fixed_dictionaries({"json_schema": st.dictionaries(words, values, max_size=4)}),
+    st.fixed_dictionaries({"guided_json": st.one_of(st.dictionaries(words, values, max_size=4), syntax)}),
+    st.fixed_dictionaries({"grammar": syntax}), st.fixed_dictionaries({"guided_regex": syntax}),
+    st.fixed_dictionaries({"guided_grammar": syntax}),
+    st.fixed_dictionaries({"tools": st.just([WEATHER]), "tool_choice": st.one_of(
+        st.sampled_from(["auto", "none", "required", "x"]), values)}))
+
+
+@seed(75)
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                                HealthCheck.too_slow])
+@given(body=constraints, stream=st.booleans())
+def test_no_constraint_gets_a_5xx(server, body, stream):
+    response = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "model": MODEL, "messages": MESSAGES, "max_tokens": 4, "temperature": 0, "stream": stream, **body})
+    event(f"status {response.status_code}")
+    assert response.status_code in (200, 400), response.text
+    assert "internal_error" not in response.text and "Traceback" not in response.text, response.text
+    if response.status_code == 400:
+        error = response.json()["error"]
+        assert error["param"] in {*body, "response_format"} and "\n" not in error["message"], error
