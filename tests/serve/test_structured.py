@@ -123,6 +123,17 @@ def test_every_schema_validates_streamed_and_not_and_speculation_changes_nothing
     assert plain.model_extra["speculative_decoding"]["drafted"] == 0
 
 
+def test_sampled_outputs_validate_too(client, greedy):
+    """temperature 1 (seeded), speculation on: every schema's output still parses and validates."""
+    for entry in SCHEMAS:
+        response_format = {"type": "json_schema", "json_schema": {"name": entry["name"], "schema": entry["schema"]}}
+        out = client.chat.completions.create(messages=MESSAGES, response_format=response_format, seed=7,
+                                             **{**greedy, "temperature": 1.0})
+        text = out.choices[0].message.content
+        assert out.choices[0].finish_reason == "stop", text
+        jsonschema.validate(json.loads(text), entry["schema"])
+
+
 def test_constrained_requests_in_a_batch_give_the_plain_outputs(engine, client, greedy):
     """Eight schemas at once through a server with --max-batch 4 (continuous batching: each request its own
     grammar): each output is what the plain server gives alone."""
