@@ -13,6 +13,12 @@ emitted, and which leading part of the chunk's text came from the accepted ones.
 finishes, the usage chunk (``stream_options.include_usage``) and every non-streamed response carry
 ``"speculative_decoding"``: the request's drafted / accepted counts, acceptance_rate,
 mean_accepted_per_step and so on.  OpenAI clients ignore fields they do not know.
+
+What a request constrains its output to (``response_format`` and the other CONSTRAINTS of
+specdec.serve.protocol, or a ``tool_choice`` that forces a call: specdec.serve.tools) is compiled before the
+request is queued, so that a bad schema or grammar is a 400 naming its field.  A chat request with ``tools`` is
+rendered with them (specdec.chat.openai_chat_ids) and, unless its tool_choice is "none", its answer's tool calls
+are read into ``message.tool_calls`` (streamed: specdec.serve.tools.ToolCallStream's deltas, one chunk a step).
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ from starlette.requests import ClientDisconnect
 
 from specdec.algorithm.logprobs import TokenLogprob
 from specdec.algorithm.loop import Stats
+from specdec.chat import check_tools, openai_chat_ids, renders_tools
+from specdec.constrain.spec import Constraint
 from specdec.errors import SpecdecError
 from specdec.request import RequestError, served_fields
 from specdec.runtime.engine import Engine
@@ -44,6 +52,7 @@ from specdec.serve import ServeOptions
 from specdec.serve.access import allow_origins, check_json, check_key
 from specdec.serve.metrics import Metrics
 from specdec.serve.protocol import APIError, ChatRequest, CompletionRequest, GenerationRequest, parse, speculative_changes
+from specdec.serve.tools import ToolCallStream, chosen_tools, merged_delta, parse_tool_calls, tool_call_lark
 from specdec.serve.worker import SHUTTING_DOWN, ErrorEvent, Job, OverBudget, QueueFull, Request, StepEvent, Worker
 from specdec.text import ChatTemplateError, PromptError
 from specdec.vocab import decoded
@@ -185,7 +194,8 @@ class Generations:
             if isinstance(first, ErrorEvent):
                 raise event_error(first)
             reply = Reply(endpoint, req.model, gen, len(gen.prompt_ids), req.stream_options is not None
-                          and req.stream_options.include_usage, self.token_text)
+                          and req.stream_options.include_usage, self.token_text,
+                          tool_calls=isinstance(req, ChatRequest) and req.parses_tool_calls)
             if req.stream:
                 return StreamingResponse(stream(reply, job, first, metrics), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -231,7 +241,10 @@ class Generations:
             raise APIError(404, f"model '{req.model}' is not served here; this server serves "
                                 f"{', '.join(repr(n) for n in options.served_names)}", "model", "model_not_found")
         prompt_ids = await asyncio.to_thread(self.tokenize, req)
-        gen = self.generation(req, prompt_ids)
+        constraint, param = self.constraint(req)
+        gen = self.generation(req, prompt_ids, constraint)
+        if constraint is not None:  # compiled now (cached: the engine's stream finds it), off the event loop
+            await asyncio.to_thread(self.compile, constraint, param)
         job = Job(gen, asyncio.get_running_loop())
         try:
             worker.submit(job)
@@ -244,15 +257,49 @@ class Generations:
             raise APIError(413, str(e), None, "memory_budget_exceeded") from None
         return req, gen, job
 
+    def constraint(self, req: GenerationRequest) -> tuple[Constraint | None, str | None]:
+        """What the output must be, and the field that asks for it: a constraint field's (GenerationRequest.
+        constraint), or a chat's tool_choice of "required" or a named function (the Lark grammar of its calls,
+        specdec.serve.tools.tool_call_lark); a 400 for both at once, or a tool_choice naming no tool given."""
+        constraint, param = req.constraint()
+        if not isinstance(req, ChatRequest) or not req.tools:
+            return constraint, param
+        try:
+            functions = chosen_tools(req.tools, req.tool_choice)
+        except SpecdecError as e:
+            raise APIError(400, str(e), "tool_choice", "invalid_value") from None
+        if functions is None:
+            return constraint, param
+        if constraint is not None:
+            raise APIError(400, f"tool_choice {json.dumps(req.tool_choice)} and {param} both constrain the output: "
+                                "send one of them", param, "invalid_value")
+        parallel = req.parallel_tool_calls is not False  # OpenAI's default: true
+        return Constraint("lark", tool_call_lark(functions, self.engine.tokenizer, parallel)), "tools"
+
+    def compile(self, constraint: Constraint, param: str | None) -> None:
+        """`constraint` compiled for the target (Engine.grammar, cached); a 400 naming `param` for one the library
+        refuses (a bad schema, regex or grammar; for a tool_choice, a tool's parameters schema), or whose start the
+        library cannot follow (a grammar with an empty language, ``start: start``: its first mask fails)."""
+        try:
+            self.engine.grammar(constraint).matcher().allowed()
+        except SpecdecError as e:
+            raise APIError(400, f"{param}: {e}", param, "invalid_value") from None
+
     def tokenize(self, req: GenerationRequest) -> list[int]:
-        """The prompt's token ids (through the chat template for a chat request), checked as every
-        prompt is (Engine.prompt_ids: specdec.text.check_prompt), and against --max-prompt-tokens."""
+        """The prompt's token ids (through the chat template for a chat request: with its tools, tool calls and
+        tool results where it has some, specdec.chat.openai_chat_ids), checked as every prompt is
+        (Engine.prompt_ids: specdec.text.check_prompt), and against --max-prompt-tokens."""
         engine, options = self.engine, self.options
         param = "messages" if isinstance(req, ChatRequest) else "prompt"
+        if isinstance(req, ChatRequest) and req.tools:
+            self.check_tools(req)
         with self.encode_lock:
             try:
-                if isinstance(req, ChatRequest):
-                    ids = engine.prompt_ids(engine.encode_messages([(m.role, m.content) for m in req.messages]))
+                if isinstance(req, ChatRequest) and req.uses_tools:
+                    ids = engine.prompt_ids(openai_chat_ids(engine.tokenizer, [m.openai() for m in req.messages],
+                                                            req.tools or None, engine.target_name))
+                elif isinstance(req, ChatRequest):
+                    ids = engine.prompt_ids(engine.encode_messages([(m.role, m.content or "") for m in req.messages]))
                 else:
                     assert isinstance(req, CompletionRequest)  # the other kind of generation request
                     ids = engine.prompt_ids(req.prompt)
@@ -270,8 +317,20 @@ class Generations:
                                 f"(--max-prompt-tokens {options.max_prompt_tokens})", param, "context_length_exceeded")
         return ids
 
-    def generation(self, req: GenerationRequest, prompt_ids: list[int]) -> Request:
-        """The worker's request: sampling, limits and speculation settled."""
+    def check_tools(self, req: ChatRequest) -> None:
+        """A 400 naming tools for malformed ones (specdec.chat.check_tools), or for a target whose chat template
+        cannot show the model its tools (rather than a prompt rendered without them)."""
+        try:
+            check_tools(req.tools)
+        except ChatTemplateError as e:
+            raise APIError(400, str(e), "tools", "invalid_value") from None
+        tokenizer = self.engine.tokenizer
+        if getattr(tokenizer, "chat_template", None) and not renders_tools(tokenizer):
+            raise APIError(400, f"the chat template of model '{self.engine.target_name}' cannot render tools: "
+                                "send the request without tools", "tools", "unsupported_value")
+
+    def generation(self, req: GenerationRequest, prompt_ids: list[int], constraint: Constraint | None = None) -> Request:
+        """The worker's request: sampling, limits, speculation and the output's constraint settled."""
         engine, options = self.engine, self.options
         max_tokens, param = req.max_tokens, "max_tokens"
         if isinstance(req, ChatRequest) and max_tokens is None:
@@ -296,7 +355,7 @@ class Generations:
         try:
             config = replace(options.defaults, max_new_tokens=max_tokens, temperature=temperature,
                              top_k=max(req.top_k or 0, 0), top_p=1.0 if req.top_p is None else req.top_p,
-                             seed=req.seed, stop=req.stop, speculative=speculative,
+                             seed=req.seed, stop=req.stop, speculative=speculative, constraint=constraint,
                              logprobs=req.top_logprobs_asked(), **processing, **given)
         except RequestError as e:
             if e.field in processing:  # the request's own field: a 400 naming it
@@ -385,8 +444,10 @@ class Reply:
     """Builds one request's response objects in OpenAI's shapes."""
 
     def __init__(self, endpoint: str, model: str, request: Request, prompt_tokens: int, include_usage: bool,
-                 token_text: Callable[[int], str] = str) -> None:
+                 token_text: Callable[[int], str] = str, tool_calls: bool = False) -> None:
+        """`tool_calls`: read the answer's tool calls into tool_calls (a chat with tools, tool_choice not "none")."""
         self.chat = endpoint.endswith("/chat/completions")
+        self.tools = ToolCallStream() if tool_calls else None  # a stream's; a whole answer is parsed at once
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.model, self.request, self.prompt_tokens = model, request, prompt_tokens
@@ -445,9 +506,17 @@ class Reply:
     def chunk(self, event: StepEvent, first: bool) -> dict[str, Any]:
         """One streamed chunk: a decode step's text, with its speculative decoding details."""
         if self.chat:
-            delta = {"role": "assistant", "content": event.text} if first else {"content": event.text}
+            finish_reason = event.finish_reason
+            if self.tools is None:
+                delta: dict[str, Any] = {"content": event.text}
+            else:  # the step's text through the tool call parser: content and calls, as far as they are known
+                deltas = self.tools.feed(event.text) + (self.tools.finish() if finish_reason is not None else [])
+                delta = merged_delta(deltas)
+                finish_reason = tool_finish_reason(finish_reason, bool(self.tools.tool_calls))
+            if first:
+                delta = {"role": "assistant", **delta}
             choice = {"index": 0, "delta": delta, "logprobs": self.logprobs(event.logprobs),
-                      "finish_reason": event.finish_reason}
+                      "finish_reason": finish_reason}
             out = self._envelope("chat.completion.chunk", [choice])
         else:
             choice = {"index": 0, "text": event.text, "logprobs": self.logprobs(event.logprobs),
@@ -467,7 +536,14 @@ class Reply:
     def whole(self, text: str, finish_reason: str, stats: Stats, logprobs: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
         """The non-streamed response."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": self.logprobs(logprobs),
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if self.tools is not None:
+                parsed = parse_tool_calls(text)
+                message["content"] = parsed.content
+                if parsed.tool_calls:
+                    message["tool_calls"] = parsed.tool_calls
+                finish_reason = "tool_calls" if parsed.tool_calls and finish_reason == "stop" else finish_reason
+            choice = {"index": 0, "message": message, "logprobs": self.logprobs(logprobs),
                       "finish_reason": finish_reason}
             out = self._envelope("chat.completion", [choice])
         else:
@@ -475,6 +551,12 @@ class Reply:
                                                       "finish_reason": finish_reason}])
         out.update(usage=self.usage(stats), speculative_decoding=self.speculation(stats))
         return out
+
+
+def tool_finish_reason(finish_reason: str | None, called: bool) -> str | None:
+    """An answer's finish reason where its tool calls are read: "tool_calls" for one that made some and ended on
+    its own (EOS or a stop string); "length" stays (a cut answer may have lost a call)."""
+    return "tool_calls" if called and finish_reason == "stop" else finish_reason
 
 
 def event_error(event: ErrorEvent) -> APIError:

@@ -3,8 +3,12 @@
 A body is parsed strictly (a string where a number belongs is an error, not a conversion); fields
 this server does not know are ignored, as OpenAI clients send some we have no use for (``user``,
 ``metadata``, ``store``, ``service_tier``...: HARMLESS); fields OpenAI defines whose meaning it cannot honour
-(n > 1, tools, audio...: UNSERVED) are refused with a 400 naming them rather than silently dropped.
-Penalties, logit_bias and logprobs are served (specdec.algorithm.processors, specdec.algorithm.logprobs).
+(n > 1, audio, functions...: UNSERVED) are refused with a 400 naming them rather than silently dropped.
+Penalties, logit_bias and logprobs are served (specdec.algorithm.processors, specdec.algorithm.logprobs); so are
+``response_format`` and the other projects' fields that constrain the output (CONSTRAINTS: llama-server's
+``json_schema`` and ``grammar``, vLLM's ``guided_json`` / ``guided_regex`` / ``guided_grammar``; at most one a
+request: specdec.constrain.Constraint), and on chat completions ``tools``, ``tool_choice`` and
+``parallel_tool_calls`` (specdec.serve.tools), with messages of role ``tool`` and assistant ``tool_calls``.
 
 The extension: ``"speculative": {"enabled": true, "k": 3 | "auto", ...}`` -- whether the request drafts
 at all, how many tokens per step, and any other option of specdec.request.RequestConfig marked
@@ -19,6 +23,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from specdec.constrain.spec import Constraint
+from specdec.errors import SpecdecError
 from specdec.request import RequestError, message_text, served_fields
 
 MAX_STOP_STRINGS = 8
@@ -29,8 +35,12 @@ HARMLESS = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "sa
 # OpenAI's fields whose meaning this server cannot honour: a 400 naming them when set to anything but their
 # neutral value (null, false, [], {} or, for modalities, ["text"]).  n, best_of, echo and suffix are checked
 # on their own (their neutral values are 1, 1, false and "").
-UNSERVED = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "audio", "modalities",
-            "prediction", "web_search_options", "reasoning_effort", "verbosity")
+UNSERVED = ("functions", "function_call", "audio", "modalities", "prediction", "web_search_options",
+            "reasoning_effort", "verbosity")
+# the tool fields: served on chat completions (specdec.serve.tools), refused like UNSERVED on completions
+TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
+# the fields that constrain the output (at most one a request): OpenAI's, llama-server's, vLLM's
+CONSTRAINTS = ("response_format", "json_schema", "grammar", "guided_json", "guided_regex", "guided_grammar")
 
 
 class APIError(Exception):
@@ -113,10 +123,18 @@ class GenerationRequest(BaseModel):
     logprobs: Any = None
     best_of: int | None = None
     echo: bool | None = None
-    # UNSERVED: whatever they hold, refused unless neutral (refuse_unsupported)
+    # CONSTRAINTS (constraint()): what the output must be
+    response_format: Any = None  # OpenAI's: {"type": "text" | "json_object" | "json_schema" | "regex" | "grammar"}
+    json_schema: Any = None  # llama-server's: a JSON schema object
+    grammar: Any = None  # llama-server's: a GBNF grammar
+    guided_json: Any = None  # vLLM's: a JSON schema (an object, or its JSON text)
+    guided_regex: Any = None  # vLLM's: a regex
+    guided_grammar: Any = None  # vLLM's: a GBNF grammar (with "::="), else a Lark one
+    # TOOL_FIELDS: served on chat completions (ChatRequest), refused on completions
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
+    # UNSERVED: whatever they hold, refused unless neutral (refuse_unsupported)
     functions: Any = None
     function_call: Any = None
     audio: Any = None
@@ -160,6 +178,45 @@ class GenerationRequest(BaseModel):
         naming the field for a value out of range or of the wrong type."""
         raise NotImplementedError
 
+    def constraint_field(self) -> str | None:
+        """The one field of CONSTRAINTS the request sets (response_format {"type": "text"} is none), or None; a
+        400 naming the second where two are set."""
+        given = [name for name in CONSTRAINTS if getattr(self, name) is not None
+                 and not (name == "response_format" and isinstance(self.response_format, dict)
+                          and self.response_format.get("type") == "text")]
+        if len(given) > 1:
+            raise APIError(400, f"{given[0]} and {given[1]} both constrain the output: send one of them", given[1],
+                           "invalid_value")
+        return given[0] if given else None
+
+    def constraint(self) -> tuple[Constraint | None, str | None]:
+        """What the request's output must be (specdec.constrain.Constraint; None: free text) and the field that
+        says so; a 400 naming the field for a malformed one.  The grammar itself is compiled later (a bad schema
+        is a 400 then too: specdec.serve.app)."""
+        name = self.constraint_field()
+        if name is None:
+            return None, None
+        value = getattr(self, name)
+        try:
+            if name == "response_format":
+                return Constraint.from_response_format(value), name
+            if name in ("json_schema", "guided_json"):  # not strict: a keyword the library cannot enforce is ignored
+                if name == "guided_json" and isinstance(value, str):
+                    return Constraint("json_schema", value, strict=False), name
+                if not isinstance(value, dict):
+                    raise SpecdecError("must be a JSON schema (an object)")
+                return Constraint.json_schema(value, strict=False), name
+            if not isinstance(value, str) or not value:
+                raise SpecdecError("must be a non-empty string")
+            if name == "guided_regex":
+                return Constraint("regex", value), name
+            # llama-server's grammar is GBNF; vLLM's guided_grammar is GBNF where it has rules ("::="), else Lark
+            return Constraint("gbnf" if name == "grammar" or "::=" in value else "lark", value), name
+        except SpecdecError as e:
+            message = str(e)
+            raise APIError(400, message if message.startswith(name) else f"{name}: {message}", name,
+                           "invalid_value") from None
+
 
 class CompletionRequest(GenerationRequest):
     prompt: Any  # a string, a list of one string, or a list of token ids
@@ -181,6 +238,9 @@ class CompletionRequest(GenerationRequest):
         super().refuse_unsupported()
         if self.suffix:
             raise APIError(400, "suffix is not supported by this server", "suffix", "unsupported_value")
+        for name in TOOL_FIELDS:
+            if getattr(self, name) not in (None, False, [], {}):
+                raise APIError(400, f"{name} is served on /v1/chat/completions only", name, "unsupported_value")
 
     def top_logprobs_asked(self) -> int | None:
         """logprobs: null, or an integer 0..20 (OpenAI's legacy completions take up to 5; vLLM more)."""
@@ -194,24 +254,60 @@ class CompletionRequest(GenerationRequest):
 
 
 class Message(BaseModel):
+    """A chat message: its role and text, and for tool use an assistant's ``tool_calls`` and a tool result's
+    ``tool_call_id`` (their shapes are specdec.chat's to check, which renders them)."""
+
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "developer", "user", "assistant"]  # specdec.request.CHAT_ROLES
-    content: Any = ""  # a string, a list of {"type": "text", "text": ...} parts, or null
+    role: Literal["system", "developer", "user", "assistant", "tool"]  # specdec.chat.ROLES
+    content: str | None = None  # a string, a list of {"type": "text", "text": ...} parts (joined), or null
+    tool_calls: list[Any] | None = None  # an assistant's: [{"id", "type": "function", "function": {name, arguments}}]
+    tool_call_id: str | None = None  # a tool result's: the call it answers
+    name: str | None = None
 
-    @field_validator("content")
+    @field_validator("content", mode="before")
     @classmethod
-    def _content(cls, value: Any) -> str:
+    def _content(cls, value: Any) -> str | None:
         text = message_text(value)
         if text is None:
             raise ValueError("must be a string or a list of text parts ({'type': 'text', 'text': ...})")
-        return text
+        return None if value is None else text
+
+    @property
+    def uses_tools(self) -> bool:
+        return self.role == "tool" or bool(self.tool_calls)
+
+    def openai(self) -> dict[str, Any]:
+        """The message as specdec.chat.openai_chat_ids takes it."""
+        return {name: value for name, value in (("role", self.role), ("content", self.content),
+                                                ("tool_calls", self.tool_calls), ("tool_call_id", self.tool_call_id),
+                                                ("name", self.name)) if value is not None}
 
 
 class ChatRequest(GenerationRequest):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
     top_logprobs: int | None = None  # 0..20 alternatives per token, with logprobs: true
+
+    @property
+    def uses_tools(self) -> bool:
+        """Whether the prompt is rendered with specdec.chat (tools given, or tool calls and results among the
+        messages); plain (role, content) turns else."""
+        return bool(self.tools) or any(m.uses_tools for m in self.messages)
+
+    @property
+    def parses_tool_calls(self) -> bool:
+        """Whether the answer's tool calls are read into tool_calls: tools given, tool_choice not "none", and the
+        output not held to a response_format (or another constraint) of its own."""
+        return bool(self.tools) and self.tool_choice != "none" and self.constraint_field() is None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.parallel_tool_calls is not None and not isinstance(self.parallel_tool_calls, bool):
+            raise APIError(400, f"parallel_tool_calls must be true or false, got {self.parallel_tool_calls!r}",
+                           "parallel_tool_calls", "invalid_value")
+        if self.tool_choice is not None and not self.tools:  # as OpenAI answers it
+            raise APIError(400, "tool_choice is only allowed when tools are given", "tool_choice", "invalid_value")
 
     def top_logprobs_asked(self) -> int | None:
         """logprobs: true (with top_logprobs 0..20, default 0) or false / null; top_logprobs without logprobs is

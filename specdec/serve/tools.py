@@ -5,7 +5,8 @@ answer with.
 The format is Hermes' (Qwen2.5's chat template asks for it): each call is a JSON object between tags,
 ``<tool_call>\\n{"name": "get_weather", "arguments": {"city": "Paris"}}\\n</tool_call>``, several in a row
 (a newline between them).  `parse_tool_calls` reads a whole answer; `ToolCallStream` is fed the answer's text
-deltas and gives the deltas of OpenAI's streaming chunks, and the two agree wherever the text is cut.  The rules
+deltas and gives the deltas of OpenAI's streaming chunks (`merged_delta`: those of one decode step as one chunk's),
+and the two agree wherever the text is cut.  The rules
 both keep:
 
 - a block whose inside is not a JSON object with a string ``name`` and an object ``arguments`` (or no
@@ -160,6 +161,30 @@ class ToolCallStream:
         self._pending, self._in_block = "", False
         self._content(rest, out, final=True)
         return out
+
+
+def merged_delta(deltas: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Several of `ToolCallStream`'s deltas as one chunk's delta (the server sends one chunk a decode step): the
+    content joined, the pieces of each call (by index) put together, its arguments' text concatenated.  {} for
+    none."""
+    content = "".join(d["content"] for d in deltas if "content" in d)
+    calls: dict[int, dict[str, Any]] = {}
+    for delta in deltas:
+        for piece in delta.get("tool_calls", ()):
+            call = calls.setdefault(piece["index"], {"index": piece["index"]})
+            for key, value in piece.items():
+                if key != "function":
+                    call[key] = value
+                    continue
+                function = call.setdefault("function", {})
+                for name, text in value.items():
+                    function[name] = function.get(name, "") + text if name == "arguments" else text
+    out: dict[str, Any] = {}
+    if content:
+        out["content"] = content
+    if calls:
+        out["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return out
 
 
 def _tool_names(tools: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -24,7 +24,8 @@ EXAMPLES = 80
 FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
           "seed", "stop", "stream", "stream_options", "n", "speculative", "presence_penalty", "logit_bias",
           "logprobs", "echo", "suffix", "tools", "best_of", "frequency_penalty", "repetition_penalty", "top_logprobs",
-          "tool_choice", "audio", "modalities", "prediction", "user", "metadata"]
+          "tool_choice", "parallel_tool_calls", "audio", "modalities", "prediction", "user", "metadata",
+          "response_format", "json_schema", "grammar", "guided_json", "guided_regex", "guided_grammar"]
 
 
 @pytest.fixture(scope="module")

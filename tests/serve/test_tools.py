@@ -18,6 +18,7 @@ from specdec.serve.tools import (
     ToolCallStream,
     call_id,
     chosen_tools,
+    merged_delta,
     parse_tool_calls,
     tool_call_lark,
     tool_choice_grammar,
@@ -103,6 +104,31 @@ def test_streaming_cut_anywhere_gives_the_whole_answer(name):
         cuts = sorted(rng.sample(range(len(text) + 1), min(4, len(text) + 1)))
         pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
         assert streamed(pieces)[:2] == want, pieces
+
+
+@pytest.mark.parametrize("name", ["two", "text around", "malformed then good", "unicode"])
+def test_merged_deltas_one_a_step_rebuild_the_whole_answer(name):
+    """The server's chunks: each step's deltas merged into one (merged_delta), put together as a client does."""
+    text = CASES[name][0]
+    parsed = parse_tool_calls(text, ids)
+    rng = random.Random(name)
+    for _ in range(20):
+        cuts = sorted(rng.sample(range(len(text) + 1), min(5, len(text) + 1)))
+        stream = ToolCallStream(ids)
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+        chunks = [merged_delta(stream.feed(p) + (stream.finish() if i == len(pieces) - 1 else []))
+                  for i, p in enumerate(pieces)]
+        content, calls = "", {}
+        for chunk in chunks:
+            assert set(chunk) <= {"content", "tool_calls"} and chunk.get("content", "x")
+            content += chunk.get("content", "")
+            for part in chunk.get("tool_calls", []):
+                call = calls.setdefault(part["index"], {"id": part.get("id"), "type": part.get("type"),
+                                                        "function": {"name": "", "arguments": ""}})
+                call["function"]["name"] += part.get("function", {}).get("name", "")
+                call["function"]["arguments"] += part.get("function", {}).get("arguments", "")
+        assert content == (parsed.content or "") and [calls[i] for i in sorted(calls)] == parsed.tool_calls
+    assert merged_delta([]) == {}
 
 
 def test_streaming_holds_back_only_what_may_start_a_call():
