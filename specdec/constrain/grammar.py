@@ -114,6 +114,12 @@ class Grammar:
         self._prototype = llguidance.LLMatcher(tokenizer, source, log_level=0)  # compiles; errors are a state
         if self._prototype.is_error():
             raise SpecdecError(f"invalid {kind}: {_one_line(self._prototype.get_error())}")
+        # a grammar whose language is empty (``start: start``) compiles, and fails at its first mask: found here
+        probe = self._prototype.deep_copy()
+        probe.compute_bitmask()
+        if probe.is_error():
+            reason = probe.get_error().strip().splitlines()[0]  # the library's reason, before its state dump
+            raise SpecdecError(f"invalid {kind}: no output can satisfy it (its language is empty: {reason})")
 
     @classmethod
     def _cached(cls, tokenizer: Any, kind: str, text: str, source: Any, vocab_size: int | None,

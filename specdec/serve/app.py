@@ -279,9 +279,9 @@ class Generations:
     def compile(self, constraint: Constraint, param: str | None) -> None:
         """`constraint` compiled for the target (Engine.grammar, cached); a 400 naming `param` for one the library
         refuses (a bad schema, regex or grammar; for a tool_choice, a tool's parameters schema), or whose start the
-        library cannot follow (a grammar with an empty language, ``start: start``: its first mask fails)."""
+        library cannot follow (a grammar with an empty language, ``start: start``: specdec.constrain.Grammar)."""
         try:
-            self.engine.grammar(constraint).matcher().allowed()
+            self.engine.grammar(constraint)
         except SpecdecError as e:
             raise APIError(400, f"{param}: {e}", param, "invalid_value") from None
 

@@ -232,6 +232,8 @@ def test_grammars_are_compiled_once_and_cached(tok):
     (Grammar.regex, "(("),
     (Grammar.lark, "start: undefined_rule"),
     (Grammar.gbnf, "root ::= ("),
+    (Grammar.lark, "start: start"),  # compiles, but its language is empty: its first mask fails
+    (Grammar.gbnf, "root ::= root"),
 ])
 def test_bad_schemas_and_grammars_are_one_line_errors(make, text, tok):
     with pytest.raises(SpecdecError) as err:
