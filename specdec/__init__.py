@@ -22,16 +22,17 @@ limit_torch_isa()  # SPECDEC_ISA=avx2|c: torch's own kernels capped too, before 
 
 if TYPE_CHECKING:
     from specdec.algorithm.sampling import SamplingParams
+    from specdec.constrain.spec import Constraint
     from specdec.request import RequestConfig
     from specdec.runtime.engine import Engine, ModelSpec, Result
 
-__all__ = ["Engine", "RequestConfig", "Result", "SamplingParams", "SpecdecError", "generate"]
+__all__ = ["Constraint", "Engine", "RequestConfig", "Result", "SamplingParams", "SpecdecError", "generate"]
 __version__ = "0.1.0"
 
 # Imported on first use (PEP 562): `import specdec`, `specdec --help` and the CLI's error paths need no
 # torch or transformers, which take seconds to import.
 _LAZY = {"Engine": "specdec.runtime.engine", "Result": "specdec.runtime.engine", "RequestConfig": "specdec.request",
-         "SamplingParams": "specdec.algorithm.sampling"}
+         "SamplingParams": "specdec.algorithm.sampling", "Constraint": "specdec.constrain.spec"}
 
 
 def __getattr__(name: str) -> Any:
