@@ -1,6 +1,7 @@
 """The CLI: JSON output, streaming, and one-line errors with exit status 2 for user mistakes."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -369,3 +370,35 @@ def test_stairs_verification_prints_plain_output(tiny_dirs):
 ])
 def test_verify_user_errors(tiny_dirs, args, fragment):
     assert_user_error(generate("x = 1", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], *args), fragment)
+
+
+def test_constrained_generation_flags(tiny_dirs, tmp_path):
+    """--regex, --grammar (GBNF text or a file) and --json-schema (a file or its text): the output is the grammar's,
+    with speculation as without; the target as its own draft, so that drafts are accepted."""
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"enum": ["yes", "no"]}', encoding="utf-8")
+    grammar = tmp_path / "g.gbnf"
+    grammar.write_text('root ::= "n=" [0-9] ";"\n', encoding="utf-8")
+    cases = [(("--regex", "[ab]{3}"), r"[ab]{3}"), (("--grammar", str(grammar)), r"n=[0-9];"),
+             (("--grammar", 'root ::= "x" [0-9]'), r"x[0-9]"), (("--json-schema", str(schema)), r'"(yes|no)"'),
+             (("--json-schema", '{"const": 7}'), r"7")]
+    for flags, pattern in cases:
+        texts = []
+        for draft in (tiny_dirs["target"], "none"):
+            result = generate("Answer:", "--target", tiny_dirs["target"], "--draft", draft, "-n", "24", "--json", *flags)
+            assert result.exit_code == 0, result.output
+            out = json.loads(result.stdout)
+            assert out["finish_reason"] == "stop" and re.fullmatch(pattern, out["text"]), (flags, out["text"])
+            texts.append(out["token_ids"])
+        assert texts[0] == texts[1], flags
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (("--regex", "a", "--grammar", 'root ::= "a"'), "give one of --grammar, --regex"),
+    (("--json-schema", '{"type": "strnig"}'), "invalid JSON schema"),
+    (("--json-schema", "missing.json"), "cannot read missing.json"),
+    (("--grammar", "root ::= root"), "no output can satisfy it"),
+    (("--regex", "(("), "invalid regex"),
+])
+def test_constrained_generation_errors_are_one_line(tiny_dirs, flags, fragment):
+    assert_user_error(generate("Answer:", "--target", tiny_dirs["target"], "--draft", "none", *flags), fragment)
