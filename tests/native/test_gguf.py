@@ -26,7 +26,7 @@ from specdec.drafters.model import ModelDrafter
 from specdec.errors import SpecdecError
 from specdec.native import gguf, kernels
 from specdec.native.lean import Rotary, forward_packed
-from tests.native.gguf_blocks import quantize_activations
+from tests.native.gguf_blocks import Q4_1, Q5_1, block_sums, decode, quantize_activations
 from tests.native.test_quant import ConstantDrafter
 from tests.tiny_gguf import TYPES, save_tiny_gguf
 
@@ -106,18 +106,34 @@ KIND = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "a
         "up_proj": "ffn_up", "down_proj": "ffn_down", "lm_head": "output"}
 
 
-def with_block_activations(model: nn.Module) -> nn.Module:
-    """transformers' model with each linear's input quantised in blocks as the kernel quantises it (the block of
-    its weight's type), the product in float64: the gguf target's network, up to rounding."""
+def with_block_activations(model: nn.Module, path) -> nn.Module:
+    """transformers' model of the GGUF file `path` with each linear's input quantised in blocks as the kernel
+    quantises it (the block of its weight's type), the product in float64: the gguf target's network, up to
+    rounding.  A Q4_1 / Q5_1 linear's minimums multiply the activation blocks' fp16 sums as the kernel's do (ggml's
+    Q8_1 s, gguf_blocks.block_sums), read from the file's blocks."""
+    from gguf import GGUFReader
+
+    tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
-            block = kernels.gguf.BLOCK[TYPES[KIND[name.split(".")[-1]]]]
+            kind = KIND[name.split(".")[-1]]
+            type_id = TYPES[kind]
+            block = kernels.gguf.BLOCK[type_id]
+            minimums = None
+            if type_id in (Q4_1, Q5_1):  # [n, k / 32]
+                t = tensors[f"blk.{name.split('.')[-3]}.{kind}.weight"]
+                n, k = module.weight.shape
+                minimums = decode(type_id, np.asarray(t.data), n, k)["m"].astype(np.float64)
 
-            def forward(x, module=module, block=block):
+            def forward(x, module=module, block=block, minimums=minimums):
                 rows = x.reshape(-1, x.shape[-1]).detach().numpy()
                 q, d = quantize_activations(rows, block)
                 dq = (q.reshape(len(rows), -1, block) * d[..., None].astype(np.float64)).reshape(rows.shape)
                 y = torch.from_numpy(dq) @ module.weight.double().T
+                if minimums is not None:  # m * sx in place of m * dx * X32, block by block
+                    x32 = q.reshape(len(rows), -1, block).sum(-1)  # [m, k / 32]
+                    shift = block_sums(rows).astype(np.float64) - d.astype(np.float64) * x32
+                    y = y + torch.from_numpy(shift @ minimums.T)
                 y = y if module.bias is None else y + module.bias.double()
                 return y.float().reshape(*x.shape[:-1], -1)
 
@@ -133,7 +149,7 @@ def test_the_network_is_the_files(files, models, arch):
 
     path = Path(files[arch])
     reference = with_block_activations(AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                                            dtype=torch.float32))
+                                                                            dtype=torch.float32), path)
     ids = list(range(5, 45))
     with torch.no_grad():
         want = reference(torch.tensor([ids])).logits[0]  # [n, V]

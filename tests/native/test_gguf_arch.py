@@ -167,7 +167,7 @@ def test_the_synthetic_models_are_transformers_with_block_activations(synthetic,
         assert model.config.sliding_window is None and gguf.config_of(gguf.GGUFFile(path)).sliding_window is None
     tokens = random.Random(arch).choices(range(3, 250), k=40)
     with torch.no_grad():
-        want = with_block_activations(model)(torch.tensor([tokens])).logits[0]  # [n, V]
+        want = with_block_activations(model, path)(torch.tensor([tokens])).logits[0]  # [n, V]
     got = synthetic_runner(synthetic_models, arch).forward(tokens)
     # as in test_gguf: a rounding difference that flips one activation's quant is amplified by the random weights,
     # and attention carries it to every later position (gemma3, with llama.cpp's activation scales: 23 of 40 within)
@@ -243,7 +243,7 @@ def test_mistrals_sliding_window_is_applied(tmp_path):
     model.load_state_dict(AutoModelForCausalLM.from_pretrained(llama.parent, gguf_file=llama.name,
                                                                dtype=torch.float32).state_dict())
     with torch.no_grad():
-        want = with_block_activations(model)(torch.tensor([tokens])).logits[0]  # [n, V]
+        want = with_block_activations(model, llama)(torch.tensor([tokens])).logits[0]  # [n, V]
     error = (got - want).abs().max(-1).values / want.abs().max(-1).values  # a flip's reach: 23 of 30 within
     assert (error < 1e-4).float().mean() >= 0.7 and torch.equal(got.argmax(-1), want.argmax(-1)), error
 
