@@ -37,18 +37,22 @@
 
 static inline int padded64(int k) { return (k + 63) / 64 * 64; }
 
-/* out[i] = w * (x[i] / sqrt(mean(x[i]^2) + eps)) for each of m rows (out may be x). */
+/* out[i] = w * (x[i] * r), r = 1 / sqrt(mean + eps), for each of m rows (out may be x).  As llama.cpp's rms_norm:
+ * the squares in fp32, their sum in double (here 8 partial sums in a fixed order), mean = fp32(sum / hidden): its
+ * mean is llama.cpp's but where the double sums' order shows after the rounding to fp32 (fp32 sums moved it by an
+ * ulp often enough to flip a quantised activation of a synthetic model now and then). */
 void sd_rms_norm(const float *x, int m, int hidden, const float *w, float eps, float *out) {
     for (int i = 0; i < m; i++) {
         const float *xi = x + (int64_t)i * hidden;
         float *oi = out + (int64_t)i * hidden;
-        float part[8] = {0};
+        double part[8] = {0};
         int j = 0;
         for (; j + 8 <= hidden; j += 8)
-            for (int l = 0; l < 8; l++) part[l] += xi[j + l] * xi[j + l];
-        for (; j < hidden; j++) part[0] += xi[j] * xi[j];
-        const float sum = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
-        const float r = 1.0f / sqrtf(sum / (float)hidden + eps);
+            for (int l = 0; l < 8; l++) part[l] += (double)(xi[j + l] * xi[j + l]);
+        for (; j < hidden; j++) part[0] += (double)(xi[j] * xi[j]);
+        const double sum = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
+        const float mean = (float)(sum / (double)hidden);
+        const float r = 1.0f / sqrtf(mean + eps);
         for (j = 0; j < hidden; j++) oi[j] = w[j] * (xi[j] * r);
     }
 }
