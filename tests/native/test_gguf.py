@@ -110,10 +110,13 @@ def with_block_activations(model: nn.Module, path) -> nn.Module:
     """transformers' model of the GGUF file `path` with each linear's input quantised in blocks as the kernel
     quantises it (the block of its weight's type), the product in float64: the gguf target's network, up to
     rounding.  A Q4_1 / Q5_1 linear's minimums multiply the activation blocks' fp16 sums as the kernel's do (ggml's
-    Q8_1 s, gguf_blocks.block_sums), read from the file's blocks."""
+    Q8_1 s, gguf_blocks.block_sums), read from the file's blocks; its rotary tables are the file's as llama.cpp
+    computes them (gguf.FileRotary, the gguf target's; transformers' rotation of them is the fp32 one)."""
     from gguf import GGUFReader
 
     tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
+    rotary, _ = gguf.GGUFModel(gguf.GGUFFile(str(path))).rotary()
+    model.model.rotary_emb.forward = lambda x, position_ids, *kind: rotary(x, position_ids, *kind)
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
             kind = KIND[name.split(".")[-1]]
@@ -343,6 +346,39 @@ def test_the_rotary_tables_are_transformers_bits(arch, rope):
     positions = torch.arange(0, 40000, 7)[None]  # [1, n]
     ours, theirs = Rotary(config, 64)(torch.zeros(1), positions), module(torch.zeros(1), positions)
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
+@pytest.mark.parametrize("rope, factors", [({"rope_theta": 1e6}, None),
+                                           ({"rope_type": "linear", "rope_theta": 1e4, "factor": 8.0}, None),
+                                           ({"rope_theta": 5e5}, np.geomspace(1.0, 32.0, 48))])
+def test_the_gguf_targets_rotary_tables_are_llama_cpps(rope, factors):
+    """gguf.FileRotary: llama.cpp's rope cache, the angles iterated in fp32 from the position (theta *= powf(base,
+    -2 / d)), divided by Llama 3's factors, times 1 / factor for linear scaling, and libm's cosf / sinf of them --
+    bit for bit (here from libm through ctypes); not transformers' tables (lean.Rotary), which differ in places."""
+    import ctypes
+    import ctypes.util
+
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    for name in ("powf", "cosf", "sinf"):
+        getattr(libm, name).restype = ctypes.c_float
+    libm.powf.argtypes, libm.cosf.argtypes, libm.sinf.argtypes = [ctypes.c_float] * 2, [ctypes.c_float], [ctypes.c_float]
+    d, positions = 96, torch.arange(0, 9000, 37)  # [n]
+    f32 = np.float32
+    step = f32(libm.powf(rope["rope_theta"], float(f32(-2.0) / f32(d))))
+    scale = f32(1.0) / f32(rope["factor"]) if rope.get("rope_type") == "linear" else f32(1.0)
+    want_cos, want_sin = np.zeros((len(positions), d), f32), np.zeros((len(positions), d), f32)
+    for i, p in enumerate(positions.tolist()):
+        theta = f32(p)
+        for j in range(d // 2):
+            angle = scale * (theta / f32(factors[j]) if factors is not None else theta)
+            want_cos[i, [j, j + d // 2]] = libm.cosf(float(angle))
+            want_sin[i, [j, j + d // 2]] = libm.sinf(float(angle))
+            theta = theta * step
+    table = gguf.FileRotary(rope, d, None if factors is None else torch.from_numpy(factors.astype(f32)))
+    cos, sin = table(torch.zeros(1), positions[None])  # [1, n, d]
+    assert np.array_equal(cos[0].numpy(), want_cos) and np.array_equal(sin[0].numpy(), want_sin)
+    theirs = Rotary({"rope_type": "default", **rope}, d, None if factors is None else torch.from_numpy(factors))
+    assert not torch.equal(theirs(torch.zeros(1), positions[None])[0], cos)
 
 
 # A warm start with the defaults' kinds of models -- a gguf target, an int4 draft from its saved int8 model, both

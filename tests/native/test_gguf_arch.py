@@ -170,9 +170,12 @@ def test_the_synthetic_models_are_transformers_with_block_activations(synthetic,
         want = with_block_activations(model, path)(torch.tensor([tokens])).logits[0]  # [n, V]
     got = synthetic_runner(synthetic_models, arch).forward(tokens)
     # as in test_gguf: a rounding difference that flips one activation's quant is amplified by the random weights,
-    # and attention carries it to every later position (gemma3, with llama.cpp's activation scales: 23 of 40 within)
+    # and attention carries it to every later position: the first such flip is chance (qwen3: at position 19,
+    # gemma3 at 9, where llama.cpp's logits part from both as well; phi3 none), but the nine positions before it
+    # -- a rotary table, a window of 8, a norm or a scale computed wrong shows there -- are the model's to fp32
+    # rounding, and the rest within a flip's reach
     error = (got - want).abs().max(-1).values / want.abs().max(-1).values  # [n]
-    assert (error < 1e-4).float().mean() >= 0.5, error
+    assert (error[:9] < 1e-4).all() and (error < 1e-4).float().mean() >= 0.3, error
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 

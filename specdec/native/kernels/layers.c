@@ -88,6 +88,29 @@ static void rotate_heads(float *v, int count, int d, const float *cos, const flo
     }
 }
 
+/* llama.cpp's rotary table (ggml's rope cache) for `count` positions: per position p, theta_0 = p and theta_{j+1} =
+ * theta_j * s in fp32, s = powf(base, -2 / dims); angle_j = scale * (theta_j / factors[j]) (factors NULL: theta_j);
+ * cos / sin [count, 2 half] = cosf / sinf(angle_j) at j and j + half (half = dims / 2).  llama.cpp's float
+ * operations, so that a GGUF file rotates as llama.cpp rotates it: on a synthetic llama file, with llama.cpp's tables
+ * a rotated q is llama.cpp's to an ulp (a quarter of the values: llama.cpp's build fuses x0 cos - x1 sin into one
+ * fma), where tables built from base^(-2j/d) moved 41% of the values, by up to 1e-6 of them -- enough to flip a
+ * quantised activation downstream now and then. */
+void sd_rope_table(const int64_t *positions, int count, int dims, float base, float scale, const float *factors,
+                   float *cos_out, float *sin_out) {
+    const int half = dims / 2;
+    const float s = powf(base, -2.0f / (float)dims);
+    for (int i = 0; i < count; i++) {
+        float theta = (float)positions[i];
+        float *c = cos_out + (int64_t)i * 2 * half, *sn = sin_out + (int64_t)i * 2 * half;
+        for (int j = 0; j < half; j++) {
+            const float angle = scale * (factors ? theta / factors[j] : theta);
+            c[j] = c[j + half] = cosf(angle);
+            sn[j] = sn[j + half] = sinf(angle);
+            theta *= s;
+        }
+    }
+}
+
 /* SiLU(g) * u = g / (1 + e^-g) * u, with e^x = 2^n p(r) computed from plain multiplies and adds (no library
  * call, no fused multiply-add): n = round(x log2 e) by the 1.5 * 2^23 trick, r = x - n ln2 in two parts, p the
  * degree-7 Taylor polynomial, 2^n from its exponent bits; x clamped to [-87, 88].  The same operations in the

@@ -164,6 +164,8 @@ int sd_layers(const sd_layers_model *model, const sd_layers_rows *rows);
 
 /* out[i] = w * (x[i] / sqrt(mean(x[i]^2) + eps)) for each of m rows of `hidden` (out may be x): the layers' norm. */
 void sd_rms_norm(const float *x, int m, int hidden, const float *w, float eps, float *out);
+void sd_rope_table(const int64_t *positions, int count, int dims, float base, float scale, const float *factors,
+                   float *cos_out, float *sin_out);
 
 /* ------------------------------------------------------------------ a draft's greedy chain (draft.c)
  * A draft model on the GGUF block kernel (LIN_GGUF layers) feeds `feed` (nfeed tokens at positions start..), then
