@@ -106,17 +106,28 @@ KIND = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "a
         "up_proj": "ffn_up", "down_proj": "ffn_down", "lm_head": "output"}
 
 
+def file_gelu(g: torch.Tensor) -> torch.Tensor:
+    """llama.cpp's tanh-GELU (layers.c's ACT_GELU_FP16, ggml's fp16 table): 0 for g <= -10, g for g >= 10, else the
+    fp32 GELU of fp16(g), rounded to fp16."""
+    h = g.half().float()
+    y = (0.5 * h * (1.0 + torch.tanh(0.7978845608 * h * (1.0 + 0.044715 * h * h)))).half().float()
+    return torch.where(g <= -10, torch.zeros_like(g), torch.where(g >= 10, g, y))
+
+
 def with_block_activations(model: nn.Module, path) -> nn.Module:
     """transformers' model of the GGUF file `path` with each linear's input quantised in blocks as the kernel
     quantises it (the block of its weight's type), the product in float64: the gguf target's network, up to
     rounding.  A Q4_1 / Q5_1 linear's minimums multiply the activation blocks' fp16 sums as the kernel's do (ggml's
-    Q8_1 s, gguf_blocks.block_sums), read from the file's blocks; its rotary tables are the file's as llama.cpp
-    computes them (gguf.FileRotary, the gguf target's; transformers' rotation of them is the fp32 one)."""
+    Q8_1 s, gguf_blocks.block_sums), read from the file's blocks; its rotary tables and its tanh-GELU are the file's
+    as llama.cpp computes them (gguf.FileRotary, the gguf target's; file_gelu)."""
     from gguf import GGUFReader
 
     tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
     rotary, _ = gguf.GGUFModel(gguf.GGUFFile(str(path))).rotary()
     model.model.rotary_emb.forward = lambda x, position_ids, *kind: rotary(x, position_ids, *kind)
+    if getattr(model.config, "hidden_activation", None) == "gelu_pytorch_tanh":  # Gemma's
+        for layer in model.model.layers:
+            layer.mlp.act_fn.forward = file_gelu
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
             kind = KIND[name.split(".")[-1]]

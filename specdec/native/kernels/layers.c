@@ -206,6 +206,29 @@ static void silu_mul(float *gate, const float *up, int n, int path) {
     silu_mul_c(gate, up, n);
 }
 
+/* v rounded to fp16's precision and back (nearest even; fp16's subnormals under 2^-14), for |v| < 65504: as
+ * gguf_linear.c's half_round. */
+static float half_precision(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, 4);
+    if ((bits & 0x7fffffffu) < 0x38800000u) return nearbyintf(v * 16777216.0f) * (1.0f / 16777216.0f);
+    bits = (bits + 0xfffu + ((bits >> 13) & 1u)) & ~0x1fffu;
+    float r;
+    memcpy(&r, &bits, 4);
+    return r;
+}
+
+/* llama.cpp's tanh-GELU of a GGUF file (ACT_GELU_FP16: ggml's geglu reads a table of fp16 values at the gate's fp16
+ * value): 0 for g <= -10, g for g >= 10, else h = fp16(g) and fp16(0.5 h (1 + tanhf(sqrt(2 / pi) h (1 + 0.044715 h
+ * h)))) -- ggml's gelu of the table's entry, rounded to fp16 as the table holds it (on gemma3-270m's first layer,
+ * the fp32 GELU's products were 3.6e-4 from llama.cpp's, 0.1% of them its bits; these 99.4%).  NaN stays NaN. */
+static float gelu_fp16(float g) {
+    if (g <= -10.0f) return 0.0f;
+    if (g >= 10.0f) return g;
+    const float h = half_precision(g);
+    return half_precision(0.5f * h * (1.0f + tanhf(0.7978845608f * h * (1.0f + 0.044715f * h * h))));
+}
+
 /* The gate's activation times the up projection, into the gate's half of each row: gu [total, 2 I]. */
 static void gate_rows(float *gu, int total, int intermediate, int act, int threads, int path) {
     (void)threads;
@@ -218,6 +241,8 @@ static void gate_rows(float *gu, int total, int intermediate, int act, int threa
         if (act == ACT_GELU_TANH)  /* 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) */
             for (int j = 0; j < intermediate; j++)
                 g[j] = 0.5f * g[j] * (1.0f + tanhf(0.7978845608f * (g[j] + 0.044715f * g[j] * g[j] * g[j]))) * u[j];
+        else if (act == ACT_GELU_FP16)
+            for (int j = 0; j < intermediate; j++) g[j] = gelu_fp16(g[j]) * u[j];
         else
             silu_mul(g, u, intermediate, path);
     }
