@@ -3,7 +3,8 @@
 On tiny random GGUF files (tests.tiny_gguf: every block type the kernel takes, llama and qwen2):
 - the file is read as gguf's own reader reads it, and its config is transformers' reading of it;
 - the network is the file's: its logits equal transformers' model of the file, de-quantised, with the kernel's
-  activation quantisation put in front of each linear (row by row, up to fp32 rounding);
+  activation quantisation put in front of each linear and llama.cpp's rotary tables (row by row, up to fp32
+  rounding); the gguf target's rotary tables are llama.cpp's bit for bit;
 - batch invariance: on random forward / rollback sequences, every token's logits (and final hidden states) are
   bitwise those of a runner that evaluates one token at a time, on every path this CPU has and on the C path,
   and the paths give the same bits;
