@@ -19,11 +19,12 @@ kernels/layers.c's: llama's (pre-norm, grouped-query rotary attention, a SiLU-ga
 biases, mistral's sliding window, qwen3's per-head q / k norms, phi3's fused q / k / v and gate / up tensors (as
 they are: their rows are the linears' side by side; no sliding window, as llama.cpp's phi3), Gemma 3's q / k
 norms, norms on the attention's and the MLP's outputs (the file stores Gemma's norms as 1 + w, the factor they
-scale by), a tanh-GELU gate, an embedding scaled by sqrt(hidden), sliding-window layers rotating with their own
-base (Gemma 2's: one base, a window on every other layer, its attention scores and logits soft-capped,
-c * tanh(x / c)), and Llama 3's rotary scaling (the per-frequency divisors of ``rope_freqs.weight``:
-:class:`specdec.native.lean.Rotary`).  Each is checked against transformers' model of the file with the kernel's
-block activations and against llama.cpp's logits of the same file (tests/native/test_gguf_arch*.py).
+scale by), a tanh-GELU gate (llama.cpp's, of fp16 values: FILE_ACTIVATIONS), an embedding scaled by sqrt(hidden),
+sliding-window layers rotating with their own base (Gemma 2's: one base, a window on every other layer, its
+attention scores and logits soft-capped, c * tanh(x / c)), and Llama 3's rotary scaling (the per-frequency
+divisors of ``rope_freqs.weight``), with the rotary tables llama.cpp computes (:class:`FileRotary`).  Each is
+checked against transformers' model of the file with the kernel's block activations and against llama.cpp's
+logits of the same file (tests/native/test_gguf_arch*.py).
 
 **Exact speculation.**  Every operation computes a token's numbers from its own row in a fixed order, so a
 token's logits are bitwise the same alone, in a k-token verification and in a prefill (batch invariance, as
@@ -813,7 +814,7 @@ class GGUFModel:
                 extras[name] = self.vector(blk + stem + ".weight", length)
         return extras
 
-    def rotary(self) -> tuple[Rotary | RotaryTables, list[str | None]]:
+    def rotary(self) -> tuple[FileRotary | RotaryTables, list[str | None]]:
         """The rotary module of the model's tables (one, or one per layer type: Gemma 3's) and their kinds, in
         the order its layers' `rope` index them; with the file's rope_freqs.weight (Llama 3's factors) where it
         has one."""
@@ -821,9 +822,9 @@ class GGUFModel:
             else None
         rope = self.config.rope_parameters
         if self.rope_kinds == [None]:
-            return Rotary(self.config, self.head_dim, factors), self.rope_kinds
-        tables = {kind: Rotary(rope[kind], self.head_dim, factors) for kind in self.rope_kinds if kind is not None}
-        return RotaryTables(tables), self.rope_kinds
+            return FileRotary(rope, self.head_dim, factors), self.rope_kinds
+        tables = {kind: FileRotary(rope[kind], self.head_dim, factors) for kind in self.rope_kinds if kind is not None}
+        return RotaryTables(cast(dict[str, Rotary], tables)), self.rope_kinds
 
     def _check_shapes(self, plan: Sequence[Sequence[Sequence[tuple[str, Any]]]]) -> None:
         """Refuse, in one line, a linear whose shape is not the config's (the kernels would read past it)."""
@@ -942,6 +943,33 @@ class GGUFModel:
         return self._arena.nbytes
 
 
+# The gate activations of the gguf target in kernels/layers.c (ACT_*): SiLU, and the tanh-GELU as llama.cpp computes
+# it (ACT_GELU_FP16: ggml's fp16 table, the gate and its GELU rounded to fp16 for |g| < 10; transformers' fp32
+# GELU, lean.ACTIVATIONS' code, was 3.6e-4 from llama.cpp's on gemma3-270m's first layer).
+FILE_ACTIVATIONS = {"silu": ACTIVATIONS["silu"], "gelu_pytorch_tanh": 2}
+
+
+class FileRotary:
+    """A GGUF model's rotary table as llama.cpp computes it (kernels.layers.rope_table: llama.cpp's iterated fp32
+    angles, divided by Llama 3's `factors` where the file has them, times 1 / factor for linear scaling, their cosf
+    and sinf), called as LeanRunner calls a model's rotary module: (x, position_ids [B, n]) -> (cos, sin) [B, n, D].
+    With them a file's rotated q and k are llama.cpp's to an ulp (layers.c's sd_rope_table); tables made
+    transformers' way (lean.Rotary) moved them by up to 1e-6 of their size, which flipped a quantised activation
+    downstream now and then (tests/native/gguf_files: the distances to llama.cpp)."""
+
+    def __init__(self, rope: Mapping[str, Any], head_dim: int, factors: torch.Tensor | None = None) -> None:
+        self.base = float(rope["rope_theta"])
+        linear = rope.get("rope_type") == "linear"
+        self.scale = float(np.float32(1.0) / np.float32(rope["factor"])) if linear else 1.0  # llama.cpp's fp32 1 / f
+        self.head_dim, self.factors = head_dim, factors
+
+    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = kernels.layers.rope_table(position_ids.reshape(-1), self.head_dim, self.base, self.scale,
+                                             self.factors)  # [B n, D]
+        shape = (*position_ids.shape, self.head_dim)
+        return cos.reshape(shape).to(x.dtype), sin.reshape(shape).to(x.dtype)
+
+
 class GGUFLayers(LayerSet):
     """A GGUF model's layers in one call of kernels/layers.c on the block kernel: batch-invariant (a token's
     numbers are its own row's), token trees and tapped layers included."""
@@ -962,7 +990,7 @@ class GGUFLayers(LayerSet):
             tensors=self.table.tensors.data_ptr(), scaling=self.table.scaling.data_ptr(),
             window=self.table.window.data_ptr(), layers=len(model.layers), hidden=model.hidden,
             heads=model.num_heads, kv_heads=model.num_kv_heads, d=model.head_dim, intermediate=model.intermediate,
-            act=ACTIVATIONS[model.arch.act], eps=float(model.config.rms_norm_eps),
+            act=FILE_ACTIVATIONS[model.arch.act], eps=float(model.config.rms_norm_eps),
             softcap=float(model.values.get("attn_logit_softcapping") or 0.0), linear=kernels.layers.GGUF, isa=0)
 
     def use_path(self, path: str | None) -> None:

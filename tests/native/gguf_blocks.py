@@ -216,6 +216,27 @@ def float_product(w: np.ndarray, x: np.ndarray, bias: np.ndarray | None = None) 
     return acc if bias is None else acc + bias.astype(f32)[None]
 
 
+def half_round(v: np.ndarray) -> np.ndarray:
+    """float32 `v` rounded to fp16's precision as the kernel's half(): nearest even, fp16's subnormals, but no
+    overflow (past 65504 it keeps 11 significant bits where fp16 would be inf); kept in float32."""
+    v = np.asarray(v, f32)
+    bits = v.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0xFFF + ((bits >> 13) & 1)) & ~np.uint64(0x1FFF)).astype(np.uint32).view(f32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        subnormal = (np.rint(v * f32(2**24)) * f32(2**-24)).astype(f32)
+    return np.where(np.abs(v) < f32(2**-14), subnormal, rounded).astype(f32)
+
+
+def block_sums(x: np.ndarray) -> np.ndarray:
+    """The s of ggml's Q8_1 activation blocks of x [m, k] (32 columns a block): half(amax / 127 * sum q), amax / 127
+    in float32 before its fp16 rounding [m, k / 32], what Q4_1's and Q5_1's minimums multiply."""
+    m, k = x.shape
+    q, _ = quantize_activations(x, 32)
+    amax = np.abs(x.astype(f32).reshape(m, k // 32, 32)).max(axis=-1)
+    x32 = q.reshape(m, k // 32, 32).sum(-1).astype(f32)
+    return np.where(amax > 0, half_round((amax / f32(127)).astype(f32) * x32), f32(0)).astype(f32)
+
+
 def quantize_activations(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
     """x [m, k] fp32 -> (quants [m, k] int64 in [-127, 127], scales [m, k / block] fp32), per block of columns, as
     llama.cpp quantises activations: q = round-half-even(x * (127 / amax)); the scale of a block of 32 (ggml's
@@ -242,6 +263,7 @@ def reference(type_id: int, raw: np.ndarray, n: int, k: int, x: np.ndarray, bias
     cols = BLOCK[type_id]
     nb = k // cols
     xq, dx = quantize_activations(x, cols)
+    sx = block_sums(x) if type_id in (Q4_1, Q5_1) else None  # [m, nb]
     m = x.shape[0]
     q = t["q"].reshape(n, nb, cols)
     xs = xq.reshape(m, nb, cols)
@@ -281,7 +303,8 @@ def reference(type_id: int, raw: np.ndarray, n: int, k: int, x: np.ndarray, bias
             if type_id == Q4_0:
                 s = s - 8 * x32
             v = t["d"][None, :, b] * s.astype(f32)
-            if type_id in (Q4_1, Q5_1):
-                v = v + t["m"][None, :, b] * x32.astype(f32)
+            if type_id in (Q4_1, Q5_1):  # dx * (d * S) + m * sx
+                acc = acc + (dx[:, b : b + 1] * v.astype(f32) + t["m"][None, :, b] * sx[:, b : b + 1])
+                continue
         acc = acc + dx[:, b : b + 1] * v.astype(f32)
     return acc if bias is None else acc + bias.astype(f32)[None]

@@ -50,21 +50,27 @@ def edited_copy(source: str | Path, path: str | Path, keys: Mapping[str, Any] | 
 
 
 # The distance between the gguf target's logits and llama.cpp's on the same file and tokens.  Both multiply the
-# file's blocks with the same 8-bit block activations (the same quants and scales: gguf_linear.c's block_scale), but
-# not with the same float roundings everywhere (Q4_1 / Q5_1: llama.cpp adds m * fp16(dx * X32), the kernel dx * m *
-# X32), and a random network amplifies such differences: since the scales are llama.cpp's, the synthetic qwen3 is
-# 1.3% (its first token 0.6%, 6e-6 with Q8_1's fp16 sum too: tried, not taken), gemma3 0.05%, gemma2 0.02%,
-# smollm2-135m 3.9% (argmax 97.3%).  Measured before that (rms of the difference over the rms logit), the synthetic
-# gemma3 model of save_arch_gguf was within 0.04% of llama.cpp (gemma2 0.03%), the synthetic qwen3 within 1.8% and
-# phi3 1.4% -- as far as llama.cpp's own logits are from the fp32 model of the file (qwen3: transformers',
-# de-quantised, 1.8% from both), while the gguf target is transformers' model with the kernel's block activations to
-# fp32 rounding (test_gguf_arch) -- and on 150 tokens of text the zoo's smollm2-135m 3.8% and gemma3-270m
-# 4.2%.  Every argmax that differed was a near-tie: llama.cpp's best two logits within twice the row's rms difference
-# (phi3: 2 of 40 positions, margins 1.9 and 5.6 against rms differences of 2.5 and 3.7, logits of std 207; the zoo's
-# text: margins under 0.14).  The tolerances hold these with room; a model computed wrong (a norm, a rotary table or
-# base, a scale, a window off) is far outside them (rotary factors left out: test_gguf_arch_real.py).
-RMS_TOLERANCE = 0.08  # rms(ours - llama.cpp's) / rms(llama.cpp's)
-AGREEMENT = 0.95  # positions whose argmax is llama.cpp's (the others: near-ties)
+# file's blocks with the same 8-bit block activations (the same quants and scales: gguf_linear.c's block_scale; Q4_1's
+# and Q5_1's minimums times Q8_1's fp16 block sums), and the gguf target computes its rotary tables, its rms norms'
+# means and Gemma's GELU (fp16 table) as llama.cpp does; what is left are fp32 roundings in other orders (the linears'
+# block sums, attention's and SiLU's exp, the softmax's sums), 1e-7 of a value.  A random network amplifies the rare
+# one that moves an activation across a quantisation boundary (a "flip": one quant off by one, 1e-3 of a logit to a
+# few 1e-2 on the positions after it), and a flip changes an argmax only at a near-tie.  Measured (200 tokens of the
+# synthetic files below, seeds 0-4; tests.tiny_gguf's for llama, qwen2 and mistral, mistral's against llama.cpp's
+# llama twin): argmax the same on 99.8% / 99.9% / 100% / 99.5% / 100% / 100% / 100% of the positions for llama /
+# mistral / qwen2 / qwen3 / phi3 / gemma2 / gemma3, every file >= 99.0% (seed 0: all 100%), rms distance at most
+# 9.7e-3 (qwen3; gemma 2.7e-4) -- llama.cpp is as far from itself, its one-batch logits from its one-token-at-a-time
+# ones (qwen3 1.0e-2, gemma2 argmax 99.5%).  Before (activation block sums of Q4_1 fp32, rotary tables transformers',
+# fp32 GELU and norm sums): 94.5-99.5% per file, rms up to 2.2e-2.  A model computed wrong (a norm, a rotary table or
+# base, a scale, a window off) is far outside these (rotary factors left out: test_gguf_arch_real.py).
+RMS_TOLERANCE = 0.02  # rms(ours - llama.cpp's) / rms(llama.cpp's), synthetic files
+AGREEMENT = 0.99  # positions whose argmax is llama.cpp's, synthetic files
+# The zoo's real files on 150 tokens of text: flips at every position (smollm2-135m: 30 layers of 4 quantised
+# inputs), real near-ties (llama.cpp's best two logits within 0.01-0.17 where the argmax differed): smollm2-135m
+# 98.0% (rms 3.6e-2; llama.cpp's own one-token-at-a-time logits its one-batch ones bit for bit), gemma3-270m 96.8%
+# (rms 3.7e-2) where llama.cpp is 95.5% from itself (rms 3.8e-2, one batch against one token at a time).
+REAL_RMS_TOLERANCE = 0.06
+REAL_AGREEMENT = 0.95
 
 
 def llama_cpp_logits(path: str | Path, tokens: list[int]) -> np.ndarray:
@@ -81,12 +87,12 @@ def llama_cpp_logits(path: str | Path, tokens: list[int]) -> np.ndarray:
         llm.close()
 
 
-def assert_close_to_llama_cpp(ours: np.ndarray, theirs: np.ndarray) -> None:
-    """The gguf target's logits [n, V] are llama.cpp's within the tolerances above."""
+def assert_close_to_llama_cpp(ours: np.ndarray, theirs: np.ndarray, real: bool = False) -> None:
+    """The gguf target's logits [n, V] are llama.cpp's within the tolerances above (real: a zoo file's)."""
     rms = float(np.sqrt(((ours - theirs) ** 2).mean()) / np.sqrt((theirs**2).mean()))
-    assert rms <= RMS_TOLERANCE, rms
+    assert rms <= (REAL_RMS_TOLERANCE if real else RMS_TOLERANCE), rms
     same = ours.argmax(-1) == theirs.argmax(-1)
-    assert same.mean() >= AGREEMENT, np.nonzero(~same)[0]
+    assert same.mean() >= (REAL_AGREEMENT if real else AGREEMENT), np.nonzero(~same)[0]
 
 
 TEXT = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"

@@ -3,7 +3,8 @@
 On tiny random GGUF files (tests.tiny_gguf: every block type the kernel takes, llama and qwen2):
 - the file is read as gguf's own reader reads it, and its config is transformers' reading of it;
 - the network is the file's: its logits equal transformers' model of the file, de-quantised, with the kernel's
-  activation quantisation put in front of each linear (row by row, up to fp32 rounding);
+  activation quantisation put in front of each linear and llama.cpp's rotary tables (row by row, up to fp32
+  rounding); the gguf target's rotary tables are llama.cpp's bit for bit;
 - batch invariance: on random forward / rollback sequences, every token's logits (and final hidden states) are
   bitwise those of a runner that evaluates one token at a time, on every path this CPU has and on the C path,
   and the paths give the same bits;
@@ -26,7 +27,7 @@ from specdec.drafters.model import ModelDrafter
 from specdec.errors import SpecdecError
 from specdec.native import gguf, kernels
 from specdec.native.lean import Rotary, forward_packed
-from tests.native.gguf_blocks import quantize_activations
+from tests.native.gguf_blocks import Q4_1, Q5_1, block_sums, decode, quantize_activations
 from tests.native.test_quant import ConstantDrafter
 from tests.tiny_gguf import TYPES, save_tiny_gguf
 
@@ -106,18 +107,48 @@ KIND = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "a
         "up_proj": "ffn_up", "down_proj": "ffn_down", "lm_head": "output"}
 
 
-def with_block_activations(model: nn.Module) -> nn.Module:
-    """transformers' model with each linear's input quantised in blocks as the kernel quantises it (the block of
-    its weight's type), the product in float64: the gguf target's network, up to rounding."""
+def file_gelu(g: torch.Tensor) -> torch.Tensor:
+    """llama.cpp's tanh-GELU (layers.c's ACT_GELU_FP16, ggml's fp16 table): 0 for g <= -10, g for g >= 10, else the
+    fp32 GELU of fp16(g), rounded to fp16."""
+    h = g.half().float()
+    y = (0.5 * h * (1.0 + torch.tanh(0.7978845608 * h * (1.0 + 0.044715 * h * h)))).half().float()
+    return torch.where(g <= -10, torch.zeros_like(g), torch.where(g >= 10, g, y))
+
+
+def with_block_activations(model: nn.Module, path) -> nn.Module:
+    """transformers' model of the GGUF file `path` with each linear's input quantised in blocks as the kernel
+    quantises it (the block of its weight's type), the product in float64: the gguf target's network, up to
+    rounding.  A Q4_1 / Q5_1 linear's minimums multiply the activation blocks' fp16 sums as the kernel's do (ggml's
+    Q8_1 s, gguf_blocks.block_sums), read from the file's blocks; its rotary tables and its tanh-GELU are the file's
+    as llama.cpp computes them (gguf.FileRotary, the gguf target's; file_gelu)."""
+    from gguf import GGUFReader
+
+    tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
+    rotary, _ = gguf.GGUFModel(gguf.GGUFFile(str(path))).rotary()
+    model.model.rotary_emb.forward = lambda x, position_ids, *kind: rotary(x, position_ids, *kind)
+    if getattr(model.config, "hidden_activation", None) == "gelu_pytorch_tanh":  # Gemma's
+        for layer in model.model.layers:
+            layer.mlp.act_fn.forward = file_gelu
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
-            block = kernels.gguf.BLOCK[TYPES[KIND[name.split(".")[-1]]]]
+            kind = KIND[name.split(".")[-1]]
+            type_id = TYPES[kind]
+            block = kernels.gguf.BLOCK[type_id]
+            minimums = None
+            if type_id in (Q4_1, Q5_1):  # [n, k / 32]
+                t = tensors[f"blk.{name.split('.')[-3]}.{kind}.weight"]
+                n, k = module.weight.shape
+                minimums = decode(type_id, np.asarray(t.data), n, k)["m"].astype(np.float64)
 
-            def forward(x, module=module, block=block):
+            def forward(x, module=module, block=block, minimums=minimums):
                 rows = x.reshape(-1, x.shape[-1]).detach().numpy()
                 q, d = quantize_activations(rows, block)
                 dq = (q.reshape(len(rows), -1, block) * d[..., None].astype(np.float64)).reshape(rows.shape)
                 y = torch.from_numpy(dq) @ module.weight.double().T
+                if minimums is not None:  # m * sx in place of m * dx * X32, block by block
+                    x32 = q.reshape(len(rows), -1, block).sum(-1)  # [m, k / 32]
+                    shift = block_sums(rows).astype(np.float64) - d.astype(np.float64) * x32
+                    y = y + torch.from_numpy(shift @ minimums.T)
                 y = y if module.bias is None else y + module.bias.double()
                 return y.float().reshape(*x.shape[:-1], -1)
 
@@ -133,7 +164,7 @@ def test_the_network_is_the_files(files, models, arch):
 
     path = Path(files[arch])
     reference = with_block_activations(AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                                            dtype=torch.float32))
+                                                                            dtype=torch.float32), path)
     ids = list(range(5, 45))
     with torch.no_grad():
         want = reference(torch.tensor([ids])).logits[0]  # [n, V]
@@ -327,6 +358,39 @@ def test_the_rotary_tables_are_transformers_bits(arch, rope):
     positions = torch.arange(0, 40000, 7)[None]  # [1, n]
     ours, theirs = Rotary(config, 64)(torch.zeros(1), positions), module(torch.zeros(1), positions)
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
+@pytest.mark.parametrize("rope, factors", [({"rope_theta": 1e6}, None),
+                                           ({"rope_type": "linear", "rope_theta": 1e4, "factor": 8.0}, None),
+                                           ({"rope_theta": 5e5}, np.geomspace(1.0, 32.0, 48))])
+def test_the_gguf_targets_rotary_tables_are_llama_cpps(rope, factors):
+    """gguf.FileRotary: llama.cpp's rope cache, the angles iterated in fp32 from the position (theta *= powf(base,
+    -2 / d)), divided by Llama 3's factors, times 1 / factor for linear scaling, and libm's cosf / sinf of them --
+    bit for bit (here from libm through ctypes); not transformers' tables (lean.Rotary), which differ in places."""
+    import ctypes
+    import ctypes.util
+
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    for name in ("powf", "cosf", "sinf"):
+        getattr(libm, name).restype = ctypes.c_float
+    libm.powf.argtypes, libm.cosf.argtypes, libm.sinf.argtypes = [ctypes.c_float] * 2, [ctypes.c_float], [ctypes.c_float]
+    d, positions = 96, torch.arange(0, 9000, 37)  # [n]
+    f32 = np.float32
+    step = f32(libm.powf(rope["rope_theta"], float(f32(-2.0) / f32(d))))
+    scale = f32(1.0) / f32(rope["factor"]) if rope.get("rope_type") == "linear" else f32(1.0)
+    want_cos, want_sin = np.zeros((len(positions), d), f32), np.zeros((len(positions), d), f32)
+    for i, p in enumerate(positions.tolist()):
+        theta = f32(p)
+        for j in range(d // 2):
+            angle = scale * (theta / f32(factors[j]) if factors is not None else theta)
+            want_cos[i, [j, j + d // 2]] = libm.cosf(float(angle))
+            want_sin[i, [j, j + d // 2]] = libm.sinf(float(angle))
+            theta = theta * step
+    table = gguf.FileRotary(rope, d, None if factors is None else torch.from_numpy(factors.astype(f32)))
+    cos, sin = table(torch.zeros(1), positions[None])  # [1, n, d]
+    assert np.array_equal(cos[0].numpy(), want_cos) and np.array_equal(sin[0].numpy(), want_sin)
+    theirs = Rotary({"rope_type": "default", **rope}, d, None if factors is None else torch.from_numpy(factors))
+    assert not torch.equal(theirs(torch.zeros(1), positions[None])[0], cos)
 
 
 # A warm start with the defaults' kinds of models -- a gguf target, an int4 draft from its saved int8 model, both

@@ -7,7 +7,10 @@
   norms, output norms, scaled embedding, tanh-GELU gate, five sliding-window layers of six with their own rotary
   base, a head wider than hidden / heads; qwen3's per-head q / k norms; phi3's fused attn_qkv and gate-and-up
   ffn_up): transformers' model of the file with the kernel's block activations in front of each linear, up to
-  fp32 rounding; llama.cpp's logits of the same file within the tolerances of tests.native.gguf_files (skipped
+  fp32 rounding; llama.cpp's logits of the same file (and of tests.tiny_gguf's llama, qwen2 and mistral files,
+  mistral's against its llama twin) on 200 positions: the same argmax on >= 99% of them and an rms distance of at
+  most 2% of llama.cpp's rms logit (tests.native.gguf_files: measured 99.5-100% and <= 1%, what is left fp32
+  roundings in other orders, amplified by the random weights where one flips a quantised activation; skipped
   without llama-cpp-python; phi3's file without its vocabulary, which llama.cpp's phi3 loader refuses; llama.cpp
   applies no sliding window to phi3, as the gguf target); batch-invariant bitwise (a forward of any chunks is one
   token at a time) on every path this CPU has, the paths giving the same bits; speculative greedy output equal
@@ -131,11 +134,17 @@ def llama_cpp_loads(path: str, arch: str, folder) -> str:
                              "tokenizer.ggml.pre"))
 
 
-@pytest.mark.parametrize("arch", SYNTHETIC)
-def test_the_synthetic_models_are_llama_cpps(synthetic, synthetic_models, arch, tmp_path):
-    tokens = random.Random(arch).choices(range(3, 250), k=40)  # gemma: five times its window of 8
-    ours = synthetic_runner(synthetic_models, arch).forward(tokens).numpy()
-    theirs = llama_cpp_logits(llama_cpp_loads(synthetic[arch], arch, tmp_path), tokens)
+@pytest.mark.parametrize("arch", [*SYNTHETIC, "llama", "qwen2", "mistral"])
+def test_the_synthetic_models_are_llama_cpps(synthetic, synthetic_models, tiny, arch, tmp_path):
+    # 200 positions: argmax llama.cpp's on >= 99% of them, rms distance <= 2% (tests.native.gguf_files)
+    tokens = random.Random(arch).choices(range(3, 250), k=200)  # gemma: 25 times its window of 8
+    if arch in SYNTHETIC:
+        ours = synthetic_runner(synthetic_models, arch).forward(tokens).numpy()
+        theirs = llama_cpp_logits(llama_cpp_loads(synthetic[arch], arch, tmp_path), tokens)
+    else:  # llama.cpp reads no "mistral" file: the llama file of the same seed is its model without a window
+        path = tiny[arch] if arch != "mistral" else save_tiny_gguf(tmp_path / "mistral.gguf", "mistral")
+        ours = gguf.load(path).forward(tokens).numpy()
+        theirs = llama_cpp_logits(tiny["llama" if arch == "mistral" else arch], tokens)
     assert_close_to_llama_cpp(ours, theirs)
     if arch == "phi3":  # llama.cpp applies no sliding window to phi3: without the key, the same logits
         unwindowed = edited_copy(llama_cpp_loads(synthetic[arch], arch, tmp_path), tmp_path / "unwindowed.gguf",
@@ -167,12 +176,15 @@ def test_the_synthetic_models_are_transformers_with_block_activations(synthetic,
         assert model.config.sliding_window is None and gguf.config_of(gguf.GGUFFile(path)).sliding_window is None
     tokens = random.Random(arch).choices(range(3, 250), k=40)
     with torch.no_grad():
-        want = with_block_activations(model)(torch.tensor([tokens])).logits[0]  # [n, V]
+        want = with_block_activations(model, path)(torch.tensor([tokens])).logits[0]  # [n, V]
     got = synthetic_runner(synthetic_models, arch).forward(tokens)
     # as in test_gguf: a rounding difference that flips one activation's quant is amplified by the random weights,
-    # and attention carries it to every later position (gemma3, with llama.cpp's activation scales: 23 of 40 within)
+    # and attention carries it to every later position: the first such flip is chance (qwen3: at position 19,
+    # gemma3 at 9, where llama.cpp's logits part from both as well; phi3 none), but the nine positions before it
+    # -- a rotary table, a window of 8, a norm or a scale computed wrong shows there -- are the model's to fp32
+    # rounding, and the rest within a flip's reach
     error = (got - want).abs().max(-1).values / want.abs().max(-1).values  # [n]
-    assert (error < 1e-4).float().mean() >= 0.5, error
+    assert (error[:9] < 1e-4).all() and (error < 1e-4).float().mean() >= 0.3, error
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
@@ -243,7 +255,7 @@ def test_mistrals_sliding_window_is_applied(tmp_path):
     model.load_state_dict(AutoModelForCausalLM.from_pretrained(llama.parent, gguf_file=llama.name,
                                                                dtype=torch.float32).state_dict())
     with torch.no_grad():
-        want = with_block_activations(model)(torch.tensor([tokens])).logits[0]  # [n, V]
+        want = with_block_activations(model, llama)(torch.tensor([tokens])).logits[0]  # [n, V]
     error = (got - want).abs().max(-1).values / want.abs().max(-1).values  # a flip's reach: 23 of 30 within
     assert (error < 1e-4).float().mean() >= 0.7 and torch.equal(got.argmax(-1), want.argmax(-1)), error
 

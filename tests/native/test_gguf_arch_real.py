@@ -2,8 +2,9 @@
 
 - smollm2-135m (llama) and gemma3-270m (gemma3: q / k norms, norms on the attention's and the MLP's outputs,
   sliding-window layers with their own rotary base, a scaled embedding, a tanh-GELU gate): logits of 150 tokens
-  of text within the tolerances of tests.native.gguf_files (llama.cpp's own 8-bit activations differ from the
-  block kernel's in places: a few percent, argmax the same but at near-ties);
+  of text within the real files' tolerances of tests.native.gguf_files (rms distance 6%, argmax the same on 95% of
+  the positions: every token's flips of a quantised activation in 18-30 layers, and real near-ties; llama.cpp's own
+  one-batch and one-token-at-a-time logits of gemma3-270m are that far apart);
 - Llama 3's rotary scaling (rope_freqs.weight, the per-frequency divisors llama.cpp's converter writes): smollm2
   with factors added greedily continues otherwise, and is still llama.cpp's model of that file;
 - `--dtype auto` takes the gguf target for a gemma3 file, as for the llama-family ones;
@@ -41,7 +42,7 @@ def logits(path: str, tokens: list[int]) -> np.ndarray:
 def test_the_zoos_logits_are_llama_cpps(name):
     path = zoo_file(name)
     tokens = text_tokens(path)
-    assert_close_to_llama_cpp(logits(path, tokens), llama_cpp_logits(path, tokens))
+    assert_close_to_llama_cpp(logits(path, tokens), llama_cpp_logits(path, tokens), real=True)
 
 
 def greedy(path: str, tokens: list[int], n: int) -> list[int]:
@@ -62,7 +63,7 @@ def test_llama3_rotary_factors_are_llama_cpps(tmp_path):
     scaled = edited_copy(path, tmp_path / "llama3.gguf", tensors={"rope_freqs.weight": factors})
     tokens = text_tokens(path)
     assert greedy(scaled, tokens, 16) != greedy(path, tokens, 16)
-    assert_close_to_llama_cpp(logits(scaled, tokens), llama_cpp_logits(scaled, tokens))
+    assert_close_to_llama_cpp(logits(scaled, tokens), llama_cpp_logits(scaled, tokens), real=True)
 
 
 def test_auto_takes_the_gguf_target_for_gemma3():

@@ -94,6 +94,7 @@ SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     "sd_isa_limit": (c_int, []),
     "sd_layers": (c_int, [POINTER(LayersModel), POINTER(LayersRows)]),
     "sd_rms_norm": (None, [_ptr, _i32, _i32, _ptr, c_float, _ptr]),
+    "sd_rope_table": (None, [_ptr, _i32, _i32, c_float, c_float, _ptr, _ptr, _ptr]),
     "sd_gguf_linear": (c_int, [POINTER(GGUFParams)]),
     "sd_gguf_pack": (c_int, [_i32, _ptr, _i32, _i32, _ptr, _ptr, _i32]),
     "sd_gguf_packed_bytes": (c_int64, [_i32, _i32, _i32]),

@@ -15,9 +15,9 @@
  *         acc += dx * (d * (float)T)
  *   Q5_0  S = sum q xq - 16 X32  (q in 0..31);   Q8_0  S = sum q xq  (q in -128..127)
  *         acc += dx * (d * (float)S)
- *   Q4_1  S = sum q xq;  acc += dx * (d * (float)S + m * (float)X32)
+ *   Q4_1  S = sum q xq;  acc += dx * (d * (float)S) + m * sx     (sx = half(d32 * (float)X32): ggml's Q8_1 s)
  *   Q4_0  S = sum q xq - 8 X32  (q in 0..15);  acc += dx * (d * (float)S)
- *   Q5_1  S = sum q xq  (q in 0..31);  acc += dx * (d * (float)S + m * (float)X32)
+ *   Q5_1  S = sum q xq  (q in 0..31);  acc += dx * (d * (float)S) + m * sx
  *   IQ4_NL  S = sum (kv + 128) xq - 128 X32  (kv = kvalues_iq4nl[q], -127..113);  acc += dx * (d * (float)S)
  *   Q2_K  T = sum_j sc_j * S_j,  M = sum_j m_j * X16_j  (j: the 16 sub-blocks of 16; q in 0..3, sc and m 0..15)
  *         acc += dx * (d * (float)T - dmin * (float)M)
@@ -31,7 +31,10 @@
  *         acc += dx * (d * (float)T)                                ggml's kvalues_iq4nl, -127..113)
  *
  * with acc = 0 before the first block, the blocks in order, and y = acc (+ bias).  X16 / X32 are sums of xq over
- * 16 / 32 columns.  Every integer is exact (|T| < 2^31), so the order of the integer sums, the SIMD width, the
+ * 16 / 32 columns.  Q4_1's and Q5_1's minimums multiply sx, the sum a ggml Q8_1 activation block stores beside its
+ * quants (s = fp16(d * sum q), d = amax / 127 in fp32, before d itself is rounded to fp16): llama.cpp adds m * s, so
+ * the kernel does (half() rounds as fp16 does, to nearest even with fp16's subnormals, but does not overflow: past
+ * 65504 it keeps 11 significant bits where ggml's fp16 would be inf).  Every integer is exact (|T| < 2^31), so the order of the integer sums, the SIMD width, the
  * tiling and the threads do not matter; the float operations are the same sequence for every element of every
  * call.  A token's outputs are therefore a function of its own row and the weights only -- **batch-invariant**:
  * the same bits alone, in a verification of several rows and in a prefill -- and the AVX-512 VNNI, AVX2 and
@@ -436,6 +439,7 @@ typedef struct {
     int32_t *x16;  /* [m, k / 16] */
     int32_t *x32;  /* [m, k / 32] */
     int16_t *x32h; /* [m, k / 32] */
+    float *sx;     /* [m, k / 32]: Q8_1's s, half(amax / 127 * X32) (32-column blocks only) */
     /* the panels, P = ceil(m / R_MAX) passes */
     int8_t *qp;     /* [P, k / 32, 8 groups of 4 columns, R_MAX rows, 4] */
     float *dxp;     /* [P, k / block, R_MAX] */
@@ -443,6 +447,7 @@ typedef struct {
     int16_t *x32hp; /* [P, k / 256, R_MAX, 8]: Q4_K's minimums' X32 of a block's 8 sub-blocks */
     int32_t *x16np; /* [P, k / 16, R_MAX]: -32 X16, Q6_K's offset of each 16 columns (AVX-512 VNNI) */
     int16_t *x16hp; /* [P, k / 256, R_MAX, 16]: X16 of a block's 16 sub-blocks, Q6_K's offsets (AVX2) */
+    float *sxp;     /* [P, k / 32, R_MAX]: sx (32-column blocks only) */
     int k, block, m;
     const float *x; /* F32, F16, BF16: the rows themselves (row stride ldx), no quants */
     int64_t ldx;
@@ -454,27 +459,42 @@ typedef struct {
  * 256-column block (Q8_K, for the K types and IQ4_XS) keeps 1 / (127 / amax) in fp32 (ggml's d = 1 / iscale, which
  * may differ from amax / 127 in the last bit).  The quants are q = round-half-even(x * (127 / amax)) for both, as
  * llama.cpp's x86 quantisers round them. */
-static float block_scale(float amax, int n) {
-    if (n != BLOCK_0) return 1.0f / (127.0f / amax);
-    const float d = amax / 127.0f;
+/* v rounded to fp16's precision (nearest even; under 2^-14 a multiple of 2^-24, as fp16's subnormals), kept in
+ * fp32; v finite.  Past 65504 it keeps 11 significant bits (fp16 would be inf): the caller says what it wants. */
+static float half_round(float v) {
     uint32_t bits;
-    memcpy(&bits, &d, 4);
-    if (bits >= 0x477ff000u) return INFINITY; /* 65520 and up: fp16's nearest even is inf */
-    if (bits < 0x38800000u) { /* under 2^-14: an fp16 subnormal, a multiple of 2^-24 (both scalings exact) */
-        return nearbyintf(d * 16777216.0f) * (1.0f / 16777216.0f);
-    }
+    memcpy(&bits, &v, 4);
+    if ((bits & 0x7fffffffu) < 0x38800000u) /* |v| under 2^-14: an fp16 subnormal (both scalings exact) */
+        return nearbyintf(v * 16777216.0f) * (1.0f / 16777216.0f);
     bits = (bits + 0xfffu + ((bits >> 13) & 1u)) & ~0x1fffu; /* 23 mantissa bits to 10, half to even */
     float r;
     memcpy(&r, &bits, 4);
     return r;
 }
 
-static float quantize_block_c(const float *x, int n, int8_t *q) {
+static float block_scale(float amax, int n) {
+    if (n != BLOCK_0) return 1.0f / (127.0f / amax);
+    const float d = amax / 127.0f;
+    uint32_t bits;
+    memcpy(&bits, &d, 4);
+    if (bits >= 0x477ff000u) return INFINITY; /* 65520 and up: fp16's nearest even is inf */
+    return half_round(d);
+}
+
+/* Q8_1's s of a 32-column block: half(amax / 127 * X32), amax / 127 in fp32 (ggml's d before its fp16 rounding);
+ * 0 for an all-zero block, NaN for a block with NaN or inf (whose dx is NaN). */
+static float block_sum(float amax, int32_t x32) {
+    if (amax == 0.0f || !isfinite(amax)) return amax == 0.0f ? 0.0f : NAN;
+    return half_round(amax / 127.0f * (float)x32);
+}
+
+static float quantize_block_c(const float *x, int n, int8_t *q, float *amax_out) {
     float amax = 0.0f;
     for (int j = 0; j < n; j++) {
         const float a = fabsf(x[j]);
         if (a > amax || a != a) amax = a;
     }
+    *amax_out = amax;
     if (amax == 0.0f || !isfinite(amax)) {
         memset(q, 0, (size_t)n);
         return amax == 0.0f ? 0.0f : NAN;
@@ -490,7 +510,7 @@ static float quantize_block_c(const float *x, int n, int8_t *q) {
 
 #ifdef SD_X86
 #define AVX512Q __attribute__((target("avx512f,avx512bw")))
-AVX512Q static float quantize_block_avx512(const float *x, int n, int8_t *q) {
+AVX512Q static float quantize_block_avx512(const float *x, int n, int8_t *q, float *amax_out) {
     /* n is 32 or 256: whole vectors.  max |x| is exact in any order; NaN: cmp unordered */
     __m512 vmax = _mm512_setzero_ps();
     __mmask16 nan = 0;
@@ -501,6 +521,7 @@ AVX512Q static float quantize_block_avx512(const float *x, int n, int8_t *q) {
     }
     float amax = _mm512_reduce_max_ps(vmax);
     if (nan) amax = NAN;
+    *amax_out = amax;
     if (amax == 0.0f || !isfinite(amax)) {
         memset(q, 0, (size_t)n);
         return amax == 0.0f ? 0.0f : NAN;
@@ -566,13 +587,16 @@ static int has_avx2(void) {
 static void quantize_row(const float *x, acts_t *a, int i, int isa) {
     const int k = a->k, nb = k / a->block;
     int8_t *q = a->q + (int64_t)i * k;
+    float amax_k; /* 256 columns: amax unused */
+    float *amaxes = a->block == BLOCK_0 ? a->sx + (int64_t)i * nb : NULL; /* 32 columns: sx holds amax until below */
     for (int b = 0; b < nb; b++) {
+        float *at = amaxes ? amaxes + b : &amax_k;
 #ifdef SD_X86
         if (isa > ISA_C && has_avx512())
-            a->dx[(int64_t)i * nb + b] = quantize_block_avx512(x + (int64_t)b * a->block, a->block, q + (int64_t)b * a->block);
+            a->dx[(int64_t)i * nb + b] = quantize_block_avx512(x + (int64_t)b * a->block, a->block, q + (int64_t)b * a->block, at);
         else
 #endif
-            a->dx[(int64_t)i * nb + b] = quantize_block_c(x + (int64_t)b * a->block, a->block, q + (int64_t)b * a->block);
+            a->dx[(int64_t)i * nb + b] = quantize_block_c(x + (int64_t)b * a->block, a->block, q + (int64_t)b * a->block, at);
     }
     int32_t *x16 = a->x16 + (int64_t)i * (k / 16);
 #ifdef SD_X86
@@ -585,6 +609,7 @@ static void quantize_row(const float *x, acts_t *a, int i, int isa) {
         const int32_t s = x16[2 * j] + x16[2 * j + 1];
         a->x32[(int64_t)i * (k / 32) + j] = s;
         a->x32h[(int64_t)i * (k / 32) + j] = (int16_t)s; /* |s| <= 32 * 127 */
+        if (a->block == BLOCK_0) a->sx[(int64_t)i * nb + j] = block_sum(amaxes[j], s); /* (nb = k / 32) */
     }
 }
 
@@ -605,7 +630,10 @@ static void panel_row(acts_t *a, int i, int m) {
         at[R_MAX] = -16 * x32;
         at[2 * R_MAX] = -128 * x32;
     }
-    if (a->block != BLOCK_K) return;
+    if (a->block != BLOCK_K) {
+        for (int s = 0; s < n32; s++) a->sxp[((int64_t)p * n32 + s) * R_MAX + r] = a->sx[(int64_t)i * n32 + s];
+        return;
+    }
     for (int j = 0; j < k / 16; j++) a->x16np[((int64_t)p * (k / 16) + j) * R_MAX + r] = -32 * a->x16[(int64_t)i * (k / 16) + j];
     for (int b = 0; b < k / BLOCK_K; b++) {
         int16_t *mins = a->x32hp + (((int64_t)p * (k / BLOCK_K) + b) * R_MAX + r) * 8;
@@ -618,16 +646,18 @@ static void panel_row(acts_t *a, int i, int m) {
 /* The activations of m rows in one block of scratch memory (slot 0 for the K types' blocks, 1 for the others). */
 static void *alloc_acts(acts_t *a, int m, int k, int block) {
     const size_t rows = (size_t)(m > 0 ? m : 1), padded = (rows + R_MAX - 1) / R_MAX * R_MAX;
-    const size_t sizes[11] = {rows * k, rows * (k / block) * 4, rows * (k / 16) * 4, rows * (k / 32) * 4,
+    const size_t sx = block == BLOCK_0 ? 4 : 0; /* sx and its panel: 32-column blocks only */
+    const size_t sizes[13] = {rows * k, rows * (k / block) * 4, rows * (k / 16) * 4, rows * (k / 32) * 4,
                               rows * (k / 32) * 2, padded * k, padded * (k / block) * 4, padded * (k / 32) * 12,
-                              padded * (k / 32) * 2, padded * (k / 16) * 4, padded * (k / 16) * 2};
+                              padded * (k / 32) * 2, padded * (k / 16) * 4, padded * (k / 16) * 2,
+                              rows * (k / 32) * sx, padded * (k / 32) * sx};
     size_t total = 0;
-    for (int i = 0; i < 11; i++) total += (sizes[i] + 63) / 64 * 64;
+    for (int i = 0; i < 13; i++) total += (sizes[i] + 63) / 64 * 64;
     uint8_t *block_mem = scratch_take(block == BLOCK_K ? 0 : 1, total);
     if (!block_mem) return NULL;
-    void *at[11];
+    void *at[13];
     uint8_t *p = block_mem;
-    for (int i = 0; i < 11; i++) {
+    for (int i = 0; i < 13; i++) {
         at[i] = p;
         p += (sizes[i] + 63) / 64 * 64;
     }
@@ -642,6 +672,8 @@ static void *alloc_acts(acts_t *a, int m, int k, int block) {
     a->x32hp = at[8];
     a->x16np = at[9];
     a->x16hp = at[10];
+    a->sx = at[11];
+    a->sxp = at[12];
     a->k = k;
     a->block = block;
     a->m = m;
@@ -745,8 +777,8 @@ static float block_c(int type, const uint8_t *blk, int c, const acts_t *a, int i
     case GG_Q4_1: {
         int32_t s = 0;
         for (int e = 0; e < 32; e++) s += packed_quant(type, blk, c, e) * xq[e];
-        const float m = half_to_float(read16(blk + 32 + 2 * c));
-        return dx * (d * (float)s + m * (float)x32[0]);
+        const float m = half_to_float(read16(blk + 32 + 2 * c)), sx = a->sx[(int64_t)i * (k / 32) + b];
+        return dx * (d * (float)s) + m * sx;
     }
     case GG_Q5_K: { /* Q4_K's sums, q in 0..31 */
         int32_t t = 0, mm = 0;
@@ -793,8 +825,8 @@ static float block_c(int type, const uint8_t *blk, int c, const acts_t *a, int i
     case GG_Q5_1: {
         int32_t s = 0;
         for (int e = 0; e < 32; e++) s += packed_quant(type, blk, c, e) * xq[e];
-        const float m = half_to_float(read16(blk + 32 + 2 * c));
-        return dx * (d * (float)s + m * (float)x32[0]);
+        const float m = half_to_float(read16(blk + 32 + 2 * c)), sx = a->sx[(int64_t)i * (k / 32) + b];
+        return dx * (d * (float)s) + m * sx;
     }
     case GG_IQ4_NL: {
         int32_t s = -128 * x32[0];
@@ -1040,6 +1072,7 @@ VNNI INLINE void q32_vnni(int type, const uint8_t *grp, int nb, const acts_t *a,
     const int8_t *xq = panel(a, i0);
     const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
     const int32_t *x32s = a->x32p + (int64_t)(i0 / R_MAX) * nb * 3 * R_MAX; /* [nb, 3, R_MAX] */
+    const float *sxs = a->sxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;         /* [nb, R_MAX] */
     const int which = type == GG_Q5_0 ? 1 : type == GG_Q8_0 || type == GG_IQ4_NL ? 2 : 0; /* the offset's row of x32p */
     const __m512i low = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
     /* IQ4_NL: its values + 128 in every 128-bit lane, for vpshufb to map the nibbles through */
@@ -1076,9 +1109,9 @@ VNNI INLINE void q32_vnni(int type, const uint8_t *grp, int nb, const acts_t *a,
             if (which) s = _mm512_add_epi32(s, _mm512_set1_epi32(x32[which * R_MAX]));
             if (type == GG_Q4_0) s = _mm512_add_epi32(s, _mm512_set1_epi32(-8 * x32[0]));
             const __m512 dx = _mm512_set1_ps(dxs[b * R_MAX + r]);
-            __m512 v = _mm512_mul_ps(d, _mm512_cvtepi32_ps(s));
-            if (type == GG_Q4_1 || type == GG_Q5_1) v = _mm512_add_ps(v, _mm512_mul_ps(m, _mm512_set1_ps((float)x32[0])));
-            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(dx, v));
+            __m512 v = _mm512_mul_ps(dx, _mm512_mul_ps(d, _mm512_cvtepi32_ps(s)));
+            if (type == GG_Q4_1 || type == GG_Q5_1) v = _mm512_add_ps(v, _mm512_mul_ps(m, _mm512_set1_ps(sxs[b * R_MAX + r])));
+            acc[r] = _mm512_add_ps(acc[r], v);
         }
     }
     for (int r = 0; r < R; r++) _mm512_storeu_ps(out[r], acc[r]);
@@ -1545,6 +1578,7 @@ AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a
     const int8_t *xq = panel(a, i0);
     const float *dxs = a->dxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;
     const int32_t *x32s = a->x32p + (int64_t)(i0 / R_MAX) * nb * 3 * R_MAX; /* [nb, 3, R_MAX] */
+    const float *sxs = a->sxp + (int64_t)(i0 / R_MAX) * nb * R_MAX;         /* [nb, R_MAX] */
     const __m256i low = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
     const __m256i flip = _mm256_set1_epi8((char)0x80);
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4nl_values)); /* IQ4_NL's, signed */
@@ -1587,9 +1621,9 @@ AVX2F INLINE void q32_avx2(int type, const uint8_t *grp, int nb, const acts_t *a
                 s = _mm256_add_epi32(s, p);
             }
             const __m256 dx = _mm256_set1_ps(dxs[b * R_MAX + r0 + r]);
-            __m256 v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(s));
-            if (type == GG_Q4_1 || type == GG_Q5_1) v = _mm256_add_ps(v, _mm256_mul_ps(m, _mm256_set1_ps((float)x32[0])));
-            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, v));
+            __m256 v = _mm256_mul_ps(dx, _mm256_mul_ps(d, _mm256_cvtepi32_ps(s)));
+            if (type == GG_Q4_1 || type == GG_Q5_1) v = _mm256_add_ps(v, _mm256_mul_ps(m, _mm256_set1_ps(sxs[b * R_MAX + r0 + r])));
+            acc[r] = _mm256_add_ps(acc[r], v);
         }
     }
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r0 + r] + 8 * half, acc[r]);

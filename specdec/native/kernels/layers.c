@@ -37,18 +37,22 @@
 
 static inline int padded64(int k) { return (k + 63) / 64 * 64; }
 
-/* out[i] = w * (x[i] / sqrt(mean(x[i]^2) + eps)) for each of m rows (out may be x). */
+/* out[i] = w * (x[i] * r), r = 1 / sqrt(mean + eps), for each of m rows (out may be x).  As llama.cpp's rms_norm:
+ * the squares in fp32, their sum in double (here 8 partial sums in a fixed order), mean = fp32(sum / hidden): its
+ * mean is llama.cpp's but where the double sums' order shows after the rounding to fp32 (fp32 sums moved it by an
+ * ulp often enough to flip a quantised activation of a synthetic model now and then). */
 void sd_rms_norm(const float *x, int m, int hidden, const float *w, float eps, float *out) {
     for (int i = 0; i < m; i++) {
         const float *xi = x + (int64_t)i * hidden;
         float *oi = out + (int64_t)i * hidden;
-        float part[8] = {0};
+        double part[8] = {0};
         int j = 0;
         for (; j + 8 <= hidden; j += 8)
-            for (int l = 0; l < 8; l++) part[l] += xi[j + l] * xi[j + l];
-        for (; j < hidden; j++) part[0] += xi[j] * xi[j];
-        const float sum = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
-        const float r = 1.0f / sqrtf(sum / (float)hidden + eps);
+            for (int l = 0; l < 8; l++) part[l] += (double)(xi[j + l] * xi[j + l]);
+        for (; j < hidden; j++) part[0] += (double)(xi[j] * xi[j]);
+        const double sum = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
+        const float mean = (float)(sum / (double)hidden);
+        const float r = 1.0f / sqrtf(mean + eps);
         for (j = 0; j < hidden; j++) oi[j] = w[j] * (xi[j] * r);
     }
 }
@@ -81,6 +85,29 @@ static void rotate_heads(float *v, int count, int d, const float *cos, const flo
         memcpy(tmp, v, sizeof(float) * (size_t)d);
         for (int c = 0; c < half; c++) v[c] = tmp[c] * cos[c] - tmp[c + half] * sin[c];
         for (int c = half; c < d; c++) v[c] = tmp[c] * cos[c] + tmp[c - half] * sin[c];
+    }
+}
+
+/* llama.cpp's rotary table (ggml's rope cache) for `count` positions: per position p, theta_0 = p and theta_{j+1} =
+ * theta_j * s in fp32, s = powf(base, -2 / dims); angle_j = scale * (theta_j / factors[j]) (factors NULL: theta_j);
+ * cos / sin [count, 2 half] = cosf / sinf(angle_j) at j and j + half (half = dims / 2).  llama.cpp's float
+ * operations, so that a GGUF file rotates as llama.cpp rotates it: on a synthetic llama file, with llama.cpp's tables
+ * a rotated q is llama.cpp's to an ulp (a quarter of the values: llama.cpp's build fuses x0 cos - x1 sin into one
+ * fma), where tables built from base^(-2j/d) moved 41% of the values, by up to 1e-6 of them -- enough to flip a
+ * quantised activation downstream now and then. */
+void sd_rope_table(const int64_t *positions, int count, int dims, float base, float scale, const float *factors,
+                   float *cos_out, float *sin_out) {
+    const int half = dims / 2;
+    const float s = powf(base, -2.0f / (float)dims);
+    for (int i = 0; i < count; i++) {
+        float theta = (float)positions[i];
+        float *c = cos_out + (int64_t)i * 2 * half, *sn = sin_out + (int64_t)i * 2 * half;
+        for (int j = 0; j < half; j++) {
+            const float angle = scale * (factors ? theta / factors[j] : theta);
+            c[j] = c[j + half] = cosf(angle);
+            sn[j] = sn[j + half] = sinf(angle);
+            theta *= s;
+        }
     }
 }
 
@@ -179,6 +206,29 @@ static void silu_mul(float *gate, const float *up, int n, int path) {
     silu_mul_c(gate, up, n);
 }
 
+/* v rounded to fp16's precision and back (nearest even; fp16's subnormals under 2^-14), for |v| < 65504: as
+ * gguf_linear.c's half_round. */
+static float half_precision(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, 4);
+    if ((bits & 0x7fffffffu) < 0x38800000u) return nearbyintf(v * 16777216.0f) * (1.0f / 16777216.0f);
+    bits = (bits + 0xfffu + ((bits >> 13) & 1u)) & ~0x1fffu;
+    float r;
+    memcpy(&r, &bits, 4);
+    return r;
+}
+
+/* llama.cpp's tanh-GELU of a GGUF file (ACT_GELU_FP16: ggml's geglu reads a table of fp16 values at the gate's fp16
+ * value): 0 for g <= -10, g for g >= 10, else h = fp16(g) and fp16(0.5 h (1 + tanhf(sqrt(2 / pi) h (1 + 0.044715 h
+ * h)))) -- ggml's gelu of the table's entry, rounded to fp16 as the table holds it (on gemma3-270m's first layer,
+ * the fp32 GELU's products were 3.6e-4 from llama.cpp's, 0.1% of them its bits; these 99.4%).  NaN stays NaN. */
+static float gelu_fp16(float g) {
+    if (g <= -10.0f) return 0.0f;
+    if (g >= 10.0f) return g;
+    const float h = half_precision(g);
+    return half_precision(0.5f * h * (1.0f + tanhf(0.7978845608f * h * (1.0f + 0.044715f * h * h))));
+}
+
 /* The gate's activation times the up projection, into the gate's half of each row: gu [total, 2 I]. */
 static void gate_rows(float *gu, int total, int intermediate, int act, int threads, int path) {
     (void)threads;
@@ -191,6 +241,8 @@ static void gate_rows(float *gu, int total, int intermediate, int act, int threa
         if (act == ACT_GELU_TANH)  /* 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) */
             for (int j = 0; j < intermediate; j++)
                 g[j] = 0.5f * g[j] * (1.0f + tanhf(0.7978845608f * (g[j] + 0.044715f * g[j] * g[j] * g[j]))) * u[j];
+        else if (act == ACT_GELU_FP16)
+            for (int j = 0; j < intermediate; j++) g[j] = gelu_fp16(g[j]) * u[j];
         else
             silu_mul(g, u, intermediate, path);
     }

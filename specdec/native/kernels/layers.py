@@ -79,3 +79,19 @@ def draft_greedy(model: LayersModel, caches: Sequence[int], kv_head: int, cos: t
     if status != 0:
         raise ValueError("draft: a token outside the embedding")
     return list(out)
+
+
+def rope_table(positions: torch.Tensor, dims: int, base: float, scale: float = 1.0,
+               factors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's rotary table (layers.c's sd_rope_table: its iterated fp32 angles, cosf / sinf) for positions
+    [n] int64: (cos, sin) [n, dims] fp32, each frequency's value at j and j + dims / 2 (rotate-half form).
+    scale: llama.cpp's frequency scale (linear rotary scaling: 1 / factor); factors [dims / 2]: Llama 3's
+    per-frequency divisors (rope_freqs.weight), or None."""
+    positions = positions.to(torch.int64).contiguous()
+    n = positions.numel()
+    cos, sin = torch.empty(n, dims), torch.empty(n, dims)
+    if factors is not None:
+        factors = factors.to(torch.float32).contiguous()
+    library().sd_rope_table(positions.data_ptr(), n, dims, base, scale,
+                            None if factors is None else factors.data_ptr(), cos.data_ptr(), sin.data_ptr())
+    return cos, sin

@@ -128,7 +128,7 @@ int sd_attention_isa(void);
 enum { L_IN_NORM, L_POST_NORM, L_QKV_W, L_QKV_S, L_QKV_B, L_O_W, L_O_S, L_O_B, L_GU_W, L_GU_S, L_GU_B, L_DOWN_W,
        L_DOWN_S, L_DOWN_B, L_Q_NORM, L_K_NORM, L_ATTN_OUT_NORM, L_MLP_OUT_NORM, L_ROPE, L_FIELDS };
 
-enum { ACT_SILU, ACT_GELU_TANH };  /* the MLP gate's activation */
+enum { ACT_SILU, ACT_GELU_TANH, ACT_GELU_FP16 };  /* the MLP gate's activation (layers.c's gate_rows) */
 enum { LIN_INT4, LIN_GGUF };       /* the kernel a model's linears run on */
 
 /* The model: what is the same in every call. */
@@ -164,6 +164,8 @@ int sd_layers(const sd_layers_model *model, const sd_layers_rows *rows);
 
 /* out[i] = w * (x[i] / sqrt(mean(x[i]^2) + eps)) for each of m rows of `hidden` (out may be x): the layers' norm. */
 void sd_rms_norm(const float *x, int m, int hidden, const float *w, float eps, float *out);
+void sd_rope_table(const int64_t *positions, int count, int dims, float base, float scale, const float *factors,
+                   float *cos_out, float *sin_out);
 
 /* ------------------------------------------------------------------ a draft's greedy chain (draft.c)
  * A draft model on the GGUF block kernel (LIN_GGUF layers) feeds `feed` (nfeed tokens at positions start..), then
