@@ -5,6 +5,7 @@ agreement and perplexity).  The harness itself is specdec.bench."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -110,21 +111,30 @@ def bench_structured(models: EngineConfig, source: str, max_new_tokens: int, rep
     from specdec.bench.structured import load_schema_prompts, run_structured_bench
     from specdec.cli.common import load_engine
 
-    progress = PullProgress()
-    try:
+    def run(progress: PullProgress) -> dict:
         load_schema_prompts(source)  # a bad file before the models load
         engine = load_engine(models, progress)
-        data = run_structured_bench(engine, source, max_new_tokens, repeats, out,
+        return run_structured_bench(engine, source, max_new_tokens, repeats, out,
                                     tick=lambda what: err.print(f"structured bench: {what}"))
+
+    run_mode(run, out, as_json)
+
+
+def run_mode(run: Callable[[PullProgress], dict], out: Path, as_json: bool) -> None:
+    """A bench mode that writes summary.md, summary.json and results.jsonl in `out`: `run` (given the pull
+    progress) with its one-line errors, then summary.md on stderr (--json: summary.json's object on stdout)."""
+    progress = PullProgress()
+    try:
+        data = run(progress)
     except SpecdecError as e:
         progress.close()
         fail(str(e))
     progress.close()
     if as_json:
         print(json.dumps(data, ensure_ascii=False))
-    else:
-        err.print((out / "summary.md").read_text(), soft_wrap=True)
-        err.print(f"results in {out}/ (summary.md, summary.json, results.jsonl)")
+        return
+    err.print((out / "summary.md").read_text(), soft_wrap=True)
+    err.print(f"results in {out}/ (summary.md, summary.json, results.jsonl)")
 
 
 def bench_startup(models: EngineConfig, rounds: int, out: Path) -> None:
@@ -144,19 +154,10 @@ def bench_decode(models: EngineConfig, rounds: int, repeats: int, out: Path, as_
     summary.json's object on stdout)."""
     from specdec.bench.llamabench import run_decode_bench
 
-    progress = PullProgress()
-    try:  # no spinner: the bench's own process stays quiet on the machine it times
-        data = run_decode_bench(models, rounds, repeats, out, tick=lambda what: err.print(f"decode bench: {what}"),
-                                progress=progress)
-    except SpecdecError as e:
-        progress.close()
-        fail(str(e))
-    progress.close()
-    if as_json:
-        print(json.dumps(data, ensure_ascii=False))
-        return
-    err.print((out / "summary.md").read_text(), soft_wrap=True)
-    err.print(f"results in {out}/ (summary.md, summary.json, results.jsonl)")
+    # no spinner: the bench's own process stays quiet on the machine it times
+    run_mode(lambda progress: run_decode_bench(models, rounds, repeats, out,
+                                               tick=lambda what: err.print(f"decode bench: {what}"), progress=progress),
+             out, as_json)
 
 
 @engine_options(
