@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -263,6 +264,9 @@ class Shaping:
         self.processor, self.logprobs, self.generated = processor, logprobs, generated
         self.last: list[TokenLogprob] = []  # the log-probabilities of the last verification's emitted tokens
         self.spent = 0.0  # seconds in the processor since `take`
+        # the processor where it constrains the output to a language (drafts cut, forced tokens); found once, not
+        # by a protocol check on every step
+        self.constraint = processor if isinstance(processor, ConstrainingProcessor) else None
 
     def take(self) -> float:
         """The seconds spent in the processor since the last call (a step's Step.process_s)."""
@@ -274,8 +278,12 @@ class Shaping:
         a processor."""
         if self.processor is None:
             return logits
+        return self._timed(self.processor.process, paths, logits)
+
+    def _timed(self, method: Callable[..., Any], *args: Any) -> Any:
+        """method(generated, *args), its time counted in `spent`."""
         t0 = time.perf_counter()
-        out = self.processor.process(self.generated, paths, logits)
+        out = method(self.generated, *args)
         self.spent += time.perf_counter() - t0
         return out
 
@@ -286,12 +294,9 @@ class Shaping:
 
     def forced(self, limit: int) -> list[int]:
         """The tokens the processor forces next (at most `limit`; none without a constraining processor)."""
-        if limit <= 0 or not isinstance(self.processor, ConstrainingProcessor):
+        if limit <= 0 or self.constraint is None:
             return []
-        t0 = time.perf_counter()
-        forced = self.processor.forced(self.generated, limit)
-        self.spent += time.perf_counter() - t0
-        return forced
+        return self._timed(self.constraint.forced, limit)
 
     def cut(self, draft: Draft | None, deterministic: bool) -> Draft | None:
         """A chain `draft` cut at the first token the processor forbids.  Where the cut cannot change the output
@@ -299,11 +304,9 @@ class Shaping:
         draft keeps it, so that verification rejects it and draws the next token from the residual as it must
         (cutting there would draw from p instead, which is not the target's distribution once the draft's q put
         mass on forbidden tokens: tests/constrain/test_processor.py measured it)."""
-        if draft is None or draft.is_tree or not isinstance(self.processor, ConstrainingProcessor):
+        if draft is None or draft.is_tree or self.constraint is None:
             return draft
-        t0 = time.perf_counter()
-        n = self.processor.valid(self.generated, draft.tokens)  # (the forced tokens all pass)
-        self.spent += time.perf_counter() - t0
+        n = self._timed(self.constraint.valid, draft.tokens)  # (the forced tokens all pass)
         keep = n if deterministic or n == len(draft.tokens) else n + 1
         if keep == len(draft.tokens):
             return draft

@@ -28,6 +28,7 @@ import llguidance
 import numpy as np
 import torch
 
+from specdec.constrain.spec import parse_schema
 from specdec.errors import SpecdecError
 
 # llguidance's JSON options: one separator each, no free whitespace (see the module doc)
@@ -145,13 +146,7 @@ class Grammar:
                          vocab_size: int | None = None, eos_token_ids: Sequence[int] | None = None) -> Grammar:
         """JSON that validates against `schema` (a dict, or its JSON text).  `strict` (OpenAI's flag): a keyword the
         library cannot enforce is an error; not strict, it is ignored (the output then follows the rest)."""
-        if isinstance(schema, str):
-            try:
-                schema = json.loads(schema)
-            except json.JSONDecodeError as e:
-                raise SpecdecError(f"invalid JSON schema: not JSON ({e})") from None
-        if not isinstance(schema, dict):
-            raise SpecdecError(f"invalid JSON schema: an object is needed, not {type(schema).__name__}")
+        schema = parse_schema(schema)
         text = json.dumps(schema, sort_keys=True)
         options = {**JSON_OPTIONS, "lenient": not strict}
 

@@ -20,6 +20,19 @@ KINDS = ("json_schema", "json_object", "regex", "lark", "gbnf")
 MAX_GRAMMAR_CHARS = 200_000  # a schema's or grammar's text: a request's must stay small (the server's bodies are bounded too)
 
 
+def parse_schema(schema: Any) -> dict[str, Any]:
+    """A JSON schema given as its JSON text or as an object -> the object; a one-line SpecdecError for text that is
+    not JSON or a schema that is not an object (what a schema is beyond that is the library's to check)."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise SpecdecError(f"invalid JSON schema: not JSON ({e})") from None
+    if not isinstance(schema, dict):
+        raise SpecdecError(f"invalid JSON schema: an object is needed, not {type(schema).__name__}")
+    return schema
+
+
 @dataclass(frozen=True)
 class Constraint:
     """The language a request's output must be in: `kind` (one of KINDS) and `text` (the schema's JSON text, the
@@ -39,12 +52,7 @@ class Constraint:
         if len(self.text) > MAX_GRAMMAR_CHARS:
             raise SpecdecError(f"the {self.kind} is {len(self.text)} characters long; at most {MAX_GRAMMAR_CHARS}")
         if self.kind == "json_schema":
-            try:
-                schema = json.loads(self.text)
-            except json.JSONDecodeError as e:
-                raise SpecdecError(f"invalid JSON schema: not JSON ({e})") from None
-            if not isinstance(schema, dict):
-                raise SpecdecError(f"invalid JSON schema: an object is needed, not {type(schema).__name__}")
+            parse_schema(self.text)
 
     @classmethod
     def json_schema(cls, schema: Mapping[str, Any] | str, strict: bool = True) -> Constraint:
