@@ -28,7 +28,7 @@ import llguidance
 import numpy as np
 import torch
 
-from specdec.constrain.spec import parse_schema
+from specdec.constrain.schema import parse_schema
 from specdec.errors import SpecdecError
 
 # llguidance's JSON options: one separator each, no free whitespace (see the module doc)

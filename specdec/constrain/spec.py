@@ -14,23 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from specdec.constrain.schema import parse_schema
 from specdec.errors import SpecdecError
 
 KINDS = ("json_schema", "json_object", "regex", "lark", "gbnf")
 MAX_GRAMMAR_CHARS = 200_000  # a schema's or grammar's text: a request's must stay small (the server's bodies are bounded too)
-
-
-def parse_schema(schema: Any) -> dict[str, Any]:
-    """A JSON schema given as its JSON text or as an object -> the object; a one-line SpecdecError for text that is
-    not JSON or a schema that is not an object (what a schema is beyond that is the library's to check)."""
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as e:
-            raise SpecdecError(f"invalid JSON schema: not JSON ({e})") from None
-    if not isinstance(schema, dict):
-        raise SpecdecError(f"invalid JSON schema: an object is needed, not {type(schema).__name__}")
-    return schema
 
 
 @dataclass(frozen=True)
