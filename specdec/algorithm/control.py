@@ -95,9 +95,16 @@ AUTO = "auto"  # num_speculative_tokens: the cost-model controller chooses k eac
 # Recent generations (AutoK.lengths) that must have gone on past this one's length so far before what they
 # had left bounds the span a catch-up is priced over
 MIN_LENGTHS = 3
+# A source's answers on record (AutoK.answers) before a catch-up is priced at its poorer ones' acceptance, and the
+# draft tokens an answer must have tried to count as one (and to price its own catch-ups by its own evidence)
+MIN_ANSWERS = 4
+MIN_TRIED = 8
 # Tokens a draft model feeds to catch up between two consecutive draft steps: the bonus token, and
 # the last draft token when every token was accepted (it was proposed, never fed).
 STEADY_SYNC = 2
+# Catch-ups of at least this many tokens are priced at (and teach) Costs.sync_ms, shorter ones short_sync_ms: a
+# forward's cost per row climbs with its rows, from the weights' pass shared by a few to a prefill's arithmetic
+SYNC_SPLIT = 16
 
 
 @runtime_checkable
@@ -273,7 +280,11 @@ class Costs:
     online (synchronising the draft's cache, the first forward over the bonus token, the drafter's
     own work): a draft of k tokens costs draft_overhead_ms + k · draft_ms.  sync_ms: what the draft
     model spends per token when it catches up on context it has not seen (measured, then learnt
-    online): a switch from plain steps to drafting costs lag · sync_ms once.
+    online): a switch from plain steps to drafting costs lag · sync_ms once.  A catch-up's price per
+    token depends on its size: a few rows ride on the weights' one pass (nearly free on a CPU whose
+    step is the memory stream), hundreds are a prefill, bound by arithmetic.  So sync_ms prices (and
+    learns from) catch-ups of at least SYNC_SPLIT tokens, short_sync_ms the shorter ones (None: not
+    learnt yet, sync_ms stands for it).
     """
 
     target_ms: Mapping[int, float]
@@ -281,6 +292,7 @@ class Costs:
     target_scale: float = 1.0
     draft_overhead_ms: float = 0.0
     sync_ms: float = 0.0  # ms per context token a draft model catches up on (a batched forward)
+    short_sync_ms: float | None = None  # the same for catch-ups of fewer than SYNC_SPLIT tokens
     shape: dict[int, float] = field(default_factory=dict)  # n -> measured time / table, learnt online
 
     def __post_init__(self) -> None:
@@ -359,8 +371,23 @@ class Costs:
         its first forward feeds beyond the one a steady step feeds, at sync_ms each (the marginal cost of a row
         in a forward of many: a draft forward of n rows costs about t(1) + (n - 1) sync_ms, issue 61's
         measurement: 1 / 2 / 3 / 4 rows of the int4 0.5B 12.4 / 13.7 / 17.9 / 30.4 ms, which a price of
-        sync_ms for every token, the first included, got wrong for short catch-ups)."""
-        return self.sync_ms * (lag - 1) if lag > STEADY_SYNC else 0.0
+        sync_ms for every token, the first included, got wrong for short catch-ups).  A short catch-up (under
+        SYNC_SPLIT tokens) is priced at short_sync_ms.  One rate for both, learnt online mostly from the frequent
+        short ones (3-9 tokens, 0.03-0.9 ms a token for the 0.5B on Zen 4), priced a 423-token prompt's
+        catch-up at a third of what it cost (1.6-1.9 ms a token), and the draft model caught up on prompts
+        whose answers it could not repay."""
+        if lag <= STEADY_SYNC:
+            return 0.0
+        rate = self.short_sync_ms if lag < SYNC_SPLIT and self.short_sync_ms is not None else self.sync_ms
+        return rate * (lag - 1)
+
+    def learn_catch_up(self, synced: int, per_token_ms: float, weight: float) -> None:
+        """Move the rate of catch-ups of `synced` tokens' size (see catch_up) toward `per_token_ms`."""
+        if synced >= SYNC_SPLIT:
+            self.sync_ms = max(self.sync_ms + weight * (per_token_ms - self.sync_ms), 0.0)
+        else:
+            old = self.sync_ms if self.short_sync_ms is None else self.short_sync_ms
+            self.short_sync_ms = max(old + weight * (per_token_ms - old), 0.0)
 
 
 class Load(NamedTuple):
@@ -447,6 +474,14 @@ class AutoK(Controller):
     # the share of recent steps in which a source that costs time (MODEL) was an option at all: in a
     # hybrid, the steps its free source (prompt lookup, suffix drafts) left to the model
     model_share: float = 1.0
+    # A catch-up is a bet on this answer's drafts, paid before any of them is seen: until the answer has tried
+    # MIN_TRIED of a source's tokens, its catch-up must be repaid at the acceptance of the source's poorer recent
+    # answers (the catch_up_quantile of `answers`: per source, accepted / tried in each recent generation that
+    # tried at least MIN_TRIED of its tokens, filed by finish(); the dict the batch's controllers share), not at
+    # its average (see bet)
+    answers: dict[str, list[float]] = field(default_factory=dict)
+    catch_up_quantile: float = 0.25
+    _answer: dict[str, list[float]] = field(default_factory=dict, repr=False)  # this generation's [accepted, tried]
     _model_asked: bool = field(default=False, repr=False)
     _chosen: tuple[str, str | None] = field(default=(MODEL, None), repr=False)  # the last choose()'s source, grade
 
@@ -514,9 +549,16 @@ class AutoK(Controller):
 
     def finish(self, tokens: int) -> None:
         """A generation ended after `tokens` tokens (the decode loop says so): the next generations
-        price their catch-ups over what such answers have left (span)."""
+        price their catch-ups over what such answers have left (span), and at what its sources' drafts were
+        right (bet)."""
         self.lengths.append(tokens)
         del self.lengths[: -self.length_window]
+        for source, (accepted, tried) in self._answer.items():
+            if tried >= MIN_TRIED:
+                answers = self.answers.setdefault(source, [])
+                answers.append(accepted / tried)
+                del answers[: -self.length_window]
+        self._answer = {}
 
     def remaining(self) -> float | None:
         """Tokens this generation is expected to have left: the mean of what the recent generations that
@@ -581,13 +623,35 @@ class AutoK(Controller):
             return 0
         k = self.best(limit, alphas, source, load)
         probe = self.probe_state(source)
-        if k > 0 and self.saving(k, limit, alphas, source, load) > self.costs.catch_up(lag):
+        if k > 0 and self._repays(limit, lag, source, load, alphas):
             probe.gap = self.probe_every  # drafting pays: after the next plain run, probe soon
             return k
         if probe.run >= probe.gap and self.probe_cost(lag, source, load) <= self.probe_budget * probe.ms:
             probe.gap = min(2 * probe.gap, self.max_probe_gap)  # back to probe_every if accepted
             return 1
         return 0
+
+    def bet(self, source: str, alphas: list[float]) -> list[float]:
+        """The α_j a catch-up of `source` is priced with: `alphas`, each no higher than the catch_up_quantile of
+        the source's recent answers' acceptance while this answer has tried fewer than MIN_TRIED of its tokens
+        (and MIN_ANSWERS answers are on record).  A catch-up is paid once, before the answer shows how its
+        drafts fare, and the answers differ more than the average says: on the built-in set the 0.5B's drafts
+        were right 30-96% of the time per answer, and one priced at the average caught up on a 423-token chat
+        prompt, drafted right 53% of the time and lost 9% to plain decoding."""
+        answers = self.answers.get(source, [])
+        if len(answers) < MIN_ANSWERS or self._answer.get(source, [0.0, 0.0])[1] >= MIN_TRIED:
+            return alphas
+        low = sorted(answers)[int(self.catch_up_quantile * (len(answers) - 1))]
+        return [min(alpha, low) for alpha in alphas]
+
+    def _repays(self, limit: int, lag: int, source: str, load: Load, alphas: list[float]) -> bool:
+        """Whether drafting from `source` saves more than its catch-up of `lag` tokens over the span it has,
+        with the α_j the bet allows (no catch-up: whether drafting saves anything)."""
+        cost = self.costs.catch_up(lag)
+        if cost > 0:
+            alphas = self.bet(source, alphas)
+        k = self.best(limit, alphas, source, load)
+        return k > 0 and self.saving(k, limit, alphas, source, load) > cost
 
     def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float, synced: int = 0,
                 source: str = MODEL) -> None:
@@ -620,12 +684,15 @@ class AutoK(Controller):
             self.costs.draft_overhead_ms += w * (overhead - self.costs.draft_overhead_ms)
         elif draft_s > 0 and synced > STEADY_SYNC:  # a catch-up: what each token past a steady step's first cost
             per_token = (1000 * draft_s - self.costs.draft(drafted)) / (synced - 1)
-            self.costs.sync_ms = max(self.costs.sync_ms + w * (per_token - self.costs.sync_ms), 0.0)
+            self.costs.learn_catch_up(synced, per_token, w)
         # Every position's evidence fades with each draft step, tried or not (a position no longer
         # drafted drifts to the pooled rate instead of keeping a stale one); position j was tried if
         # every earlier token was accepted: j = 0..min(accepted, drafted - 1).  The source's evidence
         # learns from every step of it, a grade's from that grade's steps (what choose() was told).
         tried = min(accepted + 1, drafted)
+        answer = self._answer.setdefault(source, [0.0, 0.0])
+        answer[0] += accepted
+        answer[1] += tried
         for key in {source, graded(source, self._step_grade(source))}:
             hits, trials = self._evidence(key)
             for j in range(self.max_k):
@@ -680,6 +747,7 @@ class AutoK(Controller):
         be tried again)."""
         for counts in (*self.hits.values(), *self.trials.values()):
             counts[:] = [c / 2 for c in counts]
+        self._answer = {}
         self.generated = 1  # the prefill's token
         self._model_asked = False
 

@@ -331,7 +331,8 @@ class BatchPool:
                              home() / "profiles")
                 draft = self._shared().costs
                 self._costs = Costs({int(k): float(v) for k, v in ms.items()}, draft.draft_ms,
-                                    draft_overhead_ms=draft.draft_overhead_ms, sync_ms=draft.sync_ms)
+                                    draft_overhead_ms=draft.draft_overhead_ms, sync_ms=draft.sync_ms,
+                                    short_sync_ms=draft.short_sync_ms)
                 self.target.costs = self._costs  # learns from the packed forwards from now on
             return self._costs
 
@@ -346,9 +347,10 @@ class BatchPool:
         chosen, shared = self._speculation(k, sampling), self._shared()
         if chosen is not shared:
             return chosen
-        # the engine's lengths of recent answers (shared: each request adds its own) and share of model steps
+        # the engine's lengths of recent answers and their sources' acceptance (shared: each request adds its own)
+        # and share of model steps
         auto = AutoK(self.costs(), max_k=shared.max_k, cost_ewma=0.0, load=lambda: self.target.load(slot),
-                     lengths=shared.lengths, model_share=shared.model_share)
+                     lengths=shared.lengths, answers=shared.answers, model_share=shared.model_share)
         self.target.controllers[slot] = auto
         return auto
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.algorithm.control import AutoK, Costs, FixedK, expected_tokens, isotonic
+from specdec.algorithm.control import SYNC_SPLIT, AutoK, Costs, FixedK, expected_tokens, isotonic
 from specdec.algorithm.draft import LOOKUP, MODEL, SHORT_LOOKUP, SUFFIX
 
 FLAT = {1: 100.0, 16: 100.0}  # verifying 16 tokens costs one step (a GPU-like target)
@@ -322,6 +322,59 @@ def test_catch_up_costs_are_learnt_online():
         controller.observe(2, 2, 0.02 + 0.4, 0.115, synced=41)  # 41 tokens fed in 400 ms more: 10 ms each past the 1st
     assert controller.costs.sync_ms == pytest.approx(10, rel=1e-3)
     assert controller.costs.catch_up(41) == pytest.approx(400, rel=1e-3) and controller.costs.catch_up(2) == 0
+
+
+def test_short_and_long_catch_ups_are_priced_apart():
+    # A few rows share the weights' one pass (cheap per row); hundreds are a prefill.  Short catch-ups (the
+    # frequent ones, after a step whose draft was cut) must not teach the price of a prompt's.
+    controller = AutoK(Costs(CPU, draft_ms=10, sync_ms=1.5), max_k=8, cost_ewma=0.5)
+    assert controller.costs.catch_up(5) == pytest.approx(4 * 1.5)  # nothing learnt: the measured rate
+    for _ in range(20):
+        controller.observe(2, 2, 0.02 + 0.0008, 0.115, synced=5)  # 0.8 ms more for 4 tokens past the first
+    assert controller.costs.short_sync_ms == pytest.approx(0.2, rel=1e-3)
+    assert controller.costs.sync_ms == 1.5  # the long rate untouched
+    assert controller.costs.catch_up(5) == pytest.approx(0.8, rel=1e-3)
+    assert controller.costs.catch_up(SYNC_SPLIT) == pytest.approx(1.5 * (SYNC_SPLIT - 1))
+    assert controller.costs.catch_up(424) == pytest.approx(1.5 * 423)
+    controller.observe(2, 2, 0.02 + 0.423 * 2.0, 0.115, synced=424)  # a prompt at 2 ms a token
+    assert controller.costs.sync_ms == pytest.approx(1.75) and controller.costs.short_sync_ms == pytest.approx(0.2, rel=1e-3)
+
+
+def answers(controller: AutoK, rates: list[float]) -> AutoK:
+    """File one generation per rate in `rates` (the draft model's), each 20 draft steps of 2 tokens accepted at
+    that rate."""
+    for rate in rates:
+        controller.reset()
+        trained(controller, rate, steps=20, k=2)
+        controller.finish(60)
+    controller.reset()
+    return controller
+
+
+def test_a_catch_up_is_a_bet_on_the_poorer_answers():
+    # The model's answers were right 80% of the time per token on average, but one in four only 40%: a
+    # catch-up is paid before this answer shows which kind it is, so it must pay at the poorer answers' rate
+    lag = 1000
+    costs = Costs(CPU, draft_ms=10, sync_ms=1.0)  # a 999 ms catch-up
+    fresh = answers(AutoK(costs, max_k=8), [0.9, 0.9, 0.4, 0.9, 0.9, 0.4, 0.9, 0.9])
+    assert fresh.answers[MODEL] == pytest.approx([0.9, 0.9, 0.4, 0.9, 0.9, 0.4, 0.9, 0.9], abs=0.03)
+    assert fresh.bet(MODEL, [0.8] * 8) == pytest.approx([0.4] * 8, abs=0.03)
+    k = fresh.best(64)
+    assert k > 0 and fresh.saving(k, 64) > costs.catch_up(lag)  # at the average it would pay ...
+    assert fresh.choose(64, lag=lag) == 0  # ... at the poorer answers' it does not
+    assert fresh.choose(64, lag=2) == k  # no catch-up: no bet, the average stands
+    # once this answer has shown its own drafts (a hybrid's model, say, before a run of lookup steps), its
+    # evidence prices the catch-up
+    trained(fresh, 0.9, steps=5, k=2)
+    assert fresh.bet(MODEL, [0.8] * 8) == [0.8] * 8 and fresh.choose(64, lag=lag) > 0
+    # too few answers on record: nothing to bet on but the average
+    few = answers(AutoK(costs, max_k=8), [0.9, 0.4, 0.9])
+    assert few.bet(MODEL, [0.8] * 8) == [0.8] * 8 and few.choose(64, lag=lag) > 0
+    # answers whose drafts tried fewer than MIN_TRIED tokens are not filed
+    short = AutoK(costs, max_k=8)
+    short.observe(2, 2, 0.0, 0.0)
+    short.finish(3)
+    assert short.answers == {}
 
 
 def test_sources_keep_their_own_acceptance_and_costs():
