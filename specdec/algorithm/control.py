@@ -28,8 +28,15 @@ tokens of the plain steps it did not see) is kept out of the per-token drafting
 cost: it is paid once per switch, not per drafted token, so it is priced as
 one: with the drafter `lag` tokens behind, drafting starts only when the time
 it is expected to save over the next `horizon` tokens exceeds the catch-up
-(lag · s, s measured per token), and a probe is made only when its cost stays
-within `probe_budget` of the time spent since that source last drafted.  On a CPU a
+(lag · s, s measured per token, one rate for catch-ups of fewer than SYNC_SPLIT
+tokens and one for longer: a few rows share the weights' pass, hundreds are a
+prefill), and a probe is made only when its cost stays
+within `probe_budget` of the time spent since that source last drafted.  A
+catch-up is paid before it can be known whether this answer is one its drafts
+repay, so it is priced as a bet (AutoK.bet, catch_up_margin): until the answer
+has shown its own drafts, the saving is reckoned at the acceptance of the
+source's poorer recent answers, and it must cover the catch-up one and a half
+times over.  On a CPU a
 catch-up is expensive (a sixth of a target step per token for a 0.5B draft of a
 1.5B target), so without this a controller that falls back to plain
 decoding pays for the draft model's whole context anyway, at every probe.
@@ -461,6 +468,10 @@ class AutoK(Controller):
     # across generations, which its per-generation evidence shrinks toward (see alphas)
     records: dict[str, list[float]] = field(default_factory=dict)
     record_forget: float = 0.98
+    # what the prior is worth in a record, in draft tokens tried: one rejected probe (one token tried) moved a
+    # draft model's record from 0.6 to 0.4 at the prior's worth of 2, and on the next answers it lost the
+    # plan to short lookups right 8% of the time (two qa prompts at 0.97-1.00x plain on the built-in set)
+    record_weight: float = 8.0
     # token trees (specdec.drafters.tree): per source, the extra tokens a tree step emitted over what its
     # first branch (the chain) would have, decayed; and the steps since a tree was last tried
     tree_gain: dict[str, float] = field(default_factory=dict)
@@ -481,6 +492,10 @@ class AutoK(Controller):
     # its average (see bet)
     answers: dict[str, list[float]] = field(default_factory=dict)
     catch_up_quantile: float = 0.25
+    # ... and the saving it expects must cover it this many times over: that saving is the difference of two
+    # estimates that move with every step's timing (on a 423-token chat prompt it went from 364 to 865 ms in
+    # five tokens while the catch-up's price stayed at 770-780 ms, and the draft caught up at the high one)
+    catch_up_margin: float = 1.5
     _answer: dict[str, list[float]] = field(default_factory=dict, repr=False)  # this generation's [accepted, tried]
     _model_asked: bool = field(default=False, repr=False)
     _chosen: tuple[str, str | None] = field(default=(MODEL, None), repr=False)  # the last choose()'s source, grade
@@ -509,7 +524,7 @@ class AutoK(Controller):
         that grade's record, shrunk toward the source's."""
         prior = self.source_priors.get(source, self.prior) if grade is None else self.source_prior(source)
         accepted, tried = self.records.get(graded(source, grade), (0.0, 0.0))
-        return (accepted + self.weight * prior) / (tried + self.weight)
+        return (accepted + self.record_weight * prior) / (tried + self.record_weight)
 
     def alphas(self, source: str = MODEL, grade: str | None = None) -> list[float]:
         """α_j for j = 1..max_k of `source`'s proposals (of `grade`: the drafter's class of their evidence,
@@ -645,13 +660,13 @@ class AutoK(Controller):
         return [min(alpha, low) for alpha in alphas]
 
     def _repays(self, limit: int, lag: int, source: str, load: Load, alphas: list[float]) -> bool:
-        """Whether drafting from `source` saves more than its catch-up of `lag` tokens over the span it has,
-        with the α_j the bet allows (no catch-up: whether drafting saves anything)."""
+        """Whether drafting from `source` saves catch_up_margin times its catch-up of `lag` tokens over the span
+        it has, with the α_j the bet allows (no catch-up: whether drafting saves anything)."""
         cost = self.costs.catch_up(lag)
         if cost > 0:
             alphas = self.bet(source, alphas)
         k = self.best(limit, alphas, source, load)
-        return k > 0 and self.saving(k, limit, alphas, source, load) > cost
+        return k > 0 and self.saving(k, limit, alphas, source, load) > self.catch_up_margin * cost
 
     def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float, synced: int = 0,
                 source: str = MODEL) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from specdec.algorithm.control import SYNC_SPLIT, AutoK, Costs, FixedK, expected_tokens, isotonic
@@ -247,7 +249,7 @@ def test_a_catch_up_is_priced_over_what_recent_answers_had_left():
     assert controller.remaining() == pytest.approx((11 + 14 + 29) / 3)
     assert controller.span(200) == pytest.approx(18) and controller.span(10) == 11  # never past the limit
     assert controller.saving(k, 200) < costs.catch_up(200) and controller.choose(200, lag=200) == 0
-    assert controller.choose(200, lag=20) == k  # a 100 ms catch-up still pays over 18 tokens
+    assert controller.choose(200, lag=20) == controller.best(200) > 0  # a 100 ms catch-up still pays over 18 tokens
     # past 14 tokens only one recent answer went on: too few to say, the limit bounds the span again
     controller.observe(8, 8, 0.0, 0.0)
     controller.observe(4, 4, 0.0, 0.0)
@@ -367,7 +369,14 @@ def test_a_catch_up_is_a_bet_on_the_poorer_answers():
     # evidence prices the catch-up
     trained(fresh, 0.9, steps=5, k=2)
     assert fresh.bet(MODEL, [0.8] * 8) == [0.8] * 8 and fresh.choose(64, lag=lag) > 0
+    # the saving must cover the catch-up catch_up_margin times over
+    steady = answers(AutoK(costs, max_k=8), [0.9] * 8)
+    k = steady.best(64)
+    near = 2 + int(steady.saving(k, 64) / costs.sync_ms / 1.2)  # a catch-up 1.2 times smaller than the saving
+    assert steady.saving(k, 64) > costs.catch_up(near) and steady.choose(64, lag=near) == 0
+    assert replace(steady, catch_up_margin=1.0).choose(64, lag=near) == k
     # too few answers on record: nothing to bet on but the average
+
     few = answers(AutoK(costs, max_k=8), [0.9, 0.4, 0.9])
     assert few.bet(MODEL, [0.8] * 8) == [0.8] * 8 and few.choose(64, lag=lag) > 0
     # answers whose drafts tried fewer than MIN_TRIED tokens are not filed
@@ -495,7 +504,7 @@ def test_a_new_generation_starts_from_the_sources_record_not_from_the_prior():
     costs = Costs({1: 100.0, 2: 109.0, 4: 113.0, 8: 126.0}, draft_ms=35, sync_ms=5)
     assert AutoK(Costs(costs.target_ms, 35, sync_ms=5)).choose(64, lag=40) > 0  # the prior alone drafts
     controller = AutoK(costs)
-    for _ in range(4):
+    for _ in range(12):
         controller.observe(1, 0, 0.035, 0.109, synced=1)  # rejected
     for _ in range(6):
         controller.reset()
