@@ -496,6 +496,15 @@ def test_copied_costs_learn_on_their_own():
     assert costs.shape == {} and costs.target_scale == 1.0 and copy.shape
 
 
+def test_one_rejected_probe_does_not_sink_a_sources_record():
+    # The record a new answer starts from is shrunk toward the prior with the weight of record_weight tokens: one
+    # rejected token moves the draft model's from 0.6 to 0.53, not to 0.4 (where short lookups won its steps)
+    controller = AutoK(Costs(CPU, draft_ms=10), max_k=8)
+    controller.observe(2, 0, 0.02, 0.115, synced=1)
+    assert controller.source_prior() == pytest.approx(0.6 * 8 / 9)
+    assert replace(controller, record_weight=2.0).source_prior() == pytest.approx(0.4)
+
+
 def test_a_new_generation_starts_from_the_sources_record_not_from_the_prior():
     # A draft rejected the few times it was tried, then generations of plain steps: reset() halves the
     # evidence at every new generation, so shrunk toward the prior it drifted back to an optimistic 0.6
