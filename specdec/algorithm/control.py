@@ -638,7 +638,7 @@ class AutoK(Controller):
             return 0
         k = self.best(limit, alphas, source, load)
         probe = self.probe_state(source)
-        if k > 0 and self._repays(limit, lag, source, load, alphas):
+        if k > 0 and self._repays(k, limit, lag, source, load, alphas):
             probe.gap = self.probe_every  # drafting pays: after the next plain run, probe soon
             return k
         if probe.run >= probe.gap and self.probe_cost(lag, source, load) <= self.probe_budget * probe.ms:
@@ -659,13 +659,14 @@ class AutoK(Controller):
         low = sorted(answers)[int(self.catch_up_quantile * (len(answers) - 1))]
         return [min(alpha, low) for alpha in alphas]
 
-    def _repays(self, limit: int, lag: int, source: str, load: Load, alphas: list[float]) -> bool:
-        """Whether drafting from `source` saves catch_up_margin times its catch-up of `lag` tokens over the span
-        it has, with the α_j the bet allows (no catch-up: whether drafting saves anything)."""
+    def _repays(self, k: int, limit: int, lag: int, source: str, load: Load, alphas: list[float]) -> bool:
+        """Whether drafting k tokens a step from `source` (its best at `alphas`) saves catch_up_margin times its
+        catch-up of `lag` tokens over the span it has, at the α_j the bet allows, and at the k best for those (no
+        catch-up: whether drafting k saves anything)."""
         cost = self.costs.catch_up(lag)
         if cost > 0:
             alphas = self.bet(source, alphas)
-        k = self.best(limit, alphas, source, load)
+            k = self.best(limit, alphas, source, load)
         return k > 0 and self.saving(k, limit, alphas, source, load) > self.catch_up_margin * cost
 
     def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float, synced: int = 0,
