@@ -340,6 +340,7 @@ def test_a_seeded_request_under_k_auto_gets_a_frozen_controller_of_its_own(tiny_
     own = engine.speculation("auto", seeded)
     assert isinstance(own, AutoK) and own is not shared and own.cost_ewma == 0
     assert own.costs.target_scale == 1.0 and own.costs.draft_overhead_ms == 0.0
+    assert own.costs.target_ms == engine._measured_costs.with_row_floor().target_ms  # rows at least at their average
     assert engine.speculation("auto", SamplingParams()) is shared  # greedy requests share what was learnt
     again = engine.generate("Once upon a time", max_new_tokens=24, sampling=seeded)
     assert again.token_ids == first.token_ids

@@ -17,7 +17,9 @@ tokens (learnt from the loop's timings), and α_j the probability that draft tok
 accepted given that token j - 1 was (estimated online, per position, with
 exponential forgetting, and at each new generation shrunk toward the drafter's
 own record over its recent draft steps, not toward a fixed prior).  Each step
-takes the k in 0..K with the highest rate; **k = 0 is a plain one-token step**,
+takes the k in 0..K with the highest rate (a k ≥ 1 only where its rate beats a
+plain step's by a margin, `draft_margin`: the rates are estimates, and near the
+break-even their noise decides); **k = 0 is a plain one-token step**,
 so a drafter that does not pay costs nothing but the occasional probe (a
 one-token draft after `probe_every` steps in which that source did not draft,
 then after twice as many each time a probe is rejected, up to `max_probe_gap`;
@@ -81,7 +83,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -312,6 +314,28 @@ class Costs:
         self.shape = dict(self.shape)  # a copy (dataclasses.replace) learns on its own
         self._key: tuple | None = None  # the learnt state _learnt() last saw
 
+    def with_row_floor(self) -> Costs:
+        """A copy whose table prices every row beyond the first at least at the table's average price of a row,
+        t'(n) = max(t(n), t(1) + (n - 1) · s) with s = (t(N) - t(1)) / (N - 1), N its largest size: for a
+        controller that cannot learn the table's shape (a seeded sampled request's: its costs are frozen so
+        that its k depends on its seed and tokens only).  A timing at start sees the memory of that minute:
+        in a minute when this VM's memory is slow (Zen 4, 33 GB/s), one row waits on it and the rows beside
+        it ride along, and the table said t(2..4) = t(1) (35.3 / 37.7 / 35.0 / 35.1 ms) where a fast minute
+        has 1.42 at 4 rows and 2.19 at 8.  Priced by such a table every lookup looks free, and seeded
+        controllers drafted two-token matches right 0-8% of the time for 14-21 steps of a translation (0.94x
+        plain).  The large sizes are bound by arithmetic in either minute, so s is about a row's arithmetic:
+        4.4 ms from that table, which puts t(4) / t(1) at 1.44 and t(8) / t(1) at 2.0.  A convex table is
+        raised to the line through its ends: this VM's AVX2 path (arithmetic-bound, its memory no matter)
+        has t(2..8) 3-7% under it, and a seeded request there prices short drafts a little high, the
+        cheaper error (at 60% acceptance the best k is the same).  A table flat until its largest sizes
+        (a GPU's) has a small s, and the floor changes little."""
+        pts = self._points
+        (_, first), (last, top) = pts[0], pts[-1]
+        if last == 1:
+            return replace(self)
+        slope = (top - first) / (last - 1)
+        return replace(self, target_ms={n: max(t, first + (n - 1) * slope) for n, t in self.target_ms.items()})
+
     def base_target(self, n: int) -> float:
         """The table's t(n) in ms, interpolated (and extrapolated from the last two points)."""
         pts = self._points
@@ -496,6 +520,14 @@ class AutoK(Controller):
     # estimates that move with every step's timing (on a 423-token chat prompt it went from 364 to 865 ms in
     # five tokens while the catch-up's price stayed at 770-780 ms, and the draft caught up at the high one)
     catch_up_margin: float = 1.5
+    # A step drafts only where its expected rate beats a plain step's by this share: the rates are estimates
+    # (acceptance from a few steps, t(n) from noisy timings), and near the break-even the noise decides.  On the
+    # AVX2 path (Zen 4 held to AVX2, a drafted token of the 0.5B 0.25-0.34 of a step, t(2) / t(1) 1.2-1.4) the
+    # 0.5B's drafts pay at about 60% acceptance: its estimate moved between 0.52 and 0.75 on a qa answer it got
+    # right 50% of the time, t(1)'s own estimate by 5%, and the controller went between one-token drafts and
+    # plain steps a dozen times, paying the model's catch-up of the plain steps' tokens at each return (qa-2
+    # 0.87x, translation 0.81x, writing 0.86x plain)
+    draft_margin: float = 0.1
     _answer: dict[str, list[float]] = field(default_factory=dict, repr=False)  # this generation's [accepted, tried]
     _model_asked: bool = field(default=False, repr=False)
     _chosen: tuple[str, str | None] = field(default=(MODEL, None), repr=False)  # the last choose()'s source, grade
@@ -554,13 +586,15 @@ class AutoK(Controller):
                 / (load.draft_ms + self.draft_cost(k, source) + self.costs.target(load.tokens + k + 1)))
 
     def best(self, limit: int, alphas: list[float] | None = None, source: str = MODEL, load: Load = NO_LOAD) -> int:
-        """The k in 0..min(max_k, limit) with the highest steady-state rate (ties: the smaller k)."""
+        """The k in 1..min(max_k, limit) with the highest steady-state rate (ties: the smaller k) if that rate
+        beats a plain step's by draft_margin, else 0."""
         alphas = self.alphas(source) if alphas is None else alphas
         top = min(self.max_k, limit)
         survival = accumulate(alphas[:top], lambda survive, alpha: survive * alpha)  # Π_{j<=i} α_j
         emitted = accumulate(survival, initial=1.0)  # E[tokens | k] for k = 0..top, summed as k grows
         rates = [self._per_ms(e, k, source, load) for k, e in enumerate(emitted)]
-        return max(range(len(rates)), key=lambda k: (rates[k], -k))
+        k = max(range(1, len(rates)), key=lambda k: (rates[k], -k), default=0)
+        return k if k and rates[k] > rates[0] * (1 + self.draft_margin) else 0
 
     def finish(self, tokens: int) -> None:
         """A generation ended after `tokens` tokens (the decode loop says so): the next generations

@@ -395,7 +395,8 @@ class Engine:
         A seeded sampled request gets a controller of its own instead, started afresh from the
         measured costs and never updated from timings: a seed's text depends on which tokens were
         drafted, so k must depend on nothing but the seed and the tokens (the same seed then gives
-        the same text, run after run, whatever the machine's load)."""
+        the same text, run after run, whatever the machine's load).  Since it cannot learn what rows
+        cost, its table prices each row at least at the table's average row (Costs.with_row_floor)."""
         if isinstance(k, Controller):
             return k
         try:
@@ -407,7 +408,7 @@ class Engine:
         shared = self.auto_controller()
         if sampling is not None and not sampling.greedy and sampling.seed is not None:
             assert self._measured_costs is not None  # auto_controller() measured them
-            return AutoK(replace(self._measured_costs), max_k=shared.max_k, cost_ewma=0.0)
+            return AutoK(self._measured_costs.with_row_floor(), max_k=shared.max_k, cost_ewma=0.0)
         return shared
 
     def _check_step_costs(self, steps: int) -> None:
