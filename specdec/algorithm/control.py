@@ -17,9 +17,7 @@ tokens (learnt from the loop's timings), and α_j the probability that draft tok
 accepted given that token j - 1 was (estimated online, per position, with
 exponential forgetting, and at each new generation shrunk toward the drafter's
 own record over its recent draft steps, not toward a fixed prior).  Each step
-takes the k in 0..K with the highest rate (a k ≥ 1 only where its rate beats a
-plain step's by a margin, `draft_margin`: the rates are estimates, and near the
-break-even their noise decides); **k = 0 is a plain one-token step**,
+takes the k in 0..K with the highest rate; **k = 0 is a plain one-token step**,
 so a drafter that does not pay costs nothing but the occasional probe (a
 one-token draft after `probe_every` steps in which that source did not draft,
 then after twice as many each time a probe is rejected, up to `max_probe_gap`;
@@ -520,14 +518,6 @@ class AutoK(Controller):
     # estimates that move with every step's timing (on a 423-token chat prompt it went from 364 to 865 ms in
     # five tokens while the catch-up's price stayed at 770-780 ms, and the draft caught up at the high one)
     catch_up_margin: float = 1.5
-    # A step drafts only where its expected rate beats a plain step's by this share: the rates are estimates
-    # (acceptance from a few steps, t(n) from noisy timings), and near the break-even the noise decides.  On the
-    # AVX2 path (Zen 4 held to AVX2, a drafted token of the 0.5B 0.25-0.34 of a step, t(2) / t(1) 1.2-1.4) the
-    # 0.5B's drafts pay at about 60% acceptance: its estimate moved between 0.52 and 0.75 on a qa answer it got
-    # right 50% of the time, t(1)'s own estimate by 5%, and the controller went between one-token drafts and
-    # plain steps a dozen times, paying the model's catch-up of the plain steps' tokens at each return (qa-2
-    # 0.87x, translation 0.81x, writing 0.86x plain)
-    draft_margin: float = 0.1
     _answer: dict[str, list[float]] = field(default_factory=dict, repr=False)  # this generation's [accepted, tried]
     _model_asked: bool = field(default=False, repr=False)
     _chosen: tuple[str, str | None] = field(default=(MODEL, None), repr=False)  # the last choose()'s source, grade
@@ -586,15 +576,13 @@ class AutoK(Controller):
                 / (load.draft_ms + self.draft_cost(k, source) + self.costs.target(load.tokens + k + 1)))
 
     def best(self, limit: int, alphas: list[float] | None = None, source: str = MODEL, load: Load = NO_LOAD) -> int:
-        """The k in 1..min(max_k, limit) with the highest steady-state rate (ties: the smaller k) if that rate
-        beats a plain step's by draft_margin, else 0."""
+        """The k in 0..min(max_k, limit) with the highest steady-state rate (ties: the smaller k)."""
         alphas = self.alphas(source) if alphas is None else alphas
         top = min(self.max_k, limit)
         survival = accumulate(alphas[:top], lambda survive, alpha: survive * alpha)  # Π_{j<=i} α_j
         emitted = accumulate(survival, initial=1.0)  # E[tokens | k] for k = 0..top, summed as k grows
         rates = [self._per_ms(e, k, source, load) for k, e in enumerate(emitted)]
-        k = max(range(1, len(rates)), key=lambda k: (rates[k], -k), default=0)
-        return k if k and rates[k] > rates[0] * (1 + self.draft_margin) else 0
+        return max(range(len(rates)), key=lambda k: (rates[k], -k))
 
     def finish(self, tokens: int) -> None:
         """A generation ended after `tokens` tokens (the decode loop says so): the next generations

@@ -126,8 +126,7 @@ def test_a_successful_probe_brings_drafting_back():
         choices.append(k)
         controller.observe(k, k, 0.0, table_s(k))
     assert choices[:5] == [1, 0, 0, 0, 0]  # an accepted probe keeps the probing pace at probe_every
-    # drafting every step again once accepted probes lift the estimate past a plain step's rate by draft_margin
-    assert choices[5:15] == [1, 0, 0, 0, 0] * 2 and all(k >= 1 for k in choices[15:])
+    assert choices[5] == 1 and all(k >= 1 for k in choices[5:])  # drafting every step again
     assert choices[-1] >= 4  # positions not drafted for a while drift to the pooled rate: k climbs back
 
 
@@ -442,8 +441,8 @@ def test_a_frozen_table_prices_a_row_at_least_at_its_average():
     assert floored.target(4) == pytest.approx(30.5 + 3 * row) and floored.target(4) / floored.target(1) > 1.4
     assert floored.target(16) == pytest.approx(max(82.7, 30.5 + 15 * row))
     assert floored.draft_ms == 9.0 and floored is not Costs(slow, draft_ms=9.0)
-    # the controller then leaves a lookup right a fifth of the time alone, which the flat table drafts
-    lookup_alphas = [0.2] * 8
+    # the controller then leaves a lookup right a tenth of the time alone, which the flat table drafts
+    lookup_alphas = [0.1] * 8
     assert AutoK(Costs(slow, draft_ms=9.0)).best(8, lookup_alphas, source=LOOKUP) > 0
     assert AutoK(floored).best(8, lookup_alphas, source=LOOKUP) == 0
     # a convex table is raised to the line through its ends; a flat one (FLAT) or one of one size is kept
