@@ -435,12 +435,13 @@ def test_a_frozen_table_prices_a_row_at_least_at_its_average():
     # the table `specdec profile` cached in a slow-memory minute on the Zen 4 VM (qwen2.5-coder-1.5b, ms): rows 2-4
     # ride on the one row's wait for memory, and a frozen controller priced at it drafts junk lookups for free
     slow = {1: 30.5, 2: 31.6, 3: 31.3, 4: 31.1, 6: 35.6, 8: 41.7, 12: 64.5, 16: 82.7, 25: 136.7}
-    floored = Costs(slow, draft_ms=9.0).with_row_floor()
+    measured = Costs(slow, draft_ms=9.0)
+    floored = measured.with_row_floor()
     row = (136.7 - 30.5) / 24
     assert floored.target(1) == 30.5 and floored.target(25) == pytest.approx(136.7)
     assert floored.target(4) == pytest.approx(30.5 + 3 * row) and floored.target(4) / floored.target(1) > 1.4
     assert floored.target(16) == pytest.approx(max(82.7, 30.5 + 15 * row))
-    assert floored.draft_ms == 9.0 and floored is not Costs(slow, draft_ms=9.0)
+    assert floored.draft_ms == 9.0 and floored is not measured and measured.target_ms == slow  # a copy; the table kept
     # the controller then leaves a lookup right a tenth of the time alone, which the flat table drafts
     lookup_alphas = [0.1] * 8
     assert AutoK(Costs(slow, draft_ms=9.0)).best(8, lookup_alphas, source=LOOKUP) > 0
