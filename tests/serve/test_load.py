@@ -117,8 +117,12 @@ def test_concurrent_streams_equal_sequential_results(server_process, capsys):
     assert httpx.get(url + "/health").json() == {"status": "ok"}
     total = 2 * len(requests)
     finished = sum(metric(samples, "request_success_total", finished_reason=r) for r in ("length", "stop"))
-    assert finished == total
-    assert metric(samples, "request_disconnects_total") == LEAVERS
+    # Each leaver's request is counted once: as a disconnect, or as finished where the tiny model (draft = target,
+    # 4 tokens a step) wrote all 200 tokens before the hang-up reached the server (a fresh clone's full suite on
+    # 2 cores once counted 49 finished of 48 + 1 such leaver); at least one must be seen leaving.
+    early = finished - total
+    disconnects = metric(samples, "request_disconnects_total")
+    assert 0 <= early < LEAVERS and disconnects == LEAVERS - early
     served = sum(metric(samples, "requests_total", endpoint=e, code="200")
                  for e in ("/v1/completions", "/v1/chat/completions"))
     assert served == total + LEAVERS
