@@ -19,7 +19,8 @@ proposals in the same runs); with suffix drafts (q = None proposals that follow 
 frequent continuation of its longest match in the run's own context or in a fixed store of earlier
 outputs); and with an int4 draft model (a tiny qwen2 model
 with V = 6 on specdec's int4 kernel and C layers, specdec.native.lean), also with its head trimmed to
-two of the six tokens and the run's context (FR-Spec: q is zero at the tokens outside them).  Seeds are
+two of the six tokens and the run's context (FR-Spec: q is zero at the tokens outside them); and a draft
+model proposing its argmax chain under sampling (q = None, as a GGUF draft's native chain does).  Seeds are
 fixed, so every p-value is a fixed number (recorded below); the test passes when p > 0.001.  The runs are split over two
 processes (tests/chisq.py); the histogram does not depend on the split.
 
@@ -80,10 +81,11 @@ TOPK_TOPP = dict(temperature=0.8, top_k=4, top_p=0.9)
 TIED_CUT = dict(temperature=0.8, top_k=3, top_p=0.7)
 
 
-def model_drafter(table: torch.Tensor, confidence: float | None = None,
-                  window: int | None = DEFAULT_WINDOW) -> Callable[[SamplingParams], ModelDrafter]:
+def model_drafter(table: torch.Tensor, confidence: float | None = None, window: int | None = DEFAULT_WINDOW,
+                  draft_sampling: str = "auto") -> Callable[[SamplingParams], ModelDrafter]:
     runner = ToyRunner(table.clone())  # its own "model" and cache; the drafter resets it every run
-    return lambda params: ModelDrafter(runner, params, confidence=confidence, window=window)
+    return lambda params: ModelDrafter(runner, params, confidence=confidence, window=window,
+                                       draft_sampling=draft_sampling)
 
 
 def int4_drafter() -> Callable[[SamplingParams], ModelDrafter]:
@@ -133,7 +135,7 @@ def fixed_drafter() -> Callable[[SamplingParams], FixedDrafter]:
 # (ties-at-the-top-k-top-p-cut), 0.606 (auto-k-controller), 0.327 (hybrid-lookup-then-draft), 0.297
 # (suffix-drafts), 0.742 (draft-confidence-stop), 0.822 (draft-window-1) and 0.183 (int4-draft; on an
 # AVX2 CPU, whose int4 kernel paths give the same bits; 0.559 on an AMD EPYC Zen 4), 0.595 (trimmed-int4-draft,
-# that Zen 4).  The bugs tried against this
+# that Zen 4), 0.359 (greedy-chain-draft) and 0.257 (greedy-chain-draft-top-k-top-p).  The bugs tried against this
 # test (residual = p, bonus from the wrong row, q ignored, target rolled back one token short,
 # q = None residual keeping x, the drafter's q not warped like its samples) gave p < 1e-30
 # with 50,000 runs in the cases they affect; at 20,000, residual = p still gives chi2 > 7,600
@@ -151,6 +153,9 @@ CASES = {
     "draft-confidence-stop": (TARGET, T08, lambda: model_drafter(OTHER, confidence=0.3)),
     # a catch-up window of 1: the draft model starts over from the last token whenever it is further behind
     "draft-window-1": (TARGET, T08, lambda: model_drafter(OTHER, window=1)),
+    # a sampled request's draft proposing its argmax chain (q = None, as a GGUF draft's native chain does)
+    "greedy-chain-draft": (TARGET, T08, lambda: model_drafter(OTHER, draft_sampling="greedy")),
+    "greedy-chain-draft-top-k-top-p": (TARGET, TOPK_TOPP, lambda: model_drafter(OTHER, draft_sampling="greedy")),
     "int4-draft": (TARGET, T08, int4_drafter),
     "trimmed-int4-draft": (TARGET, T08, trimmed_int4_drafter),
     # token trees (the chain and a second token at each of its positions) verified in one forward

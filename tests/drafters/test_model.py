@@ -28,6 +28,28 @@ def test_proposes_the_draft_models_greedy_continuation():
     assert draft.q is None
 
 
+def test_a_sampled_request_drafts_the_argmax_chain_where_asked_or_where_the_runner_chains_natively():
+    import dataclasses
+
+    import pytest
+
+    from specdec.algorithm.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=1)
+    greedy = ModelDrafter(HFRunner(MODEL), params, draft_sampling="greedy").propose([3, 4, 5], 4)
+    assert greedy.tokens == greedy_continuation([3, 4, 5], 4) and greedy.q is None  # verified as one-hot q
+    sampled = ModelDrafter(HFRunner(MODEL), params, draft_sampling="sample").propose([3, 4, 5], 4)
+    assert sampled.q is not None and sampled.q.shape == (4, VOCAB)
+    # "auto": samples on a runner that cannot chain natively, the argmax chain on one that can
+    assert not ModelDrafter(HFRunner(MODEL), params).argmax
+    chaining = HFRunner(MODEL)
+    chaining.capabilities = dataclasses.replace(chaining.capabilities, draft_chain=True)
+    assert ModelDrafter(chaining, params).argmax and not ModelDrafter(chaining, params, draft_sampling="sample").argmax
+    assert not ModelDrafter(chaining, params, confidence=0.5).argmax  # a confidence stop drafts in Python: it samples
+    with pytest.raises(ValueError, match="draft_sampling"):
+        ModelDrafter(HFRunner(MODEL), params, draft_sampling="beam")
+
+
 def test_cache_resyncs_after_rejection():
     drafter = ModelDrafter(HFRunner(MODEL))
     first = drafter.propose([3, 4, 5], 4)
