@@ -244,8 +244,9 @@ class ModelDrafter(Drafter):
         return token, token, q
 
     def native(self) -> bool:
-        """Whether a proposal is the runner's own greedy chain in one call (run_draft_model's choose None): a greedy
-        draft with no confidence stop, on a runner that drafts so, whose vocabulary is no wider than the target's
+        """Whether a proposal is the runner's own greedy chain in one call (run_draft_model's choose None): an argmax
+        draft (a greedy request, or a sampled one per draft_sampling) with no confidence stop, on a runner that
+        drafts so, whose vocabulary is no wider than the target's
         (padding ids the draft lacks are -inf: an argmax over its own rows is the one over the target's width)."""
         return self.argmax and self._chains()
 
