@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from specdec.algorithm.loop import StopCondition, run
+from specdec.algorithm.sampling import SamplingParams
 from specdec.drafters.model import NATIVE_FEED, ModelDrafter
 from specdec.native import gguf, kernels
 from specdec.native.int4 import q4_1_blocks, quantize_int4
@@ -100,14 +101,16 @@ def test_draft_greedy_refuses_what_it_cannot(drafts):
 def test_the_drafter_proposes_natively_what_its_loop_does(drafts, arch, monkeypatch):
     model = drafts[arch][0]
     native, loop = ModelDrafter(gguf.GGUFRunner(model)), ModelDrafter(gguf.GGUFRunner(model))
-    assert native.native()
+    # a sampled request's draft proposes the same chain natively (draft_sampling "auto"), verified as a one-hot q
+    sampled = ModelDrafter(gguf.GGUFRunner(model), SamplingParams(temperature=0.8, top_p=0.9, seed=0))
+    assert native.native() and sampled.native()
     monkeypatch.setattr(loop, "native", lambda: False)
     rng = random.Random(1)
     context = [rng.randrange(3, 250) for _ in range(NATIVE_FEED + 9)]  # a first catch-up past NATIVE_FEED
     for step in range(10):
         k = rng.randrange(1, 7)
-        a, b = native.propose(context, k), loop.propose(context, k)
-        assert a.tokens == b.tokens and a.synced == b.synced, step
+        a, b, c = native.propose(context, k), loop.propose(context, k), sampled.propose(context, k)
+        assert a.tokens == b.tokens == c.tokens and a.synced == b.synced == c.synced and c.q is None, step
         context += a.tokens[: rng.randrange(0, k + 1)] + [rng.randrange(3, 250)]  # some accepted, then a bonus
 
 
